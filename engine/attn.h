@@ -1,0 +1,278 @@
+/* engine/attn.h: the only public header of the attention engine (build/libattn.a).
+ *
+ * Computes a transformer attention block (fused QKV projection, RoPE, grouped-query attention
+ * over a paged KV cache, output projection) and stateless scaled-dot-product attention. The
+ * engine knows nothing of HTTP, JSON, sessions or threads: it returns error codes, never logs,
+ * and allocates only in the create functions.
+ *
+ * Thread rule for the whole API: an attn_model is immutable after create and may be shared by
+ * any number of threads. An attn_kv_pool, its caches and an attn_workspace are used by one thread
+ * at a time (the caller serializes).
+ */
+#ifndef ENGINE_ATTN_H
+#define ENGINE_ATTN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- errors --------------------------------------------------------------------------------- */
+
+enum attn_status {
+    ATTN_OK = 0,
+    ATTN_EINVAL = -1,       /* an argument is invalid (NULL, negative, unknown name) */
+    ATTN_ENOMEM = -2,       /* a heap allocation failed */
+    ATTN_ERANGE = -3,       /* a position or length is past capacity (max_seq, cache length) */
+    ATTN_ESHAPE = -4,       /* a dimension does not match the model or the other tensors */
+    ATTN_EIO = -5,          /* a model file is missing, unreadable or malformed */
+    ATTN_ENOSPC = -6,       /* the KV pool has no free blocks: free some caches and retry */
+    ATTN_EUNSUPPORTED = -7, /* the model uses a feature the engine does not implement */
+};
+
+/* Returns a static, human-readable string for an attn_status code ("unknown error" otherwise). */
+const char *attn_strerror(int code);
+
+/* ---- configuration ------------------------------------------------------------------------- */
+
+typedef enum attn_rope_style {
+    ATTN_ROPE_STYLE_HALF = 0,        /* Llama / HF rotate_half: pairs (i, i + rotary_dim/2) */
+    ATTN_ROPE_STYLE_INTERLEAVED = 1, /* RoFormer / GPT-J: pairs (2i, 2i + 1) */
+} attn_rope_style;
+
+typedef enum attn_rope_scaling_type {
+    ATTN_ROPE_SCALING_NONE = 0,
+    ATTN_ROPE_SCALING_LINEAR = 1, /* inv_freq /= factor */
+    ATTN_ROPE_SCALING_LLAMA3 = 2, /* Llama 3.1's wavelength-dependent interpolation */
+} attn_rope_scaling_type;
+
+typedef struct attn_rope_scaling {
+    attn_rope_scaling_type type;
+    float factor;                     /* linear, llama3: > 0 */
+    float low_freq_factor;            /* llama3 */
+    float high_freq_factor;           /* llama3; must be > low_freq_factor */
+    int32_t original_max_position;    /* llama3: original_max_position_embeddings */
+} attn_rope_scaling;
+
+/* The geometry shared by every layer of a model. Zero-valued optional fields take the defaults
+ * noted below when the config is passed through attn_config_check(). */
+typedef struct attn_config {
+    int32_t n_layers;       /* layers in the model (the loaded ones are a sub-range) */
+    int32_t hidden_size;    /* model width */
+    int32_t n_heads;        /* query heads */
+    int32_t n_kv_heads;     /* key/value heads; divides n_heads (== n_heads: MHA, 1: MQA) */
+    int32_t head_dim;       /* 0 = hidden_size / n_heads */
+    int32_t rotary_dim;     /* dims of each head that RoPE rotates, even, <= head_dim;
+                               0 = head_dim; -1 = no RoPE at all */
+    float rope_theta;       /* 0 = 10000; inv_freq[i] = theta^(-2i / rotary_dim) */
+    attn_rope_style rope_style;
+    attn_rope_scaling rope_scaling;
+    int32_t max_seq;        /* positions 0 .. max_seq-1 are valid; also the cache capacity */
+    int32_t sliding_window; /* 0 = none; else query at cache index i sees key j iff i - j < W
+                               (HF Mistral semantics: W keys including itself) */
+    bool has_qkv_bias;      /* q/k/v projections have biases */
+    bool has_o_bias;        /* the output projection has a bias */
+    float softmax_scale;    /* 0 = 1 / sqrt(head_dim) */
+} attn_config;
+
+/* Fills *out with a named preset: "tiny" (hidden 64, 4 heads, 2 kv heads, head_dim 16, 2 layers),
+ * "small" (hidden 512, 8 heads, 2 kv heads, head_dim 64, 4 layers) or "llama8b" (hidden 4096,
+ * 32 heads, 8 kv heads, head_dim 128, rope_theta 500000, 32 layers). Returns ATTN_EINVAL for an
+ * unknown name. */
+int attn_config_preset(const char *name, attn_config *out);
+
+/* Validates *cfg and replaces zero defaults by their values (head_dim, rotary_dim, rope_theta,
+ * softmax_scale). Returns ATTN_EINVAL or ATTN_ESHAPE, naming nothing: callers that need a reason
+ * validate their own inputs first. */
+int attn_config_check(attn_config *cfg);
+
+/* ---- models -------------------------------------------------------------------------------- */
+
+typedef struct attn_model attn_model; /* immutable after create; share freely across threads */
+
+/* Which layers to materialize, and an optional cap on positions. */
+typedef struct attn_load_params {
+    int32_t layer_first; /* first layer to load, >= 0 */
+    int32_t layer_count; /* 0 = every layer from layer_first to the end */
+    int32_t max_seq;     /* 0 = the config's max_seq; else overrides it (must be > 0) */
+} attn_load_params;
+
+/* One layer's weights in Hugging Face nn.Linear layout (out_features, in_features), row-major. */
+typedef struct attn_layer_weights {
+    const float *wq; /* (n_heads * head_dim, hidden_size) */
+    const float *wk; /* (n_kv_heads * head_dim, hidden_size) */
+    const float *wv; /* (n_kv_heads * head_dim, hidden_size) */
+    const float *wo; /* (hidden_size, n_heads * head_dim) */
+    const float *bq; /* (n_heads * head_dim) when has_qkv_bias, else ignored */
+    const float *bk; /* (n_kv_heads * head_dim) when has_qkv_bias */
+    const float *bv; /* (n_kv_heads * head_dim) when has_qkv_bias */
+    const float *bo; /* (hidden_size) when has_o_bias */
+} attn_layer_weights;
+
+/* Creates a model from caller tensors: layers[i] holds layer (p->layer_first + i), for
+ * i < p->layer_count (p may be NULL: all cfg->n_layers layers). The tensors are copied.
+ * Returns ATTN_EINVAL, ATTN_ESHAPE (bad config) or ATTN_ENOMEM. */
+int attn_model_create(const attn_config *cfg, const attn_layer_weights *layers,
+                      const attn_load_params *p, attn_model **out);
+
+/* Creates a model with deterministic pseudo-random weights: every weight and bias is uniform in
+ * [-1/sqrt(in_features), 1/sqrt(in_features)) (nn.Linear's init), drawn from a splitmix64
+ * stream seeded by (seed, layer, tensor), so a layer's weights do not depend on which other
+ * layers are loaded. p may be NULL. Same return codes as attn_model_create. */
+int attn_model_create_random(const attn_config *cfg, uint64_t seed, const attn_load_params *p,
+                             attn_model **out);
+
+/* Loads a Hugging Face style folder: dir/config.json and dir/model.safetensors or the shards named
+ * by dir/model.safetensors.index.json; tensors model.layers.{i}.self_attn.{q,k,v,o}_proj.{weight,
+ * bias} in F32, F16 or BF16 (converted to float once). Only the layers in p are read. On failure
+ * returns ATTN_EIO (missing or malformed file), ATTN_ESHAPE (tensor shape differs from the config)
+ * or ATTN_EUNSUPPORTED (e.g. an unknown rope_scaling type or dtype) and, if err is not NULL, writes
+ * a one-line reason into err (err_size bytes, always NUL-terminated). */
+int attn_model_load_hf(const char *dir, const attn_load_params *p, attn_model **out, char *err,
+                       size_t err_size);
+
+/* Frees the model. NULL is a no-op. No cache or workspace made for it may be used afterwards. */
+void attn_model_destroy(attn_model *m);
+
+/* The model's config, with defaults filled in. Borrowed, valid until attn_model_destroy. */
+const attn_config *attn_model_config(const attn_model *m);
+
+/* The loaded layers are layer_first .. layer_first + layer_count - 1 (absolute indices). */
+int32_t attn_model_layer_first(const attn_model *m);
+int32_t attn_model_layer_count(const attn_model *m);
+
+/* Bytes of float weights held by the model (all loaded layers, biases and RoPE tables). */
+size_t attn_model_bytes(const attn_model *m);
+
+/* ---- paged KV cache ------------------------------------------------------------------------ */
+
+typedef struct attn_kv_pool attn_kv_pool; /* one thread at a time, with all its caches */
+typedef struct attn_kv attn_kv;           /* one layer's K/V for one sequence */
+
+/* Creates a pool of KV blocks for model m: budget_bytes / block_bytes blocks, each holding
+ * block_tokens tokens of K and V for all kv heads of one layer, laid out as
+ * K (n_kv_heads, block_tokens, head_dim) then V (n_kv_heads, block_tokens, head_dim).
+ * block_tokens is 16..256 (0 = 64). The memory is reserved at once and touched only when blocks
+ * are first used. Returns ATTN_EINVAL (budget smaller than one block) or ATTN_ENOMEM. */
+int attn_kv_pool_create(const attn_model *m, size_t budget_bytes, int32_t block_tokens,
+                        attn_kv_pool **out);
+
+/* Frees the pool and its memory. NULL is a no-op. Every cache of the pool must be destroyed
+ * before. */
+void attn_kv_pool_destroy(attn_kv_pool *pool);
+
+size_t attn_kv_pool_block_bytes(const attn_kv_pool *pool);
+int32_t attn_kv_pool_block_tokens(const attn_kv_pool *pool);
+int32_t attn_kv_pool_blocks_total(const attn_kv_pool *pool);
+int32_t attn_kv_pool_blocks_free(const attn_kv_pool *pool);
+size_t attn_kv_pool_bytes_used(const attn_kv_pool *pool);  /* blocks in use * block_bytes */
+size_t attn_kv_pool_bytes_limit(const attn_kv_pool *pool); /* blocks_total * block_bytes */
+
+/* Creates an empty cache (no blocks held yet) with capacity max_seq tokens. */
+int attn_kv_create(attn_kv_pool *pool, attn_kv **out);
+
+/* Returns the cache's blocks to its pool and frees it. NULL is a no-op. */
+void attn_kv_destroy(attn_kv *kv);
+
+/* Tokens held. */
+int32_t attn_kv_len(const attn_kv *kv);
+
+/* Bytes of the blocks the cache holds (a partly filled block counts whole). */
+size_t attn_kv_bytes(const attn_kv *kv);
+
+/* Blocks that appending n_new tokens would take from the pool (0 if they fit in the last block).
+ * Lets the caller free space (evict) before a forward that would fail with ATTN_ENOSPC. */
+int32_t attn_kv_blocks_needed(const attn_kv *kv, int32_t n_new);
+
+/* Keeps the first n_tokens tokens and returns whole unused blocks to the pool
+ * (speculative-decoding rollback). ATTN_ERANGE if n_tokens > attn_kv_len(kv) or < 0. */
+int attn_kv_truncate(attn_kv *kv, int32_t n_tokens);
+
+/* Creates a copy of src (same pool, same tokens, own blocks). ATTN_ENOSPC when the pool cannot
+ * hold the copy (nothing is changed then), ATTN_ENOMEM. */
+int attn_kv_fork(const attn_kv *src, attn_kv **out);
+
+/* Copies tokens [first, first + count) of the cache into k and v, each laid out
+ * (n_kv_heads, count, head_dim) row-major, post-RoPE as stored. ATTN_ERANGE if out of bounds.
+ * For tests and inspection; not a hot path. */
+int attn_kv_read(const attn_kv *kv, int32_t first, int32_t count, float *k, float *v);
+
+/* ---- forward ------------------------------------------------------------------------------- */
+
+/* Runs task(arg, i) for every i in [0, n) and returns when all have finished. The engine uses
+ * it, when given, to spread independent attention work (one KV head of one sequence each) over
+ * the caller's threads; the engine itself never starts a thread. */
+typedef void (*attn_task_fn)(void *arg, int32_t i);
+typedef struct attn_executor {
+    void (*run)(void *ctx, attn_task_fn task, void *arg, int32_t n);
+    void *ctx;
+} attn_executor;
+
+typedef struct attn_workspace attn_workspace; /* one thread at a time */
+
+/* Creates the scratch memory for forwards of up to max_tokens new tokens in one call (summed
+ * over the steps of a batch), at any context length up to the model's max_seq. ex may be NULL
+ * (everything runs on the calling thread); it is copied. ATTN_EINVAL, ATTN_ENOMEM. */
+int attn_workspace_create(const attn_model *m, int32_t max_tokens, const attn_executor *ex,
+                          attn_workspace **out);
+void attn_workspace_destroy(attn_workspace *ws); /* NULL is a no-op */
+int32_t attn_workspace_max_tokens(const attn_workspace *ws);
+
+/* One sequence's share of a forward: n_tokens new tokens appended to kv.
+ * Masks, with P = attn_kv_len(kv) before the call and cache index P + i for new token i:
+ * causal (token i sees keys with index <= P + i), the model's sliding window, and key_valid.
+ * A row whose keys are all masked gives zero output (and zero weights), never NaN. */
+typedef struct attn_step {
+    attn_kv *kv;               /* the cache to append to; must come from a pool of this model */
+    const float *x;            /* (n_tokens, hidden_size) row-major hidden states */
+    int32_t n_tokens;          /* >= 1 */
+    const int32_t *positions;  /* (n_tokens) RoPE positions in [0, max_seq); NULL = P + i */
+    const uint8_t *key_valid;  /* NULL, or (P + n_tokens): 0 masks that key out (padding) */
+    float *out;                /* (n_tokens, hidden_size) row-major */
+    float *weights;            /* NULL, or (n_heads, n_tokens, P + n_tokens) row-major:
+                                  attention probabilities; asking for them selects the
+                                  materialized-scores path, otherwise the tiled online-softmax
+                                  path runs and never holds a full score matrix */
+} attn_step;
+
+/* Advances n_steps caches (distinct caches of one pool) by their new tokens through layer
+ * `layer` (absolute index). The QKV and output projections run as one GEMM over all the steps'
+ * tokens, so concurrent decodes read the weights once. Either every cache is advanced or none
+ * is: on any error no cache changes length. Total tokens may exceed the workspace's max_tokens:
+ * the work is then split into chunks (chunked prefill), with identical results.
+ * Returns ATTN_EINVAL (NULL pointers, n_tokens < 1, layer not loaded), ATTN_ESHAPE (a cache
+ * from another model's pool), ATTN_ERANGE (a position outside [0, max_seq) or a cache that would
+ * exceed max_seq), ATTN_ENOSPC (not enough free blocks for all the appends). */
+int attn_forward(const attn_model *m, int32_t layer, attn_workspace *ws, const attn_step *steps,
+                 int32_t n_steps);
+
+/* ---- stateless scaled-dot-product attention ------------------------------------------------ */
+
+/* out = softmax(scale * q k^T + mask) v, per query head h reading kv head h / (n_heads /
+ * n_kv_heads). Query i sits at key index i + (n_k - n_q) (bottom-right alignment), and key j is
+ * visible iff (!is_causal || j <= i') and (window < 0 || |i' - j| <= window), with
+ * i' = i + n_k - n_q. */
+typedef struct attn_sdpa_params {
+    int32_t n_heads;    /* query heads */
+    int32_t n_kv_heads; /* divides n_heads */
+    int32_t n_q;        /* query length Tq >= 1 */
+    int32_t n_k;        /* key length Tk >= 1 */
+    int32_t d_k;        /* query/key dim >= 1 */
+    int32_t d_v;        /* value dim >= 1 */
+    const float *q;     /* (n_heads, n_q, d_k) row-major */
+    const float *k;     /* (n_kv_heads, n_k, d_k) row-major */
+    const float *v;     /* (n_kv_heads, n_k, d_v) row-major */
+    bool is_causal;
+    int32_t window;     /* -1 = none, else >= 0 */
+    float scale;        /* 0 = 1 / sqrt(d_k) */
+    float *out;         /* (n_heads, n_q, d_v) row-major */
+    float *weights;     /* NULL, or (n_heads, n_q, n_k): probabilities (materialized path) */
+} attn_sdpa_params;
+
+/* Bytes of scratch attn_sdpa needs for these parameters. */
+size_t attn_sdpa_scratch_bytes(const attn_sdpa_params *p);
+
+/* Computes p->out (and p->weights). scratch must hold attn_sdpa_scratch_bytes(p) bytes, aligned
+ * for float. Returns ATTN_EINVAL or ATTN_ESHAPE for bad dimensions or NULL tensors. */
+int attn_sdpa(const attn_sdpa_params *p, void *scratch);
+
+#endif /* ENGINE_ATTN_H */
