@@ -10,7 +10,7 @@ SAN      ?=
 PYTHON   ?= /usr/bin/python3
 
 DEB_PKGS := build-essential pkg-config libmicrohttpd-dev libcjson-dev libopenblas-dev \
-            libuv1-dev check libcurl4-openssl-dev curl python3-numpy
+            libuv1-dev check libcurl4-openssl-dev curl python3-numpy nginx
 
 PKGS      := libmicrohttpd libcjson libuv openblas
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) check libcurl 2>/dev/null)
@@ -52,7 +52,7 @@ CHECK       := $(BUILD)/check
 BENCH       := $(BUILD)/attn_bench
 
 .PHONY: all engine server test asan valgrind debug bench bench-compare run deps docker \
-        docker-test clean format lint layering check-format
+        docker-test topology-test clean format lint layering check-format
 
 # all: the engine library and the daemon (default).
 all: engine server
@@ -140,13 +140,18 @@ deps:
 	  else echo "missing packages (run as root or install them): $$missing"; exit 1; fi; \
 	fi
 
-# docker: build the container image (podman or docker).
+# docker: build the container image (podman keeps the HEALTHCHECK only in docker format).
 docker:
-	$(Q)if command -v podman >/dev/null; then podman build -t attnd .; else docker build -t attnd .; fi
+	$(Q)if command -v podman >/dev/null; then podman build --format docker -t attnd .; \
+	else docker build -t attnd .; fi
 
 # docker-test: build the image with podman, run it and poll /healthz (needs root).
 docker-test:
 	$(Q)../shared/container/smoke.sh . /healthz 8080
+
+# topology-test: 3 attnd replicas behind nginx (docker/nginx.conf) on 127.0.0.1, as plain processes.
+topology-test: $(ATTND)
+	$(Q)tests/topology/run.sh $(ATTND)
 
 # format: rewrite sources with clang-format.
 format:
