@@ -1,0 +1,235 @@
+/* engine/attend.c: one attention task (a GQA group of query rows against one KV head) in either
+ * of two paths with identical results: materialized probabilities when the caller wants the
+ * weights, or tiled online softmax (FlashAttention: running max m, running sum l, rescaled
+ * accumulator) that holds one key block of scores at a time. Keys come through a kv_view, so the
+ * same code serves the paged cache and contiguous caller tensors. */
+#include "attn_int.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+
+size_t attn__task_scratch_floats(int32_t n_rows, int32_t d_k, int32_t d_v, int32_t block_tokens) {
+    return (size_t)n_rows * ((size_t)d_k + d_v + block_tokens + 2);
+}
+
+/* Keys [lo, hi] visible to row t by position; key_valid is applied per key. Empty when hi < lo. */
+static void visible_range(const struct attn__mask *mk, int32_t n_keys, int32_t t, int64_t *lo,
+                          int64_t *hi) {
+    int64_t qi = (int64_t)mk->q_index0 + t;
+    int64_t l = 0, h = (int64_t)n_keys - 1;
+    if (mk->is_causal && qi < h) {
+        h = qi;
+    }
+    if (mk->window_right >= 0 && qi + mk->window_right < h) {
+        h = qi + mk->window_right;
+    }
+    if (mk->window_left >= 0 && qi - mk->window_left > l) {
+        l = qi - mk->window_left;
+    }
+    *lo = l;
+    *hi = h;
+}
+
+static const float *block_k(const struct attn__kv_view *v, int64_t b) {
+    int64_t id = v->block_ids ? v->block_ids[b] : b;
+    return v->k_base + (size_t)id * v->k_block_stride;
+}
+
+static const float *block_v(const struct attn__kv_view *v, int64_t b) {
+    int64_t id = v->block_ids ? v->block_ids[b] : b;
+    return v->v_base + (size_t)id * v->v_block_stride;
+}
+
+/* s (rows x nb, ld lds) = q (rows x d_k) k_block^T. */
+static void scores_block(const struct attn__task *t, const float *q, int32_t rows, const float *k,
+                         int32_t nb, float *s, size_t lds) {
+    if (rows >= ATTN__BLAS_MIN_ROWS) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, nb, t->d_k, 1.0f, q, t->d_k, k,
+                    t->d_k, 0.0f, s, (int)lds);
+    } else {
+        attn__qk(q, (size_t)t->d_k, rows, k, (size_t)t->d_k, nb, t->d_k, s, lds);
+    }
+}
+
+/* o (rows x d_v) += p (rows x nb, ld ldp) v_block. */
+static void accumulate_block(const struct attn__task *t, const float *p, size_t ldp, int32_t rows,
+                             const float *v, int32_t nb, float *o) {
+    if (rows >= ATTN__BLAS_MIN_ROWS) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, t->d_v, nb, 1.0f, p,
+                    (int)ldp, v, t->d_v, 1.0f, o, t->d_v);
+    } else {
+        attn__pv(p, ldp, rows, v, (size_t)t->d_v, nb, t->d_v, o, (size_t)t->d_v);
+    }
+}
+
+/* Replaces the scores of keys [j0, j0 + nb) that row t may not see by -inf. */
+static void mask_row(const struct attn__task *t, int32_t row_t, int64_t j0, int32_t nb, float *s) {
+    int64_t lo, hi;
+    visible_range(&t->mask, t->kv.n_keys, row_t, &lo, &hi);
+    const uint8_t *valid = t->mask.key_valid;
+    for (int32_t jj = 0; jj < nb; jj++) {
+        int64_t j = j0 + jj;
+        if (j < lo || j > hi || (valid != NULL && !valid[j])) {
+            s[jj] = -INFINITY;
+        }
+    }
+}
+
+static void run_tiled(const struct attn__task *t, const float *q, float *o, float *s, float *m,
+                      float *l, int64_t b_lo, int64_t b_hi) {
+    int32_t rows = t->n_group * t->n_q, bt = t->kv.block_tokens;
+    for (int32_t r = 0; r < rows; r++) {
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+    }
+    memset(o, 0, (size_t)rows * t->d_v * sizeof(float));
+    for (int64_t b = b_lo; b <= b_hi; b++) {
+        int64_t j0 = b * bt;
+        int32_t nb = (int32_t)(t->kv.n_keys - j0 < bt ? t->kv.n_keys - j0 : bt);
+        scores_block(t, q, rows, block_k(&t->kv, b), nb, s, (size_t)bt);
+        for (int32_t r = 0; r < rows; r++) {
+            float *sr = s + (size_t)r * bt;
+            mask_row(t, r % t->n_q, j0, nb, sr);
+            float bmax = -INFINITY;
+            for (int32_t jj = 0; jj < nb; jj++) {
+                bmax = sr[jj] > bmax ? sr[jj] : bmax;
+            }
+            if (bmax == -INFINITY) {
+                memset(sr, 0, (size_t)nb * sizeof(float));
+                continue;
+            }
+            float m_new = m[r] > bmax ? m[r] : bmax;
+            float sum = 0.0f;
+            for (int32_t jj = 0; jj < nb; jj++) {
+                sr[jj] = expf(sr[jj] - m_new);
+                sum += sr[jj];
+            }
+            if (m_new != m[r]) {
+                float corr = expf(m[r] - m_new); /* 0 when m was -inf: nothing accumulated yet */
+                float *orow = o + (size_t)r * t->d_v;
+                for (int32_t c = 0; c < t->d_v; c++) {
+                    orow[c] *= corr;
+                }
+                l[r] *= corr;
+                m[r] = m_new;
+            }
+            l[r] += sum;
+        }
+        accumulate_block(t, s, (size_t)bt, rows, block_v(&t->kv, b), nb, o);
+    }
+    for (int32_t r = 0; r < rows; r++) {
+        float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+        float *orow = o + (size_t)r * t->d_v;
+        for (int32_t c = 0; c < t->d_v; c++) {
+            orow[c] *= inv;
+        }
+    }
+}
+
+static float *weights_row(const struct attn__task *t, int32_t r) {
+    return t->w + (size_t)(r / t->n_q) * t->w_head_stride + (size_t)(r % t->n_q) * t->w_ld;
+}
+
+static void run_materialized(const struct attn__task *t, const float *q, float *o, float *s,
+                             int64_t b_lo, int64_t b_hi) {
+    int32_t rows = t->n_group * t->n_q, bt = t->kv.block_tokens;
+    for (int32_t r = 0; r < rows; r++) {
+        memset(weights_row(t, r), 0, (size_t)t->w_cols * sizeof(float));
+    }
+    memset(o, 0, (size_t)rows * t->d_v * sizeof(float));
+    if (b_hi < b_lo) {
+        return;
+    }
+    int64_t c0 = b_lo * bt;
+    int64_t c1 = (b_hi + 1) * bt < t->kv.n_keys ? (b_hi + 1) * bt : t->kv.n_keys;
+    for (int64_t b = b_lo; b <= b_hi; b++) {
+        int64_t j0 = b * bt;
+        int32_t nb = (int32_t)(c1 - j0 < bt ? c1 - j0 : bt);
+        scores_block(t, q, rows, block_k(&t->kv, b), nb, s, (size_t)bt);
+        for (int32_t r = 0; r < rows; r++) {
+            mask_row(t, r % t->n_q, j0, nb, s + (size_t)r * bt);
+            memcpy(weights_row(t, r) + j0, s + (size_t)r * bt, (size_t)nb * sizeof(float));
+        }
+    }
+    for (int32_t r = 0; r < rows; r++) {
+        float *w = weights_row(t, r) + c0;
+        int64_t n = c1 - c0;
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < n; j++) {
+            mx = w[j] > mx ? w[j] : mx;
+        }
+        if (mx == -INFINITY) {
+            memset(w, 0, (size_t)n * sizeof(float));
+            continue;
+        }
+        float sum = 0.0f;
+        for (int64_t j = 0; j < n; j++) {
+            w[j] = expf(w[j] - mx);
+            sum += w[j];
+        }
+        float inv = 1.0f / sum;
+        for (int64_t j = 0; j < n; j++) {
+            w[j] *= inv;
+        }
+    }
+    for (int64_t b = b_lo; b <= b_hi; b++) {
+        int64_t j0 = b * bt;
+        int32_t nb = (int32_t)(c1 - j0 < bt ? c1 - j0 : bt);
+        for (int32_t r = 0; r < rows; r++) {
+            memcpy(s + (size_t)r * bt, weights_row(t, r) + j0, (size_t)nb * sizeof(float));
+        }
+        accumulate_block(t, s, (size_t)bt, rows, block_v(&t->kv, b), nb, o);
+    }
+}
+
+void attn__task_run(const struct attn__task *t) {
+    int32_t rows = t->n_group * t->n_q;
+    float *q = t->scratch;
+    float *o = q + (size_t)rows * t->d_k;
+    float *s = o + (size_t)rows * t->d_v;
+    float *m = s + (size_t)rows * t->kv.block_tokens;
+    float *l = m + rows;
+    /* Gather the group's query rows, pre-scaled, into one (rows x d_k) matrix so each key block
+     * is read once for all heads that share it. */
+    for (int32_t r = 0; r < rows; r++) {
+        const float *src = t->q + (size_t)(r / t->n_q) * t->q_head_stride +
+                           (size_t)(r % t->n_q) * t->q_ld;
+        float *dst = q + (size_t)r * t->d_k;
+        for (int32_t c = 0; c < t->d_k; c++) {
+            dst[c] = src[c] * t->scale;
+        }
+    }
+    int64_t lo0, hi0, lo1, hi1;
+    visible_range(&t->mask, t->kv.n_keys, 0, &lo0, &hi0);
+    visible_range(&t->mask, t->kv.n_keys, t->n_q - 1, &lo1, &hi1);
+    /* Both bounds grow with the query index, so rows 0 and n_q - 1 bound the whole task. */
+    int64_t lo = lo0, hi = hi1;
+    int64_t bt = t->kv.block_tokens;
+    int64_t b_lo = lo / bt, b_hi = hi < lo ? b_lo - 1 : hi / bt;
+    if (t->w != NULL) {
+        run_materialized(t, q, o, s, b_lo, b_hi);
+    } else {
+        run_tiled(t, q, o, s, m, l, b_lo, b_hi);
+    }
+    for (int32_t r = 0; r < rows; r++) {
+        float *dst = t->out + (size_t)(r / t->n_q) * t->out_head_stride +
+                     (size_t)(r % t->n_q) * t->out_ld;
+        memcpy(dst, o + (size_t)r * t->d_v, (size_t)t->d_v * sizeof(float));
+    }
+}
+
+static void run_one(void *arg, int32_t i) {
+    const struct attn__task *tasks = arg;
+    attn__task_run(&tasks[i]);
+}
+
+void attn__tasks_run(const attn_executor *ex, const struct attn__task *tasks, int32_t n) {
+    if (ex != NULL && ex->run != NULL && n > 1) {
+        ex->run(ex->ctx, run_one, (void *)tasks, n);
+        return;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        attn__task_run(&tasks[i]);
+    }
+}

@@ -1,0 +1,156 @@
+/* engine/attn_int.h: internals shared by the engine's files (and by white-box tests).
+ * Not part of the public API: server/ must include only attn.h. */
+#ifndef ENGINE_ATTN_INT_H
+#define ENGINE_ATTN_INT_H
+
+#include "attn.h"
+
+/* Query tokens per attention task in the tiled path: with a GQA group of r heads a task holds
+ * r * ATTN__Q_TILE rows, enough for efficient GEMMs while its score tile stays in L2. */
+#define ATTN__Q_TILE 64
+
+/* Below this many query rows the attention inner products use the SIMD loops in simd.c instead
+ * of cblas_sgemm, whose packing overhead dominates for decode-sized problems. */
+#define ATTN__BLAS_MIN_ROWS 16
+
+/* Alignment of every buffer the engine allocates (one cache line, and AVX-512 friendly). */
+#define ATTN__ALIGN 64
+
+/* One layer's weights, immutable after load. */
+struct attn__layer {
+    float *w_qkv; /* (n_qkv, hidden_size): rows of Wq, then Wk, then Wv; n_qkv = (H + 2 Hkv) hd */
+    float *b_qkv; /* (n_qkv) or NULL */
+    float *w_o;   /* (hidden_size, n_heads * head_dim) */
+    float *b_o;   /* (hidden_size) or NULL */
+};
+
+/* Immutable after create. */
+struct attn_model {
+    attn_config cfg;
+    int32_t layer_first;
+    int32_t layer_count;
+    struct attn__layer *layers; /* (layer_count) */
+    float *rope_cos;            /* (max_seq, rotary_dim / 2): cos(pos * inv_freq[i]) */
+    float *rope_sin;            /* (max_seq, rotary_dim / 2) */
+    size_t bytes;
+};
+
+/* One thread at a time, together with all of its caches. */
+struct attn_kv_pool {
+    const attn_model *model;
+    int32_t n_kv_heads;
+    int32_t head_dim;
+    int32_t block_tokens;
+    int32_t max_seq;
+    size_t block_floats; /* 2 * n_kv_heads * block_tokens * head_dim */
+    int32_t n_blocks;
+    int32_t n_free;
+    float *mem;          /* (n_blocks, block_floats) */
+    int32_t *free_stack; /* (n_blocks): ids of free blocks; the top is reused first (warm pages) */
+    int32_t n_caches;
+};
+
+/* Owned by the pool's thread. */
+struct attn_kv {
+    attn_kv_pool *pool;
+    int32_t len;        /* tokens held */
+    int32_t n_blocks;   /* blocks held */
+    int32_t max_blocks; /* ceil(max_seq / block_tokens) */
+    int32_t *blocks;    /* (max_blocks): block ids in token order */
+};
+
+/* Where a task's keys and values live: block b (of block_tokens keys each, the last possibly
+ * partial) starts at k_base + id(b) * k_block_stride, with id(b) = block_ids ? block_ids[b] : b,
+ * and holds rows of d_k floats (values: d_v floats) contiguously. */
+struct attn__kv_view {
+    const float *k_base;
+    const float *v_base;
+    const int32_t *block_ids;
+    size_t k_block_stride;
+    size_t v_block_stride;
+    int32_t block_tokens;
+    int32_t n_keys; /* keys that exist; later ones are never read */
+};
+
+/* Which keys a query row may see. Row t of a task is the query at key index q_index0 + t. */
+struct attn__mask {
+    int32_t q_index0;
+    bool is_causal;
+    int32_t window_left;      /* -1 = none, else keys with qi - j > window_left are hidden */
+    int32_t window_right;     /* -1 = none, else keys with j - qi > window_right are hidden */
+    const uint8_t *key_valid; /* NULL or (n_keys) */
+};
+
+/* One unit of attention work: the r query heads of one GQA group against one KV head, for n_q
+ * consecutive queries. Rows are ordered (local head, query). Strides are in floats. */
+struct attn__task {
+    const float *q; /* row (h, t) at q + h * q_head_stride + t * q_ld, d_k floats */
+    size_t q_head_stride, q_ld;
+    float *out; /* row (h, t) at out + h * out_head_stride + t * out_ld, d_v floats */
+    size_t out_head_stride, out_ld;
+    float *w; /* NULL (tiled online-softmax path), or probabilities: row (h, t) at
+                 w + h * w_head_stride + t * w_ld, w_cols floats (zero past n_keys) */
+    size_t w_head_stride, w_ld;
+    int32_t w_cols;
+    int32_t n_group; /* query heads sharing this KV head */
+    int32_t n_q;
+    int32_t d_k, d_v;
+    float scale;
+    struct attn__kv_view kv;
+    struct attn__mask mask;
+    float *scratch; /* attn__task_scratch_floats(...) floats */
+};
+
+/* Floats of scratch one task with these dimensions needs. */
+size_t attn__task_scratch_floats(int32_t n_rows, int32_t d_k, int32_t d_v, int32_t block_tokens);
+
+/* Runs one attention task (attend.c). Never allocates. */
+void attn__task_run(const struct attn__task *t);
+
+/* Runs tasks[0..n) on ex (NULL: the calling thread). */
+void attn__tasks_run(const attn_executor *ex, const struct attn__task *tasks, int32_t n);
+
+/* ---- simd.c: the small kernels the decode path lives on ---------------------------------- */
+
+/* s[i * lds + j] = dot(q + i * ldq, k + j * ldk) over d, for i < m, j < n. */
+void attn__qk(const float *q, size_t ldq, int32_t m, const float *k, size_t ldk, int32_t n,
+              int32_t d, float *s, size_t lds);
+
+/* o[i * ldo + c] += sum_j p[i * ldp + j] * v[j * ldv + c], for i < m, c < d. */
+void attn__pv(const float *p, size_t ldp, int32_t m, const float *v, size_t ldv, int32_t n,
+              int32_t d, float *o, size_t ldo);
+
+/* ---- rope.c ------------------------------------------------------------------------------ */
+
+/* Fills cos/sin tables (max_seq, rotary_dim / 2) for cfg (checked). Angles in double. */
+void attn__rope_tables(const attn_config *cfg, float *cos_table, float *sin_table);
+
+/* Rotates the first rotary_dim dims of n_heads vectors of head_dim floats at x (consecutive)
+ * by the angles of position pos. */
+void attn__rope_apply(const attn_model *m, float *x, int32_t n_heads, int32_t pos);
+
+/* ---- kv.c -------------------------------------------------------------------------------- */
+
+/* Grows kv by n_new tokens' blocks (the caller checked there are enough free) and sets its
+ * length; the K/V rows are written afterwards with attn__kv_row_k / attn__kv_row_v. */
+void attn__kv_grow(attn_kv *kv, int32_t n_new);
+
+/* Address of key (or value) row for kv head h at cache index idx. */
+float *attn__kv_row_k(const attn_kv *kv, int32_t h, int32_t idx);
+float *attn__kv_row_v(const attn_kv *kv, int32_t h, int32_t idx);
+
+/* The view of kv head h over the first n_keys tokens of kv. */
+struct attn__kv_view attn__kv_view_of(const attn_kv *kv, int32_t h, int32_t n_keys);
+
+/* ---- model.c ----------------------------------------------------------------------------- */
+
+/* Allocates a model for cfg (checked, max_seq overridden by p) with the layer range of p and
+ * uninitialized weights; computes the RoPE tables. Shared by every constructor. */
+int attn__model_alloc(const attn_config *cfg, const attn_load_params *p, attn_model **out);
+
+/* ---- memory ------------------------------------------------------------------------------ */
+
+/* Aligned allocation of n floats (uninitialized), NULL on failure or overflow; free with free(). */
+float *attn__alloc_floats(size_t n);
+
+#endif /* ENGINE_ATTN_INT_H */

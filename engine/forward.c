@@ -1,0 +1,314 @@
+/* engine/forward.c: the layer forward over a batch of sequences. Projections run as one BLAS call
+ * over every new token of every step; RoPE and the K/V appends follow; attention is cut into
+ * independent tasks (one GQA group x one query tile of one step) that an executor may spread over
+ * threads. All memory comes from the workspace, sized at create time. */
+#include "attn_int.h"
+
+#include <cblas.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* One thread at a time. Every buffer is sized for max_tokens new tokens in one chunk. */
+struct attn_workspace {
+    const attn_model *model;
+    int32_t max_tokens;
+    attn_executor ex;
+    bool has_ex;
+    float *x;             /* (max_tokens, hidden): gathered inputs of a multi-step chunk */
+    float *qkv;           /* (max_tokens, n_qkv): projected q | k | v per token */
+    float *attn;          /* (max_tokens, n_heads * head_dim): attention output per token */
+    float *y;             /* (max_tokens, hidden): output projection of a multi-step chunk */
+    float *scratch;       /* n_heads * max_tokens rows of task scratch */
+    struct attn__task *tasks;
+    int32_t max_tasks;
+    struct chunk_part *parts; /* (max_tokens) */
+};
+
+/* A contiguous run of one step's tokens inside a chunk. */
+struct chunk_part {
+    int32_t step;
+    int32_t first;  /* first token of the step in this part */
+    int32_t n;      /* tokens in this part */
+    int32_t row;    /* row of the part's first token in the chunk buffers */
+};
+
+static size_t n_qkv_of(const attn_config *c) {
+    return (size_t)(c->n_heads + 2 * c->n_kv_heads) * c->head_dim;
+}
+
+static int32_t max_tasks_for(const attn_config *c, int32_t max_tokens) {
+    /* A chunk has at most max_tokens parts, and a part of n tokens makes ceil(n / Q_TILE) tiles,
+     * so tiles <= max_tokens + max_tokens / Q_TILE; each tile makes one task per KV head. */
+    return c->n_kv_heads * (max_tokens + max_tokens / ATTN__Q_TILE + 1);
+}
+
+void attn_workspace_destroy(attn_workspace *ws) {
+    if (ws == NULL) {
+        return;
+    }
+    free(ws->x);
+    free(ws->qkv);
+    free(ws->attn);
+    free(ws->y);
+    free(ws->scratch);
+    free(ws->tasks);
+    free(ws->parts);
+    free(ws);
+}
+
+int attn_workspace_create(const attn_model *m, int32_t max_tokens, const attn_executor *ex,
+                          attn_workspace **out) {
+    if (m == NULL || out == NULL || max_tokens < 1 || max_tokens > (1 << 20)) {
+        return ATTN_EINVAL;
+    }
+    const attn_config *c = &m->cfg;
+    attn_workspace *ws = calloc(1, sizeof *ws);
+    if (ws == NULL) {
+        return ATTN_ENOMEM;
+    }
+    ws->model = m;
+    ws->max_tokens = max_tokens;
+    if (ex != NULL && ex->run != NULL) {
+        ws->ex = *ex;
+        ws->has_ex = true;
+    }
+    size_t t = (size_t)max_tokens;
+    size_t hd_all = (size_t)c->n_heads * c->head_dim;
+    /* The largest KV block a pool of this model may use is 256 tokens. */
+    size_t rows = (size_t)c->n_heads * t;
+    ws->x = attn__alloc_floats(t * c->hidden_size);
+    ws->qkv = attn__alloc_floats(t * n_qkv_of(c));
+    ws->attn = attn__alloc_floats(t * hd_all);
+    ws->y = attn__alloc_floats(t * c->hidden_size);
+    ws->scratch = attn__alloc_floats(attn__task_scratch_floats((int32_t)rows, c->head_dim,
+                                                               c->head_dim, 256));
+    ws->max_tasks = max_tasks_for(c, max_tokens);
+    ws->tasks = calloc((size_t)ws->max_tasks, sizeof *ws->tasks);
+    ws->parts = calloc(t, sizeof *ws->parts);
+    if (ws->x == NULL || ws->qkv == NULL || ws->attn == NULL || ws->y == NULL ||
+        ws->scratch == NULL || ws->tasks == NULL || ws->parts == NULL) {
+        attn_workspace_destroy(ws);
+        return ATTN_ENOMEM;
+    }
+    *out = ws;
+    return ATTN_OK;
+}
+
+int32_t attn_workspace_max_tokens(const attn_workspace *ws) {
+    return ws->max_tokens;
+}
+
+/* Checks every step before anything changes, so a failed forward leaves all caches as they were. */
+static int validate(const attn_model *m, int32_t layer, const attn_workspace *ws,
+                    const attn_step *steps, int32_t n_steps) {
+    if (m == NULL || ws == NULL || steps == NULL || n_steps < 1 || ws->model != m) {
+        return ATTN_EINVAL;
+    }
+    if (layer < m->layer_first || layer >= m->layer_first + m->layer_count) {
+        return ATTN_EINVAL;
+    }
+    const attn_kv_pool *pool = NULL;
+    int64_t blocks = 0;
+    for (int32_t s = 0; s < n_steps; s++) {
+        const attn_step *st = &steps[s];
+        if (st->kv == NULL || st->x == NULL || st->out == NULL || st->n_tokens < 1) {
+            return ATTN_EINVAL;
+        }
+        if (st->kv->pool->model != m &&
+            (st->kv->pool->n_kv_heads != m->cfg.n_kv_heads ||
+             st->kv->pool->head_dim != m->cfg.head_dim || st->kv->pool->max_seq != m->cfg.max_seq)) {
+            return ATTN_ESHAPE;
+        }
+        if (pool == NULL) {
+            pool = st->kv->pool;
+        } else if (st->kv->pool != pool) {
+            return ATTN_EINVAL;
+        }
+        for (int32_t u = 0; u < s; u++) {
+            if (steps[u].kv == st->kv) {
+                return ATTN_EINVAL;
+            }
+        }
+        if ((int64_t)st->kv->len + st->n_tokens > m->cfg.max_seq) {
+            return ATTN_ERANGE;
+        }
+        for (int32_t i = 0; st->positions != NULL && i < st->n_tokens; i++) {
+            if (st->positions[i] < 0 || st->positions[i] >= m->cfg.max_seq) {
+                return ATTN_ERANGE;
+            }
+        }
+        blocks += attn_kv_blocks_needed(st->kv, st->n_tokens);
+    }
+    if (blocks > pool->n_free) {
+        return ATTN_ENOSPC;
+    }
+    return ATTN_OK;
+}
+
+/* y (n x out_dim) = x (n x in_dim) W^T (+ b), W (out_dim x in_dim) row-major. A single row uses
+ * sgemv: OpenBLAS's sgemm packs W for M = 1 and runs several times slower than the
+ * bandwidth-bound matrix-vector product. */
+static void linear(const float *x, int32_t n, int32_t in_dim, const float *w, const float *b,
+                   int32_t out_dim, float *y) {
+    if (b != NULL) {
+        for (int32_t i = 0; i < n; i++) {
+            memcpy(y + (size_t)i * out_dim, b, (size_t)out_dim * sizeof(float));
+        }
+    }
+    float beta = b != NULL ? 1.0f : 0.0f;
+    if (n == 1) {
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, out_dim, in_dim, 1.0f, w, in_dim, x, 1, beta, y,
+                    1);
+    } else {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out_dim, in_dim, 1.0f, x, in_dim,
+                    w, in_dim, beta, y, out_dim);
+    }
+}
+
+/* Splits the steps' tokens, starting at (*step, *first), into parts that fill one chunk of at
+ * most max_tokens rows. Returns the number of parts and advances the cursor. */
+static int32_t next_chunk(const attn_step *steps, int32_t n_steps, int32_t max_tokens,
+                          int32_t *step, int32_t *first, struct chunk_part *parts,
+                          int32_t *n_rows) {
+    int32_t n_parts = 0, rows = 0;
+    while (*step < n_steps && rows < max_tokens) {
+        int32_t left = steps[*step].n_tokens - *first;
+        int32_t take = left < max_tokens - rows ? left : max_tokens - rows;
+        parts[n_parts++] = (struct chunk_part){*step, *first, take, rows};
+        rows += take;
+        *first += take;
+        if (*first == steps[*step].n_tokens) {
+            (*step)++;
+            *first = 0;
+        }
+    }
+    *n_rows = rows;
+    return n_parts;
+}
+
+/* Applies RoPE to the part's q and k rows and appends its k and v to the cache. */
+static void rope_and_append(const attn_model *m, const attn_step *st, const struct chunk_part *p,
+                            float *qkv) {
+    const attn_config *c = &m->cfg;
+    size_t n_qkv = n_qkv_of(c), hd = (size_t)c->head_dim;
+    size_t k_off = (size_t)c->n_heads * hd, v_off = k_off + (size_t)c->n_kv_heads * hd;
+    int32_t base = st->kv->len;
+    attn__kv_grow(st->kv, p->n);
+    for (int32_t i = 0; i < p->n; i++) {
+        float *row = qkv + (size_t)(p->row + i) * n_qkv;
+        int32_t idx = base + i;
+        int32_t pos = st->positions ? st->positions[p->first + i] : idx;
+        if (c->rotary_dim > 0) {
+            attn__rope_apply(m, row, c->n_heads, pos);
+            attn__rope_apply(m, row + k_off, c->n_kv_heads, pos);
+        }
+        for (int32_t h = 0; h < c->n_kv_heads; h++) {
+            memcpy(attn__kv_row_k(st->kv, h, idx), row + k_off + h * hd, hd * sizeof(float));
+            memcpy(attn__kv_row_v(st->kv, h, idx), row + v_off + h * hd, hd * sizeof(float));
+        }
+    }
+}
+
+/* Builds the attention tasks of one part: per KV head, query tiles of ATTN__Q_TILE tokens. */
+static int32_t part_tasks(const attn_model *m, attn_workspace *ws, const attn_step *st,
+                          const struct chunk_part *p, struct attn__task *tasks,
+                          size_t *scratch_used) {
+    const attn_config *c = &m->cfg;
+    int32_t r = c->n_heads / c->n_kv_heads;
+    size_t n_qkv = n_qkv_of(c), hd = (size_t)c->head_dim, hd_all = (size_t)c->n_heads * hd;
+    int32_t n_keys = st->kv->len; /* this part's tokens are appended already */
+    int32_t p_start = n_keys - p->n; /* cache index of the part's first token */
+    int32_t total_keys = st->kv->len - p->first - p->n + st->n_tokens; /* after the whole step */
+    int32_t n_tasks = 0;
+    for (int32_t q0 = 0; q0 < p->n; q0 += ATTN__Q_TILE) {
+        int32_t nq = p->n - q0 < ATTN__Q_TILE ? p->n - q0 : ATTN__Q_TILE;
+        for (int32_t g = 0; g < c->n_kv_heads; g++) {
+            struct attn__task *t = &tasks[n_tasks++];
+            int32_t row = p->row + q0;
+            t->q = ws->qkv + (size_t)row * n_qkv + (size_t)g * r * hd;
+            t->q_head_stride = hd;
+            t->q_ld = n_qkv;
+            t->out = ws->attn + (size_t)row * hd_all + (size_t)g * r * hd;
+            t->out_head_stride = hd;
+            t->out_ld = hd_all;
+            t->w = NULL;
+            if (st->weights != NULL) {
+                /* weights (n_heads, n_tokens, total_keys); this tile's first row is token
+                 * p->first + q0 of head g * r. */
+                size_t ld = (size_t)total_keys;
+                t->w = st->weights + ((size_t)g * r * st->n_tokens + p->first + q0) * ld;
+                t->w_head_stride = (size_t)st->n_tokens * ld;
+                t->w_ld = ld;
+                t->w_cols = total_keys;
+            }
+            t->n_group = r;
+            t->n_q = nq;
+            t->d_k = c->head_dim;
+            t->d_v = c->head_dim;
+            t->scale = c->softmax_scale;
+            t->kv = attn__kv_view_of(st->kv, g, n_keys);
+            t->mask.q_index0 = p_start + q0;
+            t->mask.is_causal = true;
+            t->mask.window_left = c->sliding_window > 0 ? c->sliding_window - 1 : -1;
+            t->mask.window_right = -1;
+            t->mask.key_valid = st->key_valid;
+            t->scratch = ws->scratch + *scratch_used;
+            *scratch_used += attn__task_scratch_floats(r * nq, c->head_dim, c->head_dim,
+                                                       t->kv.block_tokens);
+        }
+    }
+    return n_tasks;
+}
+
+static void run_chunk(const attn_model *m, const struct attn__layer *l, attn_workspace *ws,
+                      const attn_step *steps, const struct chunk_part *parts, int32_t n_parts,
+                      int32_t rows) {
+    const attn_config *c = &m->cfg;
+    int32_t hidden = c->hidden_size, hd_all = c->n_heads * c->head_dim;
+    bool single = n_parts == 1;
+    const float *x = ws->x;
+    if (single) {
+        x = steps[parts[0].step].x + (size_t)parts[0].first * hidden;
+    } else {
+        for (int32_t i = 0; i < n_parts; i++) {
+            const struct chunk_part *p = &parts[i];
+            memcpy(ws->x + (size_t)p->row * hidden, steps[p->step].x + (size_t)p->first * hidden,
+                   (size_t)p->n * hidden * sizeof(float));
+        }
+    }
+    linear(x, rows, hidden, l->w_qkv, l->b_qkv, (int32_t)n_qkv_of(c), ws->qkv);
+    int32_t n_tasks = 0;
+    size_t scratch_used = 0;
+    for (int32_t i = 0; i < n_parts; i++) {
+        const attn_step *st = &steps[parts[i].step];
+        rope_and_append(m, st, &parts[i], ws->qkv);
+        n_tasks += part_tasks(m, ws, st, &parts[i], ws->tasks + n_tasks, &scratch_used);
+    }
+    attn__tasks_run(ws->has_ex ? &ws->ex : NULL, ws->tasks, n_tasks);
+    float *y = single ? steps[parts[0].step].out + (size_t)parts[0].first * hidden : ws->y;
+    linear(ws->attn, rows, hd_all, l->w_o, l->b_o, hidden, y);
+    if (!single) {
+        for (int32_t i = 0; i < n_parts; i++) {
+            const struct chunk_part *p = &parts[i];
+            memcpy(steps[p->step].out + (size_t)p->first * hidden, ws->y + (size_t)p->row * hidden,
+                   (size_t)p->n * hidden * sizeof(float));
+        }
+    }
+}
+
+int attn_forward(const attn_model *m, int32_t layer, attn_workspace *ws, const attn_step *steps,
+                 int32_t n_steps) {
+    int rc = validate(m, layer, ws, steps, n_steps);
+    if (rc != ATTN_OK) {
+        return rc;
+    }
+    const struct attn__layer *l = &m->layers[layer - m->layer_first];
+    int32_t step = 0, first = 0;
+    while (step < n_steps) {
+        int32_t rows = 0;
+        int32_t n_parts = next_chunk(steps, n_steps, ws->max_tokens, &step, &first, ws->parts,
+                                     &rows);
+        run_chunk(m, l, ws, steps, ws->parts, n_parts, rows);
+    }
+    return ATTN_OK;
+}

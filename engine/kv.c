@@ -1,0 +1,228 @@
+/* engine/kv.c: the paged KV store. A pool is one aligned arena of fixed-size blocks with a stack
+ * of free ids; a cache is a block table. Writing rows and reading them for attention go through
+ * the addressing helpers here, so the layout is defined in one place. */
+#include "attn_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int attn_kv_pool_create(const attn_model *m, size_t budget_bytes, int32_t block_tokens,
+                        attn_kv_pool **out) {
+    if (m == NULL || out == NULL || block_tokens < 0 || (block_tokens != 0 && block_tokens < 16) ||
+        block_tokens > 256) {
+        return ATTN_EINVAL;
+    }
+    if (block_tokens == 0) {
+        block_tokens = 64;
+    }
+    const attn_config *c = &m->cfg;
+    size_t block_floats = 2 * (size_t)c->n_kv_heads * block_tokens * c->head_dim;
+    size_t block_bytes = block_floats * sizeof(float);
+    size_t n_blocks = budget_bytes / block_bytes;
+    if (n_blocks < 1) {
+        return ATTN_EINVAL;
+    }
+    if (n_blocks > INT32_MAX / 2) {
+        n_blocks = INT32_MAX / 2;
+    }
+    attn_kv_pool *pool = calloc(1, sizeof *pool);
+    if (pool == NULL) {
+        return ATTN_ENOMEM;
+    }
+    pool->model = m;
+    pool->n_kv_heads = c->n_kv_heads;
+    pool->head_dim = c->head_dim;
+    pool->block_tokens = block_tokens;
+    pool->max_seq = c->max_seq;
+    pool->block_floats = block_floats;
+    pool->n_blocks = (int32_t)n_blocks;
+    pool->n_free = pool->n_blocks;
+    /* A large aligned allocation is mapped lazily, so the budget costs nothing until used. */
+    pool->mem = attn__alloc_floats(n_blocks * block_floats);
+    pool->free_stack = malloc(n_blocks * sizeof *pool->free_stack);
+    if (pool->mem == NULL || pool->free_stack == NULL) {
+        attn_kv_pool_destroy(pool);
+        return ATTN_ENOMEM;
+    }
+    /* Block 0 on top: low addresses are handed out first. */
+    for (int32_t i = 0; i < pool->n_blocks; i++) {
+        pool->free_stack[i] = pool->n_blocks - 1 - i;
+    }
+    *out = pool;
+    return ATTN_OK;
+}
+
+void attn_kv_pool_destroy(attn_kv_pool *pool) {
+    if (pool == NULL) {
+        return;
+    }
+    free(pool->mem);
+    free(pool->free_stack);
+    free(pool);
+}
+
+size_t attn_kv_pool_block_bytes(const attn_kv_pool *pool) {
+    return pool->block_floats * sizeof(float);
+}
+
+int32_t attn_kv_pool_block_tokens(const attn_kv_pool *pool) {
+    return pool->block_tokens;
+}
+
+int32_t attn_kv_pool_blocks_total(const attn_kv_pool *pool) {
+    return pool->n_blocks;
+}
+
+int32_t attn_kv_pool_blocks_free(const attn_kv_pool *pool) {
+    return pool->n_free;
+}
+
+size_t attn_kv_pool_bytes_used(const attn_kv_pool *pool) {
+    return (size_t)(pool->n_blocks - pool->n_free) * attn_kv_pool_block_bytes(pool);
+}
+
+size_t attn_kv_pool_bytes_limit(const attn_kv_pool *pool) {
+    return (size_t)pool->n_blocks * attn_kv_pool_block_bytes(pool);
+}
+
+int attn_kv_create(attn_kv_pool *pool, attn_kv **out) {
+    if (pool == NULL || out == NULL) {
+        return ATTN_EINVAL;
+    }
+    attn_kv *kv = calloc(1, sizeof *kv);
+    if (kv == NULL) {
+        return ATTN_ENOMEM;
+    }
+    kv->pool = pool;
+    kv->max_blocks = (pool->max_seq + pool->block_tokens - 1) / pool->block_tokens;
+    kv->blocks = malloc((size_t)kv->max_blocks * sizeof *kv->blocks);
+    if (kv->blocks == NULL) {
+        free(kv);
+        return ATTN_ENOMEM;
+    }
+    pool->n_caches++;
+    *out = kv;
+    return ATTN_OK;
+}
+
+static void release_blocks(attn_kv *kv, int32_t keep) {
+    attn_kv_pool *pool = kv->pool;
+    while (kv->n_blocks > keep) {
+        pool->free_stack[pool->n_free++] = kv->blocks[--kv->n_blocks];
+    }
+}
+
+void attn_kv_destroy(attn_kv *kv) {
+    if (kv == NULL) {
+        return;
+    }
+    release_blocks(kv, 0);
+    kv->pool->n_caches--;
+    free(kv->blocks);
+    free(kv);
+}
+
+int32_t attn_kv_len(const attn_kv *kv) {
+    return kv->len;
+}
+
+size_t attn_kv_bytes(const attn_kv *kv) {
+    return (size_t)kv->n_blocks * attn_kv_pool_block_bytes(kv->pool);
+}
+
+int32_t attn_kv_blocks_needed(const attn_kv *kv, int32_t n_new) {
+    if (n_new <= 0) {
+        return 0;
+    }
+    int64_t want = ((int64_t)kv->len + n_new + kv->pool->block_tokens - 1) / kv->pool->block_tokens;
+    return want > kv->n_blocks ? (int32_t)(want - kv->n_blocks) : 0;
+}
+
+int attn_kv_truncate(attn_kv *kv, int32_t n_tokens) {
+    if (kv == NULL) {
+        return ATTN_EINVAL;
+    }
+    if (n_tokens < 0 || n_tokens > kv->len) {
+        return ATTN_ERANGE;
+    }
+    kv->len = n_tokens;
+    release_blocks(kv, (n_tokens + kv->pool->block_tokens - 1) / kv->pool->block_tokens);
+    return ATTN_OK;
+}
+
+int attn_kv_fork(const attn_kv *src, attn_kv **out) {
+    if (src == NULL || out == NULL) {
+        return ATTN_EINVAL;
+    }
+    attn_kv_pool *pool = src->pool;
+    if (pool->n_free < src->n_blocks) {
+        return ATTN_ENOSPC;
+    }
+    attn_kv *kv = NULL;
+    int rc = attn_kv_create(pool, &kv);
+    if (rc != ATTN_OK) {
+        return rc;
+    }
+    attn__kv_grow(kv, src->len);
+    for (int32_t b = 0; b < src->n_blocks; b++) {
+        memcpy(pool->mem + (size_t)kv->blocks[b] * pool->block_floats,
+               pool->mem + (size_t)src->blocks[b] * pool->block_floats,
+               pool->block_floats * sizeof(float));
+    }
+    *out = kv;
+    return ATTN_OK;
+}
+
+void attn__kv_grow(attn_kv *kv, int32_t n_new) {
+    attn_kv_pool *pool = kv->pool;
+    int32_t want = (kv->len + n_new + pool->block_tokens - 1) / pool->block_tokens;
+    while (kv->n_blocks < want) {
+        kv->blocks[kv->n_blocks++] = pool->free_stack[--pool->n_free];
+    }
+    kv->len += n_new;
+}
+
+/* Within a block: K (n_kv_heads, block_tokens, head_dim), then V of the same shape. */
+float *attn__kv_row_k(const attn_kv *kv, int32_t h, int32_t idx) {
+    const attn_kv_pool *pool = kv->pool;
+    int32_t b = idx / pool->block_tokens, off = idx % pool->block_tokens;
+    return pool->mem + (size_t)kv->blocks[b] * pool->block_floats +
+           ((size_t)h * pool->block_tokens + off) * pool->head_dim;
+}
+
+float *attn__kv_row_v(const attn_kv *kv, int32_t h, int32_t idx) {
+    const attn_kv_pool *pool = kv->pool;
+    return attn__kv_row_k(kv, h, idx) + pool->block_floats / 2;
+}
+
+struct attn__kv_view attn__kv_view_of(const attn_kv *kv, int32_t h, int32_t n_keys) {
+    const attn_kv_pool *pool = kv->pool;
+    struct attn__kv_view v;
+    v.k_base = pool->mem + (size_t)h * pool->block_tokens * pool->head_dim;
+    v.v_base = v.k_base + pool->block_floats / 2;
+    v.block_ids = kv->blocks;
+    v.k_block_stride = pool->block_floats;
+    v.v_block_stride = pool->block_floats;
+    v.block_tokens = pool->block_tokens;
+    v.n_keys = n_keys;
+    return v;
+}
+
+int attn_kv_read(const attn_kv *kv, int32_t first, int32_t count, float *k, float *v) {
+    if (kv == NULL || k == NULL || v == NULL) {
+        return ATTN_EINVAL;
+    }
+    if (first < 0 || count < 0 || first > kv->len - count) {
+        return ATTN_ERANGE;
+    }
+    const attn_kv_pool *pool = kv->pool;
+    size_t hd = (size_t)pool->head_dim;
+    for (int32_t h = 0; h < pool->n_kv_heads; h++) {
+        for (int32_t t = 0; t < count; t++) {
+            size_t dst = ((size_t)h * count + t) * hd;
+            memcpy(k + dst, attn__kv_row_k(kv, h, first + t), hd * sizeof(float));
+            memcpy(v + dst, attn__kv_row_v(kv, h, first + t), hd * sizeof(float));
+        }
+    }
+    return ATTN_OK;
+}

@@ -1,0 +1,233 @@
+/* engine/model.c: model objects built from caller tensors or seeded random weights, and their
+ * RoPE tables. Loading from files lives in hf_load.c; this file never touches the filesystem. */
+#include "attn_int.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+float *attn__alloc_floats(size_t n) {
+    if (n == 0 || n > SIZE_MAX / sizeof(float) - ATTN__ALIGN) {
+        return NULL;
+    }
+    size_t bytes = (n * sizeof(float) + ATTN__ALIGN - 1) / ATTN__ALIGN * ATTN__ALIGN;
+    void *p = NULL;
+    if (posix_memalign(&p, ATTN__ALIGN, bytes) != 0) {
+        return NULL;
+    }
+    return p;
+}
+
+static size_t n_qkv_rows(const attn_config *c) {
+    return (size_t)(c->n_heads + 2 * c->n_kv_heads) * c->head_dim;
+}
+
+static int resolve_range(const attn_config *cfg, const attn_load_params *p, int32_t *first,
+                         int32_t *count) {
+    int32_t f = p ? p->layer_first : 0;
+    int32_t n = p ? p->layer_count : 0;
+    if (f < 0 || n < 0 || f >= cfg->n_layers) {
+        return ATTN_EINVAL;
+    }
+    if (n == 0) {
+        n = cfg->n_layers - f;
+    }
+    if (n > cfg->n_layers - f) {
+        return ATTN_ERANGE;
+    }
+    *first = f;
+    *count = n;
+    return ATTN_OK;
+}
+
+void attn_model_destroy(attn_model *m) {
+    if (m == NULL) {
+        return;
+    }
+    for (int32_t i = 0; m->layers != NULL && i < m->layer_count; i++) {
+        free(m->layers[i].w_qkv);
+        free(m->layers[i].b_qkv);
+        free(m->layers[i].w_o);
+        free(m->layers[i].b_o);
+    }
+    free(m->layers);
+    free(m->rope_cos);
+    free(m->rope_sin);
+    free(m);
+}
+
+/* Allocates a model with uninitialized weights for cfg (checked here) and the layer range of p.
+ * Shared by every constructor, including the file loader. */
+int attn__model_alloc(const attn_config *cfg_in, const attn_load_params *p, attn_model **out) {
+    if (cfg_in == NULL || out == NULL) {
+        return ATTN_EINVAL;
+    }
+    attn_config cfg = *cfg_in;
+    if (p != NULL && p->max_seq < 0) {
+        return ATTN_EINVAL;
+    }
+    if (p != NULL && p->max_seq > 0) {
+        cfg.max_seq = p->max_seq;
+    }
+    int rc = attn_config_check(&cfg);
+    if (rc != ATTN_OK) {
+        return rc;
+    }
+    int32_t first, count;
+    rc = resolve_range(&cfg, p, &first, &count);
+    if (rc != ATTN_OK) {
+        return rc;
+    }
+    attn_model *m = calloc(1, sizeof *m);
+    if (m == NULL) {
+        return ATTN_ENOMEM;
+    }
+    m->cfg = cfg;
+    m->layer_first = first;
+    m->layer_count = count;
+    m->layers = calloc((size_t)count, sizeof *m->layers);
+    if (m->layers == NULL) {
+        goto fail;
+    }
+    size_t hd_all = (size_t)cfg.n_heads * cfg.head_dim;
+    size_t per_layer = n_qkv_rows(&cfg) * cfg.hidden_size + (size_t)cfg.hidden_size * hd_all;
+    for (int32_t i = 0; i < count; i++) {
+        struct attn__layer *l = &m->layers[i];
+        l->w_qkv = attn__alloc_floats(n_qkv_rows(&cfg) * cfg.hidden_size);
+        l->w_o = attn__alloc_floats((size_t)cfg.hidden_size * hd_all);
+        if (l->w_qkv == NULL || l->w_o == NULL) {
+            goto fail;
+        }
+        if (cfg.has_qkv_bias) {
+            l->b_qkv = attn__alloc_floats(n_qkv_rows(&cfg));
+            if (l->b_qkv == NULL) {
+                goto fail;
+            }
+        }
+        if (cfg.has_o_bias) {
+            l->b_o = attn__alloc_floats((size_t)cfg.hidden_size);
+            if (l->b_o == NULL) {
+                goto fail;
+            }
+        }
+    }
+    m->bytes = (size_t)count * per_layer * sizeof(float);
+    if (cfg.rotary_dim > 0) {
+        size_t n = (size_t)cfg.max_seq * (cfg.rotary_dim / 2);
+        m->rope_cos = attn__alloc_floats(n);
+        m->rope_sin = attn__alloc_floats(n);
+        if (m->rope_cos == NULL || m->rope_sin == NULL) {
+            goto fail;
+        }
+        attn__rope_tables(&m->cfg, m->rope_cos, m->rope_sin);
+        m->bytes += 2 * n * sizeof(float);
+    }
+    *out = m;
+    return ATTN_OK;
+fail:
+    attn_model_destroy(m);
+    return ATTN_ENOMEM;
+}
+
+int attn_model_create(const attn_config *cfg, const attn_layer_weights *layers,
+                      const attn_load_params *p, attn_model **out) {
+    if (layers == NULL) {
+        return ATTN_EINVAL;
+    }
+    attn_model *m = NULL;
+    int rc = attn__model_alloc(cfg, p, &m);
+    if (rc != ATTN_OK) {
+        return rc;
+    }
+    const attn_config *c = &m->cfg;
+    size_t hidden = (size_t)c->hidden_size;
+    size_t q_rows = (size_t)c->n_heads * c->head_dim;
+    size_t kv_rows = (size_t)c->n_kv_heads * c->head_dim;
+    for (int32_t i = 0; i < m->layer_count; i++) {
+        const attn_layer_weights *w = &layers[i];
+        struct attn__layer *l = &m->layers[i];
+        if (w->wq == NULL || w->wk == NULL || w->wv == NULL || w->wo == NULL ||
+            (c->has_qkv_bias && (w->bq == NULL || w->bk == NULL || w->bv == NULL)) ||
+            (c->has_o_bias && w->bo == NULL)) {
+            attn_model_destroy(m);
+            return ATTN_EINVAL;
+        }
+        memcpy(l->w_qkv, w->wq, q_rows * hidden * sizeof(float));
+        memcpy(l->w_qkv + q_rows * hidden, w->wk, kv_rows * hidden * sizeof(float));
+        memcpy(l->w_qkv + (q_rows + kv_rows) * hidden, w->wv, kv_rows * hidden * sizeof(float));
+        memcpy(l->w_o, w->wo, hidden * q_rows * sizeof(float));
+        if (c->has_qkv_bias) {
+            memcpy(l->b_qkv, w->bq, q_rows * sizeof(float));
+            memcpy(l->b_qkv + q_rows, w->bk, kv_rows * sizeof(float));
+            memcpy(l->b_qkv + q_rows + kv_rows, w->bv, kv_rows * sizeof(float));
+        }
+        if (c->has_o_bias) {
+            memcpy(l->b_o, w->bo, hidden * sizeof(float));
+        }
+    }
+    *out = m;
+    return ATTN_OK;
+}
+
+/* splitmix64 (Steele, Lea, Flood 2014): a tiny, well-mixed generator; one stream per tensor. */
+static uint64_t splitmix64(uint64_t *state) {
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* Fills x[0..n) uniform in [-bound, bound) from the stream named by (seed, layer, tensor). */
+static void fill_uniform(float *x, size_t n, float bound, uint64_t seed, int32_t layer,
+                         int32_t tensor) {
+    uint64_t state = seed ^ ((uint64_t)(uint32_t)layer << 32) ^ ((uint64_t)tensor << 8);
+    splitmix64(&state);
+    for (size_t i = 0; i < n; i++) {
+        double u = (double)(splitmix64(&state) >> 11) * (1.0 / 9007199254740992.0);
+        x[i] = (float)((2.0 * u - 1.0) * bound);
+    }
+}
+
+int attn_model_create_random(const attn_config *cfg, uint64_t seed, const attn_load_params *p,
+                             attn_model **out) {
+    attn_model *m = NULL;
+    int rc = attn__model_alloc(cfg, p, &m);
+    if (rc != ATTN_OK) {
+        return rc;
+    }
+    const attn_config *c = &m->cfg;
+    size_t hidden = (size_t)c->hidden_size;
+    size_t hd_all = (size_t)c->n_heads * c->head_dim;
+    float in_bound = 1.0f / sqrtf((float)hidden);
+    float o_bound = 1.0f / sqrtf((float)hd_all);
+    for (int32_t i = 0; i < m->layer_count; i++) {
+        struct attn__layer *l = &m->layers[i];
+        int32_t layer = m->layer_first + i;
+        fill_uniform(l->w_qkv, n_qkv_rows(c) * hidden, in_bound, seed, layer, 1);
+        fill_uniform(l->w_o, hidden * hd_all, o_bound, seed, layer, 2);
+        if (l->b_qkv != NULL) {
+            fill_uniform(l->b_qkv, n_qkv_rows(c), in_bound, seed, layer, 3);
+        }
+        if (l->b_o != NULL) {
+            fill_uniform(l->b_o, hidden, o_bound, seed, layer, 4);
+        }
+    }
+    *out = m;
+    return ATTN_OK;
+}
+
+const attn_config *attn_model_config(const attn_model *m) {
+    return &m->cfg;
+}
+
+int32_t attn_model_layer_first(const attn_model *m) {
+    return m->layer_first;
+}
+
+int32_t attn_model_layer_count(const attn_model *m) {
+    return m->layer_count;
+}
+
+size_t attn_model_bytes(const attn_model *m) {
+    return m->bytes;
+}

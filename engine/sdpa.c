@@ -1,0 +1,101 @@
+/* engine/sdpa.c: stateless scaled-dot-product attention over caller tensors (seed notes
+ * 3.1-3.6), run through the same tasks as the layer forward, with contiguous K/V viewed as
+ * blocks of SDPA_BLOCK keys. */
+#include "attn_int.h"
+
+#include <math.h>
+
+#define SDPA_BLOCK 64
+
+static int check_params(const attn_sdpa_params *p) {
+    if (p == NULL || p->q == NULL || p->k == NULL || p->v == NULL || p->out == NULL) {
+        return ATTN_EINVAL;
+    }
+    if (p->n_heads < 1 || p->n_kv_heads < 1 || p->n_q < 1 || p->n_k < 1 || p->d_k < 1 ||
+        p->d_v < 1 || p->window < -1 || !isfinite(p->scale) || p->scale < 0) {
+        return ATTN_EINVAL;
+    }
+    if (p->n_heads % p->n_kv_heads != 0) {
+        return ATTN_ESHAPE;
+    }
+    /* Keeps every index product inside size_t comfortably. */
+    if ((int64_t)p->n_heads * p->n_q > (1 << 24) || (int64_t)p->n_kv_heads * p->n_k > (1 << 26) ||
+        p->d_k > (1 << 16) || p->d_v > (1 << 16)) {
+        return ATTN_ERANGE;
+    }
+    return ATTN_OK;
+}
+
+static int32_t n_q_tiles(const attn_sdpa_params *p) {
+    return (p->n_q + ATTN__Q_TILE - 1) / ATTN__Q_TILE;
+}
+
+size_t attn_sdpa_scratch_bytes(const attn_sdpa_params *p) {
+    if (check_params(p) != ATTN_OK) {
+        return 0;
+    }
+    int32_t r = p->n_heads / p->n_kv_heads;
+    size_t n_tasks = (size_t)p->n_kv_heads * n_q_tiles(p);
+    size_t floats = (size_t)p->n_kv_heads *
+                    attn__task_scratch_floats(r * p->n_q, p->d_k, p->d_v, SDPA_BLOCK);
+    /* Tasks first, then float scratch; round the task array up to float alignment. */
+    size_t task_bytes = (n_tasks * sizeof(struct attn__task) + 63) / 64 * 64;
+    return task_bytes + floats * sizeof(float);
+}
+
+int attn_sdpa(const attn_sdpa_params *p, void *scratch) {
+    int rc = check_params(p);
+    if (rc != ATTN_OK) {
+        return rc;
+    }
+    if (scratch == NULL) {
+        return ATTN_EINVAL;
+    }
+    int32_t r = p->n_heads / p->n_kv_heads;
+    size_t n_tasks = (size_t)p->n_kv_heads * n_q_tiles(p);
+    struct attn__task *tasks = scratch;
+    float *fs = (float *)((char *)scratch + (n_tasks * sizeof(struct attn__task) + 63) / 64 * 64);
+    size_t used = 0;
+    int32_t i = 0;
+    for (int32_t g = 0; g < p->n_kv_heads; g++) {
+        for (int32_t q0 = 0; q0 < p->n_q; q0 += ATTN__Q_TILE) {
+            int32_t nq = p->n_q - q0 < ATTN__Q_TILE ? p->n_q - q0 : ATTN__Q_TILE;
+            struct attn__task *t = &tasks[i++];
+            size_t h0 = (size_t)g * r;
+            t->q = p->q + (h0 * p->n_q + q0) * p->d_k;
+            t->q_head_stride = (size_t)p->n_q * p->d_k;
+            t->q_ld = (size_t)p->d_k;
+            t->out = p->out + (h0 * p->n_q + q0) * p->d_v;
+            t->out_head_stride = (size_t)p->n_q * p->d_v;
+            t->out_ld = (size_t)p->d_v;
+            t->w = NULL;
+            if (p->weights != NULL) {
+                t->w = p->weights + (h0 * p->n_q + q0) * p->n_k;
+                t->w_head_stride = (size_t)p->n_q * p->n_k;
+                t->w_ld = (size_t)p->n_k;
+                t->w_cols = p->n_k;
+            }
+            t->n_group = r;
+            t->n_q = nq;
+            t->d_k = p->d_k;
+            t->d_v = p->d_v;
+            t->scale = p->scale > 0 ? p->scale : 1.0f / sqrtf((float)p->d_k);
+            t->kv.k_base = p->k + (size_t)g * p->n_k * p->d_k;
+            t->kv.v_base = p->v + (size_t)g * p->n_k * p->d_v;
+            t->kv.block_ids = NULL;
+            t->kv.k_block_stride = (size_t)SDPA_BLOCK * p->d_k;
+            t->kv.v_block_stride = (size_t)SDPA_BLOCK * p->d_v;
+            t->kv.block_tokens = SDPA_BLOCK;
+            t->kv.n_keys = p->n_k;
+            t->mask.q_index0 = p->n_k - p->n_q + q0;
+            t->mask.is_causal = p->is_causal;
+            t->mask.window_left = p->window;
+            t->mask.window_right = p->window;
+            t->mask.key_valid = NULL;
+            t->scratch = fs + used;
+            used += attn__task_scratch_floats(r * nq, p->d_k, p->d_v, SDPA_BLOCK);
+        }
+    }
+    attn__tasks_run(NULL, tasks, (int32_t)n_tasks);
+    return ATTN_OK;
+}
