@@ -4,10 +4,6 @@
  * picked at load time by the ifunc resolver, so no global dispatch state is needed. */
 #include "attn_int.h"
 
-#if defined(__GNUC__) && !defined(__clang__)
-/* The 32-byte vectors never cross a non-inlined call boundary, so the ABI note is moot. */
-#pragma GCC diagnostic ignored "-Wpsabi"
-#endif
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define SIMD_CLONES __attribute__((target_clones("avx2", "default")))
@@ -15,35 +11,37 @@
 #define SIMD_CLONES
 #endif
 
-typedef float v8f __attribute__((vector_size(32), aligned(4)));
+/* 16-byte vectors: every x86-64 ABI passes them in registers, so the helpers below may take and
+ * return them in both clones; the AVX2 clone still gets VEX encoding and wider scheduling. */
+typedef float v4f __attribute__((vector_size(16), aligned(4)));
 
-static inline v8f load8(const float *p) {
-    v8f v;
+static inline v4f load4(const float *p) {
+    v4f v;
     __builtin_memcpy(&v, p, sizeof v);
     return v;
 }
 
-static inline void store8(float *p, v8f v) {
+static inline void store4(float *p, v4f v) {
     __builtin_memcpy(p, &v, sizeof v);
 }
 
-static inline float hsum8(v8f v) {
-    return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+static inline float hsum4(v4f v) {
+    return (v[0] + v[2]) + (v[1] + v[3]);
 }
 
 /* Four query rows against one key: the key row is loaded once and reused from registers. */
 static inline void dot4(const float *q0, const float *q1, const float *q2, const float *q3,
                         const float *k, int32_t d, float *r) {
-    v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+    v4f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
     int32_t c = 0;
-    for (; c + 8 <= d; c += 8) {
-        v8f kv = load8(k + c);
-        a0 += load8(q0 + c) * kv;
-        a1 += load8(q1 + c) * kv;
-        a2 += load8(q2 + c) * kv;
-        a3 += load8(q3 + c) * kv;
+    for (; c + 4 <= d; c += 4) {
+        v4f kv = load4(k + c);
+        a0 += load4(q0 + c) * kv;
+        a1 += load4(q1 + c) * kv;
+        a2 += load4(q2 + c) * kv;
+        a3 += load4(q3 + c) * kv;
     }
-    float s0 = hsum8(a0), s1 = hsum8(a1), s2 = hsum8(a2), s3 = hsum8(a3);
+    float s0 = hsum4(a0), s1 = hsum4(a1), s2 = hsum4(a2), s3 = hsum4(a3);
     for (; c < d; c++) {
         s0 += q0[c] * k[c];
         s1 += q1[c] * k[c];
@@ -57,16 +55,16 @@ static inline void dot4(const float *q0, const float *q1, const float *q2, const
 }
 
 static inline float dot1(const float *q, const float *k, int32_t d) {
-    v8f a = {0}, b = {0};
+    v4f a = {0}, b = {0};
     int32_t c = 0;
-    for (; c + 16 <= d; c += 16) {
-        a += load8(q + c) * load8(k + c);
-        b += load8(q + c + 8) * load8(k + c + 8);
-    }
     for (; c + 8 <= d; c += 8) {
-        a += load8(q + c) * load8(k + c);
+        a += load4(q + c) * load4(k + c);
+        b += load4(q + c + 4) * load4(k + c + 4);
     }
-    float s = hsum8(a + b);
+    for (; c + 4 <= d; c += 4) {
+        a += load4(q + c) * load4(k + c);
+    }
+    float s = hsum4(a + b);
     for (; c < d; c++) {
         s += q[c] * k[c];
     }
@@ -108,10 +106,10 @@ void attn__pv(const float *p, size_t ldp, int32_t m, const float *v, size_t ldv,
                 continue;
             }
             float *oi = o + i * ldo;
-            v8f wv = {w, w, w, w, w, w, w, w};
+            v4f wv = {w, w, w, w};
             int32_t c = 0;
-            for (; c + 8 <= d; c += 8) {
-                store8(oi + c, load8(oi + c) + wv * load8(vj + c));
+            for (; c + 4 <= d; c += 4) {
+                store4(oi + c, load4(oi + c) + wv * load4(vj + c));
             }
             for (; c < d; c++) {
                 oi[c] += w * vj[c];
