@@ -1,0 +1,914 @@
+/* bench/attn_bench.c: the engine benchmark (`make bench`). Times prefill, single-token decode and
+ * batched decode on one random layer of the `small` and `llama8b` presets, and sets every figure
+ * against this machine's limits measured in the same run (cblas_sgemm peak at 2048^3, read
+ * bandwidth of a sweep over a buffer far larger than the caches). Prints one table, then RESULT
+ * lines for bench/compare.py. Correctness is tests/' job: this program only checks return codes.
+ */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cblas.h>
+
+#include "../engine/attn.h"
+#include "bench_pool.h"
+
+/* ---- cases and options ---------------------------------------------------------------------- */
+
+static const int32_t prefill_lens[] = {128, 512, 2048};
+/* Decode cache lengths, ascending: one cache is grown from stop to stop. BATCH_LEN is one of them,
+ * so the batched cases fork that cache when it passes through. */
+static const int32_t decode_lens[] = {512, 2048, 8192};
+static const int32_t batch_sizes[] = {1, 8, 32};
+enum { BATCH_LEN = 2048, SGEMM_N = 2048, MAX_RESULTS = 64, MAX_BATCH = 32 };
+
+static const char *const preset_names[] = {"small", "llama8b"};
+
+typedef enum case_kind {
+    CASE_KIND_PREFILL = 0, /* S new tokens into an empty cache */
+    CASE_KIND_DECODE = 1,  /* 1 new token into one cache of length L */
+    CASE_KIND_BATCH = 2,   /* B caches of length BATCH_LEN, 1 new token each, one forward */
+} case_kind;
+
+typedef struct bench_opts {
+    int32_t n_threads;       /* OpenBLAS threads and executor threads */
+    bool use_executor;       /* false: attention runs on the calling thread only */
+    bool is_quick;           /* fewer reps, smaller bandwidth buffer: smoke runs */
+    bool skip_limits;        /* do not measure the machine (compare.py only needs ms) */
+    const char *preset;      /* "small", "llama8b" or "all" */
+    const char *case_filter; /* comma-separated substrings of case names; NULL = all */
+    size_t bw_bytes;         /* bandwidth sweep buffer */
+    int32_t block_tokens;    /* KV block size passed to the pool */
+    int32_t n_reps;          /* 0 = adaptive (see rep_policy) */
+    uint64_t seed;
+} bench_opts;
+
+/* Reps after one discarded warm-up: at least min_reps and min_seconds of timed work, at most
+ * max_reps. The figure reported is the median. */
+typedef struct rep_policy {
+    int32_t min_reps;
+    int32_t max_reps;
+    double min_seconds;
+} rep_policy;
+
+typedef struct machine_limits {
+    bool is_measured;
+    double sgemm_gflops; /* best cblas_sgemm 2048^3 with opts.n_threads OpenBLAS threads */
+    double bw_gbs[2];    /* read bandwidth with 1 and 2 threads, GB/s (1e9 bytes) */
+    size_t bw_bytes;
+} machine_limits;
+
+typedef struct case_result {
+    char name[64];
+    case_kind kind;
+    int32_t reps;
+    double ms;     /* median of the timed reps */
+    double ms_min; /* fastest rep */
+    double n_new;  /* new tokens per call, all sequences */
+    double flops;  /* per call, as stated in the header */
+    double bytes;  /* per call, as stated in the header */
+} case_result;
+
+typedef struct result_list {
+    case_result items[MAX_RESULTS];
+    int32_t n;
+} result_list;
+
+/* ---- small helpers -------------------------------------------------------------------------- */
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int compare_doubles(const void *a, const void *b) {
+    double x = *(const double *)a;
+    double y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Uniform floats in [-1, 1) from a splitmix64 stream: the values only need to be ordinary
+ * (no denormals, no NaN) for the timings to mean something. */
+static void fill_random(float *p, size_t n, uint64_t seed) {
+    uint64_t s = seed;
+    for (size_t i = 0; i < n; i++) {
+        s += 0x9e3779b97f4a7c15ull;
+        uint64_t z = s;
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        z ^= z >> 31;
+        p[i] = (float)((double)(z >> 40) / (double)(1ull << 23) - 1.0);
+    }
+}
+
+static bool case_selected(const bench_opts *o, const char *name) {
+    if (o->case_filter == NULL) {
+        return true;
+    }
+    const char *f = o->case_filter;
+    while (*f != '\0') {
+        size_t len = strcspn(f, ",");
+        char part[64];
+        if (len > 0 && len < sizeof(part)) {
+            memcpy(part, f, len);
+            part[len] = '\0';
+            if (strstr(name, part) != NULL) {
+                return true;
+            }
+        }
+        f += len;
+        if (*f == ',') {
+            f++;
+        }
+    }
+    return false;
+}
+
+static void case_name(char *buf, size_t size, const char *preset, case_kind kind, int32_t n) {
+    switch (kind) {
+    case CASE_KIND_PREFILL:
+        snprintf(buf, size, "%s.prefill_S%" PRId32, preset, n);
+        break;
+    case CASE_KIND_DECODE:
+        snprintf(buf, size, "%s.decode_L%" PRId32, preset, n);
+        break;
+    case CASE_KIND_BATCH:
+        snprintf(buf, size, "%s.batch_B%" PRId32 "_L%d", preset, n, BATCH_LEN);
+        break;
+    }
+}
+
+/* ---- machine limits ------------------------------------------------------------------------- */
+
+typedef struct sweep_job {
+    float *p;
+    size_t n;
+    float sum; /* read-only sweep result, kept so the loads cannot be optimized away */
+} sweep_job;
+
+/* Sums floats with four independent 4-wide accumulators, so the loop is bound by loads rather than
+ * by the latency of one chain of additions. memcpy keeps the loads free of aliasing questions. */
+typedef float float4 __attribute__((vector_size(16)));
+
+static float sum_floats(const float *p, size_t n) {
+    float4 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        float4 v0, v1, v2, v3;
+        memcpy(&v0, p + i, sizeof(v0));
+        memcpy(&v1, p + i + 4, sizeof(v1));
+        memcpy(&v2, p + i + 8, sizeof(v2));
+        memcpy(&v3, p + i + 12, sizeof(v3));
+        a0 += v0;
+        a1 += v1;
+        a2 += v2;
+        a3 += v3;
+    }
+    float4 a = (a0 + a1) + (a2 + a3);
+    float sum = a[0] + a[1] + a[2] + a[3];
+    for (; i < n; i++) {
+        sum += p[i];
+    }
+    return sum;
+}
+
+static void *sweep_thread(void *arg) {
+    sweep_job *job = arg;
+    job->sum = sum_floats(job->p, job->n);
+    return NULL;
+}
+
+static void *fill_thread(void *arg) {
+    sweep_job *job = arg;
+    for (size_t i = 0; i < job->n; i++) {
+        job->p[i] = 1.0f;
+    }
+    return NULL;
+}
+
+/* Runs fn over n_threads equal slices of buf (n floats) on n_threads new threads and returns the
+ * wall time from the first create to the last join, or a negative value if a thread failed. */
+static double run_slices(float *buf, size_t n, int32_t n_threads, void *(*fn)(void *),
+                         float *sum_out) {
+    pthread_t tids[2];
+    sweep_job jobs[2];
+    size_t per = n / (size_t)n_threads;
+    double t0 = now_seconds();
+    int32_t started = 0;
+    for (int32_t t = 0; t < n_threads; t++) {
+        jobs[t].p = buf + (size_t)t * per;
+        jobs[t].n = t == n_threads - 1 ? n - (size_t)t * per : per;
+        jobs[t].sum = 0.0f;
+        if (pthread_create(&tids[t], NULL, fn, &jobs[t]) != 0) {
+            break;
+        }
+        started++;
+    }
+    for (int32_t t = 0; t < started; t++) {
+        pthread_join(tids[t], NULL);
+    }
+    double elapsed = now_seconds() - t0;
+    float sum = 0.0f;
+    for (int32_t t = 0; t < started; t++) {
+        sum += jobs[t].sum;
+    }
+    *sum_out = sum;
+    return started == n_threads ? elapsed : -1.0;
+}
+
+/* Best read bandwidth over n_sweeps full sweeps with 1 and with 2 threads (each sweeps half). The
+ * buffer is written once first, so page faults are not timed. */
+static int measure_bandwidth(size_t bytes, int32_t n_sweeps, machine_limits *lim) {
+    size_t n = bytes / sizeof(float);
+    float *buf = malloc(n * sizeof(float));
+    if (buf == NULL) {
+        fprintf(stderr, "attn_bench: cannot allocate %zu MiB for the bandwidth sweep\n",
+                bytes >> 20);
+        return ATTN_ENOMEM;
+    }
+    float sink = 0.0f;
+    if (run_slices(buf, n, 2, fill_thread, &sink) < 0) {
+        free(buf);
+        return ATTN_ENOMEM;
+    }
+    for (int32_t n_threads = 1; n_threads <= 2; n_threads++) {
+        double best = 0.0;
+        for (int32_t r = 0; r < n_sweeps; r++) {
+            float sum = 0.0f;
+            double s = run_slices(buf, n, n_threads, sweep_thread, &sum);
+            if (s <= 0) {
+                free(buf);
+                return ATTN_ENOMEM;
+            }
+            sink += sum;
+            double gbs = (double)(n * sizeof(float)) / s * 1e-9;
+            best = gbs > best ? gbs : best;
+        }
+        lim->bw_gbs[n_threads - 1] = best;
+    }
+    free(buf);
+    lim->bw_bytes = n * sizeof(float);
+    /* Every element is 1.0f, so a sum of 0 would mean the sweeps read nothing. */
+    return sink > 0.0f ? ATTN_OK : ATTN_EINVAL;
+}
+
+/* Best cblas_sgemm C = A B (row-major, no transposes) at SGEMM_N^3 over n_runs after a warm-up. */
+static int measure_sgemm(int32_t n_runs, uint64_t seed, double *gflops) {
+    size_t nn = (size_t)SGEMM_N * SGEMM_N;
+    float *a = malloc(nn * sizeof(float));
+    float *b = malloc(nn * sizeof(float));
+    float *c = malloc(nn * sizeof(float));
+    if (a == NULL || b == NULL || c == NULL) {
+        free(a);
+        free(b);
+        free(c);
+        return ATTN_ENOMEM;
+    }
+    fill_random(a, nn, seed);
+    fill_random(b, nn, seed + 1);
+    double best = 1e30;
+    for (int32_t r = 0; r <= n_runs; r++) {
+        double t0 = now_seconds();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, SGEMM_N, SGEMM_N, SGEMM_N, 1.0f, a,
+                    SGEMM_N, b, SGEMM_N, 0.0f, c, SGEMM_N);
+        double s = now_seconds() - t0;
+        if (r > 0 && s < best) {
+            best = s;
+        }
+    }
+    *gflops = 2.0 * SGEMM_N * (double)SGEMM_N * SGEMM_N / best * 1e-9;
+    free(a);
+    free(b);
+    free(c);
+    return ATTN_OK;
+}
+
+/* ---- cost model ----------------------------------------------------------------------------- */
+
+/* Float weights one layer reads per call: QKV (H + 2 Hkv) D x hidden, O hidden x H D, biases. */
+static double layer_weight_bytes(const attn_config *c) {
+    double d_q = (double)c->n_heads * c->head_dim;
+    double d_kv = (double)c->n_kv_heads * c->head_dim;
+    double n = (double)c->hidden_size * (d_q + 2 * d_kv) + d_q * c->hidden_size;
+    if (c->has_qkv_bias) {
+        n += d_q + 2 * d_kv;
+    }
+    if (c->has_o_bias) {
+        n += c->hidden_size;
+    }
+    return 4.0 * n;
+}
+
+/* Bytes of K and V for one token (all kv heads). */
+static double kv_token_bytes(const attn_config *c) {
+    return 2.0 * c->n_kv_heads * c->head_dim * 4.0;
+}
+
+/* Keys visible to query i, summed over T new tokens after P cached ones (causal, window). */
+static double visible_keys(const attn_config *c, int32_t n_past, int32_t n_new) {
+    double sum = 0.0;
+    for (int32_t i = 0; i < n_new; i++) {
+        int64_t k = (int64_t)n_past + i + 1;
+        if (c->sliding_window > 0 && k > c->sliding_window) {
+            k = c->sliding_window;
+        }
+        sum += (double)k;
+    }
+    return sum;
+}
+
+/* Keys some new token can see, i.e. K/V rows that must be read at least once. */
+static double keys_read(const attn_config *c, int32_t n_past, int32_t n_new) {
+    int64_t first = 0;
+    if (c->sliding_window > 0 && n_past > c->sliding_window - 1) {
+        first = n_past - (c->sliding_window - 1);
+    }
+    return (double)((int64_t)n_past + n_new - first);
+}
+
+/* FLOPs and bytes of one forward of n_seq sequences, each with n_new tokens after n_past. */
+static void step_cost(const attn_config *c, int32_t n_seq, int32_t n_past, int32_t n_new,
+                      double *flops, double *bytes) {
+    double m = (double)n_seq * n_new;
+    double d_q = (double)c->n_heads * c->head_dim;
+    double d_kv = (double)c->n_kv_heads * c->head_dim;
+    double proj = 2.0 * m * (d_q + 2 * d_kv) * c->hidden_size + 2.0 * m * c->hidden_size * d_q;
+    double attn = 4.0 * c->n_heads * c->head_dim * visible_keys(c, n_past, n_new) * n_seq;
+    *flops = proj + attn;
+    double kv = kv_token_bytes(c) * n_seq * (keys_read(c, n_past, n_new) + n_new);
+    double act = 2.0 * m * c->hidden_size * 4.0;
+    *bytes = layer_weight_bytes(c) + kv + act;
+}
+
+/* ---- timing loop ---------------------------------------------------------------------------- */
+
+/* One rep: does its untimed setup and cleanup itself and writes the timed part to *seconds. */
+typedef int (*rep_fn)(void *ctx, double *seconds);
+
+static int measure(const rep_policy *pol, rep_fn fn, void *ctx, case_result *res) {
+    double *samples = malloc((size_t)pol->max_reps * sizeof(double));
+    if (samples == NULL) {
+        return ATTN_ENOMEM;
+    }
+    double warm = 0.0;
+    int rc = fn(ctx, &warm);
+    int32_t n = 0;
+    double total = 0.0;
+    while (rc == ATTN_OK && n < pol->max_reps && (n < pol->min_reps || total < pol->min_seconds)) {
+        rc = fn(ctx, &samples[n]);
+        total += samples[n];
+        n++;
+    }
+    if (rc == ATTN_OK) {
+        qsort(samples, (size_t)n, sizeof(double), compare_doubles);
+        res->reps = n;
+        res->ms_min = 1e3 * samples[0];
+        res->ms = n % 2 == 1 ? 1e3 * samples[n / 2] : 0.5e3 * (samples[n / 2 - 1] + samples[n / 2]);
+    }
+    free(samples);
+    return rc;
+}
+
+/* Everything one preset's cases share. */
+typedef struct preset_run {
+    const bench_opts *opts;
+    const machine_limits *lim;
+    rep_policy policy;
+    const char *name;
+    attn_model *model;
+    const attn_config *cfg;
+    attn_kv_pool *pool;
+    attn_workspace *ws;
+    int32_t max_tokens; /* workspace tokens, also the prefill chunk when filling caches */
+    float *x;           /* (max(max_tokens, MAX_BATCH), hidden) random hidden states */
+    float *out;         /* same shape, forward outputs */
+    result_list *results;
+} preset_run;
+
+typedef struct prefill_ctx {
+    preset_run *run;
+    int32_t n_new;
+} prefill_ctx;
+
+static int prefill_rep(void *p, double *seconds) {
+    prefill_ctx *c = p;
+    attn_kv *kv = NULL;
+    int rc = attn_kv_create(c->run->pool, &kv);
+    if (rc != ATTN_OK) {
+        return rc;
+    }
+    attn_step step = {.kv = kv, .x = c->run->x, .n_tokens = c->n_new, .out = c->run->out};
+    double t0 = now_seconds();
+    rc = attn_forward(c->run->model, 0, c->run->ws, &step, 1);
+    *seconds = now_seconds() - t0;
+    attn_kv_destroy(kv);
+    return rc;
+}
+
+/* n_seq caches of equal length n_past, one new token each, in one forward. */
+typedef struct decode_ctx {
+    preset_run *run;
+    attn_kv *const *kvs; /* (n_seq) */
+    int32_t n_seq;
+    int32_t n_past;
+    attn_step steps[MAX_BATCH];
+} decode_ctx;
+
+static int decode_rep(void *p, double *seconds) {
+    decode_ctx *c = p;
+    double t0 = now_seconds();
+    int rc = attn_forward(c->run->model, 0, c->run->ws, c->steps, c->n_seq);
+    *seconds = now_seconds() - t0;
+    for (int32_t i = 0; i < c->n_seq && rc == ATTN_OK; i++) {
+        rc = attn_kv_truncate(c->kvs[i], c->n_past);
+    }
+    return rc;
+}
+
+/* ---- reporting ------------------------------------------------------------------------------ */
+
+static double roofline_bandwidth(const bench_opts *o, const machine_limits *lim) {
+    return o->n_threads >= 2 ? lim->bw_gbs[1] : lim->bw_gbs[0];
+}
+
+static void print_row(const bench_opts *o, const machine_limits *lim, const case_result *r) {
+    double s = r->ms * 1e-3;
+    char limit[96] = "-";
+    if (lim->is_measured && r->kind == CASE_KIND_PREFILL) {
+        snprintf(limit, sizeof(limit), "%5.1f%% of sgemm peak",
+                 100.0 * r->flops / s * 1e-9 / lim->sgemm_gflops);
+    } else if (lim->is_measured) {
+        double roof_ms = r->bytes / (roofline_bandwidth(o, lim) * 1e9) * 1e3;
+        snprintf(limit, sizeof(limit), "%4.2f of roofline (roof %.3f ms, %.2fx)", roof_ms / r->ms,
+                 roof_ms, r->ms / roof_ms);
+    }
+    printf("%-26s %5" PRId32 " %10.3f %11.1f %9.1f %8.2f  %s\n", r->name, r->reps, r->ms,
+           r->n_new / s, r->flops / s * 1e-9, r->bytes / s * 1e-9, limit);
+    fflush(stdout);
+}
+
+static void print_result_line(const bench_opts *o, const machine_limits *lim,
+                              const case_result *r) {
+    double s = r->ms * 1e-3;
+    double frac = -1.0;
+    double roof_ms = -1.0;
+    if (lim->is_measured && r->kind == CASE_KIND_PREFILL) {
+        frac = r->flops / s * 1e-9 / lim->sgemm_gflops;
+    } else if (lim->is_measured) {
+        roof_ms = r->bytes / (roofline_bandwidth(o, lim) * 1e9) * 1e3;
+        frac = roof_ms / r->ms;
+    }
+    printf("RESULT impl=attnd case=%s ms=%.4f min_ms=%.4f reps=%" PRId32
+           " tok_s=%.2f gflops=%.2f gbs=%.3f roof_ms=%.4f frac=%.4f\n",
+           r->name, r->ms, r->ms_min, r->reps, r->n_new / s, r->flops / s * 1e-9,
+           r->bytes / s * 1e-9, roof_ms, frac);
+}
+
+static int add_result(preset_run *run, const case_result *r) {
+    if (run->results->n >= MAX_RESULTS) {
+        return ATTN_ERANGE;
+    }
+    run->results->items[run->results->n++] = *r;
+    print_row(run->opts, run->lim, r);
+    return ATTN_OK;
+}
+
+/* ---- cases ---------------------------------------------------------------------------------- */
+
+static int run_prefill_cases(preset_run *run) {
+    for (size_t i = 0; i < sizeof(prefill_lens) / sizeof(prefill_lens[0]); i++) {
+        case_result r = {.kind = CASE_KIND_PREFILL, .n_new = prefill_lens[i]};
+        case_name(r.name, sizeof(r.name), run->name, r.kind, prefill_lens[i]);
+        if (!case_selected(run->opts, r.name)) {
+            continue;
+        }
+        prefill_ctx ctx = {.run = run, .n_new = prefill_lens[i]};
+        int rc = measure(&run->policy, prefill_rep, &ctx, &r);
+        if (rc != ATTN_OK) {
+            fprintf(stderr, "attn_bench: %s: %s\n", r.name, attn_strerror(rc));
+            return rc;
+        }
+        step_cost(run->cfg, 1, 0, prefill_lens[i], &r.flops, &r.bytes);
+        rc = add_result(run, &r);
+        if (rc != ATTN_OK) {
+            return rc;
+        }
+    }
+    return ATTN_OK;
+}
+
+/* Grows kv to n_tokens with forwards of at most the workspace's max_tokens (chunked prefill). */
+static int fill_cache(preset_run *run, attn_kv *kv, int32_t n_tokens) {
+    while (attn_kv_len(kv) < n_tokens) {
+        int32_t n = n_tokens - attn_kv_len(kv);
+        n = n < run->max_tokens ? n : run->max_tokens;
+        attn_step step = {.kv = kv, .x = run->x, .n_tokens = n, .out = run->out};
+        int rc = attn_forward(run->model, 0, run->ws, &step, 1);
+        if (rc != ATTN_OK) {
+            return rc;
+        }
+    }
+    return ATTN_OK;
+}
+
+static int time_decode(preset_run *run, attn_kv *const *kvs, int32_t n_seq, int32_t n_past,
+                       case_result *r) {
+    decode_ctx ctx = {.run = run, .kvs = kvs, .n_seq = n_seq, .n_past = n_past};
+    size_t hidden = (size_t)run->cfg->hidden_size;
+    for (int32_t i = 0; i < n_seq; i++) {
+        ctx.steps[i] = (attn_step){.kv = kvs[i],
+                                   .x = run->x + (size_t)i * hidden,
+                                   .n_tokens = 1,
+                                   .out = run->out + (size_t)i * hidden};
+    }
+    int rc = measure(&run->policy, decode_rep, &ctx, r);
+    if (rc != ATTN_OK) {
+        fprintf(stderr, "attn_bench: %s: %s\n", r->name, attn_strerror(rc));
+        return rc;
+    }
+    r->n_new = n_seq;
+    step_cost(run->cfg, n_seq, n_past, 1, &r->flops, &r->bytes);
+    return add_result(run, r);
+}
+
+/* The batched cases, with kvs[0] at BATCH_LEN tokens: the other caches are forks of it, so they
+ * hold their own blocks (distinct memory to read) without 31 more prefills. */
+static int run_batch_cases(preset_run *run, attn_kv *kv0) {
+    attn_kv *kvs[MAX_BATCH] = {kv0};
+    int32_t n_forks = 1;
+    int rc = ATTN_OK;
+    for (size_t i = 0; i < sizeof(batch_sizes) / sizeof(batch_sizes[0]) && rc == ATTN_OK; i++) {
+        int32_t b = batch_sizes[i];
+        case_result r = {.kind = CASE_KIND_BATCH};
+        case_name(r.name, sizeof(r.name), run->name, r.kind, b);
+        if (!case_selected(run->opts, r.name)) {
+            continue;
+        }
+        for (; n_forks < b && rc == ATTN_OK; n_forks++) {
+            rc = attn_kv_fork(kv0, &kvs[n_forks]);
+        }
+        if (rc != ATTN_OK) {
+            n_forks--;
+            fprintf(stderr, "attn_bench: %s: fork: %s\n", r.name, attn_strerror(rc));
+            break;
+        }
+        rc = time_decode(run, kvs, b, BATCH_LEN, &r);
+    }
+    for (int32_t i = 1; i < n_forks; i++) {
+        attn_kv_destroy(kvs[i]);
+    }
+    return rc;
+}
+
+static bool any_batch_selected(const preset_run *run) {
+    for (size_t i = 0; i < sizeof(batch_sizes) / sizeof(batch_sizes[0]); i++) {
+        char name[64];
+        case_name(name, sizeof(name), run->name, CASE_KIND_BATCH, batch_sizes[i]);
+        if (case_selected(run->opts, name)) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* One cache grows through the decode lengths; each decode case times steps at a fixed length by
+ * truncating the new token away after every rep. */
+static int run_decode_cases(preset_run *run) {
+    bool need_batch = any_batch_selected(run);
+    attn_kv *kv = NULL;
+    int rc = ATTN_OK;
+    for (size_t i = 0; i < sizeof(decode_lens) / sizeof(decode_lens[0]) && rc == ATTN_OK; i++) {
+        int32_t len = decode_lens[i];
+        case_result r = {.kind = CASE_KIND_DECODE};
+        case_name(r.name, sizeof(r.name), run->name, r.kind, len);
+        bool need_decode = case_selected(run->opts, r.name);
+        bool at_batch = need_batch && len == BATCH_LEN;
+        if (!need_decode && !at_batch) {
+            continue;
+        }
+        if (kv == NULL) {
+            rc = attn_kv_create(run->pool, &kv);
+        }
+        if (rc == ATTN_OK) {
+            rc = fill_cache(run, kv, len);
+            if (rc != ATTN_OK) {
+                fprintf(stderr, "attn_bench: filling a cache to %" PRId32 ": %s\n", len,
+                        attn_strerror(rc));
+            }
+        }
+        if (rc == ATTN_OK && need_decode) {
+            rc = time_decode(run, &kv, 1, len, &r);
+        }
+        if (rc == ATTN_OK && at_batch) {
+            rc = run_batch_cases(run, kv);
+        }
+    }
+    attn_kv_destroy(kv);
+    return rc;
+}
+
+/* ---- setup ---------------------------------------------------------------------------------- */
+
+/* Touches every block of the pool once (a one-block cache forked until the pool is full), so
+ * first-touch page faults are paid here and not inside the timed reps. */
+static int warm_pool(preset_run *run) {
+    int32_t total = attn_kv_pool_blocks_total(run->pool);
+    attn_kv **forks = calloc((size_t)total, sizeof(attn_kv *));
+    attn_kv *seed = NULL;
+    int32_t n = 0;
+    int rc = forks == NULL ? ATTN_ENOMEM : attn_kv_create(run->pool, &seed);
+    if (rc == ATTN_OK) {
+        rc = fill_cache(run, seed, attn_kv_pool_block_tokens(run->pool));
+    }
+    while (rc == ATTN_OK && n < total && attn_kv_pool_blocks_free(run->pool) > 0) {
+        rc = attn_kv_fork(seed, &forks[n]);
+        n += rc == ATTN_OK;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        attn_kv_destroy(forks[i]);
+    }
+    attn_kv_destroy(seed);
+    free(forks);
+    return rc;
+}
+
+static int32_t max_selected(const preset_run *run, case_kind kind, const int32_t *vals, size_t n) {
+    int32_t best = 0;
+    for (size_t i = 0; i < n; i++) {
+        char name[64];
+        case_name(name, sizeof(name), run->name, kind, vals[i]);
+        if (case_selected(run->opts, name) && vals[i] > best) {
+            best = vals[i];
+        }
+    }
+    return best;
+}
+
+/* Blocks the selected cases hold at their peak: one prefill cache, or the decode cache at its
+ * longest plus one new token, or the batch's caches (the phases never overlap). */
+static int32_t blocks_needed(const preset_run *run, int32_t block_tokens) {
+    int32_t s = max_selected(run, CASE_KIND_PREFILL, prefill_lens,
+                             sizeof(prefill_lens) / sizeof(prefill_lens[0]));
+    int32_t l = max_selected(run, CASE_KIND_DECODE, decode_lens,
+                             sizeof(decode_lens) / sizeof(decode_lens[0]));
+    int32_t b = max_selected(run, CASE_KIND_BATCH, batch_sizes,
+                             sizeof(batch_sizes) / sizeof(batch_sizes[0]));
+    int32_t need = (s + block_tokens - 1) / block_tokens;
+    int32_t dec = (l + 1 + block_tokens - 1) / block_tokens;
+    int32_t bat = b * ((BATCH_LEN + 1 + block_tokens - 1) / block_tokens);
+    need = dec > need ? dec : need;
+    need = bat > need ? bat : need;
+    return need;
+}
+
+/* Creates the pool with room for blocks_needed plus slack. The budget is computed from the
+ * documented block layout; if the engine pads its blocks, the pool is made again at its size. */
+static int create_pool(preset_run *run) {
+    int32_t bt = run->opts->block_tokens;
+    int32_t need = blocks_needed(run, bt);
+    need += 8 + need / 16;
+    size_t block_bytes = (size_t)kv_token_bytes(run->cfg) * (size_t)bt;
+    int rc = attn_kv_pool_create(run->model, (size_t)need * block_bytes, bt, &run->pool);
+    if (rc == ATTN_OK && attn_kv_pool_blocks_total(run->pool) < need) {
+        block_bytes = attn_kv_pool_block_bytes(run->pool);
+        attn_kv_pool_destroy(run->pool);
+        run->pool = NULL;
+        rc = attn_kv_pool_create(run->model, (size_t)need * block_bytes, bt, &run->pool);
+    }
+    return rc;
+}
+
+static bool any_case_selected(const bench_opts *o, const char *preset) {
+    preset_run probe = {.opts = o, .name = preset};
+    return blocks_needed(&probe, 64) > 0;
+}
+
+static int run_preset(const bench_opts *o, const machine_limits *lim, const char *preset,
+                      const attn_executor *ex, result_list *results) {
+    preset_run run = {.opts = o, .lim = lim, .name = preset, .results = results};
+    run.policy = o->is_quick ? (rep_policy){3, 20, 0.05} : (rep_policy){5, 200, 1.0};
+    if (o->n_reps > 0) {
+        run.policy = (rep_policy){o->n_reps, o->n_reps, 0.0};
+    }
+    attn_config cfg;
+    int rc = attn_config_preset(preset, &cfg);
+    /* The longest decode case appends one token after decode_lens' last length. */
+    attn_load_params lp = {.layer_first = 0, .layer_count = 1, .max_seq = 16384};
+    if (rc == ATTN_OK) {
+        rc = attn_model_create_random(&cfg, o->seed, &lp, &run.model);
+    }
+    if (rc != ATTN_OK) {
+        fprintf(stderr, "attn_bench: model %s: %s\n", preset, attn_strerror(rc));
+        return rc;
+    }
+    run.cfg = attn_model_config(run.model);
+    run.max_tokens = prefill_lens[sizeof(prefill_lens) / sizeof(prefill_lens[0]) - 1];
+    size_t rows = (size_t)(run.max_tokens > MAX_BATCH ? run.max_tokens : MAX_BATCH);
+    size_t n_x = rows * (size_t)run.cfg->hidden_size;
+    run.x = malloc(n_x * sizeof(float));
+    run.out = malloc(n_x * sizeof(float));
+    rc = run.x == NULL || run.out == NULL ? ATTN_ENOMEM : ATTN_OK;
+    if (rc == ATTN_OK) {
+        fill_random(run.x, n_x, o->seed ^ 0x5eedull);
+        memset(run.out, 0, n_x * sizeof(float));
+        rc = attn_workspace_create(run.model, run.max_tokens, ex, &run.ws);
+    }
+    if (rc == ATTN_OK) {
+        rc = create_pool(&run);
+    }
+    if (rc == ATTN_OK) {
+        rc = warm_pool(&run);
+    }
+    if (rc != ATTN_OK) {
+        fprintf(stderr, "attn_bench: %s setup: %s\n", preset, attn_strerror(rc));
+    } else {
+        printf("%s: hidden %" PRId32 ", heads %" PRId32 "/%" PRId32 " kv, head_dim %" PRId32
+               ", weights %.1f MiB/layer, KV %.0f KiB/token, pool %.0f MiB in %" PRId32
+               "-token blocks\n",
+               preset, run.cfg->hidden_size, run.cfg->n_heads, run.cfg->n_kv_heads,
+               run.cfg->head_dim, layer_weight_bytes(run.cfg) / 1048576.0,
+               kv_token_bytes(run.cfg) / 1024.0,
+               (double)attn_kv_pool_bytes_limit(run.pool) / 1048576.0,
+               attn_kv_pool_block_tokens(run.pool));
+        rc = run_prefill_cases(&run);
+    }
+    if (rc == ATTN_OK) {
+        rc = run_decode_cases(&run);
+    }
+    attn_kv_pool_destroy(run.pool);
+    attn_workspace_destroy(run.ws);
+    attn_model_destroy(run.model);
+    free(run.x);
+    free(run.out);
+    return rc;
+}
+
+/* ---- main ----------------------------------------------------------------------------------- */
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: attn_bench [flags]\n"
+               "  --threads N       OpenBLAS and executor threads (default 2)\n"
+               "  --no-executor     run attention on the calling thread only\n"
+               "  --quick           fewer reps and a 1 GiB bandwidth buffer (smoke runs)\n"
+               "  --preset NAME     small, llama8b or all (default all)\n"
+               "  --case LIST       comma-separated substrings of case names, e.g. decode,_B32\n"
+               "  --reps N          exactly N timed reps per case (default: adaptive)\n"
+               "  --block-tokens N  KV block size (default 64)\n"
+               "  --bw-mib N        bandwidth sweep buffer in MiB (default 2048)\n"
+               "  --skip-limits     do not measure sgemm peak and bandwidth\n"
+               "  --seed N          weights and inputs seed (default 1)\n");
+}
+
+static bool parse_int(const char *s, long lo, long hi, long *out) {
+    char *end = NULL;
+    long v = strtol(s, &end, 10);
+    if (s[0] == '\0' || *end != '\0' || v < lo || v > hi) {
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+/* Returns 0 when the flags are valid, 1 after --help, -1 after printing what is wrong. */
+static int parse_args(int argc, char **argv, bench_opts *o) {
+    size_t bw_mib = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+        long v = 0;
+        bool ok = true;
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            usage(stdout);
+            return 1;
+        } else if (strcmp(a, "--no-executor") == 0) {
+            o->use_executor = false;
+        } else if (strcmp(a, "--quick") == 0) {
+            o->is_quick = true;
+        } else if (strcmp(a, "--skip-limits") == 0) {
+            o->skip_limits = true;
+        } else if (val == NULL) {
+            ok = false;
+        } else if (strcmp(a, "--threads") == 0 && (ok = parse_int(val, 1, 64, &v))) {
+            o->n_threads = (int32_t)v;
+            i++;
+        } else if (strcmp(a, "--preset") == 0) {
+            o->preset = val;
+            ok =
+                strcmp(val, "all") == 0 || strcmp(val, "small") == 0 || strcmp(val, "llama8b") == 0;
+            i++;
+        } else if (strcmp(a, "--case") == 0) {
+            o->case_filter = val;
+            i++;
+        } else if (strcmp(a, "--reps") == 0 && (ok = parse_int(val, 1, 100000, &v))) {
+            o->n_reps = (int32_t)v;
+            i++;
+        } else if (strcmp(a, "--block-tokens") == 0 && (ok = parse_int(val, 16, 256, &v))) {
+            o->block_tokens = (int32_t)v;
+            i++;
+        } else if (strcmp(a, "--bw-mib") == 0 && (ok = parse_int(val, 64, 1 << 20, &v))) {
+            bw_mib = (size_t)v;
+            i++;
+        } else if (strcmp(a, "--seed") == 0 && (ok = parse_int(val, 0, 0x7fffffffL, &v))) {
+            o->seed = (uint64_t)v;
+            i++;
+        } else {
+            ok = false;
+        }
+        if (!ok) {
+            fprintf(stderr, "attn_bench: bad flag or value: %s%s%s (see --help)\n", a,
+                    val != NULL ? " " : "", val != NULL ? val : "");
+            return -1;
+        }
+    }
+    if (bw_mib == 0) {
+        bw_mib = o->is_quick ? 1024 : 2048;
+    }
+    o->bw_bytes = bw_mib << 20;
+    return 0;
+}
+
+static void print_header(const bench_opts *o, const machine_limits *lim) {
+    printf("attn_bench: threads %" PRId32 " (OpenBLAS %s, core %s), attention executor: %s\n",
+           o->n_threads, openblas_get_config(), openblas_get_corename(),
+           o->use_executor ? "bench pthread pool" : "none (calling thread)");
+    if (lim->is_measured) {
+        printf("machine: cblas_sgemm %d^3 peak %.1f GFLOP/s (best of %d); read bandwidth "
+               "%.1f GB/s (1 thread), %.1f GB/s (2 threads) over %zu MiB\n",
+               SGEMM_N, lim->sgemm_gflops, o->is_quick ? 3 : 5, lim->bw_gbs[0], lim->bw_gbs[1],
+               lim->bw_bytes >> 20);
+    } else {
+        printf("machine: not measured (--skip-limits)\n");
+    }
+    printf("FLOPs per call = 2*M*N*K per projection (M new tokens; QKV N=(H+2*Hkv)*D, K=hidden; "
+           "O N=hidden, K=H*D)\n"
+           "              + 4*H*D*(visible keys) per new token (QK^T and PV); RoPE, softmax "
+           "not counted\n"
+           "bytes per call = weights once + K/V read (keys visible to any new token, per "
+           "sequence) + K/V written (new tokens) + x read + output written\n"
+           "limit: prefill as %% of the sgemm peak; decode and batch as roofline time / "
+           "measured time, roofline = bytes / %d-thread bandwidth (1.00 = at the roofline)\n"
+           "ms is the median of the timed reps after one warm-up; GB = 1e9 bytes\n\n",
+           o->n_threads >= 2 ? 2 : 1);
+    printf("%-26s %5s %10s %11s %9s %8s  %s\n", "case", "reps", "ms", "tokens/s", "GFLOP/s", "GB/s",
+           "machine limit");
+}
+
+int main(int argc, char **argv) {
+    bench_opts o = {
+        .n_threads = 2, .use_executor = true, .preset = "all", .block_tokens = 64, .seed = 1};
+    int prc = parse_args(argc, argv, &o);
+    if (prc != 0) {
+        return prc > 0 ? EXIT_SUCCESS : 2;
+    }
+    openblas_set_num_threads(o.n_threads);
+
+    machine_limits lim = {0};
+    if (!o.skip_limits) {
+        int32_t n_runs = o.is_quick ? 3 : 5;
+        if (measure_bandwidth(o.bw_bytes, n_runs, &lim) != ATTN_OK ||
+            measure_sgemm(n_runs, o.seed, &lim.sgemm_gflops) != ATTN_OK) {
+            fprintf(stderr, "attn_bench: measuring the machine's limits failed\n");
+            return EXIT_FAILURE;
+        }
+        lim.is_measured = true;
+    }
+
+    bench_pool *pool = NULL;
+    attn_executor ex = {0};
+    if (o.use_executor) {
+        int rc = bench_pool_create(o.n_threads, &pool);
+        if (rc != ATTN_OK) {
+            fprintf(stderr, "attn_bench: thread pool: %s\n", attn_strerror(rc));
+            return EXIT_FAILURE;
+        }
+        ex = bench_pool_executor(pool);
+    }
+
+    print_header(&o, &lim);
+    result_list results = {.n = 0};
+    int rc = ATTN_OK;
+    for (size_t i = 0; i < sizeof(preset_names) / sizeof(preset_names[0]) && rc == ATTN_OK; i++) {
+        const char *p = preset_names[i];
+        if ((strcmp(o.preset, "all") == 0 || strcmp(o.preset, p) == 0) &&
+            any_case_selected(&o, p)) {
+            rc = run_preset(&o, &lim, p, o.use_executor ? &ex : NULL, &results);
+        }
+    }
+    bench_pool_destroy(pool);
+    if (rc == ATTN_OK && results.n == 0) {
+        fprintf(stderr, "attn_bench: no case matches --case %s\n",
+                o.case_filter != NULL ? o.case_filter : "");
+        return 2;
+    }
+    printf("\n");
+    for (int32_t i = 0; i < results.n; i++) {
+        print_result_line(&o, &lim, &results.items[i]);
+    }
+    return rc == ATTN_OK ? EXIT_SUCCESS : EXIT_FAILURE;
+}
