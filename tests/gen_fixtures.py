@@ -1,0 +1,376 @@
+#!/usr/bin/python3
+"""tests/gen_fixtures.py: writes the golden fixtures under tests/data/ (run with /usr/bin/python3,
+which has Debian's numpy; the output is deterministic, so re-running it must leave git clean).
+
+It is an independent implementation of the attention layer in float64 numpy (sharing nothing with
+engine/ or tests/ref.c) and a hand-written safetensors writer, so that the C loader and the C math
+are checked against something not written in C. What it writes is described in tests/data/README.md.
+
+Usage: /usr/bin/python3 tests/gen_fixtures.py [out_dir]   (default: tests/data next to this file)
+"""
+import json
+import math
+import os
+import shutil
+import struct
+import sys
+
+import numpy as np
+
+# ---- safetensors, by hand ------------------------------------------------------------------------
+# Format: 8-byte little-endian header length N, then N bytes of JSON
+# {name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}, then the data;
+# offsets are relative to the first byte after the header. The header is padded with spaces so the
+# data starts 8-byte aligned, as the reference implementation does.
+
+
+def bf16_bits(a):
+    """float32 -> bfloat16 bit patterns (uint16), rounding to nearest, ties to even."""
+    u = np.ascontiguousarray(a, dtype="<f4").view("<u4").astype(np.uint64)
+    rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    return rounded.astype("<u2")
+
+
+def bf16_round(a):
+    """The float32 values that a bfloat16 file holds for a."""
+    return (bf16_bits(a).astype(np.uint32) << 16).view("<f4")
+
+
+def f16_round(a):
+    return np.asarray(a, dtype="<f4").astype("<f2").astype("<f4")
+
+
+def encode(a, dtype):
+    """Returns the little-endian bytes of float32 array a stored as dtype."""
+    if dtype == "F32":
+        return np.ascontiguousarray(a, dtype="<f4").tobytes()
+    if dtype == "F16":
+        return np.ascontiguousarray(a, dtype="<f4").astype("<f2").tobytes()
+    if dtype == "BF16":
+        return bf16_bits(a).tobytes()
+    if dtype == "I8":
+        return np.clip(np.round(np.asarray(a) * 127), -127, 127).astype("i1").tobytes()
+    raise ValueError(dtype)
+
+
+def write_safetensors(path, tensors, dtype, dtypes=None):
+    """tensors: list of (name, float32 array), all stored as dtype except the names that dtypes
+    maps to another one (a bad fixture uses that)."""
+    dtypes = dtypes or {}
+    header = {"__metadata__": {"format": "pt"}}
+    blobs = []
+    offset = 0
+    for name, a in tensors:
+        blob = encode(a, dtypes.get(name, dtype))
+        header[name] = {
+            "dtype": dtypes.get(name, dtype),
+            "shape": list(a.shape),
+            "data_offsets": [offset, offset + len(blob)],
+        }
+        blobs.append(blob)
+        offset += len(blob)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * ((8 - (8 + len(text)) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for blob in blobs:
+            f.write(blob)
+
+
+# ---- the model, in float64 -----------------------------------------------------------------------
+
+
+def inv_freq(cfg):
+    """theta^(-2i/rotary_dim), then linear or llama3 scaling (HF _compute_llama3_parameters)."""
+    rd = cfg["rotary_dim"]
+    f = cfg["rope_theta"] ** (-np.arange(0, rd, 2, dtype=np.float64) / rd)
+    sc = cfg.get("rope_scaling")
+    if sc is None:
+        return f
+    if sc["type"] == "linear":
+        return f / sc["factor"]
+    assert sc["type"] == "llama3"
+    factor, low, high = sc["factor"], sc["low_freq_factor"], sc["high_freq_factor"]
+    orig = sc["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / f
+    low_wl, high_wl = orig / low, orig / high
+    out = np.where(wavelen > low_wl, f / factor, f)
+    smooth = (orig / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * out / factor + smooth * out
+    medium = ~(wavelen < high_wl) & ~(wavelen > low_wl)
+    return np.where(medium, smoothed, out)
+
+
+def rope(x, positions, cfg):
+    """x: (T, heads, head_dim). Rotates the first rotary_dim dims of every head."""
+    rd = cfg["rotary_dim"]
+    ang = np.outer(np.asarray(positions, dtype=np.float64), inv_freq(cfg))  # (T, rd/2)
+    cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    rot, rest = x[..., :rd], x[..., rd:]
+    if cfg["rope_style"] == "half":
+        a, b = rot[..., : rd // 2], rot[..., rd // 2 :]
+        rot = np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
+    else:
+        a, b = rot[..., 0::2], rot[..., 1::2]
+        out = np.empty_like(rot)
+        out[..., 0::2] = a * cos - b * sin
+        out[..., 1::2] = b * cos + a * sin
+        rot = out
+    return np.concatenate([rot, rest], axis=-1)
+
+
+def attention_layer(w, x, positions, cfg):
+    """Returns out (T, hidden), probs (H, T, T), k and v (Hkv, T, D), all float64."""
+    t = x.shape[0]
+    h, hkv, d = cfg["n_heads"], cfg["n_kv_heads"], cfg["head_dim"]
+    x = x.astype(np.float64)
+
+    def proj(name):
+        y = x @ w[name + ".weight"].astype(np.float64).T
+        if name + ".bias" in w:
+            y = y + w[name + ".bias"].astype(np.float64)
+        return y
+
+    q = rope(proj("q_proj").reshape(t, h, d), positions, cfg)
+    k = rope(proj("k_proj").reshape(t, hkv, d), positions, cfg)
+    v = proj("v_proj").reshape(t, hkv, d)
+    group = h // hkv
+    kk = np.repeat(k, group, axis=1)  # (T, H, D): head i reads kv head i // group
+    vv = np.repeat(v, group, axis=1)
+    scores = np.einsum("ihd,jhd->hij", q, kk) / math.sqrt(d)
+    i, j = np.arange(t)[:, None], np.arange(t)[None, :]
+    visible = j <= i
+    if cfg["sliding_window"]:
+        visible &= (i - j) < cfg["sliding_window"]
+    scores = np.where(visible[None], scores, -np.inf)
+    scores -= scores.max(axis=-1, keepdims=True)
+    probs = np.exp(scores)
+    probs /= probs.sum(axis=-1, keepdims=True)
+    ctx = np.einsum("hij,jhd->ihd", probs, vv).reshape(t, h * d)
+    out = ctx @ w["o_proj.weight"].astype(np.float64).T
+    if "o_proj.bias" in w:
+        out = out + w["o_proj.bias"].astype(np.float64)
+    return out, probs, k.transpose(1, 0, 2), v.transpose(1, 0, 2)
+
+
+def random_layer(rng, cfg, qkv_bias, o_bias):
+    """nn.Linear init: uniform in [-1/sqrt(in), 1/sqrt(in)), float32."""
+    hidden, h, hkv, d = cfg["hidden"], cfg["n_heads"], cfg["n_kv_heads"], cfg["head_dim"]
+
+    def uni(shape, fan_in):
+        b = 1 / math.sqrt(fan_in)
+        return rng.uniform(-b, b, size=shape).astype(np.float32)
+
+    w = {
+        "q_proj.weight": uni((h * d, hidden), hidden),
+        "k_proj.weight": uni((hkv * d, hidden), hidden),
+        "v_proj.weight": uni((hkv * d, hidden), hidden),
+        "o_proj.weight": uni((hidden, h * d), h * d),
+    }
+    if qkv_bias:
+        w["q_proj.bias"] = uni((h * d,), hidden)
+        w["k_proj.bias"] = uni((hkv * d,), hidden)
+        w["v_proj.bias"] = uni((hkv * d,), hidden)
+    if o_bias:
+        w["o_proj.bias"] = uni((hidden,), h * d)
+    return w
+
+
+def layer_tensors(layers, extra):
+    """The HF tensor names, plus non-attention tensors a real checkpoint has (to be ignored)."""
+    out = list(extra)
+    for li, w in enumerate(layers):
+        for name, a in w.items():
+            out.append((f"model.layers.{li}.self_attn.{name}", a))
+        hidden = w["q_proj.weight"].shape[1]
+        out.append((f"model.layers.{li}.input_layernorm.weight", np.ones(hidden, np.float32)))
+    return out
+
+
+# ---- writers -------------------------------------------------------------------------------------
+
+
+def write_bin(path, a, dtype="<f4"):
+    np.ascontiguousarray(a, dtype=dtype).tofile(path)
+
+
+def write_json(path, obj):
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
+def fresh_dir(path):
+    if os.path.isdir(path):
+        shutil.rmtree(path)
+    os.makedirs(path)
+
+
+def write_folder(path, config, tensors, dtype, shards=None):
+    """shards: None for one model.safetensors, else a list of tensor-name lists, one per shard."""
+    fresh_dir(path)
+    write_json(os.path.join(path, "config.json"), config)
+    if shards is None:
+        write_safetensors(os.path.join(path, "model.safetensors"), tensors, dtype)
+        return
+    by_name = dict(tensors)
+    weight_map = {}
+    total = 0
+    for si, names in enumerate(shards):
+        fname = f"model-{si + 1:05d}-of-{len(shards):05d}.safetensors"
+        write_safetensors(os.path.join(path, fname), [(n, by_name[n]) for n in names], dtype)
+        for n in names:
+            weight_map[n] = fname
+            total += len(encode(by_name[n], dtype))
+    assert sorted(weight_map) == sorted(by_name)
+    write_json(
+        os.path.join(path, "model.safetensors.index.json"),
+        {"metadata": {"total_size": total}, "weight_map": weight_map},
+    )
+
+
+def write_expected(out_dir, prefix, layers, x, positions, cfg):
+    for li, w in enumerate(layers):
+        out, probs, k, v = attention_layer(w, x, positions, cfg)
+        write_bin(os.path.join(out_dir, f"{prefix}_l{li}_out.bin"), out)
+        write_bin(os.path.join(out_dir, f"{prefix}_l{li}_weights.bin"), probs)
+        write_bin(os.path.join(out_dir, f"{prefix}_l{li}_k.bin"), k)
+        write_bin(os.path.join(out_dir, f"{prefix}_l{li}_v.bin"), v)
+
+
+def rounded(layers, fn):
+    return [{n: fn(a) for n, a in w.items()} for w in layers]
+
+
+# ---- the fixtures --------------------------------------------------------------------------------
+
+# tiny: Llama-3.1 style, GQA 4/2, head_dim 16, biases on q/k/v/o, llama3 scaling with an original
+# context of 64 so that with these wavelengths (6.3 .. 2e4) all three llama3 regimes occur.
+TINY = {
+    "hidden": 64, "n_heads": 4, "n_kv_heads": 2, "head_dim": 16, "n_layers": 2,
+    "rotary_dim": 16, "rope_theta": 10000.0, "rope_style": "half", "sliding_window": 0,
+    "rope_scaling": {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                     "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+}
+TINY_CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "torch_dtype": "float32",
+    "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 16, "num_hidden_layers": 2, "rope_theta": 10000.0,
+    "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                     "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+    "max_position_embeddings": 256, "attention_bias": True, "sliding_window": None,
+    "rms_norm_eps": 1e-05, "vocab_size": 8,
+}
+# 7 prefill tokens then 3 decode tokens, at positions 60..69 (crossing the original context).
+TINY_T, TINY_DECODE, TINY_POS0 = 7, 3, 60
+
+# alt: Qwen2 style biases (q/k/v only), MQA 4/1, head_dim from hidden/heads, interleaved RoPE on
+# half of each head, linear scaling spelled with "type", theta 1000, a sliding window of 4.
+ALT = {
+    "hidden": 32, "n_heads": 4, "n_kv_heads": 1, "head_dim": 8, "n_layers": 1,
+    "rotary_dim": 4, "rope_theta": 1000.0, "rope_style": "interleaved", "sliding_window": 4,
+    "rope_scaling": {"type": "linear", "factor": 2.0},
+}
+ALT_CONFIG = {
+    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "torch_dtype": "float16",
+    "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 1,
+    "num_hidden_layers": 1, "rope_theta": 1000.0, "partial_rotary_factor": 0.5,
+    "rope_style": "interleaved", "rope_scaling": {"type": "linear", "factor": 2.0},
+    "max_position_embeddings": 64, "sliding_window": 4, "use_sliding_window": True,
+}
+ALT_T, ALT_DECODE = 9, 3
+
+# bad: a minimal valid model (hidden 8, 2 heads, 1 kv head) that each bad folder breaks once.
+BAD = {"hidden": 8, "n_heads": 2, "n_kv_heads": 1, "head_dim": 4}
+BAD_CONFIG = {
+    "hidden_size": 8, "num_attention_heads": 2, "num_key_value_heads": 1, "num_hidden_layers": 1,
+    "max_position_embeddings": 32, "rope_theta": 10000.0,
+}
+
+
+def gen_tiny(out, exp):
+    rng = np.random.default_rng(20241122)
+    layers = [random_layer(rng, TINY, True, True) for _ in range(TINY["n_layers"])]
+    n = TINY_T + TINY_DECODE
+    x = rng.uniform(-1, 1, size=(n, TINY["hidden"])).astype(np.float32)
+    positions = np.arange(TINY_POS0, TINY_POS0 + n, dtype=np.int32)
+    write_bin(os.path.join(exp, "tiny_x.bin"), x)
+    write_bin(os.path.join(exp, "tiny_pos.bin"), positions, "<i4")
+
+    extra = [("model.embed_tokens.weight", np.zeros((8, 64), np.float32)),
+             ("model.norm.weight", np.ones(64, np.float32))]
+    tensors = layer_tensors(layers, extra)
+    write_folder(os.path.join(out, "hf_tiny_f32"), TINY_CONFIG, tensors, "F32")
+    write_expected(exp, "tiny_f32", layers, x, positions, TINY)
+
+    # BF16, sharded so that layer 1 straddles the two files.
+    cfg = dict(TINY_CONFIG, torch_dtype="bfloat16")
+    names = [n for n, _ in tensors]
+    split = names.index("model.layers.1.self_attn.v_proj.weight")
+    write_folder(os.path.join(out, "hf_tiny_bf16"), cfg, tensors, "BF16",
+                 shards=[names[:split], names[split:]])
+    write_expected(exp, "tiny_bf16", rounded(layers, bf16_round), x, positions, TINY)
+
+
+def gen_alt(out, exp):
+    rng = np.random.default_rng(7)
+    layers = [random_layer(rng, ALT, True, False)]
+    n = ALT_T + ALT_DECODE
+    x = rng.uniform(-1, 1, size=(n, ALT["hidden"])).astype(np.float32)
+    positions = np.arange(n, dtype=np.int32)
+    write_bin(os.path.join(exp, "alt_x.bin"), x)
+    write_bin(os.path.join(exp, "alt_pos.bin"), positions, "<i4")
+    tensors = layer_tensors(layers, [])
+    write_folder(os.path.join(out, "hf_alt_f16"), ALT_CONFIG, tensors, "F16")
+    write_expected(exp, "alt_f16", rounded(layers, f16_round), x, positions, ALT)
+
+    # The same weights with the window switched off by use_sliding_window, and "default" RoPE.
+    cfg = dict(ALT_CONFIG, use_sliding_window=False, rope_scaling={"rope_type": "default"})
+    write_folder(os.path.join(out, "hf_alt_nowindow"), cfg, tensors, "F16")
+
+
+def gen_bad(out):
+    rng = np.random.default_rng(3)
+    tensors = layer_tensors([random_layer(rng, BAD, False, False)], [])
+
+    def folder(name, config=BAD_CONFIG, tensors=tensors, **kw):
+        path = os.path.join(out, name)
+        fresh_dir(path)
+        write_json(os.path.join(path, "config.json"), config)
+        write_safetensors(os.path.join(path, "model.safetensors"), tensors, "F32", **kw)
+        return path
+
+    folder("bad_yarn", dict(BAD_CONFIG, rope_scaling={
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}))
+    folder("bad_dtype_i8", dtypes={"model.layers.0.self_attn.q_proj.weight": "I8"})
+    wrong = "model.layers.0.self_attn.k_proj.weight"  # (4, 8) in a valid file
+    folder("bad_shape", tensors=[(n, np.zeros((8, 8), np.float32) if n == wrong else a)
+                                 for n, a in tensors])
+    folder("bad_missing_tensor", tensors=[(n, a) for n, a in tensors if "v_proj" not in n])
+
+    st = os.path.join(folder("bad_truncated"), "model.safetensors")
+    with open(st, "r+b") as f:
+        f.truncate(os.path.getsize(st) - 100)
+
+    os.remove(os.path.join(folder("bad_no_config"), "config.json"))
+
+    path = folder("bad_missing_shard")
+    os.remove(os.path.join(path, "model.safetensors"))
+    write_json(os.path.join(path, "model.safetensors.index.json"),
+               {"metadata": {}, "weight_map": {n: "model-00001-of-00001.safetensors"
+                                               for n, _ in tensors}})
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = os.path.abspath(sys.argv[1]) if len(sys.argv) > 1 else os.path.join(here, "data")
+    exp = os.path.join(out, "expected")
+    fresh_dir(exp)
+    gen_tiny(out, exp)
+    gen_alt(out, exp)
+    gen_bad(out)
+
+
+if __name__ == "__main__":
+    main()
