@@ -223,6 +223,25 @@ for ((s = 0; s < N_SESSIONS; s++)); do
 done
 [ $n_sticky = "$N_SESSIONS" ] && pass "$n_sticky/$N_SESSIONS sessions: all calls on one replica, held by exactly one"
 
+# A fork's copy is made on its source's replica (the path routes the fork there); requests naming
+# the copy reach it by sending the source's id as X-Route-Key.
+child="topo-0.fork"
+code=$(http POST "$PROXY/v1/sessions/topo-0/fork" "{\"new_id\":\"$child\"}")
+if [ "$code" = 201 ]; then
+    code=$(http POST "$PROXY/v1/attend" \
+        "{\"session_id\":\"$child\",\"expect_n_past\":5,\"x\":$(x_rows 1 99)}" \
+        "X-Session-Id: $child" "X-Route-Key: topo-0")
+    o=$(owner_of "$child")
+    if [ "$code" = 200 ] && [ "$o" = "${OWNER[0]}" ]; then
+        pass "fork: the copy lives on its source's replica and X-Route-Key reaches it"
+    else
+        fail "fork: decode on the copy $code, held by replica $o (source on ${OWNER[0]})"
+    fi
+    http DELETE "$PROXY/v1/sessions/$child" "" "X-Route-Key: topo-0" >/dev/null
+else
+    fail "fork through the proxy: $code $(head -c 200 "$T/body")"
+fi
+
 # ---- 2. sessions spread over the replicas ----------------------------------------------------
 echo "-- spread over replicas: ${COUNT[*]}"
 spread_ok=1
