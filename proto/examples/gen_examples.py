@@ -1,0 +1,122 @@
+#!/usr/bin/python3
+"""proto/examples/gen_examples.py: writes the example request files and the /v1/sdpa golden
+responses, computed here in numpy (float64 math on float32 inputs), independently of the C code.
+
+The /v1/attend response examples depend on the engine's seeded weights, so they are captured from
+a running `attnd --preset tiny --seed 0` by capture.sh instead; tests/check_server.c checks them
+against the engine called directly.
+
+Run with Debian's python3 (numpy): /usr/bin/python3 proto/examples/gen_examples.py
+"""
+import base64
+import json
+import os
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TINY_HIDDEN = 64  # hidden_size of the engine's "tiny" preset (engine/attn.h)
+
+
+class Num(float):
+    """A float32 value, printed as the shortest decimal that reads back as the same float32."""
+
+    def __repr__(self):
+        return np.format_float_positional(np.float32(self), unique=True, trim="-")
+
+
+def dump(obj):
+    """Compact JSON with one tensor row per line."""
+    if isinstance(obj, dict):
+        return "{" + ", ".join(json.dumps(k) + ": " + dump(v) for k, v in obj.items()) + "}"
+    if isinstance(obj, list):
+        if all(isinstance(x, (Num, int)) for x in obj):
+            return "[" + ",".join(repr(x) for x in obj) + "]"
+        return "[" + ",\n ".join(dump(x) for x in obj) + "]"
+    if isinstance(obj, Num):
+        return repr(obj)
+    return json.dumps(obj)
+
+
+def write(name, obj):
+    with open(os.path.join(HERE, name), "w") as f:
+        f.write(dump(obj) + "\n")
+
+
+def fmt(a):
+    """Nested lists of float32 values."""
+    a = np.asarray(a, dtype=np.float32)
+    if a.ndim == 0:
+        return Num(float(a))
+    return [fmt(x) for x in a]
+
+
+def b64(a):
+    a = np.ascontiguousarray(a, dtype="<f4")
+    return {"shape": list(a.shape), "b64": base64.b64encode(a.tobytes()).decode()}
+
+
+def sdpa(q, k, v, causal, window, scale):
+    """out[h] = softmax(scale q[h] k[g]^T + mask) v[g], g = h / (H / Hkv), bottom-right causal."""
+    h, tq, dk = q.shape
+    hkv, tk, _ = k.shape
+    if scale is None:
+        scale = 1.0 / np.sqrt(dk)
+    q64, k64, v64 = (t.astype(np.float64) for t in (q, k, v))
+    out = np.zeros((h, tq, v.shape[2]))
+    w = np.zeros((h, tq, tk))
+    for hh in range(h):
+        g = hh // (h // hkv)
+        for i in range(tq):
+            ip = i + tk - tq
+            vis = np.array([(not causal or j <= ip) and (window is None or abs(ip - j) <= window)
+                            for j in range(tk)])
+            if not vis.any():
+                continue
+            s = scale * (k64[g] @ q64[hh, i])
+            s = np.where(vis, s, -np.inf)
+            p = np.exp(s - s[vis].max())
+            p /= p.sum()
+            w[hh, i] = p
+            out[hh, i] = p @ v64[g]
+    return out.astype(np.float32), w.astype(np.float32)
+
+
+def main():
+    rng = np.random.default_rng(4)
+
+    # /v1/sdpa: GQA 4 query heads over 2 kv heads, Tq 3 < Tk 5 (bottom-right causal), window 2,
+    # dv != dk.
+    q = np.round(rng.standard_normal((4, 3, 4)), 3).astype(np.float32)
+    k = np.round(rng.standard_normal((2, 5, 4)), 3).astype(np.float32)
+    v = np.round(rng.standard_normal((2, 5, 3)), 3).astype(np.float32)
+    out, w = sdpa(q, k, v, True, 2, None)
+    write("sdpa.request.json", {"q": fmt(q), "k": fmt(k), "v": fmt(v), "causal": True,
+                                "window": 2, "return_weights": True})
+    write("sdpa.response.json", {"output": fmt(out), "weights": fmt(w),
+                                 "timing": {"queue_ms": 0.012, "compute_ms": 0.004}})
+
+    # The same tensors in base64, no mask, explicit scale, base64 output.
+    out2, _ = sdpa(q, k, v, False, None, 0.25)
+    write("sdpa_base64.request.json", {"q": b64(q), "k": b64(k), "v": b64(v), "scale": 0.25,
+                                       "encoding_format": "base64"})
+    write("sdpa_base64.response.json", {"output": b64(out2),
+                                        "timing": {"queue_ms": 0.011, "compute_ms": 0.003}})
+
+    # /v1/attend requests for `attnd --preset tiny --seed 0` (hidden 64).
+    x5 = np.round(rng.standard_normal((5, TINY_HIDDEN)), 3).astype(np.float32)
+    write("attend_stateless.request.json", {"x": fmt(x5[:2])})
+    write("attend_prefill.request.json", {"session_id": "chat-42", "layer": 0, "x": fmt(x5[:3]),
+                                          "return_weights": True})
+    write("attend_decode.request.json", {"session_id": "chat-42", "layer": 0, "x": fmt(x5[3:4]),
+                                         "expect_n_past": 3})
+    write("attend_base64.request.json", {"session_id": "chat-b64", "x": b64(x5[:2]),
+                                         "encoding_format": "base64"})
+    write("attend_stream.request.json", {"session_id": "chat-stream", "x": fmt(x5[:2]),
+                                         "stream": True})
+    write("truncate.request.json", {"n_tokens": 2})
+    write("fork.request.json", {"new_id": "chat-42.branch"})
+
+
+if __name__ == "__main__":
+    main()

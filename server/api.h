@@ -1,0 +1,206 @@
+/* server/api.h: the JSON edge. The only module that knows the wire's field names: it parses
+ * request bodies into C structs, checking every field against proto/openapi.yaml (type, range,
+ * shape, finiteness), and encodes C structs into response bodies and stream events.
+ *
+ * Parsing never keeps the cJSON tree: it is deleted before the parse function returns.
+ * Encoders return malloc'd strings (handed to libmicrohttpd in must-free mode) or append to a
+ * strbuf. Every function here is pure: any thread, no shared state.
+ */
+#ifndef SERVER_API_H
+#define SERVER_API_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../engine/attn.h"
+#include "strbuf.h"
+
+#define API_SESSION_ID_MAX 128
+/* Cap on returned attention probabilities per request (values), proto: return_weights. */
+#define API_WEIGHTS_MAX_VALUES 16777216
+
+/* A request error: code is an error_code; param is the offending field ("" = null); message is
+ * the specific reason ("" = the error table's default). */
+struct api_error {
+    int code;
+    char param[64];
+    char message[256];
+};
+
+enum api_encoding {
+    API_ENCODING_FLOAT = 0,  /* nested number arrays */
+    API_ENCODING_BASE64 = 1, /* {"shape":[...],"b64":"..."} */
+};
+
+/* True if s[0..len) is a valid session id: [A-Za-z0-9._:-]{1,128}. */
+bool api_session_id_is_valid(const char *s, size_t len);
+
+/* The model facts request checks need. */
+struct api_limits {
+    int32_t hidden_size;
+    int32_t n_heads;
+    int32_t layer_first; /* loaded layers: layer_first .. layer_first + layer_count - 1 */
+    int32_t layer_count;
+    int32_t max_seq;
+};
+
+/* ---- requests ------------------------------------------------------------------------------- */
+
+struct api_attend_request {
+    float *x;                                 /* (n_tokens, hidden_size) row-major, owned */
+    int32_t n_tokens;                         /* T >= 1 */
+    char session_id[API_SESSION_ID_MAX + 1];  /* "" = stateless */
+    int32_t layer;                            /* absolute; defaulted to limits.layer_first */
+    int32_t *positions;                       /* (n_tokens), owned; NULL = continue the cache */
+    bool has_expect_n_past;
+    int32_t expect_n_past;
+    bool return_weights;
+    bool stream;
+    enum api_encoding encoding;
+};
+
+/* Parses a POST /v1/attend body. On success returns 0 and fills *out (release it with
+ * api_attend_request_release). On failure returns the error code, fills *err and leaves *out
+ * released. Checks: x rank 2 with hidden_size columns and 1..max_seq rows; layer loaded;
+ * positions length T, each in [0, max_seq) (context_length_exceeded otherwise); weights of
+ * n_heads x T x T values within API_WEIGHTS_MAX_VALUES (the n_past part is checked when the
+ * request runs). */
+int api_attend_request_parse(const char *body, size_t len, const struct api_limits *lim,
+                             struct api_attend_request *out, struct api_error *err);
+void api_attend_request_release(struct api_attend_request *r);
+
+struct api_sdpa_request {
+    float *q; /* (n_heads, n_q, d_k), owned */
+    float *k; /* (n_kv_heads, n_k, d_k), owned */
+    float *v; /* (n_kv_heads, n_k, d_v), owned */
+    int32_t n_heads, n_kv_heads, n_q, n_k, d_k, d_v;
+    bool causal;
+    int32_t window; /* -1 = none */
+    float scale;    /* 0 = 1/sqrt(d_k) */
+    bool return_weights;
+    enum api_encoding encoding;
+};
+
+/* Parses a POST /v1/sdpa body; same contract as api_attend_request_parse. */
+int api_sdpa_request_parse(const char *body, size_t len, struct api_sdpa_request *out,
+                           struct api_error *err);
+void api_sdpa_request_release(struct api_sdpa_request *r);
+
+struct api_truncate_request {
+    int32_t n_tokens; /* >= 0 */
+    bool has_layer;
+    int32_t layer; /* when has_layer: a loaded layer */
+};
+
+int api_truncate_request_parse(const char *body, size_t len, const struct api_limits *lim,
+                               struct api_truncate_request *out, struct api_error *err);
+
+struct api_fork_request {
+    char new_id[API_SESSION_ID_MAX + 1];
+};
+
+int api_fork_request_parse(const char *body, size_t len, struct api_fork_request *out,
+                           struct api_error *err);
+
+/* ---- responses ------------------------------------------------------------------------------ */
+
+struct api_timing {
+    double queue_ms;
+    double compute_ms;
+};
+
+struct api_attend_response {
+    const char *session_id; /* NULL = stateless (null on the wire) */
+    int32_t layer;
+    int32_t n_past;   /* cache length before */
+    int32_t n_tokens; /* cache length after */
+    int32_t n_new;    /* T: rows of output */
+    int32_t hidden_size;
+    int32_t n_heads;
+    const float *output;  /* (n_new, hidden_size) */
+    const float *weights; /* NULL, or (n_heads, n_new, n_tokens) */
+    struct api_timing timing;
+    enum api_encoding encoding;
+};
+
+/* Encodes an AttendResponse. Returns a malloc'd NUL-terminated string (*len its length), or
+ * NULL when out of memory. */
+char *api_attend_response_encode(const struct api_attend_response *r, size_t *len);
+
+/* One token of a stream: appends `data: {StreamEvent}\n\n` to out. */
+struct api_stream_event {
+    int32_t index;
+    int32_t position;
+    int32_t n_past;
+    int32_t hidden_size;
+    int32_t n_heads;
+    const float *output;  /* (hidden_size) */
+    const float *weights; /* NULL, or (n_heads, n_past + 1) */
+    enum api_encoding encoding;
+};
+void api_stream_event_encode(struct strbuf *out, const struct api_stream_event *e);
+
+/* The end of a successful stream: appends the StreamUsage event (from r's session_id, layer,
+ * n_past, n_tokens, n_new, timing) and then `data: [DONE]\n\n`. */
+void api_stream_usage_encode(struct strbuf *out, const struct api_attend_response *r);
+
+/* A failed step: appends `data: {Error}\n\n` and then `data: [DONE]\n\n`. */
+void api_stream_error_encode(struct strbuf *out, int code, const char *message,
+                             const char *param);
+
+struct api_sdpa_response {
+    int32_t n_heads, n_q, n_k, d_v;
+    const float *output;  /* (n_heads, n_q, d_v) */
+    const float *weights; /* NULL, or (n_heads, n_q, n_k) */
+    struct api_timing timing;
+    enum api_encoding encoding;
+};
+char *api_sdpa_response_encode(const struct api_sdpa_response *r, size_t *len);
+
+struct api_session_layer {
+    int32_t layer;
+    int32_t n_tokens;
+    size_t bytes;
+};
+
+struct api_session {
+    const char *session_id;
+    int32_t n_tokens; /* longest layer */
+    size_t bytes;
+    int64_t idle_ms;
+    int32_t pending;
+    const struct api_session_layer *layers; /* (n_layers), by layer index */
+    int32_t n_layers;
+};
+
+struct api_pool {
+    size_t bytes_used;
+    size_t bytes_limit;
+    int32_t block_tokens;
+    int32_t blocks_used;
+    int32_t blocks_total;
+    int32_t shards;
+};
+
+char *api_session_encode(const struct api_session *s, size_t *len);
+char *api_session_list_encode(const struct api_session *sessions, int32_t n_sessions,
+                              const struct api_pool *pool, size_t *len);
+
+/* attnd-specific model facts for GET /v1/model. */
+struct api_model_info {
+    const char *source; /* model folder or "preset:<name> seed=<n>" */
+    int32_t layer_first;
+    int32_t layer_count;
+    size_t weights_bytes;
+};
+char *api_model_encode(const attn_config *cfg, const struct api_model_info *info, size_t *len);
+
+/* {"status":"<status>"} */
+char *api_status_encode(const char *status, size_t *len);
+
+/* The Error body for code (an error_code or attn_status). message NULL or "" = the table's
+ * default; param NULL or "" = null. */
+char *api_error_encode(int code, const char *message, const char *param, size_t *len);
+
+#endif /* SERVER_API_H */

@@ -1,0 +1,336 @@
+/* server/api_encode.c: the response half of the JSON edge (see api.h): C structs to response
+ * bodies and stream events, written by hand into a strbuf rather than through a cJSON tree,
+ * because tensors dominate the bodies and a tree would cost one allocation per number. Request
+ * parsing is in api.c.
+ */
+#include "api.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "b64.h"
+#include "error.h"
+
+/* ---- encoding helpers ----------------------------------------------------------------------- */
+
+static void put_string(struct strbuf *b, const char *s) {
+    strbuf_putc(b, '"');
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        switch (*p) {
+        case '"':
+            strbuf_puts(b, "\\\"");
+            break;
+        case '\\':
+            strbuf_puts(b, "\\\\");
+            break;
+        case '\n':
+            strbuf_puts(b, "\\n");
+            break;
+        case '\r':
+            strbuf_puts(b, "\\r");
+            break;
+        case '\t':
+            strbuf_puts(b, "\\t");
+            break;
+        default:
+            if (*p < 0x20) {
+                strbuf_printf(b, "\\u%04x", *p);
+            } else {
+                strbuf_putc(b, (char)*p);
+            }
+        }
+    }
+    strbuf_putc(b, '"');
+}
+
+static void put_string_or_null(struct strbuf *b, const char *s) {
+    if (s == NULL) {
+        strbuf_puts(b, "null");
+    } else {
+        put_string(b, s);
+    }
+}
+
+/* %.9g round-trips every float32; JSON has no non-finite numbers, so they become null. */
+static void put_float(struct strbuf *b, float f) {
+    if (!isfinite(f)) {
+        strbuf_puts(b, "null");
+        return;
+    }
+    if (strbuf_reserve(b, 24) != 0) {
+        return;
+    }
+    int n = snprintf(b->data + b->len, 24, "%.9g", (double)f);
+    if (n > 0 && n < 24) {
+        b->len += (size_t)n;
+    }
+}
+
+static void put_nested(struct strbuf *b, const float *data, int rank, const int64_t *dims) {
+    if (rank == 1) {
+        strbuf_putc(b, '[');
+        for (int64_t i = 0; i < dims[0]; i++) {
+            if (i > 0) {
+                strbuf_putc(b, ',');
+            }
+            put_float(b, data[i]);
+        }
+        strbuf_putc(b, ']');
+        return;
+    }
+    int64_t inner = 1;
+    for (int d = 1; d < rank; d++) {
+        inner *= dims[d];
+    }
+    strbuf_putc(b, '[');
+    for (int64_t i = 0; i < dims[0]; i++) {
+        if (i > 0) {
+            strbuf_putc(b, ',');
+        }
+        put_nested(b, data + i * inner, rank - 1, dims + 1);
+    }
+    strbuf_putc(b, ']');
+}
+
+static void put_b64(struct strbuf *b, const float *data, int rank, const int64_t *dims) {
+    int64_t total = 1;
+    strbuf_puts(b, "{\"shape\":[");
+    for (int d = 0; d < rank; d++) {
+        strbuf_printf(b, d > 0 ? ",%lld" : "%lld", (long long)dims[d]);
+        total *= dims[d];
+    }
+    strbuf_puts(b, "],\"b64\":\"");
+    size_t bytes = (size_t)total * 4;
+    if (strbuf_reserve(b, b64_encoded_len(bytes)) != 0) {
+        return;
+    }
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    b64_encode((const uint8_t *)data, bytes, b->data + b->len);
+#else
+    uint8_t *le = malloc(bytes ? bytes : 1);
+    if (le == NULL) {
+        b->has_failed = true;
+        return;
+    }
+    for (int64_t i = 0; i < total; i++) {
+        uint32_t u;
+        memcpy(&u, &data[i], 4);
+        le[i * 4] = (uint8_t)u;
+        le[i * 4 + 1] = (uint8_t)(u >> 8);
+        le[i * 4 + 2] = (uint8_t)(u >> 16);
+        le[i * 4 + 3] = (uint8_t)(u >> 24);
+    }
+    b64_encode(le, bytes, b->data + b->len);
+    free(le);
+#endif
+    b->len += b64_encoded_len(bytes);
+    strbuf_puts(b, "\"}");
+}
+
+static void put_tensor(struct strbuf *b, const char *name, const float *data, int rank,
+                       const int64_t *dims, enum api_encoding enc) {
+    strbuf_printf(b, "\"%s\":", name);
+    if (enc == API_ENCODING_BASE64) {
+        put_b64(b, data, rank, dims);
+    } else {
+        put_nested(b, data, rank, dims);
+    }
+}
+
+static void put_timing(struct strbuf *b, const struct api_timing *t) {
+    strbuf_printf(b, ",\"timing\":{\"queue_ms\":%.3f,\"compute_ms\":%.3f}", t->queue_ms,
+                  t->compute_ms);
+}
+
+/* ---- responses ------------------------------------------------------------------------------ */
+
+char *api_attend_response_encode(const struct api_attend_response *r, size_t *len) {
+    struct strbuf b;
+    strbuf_init(&b);
+    strbuf_reserve(&b, (size_t)r->n_new * (size_t)r->hidden_size * 14 + 256);
+    strbuf_puts(&b, "{\"session_id\":");
+    put_string_or_null(&b, r->session_id);
+    strbuf_printf(&b, ",\"layer\":%d,\"n_past\":%d,\"n_tokens\":%d", (int)r->layer,
+                  (int)r->n_past, (int)r->n_tokens);
+    int64_t od[2] = {r->n_new, r->hidden_size};
+    strbuf_putc(&b, ',');
+    put_tensor(&b, "output", r->output, 2, od, r->encoding);
+    if (r->weights != NULL) {
+        int64_t wd[3] = {r->n_heads, r->n_new, r->n_tokens};
+        strbuf_putc(&b, ',');
+        put_tensor(&b, "weights", r->weights, 3, wd, r->encoding);
+    }
+    put_timing(&b, &r->timing);
+    strbuf_puts(&b, "}\n");
+    return strbuf_detach(&b, len);
+}
+
+void api_stream_event_encode(struct strbuf *out, const struct api_stream_event *e) {
+    strbuf_printf(out, "data: {\"index\":%d,\"position\":%d,\"n_past\":%d", (int)e->index,
+                  (int)e->position, (int)e->n_past);
+    int64_t od[1] = {e->hidden_size};
+    strbuf_putc(out, ',');
+    put_tensor(out, "output", e->output, 1, od, e->encoding);
+    if (e->weights != NULL) {
+        int64_t wd[2] = {e->n_heads, (int64_t)e->n_past + 1};
+        strbuf_putc(out, ',');
+        put_tensor(out, "weights", e->weights, 2, wd, e->encoding);
+    }
+    strbuf_puts(out, "}\n\n");
+}
+
+void api_stream_usage_encode(struct strbuf *out, const struct api_attend_response *r) {
+    strbuf_puts(out, "data: {\"session_id\":");
+    put_string_or_null(out, r->session_id);
+    strbuf_printf(out, ",\"layer\":%d,\"n_past\":%d,\"n_tokens\":%d,\"usage\":{\"tokens\":%d}",
+                  (int)r->layer, (int)r->n_past, (int)r->n_tokens, (int)r->n_new);
+    put_timing(out, &r->timing);
+    strbuf_puts(out, "}\n\ndata: [DONE]\n\n");
+}
+
+static void put_error(struct strbuf *b, int code, const char *message, const char *param) {
+    const struct error_info *e = error_info_get(code);
+    strbuf_puts(b, "{\"error\":{\"message\":");
+    put_string(b, message != NULL && message[0] ? message : e->message);
+    strbuf_puts(b, ",\"type\":");
+    put_string(b, e->type);
+    strbuf_puts(b, ",\"code\":");
+    put_string(b, e->name);
+    strbuf_puts(b, ",\"param\":");
+    put_string_or_null(b, param != NULL && param[0] ? param : NULL);
+    strbuf_puts(b, "}}");
+}
+
+void api_stream_error_encode(struct strbuf *out, int code, const char *message,
+                             const char *param) {
+    strbuf_puts(out, "data: ");
+    put_error(out, code, message, param);
+    strbuf_puts(out, "\n\ndata: [DONE]\n\n");
+}
+
+char *api_error_encode(int code, const char *message, const char *param, size_t *len) {
+    struct strbuf b;
+    strbuf_init(&b);
+    put_error(&b, code, message, param);
+    strbuf_putc(&b, '\n');
+    return strbuf_detach(&b, len);
+}
+
+char *api_sdpa_response_encode(const struct api_sdpa_response *r, size_t *len) {
+    struct strbuf b;
+    strbuf_init(&b);
+    strbuf_reserve(&b, (size_t)r->n_heads * (size_t)r->n_q * (size_t)r->d_v * 14 + 256);
+    strbuf_putc(&b, '{');
+    int64_t od[3] = {r->n_heads, r->n_q, r->d_v};
+    put_tensor(&b, "output", r->output, 3, od, r->encoding);
+    if (r->weights != NULL) {
+        int64_t wd[3] = {r->n_heads, r->n_q, r->n_k};
+        strbuf_putc(&b, ',');
+        put_tensor(&b, "weights", r->weights, 3, wd, r->encoding);
+    }
+    put_timing(&b, &r->timing);
+    strbuf_puts(&b, "}\n");
+    return strbuf_detach(&b, len);
+}
+
+static void put_session(struct strbuf *b, const struct api_session *s) {
+    strbuf_puts(b, "{\"session_id\":");
+    put_string(b, s->session_id);
+    strbuf_printf(b, ",\"n_tokens\":%d,\"bytes\":%zu,\"idle_ms\":%lld,\"pending\":%d,\"layers\":[",
+                  (int)s->n_tokens, s->bytes, (long long)s->idle_ms, (int)s->pending);
+    for (int32_t i = 0; i < s->n_layers; i++) {
+        const struct api_session_layer *l = &s->layers[i];
+        strbuf_printf(b, "%s{\"layer\":%d,\"n_tokens\":%d,\"bytes\":%zu}", i > 0 ? "," : "",
+                      (int)l->layer, (int)l->n_tokens, l->bytes);
+    }
+    strbuf_puts(b, "]}");
+}
+
+char *api_session_encode(const struct api_session *s, size_t *len) {
+    struct strbuf b;
+    strbuf_init(&b);
+    put_session(&b, s);
+    strbuf_putc(&b, '\n');
+    return strbuf_detach(&b, len);
+}
+
+char *api_session_list_encode(const struct api_session *sessions, int32_t n_sessions,
+                              const struct api_pool *pool, size_t *len) {
+    struct strbuf b;
+    strbuf_init(&b);
+    strbuf_puts(&b, "{\"sessions\":[");
+    for (int32_t i = 0; i < n_sessions; i++) {
+        if (i > 0) {
+            strbuf_putc(&b, ',');
+        }
+        put_session(&b, &sessions[i]);
+    }
+    strbuf_printf(&b,
+                  "],\"pool\":{\"bytes_used\":%zu,\"bytes_limit\":%zu,\"block_tokens\":%d,"
+                  "\"blocks_used\":%d,\"blocks_total\":%d,\"shards\":%d}}\n",
+                  pool->bytes_used, pool->bytes_limit, (int)pool->block_tokens,
+                  (int)pool->blocks_used, (int)pool->blocks_total, (int)pool->shards);
+    return strbuf_detach(&b, len);
+}
+
+char *api_model_encode(const attn_config *cfg, const struct api_model_info *info, size_t *len) {
+    struct strbuf b;
+    strbuf_init(&b);
+    strbuf_printf(&b,
+                  "{\"hidden_size\":%d,\"num_attention_heads\":%d,\"num_key_value_heads\":%d,"
+                  "\"head_dim\":%d,\"rope_theta\":",
+                  (int)cfg->hidden_size, (int)cfg->n_heads, (int)cfg->n_kv_heads,
+                  (int)cfg->head_dim);
+    put_float(&b, cfg->rope_theta);
+    strbuf_puts(&b, ",\"rope_scaling\":");
+    const attn_rope_scaling *rs = &cfg->rope_scaling;
+    if (rs->type == ATTN_ROPE_SCALING_LINEAR) {
+        strbuf_puts(&b, "{\"rope_type\":\"linear\",\"factor\":");
+        put_float(&b, rs->factor);
+        strbuf_putc(&b, '}');
+    } else if (rs->type == ATTN_ROPE_SCALING_LLAMA3) {
+        strbuf_puts(&b, "{\"rope_type\":\"llama3\",\"factor\":");
+        put_float(&b, rs->factor);
+        strbuf_puts(&b, ",\"low_freq_factor\":");
+        put_float(&b, rs->low_freq_factor);
+        strbuf_puts(&b, ",\"high_freq_factor\":");
+        put_float(&b, rs->high_freq_factor);
+        strbuf_printf(&b, ",\"original_max_position_embeddings\":%d}",
+                      (int)rs->original_max_position);
+    } else {
+        strbuf_puts(&b, "null");
+    }
+    strbuf_printf(&b, ",\"max_position_embeddings\":%d,\"attention_bias\":%s,\"sliding_window\":",
+                  (int)cfg->max_seq, cfg->has_qkv_bias ? "true" : "false");
+    if (cfg->sliding_window > 0) {
+        strbuf_printf(&b, "%d", (int)cfg->sliding_window);
+    } else {
+        strbuf_puts(&b, "null");
+    }
+    strbuf_printf(&b, ",\"num_hidden_layers\":%d,\"partial_rotary_factor\":", (int)cfg->n_layers);
+    bool has_rope = cfg->rotary_dim > 0 && cfg->head_dim > 0;
+    put_float(&b, has_rope ? (float)cfg->rotary_dim / (float)cfg->head_dim : 0.0f);
+    strbuf_puts(&b, ",\"attnd\":{\"source\":");
+    put_string(&b, info->source);
+    strbuf_printf(&b, ",\"layer_first\":%d,\"layer_count\":%d,\"rope_style\":\"%s\",\"o_bias\":%s,"
+                  "\"softmax_scale\":",
+                  (int)info->layer_first, (int)info->layer_count,
+                  !has_rope                                         ? "none"
+                  : cfg->rope_style == ATTN_ROPE_STYLE_INTERLEAVED ? "interleaved"
+                                                                    : "half",
+                  cfg->has_o_bias ? "true" : "false");
+    put_float(&b, cfg->softmax_scale);
+    strbuf_printf(&b, ",\"weights_bytes\":%zu}}\n", info->weights_bytes);
+    return strbuf_detach(&b, len);
+}
+
+char *api_status_encode(const char *status, size_t *len) {
+    struct strbuf b;
+    strbuf_init(&b);
+    strbuf_puts(&b, "{\"status\":");
+    put_string(&b, status);
+    strbuf_puts(&b, "}\n");
+    return strbuf_detach(&b, len);
+}

@@ -1,0 +1,355 @@
+/* server/config.c: the option table and its parser. Every option appears once in `options`,
+ * which drives parsing, --help and the startup log; nothing else in attnd reads the
+ * environment. Semantic checks that need the model (is the layer range inside it?) are left to
+ * main(), which reports them the same way.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../engine/attn.h"
+
+enum option_type {
+    OPTION_STRING,    /* const char * */
+    OPTION_PRESET,    /* const char *, a name attn_config_preset knows */
+    OPTION_I32,       /* int32_t within [min, max] */
+    OPTION_I64,       /* int64_t within [min, max] */
+    OPTION_U64,       /* uint64_t, any value */
+    OPTION_LAYERS,    /* const char *, "all" | "N" | "A-B"; also sets layer_first/count */
+    OPTION_LOG_LEVEL, /* enum log_level */
+};
+
+struct option {
+    const char *name; /* the flag without "--" */
+    const char *env;  /* the environment variable */
+    enum option_type type;
+    size_t offset; /* of the field in struct config */
+    const char *def;
+    int64_t min, max; /* for OPTION_I32 / OPTION_I64 */
+    const char *help;
+};
+
+/* The one table. Defaults are strings so that --help prints exactly what the parser reads. */
+static const struct option options[] = {
+    {"host", "ATTND_HOST", OPTION_STRING, offsetof(struct config, host), "127.0.0.1", 0, 0,
+     "IPv4 or IPv6 address to listen on"},
+    {"port", "ATTND_PORT", OPTION_I32, offsetof(struct config, port), "8080", 0, 65535,
+     "TCP port; 0 picks a free port (logged in the 'listening' line as port=)"},
+    {"model", "ATTND_MODEL", OPTION_STRING, offsetof(struct config, model), "", 0, 0,
+     "Hugging Face style folder (config.json + model.safetensors); empty = the built-in preset "
+     "with seeded random weights"},
+    {"preset", "ATTND_PRESET", OPTION_PRESET, offsetof(struct config, preset), "small", 0, 0,
+     "built-in model geometry when --model is empty: tiny, small or llama8b"},
+    {"seed", "ATTND_SEED", OPTION_U64, offsetof(struct config, seed), "0", 0, 0,
+     "seed of the preset's random weights"},
+    {"layers", "ATTND_LAYERS", OPTION_LAYERS, offsetof(struct config, layers), "all", 0, 0,
+     "layers to load: all, N, or A-B (inclusive)"},
+    {"kv-budget-mb", "ATTND_KV_BUDGET_MB", OPTION_I64, offsetof(struct config, kv_budget_mb),
+     "1024", 1, 1048576,
+     "KV cache pool size in MiB, split evenly over one shard per worker"},
+    {"kv-block-tokens", "ATTND_KV_BLOCK_TOKENS", OPTION_I32,
+     offsetof(struct config, kv_block_tokens), "0", 0, 256,
+     "tokens per KV block, 16..256; 0 = the engine's default (64)"},
+    {"max-sessions", "ATTND_MAX_SESSIONS", OPTION_I32, offsetof(struct config, max_sessions),
+     "4096", 1, 1000000, "live sessions at most; the least recently used idle one is evicted "
+     "to make room"},
+    {"max-seq", "ATTND_MAX_SEQ", OPTION_I32, offsetof(struct config, max_seq), "0", 0, 1048576,
+     "cap on positions and tokens per session cache; 0 = the model's own"},
+    {"workers", "ATTND_WORKERS", OPTION_I32, offsetof(struct config, workers), "0", 0, 256,
+     "engine worker threads (libuv pool); 0 = one per online core"},
+    {"blas-threads", "ATTND_BLAS_THREADS", OPTION_I32, offsetof(struct config, blas_threads),
+     "0", 0, 256,
+     "OpenBLAS threads per GEMM; 0 = max(1, cores / workers), so the two pools never "
+     "oversubscribe the cores"},
+    {"max-batch-tokens", "ATTND_MAX_BATCH_TOKENS", OPTION_I32,
+     offsetof(struct config, max_batch_tokens), "256", 16, 65536,
+     "tokens per engine call: the cap of a batch of decode steps and the prefill chunk size"},
+    {"max-body-mb", "ATTND_MAX_BODY_MB", OPTION_I64, offsetof(struct config, max_body_mb), "64",
+     1, 4096, "largest request body in MiB (413 beyond)"},
+    {"queue-depth", "ATTND_QUEUE_DEPTH", OPTION_I32, offsetof(struct config, queue_depth),
+     "256", 1, 1000000, "accepted requests waiting to start at most (429 beyond)"},
+    {"session-ttl-s", "ATTND_SESSION_TTL_S", OPTION_I64, offsetof(struct config, session_ttl_s),
+     "3600", 0, 31536000, "idle seconds after which a session expires (410 after); 0 = never"},
+    {"api-key", "ATTND_API_KEY", OPTION_STRING, offsetof(struct config, api_key), "", 0, 0,
+     "when set, /v1/* requests need 'Authorization: Bearer <key>'"},
+    {"log-level", "ATTND_LOG_LEVEL", OPTION_LOG_LEVEL, offsetof(struct config, log_level),
+     "info", 0, 0, "error, warn, info or debug"},
+};
+
+#define N_OPTIONS ((int)(sizeof options / sizeof options[0]))
+
+static void set_err(char *err, size_t err_size, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void set_err(char *err, size_t err_size, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, err_size, fmt, ap);
+    va_end(ap);
+}
+
+static void *field(struct config *cfg, const struct option *o) {
+    return (char *)cfg + o->offset;
+}
+
+static int parse_i64(const char *s, int64_t *out) {
+    if (*s == '\0') {
+        return -1;
+    }
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno != 0 || *end != '\0') {
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int parse_u64(const char *s, uint64_t *out) {
+    if (*s == '\0' || *s == '-') {
+        return -1;
+    }
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno != 0 || *end != '\0') {
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* "all" -> (0, 0); "N" -> (N, 1); "A-B" -> (A, B - A + 1). */
+static int parse_layers(const char *s, int32_t *first, int32_t *count) {
+    if (strcmp(s, "all") == 0) {
+        *first = 0;
+        *count = 0;
+        return 0;
+    }
+    char buf[64];
+    if (strlen(s) >= sizeof buf) {
+        return -1;
+    }
+    strcpy(buf, s);
+    char *dash = strchr(buf, '-');
+    int64_t a, b;
+    if (dash == NULL) {
+        if (parse_i64(buf, &a) != 0 || a < 0 || a > 100000) {
+            return -1;
+        }
+        b = a;
+    } else {
+        *dash = '\0';
+        if (parse_i64(buf, &a) != 0 || parse_i64(dash + 1, &b) != 0 || a < 0 || b < a ||
+            b > 100000) {
+            return -1;
+        }
+    }
+    *first = (int32_t)a;
+    *count = (int32_t)(b - a + 1);
+    return 0;
+}
+
+/* Applies one value; `source` names where it came from ("--port", "ATTND_PORT") for errors. */
+static int apply(struct config *cfg, const struct option *o, const char *value, const char *source,
+                 char *err, size_t err_size) {
+    void *f = field(cfg, o);
+    int64_t v;
+    switch (o->type) {
+    case OPTION_STRING:
+        *(const char **)f = value;
+        return 0;
+    case OPTION_PRESET: {
+        attn_config probe;
+        if (attn_config_preset(value, &probe) != ATTN_OK) {
+            set_err(err, err_size, "%s: unknown preset '%s' (expected tiny, small or llama8b)",
+                    source, value);
+            return -1;
+        }
+        *(const char **)f = value;
+        return 0;
+    }
+    case OPTION_I32:
+    case OPTION_I64:
+        if (parse_i64(value, &v) != 0) {
+            set_err(err, err_size, "%s: '%s' is not an integer", source, value);
+            return -1;
+        }
+        if (v < o->min || v > o->max) {
+            set_err(err, err_size, "%s: %" PRId64 " is out of range [%" PRId64 ", %" PRId64 "]",
+                    source, v, o->min, o->max);
+            return -1;
+        }
+        if (o->type == OPTION_I32) {
+            *(int32_t *)f = (int32_t)v;
+        } else {
+            *(int64_t *)f = v;
+        }
+        return 0;
+    case OPTION_U64:
+        if (parse_u64(value, (uint64_t *)f) != 0) {
+            set_err(err, err_size, "%s: '%s' is not an unsigned 64-bit integer", source, value);
+            return -1;
+        }
+        return 0;
+    case OPTION_LAYERS:
+        if (parse_layers(value, &cfg->layer_first, &cfg->layer_count) != 0) {
+            set_err(err, err_size, "%s: '%s' is not a layer range (all, N or A-B with A <= B)",
+                    source, value);
+            return -1;
+        }
+        *(const char **)f = value;
+        return 0;
+    case OPTION_LOG_LEVEL:
+        if (log_level_parse(value, (enum log_level *)f) != 0) {
+            set_err(err, err_size, "%s: '%s' is not a log level (error, warn, info, debug)",
+                    source, value);
+            return -1;
+        }
+        return 0;
+    }
+    return -1;
+}
+
+static const struct option *find_option(const char *name, size_t len) {
+    for (int i = 0; i < N_OPTIONS; i++) {
+        if (strlen(options[i].name) == len && strncmp(options[i].name, name, len) == 0) {
+            return &options[i];
+        }
+    }
+    return NULL;
+}
+
+/* Cross-option checks and the derived defaults. */
+static int resolve(struct config *cfg, int32_t cores, char *err, size_t err_size) {
+    if (cfg->host[0] == '\0') {
+        set_err(err, err_size, "--host: must not be empty");
+        return -1;
+    }
+    if (cfg->kv_block_tokens != 0 && cfg->kv_block_tokens < 16) {
+        set_err(err, err_size, "--kv-block-tokens: %d is out of range (0, or 16..256)",
+                (int)cfg->kv_block_tokens);
+        return -1;
+    }
+    if (cores < 1) {
+        cores = 1;
+    }
+    if (cfg->workers == 0) {
+        cfg->workers = cores;
+    }
+    if (cfg->blas_threads == 0) {
+        cfg->blas_threads = cores / cfg->workers > 1 ? cores / cfg->workers : 1;
+    }
+    return 0;
+}
+
+enum config_result config_parse(struct config *cfg, int argc, char *const *argv,
+                                char *const *envp, int32_t cores, char *err, size_t err_size) {
+    memset(cfg, 0, sizeof *cfg);
+    err[0] = '\0';
+    for (int i = 0; i < N_OPTIONS; i++) {
+        if (apply(cfg, &options[i], options[i].def, "default", err, err_size) != 0) {
+            return CONFIG_ERROR;
+        }
+    }
+    for (int e = 0; envp != NULL && envp[e] != NULL; e++) {
+        const char *eq = strchr(envp[e], '=');
+        if (eq == NULL) {
+            continue;
+        }
+        for (int i = 0; i < N_OPTIONS; i++) {
+            size_t n = strlen(options[i].env);
+            if ((size_t)(eq - envp[e]) == n && strncmp(envp[e], options[i].env, n) == 0) {
+                if (apply(cfg, &options[i], eq + 1, options[i].env, err, err_size) != 0) {
+                    return CONFIG_ERROR;
+                }
+            }
+        }
+    }
+    for (int a = 1; a < argc; a++) {
+        const char *arg = argv[a];
+        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
+            return CONFIG_HELP;
+        }
+        if (strncmp(arg, "--", 2) != 0) {
+            set_err(err, err_size, "unexpected argument '%s' (options start with --; see --help)",
+                    arg);
+            return CONFIG_ERROR;
+        }
+        const char *name = arg + 2;
+        const char *eq = strchr(name, '=');
+        size_t len = eq ? (size_t)(eq - name) : strlen(name);
+        const struct option *o = find_option(name, len);
+        if (o == NULL) {
+            set_err(err, err_size, "unknown option '--%.*s' (see --help)", (int)len, name);
+            return CONFIG_ERROR;
+        }
+        const char *value;
+        if (eq != NULL) {
+            value = eq + 1;
+        } else if (a + 1 < argc) {
+            value = argv[++a];
+        } else {
+            set_err(err, err_size, "--%s: missing value", o->name);
+            return CONFIG_ERROR;
+        }
+        char source[64];
+        snprintf(source, sizeof source, "--%s", o->name);
+        if (apply(cfg, o, value, source, err, err_size) != 0) {
+            return CONFIG_ERROR;
+        }
+    }
+    return resolve(cfg, cores, err, err_size) == 0 ? CONFIG_OK : CONFIG_ERROR;
+}
+
+void config_help(FILE *f) {
+    fprintf(f, "usage: attnd [--option value | --option=value]...\n\n"
+               "attnd serves a transformer's attention layers over HTTP/JSON (see "
+               "proto/openapi.yaml).\nEvery option can also be set by its environment variable; "
+               "flags win over the environment.\n\n");
+    for (int i = 0; i < N_OPTIONS; i++) {
+        const struct option *o = &options[i];
+        fprintf(f, "  --%-18s %s (default: %s)\n", o->name, o->env,
+                o->def[0] ? o->def : "\"\"");
+        fprintf(f, "      %s\n", o->help);
+    }
+    fprintf(f, "  --%-18s print this help and exit\n", "help");
+}
+
+void config_log(const struct config *cfg) {
+    for (int i = 0; i < N_OPTIONS; i++) {
+        const struct option *o = &options[i];
+        const void *f = (const char *)cfg + o->offset;
+        switch (o->type) {
+        case OPTION_STRING:
+        case OPTION_PRESET:
+        case OPTION_LAYERS: {
+            const char *s = *(const char *const *)f;
+            if (strcmp(o->name, "api-key") == 0) {
+                s = s[0] ? "(set)" : "(none)";
+            }
+            LOG_INFO("config", "option name=%s value=\"%s\"", o->name, s);
+            break;
+        }
+        case OPTION_I32:
+            LOG_INFO("config", "option name=%s value=%d", o->name, (int)*(const int32_t *)f);
+            break;
+        case OPTION_I64:
+            LOG_INFO("config", "option name=%s value=%" PRId64, o->name, *(const int64_t *)f);
+            break;
+        case OPTION_U64:
+            LOG_INFO("config", "option name=%s value=%" PRIu64, o->name, *(const uint64_t *)f);
+            break;
+        case OPTION_LOG_LEVEL:
+            LOG_INFO("config", "option name=%s value=%s", o->name,
+                     log_level_name(*(const enum log_level *)f));
+            break;
+        }
+    }
+}

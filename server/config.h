@@ -1,0 +1,60 @@
+/* server/config.h: attnd's configuration, parsed once at startup from (in increasing
+ * precedence) the defaults, ATTND_* environment variables and command-line flags. One table in
+ * config.c lists every option (name, env var, type, default, limits, help); --help is printed
+ * from it. After config_parse the struct is immutable and passed down as const.
+ */
+#ifndef SERVER_CONFIG_H
+#define SERVER_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "log.h"
+
+/* Immutable after config_parse. String fields point into argv, the environment or string
+ * literals, all of which outlive the process's use of the config. */
+struct config {
+    const char *host;      /* address to bind */
+    int32_t port;          /* TCP port; 0 = an ephemeral port (logged as port=) */
+    const char *model;     /* HF-style model folder, or "" for the built-in preset */
+    const char *preset;    /* built-in preset when model is "" */
+    uint64_t seed;         /* seed of the preset's random weights */
+    const char *layers;    /* "all", "N" or "A-B" as given */
+    int32_t layer_first;   /* parsed from layers */
+    int32_t layer_count;   /* parsed from layers; 0 = to the last layer */
+    int64_t kv_budget_mb;  /* KV pool budget, MiB */
+    int32_t kv_block_tokens; /* tokens per KV block (0 = the engine's default) */
+    int32_t max_sessions;  /* live sessions at most */
+    int32_t max_seq;       /* 0 = the model's max positions */
+    int32_t workers;       /* engine worker threads (resolved: never 0 after parse) */
+    int32_t blas_threads;  /* OpenBLAS threads (resolved: never 0 after parse) */
+    int32_t max_batch_tokens; /* tokens per engine call (batch cap, prefill chunk) */
+    int64_t max_body_mb;   /* largest request body, MiB */
+    int32_t queue_depth;   /* accepted requests waiting at most */
+    int64_t session_ttl_s; /* idle seconds before a session expires; 0 = never */
+    const char *api_key;   /* "" = no authentication */
+    enum log_level log_level;
+};
+
+enum config_result {
+    CONFIG_OK = 0,
+    CONFIG_HELP = 1,   /* --help was given: print config_help and exit 0 */
+    CONFIG_ERROR = -1, /* err holds one line saying which option and why */
+};
+
+/* Fills *cfg from defaults, then envp (NULL-terminated "NAME=value" strings, e.g. environ),
+ * then argv[1..argc-1] (`--name value` or `--name=value`). Resolves workers 0 to the number of
+ * online cores and blas_threads 0 to max(1, cores / workers). cores is the machine's core count
+ * (pass sysconf(_SC_NPROCESSORS_ONLN)); taking it as an argument keeps tests deterministic.
+ * On CONFIG_ERROR, err (err_size bytes) gets a one-line reason. */
+enum config_result config_parse(struct config *cfg, int argc, char *const *argv,
+                                char *const *envp, int32_t cores, char *err, size_t err_size);
+
+/* Writes the usage text, every option with its env var, default and help, to f. */
+void config_help(FILE *f);
+
+/* Logs the effective configuration at info level, one option per line (the API key masked). */
+void config_log(const struct config *cfg);
+
+#endif /* SERVER_CONFIG_H */

@@ -1,0 +1,73 @@
+/* server/error.c: the error table. Keep it equal to proto/errors.json (tests/check_api.c compares
+ * them). */
+#include "error.h"
+
+#include "../engine/attn.h"
+
+static const struct error_info table[] = {
+    {ERROR_INVALID_JSON, 400, "invalid_json", "invalid_request_error",
+     "request body is not valid JSON"},
+    {ERROR_INVALID_REQUEST, 400, "invalid_request", "invalid_request_error",
+     "request is invalid"},
+    {ERROR_CONTEXT_LENGTH_EXCEEDED, 400, "context_length_exceeded", "invalid_request_error",
+     "the session's cache would exceed the model's maximum sequence length"},
+    {ERROR_UNAUTHORIZED, 401, "unauthorized", "authentication_error",
+     "missing or invalid API key (Authorization: Bearer <key>)"},
+    {ERROR_NOT_FOUND, 404, "not_found", "not_found_error", "no such route"},
+    {ERROR_SESSION_NOT_FOUND, 404, "session_not_found", "not_found_error", "no such session"},
+    {ERROR_METHOD_NOT_ALLOWED, 405, "method_not_allowed", "invalid_request_error",
+     "method not allowed on this route"},
+    {ERROR_N_PAST_MISMATCH, 409, "n_past_mismatch", "conflict_error",
+     "the session's cache length differs from expect_n_past"},
+    {ERROR_SESSION_EXISTS, 409, "session_exists", "conflict_error",
+     "a session with this id already exists"},
+    {ERROR_SESSION_EVICTED, 410, "session_evicted", "gone_error",
+     "the session was evicted or expired; its cache is gone"},
+    {ERROR_PAYLOAD_TOO_LARGE, 413, "payload_too_large", "invalid_request_error",
+     "request body is larger than --max-body-mb"},
+    {ERROR_QUEUE_FULL, 429, "queue_full", "rate_limit_error",
+     "too many queued requests; retry later"},
+    {ERROR_INTERNAL, 500, "internal_error", "server_error", "internal error"},
+    {ERROR_DRAINING, 503, "draining", "unavailable_error", "the server is shutting down"},
+    {ERROR_KV_BUDGET_EXHAUSTED, 507, "kv_budget_exhausted", "insufficient_storage_error",
+     "the KV cache pool cannot hold this request even after evicting idle sessions"},
+};
+
+/* Engine codes the server can meet at run time. EINVAL and ESHAPE mean the request got past
+ * api.c's checks with a shape the engine refuses, so they are the client's; ENOMEM, EIO and
+ * EUNSUPPORTED are ours. */
+static int map_engine_code(int code) {
+    switch (code) {
+    case ATTN_EINVAL:
+    case ATTN_ESHAPE:
+        return ERROR_INVALID_REQUEST;
+    case ATTN_ERANGE:
+        return ERROR_CONTEXT_LENGTH_EXCEEDED;
+    case ATTN_ENOSPC:
+        return ERROR_KV_BUDGET_EXHAUSTED;
+    default:
+        return ERROR_INTERNAL;
+    }
+}
+
+const struct error_info *error_info_get(int code) {
+    if (code < 0 && code > -100) {
+        code = map_engine_code(code);
+    }
+    for (unsigned i = 0; i < sizeof table / sizeof table[0]; i++) {
+        if (table[i].code == code) {
+            return &table[i];
+        }
+    }
+    for (unsigned i = 0; i < sizeof table / sizeof table[0]; i++) {
+        if (table[i].code == ERROR_INTERNAL) {
+            return &table[i];
+        }
+    }
+    return &table[0]; /* unreachable: internal_error is in the table */
+}
+
+const struct error_info *error_table(int *n_out) {
+    *n_out = (int)(sizeof table / sizeof table[0]);
+    return table;
+}

@@ -1,0 +1,61 @@
+/* server/log.h: leveled logging to stderr, one line per event:
+ *   <UTC time> <LEVEL> <module> <message> key=value ...
+ * Lines about a request carry req= and session= fields (the caller writes them in the message).
+ * The level is set once at startup, before any thread starts; log lines are written with a
+ * single write(2) so that lines from different threads never interleave.
+ */
+#ifndef SERVER_LOG_H
+#define SERVER_LOG_H
+
+#include <stdbool.h>
+
+enum log_level {
+    LOG_LEVEL_ERROR = 0,
+    LOG_LEVEL_WARN = 1,
+    LOG_LEVEL_INFO = 2,
+    LOG_LEVEL_DEBUG = 3,
+};
+
+/* Sets the most verbose level written (default LOG_LEVEL_INFO). Startup only. */
+void log_set_level(enum log_level level);
+
+/* True if lines of this level are written. Cheap. */
+bool log_enabled(enum log_level level);
+
+/* Parses "error", "warn", "info" or "debug". Returns 0, or -1 for anything else. */
+int log_level_parse(const char *name, enum log_level *out);
+
+/* The level's lower-case name. */
+const char *log_level_name(enum log_level level);
+
+/* Writes one line (a trailing newline is added). Use the LOG_* macros, which skip evaluating the
+ * arguments when the level is off. Lines longer than 4 KiB are cut. */
+void log_write(enum log_level level, const char *module, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+#define LOG_ERROR(module, ...)                                                                     \
+    do {                                                                                           \
+        if (log_enabled(LOG_LEVEL_ERROR)) {                                                        \
+            log_write(LOG_LEVEL_ERROR, module, __VA_ARGS__);                                       \
+        }                                                                                          \
+    } while (0)
+#define LOG_WARN(module, ...)                                                                      \
+    do {                                                                                           \
+        if (log_enabled(LOG_LEVEL_WARN)) {                                                         \
+            log_write(LOG_LEVEL_WARN, module, __VA_ARGS__);                                        \
+        }                                                                                          \
+    } while (0)
+#define LOG_INFO(module, ...)                                                                      \
+    do {                                                                                           \
+        if (log_enabled(LOG_LEVEL_INFO)) {                                                         \
+            log_write(LOG_LEVEL_INFO, module, __VA_ARGS__);                                        \
+        }                                                                                          \
+    } while (0)
+#define LOG_DEBUG(module, ...)                                                                     \
+    do {                                                                                           \
+        if (log_enabled(LOG_LEVEL_DEBUG)) {                                                        \
+            log_write(LOG_LEVEL_DEBUG, module, __VA_ARGS__);                                       \
+        }                                                                                          \
+    } while (0)
+
+#endif /* SERVER_LOG_H */

@@ -1,0 +1,145 @@
+/* server/metrics.c: Prometheus text rendering of struct metrics (see metrics.h). */
+#include "metrics.h"
+
+#include <inttypes.h>
+#include <string.h>
+
+static const char *const endpoint_names[METRICS_ENDPOINT_COUNT] = {
+    "attend", "sdpa",    "sessions", "session", "truncate", "fork",
+    "model",  "healthz", "readyz",   "metrics", "other",
+};
+
+/* The statuses attnd answers with; anything else counts as "other" (the last slot). */
+static const int statuses[METRICS_N_STATUS - 1] = {200, 201, 204, 400, 401, 404, 405, 409,
+                                                   410, 413, 429, 500, 503, 507, 502};
+
+/* Upper bounds in seconds (le=), 1 ms .. 10 s. */
+static const double bucket_le[METRICS_N_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.025,
+                                                    0.05,  0.1,    0.25,  0.5,  1,
+                                                    2.5,   5,      10,    1e300};
+
+void metrics_init(struct metrics *m) {
+    memset(m, 0, sizeof *m);
+}
+
+const char *metrics_endpoint_name(enum metrics_endpoint e) {
+    return (unsigned)e < METRICS_ENDPOINT_COUNT ? endpoint_names[e] : "other";
+}
+
+static int status_slot(int status) {
+    for (int i = 0; i < METRICS_N_STATUS - 1; i++) {
+        if (statuses[i] == status) {
+            return i;
+        }
+    }
+    return METRICS_N_STATUS - 1;
+}
+
+void metrics_request_done(struct metrics *m, enum metrics_endpoint e, int http_status,
+                          double seconds) {
+    if ((unsigned)e >= METRICS_ENDPOINT_COUNT) {
+        e = METRICS_ENDPOINT_OTHER;
+    }
+    m->requests[e][status_slot(http_status)]++;
+    for (int b = 0; b < METRICS_N_BUCKETS; b++) {
+        if (seconds <= bucket_le[b]) {
+            m->latency_buckets[e][b]++;
+            break;
+        }
+    }
+    m->latency_sum_s[e] += seconds;
+    m->latency_count[e]++;
+}
+
+static void render_requests(const struct metrics *m, struct strbuf *out) {
+    strbuf_puts(out, "# HELP attnd_requests_total HTTP requests answered, by endpoint and "
+                     "status.\n# TYPE attnd_requests_total counter\n");
+    for (int e = 0; e < METRICS_ENDPOINT_COUNT; e++) {
+        for (int s = 0; s < METRICS_N_STATUS; s++) {
+            if (m->requests[e][s] == 0) {
+                continue;
+            }
+            if (s < METRICS_N_STATUS - 1) {
+                strbuf_printf(out, "attnd_requests_total{endpoint=\"%s\",status=\"%d\"} %" PRIu64
+                                   "\n",
+                              endpoint_names[e], statuses[s], m->requests[e][s]);
+            } else {
+                strbuf_printf(out,
+                              "attnd_requests_total{endpoint=\"%s\",status=\"other\"} %" PRIu64
+                              "\n",
+                              endpoint_names[e], m->requests[e][s]);
+            }
+        }
+    }
+}
+
+static void render_latency(const struct metrics *m, struct strbuf *out) {
+    strbuf_puts(out, "# HELP attnd_request_duration_seconds Time from a request's headers to "
+                     "its answer.\n# TYPE attnd_request_duration_seconds histogram\n");
+    for (int e = 0; e < METRICS_ENDPOINT_COUNT; e++) {
+        if (m->latency_count[e] == 0) {
+            continue;
+        }
+        uint64_t cum = 0;
+        for (int b = 0; b < METRICS_N_BUCKETS - 1; b++) {
+            cum += m->latency_buckets[e][b];
+            strbuf_printf(out,
+                          "attnd_request_duration_seconds_bucket{endpoint=\"%s\",le=\"%g\"} "
+                          "%" PRIu64 "\n",
+                          endpoint_names[e], bucket_le[b], cum);
+        }
+        strbuf_printf(out,
+                      "attnd_request_duration_seconds_bucket{endpoint=\"%s\",le=\"+Inf\"} "
+                      "%" PRIu64 "\n",
+                      endpoint_names[e], m->latency_count[e]);
+        strbuf_printf(out, "attnd_request_duration_seconds_sum{endpoint=\"%s\"} %.6f\n",
+                      endpoint_names[e], m->latency_sum_s[e]);
+        strbuf_printf(out, "attnd_request_duration_seconds_count{endpoint=\"%s\"} %" PRIu64 "\n",
+                      endpoint_names[e], m->latency_count[e]);
+    }
+}
+
+void metrics_render(const struct metrics *m, const struct metrics_gauges *g, struct strbuf *out) {
+    render_requests(m, out);
+    render_latency(m, out);
+    strbuf_printf(out,
+                  "# HELP attnd_tokens_total Tokens computed, by phase (prefill: from an empty "
+                  "cache; decode: appended to a non-empty one).\n"
+                  "# TYPE attnd_tokens_total counter\n"
+                  "attnd_tokens_total{phase=\"prefill\"} %" PRIu64 "\n"
+                  "attnd_tokens_total{phase=\"decode\"} %" PRIu64 "\n",
+                  m->tokens_prefill, m->tokens_decode);
+    static const char *const reasons[METRICS_EVICTION_COUNT] = {"budget", "max_sessions", "ttl"};
+    strbuf_puts(out, "# HELP attnd_evictions_total Sessions evicted or expired, by reason.\n"
+                     "# TYPE attnd_evictions_total counter\n");
+    for (int r = 0; r < METRICS_EVICTION_COUNT; r++) {
+        strbuf_printf(out, "attnd_evictions_total{reason=\"%s\"} %" PRIu64 "\n", reasons[r],
+                      m->evictions[r]);
+    }
+    strbuf_printf(out,
+                  "# HELP attnd_engine_steps_total Engine forward calls.\n"
+                  "# TYPE attnd_engine_steps_total counter\n"
+                  "attnd_engine_steps_total %" PRIu64 "\n"
+                  "# HELP attnd_batched_steps_total Sequence steps carried by engine forward "
+                  "calls (over attnd_engine_steps_total: the mean batch size).\n"
+                  "# TYPE attnd_batched_steps_total counter\n"
+                  "attnd_batched_steps_total %" PRIu64 "\n",
+                  m->engine_steps, m->batched_steps);
+    strbuf_printf(out,
+                  "# HELP attnd_sessions Live sessions.\n# TYPE attnd_sessions gauge\n"
+                  "attnd_sessions %" PRId64 "\n"
+                  "# HELP attnd_kv_bytes_used KV cache bytes in use.\n"
+                  "# TYPE attnd_kv_bytes_used gauge\nattnd_kv_bytes_used %zu\n"
+                  "# HELP attnd_kv_bytes_limit KV cache bytes usable.\n"
+                  "# TYPE attnd_kv_bytes_limit gauge\nattnd_kv_bytes_limit %zu\n"
+                  "# HELP attnd_queue_depth Accepted requests waiting to start.\n"
+                  "# TYPE attnd_queue_depth gauge\nattnd_queue_depth %" PRId64 "\n"
+                  "# HELP attnd_jobs_in_flight Engine jobs running on workers.\n"
+                  "# TYPE attnd_jobs_in_flight gauge\nattnd_jobs_in_flight %" PRId64 "\n"
+                  "# HELP attnd_workers Engine worker threads.\n"
+                  "# TYPE attnd_workers gauge\nattnd_workers %" PRId64 "\n"
+                  "# HELP attnd_draining 1 once shutdown has begun.\n"
+                  "# TYPE attnd_draining gauge\nattnd_draining %d\n",
+                  g->sessions, g->kv_bytes_used, g->kv_bytes_limit, g->queue_depth,
+                  g->jobs_in_flight, g->workers, g->draining);
+}

@@ -1,0 +1,74 @@
+/* server/metrics.h: counters, gauges and a latency histogram, rendered in the Prometheus text
+ * format for GET /metrics (names and labels listed in proto/openapi.yaml). Plain counters, no
+ * atomics: thread rule "loop thread only" (workers report through their after-work callbacks).
+ */
+#ifndef SERVER_METRICS_H
+#define SERVER_METRICS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "strbuf.h"
+
+enum metrics_endpoint {
+    METRICS_ENDPOINT_ATTEND = 0,
+    METRICS_ENDPOINT_SDPA,
+    METRICS_ENDPOINT_SESSIONS,
+    METRICS_ENDPOINT_SESSION,
+    METRICS_ENDPOINT_TRUNCATE,
+    METRICS_ENDPOINT_FORK,
+    METRICS_ENDPOINT_MODEL,
+    METRICS_ENDPOINT_HEALTHZ,
+    METRICS_ENDPOINT_READYZ,
+    METRICS_ENDPOINT_METRICS,
+    METRICS_ENDPOINT_OTHER, /* unknown routes */
+    METRICS_ENDPOINT_COUNT,
+};
+
+enum metrics_eviction {
+    METRICS_EVICTION_BUDGET = 0,   /* made room in the KV pool */
+    METRICS_EVICTION_MAX_SESSIONS, /* made room under --max-sessions */
+    METRICS_EVICTION_TTL,          /* idle past --session-ttl-s */
+    METRICS_EVICTION_COUNT,
+};
+
+#define METRICS_N_STATUS 16 /* distinct HTTP statuses tracked per endpoint (+ "other") */
+#define METRICS_N_BUCKETS 14
+
+/* Loop thread only. Zero-initialize (metrics_init). */
+struct metrics {
+    uint64_t requests[METRICS_ENDPOINT_COUNT][METRICS_N_STATUS];
+    uint64_t latency_buckets[METRICS_ENDPOINT_COUNT][METRICS_N_BUCKETS]; /* cumulative at render */
+    double latency_sum_s[METRICS_ENDPOINT_COUNT];
+    uint64_t latency_count[METRICS_ENDPOINT_COUNT];
+    uint64_t tokens_prefill;
+    uint64_t tokens_decode;
+    uint64_t evictions[METRICS_EVICTION_COUNT];
+    uint64_t engine_steps;   /* attn_forward calls */
+    uint64_t batched_steps;  /* sequence steps those calls carried */
+};
+
+/* Values sampled at render time by the caller. */
+struct metrics_gauges {
+    int64_t sessions;
+    size_t kv_bytes_used;
+    size_t kv_bytes_limit;
+    int64_t queue_depth;
+    int64_t jobs_in_flight;
+    int64_t workers;
+    int draining; /* 0 or 1 */
+};
+
+void metrics_init(struct metrics *m);
+
+/* The endpoint's label value, e.g. "attend". */
+const char *metrics_endpoint_name(enum metrics_endpoint e);
+
+/* Counts one answered request: its endpoint, HTTP status and latency in seconds. */
+void metrics_request_done(struct metrics *m, enum metrics_endpoint e, int http_status,
+                          double seconds);
+
+/* Appends the exposition text to out. */
+void metrics_render(const struct metrics *m, const struct metrics_gauges *g, struct strbuf *out);
+
+#endif /* SERVER_METRICS_H */

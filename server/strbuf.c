@@ -1,0 +1,116 @@
+/* server/strbuf.c: growable byte buffer (see strbuf.h). Doubling growth keeps appends O(1)
+ * amortized for the large tensor bodies api.c writes. */
+#include "strbuf.h"
+
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void strbuf_init(struct strbuf *b) {
+    b->data = NULL;
+    b->len = 0;
+    b->cap = 0;
+    b->has_failed = false;
+}
+
+void strbuf_release(struct strbuf *b) {
+    free(b->data);
+    strbuf_init(b);
+}
+
+int strbuf_reserve(struct strbuf *b, size_t extra) {
+    if (b->has_failed) {
+        return -1;
+    }
+    if (extra > SIZE_MAX / 2 - b->len - 1) {
+        b->has_failed = true;
+        return -1;
+    }
+    size_t need = b->len + extra + 1;
+    if (need <= b->cap) {
+        return 0;
+    }
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < need) {
+        cap *= 2;
+    }
+    char *p = realloc(b->data, cap);
+    if (p == NULL) {
+        b->has_failed = true;
+        return -1;
+    }
+    b->data = p;
+    b->cap = cap;
+    b->data[b->len] = '\0';
+    return 0;
+}
+
+void strbuf_append(struct strbuf *b, const void *data, size_t n) {
+    if (n == 0 || strbuf_reserve(b, n) != 0) {
+        return;
+    }
+    memcpy(b->data + b->len, data, n);
+    b->len += n;
+    b->data[b->len] = '\0';
+}
+
+void strbuf_puts(struct strbuf *b, const char *s) {
+    strbuf_append(b, s, strlen(s));
+}
+
+void strbuf_putc(struct strbuf *b, char c) {
+    strbuf_append(b, &c, 1);
+}
+
+void strbuf_printf(struct strbuf *b, const char *fmt, ...) {
+    char small[256];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(small, sizeof small, fmt, ap);
+    va_end(ap);
+    if (n < 0) {
+        b->has_failed = true;
+        return;
+    }
+    if ((size_t)n < sizeof small) {
+        strbuf_append(b, small, (size_t)n);
+        return;
+    }
+    if (strbuf_reserve(b, (size_t)n) != 0) {
+        return;
+    }
+    va_start(ap, fmt);
+    vsnprintf(b->data + b->len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    b->len += (size_t)n;
+}
+
+void strbuf_consume(struct strbuf *b, size_t n) {
+    if (n >= b->len) {
+        b->len = 0;
+    } else {
+        memmove(b->data, b->data + n, b->len - n);
+        b->len -= n;
+    }
+    if (b->data != NULL) {
+        b->data[b->len] = '\0';
+    }
+}
+
+char *strbuf_detach(struct strbuf *b, size_t *len) {
+    if (!b->has_failed && b->data == NULL) {
+        strbuf_reserve(b, 0);
+    }
+    if (b->has_failed) {
+        strbuf_release(b);
+        return NULL;
+    }
+    char *p = b->data;
+    if (len != NULL) {
+        *len = b->len;
+    }
+    strbuf_init(b);
+    return p;
+}
