@@ -1,0 +1,321 @@
+/* tests/check_load.c: attn_model_load_hf against the golden fixtures of tests/gen_fixtures.py
+ * (tests/data, described in tests/data/README.md): config.json fields become the right
+ * attn_config, F32 / sharded BF16 / F16 weights give the numpy float64 outputs (prefill then
+ * decode, weights, post-RoPE K/V), layer subsets load alone, and each bad folder gives its code
+ * with a reason. Tolerances: HARNESS_ATOL/RTOL (check_harness.h). Tests run from the repo root. */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check_harness.h"
+#include "ref.h"
+
+#define DATA "tests/data/"
+
+/* The fixture sequences: `prefill` tokens in one call, then `decode` single tokens. */
+typedef struct fixture {
+    const char *input;  /* expected/<input>_x.bin and _pos.bin */
+    int32_t hidden;
+    int32_t n_heads;
+    int32_t n_kv_heads;
+    int32_t head_dim;
+    int32_t prefill;
+    int32_t decode;
+} fixture;
+
+static const fixture tiny = {"tiny", 64, 4, 2, 16, 7, 3};
+static const fixture alt = {"alt", 32, 4, 1, 8, 9, 3};
+
+static attn_model *load_ok(const char *dir, const attn_load_params *p) {
+    attn_model *m = NULL;
+    char err[256] = "";
+    int rc = attn_model_load_hf(dir, p, &m, err, sizeof(err));
+    ck_assert_msg(rc == ATTN_OK, "load %s: %d (%s): %s", dir, rc, attn_strerror(rc), err);
+    ck_assert_ptr_nonnull(m);
+    return m;
+}
+
+static float *read_expected(const char *name, size_t count) {
+    char path[256];
+    snprintf(path, sizeof(path), DATA "expected/%s.bin", name);
+    return harness_read_file(path, count * sizeof(float));
+}
+
+/* Runs the fixture's sequence through `layer` of m (prefill, then single-token decodes asking
+ * for weights) and compares with expected/<expected>_l<layer>_{out,weights,k,v}.bin. */
+static void check_layer(const attn_model *m, int32_t layer, const fixture *f,
+                        const char *expected) {
+    const int32_t n = f->prefill + f->decode;
+    const size_t kv_count = (size_t)f->n_kv_heads * n * f->head_dim;
+    char name[128];
+    char what[160];
+    snprintf(name, sizeof(name), DATA "expected/%s_x.bin", f->input);
+    float *x = harness_read_file(name, (size_t)n * f->hidden * sizeof(float));
+    snprintf(name, sizeof(name), DATA "expected/%s_pos.bin", f->input);
+    int32_t *pos = harness_read_file(name, (size_t)n * sizeof(int32_t));
+    snprintf(name, sizeof(name), "%s_l%d_out", expected, (int)layer);
+    float *out_want = read_expected(name, (size_t)n * f->hidden);
+    snprintf(name, sizeof(name), "%s_l%d_weights", expected, (int)layer);
+    float *w_want = read_expected(name, (size_t)f->n_heads * n * n);
+    snprintf(name, sizeof(name), "%s_l%d_k", expected, (int)layer);
+    float *k_want = read_expected(name, kv_count);
+    snprintf(name, sizeof(name), "%s_l%d_v", expected, (int)layer);
+    float *v_want = read_expected(name, kv_count);
+
+    attn_kv_pool *pool = NULL;
+    attn_workspace *ws = NULL;
+    attn_kv *kv = NULL;
+    ck_assert_int_eq(attn_kv_pool_create(m, (size_t)1 << 20, 16, &pool), ATTN_OK);
+    ck_assert_int_eq(attn_workspace_create(m, 16, NULL, &ws), ATTN_OK);
+    ck_assert_int_eq(attn_kv_create(pool, &kv), ATTN_OK);
+    float *out = harness_calloc((size_t)n * f->hidden, sizeof(float));
+    float *w = harness_calloc((size_t)f->n_heads * n * n, sizeof(float));
+    int32_t chunks[8] = {f->prefill};
+    for (int32_t i = 0; i < f->decode; i++) {
+        chunks[1 + i] = 1;
+    }
+    harness_run r = {m, layer, ws, kv, x, pos, NULL, n, 0, chunks, 1 + f->decode, out, w};
+    ck_assert_int_eq(harness_run_chunks(&r), ATTN_OK);
+
+    snprintf(what, sizeof(what), "%s layer %d: out (rows %d.. are decodes)", expected, (int)layer,
+             (int)f->prefill);
+    harness_expect_close(out, out_want, (size_t)n * f->hidden, what);
+    snprintf(what, sizeof(what), "%s layer %d: weights", expected, (int)layer);
+    harness_expect_weight_rows(w, w_want, f->n_heads, 0, n, what);
+    attn_config kv_cfg;
+    memset(&kv_cfg, 0, sizeof(kv_cfg));
+    kv_cfg.n_kv_heads = f->n_kv_heads;
+    kv_cfg.head_dim = f->head_dim;
+    snprintf(what, sizeof(what), "%s layer %d", expected, (int)layer);
+    harness_expect_kv(kv, &kv_cfg, k_want, v_want, n, what);
+
+    free(w);
+    free(out);
+    attn_kv_destroy(kv);
+    attn_workspace_destroy(ws);
+    attn_kv_pool_destroy(pool);
+    free(v_want);
+    free(k_want);
+    free(w_want);
+    free(out_want);
+    free(pos);
+    free(x);
+}
+
+/* ---- configs ------------------------------------------------------------------------------- */
+
+START_TEST(test_load_tiny_config) {
+    attn_model *m = load_ok(DATA "hf_tiny_f32", NULL);
+    const attn_config *c = attn_model_config(m);
+    ck_assert_int_eq(c->n_layers, 2);
+    ck_assert_int_eq(c->hidden_size, 64);
+    ck_assert_int_eq(c->n_heads, 4);
+    ck_assert_int_eq(c->n_kv_heads, 2);
+    ck_assert_int_eq(c->head_dim, 16);
+    ck_assert_int_eq(c->rotary_dim, 16);
+    ck_assert_float_eq(c->rope_theta, 10000.0f);
+    ck_assert_int_eq(c->rope_style, ATTN_ROPE_STYLE_HALF);
+    ck_assert_int_eq(c->rope_scaling.type, ATTN_ROPE_SCALING_LLAMA3);
+    ck_assert_float_eq(c->rope_scaling.factor, 8.0f);
+    ck_assert_float_eq(c->rope_scaling.low_freq_factor, 1.0f);
+    ck_assert_float_eq(c->rope_scaling.high_freq_factor, 4.0f);
+    ck_assert_int_eq(c->rope_scaling.original_max_position, 64);
+    ck_assert_int_eq(c->max_seq, 256);
+    ck_assert_int_eq(c->sliding_window, 0);
+    ck_assert(c->has_qkv_bias);
+    ck_assert(c->has_o_bias);
+    ck_assert_float_eq_tol(c->softmax_scale, 0.25f, 1e-7f);
+    ck_assert_int_eq(attn_model_layer_first(m), 0);
+    ck_assert_int_eq(attn_model_layer_count(m), 2);
+    attn_model_destroy(m);
+}
+END_TEST
+
+/* Qwen2-style q/k/v biases without an o bias, head_dim from hidden / heads, partial rotary,
+ * the interleaved style, linear scaling spelled "type", and a sliding window. */
+START_TEST(test_load_alt_config) {
+    attn_model *m = load_ok(DATA "hf_alt_f16", NULL);
+    const attn_config *c = attn_model_config(m);
+    ck_assert_int_eq(c->n_layers, 1);
+    ck_assert_int_eq(c->hidden_size, 32);
+    ck_assert_int_eq(c->n_heads, 4);
+    ck_assert_int_eq(c->n_kv_heads, 1);
+    ck_assert_int_eq(c->head_dim, 8);
+    ck_assert_int_eq(c->rotary_dim, 4);
+    ck_assert_float_eq(c->rope_theta, 1000.0f);
+    ck_assert_int_eq(c->rope_style, ATTN_ROPE_STYLE_INTERLEAVED);
+    ck_assert_int_eq(c->rope_scaling.type, ATTN_ROPE_SCALING_LINEAR);
+    ck_assert_float_eq(c->rope_scaling.factor, 2.0f);
+    ck_assert_int_eq(c->max_seq, 64);
+    ck_assert_int_eq(c->sliding_window, 4);
+    ck_assert(c->has_qkv_bias);
+    ck_assert(!c->has_o_bias);
+    attn_model_destroy(m);
+
+    /* use_sliding_window false switches the window off; rope_type "default" is no scaling. */
+    m = load_ok(DATA "hf_alt_nowindow", NULL);
+    c = attn_model_config(m);
+    ck_assert_int_eq(c->sliding_window, 0);
+    ck_assert_int_eq(c->rope_scaling.type, ATTN_ROPE_SCALING_NONE);
+    attn_model_destroy(m);
+}
+END_TEST
+
+START_TEST(test_load_max_seq_override) {
+    attn_load_params p = {0, 0, 100};
+    attn_model *m = load_ok(DATA "hf_tiny_f32", &p);
+    ck_assert_int_eq(attn_model_config(m)->max_seq, 100);
+    attn_model_destroy(m);
+}
+END_TEST
+
+/* ---- numerics against numpy ---------------------------------------------------------------- */
+
+START_TEST(test_load_tiny_f32_matches_numpy) {
+    attn_model *m = load_ok(DATA "hf_tiny_f32", NULL);
+    check_layer(m, 0, &tiny, "tiny_f32");
+    check_layer(m, 1, &tiny, "tiny_f32");
+    attn_model_destroy(m);
+}
+END_TEST
+
+START_TEST(test_load_tiny_bf16_sharded_matches_numpy) {
+    attn_model *m = load_ok(DATA "hf_tiny_bf16", NULL);
+    check_layer(m, 0, &tiny, "tiny_bf16");
+    check_layer(m, 1, &tiny, "tiny_bf16");
+    attn_model_destroy(m);
+}
+END_TEST
+
+START_TEST(test_load_alt_f16_matches_numpy) {
+    attn_model *m = load_ok(DATA "hf_alt_f16", NULL);
+    check_layer(m, 0, &alt, "alt_f16");
+    attn_model_destroy(m);
+}
+END_TEST
+
+/* Only layer 1 (which straddles the two BF16 shards): same results, less memory, and layer 0
+ * is not there. */
+START_TEST(test_load_layer_subset) {
+    static const char *const dirs[2] = {DATA "hf_tiny_f32", DATA "hf_tiny_bf16"};
+    static const char *const expected[2] = {"tiny_f32", "tiny_bf16"};
+    for (int i = 0; i < 2; i++) {
+        attn_load_params p = {1, 1, 0};
+        attn_model *full = load_ok(dirs[i], NULL);
+        attn_model *m = load_ok(dirs[i], &p);
+        ck_assert_int_eq(attn_model_layer_first(m), 1);
+        ck_assert_int_eq(attn_model_layer_count(m), 1);
+        ck_assert_int_eq(attn_model_config(m)->n_layers, 2);
+        ck_assert_uint_lt(attn_model_bytes(m), attn_model_bytes(full));
+        check_layer(m, 1, &tiny, expected[i]);
+
+        attn_kv_pool *pool = NULL;
+        attn_workspace *ws = NULL;
+        attn_kv *kv = NULL;
+        float x[64] = {0};
+        float out[64];
+        ck_assert_int_eq(attn_kv_pool_create(m, (size_t)1 << 20, 16, &pool), ATTN_OK);
+        ck_assert_int_eq(attn_workspace_create(m, 4, NULL, &ws), ATTN_OK);
+        ck_assert_int_eq(attn_kv_create(pool, &kv), ATTN_OK);
+        attn_step step = {kv, x, 1, NULL, NULL, out, NULL};
+        ck_assert_int_eq(attn_forward(m, 0, ws, &step, 1), ATTN_EINVAL);
+        ck_assert_int_eq(attn_forward(m, 2, ws, &step, 1), ATTN_EINVAL);
+        ck_assert_int_eq(attn_kv_len(kv), 0);
+        attn_kv_destroy(kv);
+        attn_workspace_destroy(ws);
+        attn_kv_pool_destroy(pool);
+        attn_model_destroy(m);
+        attn_model_destroy(full);
+    }
+}
+END_TEST
+
+/* ---- errors -------------------------------------------------------------------------------- */
+
+typedef struct bad_folder {
+    const char *dir;
+    int want; /* 0: any failure (attn.h does not name the code) */
+} bad_folder;
+
+START_TEST(test_load_bad_folders) {
+    static const bad_folder cases[] = {
+        {DATA "bad_yarn", ATTN_EUNSUPPORTED},
+        {DATA "bad_dtype_i8", ATTN_EUNSUPPORTED},
+        {DATA "bad_shape", ATTN_ESHAPE},
+        {DATA "bad_truncated", ATTN_EIO},
+        {DATA "bad_no_config", ATTN_EIO},
+        {DATA "bad_missing_shard", ATTN_EIO},
+        {DATA "bad_missing_tensor", 0},
+        {DATA "no_such_folder", ATTN_EIO},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        attn_model *sentinel = (attn_model *)&cases[i];
+        attn_model *m = sentinel;
+        char err[256];
+        memset(err, 'x', sizeof(err));
+        int rc = attn_model_load_hf(cases[i].dir, NULL, &m, err, sizeof(err));
+        if (cases[i].want != 0) {
+            ck_assert_msg(rc == cases[i].want, "%s: got %d (%s), want %d (%s); reason: %.200s",
+                          cases[i].dir, rc, attn_strerror(rc), cases[i].want,
+                          attn_strerror(cases[i].want), memchr(err, 0, sizeof(err)) ? err : "");
+        } else {
+            ck_assert_msg(rc < 0, "%s: got %d, want a failure", cases[i].dir, rc);
+        }
+        ck_assert_ptr_eq(m, sentinel);
+        ck_assert_msg(memchr(err, 0, sizeof(err)) != NULL, "%s: reason not NUL-terminated",
+                      cases[i].dir);
+        ck_assert_msg(strlen(err) > 0, "%s: empty reason", cases[i].dir);
+    }
+}
+END_TEST
+
+/* A short reason buffer is truncated but NUL-terminated; err may be NULL. */
+START_TEST(test_load_reason_buffer) {
+    attn_model *m = NULL;
+    char err[8];
+    memset(err, 'x', sizeof(err));
+    ck_assert_int_eq(attn_model_load_hf(DATA "bad_yarn", NULL, &m, err, sizeof(err)),
+                     ATTN_EUNSUPPORTED);
+    ck_assert_msg(memchr(err, 0, sizeof(err)) != NULL, "reason not NUL-terminated");
+    ck_assert_int_eq(attn_model_load_hf(DATA "bad_yarn", NULL, &m, NULL, 0), ATTN_EUNSUPPORTED);
+    ck_assert_ptr_null(m);
+}
+END_TEST
+
+/* Layers outside the model, or a non-positive max_seq override, are refused; attn.h names no
+ * code for these, so any failure passes, but a model must not come back. */
+START_TEST(test_load_bad_params) {
+    static const attn_load_params bad[] = {{2, 0, 0}, {1, 2, 0}, {-1, 0, 0}, {0, -1, 0},
+                                           {0, 0, -5}};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        attn_model *m = NULL;
+        char err[256] = "";
+        int rc = attn_model_load_hf(DATA "hf_tiny_f32", &bad[i], &m, err, sizeof(err));
+        ck_assert_msg(rc < 0, "params {%d, %d, %d}: got %d, want a failure", (int)bad[i].layer_first,
+                      (int)bad[i].layer_count, (int)bad[i].max_seq, rc);
+        ck_assert_ptr_null(m);
+    }
+}
+END_TEST
+
+/* `extern` keeps this prototype out of the Makefile's suite-table scan, which matches lines
+ * starting with `Suite *`. */
+extern Suite *load_suite(void);
+
+Suite *load_suite(void) {
+    Suite *s = suite_create("load");
+    TCase *tc = tcase_create("load");
+    tcase_add_test(tc, test_load_tiny_config);
+    tcase_add_test(tc, test_load_alt_config);
+    tcase_add_test(tc, test_load_max_seq_override);
+    tcase_add_test(tc, test_load_tiny_f32_matches_numpy);
+    tcase_add_test(tc, test_load_tiny_bf16_sharded_matches_numpy);
+    tcase_add_test(tc, test_load_alt_f16_matches_numpy);
+    tcase_add_test(tc, test_load_layer_subset);
+    tcase_add_test(tc, test_load_bad_folders);
+    tcase_add_test(tc, test_load_reason_buffer);
+    tcase_add_test(tc, test_load_bad_params);
+    suite_add_tcase(s, tc);
+    return s;
+}
