@@ -4,6 +4,7 @@
  * what ref gives (HARNESS_ATOL/RTOL); chunking a batch over a small workspace changes nothing;
  * and a failing batch (ATTN_ENOSPC, ATTN_ERANGE, ATTN_EINVAL) advances no cache at all. */
 #include <check.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,11 +94,21 @@ static attn_step seq_step(const seq *s, int32_t hidden) {
     return st;
 }
 
+/* Runs the seqs' steps as one batch. Their out rows and weights are first set to NaN, so that
+ * anything the engine fails to write is caught. */
 static int run_batch(batch_env *e, seq *seqs, int32_t n_seqs) {
+    const attn_config *cfg = &e->hm.cfg;
     attn_step steps[16];
     ck_assert_int_le(n_seqs, 16);
     for (int32_t i = 0; i < n_seqs; i++) {
-        steps[i] = seq_step(&seqs[i], e->hm.cfg.hidden_size);
+        steps[i] = seq_step(&seqs[i], cfg->hidden_size);
+        for (size_t j = 0; j < (size_t)steps[i].n_tokens * cfg->hidden_size; j++) {
+            steps[i].out[j] = NAN;
+        }
+        size_t n_w = (size_t)cfg->n_heads * seqs[i].n_new * (seqs[i].past + seqs[i].n_new);
+        for (size_t j = 0; steps[i].weights != NULL && j < n_w; j++) {
+            steps[i].weights[j] = NAN;
+        }
     }
     return attn_forward(e->hm.model, 0, e->ws, steps, n_seqs);
 }
