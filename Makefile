@@ -18,6 +18,7 @@ BLAS_LIBS  = $(shell pkg-config --libs openblas 2>/dev/null)
 SRV_LIBS   = $(shell pkg-config --libs libmicrohttpd libcjson libuv 2>/dev/null)
 CHECK_LIBS = $(shell pkg-config --libs check libcurl 2>/dev/null)
 CJSON_LIBS = $(shell pkg-config --libs libcjson 2>/dev/null)
+CURL_LIBS  = $(shell pkg-config --libs libcurl 2>/dev/null)
 
 WARN      := -std=c11 -D_POSIX_C_SOURCE=200809L -Wall -Wextra -Wshadow -Wstrict-prototypes \
              -Wmissing-prototypes -Wno-unused-parameter
@@ -40,7 +41,8 @@ endif
 ENGINE_SRCS := $(wildcard engine/*.c)
 SERVER_SRCS := $(wildcard server/*.c)
 TEST_SRCS   := $(wildcard tests/check_*.c) $(wildcard tests/ref.c)
-BENCH_SRCS  := $(wildcard bench/*.c)
+# bench/load.c is its own program (attn_load), not part of attn_bench.
+BENCH_SRCS  := $(filter-out bench/load.c,$(wildcard bench/*.c))
 
 ENGINE_OBJS := $(ENGINE_SRCS:%.c=$(BUILD)/%.o)
 SERVER_OBJS := $(SERVER_SRCS:%.c=$(BUILD)/%.o)
@@ -50,8 +52,9 @@ LIBATTN     := $(BUILD)/libattn.a
 ATTND       := $(BUILD)/attnd
 CHECK       := $(BUILD)/check
 BENCH       := $(BUILD)/attn_bench
+LOAD        := $(BUILD)/attn_load
 
-.PHONY: all engine server test asan valgrind debug bench bench-compare run deps docker \
+.PHONY: all engine server test asan valgrind debug bench bench-compare load run deps docker \
         docker-test topology-test clean format lint layering check-format
 
 # all: the engine library and the daemon (default).
@@ -115,8 +118,9 @@ debug:
 	$(Q)$(MAKE) --no-print-directory BUILD=build/debug OPT=-O0 all
 
 # bench: the engine benchmark program (not a test); prints figures against this machine's limits.
+# BENCH_ARGS go to attn_bench and compare.py, e.g. BENCH_ARGS=--quick.
 bench: $(BENCH)
-	$(Q)./$(BENCH)
+	$(Q)./$(BENCH) $(BENCH_ARGS)
 
 $(BENCH): $(BENCH_SRCS:%.c=$(BUILD)/%.o) $(LIBATTN)
 	@$(if $(Q),echo "  LD      $@")
@@ -124,7 +128,15 @@ $(BENCH): $(BENCH_SRCS:%.c=$(BUILD)/%.o) $(LIBATTN)
 
 # bench-compare: attnd's engine and the numpy peer, alternating, with attnd/numpy ratios.
 bench-compare: $(BENCH)
-	$(Q)$(PYTHON) bench/compare.py ./$(BENCH)
+	$(Q)$(PYTHON) bench/compare.py ./$(BENCH) $(BENCH_ARGS)
+
+# load: decode clients against a freshly spawned attnd; LOAD_ARGS go to attn_load (see --help).
+load: $(LOAD) $(ATTND)
+	$(Q)./$(LOAD) --spawn ./$(ATTND) $(LOAD_ARGS)
+
+$(LOAD): $(BUILD)/bench/load.o
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(CURL_LIBS) $(CJSON_LIBS) -lm
 
 # run: install missing packages (as root), build, and serve the built-in model on 127.0.0.1:8080.
 run: deps all

@@ -17,6 +17,7 @@
 
 #include "../engine/attn.h"
 #include "bench_pool.h"
+#include "bench_rand.h"
 
 /* ---- cases and options ---------------------------------------------------------------------- */
 
@@ -91,20 +92,6 @@ static int compare_doubles(const void *a, const void *b) {
     double x = *(const double *)a;
     double y = *(const double *)b;
     return (x > y) - (x < y);
-}
-
-/* Uniform floats in [-1, 1) from a splitmix64 stream: the values only need to be ordinary
- * (no denormals, no NaN) for the timings to mean something. */
-static void fill_random(float *p, size_t n, uint64_t seed) {
-    uint64_t s = seed;
-    for (size_t i = 0; i < n; i++) {
-        s += 0x9e3779b97f4a7c15ull;
-        uint64_t z = s;
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        z ^= z >> 31;
-        p[i] = (float)((double)(z >> 40) / (double)(1ull << 23) - 1.0);
-    }
 }
 
 static bool case_selected(const bench_opts *o, const char *name) {
@@ -270,8 +257,8 @@ static int measure_sgemm(int32_t n_runs, uint64_t seed, double *gflops) {
         free(c);
         return ATTN_ENOMEM;
     }
-    fill_random(a, nn, seed);
-    fill_random(b, nn, seed + 1);
+    bench_rand_fill(a, nn, seed);
+    bench_rand_fill(b, nn, seed + 1);
     double best = 1e30;
     for (int32_t r = 0; r <= n_runs; r++) {
         double t0 = now_seconds();
@@ -715,7 +702,7 @@ static int run_preset(const bench_opts *o, const machine_limits *lim, const char
     run.out = malloc(n_x * sizeof(float));
     rc = run.x == NULL || run.out == NULL ? ATTN_ENOMEM : ATTN_OK;
     if (rc == ATTN_OK) {
-        fill_random(run.x, n_x, o->seed ^ 0x5eedull);
+        bench_rand_fill(run.x, n_x, o->seed ^ 0x5eedull);
         memset(run.out, 0, n_x * sizeof(float));
         rc = attn_workspace_create(run.model, run.max_tokens, ex, &run.ws);
     }

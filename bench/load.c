@@ -1,0 +1,907 @@
+/* bench/load.c: a load generator for attnd (`make load`, built as attn_load). N closed-loop
+ * clients, each with its own session: a prefill of T tokens, then single-token decode steps
+ * (POST /v1/attend with session_id and expect_n_past) for D seconds; prints requests/s and the
+ * p50/p90/p99 latency of the decode steps. One thread drives every client through libcurl's multi
+ * interface, so the generator takes as little CPU as it can from the daemon it measures on the
+ * same machine. With --spawn it also starts the daemon and stops it afterwards.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+#include <curl/curl.h>
+
+#include "bench_rand.h"
+
+/* ---- types ---------------------------------------------------------------------------------- */
+
+typedef struct load_opts {
+    const char *url;        /* base URL, no trailing slash */
+    const char *spawn_path; /* NULL, or the attnd binary to start */
+    char **daemon_args;     /* extra attnd flags (after --), NULL-terminated */
+    int32_t n_clients;
+    double duration_s;
+    int32_t n_prefill;   /* tokens of each session's prefill */
+    int32_t layer;       /* -1 = omit (the server's first loaded layer) */
+    int32_t max_tokens;  /* 0 = the model's max_position_embeddings */
+    const char *api_key; /* NULL = no Authorization header */
+    bool is_json_floats; /* send x as nested arrays instead of base64 */
+    double ready_timeout_s;
+} load_opts;
+
+typedef struct buffer {
+    char *data; /* NUL-terminated when len > 0 */
+    size_t len;
+    size_t cap;
+} buffer;
+
+typedef enum client_phase {
+    PHASE_IDLE = 0,
+    PHASE_PREFILL = 1,
+    PHASE_DECODE = 2,
+    PHASE_TRUNCATE = 3,
+    PHASE_DEAD = 4, /* a transport error: the client stops */
+} client_phase;
+
+/* One closed-loop client: at most one request in flight. */
+typedef struct client {
+    int32_t index;
+    CURL *easy;
+    char session_id[96];
+    int32_t generation; /* bumped when a failed session is replaced by a fresh one */
+    int32_t n_tokens;   /* the cache length the client believes its session has */
+    client_phase phase;
+    char *x_json; /* this client's decode row as the JSON value of "x" */
+    buffer body;  /* the request being sent */
+    buffer resp;  /* the response being received */
+} client;
+
+typedef struct latency_stats {
+    double *ms; /* (n) latencies of successful requests */
+    size_t n;
+    size_t cap;
+    double sum_queue_ms; /* server-reported timing of those requests */
+    double sum_compute_ms;
+} latency_stats;
+
+typedef struct error_stats {
+    int64_t by_status[600]; /* [0] counts transport errors and malformed answers */
+    int64_t n;
+    char first[320]; /* the first error, for the report */
+} error_stats;
+
+typedef struct load_run {
+    const load_opts *opts;
+    char base_url[256];
+    CURLM *multi;
+    struct curl_slist *headers;
+    client *clients; /* (n_clients) */
+    int32_t hidden;
+    int32_t max_tokens;
+    char *prefill_json; /* the prefill's "x" value, shared by all clients */
+    latency_stats prefill;
+    latency_stats decode;
+    error_stats errors;
+    int64_t n_truncates;
+    int64_t n_replaced;
+    bool is_stopping;
+    double last_done_s;
+} load_run;
+
+/* ---- small helpers -------------------------------------------------------------------------- */
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void sleep_ms(long ms) {
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static bool buffer_reserve(buffer *b, size_t extra) {
+    if (b->len + extra + 1 <= b->cap) {
+        return true;
+    }
+    size_t cap = b->cap ? b->cap : 1024;
+    while (cap < b->len + extra + 1) {
+        cap *= 2;
+    }
+    char *p = realloc(b->data, cap);
+    if (p == NULL) {
+        return false;
+    }
+    b->data = p;
+    b->cap = cap;
+    return true;
+}
+
+static bool buffer_append(buffer *b, const char *s, size_t n) {
+    if (!buffer_reserve(b, n)) {
+        return false;
+    }
+    memcpy(b->data + b->len, s, n);
+    b->len += n;
+    b->data[b->len] = '\0';
+    return true;
+}
+
+static bool buffer_printf(buffer *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static bool buffer_printf(buffer *b, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (n < 0 || !buffer_reserve(b, (size_t)n)) {
+        return false;
+    }
+    va_start(ap, fmt);
+    vsnprintf(b->data + b->len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    b->len += (size_t)n;
+    return true;
+}
+
+static size_t on_body(char *ptr, size_t size, size_t nmemb, void *userdata) {
+    buffer *b = userdata;
+    return buffer_append(b, ptr, size * nmemb) ? size * nmemb : 0;
+}
+
+static bool latency_add(latency_stats *s, double ms) {
+    if (s->n == s->cap) {
+        size_t cap = s->cap ? 2 * s->cap : 4096;
+        double *p = realloc(s->ms, cap * sizeof(double));
+        if (p == NULL) {
+            return false;
+        }
+        s->ms = p;
+        s->cap = cap;
+    }
+    s->ms[s->n++] = ms;
+    return true;
+}
+
+static int compare_doubles(const void *a, const void *b) {
+    double x = *(const double *)a;
+    double y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Nearest-rank percentile of sorted values: the smallest value with at least q of them <= it. */
+static double percentile(const double *sorted, size_t n, double q) {
+    size_t rank = (size_t)ceil(q * (double)n);
+    return sorted[rank > 0 ? rank - 1 : 0];
+}
+
+/* The "x" tensor value for rows x cols floats: a base64 object of little-endian float32 (written
+ * byte by byte, so it does not depend on the host's byte order) or nested arrays. */
+static char *tensor_json(const float *v, int32_t rows, int32_t cols, bool is_json_floats) {
+    buffer b = {0};
+    size_t n = (size_t)rows * (size_t)cols;
+    bool ok = true;
+    if (is_json_floats) {
+        ok = buffer_append(&b, "[", 1);
+        for (int32_t r = 0; r < rows && ok; r++) {
+            ok = buffer_append(&b, r ? ",[" : "[", r ? 2 : 1);
+            for (int32_t c = 0; c < cols && ok; c++) {
+                ok = buffer_printf(&b, c ? ",%.9g" : "%.9g", v[(size_t)r * cols + c]);
+            }
+            ok = ok && buffer_append(&b, "]", 1);
+        }
+        ok = ok && buffer_append(&b, "]", 1);
+    } else {
+        static const char alphabet[] =
+            "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+        size_t n_bytes = 4 * n;
+        ok = buffer_printf(&b, "{\"shape\":[%" PRId32 ",%" PRId32 "],\"b64\":\"", rows, cols) &&
+             buffer_reserve(&b, (n_bytes + 2) / 3 * 4 + 3);
+        for (size_t i = 0; i < n_bytes && ok; i += 3) {
+            uint8_t in[3] = {0, 0, 0};
+            size_t k = n_bytes - i < 3 ? n_bytes - i : 3;
+            for (size_t j = 0; j < k; j++) {
+                uint32_t bits;
+                memcpy(&bits, &v[(i + j) / 4], sizeof(bits));
+                in[j] = (uint8_t)(bits >> (8 * ((i + j) % 4)));
+            }
+            char out[4] = {alphabet[in[0] >> 2], alphabet[((in[0] & 3) << 4) | (in[1] >> 4)],
+                           alphabet[((in[1] & 15) << 2) | (in[2] >> 6)], alphabet[in[2] & 63]};
+            if (k < 3) {
+                out[3] = '=';
+                out[2] = k < 2 ? '=' : out[2];
+            }
+            ok = buffer_append(&b, out, 4);
+        }
+        ok = ok && buffer_append(&b, "\"}", 2);
+    }
+    if (!ok) {
+        free(b.data);
+        return NULL;
+    }
+    return b.data;
+}
+
+/* ---- requests ------------------------------------------------------------------------------- */
+
+static void record_error(load_run *r, long status, const client *c, const char *what) {
+    r->errors.by_status[status > 0 && status < 600 ? status : 0]++;
+    r->errors.n++;
+    if (r->errors.first[0] == '\0') {
+        snprintf(r->errors.first, sizeof(r->errors.first), "session %s: %s: %.*s", c->session_id,
+                 what, 200, c->resp.len ? c->resp.data : "");
+    }
+}
+
+/* Hands the client's request to the multi handle. method is "POST" (with c->body) or "DELETE". */
+static bool start_request(load_run *r, client *c, const char *method, const char *path) {
+    char url[512];
+    snprintf(url, sizeof(url), "%s%s", r->base_url, path);
+    c->resp.len = 0;
+    curl_easy_setopt(c->easy, CURLOPT_URL, url);
+    if (strcmp(method, "POST") == 0) {
+        curl_easy_setopt(c->easy, CURLOPT_CUSTOMREQUEST, NULL);
+        curl_easy_setopt(c->easy, CURLOPT_POSTFIELDS, c->body.data);
+        curl_easy_setopt(c->easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)c->body.len);
+    } else {
+        curl_easy_setopt(c->easy, CURLOPT_HTTPGET, 1L);
+        curl_easy_setopt(c->easy, CURLOPT_CUSTOMREQUEST, method);
+    }
+    return curl_multi_add_handle(r->multi, c->easy) == CURLM_OK;
+}
+
+static void new_session_id(client *c) {
+    snprintf(c->session_id, sizeof(c->session_id), "load-%ld-%" PRId32 "-%" PRId32, (long)getpid(),
+             c->index, c->generation);
+    c->n_tokens = 0;
+}
+
+static bool start_attend(load_run *r, client *c, const char *x_json) {
+    c->body.len = 0;
+    bool ok = buffer_printf(&c->body,
+                            "{\"session_id\":\"%s\",\"expect_n_past\":%" PRId32
+                            ",\"encoding_format\":\"base64\",",
+                            c->session_id, c->n_tokens);
+    if (ok && r->opts->layer >= 0) {
+        ok = buffer_printf(&c->body, "\"layer\":%" PRId32 ",", r->opts->layer);
+    }
+    ok = ok && buffer_printf(&c->body, "\"x\":%s}", x_json);
+    return ok && start_request(r, c, "POST", "/v1/attend");
+}
+
+static bool start_next(load_run *r, client *c) {
+    if (r->is_stopping) {
+        c->phase = PHASE_IDLE;
+        return true;
+    }
+    if (c->n_tokens == 0) {
+        c->phase = PHASE_PREFILL;
+        return start_attend(r, c, r->prefill_json);
+    }
+    if (c->n_tokens + 1 > r->max_tokens) {
+        /* Roll back to the prefill rather than run into context_length_exceeded. */
+        char path[160];
+        snprintf(path, sizeof(path), "/v1/sessions/%s/truncate", c->session_id);
+        c->body.len = 0;
+        c->phase = PHASE_TRUNCATE;
+        return buffer_printf(&c->body, "{\"n_tokens\":%" PRId32 "}", r->opts->n_prefill) &&
+               start_request(r, c, "POST", path);
+    }
+    c->phase = PHASE_DECODE;
+    return start_attend(r, c, c->x_json);
+}
+
+/* Checks an attend answer: n_tokens as expected and an output of shape (T, hidden). Adds the
+ * server's timing to s. */
+static bool attend_answer_ok(load_run *r, const client *c, int32_t n_new, latency_stats *s) {
+    cJSON *root = cJSON_ParseWithLength(c->resp.data, c->resp.len);
+    const cJSON *n_tokens = cJSON_GetObjectItemCaseSensitive(root, "n_tokens");
+    const cJSON *output = cJSON_GetObjectItemCaseSensitive(root, "output");
+    const cJSON *shape = cJSON_GetObjectItemCaseSensitive(output, "shape");
+    const cJSON *timing = cJSON_GetObjectItemCaseSensitive(root, "timing");
+    bool ok = cJSON_IsNumber(n_tokens) && n_tokens->valuedouble == c->n_tokens + n_new &&
+              cJSON_GetArraySize(shape) == 2 &&
+              cJSON_GetArrayItem(shape, 0)->valuedouble == n_new &&
+              cJSON_GetArrayItem(shape, 1)->valuedouble == r->hidden;
+    if (ok && timing != NULL) {
+        const cJSON *q = cJSON_GetObjectItemCaseSensitive(timing, "queue_ms");
+        const cJSON *cm = cJSON_GetObjectItemCaseSensitive(timing, "compute_ms");
+        s->sum_queue_ms += cJSON_IsNumber(q) ? q->valuedouble : 0.0;
+        s->sum_compute_ms += cJSON_IsNumber(cm) ? cm->valuedouble : 0.0;
+    }
+    cJSON_Delete(root);
+    return ok;
+}
+
+/* Accounts for a finished request and starts the client's next one. */
+static bool on_done(load_run *r, client *c, CURLcode res) {
+    long status = 0;
+    curl_off_t total_us = 0;
+    curl_easy_getinfo(c->easy, CURLINFO_RESPONSE_CODE, &status);
+    curl_easy_getinfo(c->easy, CURLINFO_TOTAL_TIME_T, &total_us);
+    curl_multi_remove_handle(r->multi, c->easy);
+    r->last_done_s = now_seconds();
+    double ms = (double)total_us * 1e-3;
+    if (res != CURLE_OK) {
+        record_error(r, 0, c, curl_easy_strerror(res));
+        c->phase = PHASE_DEAD;
+        return true;
+    }
+    bool ok = false;
+    switch (c->phase) {
+    case PHASE_PREFILL:
+        ok = status == 200 && attend_answer_ok(r, c, r->opts->n_prefill, &r->prefill);
+        if (ok) {
+            c->n_tokens = r->opts->n_prefill;
+            ok = latency_add(&r->prefill, ms);
+        }
+        break;
+    case PHASE_DECODE:
+        ok = status == 200 && attend_answer_ok(r, c, 1, &r->decode);
+        if (ok) {
+            c->n_tokens++;
+            ok = latency_add(&r->decode, ms);
+        }
+        break;
+    case PHASE_TRUNCATE:
+        ok = status == 200;
+        if (ok) {
+            c->n_tokens = r->opts->n_prefill;
+            r->n_truncates++;
+        }
+        break;
+    case PHASE_IDLE:
+    case PHASE_DEAD:
+        break;
+    }
+    if (!ok) {
+        /* The session's state is now unknown (409, 410, 507...): carry on with a fresh one. */
+        char what[64];
+        snprintf(what, sizeof(what), "HTTP %ld", status);
+        record_error(r, status, c, what);
+        c->generation++;
+        new_session_id(c);
+        r->n_replaced++;
+    }
+    return start_next(r, c);
+}
+
+/* Drives the multi handle until no client has a request in flight or the deadline passes
+ * (deadline_s <= 0: none); at the deadline is_stopping is set and in-flight requests finish. */
+static int pump(load_run *r, double deadline_s) {
+    int running = 1;
+    while (running > 0) {
+        if (deadline_s > 0 && !r->is_stopping && now_seconds() >= deadline_s) {
+            r->is_stopping = true;
+        }
+        if (curl_multi_perform(r->multi, &running) != CURLM_OK) {
+            return -1;
+        }
+        CURLMsg *msg;
+        int left = 0;
+        while ((msg = curl_multi_info_read(r->multi, &left)) != NULL) {
+            if (msg->msg != CURLMSG_DONE) {
+                continue;
+            }
+            char *priv = NULL;
+            curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, &priv);
+            if (!on_done(r, (client *)priv, msg->data.result)) {
+                fprintf(stderr, "attn_load: out of memory\n");
+                return -1;
+            }
+            running = 1; /* a new request may have been added */
+        }
+        if (running > 0 && curl_multi_poll(r->multi, NULL, 0, 50, NULL) != CURLM_OK) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* ---- blocking calls: model, readiness, cleanup ---------------------------------------------- */
+
+static long http_simple(const load_run *r, const char *method, const char *path, buffer *resp,
+                        long timeout_ms) {
+    CURL *easy = curl_easy_init();
+    if (easy == NULL) {
+        return -1;
+    }
+    char url[512];
+    snprintf(url, sizeof(url), "%s%s", r->base_url, path);
+    resp->len = 0;
+    curl_easy_setopt(easy, CURLOPT_URL, url);
+    curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(easy, CURLOPT_HTTPHEADER, r->headers);
+    curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, method);
+    curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(easy, CURLOPT_WRITEDATA, resp);
+    curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, timeout_ms);
+    long status = -1;
+    if (curl_easy_perform(easy) == CURLE_OK) {
+        curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &status);
+    }
+    curl_easy_cleanup(easy);
+    return status;
+}
+
+/* Reads hidden_size and max_position_embeddings from GET /v1/model. */
+static int read_model(load_run *r) {
+    buffer resp = {0};
+    long status = http_simple(r, "GET", "/v1/model", &resp, 10000);
+    cJSON *root = status == 200 ? cJSON_ParseWithLength(resp.data, resp.len) : NULL;
+    const cJSON *hidden = cJSON_GetObjectItemCaseSensitive(root, "hidden_size");
+    const cJSON *max_pos = cJSON_GetObjectItemCaseSensitive(root, "max_position_embeddings");
+    int rc = 0;
+    if (!cJSON_IsNumber(hidden) || !cJSON_IsNumber(max_pos) || hidden->valueint < 1 ||
+        max_pos->valueint < 2) {
+        fprintf(stderr, "attn_load: GET %s/v1/model: HTTP %ld, %.200s\n", r->base_url, status,
+                resp.len ? resp.data : "(no body)");
+        rc = -1;
+    } else {
+        r->hidden = hidden->valueint;
+        r->max_tokens = r->opts->max_tokens > 0 ? r->opts->max_tokens : max_pos->valueint;
+    }
+    cJSON_Delete(root);
+    free(resp.data);
+    return rc;
+}
+
+/* ---- the daemon (--spawn) ------------------------------------------------------------------- */
+
+typedef struct daemon_proc {
+    pid_t pid;
+    char log_path[64];
+    int port;
+} daemon_proc;
+
+/* The port from attnd's "listening ... port=N" log line, or 0 if it is not there yet. */
+static int find_listening_port(const char *log_path) {
+    FILE *f = fopen(log_path, "r");
+    if (f == NULL) {
+        return 0;
+    }
+    char line[1024];
+    int port = 0;
+    while (port == 0 && fgets(line, sizeof(line), f) != NULL) {
+        const char *p = strstr(line, " port=");
+        if (strstr(line, "listening") != NULL && p != NULL) {
+            port = atoi(p + 6);
+        }
+    }
+    fclose(f);
+    return port;
+}
+
+static void print_log_tail(const char *log_path) {
+    FILE *f = fopen(log_path, "r");
+    if (f == NULL) {
+        return;
+    }
+    char line[1024];
+    fprintf(stderr, "attn_load: attnd log (%s):\n", log_path);
+    while (fgets(line, sizeof(line), f) != NULL) {
+        fprintf(stderr, "  %s", line);
+    }
+    fclose(f);
+}
+
+/* Starts attnd on 127.0.0.1 with port 0 (it picks a free one and logs it), its output going to
+ * a log file, and waits for the listening line. */
+static int spawn_daemon(const load_opts *o, daemon_proc *d) {
+    snprintf(d->log_path, sizeof(d->log_path), "/tmp/attn_load.XXXXXX");
+    int fd = mkstemp(d->log_path);
+    if (fd < 0) {
+        fprintf(stderr, "attn_load: mkstemp: %s\n", strerror(errno));
+        return -1;
+    }
+    size_t n_extra = 0;
+    while (o->daemon_args[n_extra] != NULL) {
+        n_extra++;
+    }
+    char **argv = calloc(n_extra + 6, sizeof(char *));
+    if (argv == NULL) {
+        close(fd);
+        return -1;
+    }
+    argv[0] = (char *)o->spawn_path;
+    argv[1] = "--host";
+    argv[2] = "127.0.0.1";
+    argv[3] = "--port";
+    argv[4] = "0";
+    memcpy(argv + 5, o->daemon_args, n_extra * sizeof(char *));
+    d->pid = fork();
+    if (d->pid == 0) {
+        dup2(fd, STDOUT_FILENO);
+        dup2(fd, STDERR_FILENO);
+        execv(o->spawn_path, argv);
+        fprintf(stderr, "attn_load: exec %s: %s\n", o->spawn_path, strerror(errno));
+        _exit(127);
+    }
+    close(fd);
+    free(argv);
+    if (d->pid < 0) {
+        fprintf(stderr, "attn_load: fork: %s\n", strerror(errno));
+        return -1;
+    }
+    double deadline = now_seconds() + o->ready_timeout_s;
+    while (now_seconds() < deadline) {
+        d->port = find_listening_port(d->log_path);
+        if (d->port > 0) {
+            return 0;
+        }
+        int status = 0;
+        if (waitpid(d->pid, &status, WNOHANG) == d->pid) {
+            fprintf(stderr, "attn_load: %s exited before listening\n", o->spawn_path);
+            print_log_tail(d->log_path);
+            d->pid = -1;
+            return -1;
+        }
+        sleep_ms(50);
+    }
+    fprintf(stderr, "attn_load: %s did not log a listening port within %.0f s\n", o->spawn_path,
+            o->ready_timeout_s);
+    print_log_tail(d->log_path);
+    return -1;
+}
+
+/* SIGTERM, then up to 30 s for the drain; returns the exit status (-1 if it had to be killed). */
+static int stop_daemon(daemon_proc *d) {
+    if (d->pid <= 0) {
+        return -1;
+    }
+    kill(d->pid, SIGTERM);
+    for (int i = 0; i < 600; i++) {
+        int status = 0;
+        if (waitpid(d->pid, &status, WNOHANG) == d->pid) {
+            d->pid = -1;
+            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        }
+        sleep_ms(50);
+    }
+    kill(d->pid, SIGKILL);
+    waitpid(d->pid, NULL, 0);
+    d->pid = -1;
+    return -1;
+}
+
+/* Polls GET /readyz until 200 (the model may take a while to build). */
+static int wait_ready(const load_run *r, double timeout_s) {
+    buffer resp = {0};
+    double deadline = now_seconds() + timeout_s;
+    long status = -1;
+    while (now_seconds() < deadline) {
+        status = http_simple(r, "GET", "/readyz", &resp, 2000);
+        if (status == 200) {
+            break;
+        }
+        sleep_ms(100);
+    }
+    free(resp.data);
+    if (status != 200) {
+        fprintf(stderr, "attn_load: %s/readyz not ready within %.0f s (last status %ld)\n",
+                r->base_url, timeout_s, status);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- the run -------------------------------------------------------------------------------- */
+
+static int setup_clients(load_run *r) {
+    const load_opts *o = r->opts;
+    size_t hidden = (size_t)r->hidden;
+    float *x = malloc((size_t)o->n_prefill * hidden * sizeof(float));
+    if (x == NULL) {
+        return -1;
+    }
+    bench_rand_fill(x, (size_t)o->n_prefill * hidden, 7);
+    r->prefill_json = tensor_json(x, o->n_prefill, r->hidden, o->is_json_floats);
+    r->clients = calloc((size_t)o->n_clients, sizeof(client));
+    int rc = r->prefill_json != NULL && r->clients != NULL ? 0 : -1;
+    for (int32_t i = 0; i < o->n_clients && rc == 0; i++) {
+        client *c = &r->clients[i];
+        c->index = i;
+        new_session_id(c);
+        bench_rand_fill(x, hidden, 100 + (uint64_t)i);
+        c->x_json = tensor_json(x, 1, r->hidden, o->is_json_floats);
+        c->easy = curl_easy_init();
+        if (c->x_json == NULL || c->easy == NULL) {
+            rc = -1;
+            break;
+        }
+        curl_easy_setopt(c->easy, CURLOPT_PRIVATE, (char *)c);
+        curl_easy_setopt(c->easy, CURLOPT_NOSIGNAL, 1L);
+        curl_easy_setopt(c->easy, CURLOPT_HTTPHEADER, r->headers);
+        curl_easy_setopt(c->easy, CURLOPT_WRITEFUNCTION, on_body);
+        curl_easy_setopt(c->easy, CURLOPT_WRITEDATA, &c->resp);
+        curl_easy_setopt(c->easy, CURLOPT_TIMEOUT_MS, 120000L);
+    }
+    free(x);
+    return rc;
+}
+
+static void free_clients(load_run *r) {
+    for (int32_t i = 0; r->clients != NULL && i < r->opts->n_clients; i++) {
+        client *c = &r->clients[i];
+        curl_easy_cleanup(c->easy);
+        free(c->x_json);
+        free(c->body.data);
+        free(c->resp.data);
+    }
+    free(r->clients);
+    free(r->prefill_json);
+    free(r->prefill.ms);
+    free(r->decode.ms);
+}
+
+static void print_stats(const char *label, latency_stats *s, double elapsed_s) {
+    if (s->n == 0) {
+        printf("%s: no successful requests\n", label);
+        return;
+    }
+    qsort(s->ms, s->n, sizeof(double), compare_doubles);
+    printf("%s: %zu requests", label, s->n);
+    if (elapsed_s > 0) {
+        printf(" in %.2f s = %.1f req/s", elapsed_s, (double)s->n / elapsed_s);
+    }
+    printf("; latency ms p50 %.2f, p90 %.2f, p99 %.2f, max %.2f; server timing mean queue %.2f "
+           "ms, compute %.2f ms\n",
+           percentile(s->ms, s->n, 0.50), percentile(s->ms, s->n, 0.90),
+           percentile(s->ms, s->n, 0.99), s->ms[s->n - 1], s->sum_queue_ms / (double)s->n,
+           s->sum_compute_ms / (double)s->n);
+}
+
+static void print_errors(const error_stats *e) {
+    if (e->n == 0) {
+        printf("errors: none\n");
+        return;
+    }
+    printf("errors: %" PRId64 " (", e->n);
+    const char *sep = "";
+    for (int s = 0; s < 600; s++) {
+        if (e->by_status[s] > 0) {
+            printf("%s%s%d x%" PRId64, sep, s == 0 ? "transport/malformed " : "HTTP ", s,
+                   e->by_status[s]);
+            sep = ", ";
+        }
+    }
+    printf("); first: %s\n", e->first);
+}
+
+/* Deletes every client's session (best effort; failures only noted). */
+static void delete_sessions(load_run *r) {
+    buffer resp = {0};
+    int32_t n_failed = 0;
+    for (int32_t i = 0; i < r->opts->n_clients; i++) {
+        char path[160];
+        snprintf(path, sizeof(path), "/v1/sessions/%s", r->clients[i].session_id);
+        long status = http_simple(r, "DELETE", path, &resp, 10000);
+        n_failed += status != 204 && status != 404;
+    }
+    free(resp.data);
+    if (n_failed > 0) {
+        printf("cleanup: %" PRId32 " session deletes failed\n", n_failed);
+    }
+}
+
+static int run_load(load_run *r) {
+    const load_opts *o = r->opts;
+    if (read_model(r) != 0 || setup_clients(r) != 0) {
+        return -1;
+    }
+    if (r->max_tokens < o->n_prefill + 1) {
+        fprintf(stderr,
+                "attn_load: --prefill %" PRId32 " leaves no room below %" PRId32 " tokens\n",
+                o->n_prefill, r->max_tokens);
+        return -1;
+    }
+    printf("attn_load: %" PRId32 " clients against %s (hidden %" PRId32 "), prefill %" PRId32
+           " tokens, then %.1f s of 1-token decode steps; sessions roll back to the prefill at "
+           "%" PRId32 " tokens\n",
+           o->n_clients, r->base_url, r->hidden, o->n_prefill, o->duration_s, r->max_tokens);
+    fflush(stdout);
+
+    /* Every session's prefill first, all at once; stopping keeps clients idle afterwards. */
+    r->is_stopping = false;
+    for (int32_t i = 0; i < o->n_clients; i++) {
+        client *c = &r->clients[i];
+        c->phase = PHASE_PREFILL;
+        if (!start_attend(r, c, r->prefill_json)) {
+            return -1;
+        }
+    }
+    r->is_stopping = true; /* each client stops after its prefill */
+    if (pump(r, 0) != 0) {
+        return -1;
+    }
+    print_stats("prefill", &r->prefill, 0);
+    if (r->prefill.n < (size_t)o->n_clients) {
+        print_errors(&r->errors);
+        fprintf(stderr, "attn_load: %zu of %" PRId32 " prefills failed\n",
+                (size_t)o->n_clients - r->prefill.n, o->n_clients);
+        return -1;
+    }
+
+    r->is_stopping = false;
+    double t0 = now_seconds();
+    for (int32_t i = 0; i < o->n_clients; i++) {
+        if (!start_next(r, &r->clients[i])) {
+            return -1;
+        }
+    }
+    if (pump(r, t0 + o->duration_s) != 0) {
+        return -1;
+    }
+    double elapsed = r->last_done_s - t0;
+    print_stats("decode", &r->decode, elapsed);
+    if (r->n_truncates > 0 || r->n_replaced > 0) {
+        printf("sessions: %" PRId64 " rolled back at %" PRId32 " tokens, %" PRId64
+               " replaced after an error\n",
+               r->n_truncates, r->max_tokens, r->n_replaced);
+    }
+    print_errors(&r->errors);
+    if (r->decode.n > 0) {
+        latency_stats *s = &r->decode;
+        printf("RESULT impl=attnd_load clients=%" PRId32 " duration_s=%.3f requests=%zu "
+               "rps=%.2f p50_ms=%.3f p90_ms=%.3f p99_ms=%.3f max_ms=%.3f errors=%" PRId64 "\n",
+               o->n_clients, elapsed, s->n, (double)s->n / elapsed, percentile(s->ms, s->n, 0.5),
+               percentile(s->ms, s->n, 0.9), percentile(s->ms, s->n, 0.99), s->ms[s->n - 1],
+               r->errors.n);
+    }
+    delete_sessions(r);
+    return r->errors.n == 0 && r->decode.n > 0 ? 0 : 1;
+}
+
+/* ---- main ----------------------------------------------------------------------------------- */
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: attn_load [flags] [-- attnd flags]\n"
+               "  --url URL          attnd base URL (default http://127.0.0.1:8080)\n"
+               "  --spawn PATH       start PATH (e.g. build/attnd) on 127.0.0.1 with a free port\n"
+               "                     and the flags after --, load it, then stop it with SIGTERM\n"
+               "  --clients N        concurrent decode clients, one session each (default 16)\n"
+               "  --duration S       seconds of decode steps (default 10)\n"
+               "  --prefill T        tokens of each session's prefill (default 128)\n"
+               "  --layer L          layer to attend (default: the server's first loaded layer)\n"
+               "  --max-tokens N     roll a session back to its prefill at N tokens\n"
+               "                     (default: the model's max_position_embeddings)\n"
+               "  --api-key KEY      send Authorization: Bearer KEY\n"
+               "  --json-floats      send x as nested JSON arrays instead of base64\n"
+               "  --ready-timeout S  seconds to wait for a spawned attnd (default 120)\n");
+}
+
+static bool parse_num(const char *s, double lo, double hi, double *out) {
+    char *end = NULL;
+    double v = strtod(s, &end);
+    if (s[0] == '\0' || *end != '\0' || !(v >= lo && v <= hi)) {
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+/* Returns 0 when the flags are valid, 1 after --help, -1 after printing what is wrong. */
+static int parse_args(int argc, char **argv, load_opts *o) {
+    static char *no_args[] = {NULL};
+    o->daemon_args = no_args;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+        double v = 0;
+        bool ok = true;
+        if (strcmp(a, "--") == 0) {
+            o->daemon_args = argv + i + 1;
+            break;
+        } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            usage(stdout);
+            return 1;
+        } else if (strcmp(a, "--json-floats") == 0) {
+            o->is_json_floats = true;
+            continue;
+        } else if (val == NULL) {
+            ok = false;
+        } else if (strcmp(a, "--url") == 0) {
+            o->url = val;
+        } else if (strcmp(a, "--spawn") == 0) {
+            o->spawn_path = val;
+        } else if (strcmp(a, "--api-key") == 0) {
+            o->api_key = val;
+        } else if (strcmp(a, "--clients") == 0 && (ok = parse_num(val, 1, 4096, &v))) {
+            o->n_clients = (int32_t)v;
+        } else if (strcmp(a, "--duration") == 0 && (ok = parse_num(val, 0.1, 86400, &v))) {
+            o->duration_s = v;
+        } else if (strcmp(a, "--prefill") == 0 && (ok = parse_num(val, 1, 1 << 20, &v))) {
+            o->n_prefill = (int32_t)v;
+        } else if (strcmp(a, "--layer") == 0 && (ok = parse_num(val, 0, 1 << 20, &v))) {
+            o->layer = (int32_t)v;
+        } else if (strcmp(a, "--max-tokens") == 0 && (ok = parse_num(val, 2, 1 << 24, &v))) {
+            o->max_tokens = (int32_t)v;
+        } else if (strcmp(a, "--ready-timeout") == 0 && (ok = parse_num(val, 1, 3600, &v))) {
+            o->ready_timeout_s = v;
+        } else {
+            ok = false;
+        }
+        if (!ok) {
+            fprintf(stderr, "attn_load: bad flag or value: %s%s%s (see --help)\n", a,
+                    val != NULL ? " " : "", val != NULL ? val : "");
+            return -1;
+        }
+        i++;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    load_opts o = {.url = "http://127.0.0.1:8080",
+                   .n_clients = 16,
+                   .duration_s = 10.0,
+                   .n_prefill = 128,
+                   .layer = -1,
+                   .ready_timeout_s = 120.0};
+    int prc = parse_args(argc, argv, &o);
+    if (prc != 0) {
+        return prc > 0 ? EXIT_SUCCESS : 2;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
+        fprintf(stderr, "attn_load: curl_global_init failed\n");
+        return EXIT_FAILURE;
+    }
+    load_run r = {.opts = &o};
+    daemon_proc d = {.pid = -1};
+    int rc = 0;
+    if (o.spawn_path != NULL) {
+        rc = spawn_daemon(&o, &d);
+        snprintf(r.base_url, sizeof(r.base_url), "http://127.0.0.1:%d", d.port);
+    } else {
+        snprintf(r.base_url, sizeof(r.base_url), "%s", o.url);
+        size_t len = strlen(r.base_url);
+        if (len > 0 && r.base_url[len - 1] == '/') {
+            r.base_url[len - 1] = '\0';
+        }
+    }
+    /* An empty Expect: stops curl from waiting for 100-continue before sending larger bodies. */
+    r.headers = curl_slist_append(NULL, "Content-Type: application/json");
+    r.headers = curl_slist_append(r.headers, "Expect:");
+    if (o.api_key != NULL) {
+        char auth[512];
+        snprintf(auth, sizeof(auth), "Authorization: Bearer %s", o.api_key);
+        r.headers = curl_slist_append(r.headers, auth);
+    }
+    r.multi = curl_multi_init();
+    if (r.headers == NULL || r.multi == NULL) {
+        rc = -1;
+    }
+    if (rc == 0) {
+        rc = wait_ready(&r, o.spawn_path != NULL ? o.ready_timeout_s : 10.0);
+    }
+    if (rc == 0) {
+        rc = run_load(&r);
+    }
+    free_clients(&r);
+    curl_multi_cleanup(r.multi);
+    curl_slist_free_all(r.headers);
+    if (o.spawn_path != NULL && d.pid > 0) {
+        int status = stop_daemon(&d);
+        printf("attnd: stopped with SIGTERM, exit status %d (log: %s)\n", status, d.log_path);
+        if (status != 0) {
+            print_log_tail(d.log_path);
+            rc = rc == 0 ? 1 : rc;
+        }
+    }
+    curl_global_cleanup();
+    return rc == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
