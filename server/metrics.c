@@ -114,7 +114,7 @@ void metrics_render(const struct metrics *m, const struct metrics_gauges *g, str
                      "# TYPE attnd_evictions_total counter\n");
     for (int r = 0; r < METRICS_EVICTION_COUNT; r++) {
         strbuf_printf(out, "attnd_evictions_total{reason=\"%s\"} %" PRIu64 "\n", reasons[r],
-                      m->evictions[r]);
+                      g->evictions[r]);
     }
     strbuf_printf(out,
                   "# HELP attnd_engine_steps_total Engine forward calls.\n"
@@ -124,7 +124,7 @@ void metrics_render(const struct metrics *m, const struct metrics_gauges *g, str
                   "calls (over attnd_engine_steps_total: the mean batch size).\n"
                   "# TYPE attnd_batched_steps_total counter\n"
                   "attnd_batched_steps_total %" PRIu64 "\n",
-                  m->engine_steps, m->batched_steps);
+                  g->engine_steps, g->batched_steps);
     strbuf_printf(out,
                   "# HELP attnd_sessions Live sessions.\n# TYPE attnd_sessions gauge\n"
                   "attnd_sessions %" PRId64 "\n"

@@ -43,13 +43,13 @@ struct metrics {
     uint64_t latency_count[METRICS_ENDPOINT_COUNT];
     uint64_t tokens_prefill;
     uint64_t tokens_decode;
-    uint64_t evictions[METRICS_EVICTION_COUNT];
-    uint64_t engine_steps;   /* attn_forward calls */
-    uint64_t batched_steps;  /* sequence steps those calls carried */
 };
 
-/* Values sampled at render time by the caller. */
+/* Values sampled at render time by the caller (gauges, and counters kept by other modules). */
 struct metrics_gauges {
+    uint64_t evictions[METRICS_EVICTION_COUNT];
+    uint64_t engine_steps;  /* attn_forward calls */
+    uint64_t batched_steps; /* sequence steps those calls carried */
     int64_t sessions;
     size_t kv_bytes_used;
     size_t kv_bytes_limit;

@@ -1,0 +1,550 @@
+/* server/http.c: libmicrohttpd in external epoll mode on the libuv loop (see http.h).
+ *
+ * The listening socket is made here (so bind errors are precise and port 0 can be reported);
+ * the loop polls MHD's epoll fd and a timer for MHD's timeouts, and every state change that MHD
+ * must notice (a resumed connection) schedules an immediate MHD_run through that timer.
+ */
+#include "http.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <microhttpd.h>
+
+#include "log.h"
+#include "strbuf.h"
+
+/* Idle keep-alive connections are closed after this long; suspended ones never time out. */
+#define CONNECTION_TIMEOUT_S 300
+#define STREAM_BLOCK_BYTES (64 * 1024)
+
+struct header {
+    char *name;
+    char *value;
+    struct header *next;
+};
+
+struct http_request {
+    struct http_server *srv;
+    struct MHD_Connection *conn;
+    uint64_t id;
+    const char *method; /* MHD's, valid for the request's life */
+    const char *url;
+    double start_ms;
+    struct strbuf body;
+    bool is_too_large;
+    bool is_in_handler; /* inside an access-handler call: answers are queued on return */
+    bool is_suspended;
+    bool is_answered;
+    bool has_body_handed; /* on_request was called */
+    struct MHD_Response *pending; /* answer made inside the handler, queued on return */
+    unsigned pending_status;
+    struct header *headers; /* extra response headers */
+    /* Streams: out[out_off..out.len) waits to be taken by the reader. */
+    bool is_stream;
+    bool is_stream_ended;
+    struct strbuf out;
+    size_t out_off;
+    void *user;
+};
+
+struct http_server {
+    uv_loop_t *loop;
+    struct MHD_Daemon *daemon;
+    int listen_fd;
+    uv_poll_t poll;
+    uv_timer_t timer;
+    int n_open_handles;
+    struct http_handlers h;
+    size_t max_body_bytes;
+    uint64_t next_id;
+    int32_t n_requests;
+    int32_t port;
+};
+
+static double mono_ms(void) {
+    return (double)uv_hrtime() / 1e6;
+}
+
+/* ---- driving MHD from the loop -------------------------------------------------------------- */
+
+static void on_timer(uv_timer_t *t);
+
+static void run_mhd(struct http_server *s) {
+    MHD_run(s->daemon);
+    MHD_UNSIGNED_LONG_LONG timeout;
+    if (MHD_get_timeout(s->daemon, &timeout) == MHD_YES) {
+        uv_timer_start(&s->timer, on_timer, (uint64_t)timeout, 0);
+    } else {
+        uv_timer_stop(&s->timer);
+    }
+}
+
+static void on_timer(uv_timer_t *t) {
+    run_mhd(t->data);
+}
+
+static void on_poll(uv_poll_t *p, int status, int events) {
+    run_mhd(p->data);
+}
+
+/* MHD must run after a resume; never call MHD_run from inside an MHD callback. */
+static void schedule_run(struct http_server *s) {
+    uv_timer_start(&s->timer, on_timer, 0, 0);
+}
+
+static void wake(struct http_request *r) {
+    if (r->is_suspended) {
+        r->is_suspended = false;
+        MHD_resume_connection(r->conn);
+        schedule_run(r->srv);
+    }
+}
+
+/* ---- answers -------------------------------------------------------------------------------- */
+
+static void decorate(struct http_request *r, struct MHD_Response *resp, const char *content_type) {
+    char id[32];
+    snprintf(id, sizeof id, "%llu", (unsigned long long)r->id);
+    MHD_add_response_header(resp, "X-Request-Id", id);
+    if (content_type != NULL) {
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
+    }
+    for (struct header *h = r->headers; h != NULL; h = h->next) {
+        MHD_add_response_header(resp, h->name, h->value);
+    }
+}
+
+/* Queues resp now if the connection allows it, else keeps it for the handler's return. */
+static void queue_answer(struct http_request *r, struct MHD_Response *resp, unsigned status) {
+    r->is_answered = true;
+    if (r->is_in_handler) {
+        r->pending = resp;
+        r->pending_status = status;
+        return;
+    }
+    /* Suspended connections accept a response at any time (MHD_queue_response's contract). */
+    MHD_queue_response(r->conn, status, resp);
+    MHD_destroy_response(resp);
+    wake(r);
+}
+
+static enum MHD_Result flush_pending(struct http_request *r) {
+    if (r->pending == NULL) {
+        return MHD_YES;
+    }
+    enum MHD_Result ret = MHD_queue_response(r->conn, r->pending_status, r->pending);
+    MHD_destroy_response(r->pending);
+    r->pending = NULL;
+    return ret;
+}
+
+void http_request_reply(struct http_request *r, int status, const char *content_type, char *body,
+                        size_t len) {
+    if (r->is_answered) {
+        free(body);
+        return;
+    }
+    struct MHD_Response *resp =
+        body != NULL ? MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE)
+                     : MHD_create_response_from_buffer(0, NULL, MHD_RESPMEM_PERSISTENT);
+    if (resp == NULL) {
+        free(body);
+        LOG_ERROR("http", "cannot create a response req=%llu", (unsigned long long)r->id);
+        /* Nothing can be sent; resuming lets MHD close the connection. */
+        r->is_answered = true;
+        wake(r);
+        return;
+    }
+    decorate(r, resp, content_type);
+    queue_answer(r, resp, (unsigned)status);
+}
+
+static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
+    struct http_request *r = cls;
+    size_t avail = r->out.len - r->out_off;
+    if (avail > 0) {
+        size_t n = avail < max ? avail : max;
+        memcpy(buf, r->out.data + r->out_off, n);
+        r->out_off += n;
+        if (r->out_off == r->out.len) {
+            r->out.len = 0;
+            r->out_off = 0;
+            if (!r->is_stream_ended) {
+                r->srv->h.on_stream_drained(r->srv->h.ctx, r);
+            }
+        }
+        return (ssize_t)n;
+    }
+    if (r->is_stream_ended) {
+        return MHD_CONTENT_READER_END_OF_STREAM;
+    }
+    /* Nothing to send yet: park the connection until the next write (MHD's documented use of
+     * suspend inside a content reader; returning 0 without it would busy-loop). */
+    MHD_suspend_connection(r->conn);
+    r->is_suspended = true;
+    return 0;
+}
+
+void http_request_stream_begin(struct http_request *r, int status, const char *content_type) {
+    if (r->is_answered) {
+        return;
+    }
+    struct MHD_Response *resp =
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, STREAM_BLOCK_BYTES, stream_reader, r,
+                                          NULL);
+    if (resp == NULL) {
+        LOG_ERROR("http", "cannot create a stream response req=%llu",
+                  (unsigned long long)r->id);
+        r->is_answered = true;
+        wake(r);
+        return;
+    }
+    r->is_stream = true;
+    decorate(r, resp, content_type);
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    queue_answer(r, resp, (unsigned)status);
+}
+
+void http_request_stream_write(struct http_request *r, const char *data, size_t len) {
+    if (!r->is_stream || r->is_stream_ended) {
+        return;
+    }
+    strbuf_append(&r->out, data, len);
+    if (!r->is_in_handler) {
+        wake(r);
+    }
+}
+
+void http_request_stream_end(struct http_request *r) {
+    if (!r->is_stream || r->is_stream_ended) {
+        return;
+    }
+    r->is_stream_ended = true;
+    if (!r->is_in_handler) {
+        wake(r);
+    }
+}
+
+size_t http_request_stream_pending(const struct http_request *r) {
+    return r->out.len - r->out_off;
+}
+
+/* ---- MHD callbacks -------------------------------------------------------------------------- */
+
+static struct http_request *request_new(struct http_server *s, struct MHD_Connection *conn,
+                                        const char *url, const char *method) {
+    struct http_request *r = calloc(1, sizeof *r);
+    if (r == NULL) {
+        return NULL;
+    }
+    r->srv = s;
+    r->conn = conn;
+    r->id = ++s->next_id;
+    r->url = url;
+    r->method = method;
+    r->start_ms = mono_ms();
+    strbuf_init(&r->body);
+    strbuf_init(&r->out);
+    s->n_requests++;
+    return r;
+}
+
+static void request_free(struct http_request *r) {
+    while (r->headers != NULL) {
+        struct header *h = r->headers;
+        r->headers = h->next;
+        free(h->name);
+        free(h->value);
+        free(h);
+    }
+    if (r->pending != NULL) {
+        MHD_destroy_response(r->pending);
+    }
+    strbuf_release(&r->body);
+    strbuf_release(&r->out);
+    r->srv->n_requests--;
+    free(r);
+}
+
+static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const char *url,
+                                 const char *method, const char *version,
+                                 const char *upload_data, size_t *upload_data_size,
+                                 void **con_cls) {
+    struct http_server *s = cls;
+    struct http_request *r = *con_cls;
+    if (r == NULL) {
+        r = request_new(s, conn, url, method);
+        if (r == NULL) {
+            return MHD_NO; /* out of memory: MHD closes the connection */
+        }
+        *con_cls = r;
+        r->is_in_handler = true;
+        s->h.on_headers(s->h.ctx, r);
+        r->is_in_handler = false;
+        return flush_pending(r);
+    }
+    if (*upload_data_size > 0) {
+        if (!r->is_answered && !r->is_too_large) {
+            if (r->body.len + *upload_data_size > s->max_body_bytes) {
+                r->is_too_large = true;
+                strbuf_release(&r->body);
+            } else {
+                strbuf_append(&r->body, upload_data, *upload_data_size);
+            }
+        }
+        *upload_data_size = 0;
+        return MHD_YES;
+    }
+    if (r->is_answered || r->has_body_handed) {
+        return flush_pending(r);
+    }
+    r->has_body_handed = true;
+    if (r->body.data == NULL) {
+        strbuf_reserve(&r->body, 0); /* an empty body is "" rather than NULL */
+    }
+    r->is_in_handler = true;
+    s->h.on_request(s->h.ctx, r);
+    r->is_in_handler = false;
+    if (r->pending != NULL) {
+        return flush_pending(r);
+    }
+    if (r->is_answered && r->is_stream) {
+        return MHD_YES;
+    }
+    /* No answer yet: the engine (or a queue) will make it. */
+    MHD_suspend_connection(conn);
+    r->is_suspended = true;
+    return MHD_YES;
+}
+
+static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+                         enum MHD_RequestTerminationCode toe) {
+    struct http_server *s = cls;
+    struct http_request *r = *con_cls;
+    if (r == NULL) {
+        return;
+    }
+    if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) {
+        LOG_DEBUG("http", "request ended early req=%llu session=- reason=%d",
+                  (unsigned long long)r->id, (int)toe);
+    }
+    s->h.on_closed(s->h.ctx, r);
+    request_free(r);
+    *con_cls = NULL;
+}
+
+static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    size_t n = strlen(msg);
+    while (n > 0 && (msg[n - 1] == '\n' || msg[n - 1] == '\r')) {
+        msg[--n] = '\0';
+    }
+    LOG_DEBUG("http", "libmicrohttpd: %s", msg);
+}
+
+/* ---- the server ----------------------------------------------------------------------------- */
+
+static int listen_on(const char *host, int32_t port, bool *is_ipv6, int32_t *bound_port, char *err,
+                     size_t err_size) {
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    char port_s[16];
+    snprintf(port_s, sizeof port_s, "%d", (int)port);
+    int gai = getaddrinfo(host, port_s, &hints, &res);
+    if (gai != 0) {
+        snprintf(err, err_size, "--host %s: %s", host, gai_strerror(gai));
+        return -1;
+    }
+    int fd = socket(res->ai_family, SOCK_STREAM, 0);
+    if (fd < 0) {
+        snprintf(err, err_size, "socket: %s", strerror(errno));
+        freeaddrinfo(res);
+        return -1;
+    }
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(fd, res->ai_addr, res->ai_addrlen) != 0 || listen(fd, 511) != 0) {
+        snprintf(err, err_size, "cannot listen on %s port %d: %s", host, (int)port,
+                 strerror(errno));
+        close(fd);
+        freeaddrinfo(res);
+        return -1;
+    }
+    *is_ipv6 = res->ai_family == AF_INET6;
+    freeaddrinfo(res);
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    getsockname(fd, (struct sockaddr *)&ss, &sl);
+    *bound_port = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
+                                           : ntohs(((struct sockaddr_in *)&ss)->sin_port);
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    return fd;
+}
+
+int http_server_create(uv_loop_t *loop, const struct http_params *p, const struct http_handlers *h,
+                       struct http_server **out, char *err, size_t err_size) {
+    struct http_server *s = calloc(1, sizeof *s);
+    if (s == NULL) {
+        snprintf(err, err_size, "out of memory");
+        return -1;
+    }
+    s->loop = loop;
+    s->h = *h;
+    s->max_body_bytes = p->max_body_bytes;
+    bool is_ipv6 = false;
+    s->listen_fd = listen_on(p->host, p->port, &is_ipv6, &s->port, err, err_size);
+    if (s->listen_fd < 0) {
+        free(s);
+        return -1;
+    }
+    unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    if (is_ipv6) {
+        flags |= MHD_USE_IPv6;
+    }
+    s->daemon = MHD_start_daemon(
+        flags, 0, NULL, NULL, on_access, s, MHD_OPTION_LISTEN_SOCKET, s->listen_fd,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_CONNECTION_TIMEOUT,
+        (unsigned)CONNECTION_TIMEOUT_S, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s,
+        MHD_OPTION_END);
+    if (s->daemon == NULL) {
+        snprintf(err, err_size, "libmicrohttpd failed to start on %s port %d", p->host,
+                 (int)s->port);
+        close(s->listen_fd);
+        free(s);
+        return -1;
+    }
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_EPOLL_FD);
+    uv_poll_init(loop, &s->poll, info->epoll_fd);
+    s->poll.data = s;
+    uv_timer_init(loop, &s->timer);
+    s->timer.data = s;
+    s->n_open_handles = 2;
+    uv_poll_start(&s->poll, UV_READABLE, on_poll);
+    run_mhd(s);
+    *out = s;
+    return 0;
+}
+
+static void on_handle_closed(uv_handle_t *h) {
+    struct http_server *s = h->data;
+    if (--s->n_open_handles == 0) {
+        free(s);
+    }
+}
+
+void http_server_destroy(struct http_server *s) {
+    if (s == NULL) {
+        return;
+    }
+    uv_poll_stop(&s->poll);
+    uv_timer_stop(&s->timer);
+    MHD_stop_daemon(s->daemon);
+    if (s->listen_fd >= 0) {
+        close(s->listen_fd);
+    }
+    uv_close((uv_handle_t *)&s->poll, on_handle_closed);
+    uv_close((uv_handle_t *)&s->timer, on_handle_closed);
+}
+
+int32_t http_server_port(const struct http_server *s) {
+    return s->port;
+}
+
+void http_server_quiesce(struct http_server *s) {
+    MHD_socket fd = MHD_quiesce_daemon(s->daemon);
+    if (fd != MHD_INVALID_SOCKET) {
+        close(fd);
+        s->listen_fd = -1;
+    }
+}
+
+int32_t http_server_n_requests(const struct http_server *s) {
+    return s->n_requests;
+}
+
+/* ---- request accessors ---------------------------------------------------------------------- */
+
+uint64_t http_request_id(const struct http_request *r) {
+    return r->id;
+}
+
+const char *http_request_method(const struct http_request *r) {
+    return r->method;
+}
+
+const char *http_request_path(const struct http_request *r) {
+    return r->url;
+}
+
+const char *http_request_header(const struct http_request *r, const char *name) {
+    return MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, name);
+}
+
+const char *http_request_body(const struct http_request *r, size_t *len) {
+    *len = r->body.len;
+    return r->body.data != NULL ? r->body.data : "";
+}
+
+bool http_request_body_too_large(const struct http_request *r) {
+    return r->is_too_large;
+}
+
+double http_request_start_ms(const struct http_request *r) {
+    return r->start_ms;
+}
+
+void http_request_set_user(struct http_request *r, void *user) {
+    r->user = user;
+}
+
+void *http_request_user(const struct http_request *r) {
+    return r->user;
+}
+
+bool http_request_is_answered(const struct http_request *r) {
+    return r->is_answered;
+}
+
+void http_request_add_header(struct http_request *r, const char *name, const char *value) {
+    struct header *h = calloc(1, sizeof *h);
+    if (h == NULL) {
+        return;
+    }
+    h->name = strdup(name);
+    h->value = strdup(value);
+    if (h->name == NULL || h->value == NULL) {
+        free(h->name);
+        free(h->value);
+        free(h);
+        return;
+    }
+    h->next = r->headers;
+    r->headers = h;
+}
+
+bool http_request_peer_closed(const struct http_request *r) {
+    const union MHD_ConnectionInfo *info =
+        MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (info == NULL) {
+        return true;
+    }
+    char c;
+    ssize_t n = recv(info->connect_fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n == 0) {
+        return true; /* orderly shutdown by the peer */
+    }
+    return n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+}

@@ -1,0 +1,684 @@
+/* server/job.c: the scheduled requests (see job.h). A job is one request's state from submit to
+ * answer: the parsed body, output buffers, the temporary cache of a stateless forward, and the
+ * answer that a worker encoded. The pool calls prepare (loop: resolve caches, check lengths),
+ * run (worker: encode the answer), done (loop: answer, release pins) and release (free).
+ */
+#include "job.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "log.h"
+
+/* The largest SDPA scratch a request may ask the engine for (bytes). */
+#define SDPA_SCRATCH_MAX ((size_t)1 << 30)
+
+enum job_kind {
+    JOB_ATTEND,
+    JOB_SDPA,
+    JOB_TRUNCATE,
+    JOB_FORK,
+    JOB_DELETE,
+};
+
+struct job {
+    struct pool_job pj; /* first, so the pool's pointer is the job's */
+    enum job_kind kind;
+    struct server *srv;
+    struct route_req *rq; /* NULL once the client is gone */
+    /* Detail for an error found by prepare. */
+    char err_message[256];
+    char err_param[64];
+    /* The answer, made by run (worker) or prepare (control jobs). */
+    char *response;
+    size_t response_len;
+    int response_status;
+    /* attend */
+    struct api_attend_request at;
+    float *out;          /* (T, hidden_size) */
+    float *weights;      /* (n_heads, T, n_past + T), or per stream step (n_heads, n_past + i + 1) */
+    attn_kv *temp_kv;    /* a stateless call's cache */
+    int32_t temp_shard;
+    int32_t n_past0;     /* cache length before the request */
+    int32_t next_index;  /* stream: the next token to compute */
+    bool is_sized;       /* n_past0 known, buffers allocated */
+    struct strbuf event; /* stream: the event run() encoded */
+    /* sdpa */
+    struct api_sdpa_request sd;
+    /* session operations */
+    struct api_truncate_request tr;
+    struct api_fork_request fk;
+};
+
+static int64_t now_ms(void) {
+    return (int64_t)(uv_hrtime() / 1000000);
+}
+
+static int set_err(struct job *job, int code, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static int set_err(struct job *job, int code, const char *param, const char *fmt, ...) {
+    snprintf(job->err_param, sizeof job->err_param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(job->err_message, sizeof job->err_message, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+/* ---- common --------------------------------------------------------------------------------- */
+
+static struct job *job_new(struct route_req *rq, enum job_kind kind) {
+    struct job *job = calloc(1, sizeof *job);
+    if (job == NULL) {
+        route_reply_error(rq, ERROR_INTERNAL, "out of memory", NULL);
+        return NULL;
+    }
+    job->kind = kind;
+    job->srv = rq->srv;
+    job->rq = rq;
+    job->pj.shard_hint = -1;
+    strbuf_init(&job->event);
+    return job;
+}
+
+static void job_free(struct job *job) {
+    api_attend_request_release(&job->at);
+    api_sdpa_request_release(&job->sd);
+    free(job->out);
+    free(job->weights);
+    free(job->response);
+    strbuf_release(&job->event);
+    if (job->rq != NULL) {
+        job->rq->job = NULL;
+    }
+    free(job);
+}
+
+static void on_release(struct pool_job *pj) {
+    job_free((struct job *)pj);
+}
+
+static void unpin(struct job *job) {
+    if (job->pj.session != NULL) {
+        session_unpin(job->srv->sessions, job->pj.session, now_ms());
+        job->pj.session = NULL;
+    }
+}
+
+/* Answers the request (if its client is still there) with the job's response or the error. */
+static void answer(struct job *job, int status) {
+    if (job->rq == NULL || status == ERROR_CANCELLED) {
+        return;
+    }
+    if (status == 0) {
+        route_reply(job->rq, job->response_status, job->response, job->response_len);
+        job->response = NULL;
+    } else {
+        route_reply_error(job->rq, status, job->err_message, job->err_param);
+    }
+}
+
+/* Finds the live session named rq->session and pins it for job, or answers 404/410. */
+static int pin_path_session(struct job *job) {
+    struct route_req *rq = job->rq;
+    enum session_state state;
+    struct session *s = session_find(job->srv->sessions, rq->session, &state);
+    if (s == NULL) {
+        route_reply_error(rq, state == SESSION_STATE_TOMBSTONE ? ERROR_SESSION_EVICTED
+                                                                : ERROR_SESSION_NOT_FOUND,
+                          NULL, "session_id");
+        return -1;
+    }
+    session_pin(job->srv->sessions, s, now_ms());
+    job->pj.session = s;
+    return 0;
+}
+
+static void attend_finish(struct job *job, bool ok);
+
+/* Queues the job; on a full queue answers 429 and frees it. */
+static void submit(struct job *job) {
+    int rc = pool_submit(job->srv->pool, &job->pj);
+    if (rc != 0) {
+        route_reply_error(job->rq, rc, NULL, NULL);
+        if (job->kind == JOB_ATTEND) {
+            attend_finish(job, false);
+        }
+        unpin(job);
+        job_free(job);
+        return;
+    }
+    job->rq->job = job;
+}
+
+/* ---- POST /v1/attend ------------------------------------------------------------------------ */
+
+/* Releases what the request held: its temporary cache, its pin, and a session that only this
+ * failed request had created. */
+static void attend_finish(struct job *job, bool ok) {
+    struct session_store *st = job->srv->sessions;
+    if (job->temp_kv != NULL) {
+        session_shard_free_kv(st, job->temp_shard, job->temp_kv);
+        job->temp_kv = NULL;
+    }
+    struct session *s = job->pj.session;
+    if (s != NULL) {
+        if (!ok) {
+            session_drop_empty_layers(st, s);
+        }
+        unpin(job);
+        if (session_n_layers_used(s) == 0 && session_pins(s) == 0) {
+            session_remove(st, s);
+        }
+    }
+}
+
+/* Allocates the output buffers once n_past is known, after the length checks. */
+static int attend_size(struct job *job, int32_t n_past) {
+    const struct api_limits *lim = &job->srv->limits;
+    int32_t t = job->at.n_tokens;
+    if (job->at.has_expect_n_past && job->at.expect_n_past != n_past) {
+        return set_err(job, ERROR_N_PAST_MISMATCH, "expect_n_past",
+                       "expect_n_past is %d but the cache holds %d tokens",
+                       (int)job->at.expect_n_past, (int)n_past);
+    }
+    if ((int64_t)n_past + t > lim->max_seq) {
+        return set_err(job, ERROR_CONTEXT_LENGTH_EXCEEDED, "x",
+                       "the cache holds %d tokens; %d more exceed the model's maximum sequence "
+                       "length %d",
+                       (int)n_past, (int)t, (int)lim->max_seq);
+    }
+    int64_t n_weights = (int64_t)lim->n_heads * (job->at.stream ? 1 : t) * (n_past + t);
+    if (job->at.return_weights && (int64_t)lim->n_heads * t * (n_past + t) >
+                                      API_WEIGHTS_MAX_VALUES) {
+        return set_err(job, ERROR_INVALID_REQUEST, "return_weights",
+                       "return_weights: n_heads x T x (n_past + T) = %lld values exceed the "
+                       "limit of %d",
+                       (long long)lim->n_heads * t * (n_past + t), API_WEIGHTS_MAX_VALUES);
+    }
+    job->out = malloc((size_t)t * (size_t)lim->hidden_size * sizeof(float));
+    if (job->at.return_weights) {
+        job->weights = malloc((size_t)n_weights * sizeof(float));
+    }
+    if (job->out == NULL || (job->at.return_weights && job->weights == NULL)) {
+        return set_err(job, ERROR_INTERNAL, NULL, "out of memory for the output");
+    }
+    job->n_past0 = n_past;
+    job->is_sized = true;
+    return 0;
+}
+
+static int attend_prepare(struct pool_job *pj, int32_t shard, struct pool_step *step) {
+    struct job *job = (struct job *)pj;
+    struct server *srv = job->srv;
+    if (job->rq == NULL) {
+        return ERROR_CANCELLED;
+    }
+    if (job->next_index > 0 && http_request_peer_closed(job->rq->http)) {
+        return ERROR_CANCELLED;
+    }
+    attn_kv *kv;
+    if (pj->session != NULL) {
+        int rc = session_kv_get(srv->sessions, pj->session, job->at.layer, &kv);
+        if (rc != 0) {
+            return rc;
+        }
+    } else {
+        if (job->temp_kv == NULL) {
+            int rc = attn_kv_create(session_shard_pool(srv->sessions, shard), &job->temp_kv);
+            if (rc != ATTN_OK) {
+                return rc;
+            }
+            job->temp_shard = shard;
+            pj->shard_hint = shard; /* later stream steps must find their cache */
+        }
+        kv = job->temp_kv;
+    }
+    if (!job->is_sized) {
+        int rc = attend_size(job, attn_kv_len(kv));
+        if (rc != 0) {
+            return rc;
+        }
+    }
+    int32_t hidden = srv->limits.hidden_size;
+    step->kv = kv;
+    step->layer = job->at.layer;
+    step->weights = job->weights;
+    if (!job->at.stream) {
+        step->x = job->at.x;
+        step->n_tokens = job->at.n_tokens;
+        step->positions = job->at.positions;
+        step->out = job->out;
+    } else {
+        int32_t i = job->next_index;
+        step->x = job->at.x + (size_t)i * hidden;
+        step->n_tokens = 1;
+        step->positions = job->at.positions != NULL ? &job->at.positions[i] : NULL;
+        step->out = job->out + (size_t)i * hidden;
+    }
+    return 0;
+}
+
+/* Worker: encodes the answer (or the stream event) from the job's buffers. */
+static int attend_run(struct pool_job *pj, int status) {
+    struct job *job = (struct job *)pj;
+    if (status != 0) {
+        return status;
+    }
+    const struct api_limits *lim = &job->srv->limits;
+    if (!job->at.stream) {
+        struct api_attend_response r = {
+            .session_id = job->at.session_id[0] ? job->at.session_id : NULL,
+            .layer = job->at.layer,
+            .n_past = job->n_past0,
+            .n_tokens = job->n_past0 + job->at.n_tokens,
+            .n_new = job->at.n_tokens,
+            .hidden_size = lim->hidden_size,
+            .n_heads = lim->n_heads,
+            .output = job->out,
+            .weights = job->weights,
+            .timing = {pj->queue_ms, pj->compute_ms},
+            .encoding = job->at.encoding,
+        };
+        job->response = api_attend_response_encode(&r, &job->response_len);
+        job->response_status = 200;
+        return job->response != NULL ? 0 : ERROR_INTERNAL;
+    }
+    int32_t i = job->next_index;
+    struct api_stream_event e = {
+        .index = i,
+        .position = job->at.positions != NULL ? job->at.positions[i] : job->n_past0 + i,
+        .n_past = job->n_past0 + i,
+        .hidden_size = lim->hidden_size,
+        .n_heads = lim->n_heads,
+        .output = job->out + (size_t)i * lim->hidden_size,
+        .weights = job->weights,
+        .encoding = job->at.encoding,
+    };
+    job->event.len = 0;
+    api_stream_event_encode(&job->event, &e);
+    return job->event.has_failed ? ERROR_INTERNAL : 0;
+}
+
+static void count_tokens(struct job *job, int32_t n) {
+    if (job->n_past0 == 0) {
+        job->srv->metrics.tokens_prefill += (uint64_t)n;
+    } else {
+        job->srv->metrics.tokens_decode += (uint64_t)n;
+    }
+}
+
+/* A stream step is over: send its event, or the error, and decide whether another follows. */
+static enum pool_after stream_done(struct job *job, int status) {
+    struct route_req *rq = job->rq;
+    if (status != 0 || rq == NULL) {
+        if (rq != NULL && job->next_index == 0) {
+            answer(job, status);
+        } else if (rq != NULL) {
+            if (status != ERROR_CANCELLED) {
+                struct strbuf b;
+                strbuf_init(&b);
+                api_stream_error_encode(&b, status, job->err_message, job->err_param);
+                http_request_stream_write(rq->http, b.data, b.len);
+                strbuf_release(&b);
+                rq->error_name = error_info_get(status)->name;
+            }
+            http_request_stream_end(rq->http);
+        }
+        attend_finish(job, false);
+        return POOL_AFTER_FINISHED;
+    }
+    count_tokens(job, 1);
+    if (job->next_index == 0) {
+        route_stream_begin(rq);
+    }
+    http_request_stream_write(rq->http, job->event.data, job->event.len);
+    job->next_index++;
+    if (job->next_index < job->at.n_tokens) {
+        return POOL_AFTER_PARKED; /* job_stream_drained makes it ready again */
+    }
+    struct api_attend_response r = {
+        .session_id = job->at.session_id[0] ? job->at.session_id : NULL,
+        .layer = job->at.layer,
+        .n_past = job->n_past0,
+        .n_tokens = job->n_past0 + job->at.n_tokens,
+        .n_new = job->at.n_tokens,
+        .timing = {job->pj.queue_ms, job->pj.compute_ms},
+    };
+    struct strbuf b;
+    strbuf_init(&b);
+    api_stream_usage_encode(&b, &r);
+    http_request_stream_write(rq->http, b.data, b.len);
+    strbuf_release(&b);
+    http_request_stream_end(rq->http);
+    attend_finish(job, true);
+    return POOL_AFTER_FINISHED;
+}
+
+static enum pool_after attend_done(struct pool_job *pj, int status) {
+    struct job *job = (struct job *)pj;
+    if (pj->session != NULL) {
+        session_refresh(pj->session); /* its shard is released: the counts are settled */
+    }
+    if (job->at.stream) {
+        return stream_done(job, status);
+    }
+    if (status == 0) {
+        count_tokens(job, job->at.n_tokens);
+    }
+    answer(job, status);
+    attend_finish(job, status == 0);
+    return POOL_AFTER_FINISHED;
+}
+
+static const struct pool_job_ops attend_ops = {attend_prepare, attend_run, attend_done,
+                                               on_release};
+
+void job_submit_attend(struct route_req *rq) {
+    struct server *srv = rq->srv;
+    struct job *job = job_new(rq, JOB_ATTEND);
+    if (job == NULL) {
+        return;
+    }
+    size_t len;
+    const char *body = http_request_body(rq->http, &len);
+    struct api_error err;
+    if (api_attend_request_parse(body, len, &srv->limits, &job->at, &err) != 0) {
+        route_reply_error(rq, err.code, err.message, err.param);
+        job_free(job);
+        return;
+    }
+    const char *hdr = http_request_header(rq->http, "X-Session-Id");
+    if (hdr != NULL) {
+        if (!api_session_id_is_valid(hdr, strlen(hdr))) {
+            route_reply_error(rq, ERROR_INVALID_REQUEST,
+                              "the X-Session-Id header must be 1 to 128 characters from "
+                              "[A-Za-z0-9._:-]",
+                              "session_id");
+            job_free(job);
+            return;
+        }
+        if (job->at.session_id[0] != '\0' && strcmp(job->at.session_id, hdr) != 0) {
+            route_reply_error(rq, ERROR_INVALID_REQUEST,
+                              "session_id in the body differs from the X-Session-Id header",
+                              "session_id");
+            job_free(job);
+            return;
+        }
+        snprintf(job->at.session_id, sizeof job->at.session_id, "%s", hdr);
+    }
+    if (job->at.session_id[0] != '\0') {
+        snprintf(rq->session, sizeof rq->session, "%s", job->at.session_id);
+        enum session_state state;
+        struct session *s = session_find(srv->sessions, job->at.session_id, &state);
+        if (s == NULL && state == SESSION_STATE_TOMBSTONE) {
+            route_reply_error(rq, ERROR_SESSION_EVICTED, NULL, "session_id");
+            job_free(job);
+            return;
+        }
+        if (s == NULL) {
+            int rc = session_create(srv->sessions, job->at.session_id, now_ms(), &s);
+            if (rc != 0) {
+                route_reply_error(rq, rc,
+                                  rc == ERROR_KV_BUDGET_EXHAUSTED
+                                      ? "--max-sessions sessions are live and all are busy"
+                                      : NULL,
+                                  "session_id");
+                job_free(job);
+                return;
+            }
+        }
+        session_pin(srv->sessions, s, now_ms());
+        job->pj.session = s;
+    }
+    job->pj.kind = POOL_JOB_FORWARD;
+    job->pj.ops = &attend_ops;
+    job->pj.is_batchable = job->at.stream || job->at.n_tokens <= POOL_BATCH_STEP_MAX_TOKENS;
+    job->pj.layer = job->at.layer;
+    submit(job);
+}
+
+/* ---- POST /v1/sdpa -------------------------------------------------------------------------- */
+
+static void sdpa_params(const struct api_sdpa_request *sd, attn_sdpa_params *p) {
+    memset(p, 0, sizeof *p);
+    p->n_heads = sd->n_heads;
+    p->n_kv_heads = sd->n_kv_heads;
+    p->n_q = sd->n_q;
+    p->n_k = sd->n_k;
+    p->d_k = sd->d_k;
+    p->d_v = sd->d_v;
+    p->q = sd->q;
+    p->k = sd->k;
+    p->v = sd->v;
+    p->is_causal = sd->causal;
+    p->window = sd->window;
+    p->scale = sd->scale;
+}
+
+static int sdpa_prepare(struct pool_job *pj, int32_t shard, struct pool_step *step) {
+    return ((struct job *)pj)->rq == NULL ? ERROR_CANCELLED : 0;
+}
+
+/* Worker: the whole computation, with buffers of its own. */
+static int sdpa_run(struct pool_job *pj, int status) {
+    struct job *job = (struct job *)pj;
+    const struct api_sdpa_request *sd = &job->sd;
+    attn_sdpa_params p;
+    sdpa_params(sd, &p);
+    size_t n_out = (size_t)sd->n_heads * sd->n_q * sd->d_v;
+    size_t n_w = (size_t)sd->n_heads * sd->n_q * sd->n_k;
+    float *out = malloc(n_out * sizeof(float));
+    float *weights = sd->return_weights ? malloc(n_w * sizeof(float)) : NULL;
+    p.out = out;
+    p.weights = weights;
+    void *scratch = out != NULL ? malloc(attn_sdpa_scratch_bytes(&p) + 64) : NULL;
+    int rc = ERROR_INTERNAL;
+    if (out != NULL && scratch != NULL && (weights != NULL || !sd->return_weights)) {
+        double t0 = (double)uv_hrtime() / 1e6;
+        rc = attn_sdpa(&p, scratch);
+        double ms = (double)uv_hrtime() / 1e6 - t0;
+        if (rc == ATTN_OK) {
+            struct api_sdpa_response r = {
+                .n_heads = sd->n_heads,
+                .n_q = sd->n_q,
+                .n_k = sd->n_k,
+                .d_v = sd->d_v,
+                .output = out,
+                .weights = weights,
+                .timing = {pj->queue_ms, ms},
+                .encoding = sd->encoding,
+            };
+            job->response = api_sdpa_response_encode(&r, &job->response_len);
+            job->response_status = 200;
+            rc = job->response != NULL ? 0 : ERROR_INTERNAL;
+        } else {
+            set_err(job, ERROR_INVALID_REQUEST, "q", "the engine refused the tensors: %s",
+                    attn_strerror(rc));
+            rc = ERROR_INVALID_REQUEST;
+        }
+    }
+    free(scratch);
+    free(weights);
+    free(out);
+    return rc;
+}
+
+static enum pool_after simple_done(struct pool_job *pj, int status) {
+    struct job *job = (struct job *)pj;
+    answer(job, status);
+    unpin(job);
+    return POOL_AFTER_FINISHED;
+}
+
+static const struct pool_job_ops sdpa_ops = {sdpa_prepare, sdpa_run, simple_done, on_release};
+
+void job_submit_sdpa(struct route_req *rq) {
+    struct job *job = job_new(rq, JOB_SDPA);
+    if (job == NULL) {
+        return;
+    }
+    size_t len;
+    const char *body = http_request_body(rq->http, &len);
+    struct api_error err;
+    if (api_sdpa_request_parse(body, len, &job->sd, &err) != 0) {
+        route_reply_error(rq, err.code, err.message, err.param);
+        job_free(job);
+        return;
+    }
+    /* The size query reads only dims and checks pointers, so q stands in for the output. */
+    attn_sdpa_params p;
+    sdpa_params(&job->sd, &p);
+    p.out = job->sd.q;
+    size_t scratch = attn_sdpa_scratch_bytes(&p);
+    if (scratch == 0 || scratch > SDPA_SCRATCH_MAX) {
+        route_reply_error(rq, ERROR_INVALID_REQUEST,
+                          "q, k, v: dimensions beyond what one request may compute", "q");
+        job_free(job);
+        return;
+    }
+    job->pj.kind = POOL_JOB_SDPA;
+    job->pj.ops = &sdpa_ops;
+    submit(job);
+}
+
+/* ---- session operations --------------------------------------------------------------------- */
+
+static int truncate_prepare(struct pool_job *pj, int32_t shard, struct pool_step *step) {
+    struct job *job = (struct job *)pj;
+    struct session *s = pj->session;
+    int32_t layer = job->tr.has_layer ? job->tr.layer : -1;
+    int rc = session_truncate(job->srv->sessions, s, layer, job->tr.n_tokens);
+    if (rc != 0) {
+        return set_err(job, rc, "n_tokens", "n_tokens %d exceeds the %d tokens the %s holds",
+                       (int)job->tr.n_tokens,
+                       (int)(layer >= 0 && session_kv_find(s, layer) != NULL
+                                 ? attn_kv_len(session_kv_find(s, layer))
+                             : layer >= 0 ? 0
+                                          : session_n_tokens(s)),
+                       layer >= 0 ? "layer" : "session");
+    }
+    job->response = route_session_encode(s, &job->response_len);
+    job->response_status = 200;
+    return job->response != NULL ? 0 : ERROR_INTERNAL;
+}
+
+static int fork_prepare(struct pool_job *pj, int32_t shard, struct pool_step *step) {
+    struct job *job = (struct job *)pj;
+    struct session *copy;
+    int rc = session_fork(job->srv->sessions, pj->session, job->fk.new_id, now_ms(), &copy);
+    switch (rc) {
+    case 0:
+        break;
+    case ERROR_SESSION_EXISTS:
+        return set_err(job, rc, "new_id", "a session named %s already exists", job->fk.new_id);
+    case ERROR_SESSION_EVICTED:
+        return set_err(job, rc, "new_id",
+                       "%s was evicted or expired; DELETE it before reusing the id",
+                       job->fk.new_id);
+    case ERROR_KV_BUDGET_EXHAUSTED:
+    case ATTN_ENOSPC:
+        return set_err(job, ERROR_KV_BUDGET_EXHAUSTED, NULL,
+                       "the copy does not fit in the session's KV shard even after evicting "
+                       "idle sessions");
+    default:
+        return rc;
+    }
+    LOG_INFO("session", "forked session=%s new=%s tokens=%d", session_id(pj->session),
+             job->fk.new_id, (int)session_n_tokens(copy));
+    job->response = route_session_encode(copy, &job->response_len);
+    job->response_status = 201;
+    return job->response != NULL ? 0 : ERROR_INTERNAL;
+}
+
+static int delete_prepare(struct pool_job *pj, int32_t shard, struct pool_step *step) {
+    struct job *job = (struct job *)pj;
+    struct session *s = pj->session;
+    unpin(job);
+    /* Later requests of the session may be queued already: they then start from an empty
+     * session, as they would after a completed DELETE. */
+    if (session_pins(s) == 0) {
+        session_remove(job->srv->sessions, s);
+    } else {
+        session_clear(job->srv->sessions, s);
+    }
+    job->response_status = 204;
+    return 0;
+}
+
+static const struct pool_job_ops truncate_ops = {truncate_prepare, NULL, simple_done, on_release};
+static const struct pool_job_ops fork_ops = {fork_prepare, NULL, simple_done, on_release};
+static const struct pool_job_ops delete_ops = {delete_prepare, NULL, simple_done, on_release};
+
+void job_submit_truncate(struct route_req *rq) {
+    struct job *job = job_new(rq, JOB_TRUNCATE);
+    if (job == NULL) {
+        return;
+    }
+    size_t len;
+    const char *body = http_request_body(rq->http, &len);
+    struct api_error err;
+    if (api_truncate_request_parse(body, len, &rq->srv->limits, &job->tr, &err) != 0) {
+        route_reply_error(rq, err.code, err.message, err.param);
+        job_free(job);
+        return;
+    }
+    if (pin_path_session(job) != 0) {
+        job_free(job);
+        return;
+    }
+    job->pj.kind = POOL_JOB_CONTROL;
+    job->pj.ops = &truncate_ops;
+    submit(job);
+}
+
+void job_submit_fork(struct route_req *rq) {
+    struct job *job = job_new(rq, JOB_FORK);
+    if (job == NULL) {
+        return;
+    }
+    size_t len;
+    const char *body = http_request_body(rq->http, &len);
+    struct api_error err;
+    if (api_fork_request_parse(body, len, &job->fk, &err) != 0) {
+        route_reply_error(rq, err.code, err.message, err.param);
+        job_free(job);
+        return;
+    }
+    if (pin_path_session(job) != 0) {
+        job_free(job);
+        return;
+    }
+    job->pj.kind = POOL_JOB_CONTROL;
+    job->pj.ops = &fork_ops;
+    submit(job);
+}
+
+void job_submit_delete(struct route_req *rq, struct session *s) {
+    struct job *job = job_new(rq, JOB_DELETE);
+    if (job == NULL) {
+        return;
+    }
+    session_pin(rq->srv->sessions, s, now_ms());
+    job->pj.session = s;
+    job->pj.kind = POOL_JOB_CONTROL;
+    job->pj.ops = &delete_ops;
+    submit(job);
+}
+
+/* ---- notifications from the request ---------------------------------------------------------- */
+
+void job_stream_drained(struct job *job) {
+    if (job->kind == JOB_ATTEND && job->at.stream) {
+        pool_job_ready(job->srv->pool, &job->pj);
+    }
+}
+
+void job_client_gone(struct job *job) {
+    job->rq = NULL;
+    pool_job_ready(job->srv->pool, &job->pj);
+}

@@ -1,0 +1,234 @@
+/* server/main.c: attnd's entry point. Only wiring: parse the config, size the thread pools,
+ * build the model, the session store, the scheduler and the HTTP server, run the loop, and on
+ * SIGINT/SIGTERM drain and tear everything down in reverse order. Startup failures print one
+ * line and exit non-zero; a drained shutdown exits 0.
+ */
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cblas.h>
+#include <uv.h>
+
+#include "../engine/attn.h"
+#include "config.h"
+#include "http.h"
+#include "log.h"
+#include "pool.h"
+#include "route.h"
+#include "session.h"
+
+extern char **environ;
+
+/* Evicted or expired ids remembered for 410 answers (proto/openapi.yaml, Sessions). */
+#define MAX_TOMBSTONES 65536
+
+/* The daemon: the server context plus main's own loop handles. Loop thread only. */
+struct daemon {
+    struct server srv; /* first: route's on_drained hands back &srv */
+    uv_loop_t loop;
+    uv_signal_t sigint, sigterm;
+    uv_timer_t tick, shutdown;
+};
+
+static void on_shutdown(uv_timer_t *t) {
+    struct daemon *d = t->data;
+    LOG_INFO("main", "shutting down");
+    uv_close((uv_handle_t *)&d->sigint, NULL);
+    uv_close((uv_handle_t *)&d->sigterm, NULL);
+    uv_close((uv_handle_t *)&d->tick, NULL);
+    uv_close((uv_handle_t *)&d->shutdown, NULL);
+    http_server_destroy(d->srv.http);
+    d->srv.http = NULL;
+    pool_destroy(d->srv.pool);
+    d->srv.pool = NULL;
+}
+
+static void on_drained(struct server *srv) {
+    struct daemon *d = (struct daemon *)srv;
+    /* Called from inside HTTP or pool callbacks: tear down on a fresh loop turn. */
+    uv_timer_start(&d->shutdown, on_shutdown, 0, 0);
+}
+
+static void on_signal(uv_signal_t *h, int signum) {
+    struct daemon *d = h->data;
+    if (d->srv.is_draining) {
+        LOG_WARN("main", "signal %d while draining; still finishing accepted requests", signum);
+        return;
+    }
+    LOG_INFO("main", "signal %d: draining (no new connections; finishing accepted requests)",
+             signum);
+    http_server_quiesce(d->srv.http);
+    route_drain(&d->srv);
+}
+
+static void on_tick(uv_timer_t *t) {
+    route_tick(t->data);
+}
+
+/* Builds the model from --model or the preset. Returns 0 or prints why and returns -1. */
+static int load_model(const struct config *cfg, attn_model **model, char *source,
+                      size_t source_size) {
+    attn_load_params lp = {cfg->layer_first, cfg->layer_count, cfg->max_seq};
+    char err[512] = "";
+    if (cfg->model[0] != '\0') {
+        int rc = attn_model_load_hf(cfg->model, &lp, model, err, sizeof err);
+        if (rc != ATTN_OK) {
+            fprintf(stderr, "attnd: --model %s: %s (%s)\n", cfg->model,
+                    err[0] ? err : attn_strerror(rc), attn_strerror(rc));
+            return -1;
+        }
+        snprintf(source, source_size, "%s", cfg->model);
+        return 0;
+    }
+    attn_config mc;
+    attn_config_preset(cfg->preset, &mc); /* config_parse checked the name */
+    if (cfg->layer_first >= mc.n_layers ||
+        (int64_t)cfg->layer_first + cfg->layer_count > mc.n_layers) {
+        fprintf(stderr, "attnd: --layers %s: preset %s has layers 0-%d\n", cfg->layers,
+                cfg->preset, (int)mc.n_layers - 1);
+        return -1;
+    }
+    int rc = attn_model_create_random(&mc, cfg->seed, &lp, model);
+    if (rc != ATTN_OK) {
+        fprintf(stderr, "attnd: cannot build preset %s: %s\n", cfg->preset, attn_strerror(rc));
+        return -1;
+    }
+    snprintf(source, source_size, "preset:%s seed=%" PRIu64, cfg->preset, cfg->seed);
+    LOG_INFO("main",
+             "no --model given: serving the built-in preset=%s with seeded random weights "
+             "seed=%" PRIu64,
+             cfg->preset, cfg->seed);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    signal(SIGPIPE, SIG_IGN);
+    struct config cfg;
+    char err[512];
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    switch (config_parse(&cfg, argc, argv, environ, cores > 0 ? (int32_t)cores : 1, err,
+                         sizeof err)) {
+    case CONFIG_HELP:
+        config_help(stdout);
+        return 0;
+    case CONFIG_ERROR:
+        fprintf(stderr, "attnd: %s\n", err);
+        return 2;
+    case CONFIG_OK:
+        break;
+    }
+    log_set_level(cfg.log_level);
+    LOG_INFO("main", "attnd starting pid=%d cores=%ld", (int)getpid(), cores);
+    config_log(&cfg);
+
+    /* Both pools are sized before any thread exists: libuv reads UV_THREADPOOL_SIZE at its
+     * first uv_queue_work, and one BLAS thread per worker keeps workers x BLAS threads within
+     * the cores (see --blas-threads). */
+    char n_threads[16];
+    snprintf(n_threads, sizeof n_threads, "%d", (int)cfg.workers);
+    setenv("UV_THREADPOOL_SIZE", n_threads, 1);
+    openblas_set_num_threads(cfg.blas_threads);
+
+    static struct daemon d; /* static: large, and outlives every callback */
+    char source[4096];
+    attn_model *model = NULL;
+    if (load_model(&cfg, &model, source, sizeof source) != 0) {
+        return 1;
+    }
+    const attn_config *mc = attn_model_config(model);
+    LOG_INFO("main",
+             "model source=\"%s\" layers=%d-%d hidden=%d heads=%d kv_heads=%d head_dim=%d "
+             "max_seq=%d weights_bytes=%zu",
+             source, (int)attn_model_layer_first(model),
+             (int)(attn_model_layer_first(model) + attn_model_layer_count(model) - 1),
+             (int)mc->hidden_size, (int)mc->n_heads, (int)mc->n_kv_heads, (int)mc->head_dim,
+             (int)mc->max_seq, attn_model_bytes(model));
+
+    struct session_store_params sp = {
+        .model = model,
+        .budget_bytes = (size_t)cfg.kv_budget_mb << 20,
+        .n_shards = cfg.workers,
+        .block_tokens = cfg.kv_block_tokens,
+        .max_sessions = cfg.max_sessions,
+        .max_tombstones = MAX_TOMBSTONES,
+    };
+    struct server *srv = &d.srv;
+    int rc = session_store_create(&sp, &srv->sessions);
+    if (rc != 0) {
+        fprintf(stderr,
+                "attnd: --kv-budget-mb %lld: cannot make %d KV shards (one per worker): %s\n",
+                (long long)cfg.kv_budget_mb, (int)cfg.workers, attn_strerror(rc));
+        attn_model_destroy(model);
+        return 1;
+    }
+    uv_loop_init(&d.loop);
+    struct pool_params pp = {
+        .loop = &d.loop,
+        .model = model,
+        .sessions = srv->sessions,
+        .n_workers = cfg.workers,
+        .max_batch_tokens = cfg.max_batch_tokens,
+        .queue_depth = cfg.queue_depth,
+    };
+    rc = pool_create(&pp, &srv->pool);
+    if (rc != 0) {
+        fprintf(stderr, "attnd: cannot create %d engine workspaces: %s\n", (int)cfg.workers,
+                attn_strerror(rc));
+        session_store_destroy(srv->sessions);
+        attn_model_destroy(model);
+        return 1;
+    }
+    srv->cfg = &cfg;
+    srv->loop = &d.loop;
+    srv->model = model;
+    srv->model_source = source;
+    srv->limits = (struct api_limits){
+        .hidden_size = mc->hidden_size,
+        .n_heads = mc->n_heads,
+        .layer_first = attn_model_layer_first(model),
+        .layer_count = attn_model_layer_count(model),
+        .max_seq = mc->max_seq,
+    };
+    metrics_init(&srv->metrics);
+    srv->on_drained = on_drained;
+
+    struct http_handlers handlers;
+    route_handlers(srv, &handlers);
+    struct http_params hp = {cfg.host, cfg.port, (size_t)cfg.max_body_mb << 20};
+    if (http_server_create(&d.loop, &hp, &handlers, &srv->http, err, sizeof err) != 0) {
+        fprintf(stderr, "attnd: %s\n", err);
+        pool_destroy(srv->pool);
+        uv_run(&d.loop, UV_RUN_DEFAULT);
+        uv_loop_close(&d.loop);
+        session_store_destroy(srv->sessions);
+        attn_model_destroy(model);
+        return 1;
+    }
+
+    uv_signal_init(&d.loop, &d.sigint);
+    uv_signal_init(&d.loop, &d.sigterm);
+    d.sigint.data = d.sigterm.data = &d;
+    uv_signal_start(&d.sigint, on_signal, SIGINT);
+    uv_signal_start(&d.sigterm, on_signal, SIGTERM);
+    uv_timer_init(&d.loop, &d.tick);
+    d.tick.data = srv;
+    uv_timer_start(&d.tick, on_tick, 1000, 1000);
+    uv_timer_init(&d.loop, &d.shutdown);
+    d.shutdown.data = &d;
+
+    LOG_INFO("main", "listening host=%s port=%d workers=%d blas_threads=%d kv_shards=%d",
+             cfg.host, (int)http_server_port(srv->http), (int)cfg.workers,
+             (int)cfg.blas_threads, (int)cfg.workers);
+    uv_run(&d.loop, UV_RUN_DEFAULT);
+
+    uv_loop_close(&d.loop);
+    session_store_destroy(srv->sessions);
+    attn_model_destroy(model);
+    uv_library_shutdown();
+    LOG_INFO("main", "exit status=0");
+    return 0;
+}

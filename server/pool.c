@@ -1,0 +1,492 @@
+/* server/pool.c: the scheduler and worker pool (see pool.h). Dispatch runs on the loop thread
+ * from an idle handle (so callbacks never run inside pool_submit): it walks the FIFO once to
+ * find each session's first job, then starts what it can on free workers, batching decode
+ * steps. Workers run attn_forward (or the job's own work) through uv_queue_work; the after-work
+ * callback releases the shard and reports to the jobs.
+ */
+#include "pool.h"
+
+#include <assert.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+
+#define MAX_BATCH 64
+
+enum job_state {
+    JOB_QUEUED = 0,
+    JOB_PARKED = 1,
+    JOB_RUNNING = 2,
+};
+
+/* One worker slot: its workspace and the batch it runs. Loop thread, except that while
+ * is_busy the worker thread owns jobs/steps/status/compute_ms. */
+struct worker {
+    struct pool *pool;
+    uv_work_t req;
+    attn_workspace *ws;
+    bool is_busy;
+    enum pool_job_kind kind;
+    int32_t shard;
+    int32_t layer;
+    int32_t n;
+    struct pool_job *jobs[MAX_BATCH];
+    attn_step steps[MAX_BATCH];
+    int status[MAX_BATCH];
+    int32_t n_engine_calls;
+    double compute_ms;
+};
+
+struct pool {
+    uv_loop_t *loop;
+    const attn_model *model;
+    struct session_store *sessions;
+    struct worker *workers; /* (n_workers) */
+    int32_t n_workers;
+    int32_t n_busy;
+    int32_t max_batch_tokens;
+    int32_t queue_depth;
+    struct pool_job *head, *tail; /* the FIFO, arrival order */
+    int32_t n_jobs;
+    int32_t n_waiting; /* jobs that have not started yet */
+    uv_idle_t kick;
+    bool is_closing;
+    uint64_t engine_steps, batched_steps;
+    void (*idle_fn)(void *ctx);
+    void *idle_ctx;
+    /* Scratch for dispatch: candidates, and a pointer set of sessions already seen. */
+    struct pool_job **cand;
+    int32_t cand_cap;
+    const void **seen;
+    size_t seen_cap; /* power of two */
+};
+
+static double now_ms(void) {
+    return (double)uv_hrtime() / 1e6;
+}
+
+/* ---- the FIFO ------------------------------------------------------------------------------- */
+
+static void fifo_unlink(struct pool *pool, struct pool_job *j) {
+    if (j->prev != NULL) {
+        j->prev->next = j->next;
+    } else {
+        pool->head = j->next;
+    }
+    if (j->next != NULL) {
+        j->next->prev = j->prev;
+    } else {
+        pool->tail = j->prev;
+    }
+    j->prev = j->next = NULL;
+    pool->n_jobs--;
+}
+
+static void kick(struct pool *pool);
+
+static void mark_started(struct pool_job *j, struct pool *pool) {
+    if (!j->has_started) {
+        j->has_started = true;
+        j->queue_ms = now_ms() - j->submitted_at_ms;
+        pool->n_waiting--;
+    }
+}
+
+/* Reports a step's end to the job and forgets it if it is finished. Kicks dispatch, since the
+ * job's session may have a next job waiting. */
+static void complete(struct pool *pool, struct pool_job *j, int status) {
+    kick(pool);
+    mark_started(j, pool);
+    j->state = JOB_PARKED;
+    enum pool_after after = j->ops->done(j, status);
+    if (after == POOL_AFTER_FINISHED) {
+        fifo_unlink(pool, j);
+        if (j->ops->release != NULL) {
+            j->ops->release(j);
+        }
+    }
+}
+
+/* ---- the seen-set --------------------------------------------------------------------------- */
+
+static int seen_reset(struct pool *pool, size_t n) {
+    size_t cap = 64;
+    while (cap < 2 * n) {
+        cap *= 2;
+    }
+    if (cap > pool->seen_cap) {
+        const void **p = realloc(pool->seen, cap * sizeof *p);
+        if (p == NULL) {
+            return -1;
+        }
+        pool->seen = p;
+        pool->seen_cap = cap;
+    }
+    memset(pool->seen, 0, pool->seen_cap * sizeof *pool->seen);
+    return 0;
+}
+
+/* Adds p; returns true if it was already there. */
+static bool seen_add(struct pool *pool, const void *p) {
+    size_t mask = pool->seen_cap - 1;
+    size_t i = ((uintptr_t)p >> 4) * 0x9E3779B97F4A7C15ULL & mask;
+    while (pool->seen[i] != NULL) {
+        if (pool->seen[i] == p) {
+            return true;
+        }
+        i = (i + 1) & mask;
+    }
+    pool->seen[i] = p;
+    return false;
+}
+
+/* ---- workers -------------------------------------------------------------------------------- */
+
+static void work_cb(uv_work_t *req) {
+    struct worker *w = req->data;
+    double t0 = now_ms();
+    w->n_engine_calls = 0;
+    if (w->kind == POOL_JOB_SDPA) {
+        w->status[0] = w->jobs[0]->ops->run(w->jobs[0], 0);
+        w->compute_ms = now_ms() - t0;
+        w->jobs[0]->compute_ms += w->compute_ms;
+        w->jobs[0]->batch_size = 1;
+        return;
+    }
+    int rc = attn_forward(w->pool->model, w->layer, w->ws, w->steps, w->n);
+    w->n_engine_calls = 1;
+    if (rc != ATTN_OK && w->n > 1) {
+        /* The engine advances all caches of a call or none: retry each step alone so that one
+         * bad step does not fail the others. */
+        for (int32_t i = 0; i < w->n; i++) {
+            w->status[i] = attn_forward(w->pool->model, w->layer, w->ws, &w->steps[i], 1);
+            w->n_engine_calls++;
+        }
+    } else {
+        for (int32_t i = 0; i < w->n; i++) {
+            w->status[i] = rc;
+        }
+    }
+    w->compute_ms = now_ms() - t0;
+    for (int32_t i = 0; i < w->n; i++) {
+        /* The worker owns running jobs, so it may fill these for run() to report. */
+        w->jobs[i]->compute_ms += w->compute_ms;
+        w->jobs[i]->batch_size = w->n;
+        if (w->jobs[i]->ops->run != NULL) {
+            w->status[i] = w->jobs[i]->ops->run(w->jobs[i], w->status[i]);
+        }
+    }
+}
+
+static void after_work_cb(uv_work_t *req, int uv_status) {
+    struct worker *w = req->data;
+    struct pool *pool = w->pool;
+    w->is_busy = false;
+    pool->n_busy--;
+    if (w->shard >= 0) {
+        session_shard_release(pool->sessions, w->shard);
+    }
+    if (w->kind == POOL_JOB_FORWARD) {
+        pool->engine_steps += (uint64_t)w->n_engine_calls;
+        pool->batched_steps += (uint64_t)w->n;
+    }
+    for (int32_t i = 0; i < w->n; i++) {
+        struct pool_job *j = w->jobs[i];
+        /* uv_status is only UV_ECANCELED for uv_cancel, which attnd never calls. */
+        complete(pool, j, uv_status == 0 ? w->status[i] : ERROR_INTERNAL);
+        w->jobs[i] = NULL;
+    }
+    w->n = 0;
+    kick(pool);
+}
+
+static struct worker *free_worker(struct pool *pool) {
+    for (int32_t i = 0; i < pool->n_workers; i++) {
+        if (!pool->workers[i].is_busy) {
+            return &pool->workers[i];
+        }
+    }
+    return NULL;
+}
+
+static void start(struct pool *pool, struct worker *w, enum pool_job_kind kind, int32_t shard) {
+    w->is_busy = true;
+    w->kind = kind;
+    w->shard = shard;
+    pool->n_busy++;
+    if (shard >= 0) {
+        session_shard_acquire(pool->sessions, shard);
+    }
+    for (int32_t i = 0; i < w->n; i++) {
+        struct pool_job *j = w->jobs[i];
+        mark_started(j, pool);
+        j->state = JOB_RUNNING;
+        attn_step *s = &w->steps[i];
+        memset(s, 0, sizeof *s);
+        s->kv = j->step.kv;
+        s->x = j->step.x;
+        s->n_tokens = j->step.n_tokens;
+        s->positions = j->step.positions;
+        s->out = j->step.out;
+        s->weights = j->step.weights;
+        w->status[i] = 0;
+    }
+    w->req.data = w;
+    int rc = uv_queue_work(pool->loop, &w->req, work_cb, after_work_cb);
+    if (rc != 0) {
+        /* uv_queue_work only fails for a NULL callback; report it like any failed step. */
+        w->is_busy = false;
+        pool->n_busy--;
+        if (shard >= 0) {
+            session_shard_release(pool->sessions, shard);
+        }
+        for (int32_t i = 0; i < w->n; i++) {
+            complete(pool, w->jobs[i], ERROR_INTERNAL);
+        }
+        w->n = 0;
+    }
+}
+
+/* ---- dispatch ------------------------------------------------------------------------------- */
+
+/* Adds to w's batch (headed by a decode step on `shard`) the runnable decode steps among
+ * cand[from..n) that fit: same shard and layer, tokens within the cap, blocks within reach. */
+static void gather(struct pool *pool, struct worker *w, int32_t shard, int32_t from, int32_t n,
+                   int32_t *tokens, int32_t *blocks) {
+    for (int32_t i = from; i < n && w->n < MAX_BATCH; i++) {
+        struct pool_job *k = pool->cand[i];
+        if (k == NULL || k->state != JOB_QUEUED || k->kind != POOL_JOB_FORWARD || !k->is_batchable ||
+            k->session == NULL || k->layer != w->layer || session_shard(k->session) != shard) {
+            continue;
+        }
+        int rc = k->ops->prepare(k, shard, &k->step);
+        if (rc != 0) {
+            pool->cand[i] = NULL; /* complete() may hand the job back to its owner */
+            complete(pool, k, rc);
+            continue;
+        }
+        if (*tokens + k->step.n_tokens > pool->max_batch_tokens) {
+            continue;
+        }
+        int32_t need = attn_kv_blocks_needed(k->step.kv, k->step.n_tokens);
+        if (session_shard_make_room(pool->sessions, shard, *blocks + need) != 0) {
+            continue;
+        }
+        *blocks += need;
+        *tokens += k->step.n_tokens;
+        k->state = JOB_RUNNING; /* taken: start() below sets it for good */
+        w->jobs[w->n++] = k;
+    }
+}
+
+/* Tries to start candidate i. */
+static void dispatch_one(struct pool *pool, int32_t i, int32_t n_cand) {
+    struct pool_job *j = pool->cand[i];
+    if (j->kind != POOL_JOB_CONTROL && pool->n_busy == pool->n_workers) {
+        return;
+    }
+    int32_t shard = -1;
+    if (j->kind != POOL_JOB_SDPA) {
+        shard = j->session != NULL ? session_shard(j->session)
+                : j->shard_hint >= 0 ? j->shard_hint
+                                     : session_shard_pick_idle(pool->sessions);
+        if (shard < 0 || session_shard_is_busy(pool->sessions, shard)) {
+            return;
+        }
+    }
+    int rc = j->ops->prepare(j, shard, &j->step);
+    if (rc != 0 || j->kind == POOL_JOB_CONTROL) {
+        pool->cand[i] = NULL; /* complete() may hand the job back to its owner */
+        complete(pool, j, rc);
+        return;
+    }
+    struct worker *w = free_worker(pool);
+    w->n = 0;
+    w->jobs[w->n++] = j;
+    if (j->kind == POOL_JOB_SDPA) {
+        start(pool, w, POOL_JOB_SDPA, -1);
+        return;
+    }
+    int32_t blocks = attn_kv_blocks_needed(j->step.kv, j->step.n_tokens);
+    rc = session_shard_make_room(pool->sessions, shard, blocks);
+    if (rc != 0) {
+        w->n = 0;
+        pool->cand[i] = NULL;
+        complete(pool, j, rc);
+        return;
+    }
+    w->layer = j->step.layer;
+    j->state = JOB_RUNNING;
+    if (j->is_batchable) {
+        int32_t tokens = j->step.n_tokens;
+        gather(pool, w, shard, i + 1, n_cand, &tokens, &blocks);
+    }
+    start(pool, w, POOL_JOB_FORWARD, shard);
+}
+
+static void dispatch(struct pool *pool) {
+    if (pool->n_jobs == 0) {
+        return;
+    }
+    if (pool->cand_cap < pool->n_jobs) {
+        struct pool_job **c = realloc(pool->cand, (size_t)pool->n_jobs * 2 * sizeof *c);
+        if (c == NULL) {
+            return; /* retried at the next kick */
+        }
+        pool->cand = c;
+        pool->cand_cap = pool->n_jobs * 2;
+    }
+    if (seen_reset(pool, (size_t)pool->n_jobs) != 0) {
+        return;
+    }
+    /* Each session's first job, in arrival order; a running or parked first job blocks the
+     * session's later ones. */
+    int32_t n = 0;
+    for (struct pool_job *j = pool->head; j != NULL; j = j->next) {
+        if (j->session != NULL && seen_add(pool, j->session)) {
+            continue;
+        }
+        if (j->state == JOB_QUEUED) {
+            pool->cand[n++] = j;
+        }
+    }
+    for (int32_t i = 0; i < n; i++) {
+        if (pool->cand[i] != NULL && pool->cand[i]->state == JOB_QUEUED) {
+            dispatch_one(pool, i, n);
+        }
+    }
+}
+
+static void kick_cb(uv_idle_t *h) {
+    struct pool *pool = h->data;
+    uv_idle_stop(h);
+    dispatch(pool);
+    if (pool->n_jobs == 0 && pool->n_busy == 0 && pool->idle_fn != NULL) {
+        pool->idle_fn(pool->idle_ctx);
+    }
+}
+
+static void kick(struct pool *pool) {
+    if (!pool->is_closing) {
+        uv_idle_start(&pool->kick, kick_cb);
+    }
+}
+
+/* ---- public --------------------------------------------------------------------------------- */
+
+int pool_create(const struct pool_params *p, struct pool **out) {
+    if (p->n_workers < 1 || p->max_batch_tokens < 1 || p->queue_depth < 1) {
+        return ATTN_EINVAL;
+    }
+    struct pool *pool = calloc(1, sizeof *pool);
+    if (pool == NULL) {
+        return ATTN_ENOMEM;
+    }
+    pool->loop = p->loop;
+    pool->model = p->model;
+    pool->sessions = p->sessions;
+    pool->n_workers = p->n_workers;
+    pool->max_batch_tokens = p->max_batch_tokens;
+    pool->queue_depth = p->queue_depth;
+    pool->workers = calloc((size_t)p->n_workers, sizeof *pool->workers);
+    if (pool->workers == NULL) {
+        free(pool);
+        return ATTN_ENOMEM;
+    }
+    for (int32_t i = 0; i < p->n_workers; i++) {
+        pool->workers[i].pool = pool;
+        int rc = attn_workspace_create(p->model, p->max_batch_tokens, NULL, &pool->workers[i].ws);
+        if (rc != ATTN_OK) {
+            for (int32_t k = 0; k < i; k++) {
+                attn_workspace_destroy(pool->workers[k].ws);
+            }
+            free(pool->workers);
+            free(pool);
+            return rc;
+        }
+    }
+    uv_idle_init(p->loop, &pool->kick);
+    pool->kick.data = pool;
+    *out = pool;
+    return 0;
+}
+
+static void on_kick_closed(uv_handle_t *h) {
+    struct pool *pool = h->data;
+    for (int32_t i = 0; i < pool->n_workers; i++) {
+        attn_workspace_destroy(pool->workers[i].ws);
+    }
+    free(pool->workers);
+    free(pool->cand);
+    free(pool->seen);
+    free(pool);
+}
+
+void pool_destroy(struct pool *pool) {
+    if (pool == NULL) {
+        return;
+    }
+    assert(pool_is_idle(pool));
+    pool->is_closing = true;
+    /* The memory goes when libuv has closed the idle handle: the caller runs the loop once
+     * more (main does, until no handles remain). */
+    uv_close((uv_handle_t *)&pool->kick, on_kick_closed);
+}
+
+int pool_submit(struct pool *pool, struct pool_job *job) {
+    if (pool->n_waiting >= pool->queue_depth) {
+        return ERROR_QUEUE_FULL;
+    }
+    job->prev = pool->tail;
+    job->next = NULL;
+    if (pool->tail != NULL) {
+        pool->tail->next = job;
+    } else {
+        pool->head = job;
+    }
+    pool->tail = job;
+    pool->n_jobs++;
+    pool->n_waiting++;
+    job->state = JOB_QUEUED;
+    job->has_started = false;
+    job->submitted_at_ms = now_ms();
+    job->queue_ms = 0;
+    job->compute_ms = 0;
+    job->batch_size = 0;
+    kick(pool);
+    return 0;
+}
+
+void pool_job_ready(struct pool *pool, struct pool_job *job) {
+    if (job->state == JOB_PARKED) {
+        job->state = JOB_QUEUED;
+        kick(pool);
+    }
+}
+
+bool pool_is_idle(const struct pool *pool) {
+    return pool->n_jobs == 0 && pool->n_busy == 0;
+}
+
+int32_t pool_queue_depth(const struct pool *pool) {
+    return pool->n_waiting;
+}
+
+int32_t pool_n_running(const struct pool *pool) {
+    return pool->n_busy;
+}
+
+uint64_t pool_engine_steps(const struct pool *pool) {
+    return pool->engine_steps;
+}
+
+uint64_t pool_batched_steps(const struct pool *pool) {
+    return pool->batched_steps;
+}
+
+void pool_set_idle_callback(struct pool *pool, void (*fn)(void *ctx), void *ctx) {
+    pool->idle_fn = fn;
+    pool->idle_ctx = ctx;
+    kick(pool);
+}

@@ -1,0 +1,138 @@
+/* server/pool.h: the job scheduler and the libuv worker pool that runs engine work.
+ *
+ * Jobs wait in one FIFO in arrival order. A job naming a session runs only when it is the first
+ * of that session's jobs, so requests on one session run one at a time in order; jobs of
+ * different sessions run in parallel, one per worker, each holding its KV shard (session.h).
+ * When a forward job of a few tokens (a decode step) is dispatched, later runnable decode steps
+ * of other sessions in the same shard and layer join it: one attn_forward call advances all of
+ * them, reading the weights once (continuous batching). Before a forward runs, the loop thread
+ * evicts idle sessions until its blocks fit.
+ *
+ * Each job is described by callbacks (the work/after-work split of uv_queue_work): prepare and
+ * done run on the loop thread and may touch anything; run executes on a worker and touches only
+ * its job (and the engine through the step the pool runs). Thread rule: every pool_* function is
+ * loop thread only.
+ */
+#ifndef SERVER_POOL_H
+#define SERVER_POOL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <uv.h>
+
+#include "../engine/attn.h"
+#include "session.h"
+
+/* Steps of at most this many tokens are decode steps that may be batched together. */
+#define POOL_BATCH_STEP_MAX_TOKENS 16
+
+struct pool; /* opaque */
+
+enum pool_job_kind {
+    POOL_JOB_FORWARD, /* one engine step (attn_forward) on a KV shard; may be batched */
+    POOL_JOB_SDPA,    /* stateless work on a worker, no shard (ops->run does it) */
+    POOL_JOB_CONTROL, /* done entirely by ops->prepare on the loop thread, shard idle */
+};
+
+/* What a forward job contributes to one engine step; filled by ops->prepare. Arrays are the
+ * job's own and must stay valid until ops->done. */
+struct pool_step {
+    attn_kv *kv;
+    int32_t layer;
+    const float *x;            /* (n_tokens, hidden_size) */
+    int32_t n_tokens;          /* >= 1 */
+    const int32_t *positions;  /* (n_tokens) or NULL */
+    float *out;                /* (n_tokens, hidden_size) */
+    float *weights;            /* NULL, or (n_heads, n_tokens, len(kv) + n_tokens) */
+};
+
+enum pool_after {
+    POOL_AFTER_FINISHED = 0, /* the pool forgets the job */
+    POOL_AFTER_PARKED = 1,   /* another step follows; the job keeps its place at the head of its
+                                session and runs again after pool_job_ready */
+};
+
+struct pool_job;
+
+struct pool_job_ops {
+    /* Loop thread, when the job's turn has come and its shard is idle (shard is -1 for SDPA
+     * jobs). FORWARD: fill *step (resolving the cache, checking expect_n_past and lengths) and
+     * return 0. CONTROL: do the work and return 0 or an error. Any nonzero return finishes the
+     * job with that status (done is called). May be called again for the same step if the job
+     * could not join a batch, so it must not change state beyond resolving the cache. */
+    int (*prepare)(struct pool_job *job, int32_t shard, struct pool_step *step);
+    /* Worker thread, after the job's engine step with its status (FORWARD), or to do the work
+     * (SDPA, status 0). Touches only the job. Returns the job's status. May be NULL. */
+    int (*run)(struct pool_job *job, int status);
+    /* Loop thread: the step is over with `status` (0, an error_code or an attn_status). Must not
+     * free the job: the pool still holds it until it calls release. */
+    enum pool_after (*done)(struct pool_job *job, int status);
+    /* Loop thread: the pool is finished with the job (after done returned
+     * POOL_AFTER_FINISHED); the submitter may free it now. May be NULL. */
+    void (*release)(struct pool_job *job);
+};
+
+/* A job. The submitter owns the memory and fills the public part; the pool links it in and
+ * hands it back through ops->release. */
+struct pool_job {
+    /* Set by the submitter. */
+    enum pool_job_kind kind;
+    const struct pool_job_ops *ops;
+    struct session *session; /* NULL = stateless; the submitter pins it */
+    bool is_batchable;       /* a forward of <= POOL_BATCH_STEP_MAX_TOKENS tokens per step */
+    int32_t layer;           /* for batching: steps must share the layer */
+    int32_t shard_hint;      /* stateless FORWARD: the shard to run on (its temporary cache's),
+                                or -1 for any idle one */
+    /* Read by the submitter in ops->done. */
+    double queue_ms;   /* submission to first start */
+    double compute_ms; /* engine time summed over steps */
+    int32_t batch_size; /* sequences in the last engine step that carried this job */
+    /* Pool-private. */
+    struct pool_job *prev, *next;
+    int state;
+    bool has_started;
+    double submitted_at_ms;
+    int32_t shard;
+    struct pool_step step;
+};
+
+struct pool_params {
+    uv_loop_t *loop;
+    const attn_model *model;
+    struct session_store *sessions;
+    int32_t n_workers;        /* worker threads (the libuv pool must have at least this many) */
+    int32_t max_batch_tokens; /* tokens per engine call: batch cap and workspace size */
+    int32_t queue_depth;      /* waiting (never started) jobs at most */
+};
+
+/* Creates the pool and one engine workspace per worker. Returns 0, or ATTN_ENOMEM / ATTN_EINVAL.
+ */
+int pool_create(const struct pool_params *p, struct pool **out);
+
+/* Frees the pool. No job may be queued or running (pool_is_idle). NULL is a no-op. */
+void pool_destroy(struct pool *pool);
+
+/* Queues a job. Returns 0, or ERROR_QUEUE_FULL when queue_depth jobs are already waiting (then
+ * no callback is ever called). The job runs later: callbacks are never called from inside
+ * pool_submit. */
+int pool_submit(struct pool *pool, struct pool_job *job);
+
+/* Makes a parked job runnable again. */
+void pool_job_ready(struct pool *pool, struct pool_job *job);
+
+/* True when no job is queued, parked or running. */
+bool pool_is_idle(const struct pool *pool);
+
+/* Jobs waiting to start for the first time, and workers busy. */
+int32_t pool_queue_depth(const struct pool *pool);
+int32_t pool_n_running(const struct pool *pool);
+
+/* Engine calls made and sequence steps they carried (their ratio is the mean batch size). */
+uint64_t pool_engine_steps(const struct pool *pool);
+uint64_t pool_batched_steps(const struct pool *pool);
+
+/* Calls fn after the pool becomes idle (checked after every job). For draining. */
+void pool_set_idle_callback(struct pool *pool, void (*fn)(void *ctx), void *ctx);
+
+#endif /* SERVER_POOL_H */

@@ -1,0 +1,524 @@
+/* server/route.c: routing, authentication, one handler per endpoint, and the request's life
+ * (see route.h). Requests that need the engine or a session's turn become jobs (job.c); the rest
+ * are answered here at once, on the loop thread, which is why health, readiness and metrics
+ * never wait behind engine work.
+ */
+#include "route.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "job.h"
+#include "log.h"
+
+#define JSON_TYPE "application/json"
+#define METRICS_TYPE "text/plain; version=0.0.4; charset=utf-8"
+
+enum route_kind {
+    ROUTE_NONE = 0,
+    ROUTE_ATTEND,
+    ROUTE_SDPA,
+    ROUTE_SESSIONS,
+    ROUTE_SESSION,
+    ROUTE_TRUNCATE,
+    ROUTE_FORK,
+    ROUTE_MODEL,
+    ROUTE_HEALTHZ,
+    ROUTE_READYZ,
+    ROUTE_METRICS,
+};
+
+struct route_entry {
+    enum route_kind kind;
+    enum metrics_endpoint endpoint;
+    const char *allow; /* the methods, as the Allow header lists them */
+    bool needs_auth;
+};
+
+static const struct route_entry entries[] = {
+    {ROUTE_NONE, METRICS_ENDPOINT_OTHER, "", false},
+    {ROUTE_ATTEND, METRICS_ENDPOINT_ATTEND, "POST", true},
+    {ROUTE_SDPA, METRICS_ENDPOINT_SDPA, "POST", true},
+    {ROUTE_SESSIONS, METRICS_ENDPOINT_SESSIONS, "GET", true},
+    {ROUTE_SESSION, METRICS_ENDPOINT_SESSION, "GET, DELETE", true},
+    {ROUTE_TRUNCATE, METRICS_ENDPOINT_TRUNCATE, "POST", true},
+    {ROUTE_FORK, METRICS_ENDPOINT_FORK, "POST", true},
+    {ROUTE_MODEL, METRICS_ENDPOINT_MODEL, "GET", true},
+    {ROUTE_HEALTHZ, METRICS_ENDPOINT_HEALTHZ, "GET", false},
+    {ROUTE_READYZ, METRICS_ENDPOINT_READYZ, "GET", false},
+    {ROUTE_METRICS, METRICS_ENDPOINT_METRICS, "GET", false},
+};
+
+/* ---- replies -------------------------------------------------------------------------------- */
+
+static int64_t now_ms(void) {
+    return (int64_t)(uv_hrtime() / 1000000);
+}
+
+void route_reply(struct route_req *rq, int status, char *body, size_t len) {
+    if (rq->status != 0) {
+        free(body);
+        return;
+    }
+    rq->status = status;
+    if (rq->srv->is_draining) {
+        http_request_add_header(rq->http, "Connection", "close");
+    }
+    http_request_reply(rq->http, status, body != NULL ? JSON_TYPE : NULL, body, len);
+}
+
+void route_reply_error(struct route_req *rq, int code, const char *message, const char *param) {
+    if (rq->status != 0) {
+        return;
+    }
+    const struct error_info *e = error_info_get(code);
+    switch (e->http_status) {
+    case 401:
+        http_request_add_header(rq->http, "WWW-Authenticate", "Bearer");
+        break;
+    case 405:
+        http_request_add_header(rq->http, "Allow", entries[rq->kind].allow);
+        break;
+    case 429:
+        http_request_add_header(rq->http, "Retry-After", "1");
+        break;
+    default:
+        break;
+    }
+    /* An engine code's own text says more than the generic message of its table row. */
+    if ((message == NULL || message[0] == '\0') && code < 0 && code > -100) {
+        message = attn_strerror(code);
+    }
+    rq->error_name = e->name;
+    size_t len = 0;
+    char *body = api_error_encode(code, message, param, &len);
+    route_reply(rq, e->http_status, body, len);
+}
+
+void route_stream_begin(struct route_req *rq) {
+    if (rq->status != 0) {
+        return;
+    }
+    rq->status = 200;
+    http_request_stream_begin(rq->http, 200, "text/event-stream");
+}
+
+/* ---- routing -------------------------------------------------------------------------------- */
+
+/* Matches the path; for /v1/sessions/{id}... copies the id segment (possibly invalid) into id. */
+static enum route_kind match(const char *path, char *id, size_t id_size, bool *is_id_valid) {
+    static const struct {
+        const char *path;
+        enum route_kind kind;
+    } fixed[] = {
+        {"/v1/attend", ROUTE_ATTEND},   {"/v1/sdpa", ROUTE_SDPA},     {"/v1/sessions", ROUTE_SESSIONS},
+        {"/v1/model", ROUTE_MODEL},     {"/healthz", ROUTE_HEALTHZ}, {"/readyz", ROUTE_READYZ},
+        {"/metrics", ROUTE_METRICS},
+    };
+    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) {
+        if (strcmp(path, fixed[i].path) == 0) {
+            return fixed[i].kind;
+        }
+    }
+    const char *prefix = "/v1/sessions/";
+    size_t pl = strlen(prefix);
+    if (strncmp(path, prefix, pl) != 0) {
+        return ROUTE_NONE;
+    }
+    const char *seg = path + pl;
+    const char *slash = strchr(seg, '/');
+    size_t n = slash != NULL ? (size_t)(slash - seg) : strlen(seg);
+    enum route_kind kind = ROUTE_SESSION;
+    if (slash != NULL) {
+        if (strcmp(slash, "/truncate") == 0) {
+            kind = ROUTE_TRUNCATE;
+        } else if (strcmp(slash, "/fork") == 0) {
+            kind = ROUTE_FORK;
+        } else {
+            return ROUTE_NONE;
+        }
+    }
+    if (n == 0) {
+        return ROUTE_NONE;
+    }
+    *is_id_valid = api_session_id_is_valid(seg, n);
+    snprintf(id, id_size, "%.*s", (int)(n < id_size - 1 ? n : id_size - 1), seg);
+    return kind;
+}
+
+static bool method_allowed(enum route_kind kind, const char *method) {
+    const char *allow = entries[kind].allow;
+    size_t n = strlen(method);
+    for (const char *p = allow; (p = strstr(p, method)) != NULL; p += n) {
+        bool starts = p == allow || p[-1] == ' ';
+        bool ends = p[n] == '\0' || p[n] == ',';
+        if (starts && ends) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Constant-time comparison, so that response timing does not reveal the key. */
+static bool key_matches(const char *header, const char *key) {
+    static const char bearer[] = "Bearer ";
+    if (header == NULL || strncmp(header, bearer, sizeof bearer - 1) != 0) {
+        return false;
+    }
+    const char *given = header + sizeof bearer - 1;
+    size_t gl = strlen(given), kl = strlen(key);
+    unsigned diff = (unsigned)(gl != kl);
+    for (size_t i = 0; i < kl; i++) {
+        diff |= (unsigned)(unsigned char)key[i] ^ (unsigned)(unsigned char)given[i < gl ? i : 0];
+    }
+    return diff == 0;
+}
+
+/* ---- endpoints answered at once ------------------------------------------------------------- */
+
+static void handle_status(struct route_req *rq, const char *status) {
+    size_t len = 0;
+    char *body = api_status_encode(status, &len);
+    route_reply(rq, 200, body, len);
+}
+
+static void handle_metrics(struct route_req *rq) {
+    struct server *srv = rq->srv;
+    struct session_store_stats st;
+    session_store_get_stats(srv->sessions, &st);
+    struct metrics_gauges g = {
+        .evictions = {st.evictions[SESSION_EVICT_BUDGET], st.evictions[SESSION_EVICT_MAX_SESSIONS],
+                      st.evictions[SESSION_EVICT_TTL]},
+        .engine_steps = pool_engine_steps(srv->pool),
+        .batched_steps = pool_batched_steps(srv->pool),
+        .sessions = st.n_sessions,
+        .kv_bytes_used = st.bytes_used,
+        .kv_bytes_limit = st.bytes_limit,
+        .queue_depth = pool_queue_depth(srv->pool),
+        .jobs_in_flight = pool_n_running(srv->pool),
+        .workers = srv->cfg->workers,
+        .draining = srv->is_draining,
+    };
+    struct strbuf b;
+    strbuf_init(&b);
+    metrics_render(&srv->metrics, &g, &b);
+    size_t len = 0;
+    char *body = strbuf_detach(&b, &len);
+    if (body == NULL) {
+        route_reply_error(rq, ERROR_INTERNAL, "out of memory", NULL);
+        return;
+    }
+    rq->status = 200;
+    http_request_reply(rq->http, 200, METRICS_TYPE, body, len);
+}
+
+static void handle_model(struct route_req *rq) {
+    struct server *srv = rq->srv;
+    struct api_model_info info = {
+        .source = srv->model_source,
+        .layer_first = attn_model_layer_first(srv->model),
+        .layer_count = attn_model_layer_count(srv->model),
+        .weights_bytes = attn_model_bytes(srv->model),
+    };
+    size_t len = 0;
+    char *body = api_model_encode(attn_model_config(srv->model), &info, &len);
+    route_reply(rq, 200, body, len);
+}
+
+/* Fills *out (layers malloc'd into *layers) for session s. */
+static int describe(struct session *s, int64_t now, struct api_session *out,
+                    struct api_session_layer **layers) {
+    int32_t n = session_n_layers_used(s);
+    *layers = calloc((size_t)(n > 0 ? n : 1), sizeof **layers);
+    if (*layers == NULL) {
+        return -1;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        session_layer_at(s, i, &(*layers)[i].layer, &(*layers)[i].n_tokens, &(*layers)[i].bytes);
+    }
+    out->session_id = session_id(s);
+    out->n_tokens = session_n_tokens(s);
+    out->bytes = session_bytes(s);
+    out->idle_ms = session_idle_ms(s, now);
+    out->pending = session_pins(s);
+    out->layers = *layers;
+    out->n_layers = n;
+    return 0;
+}
+
+char *route_session_encode(struct session *s, size_t *len) {
+    struct api_session as;
+    struct api_session_layer *layers;
+    if (describe(s, now_ms(), &as, &layers) != 0) {
+        return NULL;
+    }
+    char *body = api_session_encode(&as, len);
+    free(layers);
+    return body;
+}
+
+static void handle_sessions(struct route_req *rq) {
+    struct server *srv = rq->srv;
+    struct session_store_stats st;
+    session_store_get_stats(srv->sessions, &st);
+    struct api_session *all = calloc((size_t)st.n_sessions + 1, sizeof *all);
+    struct api_session_layer **layers = calloc((size_t)st.n_sessions + 1, sizeof *layers);
+    int32_t n = 0;
+    char *body = NULL;
+    size_t len = 0;
+    if (all != NULL && layers != NULL) {
+        int64_t now = now_ms();
+        for (struct session *s = session_store_first(srv->sessions); s != NULL;
+             s = session_next(s)) {
+            if (describe(s, now, &all[n], &layers[n]) != 0) {
+                break;
+            }
+            n++;
+        }
+        struct api_pool pool = {
+            .bytes_used = st.bytes_used,
+            .bytes_limit = st.bytes_limit,
+            .block_tokens = st.block_tokens,
+            .blocks_used = st.blocks_used,
+            .blocks_total = st.blocks_total,
+            .shards = st.n_shards,
+        };
+        if (n == st.n_sessions) {
+            body = api_session_list_encode(all, n, &pool, &len);
+        }
+    }
+    for (int32_t i = 0; i < n; i++) {
+        free(layers[i]);
+    }
+    free(layers);
+    free(all);
+    if (body == NULL) {
+        route_reply_error(rq, ERROR_INTERNAL, "out of memory", NULL);
+        return;
+    }
+    route_reply(rq, 200, body, len);
+}
+
+/* The live session named by the path, or an answer (404 / 410) and NULL. */
+static struct session *path_session(struct route_req *rq) {
+    enum session_state state;
+    struct session *s = session_find(rq->srv->sessions, rq->session, &state);
+    if (s == NULL) {
+        route_reply_error(rq, state == SESSION_STATE_TOMBSTONE ? ERROR_SESSION_EVICTED
+                                                                : ERROR_SESSION_NOT_FOUND,
+                          NULL, "session_id");
+    }
+    return s;
+}
+
+static void handle_session(struct route_req *rq, const char *method) {
+    if (strcmp(method, "DELETE") == 0) {
+        enum session_state state;
+        struct session *s = session_find(rq->srv->sessions, rq->session, &state);
+        if (s == NULL && state == SESSION_STATE_TOMBSTONE) {
+            session_tombstone_forget(rq->srv->sessions, rq->session);
+            route_reply(rq, 204, NULL, 0);
+            return;
+        }
+        if (s == NULL) {
+            route_reply_error(rq, ERROR_SESSION_NOT_FOUND, NULL, "session_id");
+            return;
+        }
+        job_submit_delete(rq, s);
+        return;
+    }
+    struct session *s = path_session(rq);
+    if (s == NULL) {
+        return;
+    }
+    size_t len = 0;
+    char *body = route_session_encode(s, &len);
+    if (body == NULL) {
+        route_reply_error(rq, ERROR_INTERNAL, "out of memory", NULL);
+        return;
+    }
+    route_reply(rq, 200, body, len);
+}
+
+/* ---- HTTP handlers -------------------------------------------------------------------------- */
+
+static void on_headers(void *ctx, struct http_request *req) {
+    struct server *srv = ctx;
+    struct route_req *rq = calloc(1, sizeof *rq);
+    if (rq == NULL) {
+        http_request_reply(req, 500, NULL, NULL, 0);
+        return;
+    }
+    rq->srv = srv;
+    rq->http = req;
+    http_request_set_user(req, rq);
+    bool is_id_valid = true;
+    rq->kind = match(http_request_path(req), rq->session, sizeof rq->session, &is_id_valid);
+    const char *method = http_request_method(req);
+    const struct route_entry *e = &entries[rq->kind];
+    if (rq->kind == ROUTE_NONE) {
+        route_reply_error(rq, ERROR_NOT_FOUND, NULL, NULL);
+        return;
+    }
+    if (e->needs_auth && srv->cfg->api_key[0] != '\0' &&
+        !key_matches(http_request_header(req, "Authorization"), srv->cfg->api_key)) {
+        route_reply_error(rq, ERROR_UNAUTHORIZED, NULL, "Authorization");
+        return;
+    }
+    if (!method_allowed(rq->kind, method)) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "%s is not allowed here; allowed: %s", method, e->allow);
+        route_reply_error(rq, ERROR_METHOD_NOT_ALLOWED, msg, NULL);
+        return;
+    }
+    if (srv->is_draining && rq->kind != ROUTE_HEALTHZ && rq->kind != ROUTE_METRICS) {
+        route_reply_error(rq, ERROR_DRAINING, NULL, NULL);
+        return;
+    }
+    const char *cl = http_request_header(req, "Content-Length");
+    if (cl != NULL) {
+        errno = 0;
+        char *end;
+        unsigned long long n = strtoull(cl, &end, 10);
+        if (errno == 0 && *end == '\0' && n > (unsigned long long)srv->cfg->max_body_mb << 20) {
+            char msg[128];
+            snprintf(msg, sizeof msg, "request body of %llu bytes is over --max-body-mb %lld MiB",
+                     n, (long long)srv->cfg->max_body_mb);
+            route_reply_error(rq, ERROR_PAYLOAD_TOO_LARGE, msg, NULL);
+            return;
+        }
+    }
+    if (!is_id_valid) {
+        route_reply_error(rq, ERROR_INVALID_REQUEST,
+                          "the session id in the path must be 1 to 128 characters from "
+                          "[A-Za-z0-9._:-]",
+                          "session_id");
+        return;
+    }
+}
+
+static void on_request(void *ctx, struct http_request *req) {
+    struct route_req *rq = http_request_user(req);
+    if (rq == NULL || rq->status != 0) {
+        return;
+    }
+    if (http_request_body_too_large(req)) {
+        route_reply_error(rq, ERROR_PAYLOAD_TOO_LARGE, NULL, NULL);
+        return;
+    }
+    switch (rq->kind) {
+    case ROUTE_ATTEND:
+        job_submit_attend(rq);
+        break;
+    case ROUTE_SDPA:
+        job_submit_sdpa(rq);
+        break;
+    case ROUTE_SESSIONS:
+        handle_sessions(rq);
+        break;
+    case ROUTE_SESSION:
+        handle_session(rq, http_request_method(req));
+        break;
+    case ROUTE_TRUNCATE:
+        job_submit_truncate(rq);
+        break;
+    case ROUTE_FORK:
+        job_submit_fork(rq);
+        break;
+    case ROUTE_MODEL:
+        handle_model(rq);
+        break;
+    case ROUTE_HEALTHZ:
+        handle_status(rq, "ok");
+        break;
+    case ROUTE_READYZ:
+        handle_status(rq, "ready");
+        break;
+    case ROUTE_METRICS:
+        handle_metrics(rq);
+        break;
+    case ROUTE_NONE:
+        break;
+    }
+}
+
+static void on_stream_drained(void *ctx, struct http_request *req) {
+    struct route_req *rq = http_request_user(req);
+    if (rq != NULL && rq->job != NULL) {
+        job_stream_drained(rq->job);
+    }
+}
+
+static void maybe_drained(struct server *srv) {
+    if (srv->is_draining && !srv->has_drained && pool_is_idle(srv->pool) &&
+        http_server_n_requests(srv->http) == 0) {
+        srv->has_drained = true;
+        LOG_INFO("main", "drained: every accepted request is finished");
+        srv->on_drained(srv);
+    }
+}
+
+static void on_pool_idle(void *ctx) {
+    maybe_drained(ctx);
+}
+
+static void on_closed(void *ctx, struct http_request *req) {
+    struct server *srv = ctx;
+    struct route_req *rq = http_request_user(req);
+    if (rq == NULL) {
+        return;
+    }
+    double ms = (double)uv_hrtime() / 1e6 - http_request_start_ms(req);
+    metrics_request_done(&srv->metrics, entries[rq->kind].endpoint, rq->status, ms / 1000.0);
+    bool is_quiet = rq->kind == ROUTE_HEALTHZ || rq->kind == ROUTE_READYZ ||
+                    rq->kind == ROUTE_METRICS;
+    enum log_level level = rq->status >= 500 ? LOG_LEVEL_WARN
+                           : is_quiet         ? LOG_LEVEL_DEBUG
+                                              : LOG_LEVEL_INFO;
+    if (log_enabled(level)) {
+        log_write(level, "route",
+                  "request req=%llu session=%s method=%s path=%s status=%d code=%s ms=%.2f",
+                  (unsigned long long)http_request_id(req), rq->session[0] ? rq->session : "-",
+                  http_request_method(req), http_request_path(req), rq->status,
+                  rq->error_name != NULL ? rq->error_name : "-", ms);
+    }
+    if (rq->job != NULL) {
+        job_client_gone(rq->job);
+    }
+    free(rq);
+    http_request_set_user(req, NULL);
+    /* The request count drops after this returns; check again on the next loop turn. */
+    if (srv->is_draining) {
+        pool_set_idle_callback(srv->pool, on_pool_idle, srv);
+    }
+}
+
+void route_handlers(struct server *srv, struct http_handlers *out) {
+    out->ctx = srv;
+    out->on_headers = on_headers;
+    out->on_request = on_request;
+    out->on_stream_drained = on_stream_drained;
+    out->on_closed = on_closed;
+}
+
+void route_drain(struct server *srv) {
+    if (srv->is_draining) {
+        return;
+    }
+    srv->is_draining = true;
+    pool_set_idle_callback(srv->pool, on_pool_idle, srv);
+}
+
+void route_tick(struct server *srv) {
+    if (srv->cfg->session_ttl_s <= 0) {
+        return;
+    }
+    int32_t n = session_store_expire(srv->sessions, now_ms(), srv->cfg->session_ttl_s * 1000);
+    if (n > 0) {
+        LOG_INFO("session", "expired idle sessions n=%d ttl_s=%lld session=-", (int)n,
+                 (long long)srv->cfg->session_ttl_s);
+    }
+}

@@ -1,0 +1,77 @@
+/* server/route.h: the daemon's context and its HTTP handlers: routing, authentication, one
+ * handler per endpoint, and the jobs that carry engine work to the pool and answers back.
+ *
+ * Thread rule: loop thread only, except the jobs' run callbacks (workers), which touch only
+ * their job.
+ */
+#ifndef SERVER_ROUTE_H
+#define SERVER_ROUTE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <uv.h>
+
+#include "../engine/attn.h"
+#include "api.h"
+#include "config.h"
+#include "http.h"
+#include "metrics.h"
+#include "pool.h"
+#include "session.h"
+
+/* Everything a request may need, wired by main(). Loop thread only. */
+struct server {
+    const struct config *cfg;
+    uv_loop_t *loop;
+    const attn_model *model;
+    const char *model_source; /* the model folder, or "preset:<name> seed=<n>" */
+    struct api_limits limits;
+    struct session_store *sessions;
+    struct pool *pool;
+    struct http_server *http;
+    struct metrics metrics;
+    bool is_draining;
+    bool has_drained;
+    /* Called once, on the loop thread, when draining has finished every request. It runs inside
+     * HTTP callbacks, so it must only schedule the shutdown. */
+    void (*on_drained)(struct server *srv);
+};
+
+/* One HTTP request as the route sees it. Created when its headers arrive, freed when http.c
+ * reports it closed. Loop thread only. */
+struct route_req {
+    struct server *srv;
+    struct http_request *http;
+    int kind;                /* route.c's route_kind */
+    int status;              /* the HTTP status answered, 0 = not yet */
+    const char *error_name;  /* the error code answered, or NULL */
+    char session[API_SESSION_ID_MAX + 1]; /* the session named, for logs ("" = none) */
+    struct job *job;         /* the job carrying this request, or NULL (job.h) */
+};
+
+/* Answers with a JSON body (malloc'd, ownership taken; NULL = no body, e.g. 204). Later answers
+ * to the same request are dropped. */
+void route_reply(struct route_req *rq, int status, char *body, size_t len);
+
+/* Answers with the Error body of code (error_code or attn_status) and the headers its status
+ * needs (Allow, Retry-After, WWW-Authenticate). message/param NULL = default / null. */
+void route_reply_error(struct route_req *rq, int code, const char *message, const char *param);
+
+/* Starts a 200 text/event-stream answer (then http_request_stream_write / _end). */
+void route_stream_begin(struct route_req *rq);
+
+/* The Session body for s (malloc'd), or NULL when out of memory. */
+char *route_session_encode(struct session *s, size_t *len);
+
+/* The handlers to pass to http_server_create, with ctx = srv. */
+void route_handlers(struct server *srv, struct http_handlers *out);
+
+/* Starts draining: new requests get 503 draining, accepted ones finish, and on_drained fires
+ * once nothing is left. The caller stops the listener (http_server_quiesce). */
+void route_drain(struct server *srv);
+
+/* Periodic housekeeping: expires idle sessions past --session-ttl-s. */
+void route_tick(struct server *srv);
+
+#endif /* SERVER_ROUTE_H */

@@ -1,0 +1,691 @@
+/* server/session.c: the session table (see session.h). Sessions sit in a chained hash table by
+ * id and in one doubly linked LRU list (most recent first); tombstones sit in a second hash table
+ * and a ring that forgets the oldest. Shards wrap one attn_kv_pool each, with a busy flag and a
+ * list of cache frees deferred until the worker holding the shard is done.
+ */
+#include "session.h"
+
+#include <assert.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+
+struct session {
+    char id[129];
+    struct session *hash_next;
+    struct session *lru_prev, *lru_next; /* lru_prev toward the most recent end */
+    int32_t shard;
+    int32_t layer_first, layer_count; /* the model's loaded layers */
+    int32_t pins;
+    int64_t last_used_ms;
+    attn_kv **kv;        /* (layer_count) by layer - layer_first; NULL = unused */
+    int32_t *n_tokens;   /* (layer_count) as of the last refresh */
+    size_t *bytes;       /* (layer_count) as of the last refresh */
+};
+
+struct tombstone {
+    char id[129];
+    struct tombstone *hash_next;
+};
+
+struct deferred_free {
+    attn_kv *kv;
+    struct deferred_free *next;
+};
+
+struct shard {
+    attn_kv_pool *pool;
+    bool is_busy;
+    struct deferred_free *deferred;
+    int32_t blocks_free; /* as of the last refresh (exact while idle) */
+};
+
+struct session_store {
+    const attn_model *model;
+    int32_t layer_first, layer_count;
+    int32_t max_sessions;
+    int32_t n_sessions;
+    struct session **buckets; /* (n_buckets) */
+    size_t n_buckets;         /* power of two */
+    struct session *lru_head, *lru_tail;
+    struct tombstone **tomb_buckets; /* (n_tomb_buckets) */
+    size_t n_tomb_buckets;
+    struct tombstone **ring; /* (max_tombstones), oldest at ring_next when full */
+    int32_t max_tombstones, n_tombstones, ring_next;
+    struct shard *shards; /* (n_shards) */
+    int32_t n_shards;
+    uint64_t evictions[3];
+};
+
+/* ---- hashing -------------------------------------------------------------------------------- */
+
+/* FNV-1a, 64-bit. */
+static uint64_t hash_id(const char *s) {
+    uint64_t h = 1469598103934665603ULL;
+    for (; *s; s++) {
+        h ^= (unsigned char)*s;
+        h *= 1099511628211ULL;
+    }
+    return h;
+}
+
+static size_t pow2_at_least(size_t n) {
+    size_t p = 16;
+    while (p < n) {
+        p *= 2;
+    }
+    return p;
+}
+
+static struct session **bucket_of(struct session_store *st, const char *id) {
+    return &st->buckets[hash_id(id) & (st->n_buckets - 1)];
+}
+
+static struct tombstone **tomb_bucket_of(struct session_store *st, const char *id) {
+    return &st->tomb_buckets[hash_id(id) & (st->n_tomb_buckets - 1)];
+}
+
+static struct tombstone *tomb_find(struct session_store *st, const char *id) {
+    for (struct tombstone *t = *tomb_bucket_of(st, id); t != NULL; t = t->hash_next) {
+        if (strcmp(t->id, id) == 0) {
+            return t;
+        }
+    }
+    return NULL;
+}
+
+static void tomb_unlink(struct session_store *st, struct tombstone *t) {
+    struct tombstone **pp = tomb_bucket_of(st, t->id);
+    while (*pp != t) {
+        pp = &(*pp)->hash_next;
+    }
+    *pp = t->hash_next;
+}
+
+/* Remembers id in the ring slot at ring_next, forgetting the tombstone that held it (the oldest)
+ * if any. Forgotten tombstones leave NULL holes, reused when the ring comes round. */
+static void tomb_add(struct session_store *st, const char *id) {
+    if (tomb_find(st, id) != NULL) {
+        return;
+    }
+    struct tombstone *t = st->ring[st->ring_next];
+    if (t != NULL) {
+        tomb_unlink(st, t);
+    } else {
+        t = malloc(sizeof *t);
+        if (t == NULL) {
+            return; /* a lost tombstone degrades 410 to a fresh session; not worth failing */
+        }
+        st->n_tombstones++;
+    }
+    strcpy(t->id, id);
+    struct tombstone **b = tomb_bucket_of(st, id);
+    t->hash_next = *b;
+    *b = t;
+    st->ring[st->ring_next] = t;
+    st->ring_next = (st->ring_next + 1) % st->max_tombstones;
+}
+
+bool session_tombstone_forget(struct session_store *st, const char *id) {
+    struct tombstone *t = tomb_find(st, id);
+    if (t == NULL) {
+        return false;
+    }
+    tomb_unlink(st, t);
+    for (int32_t i = 0; i < st->max_tombstones; i++) {
+        if (st->ring[i] == t) {
+            st->ring[i] = NULL;
+            break;
+        }
+    }
+    st->n_tombstones--;
+    free(t);
+    return true;
+}
+
+/* ---- LRU ------------------------------------------------------------------------------------ */
+
+static void lru_unlink(struct session_store *st, struct session *s) {
+    if (s->lru_prev != NULL) {
+        s->lru_prev->lru_next = s->lru_next;
+    } else {
+        st->lru_head = s->lru_next;
+    }
+    if (s->lru_next != NULL) {
+        s->lru_next->lru_prev = s->lru_prev;
+    } else {
+        st->lru_tail = s->lru_prev;
+    }
+    s->lru_prev = s->lru_next = NULL;
+}
+
+static void lru_push_front(struct session_store *st, struct session *s) {
+    s->lru_prev = NULL;
+    s->lru_next = st->lru_head;
+    if (st->lru_head != NULL) {
+        st->lru_head->lru_prev = s;
+    } else {
+        st->lru_tail = s;
+    }
+    st->lru_head = s;
+}
+
+static void touch(struct session_store *st, struct session *s, int64_t now_ms) {
+    s->last_used_ms = now_ms;
+    lru_unlink(st, s);
+    lru_push_front(st, s);
+}
+
+/* ---- shards --------------------------------------------------------------------------------- */
+
+static void shard_refresh(struct shard *sh) {
+    sh->blocks_free = attn_kv_pool_blocks_free(sh->pool);
+}
+
+void session_shard_free_kv(struct session_store *st, int32_t shard, attn_kv *kv) {
+    if (kv == NULL) {
+        return;
+    }
+    struct shard *sh = &st->shards[shard];
+    if (!sh->is_busy) {
+        attn_kv_destroy(kv);
+        shard_refresh(sh);
+        return;
+    }
+    struct deferred_free *d = malloc(sizeof *d);
+    if (d == NULL) {
+        /* Cannot defer: leaking one cache's blocks beats freeing under a running worker. */
+        return;
+    }
+    d->kv = kv;
+    d->next = sh->deferred;
+    sh->deferred = d;
+}
+
+int32_t session_store_n_shards(const struct session_store *st) {
+    return st->n_shards;
+}
+
+bool session_shard_is_busy(const struct session_store *st, int32_t shard) {
+    return st->shards[shard].is_busy;
+}
+
+void session_shard_acquire(struct session_store *st, int32_t shard) {
+    assert(!st->shards[shard].is_busy);
+    st->shards[shard].is_busy = true;
+}
+
+void session_shard_release(struct session_store *st, int32_t shard) {
+    struct shard *sh = &st->shards[shard];
+    assert(sh->is_busy);
+    sh->is_busy = false;
+    while (sh->deferred != NULL) {
+        struct deferred_free *d = sh->deferred;
+        sh->deferred = d->next;
+        attn_kv_destroy(d->kv);
+        free(d);
+    }
+    shard_refresh(sh);
+}
+
+int32_t session_shard_pick_idle(const struct session_store *st) {
+    int32_t best = -1;
+    for (int32_t i = 0; i < st->n_shards; i++) {
+        if (!st->shards[i].is_busy &&
+            (best < 0 || st->shards[i].blocks_free > st->shards[best].blocks_free)) {
+            best = i;
+        }
+    }
+    return best;
+}
+
+attn_kv_pool *session_shard_pool(struct session_store *st, int32_t shard) {
+    return st->shards[shard].pool;
+}
+
+/* ---- store ---------------------------------------------------------------------------------- */
+
+int session_store_create(const struct session_store_params *p, struct session_store **out) {
+    if (p->model == NULL || p->n_shards < 1 || p->max_sessions < 1 || p->max_tombstones < 1) {
+        return ATTN_EINVAL;
+    }
+    struct session_store *st = calloc(1, sizeof *st);
+    if (st == NULL) {
+        return ATTN_ENOMEM;
+    }
+    st->model = p->model;
+    st->layer_first = attn_model_layer_first(p->model);
+    st->layer_count = attn_model_layer_count(p->model);
+    st->max_sessions = p->max_sessions;
+    st->n_buckets = pow2_at_least((size_t)p->max_sessions);
+    st->buckets = calloc(st->n_buckets, sizeof *st->buckets);
+    st->max_tombstones = p->max_tombstones;
+    st->n_tomb_buckets = pow2_at_least((size_t)p->max_tombstones);
+    st->tomb_buckets = calloc(st->n_tomb_buckets, sizeof *st->tomb_buckets);
+    st->ring = calloc((size_t)p->max_tombstones, sizeof *st->ring);
+    st->n_shards = p->n_shards;
+    st->shards = calloc((size_t)p->n_shards, sizeof *st->shards);
+    if (st->buckets == NULL || st->tomb_buckets == NULL || st->ring == NULL ||
+        st->shards == NULL) {
+        session_store_destroy(st);
+        return ATTN_ENOMEM;
+    }
+    for (int32_t i = 0; i < p->n_shards; i++) {
+        int rc = attn_kv_pool_create(p->model, p->budget_bytes / (size_t)p->n_shards,
+                                     p->block_tokens, &st->shards[i].pool);
+        if (rc != ATTN_OK) {
+            session_store_destroy(st);
+            return rc;
+        }
+        shard_refresh(&st->shards[i]);
+    }
+    *out = st;
+    return 0;
+}
+
+static void session_free(struct session_store *st, struct session *s) {
+    for (int32_t i = 0; i < st->layer_count; i++) {
+        session_shard_free_kv(st, s->shard, s->kv[i]);
+    }
+    free(s->kv);
+    free(s->n_tokens);
+    free(s->bytes);
+    free(s);
+}
+
+static void unlink_session(struct session_store *st, struct session *s) {
+    struct session **pp = bucket_of(st, s->id);
+    while (*pp != s) {
+        pp = &(*pp)->hash_next;
+    }
+    *pp = s->hash_next;
+    lru_unlink(st, s);
+    st->n_sessions--;
+}
+
+void session_store_destroy(struct session_store *st) {
+    if (st == NULL) {
+        return;
+    }
+    while (st->lru_head != NULL) {
+        struct session *s = st->lru_head;
+        unlink_session(st, s);
+        session_free(st, s);
+    }
+    for (int32_t i = 0; i < st->max_tombstones && st->ring != NULL; i++) {
+        free(st->ring[i]);
+    }
+    for (int32_t i = 0; i < st->n_shards && st->shards != NULL; i++) {
+        attn_kv_pool_destroy(st->shards[i].pool);
+    }
+    free(st->shards);
+    free(st->ring);
+    free(st->tomb_buckets);
+    free(st->buckets);
+    free(st);
+}
+
+void session_store_get_stats(const struct session_store *st, struct session_store_stats *out) {
+    memset(out, 0, sizeof *out);
+    out->n_sessions = st->n_sessions;
+    out->n_shards = st->n_shards;
+    for (int32_t i = 0; i < st->n_shards; i++) {
+        const struct shard *sh = &st->shards[i];
+        size_t bb = attn_kv_pool_block_bytes(sh->pool);
+        int32_t total = attn_kv_pool_blocks_total(sh->pool);
+        out->blocks_total += total;
+        out->blocks_used += total - sh->blocks_free;
+        out->bytes_used += (size_t)(total - sh->blocks_free) * bb;
+        out->bytes_limit += (size_t)total * bb;
+        out->block_tokens = attn_kv_pool_block_tokens(sh->pool);
+    }
+    memcpy(out->evictions, st->evictions, sizeof out->evictions);
+}
+
+/* ---- sessions ------------------------------------------------------------------------------- */
+
+struct session *session_find(struct session_store *st, const char *id, enum session_state *state) {
+    for (struct session *s = *bucket_of(st, id); s != NULL; s = s->hash_next) {
+        if (strcmp(s->id, id) == 0) {
+            if (state != NULL) {
+                *state = SESSION_STATE_LIVE;
+            }
+            return s;
+        }
+    }
+    if (state != NULL) {
+        *state = tomb_find(st, id) != NULL ? SESSION_STATE_TOMBSTONE : SESSION_STATE_UNKNOWN;
+    }
+    return NULL;
+}
+
+/* Evicts s (idle) with a tombstone. */
+static void evict(struct session_store *st, struct session *s, enum session_evict_reason why) {
+    assert(s->pins == 0);
+    tomb_add(st, s->id);
+    unlink_session(st, s);
+    session_free(st, s);
+    st->evictions[why]++;
+}
+
+static int insert_new(struct session_store *st, const char *id, int32_t shard, int64_t now_ms,
+                      struct session **out) {
+    enum session_state state;
+    if (session_find(st, id, &state) != NULL) {
+        return ERROR_SESSION_EXISTS;
+    }
+    if (state == SESSION_STATE_TOMBSTONE) {
+        return ERROR_SESSION_EVICTED;
+    }
+    if (st->n_sessions >= st->max_sessions) {
+        struct session *victim = st->lru_tail;
+        while (victim != NULL && victim->pins > 0) {
+            victim = victim->lru_prev;
+        }
+        if (victim == NULL) {
+            return ERROR_KV_BUDGET_EXHAUSTED;
+        }
+        evict(st, victim, SESSION_EVICT_MAX_SESSIONS);
+    }
+    struct session *s = calloc(1, sizeof *s);
+    if (s == NULL) {
+        return ATTN_ENOMEM;
+    }
+    s->kv = calloc((size_t)st->layer_count, sizeof *s->kv);
+    s->n_tokens = calloc((size_t)st->layer_count, sizeof *s->n_tokens);
+    s->bytes = calloc((size_t)st->layer_count, sizeof *s->bytes);
+    if (s->kv == NULL || s->n_tokens == NULL || s->bytes == NULL) {
+        free(s->kv);
+        free(s->n_tokens);
+        free(s->bytes);
+        free(s);
+        return ATTN_ENOMEM;
+    }
+    strcpy(s->id, id);
+    s->shard = shard;
+    s->layer_first = st->layer_first;
+    s->layer_count = st->layer_count;
+    s->last_used_ms = now_ms;
+    struct session **b = bucket_of(st, id);
+    s->hash_next = *b;
+    *b = s;
+    lru_push_front(st, s);
+    st->n_sessions++;
+    *out = s;
+    return 0;
+}
+
+int session_create(struct session_store *st, const char *id, int64_t now_ms,
+                   struct session **out) {
+    /* The shard with the most free blocks spreads sessions, and their memory, evenly. */
+    int32_t best = 0;
+    for (int32_t i = 1; i < st->n_shards; i++) {
+        if (st->shards[i].blocks_free > st->shards[best].blocks_free) {
+            best = i;
+        }
+    }
+    return insert_new(st, id, best, now_ms, out);
+}
+
+void session_remove(struct session_store *st, struct session *s) {
+    assert(s->pins == 0);
+    unlink_session(st, s);
+    session_free(st, s);
+}
+
+void session_clear(struct session_store *st, struct session *s) {
+    for (int32_t i = 0; i < st->layer_count; i++) {
+        session_shard_free_kv(st, s->shard, s->kv[i]);
+        s->kv[i] = NULL;
+        s->n_tokens[i] = 0;
+        s->bytes[i] = 0;
+    }
+}
+
+int32_t session_store_expire(struct session_store *st, int64_t now_ms, int64_t ttl_ms) {
+    int32_t n = 0;
+    struct session *s = st->lru_tail;
+    while (s != NULL) {
+        struct session *prev = s->lru_prev;
+        if (s->pins == 0 && now_ms - s->last_used_ms > ttl_ms) {
+            evict(st, s, SESSION_EVICT_TTL);
+            n++;
+        }
+        s = prev;
+    }
+    return n;
+}
+
+void session_pin(struct session_store *st, struct session *s, int64_t now_ms) {
+    s->pins++;
+    touch(st, s, now_ms);
+}
+
+void session_unpin(struct session_store *st, struct session *s, int64_t now_ms) {
+    assert(s->pins > 0);
+    s->pins--;
+    touch(st, s, now_ms);
+}
+
+/* ---- getters -------------------------------------------------------------------------------- */
+
+const char *session_id(const struct session *s) {
+    return s->id;
+}
+
+int32_t session_shard(const struct session *s) {
+    return s->shard;
+}
+
+int32_t session_pins(const struct session *s) {
+    return s->pins;
+}
+
+int64_t session_idle_ms(const struct session *s, int64_t now_ms) {
+    return s->pins > 0 || now_ms < s->last_used_ms ? 0 : now_ms - s->last_used_ms;
+}
+
+int32_t session_n_tokens(const struct session *s) {
+    int32_t n = 0;
+    for (int32_t i = 0; i < s->layer_count; i++) {
+        if (s->kv[i] != NULL && s->n_tokens[i] > n) {
+            n = s->n_tokens[i];
+        }
+    }
+    return n;
+}
+
+size_t session_bytes(const struct session *s) {
+    size_t n = 0;
+    for (int32_t i = 0; i < s->layer_count; i++) {
+        n += s->bytes[i];
+    }
+    return n;
+}
+
+int32_t session_n_layers_used(const struct session *s) {
+    int32_t n = 0;
+    for (int32_t i = 0; i < s->layer_count; i++) {
+        n += s->kv[i] != NULL;
+    }
+    return n;
+}
+
+void session_layer_at(const struct session *s, int32_t i, int32_t *layer, int32_t *n_tokens,
+                      size_t *bytes) {
+    for (int32_t l = 0; l < s->layer_count; l++) {
+        if (s->kv[l] != NULL && i-- == 0) {
+            *layer = l + s->layer_first;
+            *n_tokens = s->n_tokens[l];
+            *bytes = s->bytes[l];
+            return;
+        }
+    }
+}
+
+struct session *session_store_first(struct session_store *st) {
+    return st->lru_head;
+}
+
+struct session *session_next(struct session *s) {
+    return s->lru_next;
+}
+
+/* ---- caches --------------------------------------------------------------------------------- */
+
+attn_kv *session_kv_find(struct session *s, int32_t layer) {
+    int32_t i = layer - s->layer_first;
+    return i >= 0 && i < s->layer_count ? s->kv[i] : NULL;
+}
+
+int session_kv_get(struct session_store *st, struct session *s, int32_t layer, attn_kv **out) {
+    int32_t i = layer - s->layer_first;
+    if (i < 0 || i >= s->layer_count) {
+        return ATTN_EINVAL;
+    }
+    if (s->kv[i] == NULL) {
+        int rc = attn_kv_create(st->shards[s->shard].pool, &s->kv[i]);
+        if (rc != ATTN_OK) {
+            return rc;
+        }
+        s->n_tokens[i] = 0;
+        s->bytes[i] = 0;
+    }
+    *out = s->kv[i];
+    return 0;
+}
+
+void session_drop_empty_layers(struct session_store *st, struct session *s) {
+    for (int32_t i = 0; i < s->layer_count; i++) {
+        if (s->kv[i] != NULL && s->n_tokens[i] == 0) {
+            session_shard_free_kv(st, s->shard, s->kv[i]);
+            s->kv[i] = NULL;
+            s->bytes[i] = 0;
+        }
+    }
+}
+
+void session_refresh(struct session *s) {
+    for (int32_t i = 0; i < s->layer_count; i++) {
+        if (s->kv[i] != NULL) {
+            s->n_tokens[i] = attn_kv_len(s->kv[i]);
+            s->bytes[i] = attn_kv_bytes(s->kv[i]);
+        }
+    }
+}
+
+int session_truncate(struct session_store *st, struct session *s, int32_t layer,
+                     int32_t n_tokens) {
+    assert(!st->shards[s->shard].is_busy);
+    session_refresh(s);
+    if (layer >= 0) {
+        attn_kv *kv = session_kv_find(s, layer);
+        int32_t len = kv != NULL ? attn_kv_len(kv) : 0;
+        if (n_tokens > len) {
+            return ERROR_INVALID_REQUEST;
+        }
+        if (kv != NULL && attn_kv_truncate(kv, n_tokens) != ATTN_OK) {
+            return ERROR_INVALID_REQUEST;
+        }
+    } else {
+        if (n_tokens > session_n_tokens(s)) {
+            return ERROR_INVALID_REQUEST;
+        }
+        for (int32_t i = 0; i < s->layer_count; i++) {
+            if (s->kv[i] != NULL && attn_kv_len(s->kv[i]) > n_tokens) {
+                attn_kv_truncate(s->kv[i], n_tokens);
+            }
+        }
+    }
+    session_refresh(s);
+    shard_refresh(&st->shards[s->shard]);
+    return 0;
+}
+
+/* Blocks the session's caches hold in its shard. */
+static int32_t blocks_held(const struct session_store *st, const struct session *s) {
+    size_t bb = attn_kv_pool_block_bytes(st->shards[s->shard].pool);
+    size_t total = 0;
+    for (int32_t i = 0; i < s->layer_count; i++) {
+        if (s->kv[i] != NULL) {
+            total += attn_kv_bytes(s->kv[i]);
+        }
+    }
+    return (int32_t)(total / bb);
+}
+
+/* Like session_shard_make_room, but never evicts `keep` (may be NULL). */
+static int make_room(struct session_store *st, int32_t shard, int32_t blocks_needed,
+                     const struct session *keep) {
+    struct shard *sh = &st->shards[shard];
+    assert(!sh->is_busy);
+    int32_t avail = attn_kv_pool_blocks_free(sh->pool);
+    if (avail >= blocks_needed) {
+        return 0;
+    }
+    /* First check that evicting every idle session would be enough, so that a request that
+     * cannot fit anyway evicts nobody. */
+    int64_t reclaimable = avail;
+    for (struct session *s = st->lru_tail; s != NULL; s = s->lru_prev) {
+        if (s->shard == shard && s->pins == 0 && s != keep) {
+            reclaimable += blocks_held(st, s);
+        }
+    }
+    if (reclaimable < blocks_needed) {
+        return ERROR_KV_BUDGET_EXHAUSTED;
+    }
+    struct session *s = st->lru_tail;
+    while (s != NULL && attn_kv_pool_blocks_free(sh->pool) < blocks_needed) {
+        struct session *prev = s->lru_prev;
+        if (s->shard == shard && s->pins == 0 && s != keep) {
+            evict(st, s, SESSION_EVICT_BUDGET);
+        }
+        s = prev;
+    }
+    shard_refresh(sh);
+    return 0;
+}
+
+int session_shard_make_room(struct session_store *st, int32_t shard, int32_t blocks_needed) {
+    return make_room(st, shard, blocks_needed, NULL);
+}
+
+int session_fork(struct session_store *st, struct session *s, const char *new_id, int64_t now_ms,
+                 struct session **out) {
+    struct shard *sh = &st->shards[s->shard];
+    assert(!sh->is_busy);
+    enum session_state state;
+    if (session_find(st, new_id, &state) != NULL) {
+        return ERROR_SESSION_EXISTS;
+    }
+    if (state == SESSION_STATE_TOMBSTONE) {
+        return ERROR_SESSION_EVICTED;
+    }
+    int rc = make_room(st, s->shard, blocks_held(st, s), s);
+    if (rc != 0) {
+        return rc;
+    }
+    /* insert_new may evict for --max-sessions; s is pinned by the caller's job, so it stays. */
+    struct session *c;
+    rc = insert_new(st, new_id, s->shard, now_ms, &c);
+    if (rc != 0) {
+        return rc;
+    }
+    for (int32_t i = 0; i < s->layer_count; i++) {
+        if (s->kv[i] == NULL) {
+            continue;
+        }
+        rc = attn_kv_fork(s->kv[i], &c->kv[i]);
+        if (rc != ATTN_OK) {
+            c->kv[i] = NULL;
+            session_remove(st, c);
+            shard_refresh(sh);
+            return rc;
+        }
+    }
+    session_refresh(c);
+    shard_refresh(sh);
+    *out = c;
+    return 0;
+}
