@@ -562,7 +562,7 @@ static int truncate_prepare(struct pool_job *pj, int32_t shard, struct pool_step
                                           : session_n_tokens(s)),
                        layer >= 0 ? "layer" : "session");
     }
-    job->response = route_session_encode(s, &job->response_len);
+    job->response = route_session_encode(s, 1, &job->response_len);
     job->response_status = 200;
     return job->response != NULL ? 0 : ERROR_INTERNAL;
 }
@@ -590,7 +590,7 @@ static int fork_prepare(struct pool_job *pj, int32_t shard, struct pool_step *st
     }
     LOG_INFO("session", "forked session=%s new=%s tokens=%d", session_id(pj->session),
              job->fk.new_id, (int)session_n_tokens(copy));
-    job->response = route_session_encode(copy, &job->response_len);
+    job->response = route_session_encode(copy, 0, &job->response_len);
     job->response_status = 201;
     return job->response != NULL ? 0 : ERROR_INTERNAL;
 }

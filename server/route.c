@@ -228,8 +228,9 @@ static void handle_model(struct route_req *rq) {
     route_reply(rq, 200, body, len);
 }
 
-/* Fills *out (layers malloc'd into *layers) for session s. */
-static int describe(struct session *s, int64_t now, struct api_session *out,
+/* Fills *out (layers malloc'd into *layers) for session s; own_pins of its pins belong to the
+ * request being answered and are not "pending". */
+static int describe(struct session *s, int32_t own_pins, int64_t now, struct api_session *out,
                     struct api_session_layer **layers) {
     int32_t n = session_n_layers_used(s);
     *layers = calloc((size_t)(n > 0 ? n : 1), sizeof **layers);
@@ -243,16 +244,16 @@ static int describe(struct session *s, int64_t now, struct api_session *out,
     out->n_tokens = session_n_tokens(s);
     out->bytes = session_bytes(s);
     out->idle_ms = session_idle_ms(s, now);
-    out->pending = session_pins(s);
+    out->pending = session_pins(s) - own_pins;
     out->layers = *layers;
     out->n_layers = n;
     return 0;
 }
 
-char *route_session_encode(struct session *s, size_t *len) {
+char *route_session_encode(struct session *s, int32_t own_pins, size_t *len) {
     struct api_session as;
     struct api_session_layer *layers;
-    if (describe(s, now_ms(), &as, &layers) != 0) {
+    if (describe(s, own_pins, now_ms(), &as, &layers) != 0) {
         return NULL;
     }
     char *body = api_session_encode(&as, len);
@@ -273,7 +274,7 @@ static void handle_sessions(struct route_req *rq) {
         int64_t now = now_ms();
         for (struct session *s = session_store_first(srv->sessions); s != NULL;
              s = session_next(s)) {
-            if (describe(s, now, &all[n], &layers[n]) != 0) {
+            if (describe(s, 0, now, &all[n], &layers[n]) != 0) {
                 break;
             }
             n++;
@@ -335,7 +336,7 @@ static void handle_session(struct route_req *rq, const char *method) {
         return;
     }
     size_t len = 0;
-    char *body = route_session_encode(s, &len);
+    char *body = route_session_encode(s, 0, &len);
     if (body == NULL) {
         route_reply_error(rq, ERROR_INTERNAL, "out of memory", NULL);
         return;

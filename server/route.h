@@ -61,8 +61,9 @@ void route_reply_error(struct route_req *rq, int code, const char *message, cons
 /* Starts a 200 text/event-stream answer (then http_request_stream_write / _end). */
 void route_stream_begin(struct route_req *rq);
 
-/* The Session body for s (malloc'd), or NULL when out of memory. */
-char *route_session_encode(struct session *s, size_t *len);
+/* The Session body for s (malloc'd), or NULL when out of memory. own_pins: pins held by the
+ * request being answered, left out of "pending". */
+char *route_session_encode(struct session *s, int32_t own_pins, size_t *len);
 
 /* The handlers to pass to http_server_create, with ctx = srv. */
 void route_handlers(struct server *srv, struct http_handlers *out);
