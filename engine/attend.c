@@ -9,9 +9,21 @@
 #include <math.h>
 #include <string.h>
 
+/* Scratch layout: q (rows x d_k), o (rows x d_v), s (rows x block_tokens), m (rows), l (rows),
+ * then the transposed key block of the tile kernels. */
 size_t attn__task_scratch_floats(int32_t n_rows, int32_t d_k, int32_t d_v, int32_t block_tokens) {
-    return (size_t)n_rows * ((size_t)d_k + d_v + block_tokens + 2);
+    return (size_t)n_rows * ((size_t)d_k + d_v + block_tokens + 2) +
+           attn__tile_pack_floats(block_tokens, d_k);
 }
+
+/* How a task multiplies its tiles: SIMD dot loops for a few rows (decode), register-blocked
+ * kernels or BLAS for many (prefill). */
+typedef enum tile_mode { TILE_MODE_SMALL, TILE_MODE_FAST, TILE_MODE_BLAS } tile_mode;
+
+struct tile_ctx {
+    tile_mode mode;
+    float *pack;
+};
 
 /* Keys [lo, hi] visible to row t by position; key_valid is applied per key. Empty when hi < lo. */
 static void visible_range(const struct attn__mask *mk, int32_t n_keys, int32_t t, int64_t *lo,
@@ -42,24 +54,36 @@ static const float *block_v(const struct attn__kv_view *v, int64_t b) {
 }
 
 /* s (rows x nb, ld lds) = q (rows x d_k) k_block^T. */
-static void scores_block(const struct attn__task *t, const float *q, int32_t rows, const float *k,
-                         int32_t nb, float *s, size_t lds) {
-    if (rows >= ATTN__BLAS_MIN_ROWS) {
+static void scores_block(const struct attn__task *t, const struct tile_ctx *tc, const float *q,
+                         int32_t rows, const float *k, int32_t nb, float *s, size_t lds) {
+    switch (tc->mode) {
+    case TILE_MODE_FAST:
+        attn__tile_qk(q, (size_t)t->d_k, rows, k, nb, t->d_k, s, lds, tc->pack);
+        break;
+    case TILE_MODE_BLAS:
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, nb, t->d_k, 1.0f, q, t->d_k, k,
                     t->d_k, 0.0f, s, (int)lds);
-    } else {
+        break;
+    case TILE_MODE_SMALL:
         attn__qk(q, (size_t)t->d_k, rows, k, (size_t)t->d_k, nb, t->d_k, s, lds);
+        break;
     }
 }
 
 /* o (rows x d_v) += p (rows x nb, ld ldp) v_block. */
-static void accumulate_block(const struct attn__task *t, const float *p, size_t ldp, int32_t rows,
-                             const float *v, int32_t nb, float *o) {
-    if (rows >= ATTN__BLAS_MIN_ROWS) {
+static void accumulate_block(const struct attn__task *t, const struct tile_ctx *tc, const float *p,
+                             size_t ldp, int32_t rows, const float *v, int32_t nb, float *o) {
+    switch (tc->mode) {
+    case TILE_MODE_FAST:
+        attn__tile_pv(p, ldp, rows, v, nb, t->d_v, o, (size_t)t->d_v);
+        break;
+    case TILE_MODE_BLAS:
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, t->d_v, nb, 1.0f, p,
                     (int)ldp, v, t->d_v, 1.0f, o, t->d_v);
-    } else {
+        break;
+    case TILE_MODE_SMALL:
         attn__pv(p, ldp, rows, v, (size_t)t->d_v, nb, t->d_v, o, (size_t)t->d_v);
+        break;
     }
 }
 
@@ -68,6 +92,9 @@ static void mask_row(const struct attn__task *t, int32_t row_t, int64_t j0, int3
     int64_t lo, hi;
     visible_range(&t->mask, t->kv.n_keys, row_t, &lo, &hi);
     const uint8_t *valid = t->mask.key_valid;
+    if (valid == NULL && lo <= j0 && j0 + nb - 1 <= hi) {
+        return; /* the usual case away from the diagonal and the window edge */
+    }
     for (int32_t jj = 0; jj < nb; jj++) {
         int64_t j = j0 + jj;
         if (j < lo || j > hi || (valid != NULL && !valid[j])) {
@@ -76,8 +103,8 @@ static void mask_row(const struct attn__task *t, int32_t row_t, int64_t j0, int3
     }
 }
 
-static void run_tiled(const struct attn__task *t, const float *q, float *o, float *s, float *m,
-                      float *l, int64_t b_lo, int64_t b_hi) {
+static void run_tiled(const struct attn__task *t, const struct tile_ctx *tc, const float *q,
+                      float *o, float *s, float *m, float *l, int64_t b_lo, int64_t b_hi) {
     int32_t rows = t->n_group * t->n_q, bt = t->kv.block_tokens;
     for (int32_t r = 0; r < rows; r++) {
         m[r] = -INFINITY;
@@ -87,7 +114,7 @@ static void run_tiled(const struct attn__task *t, const float *q, float *o, floa
     for (int64_t b = b_lo; b <= b_hi; b++) {
         int64_t j0 = b * bt;
         int32_t nb = (int32_t)(t->kv.n_keys - j0 < bt ? t->kv.n_keys - j0 : bt);
-        scores_block(t, q, rows, block_k(&t->kv, b), nb, s, (size_t)bt);
+        scores_block(t, tc, q, rows, block_k(&t->kv, b), nb, s, (size_t)bt);
         for (int32_t r = 0; r < rows; r++) {
             float *sr = s + (size_t)r * bt;
             mask_row(t, r % t->n_q, j0, nb, sr);
@@ -116,7 +143,7 @@ static void run_tiled(const struct attn__task *t, const float *q, float *o, floa
             }
             l[r] += sum;
         }
-        accumulate_block(t, s, (size_t)bt, rows, block_v(&t->kv, b), nb, o);
+        accumulate_block(t, tc, s, (size_t)bt, rows, block_v(&t->kv, b), nb, o);
     }
     for (int32_t r = 0; r < rows; r++) {
         float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
@@ -131,8 +158,8 @@ static float *weights_row(const struct attn__task *t, int32_t r) {
     return t->w + (size_t)(r / t->n_q) * t->w_head_stride + (size_t)(r % t->n_q) * t->w_ld;
 }
 
-static void run_materialized(const struct attn__task *t, const float *q, float *o, float *s,
-                             int64_t b_lo, int64_t b_hi) {
+static void run_materialized(const struct attn__task *t, const struct tile_ctx *tc,
+                             const float *q, float *o, float *s, int64_t b_lo, int64_t b_hi) {
     int32_t rows = t->n_group * t->n_q, bt = t->kv.block_tokens;
     for (int32_t r = 0; r < rows; r++) {
         memset(weights_row(t, r), 0, (size_t)t->w_cols * sizeof(float));
@@ -146,7 +173,7 @@ static void run_materialized(const struct attn__task *t, const float *q, float *
     for (int64_t b = b_lo; b <= b_hi; b++) {
         int64_t j0 = b * bt;
         int32_t nb = (int32_t)(c1 - j0 < bt ? c1 - j0 : bt);
-        scores_block(t, q, rows, block_k(&t->kv, b), nb, s, (size_t)bt);
+        scores_block(t, tc, q, rows, block_k(&t->kv, b), nb, s, (size_t)bt);
         for (int32_t r = 0; r < rows; r++) {
             mask_row(t, r % t->n_q, j0, nb, s + (size_t)r * bt);
             memcpy(weights_row(t, r) + j0, s + (size_t)r * bt, (size_t)nb * sizeof(float));
@@ -179,7 +206,7 @@ static void run_materialized(const struct attn__task *t, const float *q, float *
         for (int32_t r = 0; r < rows; r++) {
             memcpy(s + (size_t)r * bt, weights_row(t, r) + j0, (size_t)nb * sizeof(float));
         }
-        accumulate_block(t, s, (size_t)bt, rows, block_v(&t->kv, b), nb, o);
+        accumulate_block(t, tc, s, (size_t)bt, rows, block_v(&t->kv, b), nb, o);
     }
 }
 
@@ -190,6 +217,10 @@ void attn__task_run(const struct attn__task *t) {
     float *s = o + (size_t)rows * t->d_v;
     float *m = s + (size_t)rows * t->kv.block_tokens;
     float *l = m + rows;
+    struct tile_ctx tc = {TILE_MODE_SMALL, l + rows};
+    if (rows >= ATTN__BLAS_MIN_ROWS) {
+        tc.mode = attn__tile_is_fast() ? TILE_MODE_FAST : TILE_MODE_BLAS;
+    }
     /* Gather the group's query rows, pre-scaled, into one (rows x d_k) matrix so each key block
      * is read once for all heads that share it. */
     for (int32_t r = 0; r < rows; r++) {
@@ -208,9 +239,9 @@ void attn__task_run(const struct attn__task *t) {
     int64_t bt = t->kv.block_tokens;
     int64_t b_lo = lo / bt, b_hi = hi < lo ? b_lo - 1 : hi / bt;
     if (t->w != NULL) {
-        run_materialized(t, q, o, s, b_lo, b_hi);
+        run_materialized(t, &tc, q, o, s, b_lo, b_hi);
     } else {
-        run_tiled(t, q, o, s, m, l, b_lo, b_hi);
+        run_tiled(t, &tc, q, o, s, m, l, b_lo, b_hi);
     }
     for (int32_t r = 0; r < rows; r++) {
         float *dst = t->out + (size_t)(r / t->n_q) * t->out_head_stride +

@@ -120,6 +120,24 @@ void attn__qk(const float *q, size_t ldq, int32_t m, const float *k, size_t ldk,
 void attn__pv(const float *p, size_t ldp, int32_t m, const float *v, size_t ldv, int32_t n,
               int32_t d, float *o, size_t ldo);
 
+/* ---- tile.c: register-blocked prefill kernels -------------------------------------------- */
+
+/* True when this CPU runs the AVX2 + FMA tile kernels; otherwise callers use cblas_sgemm. */
+bool attn__tile_is_fast(void);
+
+/* Floats of packing space attn__tile_qk needs for a key block of n_keys keys. */
+size_t attn__tile_pack_floats(int32_t n_keys, int32_t d_k);
+
+/* s (m x n, ld lds) = q (m x d, ld ldq) k^T with k (n x d) contiguous; pack holds
+ * attn__tile_pack_floats(n, d) floats. Only when attn__tile_is_fast(). */
+void attn__tile_qk(const float *q, size_t ldq, int32_t m, const float *k, int32_t n, int32_t d,
+                   float *s, size_t lds, float *pack);
+
+/* o (m x d, ld ldo) += p (m x n, ld ldp) v with v (n x d) contiguous. Only when
+ * attn__tile_is_fast(). */
+void attn__tile_pv(const float *p, size_t ldp, int32_t m, const float *v, int32_t n, int32_t d,
+                   float *o, size_t ldo);
+
 /* ---- rope.c ------------------------------------------------------------------------------ */
 
 /* Fills cos/sin tables (max_seq, rotary_dim / 2) for cfg (checked). Angles in double. */

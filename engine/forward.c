@@ -80,9 +80,12 @@ int attn_workspace_create(const attn_model *m, int32_t max_tokens, const attn_ex
     ws->qkv = attn__alloc_floats(t * n_qkv_of(c));
     ws->attn = attn__alloc_floats(t * hd_all);
     ws->y = attn__alloc_floats(t * c->hidden_size);
-    ws->scratch = attn__alloc_floats(attn__task_scratch_floats((int32_t)rows, c->head_dim,
-                                                               c->head_dim, 256));
     ws->max_tasks = max_tasks_for(c, max_tokens);
+    /* Per-row scratch for every query row, plus one key-packing area per task. */
+    size_t pack = attn__task_scratch_floats(0, c->head_dim, c->head_dim, 256);
+    ws->scratch = attn__alloc_floats(attn__task_scratch_floats((int32_t)rows, c->head_dim,
+                                                               c->head_dim, 256) +
+                                     (size_t)ws->max_tasks * pack);
     ws->tasks = calloc((size_t)ws->max_tasks, sizeof *ws->tasks);
     ws->parts = calloc(t, sizeof *ws->parts);
     if (ws->x == NULL || ws->qkv == NULL || ws->attn == NULL || ws->y == NULL ||
@@ -114,9 +117,7 @@ static int validate(const attn_model *m, int32_t layer, const attn_workspace *ws
         if (st->kv == NULL || st->x == NULL || st->out == NULL || st->n_tokens < 1) {
             return ATTN_EINVAL;
         }
-        if (st->kv->pool->model != m &&
-            (st->kv->pool->n_kv_heads != m->cfg.n_kv_heads ||
-             st->kv->pool->head_dim != m->cfg.head_dim || st->kv->pool->max_seq != m->cfg.max_seq)) {
+        if (st->kv->pool->model != m) {
             return ATTN_ESHAPE;
         }
         if (pool == NULL) {

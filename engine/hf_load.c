@@ -657,7 +657,7 @@ int attn_model_load_hf(const char *dir, const attn_load_params *p, attn_model **
     int32_t first = p ? p->layer_first : 0;
     if (first < 0 || first >= cfg.n_layers || (p && p->layer_count < 0) ||
         (p && p->layer_count > cfg.n_layers - first)) {
-        rc = fail(&ld, ATTN_ERANGE, "layers %d..%d requested, the model has %d", first,
+        rc = fail(&ld, ATTN_EINVAL, "layers %d..%d requested, the model has %d", first,
                   first + (p ? p->layer_count : 1) - 1, cfg.n_layers);
         goto out;
     }

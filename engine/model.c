@@ -33,7 +33,7 @@ static int resolve_range(const attn_config *cfg, const attn_load_params *p, int3
         n = cfg->n_layers - f;
     }
     if (n > cfg->n_layers - f) {
-        return ATTN_ERANGE;
+        return ATTN_EINVAL;
     }
     *first = f;
     *count = n;
@@ -131,7 +131,7 @@ fail:
 
 int attn_model_create(const attn_config *cfg, const attn_layer_weights *layers,
                       const attn_load_params *p, attn_model **out) {
-    if (layers == NULL) {
+    if (layers == NULL || out == NULL) {
         return ATTN_EINVAL;
     }
     attn_model *m = NULL;
@@ -190,6 +190,9 @@ static void fill_uniform(float *x, size_t n, float bound, uint64_t seed, int32_t
 
 int attn_model_create_random(const attn_config *cfg, uint64_t seed, const attn_load_params *p,
                              attn_model **out) {
+    if (out == NULL) {
+        return ATTN_EINVAL;
+    }
     attn_model *m = NULL;
     int rc = attn__model_alloc(cfg, p, &m);
     if (rc != ATTN_OK) {
