@@ -127,11 +127,7 @@ static void run_tiled(const struct attn__task *t, const struct tile_ctx *tc, con
                 continue;
             }
             float m_new = m[r] > bmax ? m[r] : bmax;
-            float sum = 0.0f;
-            for (int32_t jj = 0; jj < nb; jj++) {
-                sr[jj] = expf(sr[jj] - m_new);
-                sum += sr[jj];
-            }
+            float sum = attn__exp_shift(sr, nb, m_new);
             if (m_new != m[r]) {
                 float corr = expf(m[r] - m_new); /* 0 when m was -inf: nothing accumulated yet */
                 float *orow = o + (size_t)r * t->d_v;
@@ -190,11 +186,7 @@ static void run_materialized(const struct attn__task *t, const struct tile_ctx *
             memset(w, 0, (size_t)n * sizeof(float));
             continue;
         }
-        float sum = 0.0f;
-        for (int64_t j = 0; j < n; j++) {
-            w[j] = expf(w[j] - mx);
-            sum += w[j];
-        }
+        float sum = attn__exp_shift(w, (int32_t)n, mx);
         float inv = 1.0f / sum;
         for (int64_t j = 0; j < n; j++) {
             w[j] *= inv;

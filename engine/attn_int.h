@@ -138,6 +138,9 @@ void attn__tile_qk(const float *q, size_t ldq, int32_t m, const float *k, int32_
 void attn__tile_pv(const float *p, size_t ldp, int32_t m, const float *v, int32_t n, int32_t d,
                    float *o, size_t ldo);
 
+/* s[j] = exp(s[j] - m) for j < n (-inf gives 0); returns the sum. SIMD where available. */
+float attn__exp_shift(float *s, int32_t n, float m);
+
 /* ---- rope.c ------------------------------------------------------------------------------ */
 
 /* Fills cos/sin tables (max_seq, rotary_dim / 2) for cfg (checked). Angles in double. */

@@ -5,6 +5,7 @@
  * be spread over the caller's executor. The choice is made per call from the CPU's features. */
 #include "attn_int.h"
 
+#include <math.h>
 #include <string.h>
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -173,7 +174,60 @@ __attribute__((target("avx2,fma"))) static void pv_avx2(const float *p, size_t l
     }
 }
 
+/* s[j] = exp(s[j] - m) for j < n, returning the sum; -inf scores give exactly 0. Cephes' expf
+ * (range reduction by ln 2 in two parts, degree-5 polynomial), within 2 ulp of expf. */
+__attribute__((target("avx2,fma"))) static float exp_shift_avx2(float *s, int32_t n, float m) {
+    const __m256 mv = _mm256_set1_ps(m), lo = _mm256_set1_ps(-87.0f);
+    const __m256 log2e = _mm256_set1_ps(1.44269504088896341f), half = _mm256_set1_ps(0.5f);
+    const __m256 c1 = _mm256_set1_ps(0.693359375f), c2 = _mm256_set1_ps(-2.12194440e-4f);
+    const __m256 one = _mm256_set1_ps(1.0f);
+    __m256 sum = _mm256_setzero_ps();
+    int32_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        __m256 x = _mm256_sub_ps(_mm256_loadu_ps(s + j), mv);
+        __m256 dead = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+        x = _mm256_max_ps(x, lo);
+        __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, log2e, half));
+        x = _mm256_fnmadd_ps(fx, c1, x);
+        x = _mm256_fnmadd_ps(fx, c2, x);
+        __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+        y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, one));
+        __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+        y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+        y = _mm256_andnot_ps(dead, y);
+        _mm256_storeu_ps(s + j, y);
+        sum = _mm256_add_ps(sum, y);
+    }
+    float tmp[8];
+    _mm256_storeu_ps(tmp, sum);
+    float total = ((tmp[0] + tmp[4]) + (tmp[1] + tmp[5])) + ((tmp[2] + tmp[6]) + (tmp[3] + tmp[7]));
+    for (; j < n; j++) {
+        s[j] = expf(s[j] - m);
+        total += s[j];
+    }
+    return total;
+}
+
 #endif /* TILE_HAVE_AVX2 */
+
+float attn__exp_shift(float *s, int32_t n, float m) {
+#ifdef TILE_HAVE_AVX2
+    if (attn__tile_is_fast()) {
+        return exp_shift_avx2(s, n, m);
+    }
+#endif
+    float total = 0.0f;
+    for (int32_t j = 0; j < n; j++) {
+        s[j] = expf(s[j] - m);
+        total += s[j];
+    }
+    return total;
+}
 
 void attn__tile_qk(const float *q, size_t ldq, int32_t m, const float *k, int32_t n, int32_t d,
                    float *s, size_t lds, float *pack) {
