@@ -491,6 +491,7 @@ static void print_log_tail(const char *log_path) {
         return;
     }
     char line[1024];
+    fflush(stdout);
     fprintf(stderr, "attn_load: attnd log (%s):\n", log_path);
     while (fgets(line, sizeof(line), f) != NULL) {
         fprintf(stderr, "  %s", line);
@@ -896,10 +897,12 @@ int main(int argc, char **argv) {
     curl_slist_free_all(r.headers);
     if (o.spawn_path != NULL && d.pid > 0) {
         int status = stop_daemon(&d);
-        printf("attnd: stopped with SIGTERM, exit status %d (log: %s)\n", status, d.log_path);
-        if (status != 0) {
+        printf("attnd: stopped with SIGTERM, exit status %d\n", status);
+        if (status != 0 || rc != 0) {
             print_log_tail(d.log_path);
             rc = rc == 0 ? 1 : rc;
+        } else {
+            unlink(d.log_path);
         }
     }
     curl_global_cleanup();
