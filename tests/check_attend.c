@@ -54,8 +54,8 @@ static size_t pool_budget(const attn_config *cfg, int32_t block_tokens, int32_t 
 }
 
 /* Each weight row with a visible key sums to 1; a row ref says is fully masked is all zeros. */
-static void expect_rows_normalized(const float *w, const float *w_ref, int32_t n_heads,
-                                   int32_t n, const char *what) {
+static void expect_rows_normalized(const float *w, const float *w_ref, int32_t n_heads, int32_t n,
+                                   const char *what) {
     for (int32_t h = 0; h < n_heads; h++) {
         for (int32_t i = 0; i < n; i++) {
             const float *row = w + ((size_t)h * n + i) * n;
@@ -113,8 +113,18 @@ static void check_scenario(const scenario *sc) {
     for (int c = 0; c < 3; c++) {
         out[c] = harness_calloc(out_count, sizeof(float));
         ck_assert_int_eq(attn_kv_create(pool, &kv[c]), ATTN_OK);
-        harness_run r = {hm.model, 0, ws, kv[c], x, sc->positions, sc->key_valid, n, 0,
-                         c == 2 ? one_pass : sc->chunks, c == 2 ? 1 : sc->n_chunks, out[c],
+        harness_run r = {hm.model,
+                         0,
+                         ws,
+                         kv[c],
+                         x,
+                         sc->positions,
+                         sc->key_valid,
+                         n,
+                         0,
+                         c == 2 ? one_pass : sc->chunks,
+                         c == 2 ? 1 : sc->n_chunks,
+                         out[c],
                          c == 0 ? w : NULL};
         int rc = harness_run_chunks(&r);
         ck_assert_msg(rc == ATTN_OK, "%s: forward (run %d) = %d (%s)", desc, c, rc,

@@ -19,13 +19,13 @@
 typedef struct seq {
     int32_t past;
     int32_t n_new;
-    float *x;            /* (past + n_new, hidden) */
-    int32_t *positions;  /* NULL, or (past + n_new) */
-    uint8_t *key_valid;  /* NULL, or (past + n_new) */
+    float *x;           /* (past + n_new, hidden) */
+    int32_t *positions; /* NULL, or (past + n_new) */
+    uint8_t *key_valid; /* NULL, or (past + n_new) */
     bool want_weights;
     attn_kv *kv;
-    float *out;          /* (past + n_new, hidden) */
-    float *weights;      /* NULL, or (n_heads, n_new, past + n_new) */
+    float *out;     /* (past + n_new, hidden) */
+    float *weights; /* NULL, or (n_heads, n_new, past + n_new) */
 } seq;
 
 typedef struct batch_env {
@@ -63,8 +63,8 @@ static void seq_prefill(batch_env *e, seq *s, uint64_t seed) {
     ck_assert_int_eq(attn_kv_create(e->pool, &s->kv), ATTN_OK);
     if (s->past > 0) {
         int32_t chunks[1] = {s->past};
-        harness_run r = {e->hm.model, 0, e->ws, s->kv, s->x, s->positions, s->key_valid, n, 0,
-                         chunks, 1, s->out, NULL};
+        harness_run r = {e->hm.model, 0, e->ws,  s->kv, s->x,   s->positions, s->key_valid,
+                         n,           0, chunks, 1,     s->out, NULL};
         /* harness_run_chunks checks that the chunks cover n tokens: run only the prefix. */
         r.n_tokens = s->past;
         ck_assert_int_eq(harness_run_chunks(&r), ATTN_OK);
@@ -198,8 +198,8 @@ static void check_mixed_batch(const attn_config *cfg, int32_t ws_tokens) {
     for (int i = 0; i < 4; i++) {
         int32_t n = seqs[i].past + seqs[i].n_new;
         ck_assert_int_eq(attn_kv_len(seqs[i].kv), n);
-        snprintf(what, sizeof(what), "%s, ws %d: step %d (past %d, new %d)", desc,
-                 (int)ws_tokens, i, (int)seqs[i].past, (int)seqs[i].n_new);
+        snprintf(what, sizeof(what), "%s, ws %d: step %d (past %d, new %d)", desc, (int)ws_tokens,
+                 i, (int)seqs[i].past, (int)seqs[i].n_new);
         seq_expect_ref(&e, &seqs[i], what);
         size_t off = (size_t)seqs[i].past * cfg->hidden_size;
         char label[480];

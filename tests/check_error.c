@@ -27,7 +27,7 @@ const char *__asan_default_options(void) {
 }
 #endif
 
-static const int all_codes[] = {ATTN_OK,     ATTN_EINVAL, ATTN_ENOMEM,      ATTN_ERANGE,
+static const int all_codes[] = {ATTN_OK,     ATTN_EINVAL, ATTN_ENOMEM, ATTN_ERANGE,
                                 ATTN_ESHAPE, ATTN_EIO,    ATTN_ENOSPC, ATTN_EUNSUPPORTED};
 #define N_CODES ((int)(sizeof(all_codes) / sizeof(all_codes[0])))
 
@@ -85,8 +85,7 @@ START_TEST(test_error_strerror_every_code) {
         ck_assert_ptr_eq(s, attn_strerror(all_codes[i])); /* static, not rebuilt per call */
         for (int j = 0; j < i; j++) {
             ck_assert_msg(strcmp(s, attn_strerror(all_codes[j])) != 0,
-                          "codes %d and %d share the string \"%s\"", all_codes[i], all_codes[j],
-                          s);
+                          "codes %d and %d share the string \"%s\"", all_codes[i], all_codes[j], s);
         }
     }
     static const int others[] = {1, -8, 42, INT_MIN, INT_MAX};
@@ -222,23 +221,46 @@ START_TEST(test_error_forward_bad_arguments) {
         int32_t pos[2] = {5, -1};
         int want = ATTN_EINVAL;
         switch (kind) {
-        case 0: s.kv = NULL; break;
-        case 1: s.x = NULL; break;
-        case 2: s.out = NULL; break;
-        case 3: s.n_tokens = 0; break;
-        case 4: s.n_tokens = -3; break;
-        case 5: layer = 1; break; /* the model has one layer */
-        case 6: layer = -1; break;
-        case 7: steps = NULL; break;
-        case 8: ws = NULL; break;
-        case 9: s.positions = pos; want = ATTN_ERANGE; break;
-        default: s.n_tokens = 60; want = ATTN_ERANGE; break; /* 5 + 60 > max_seq 64 */
+        case 0:
+            s.kv = NULL;
+            break;
+        case 1:
+            s.x = NULL;
+            break;
+        case 2:
+            s.out = NULL;
+            break;
+        case 3:
+            s.n_tokens = 0;
+            break;
+        case 4:
+            s.n_tokens = -3;
+            break;
+        case 5:
+            layer = 1; /* the model has one layer */
+            break;
+        case 6:
+            layer = -1;
+            break;
+        case 7:
+            steps = NULL;
+            break;
+        case 8:
+            ws = NULL;
+            break;
+        case 9:
+            s.positions = pos;
+            want = ATTN_ERANGE;
+            break;
+        default:
+            s.n_tokens = 60;
+            want = ATTN_ERANGE; /* 5 + 60 > max_seq 64 */
+            break;
         }
         int rc = attn_forward(e.hm.model, layer, ws, steps, n_steps);
         ck_assert_msg(rc == want, "bad forward kind %d: got %d (%s), want %d (%s)", kind, rc,
                       attn_strerror(rc), want, attn_strerror(want));
-        ck_assert_msg(attn_kv_len(e.kv) == 5, "bad forward kind %d changed the cache length",
-                      kind);
+        ck_assert_msg(attn_kv_len(e.kv) == 5, "bad forward kind %d changed the cache length", kind);
     }
     attn_step s = good_step(&e);
     ck_assert_int_eq(attn_forward(e.hm.model, 0, e.ws, &s, 1), ATTN_OK);

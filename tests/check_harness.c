@@ -43,8 +43,8 @@ void harness_expect_rows(const float *got, const float *want, int32_t first, int
     harness_expect_close(got + off, want + off, (size_t)(n - first) * hidden, what);
 }
 
-void harness_expect_weight_rows(const float *got, const float *want, int32_t n_heads,
-                                int32_t first, int32_t n, const char *what) {
+void harness_expect_weight_rows(const float *got, const float *want, int32_t n_heads, int32_t first,
+                                int32_t n, const char *what) {
     char label[256];
     for (int32_t h = 0; h < n_heads; h++) {
         for (int32_t i = first; i < n; i++) {
@@ -99,9 +99,8 @@ void harness_describe(const attn_config *cfg, char *buf, size_t size) {
     snprintf(buf, size,
              "hidden %d heads %d/%d head_dim %d rotary %d %s scaling %s theta %g window %d "
              "bias qkv %d o %d max_seq %d",
-             (int)cfg->hidden_size, (int)cfg->n_heads, (int)cfg->n_kv_heads,
-             (int)cfg->head_dim, (int)cfg->rotary_dim,
-             cfg->rope_style == ATTN_ROPE_STYLE_HALF ? "half" : "interleaved",
+             (int)cfg->hidden_size, (int)cfg->n_heads, (int)cfg->n_kv_heads, (int)cfg->head_dim,
+             (int)cfg->rotary_dim, cfg->rope_style == ATTN_ROPE_STYLE_HALF ? "half" : "interleaved",
              st >= 0 && st <= 2 ? scaling[st] : "?", (double)cfg->rope_theta,
              (int)cfg->sliding_window, (int)cfg->has_qkv_bias, (int)cfg->has_o_bias,
              (int)cfg->max_seq);

@@ -92,8 +92,8 @@ void harness_expect_rows(const float *got, const float *want, int32_t first, int
                          int32_t hidden, const char *what);
 
 /* Checks the rows [first, n) of (n_heads, n, n) weights, columns 0..n-1. */
-void harness_expect_weight_rows(const float *got, const float *want, int32_t n_heads,
-                                int32_t first, int32_t n, const char *what);
+void harness_expect_weight_rows(const float *got, const float *want, int32_t n_heads, int32_t first,
+                                int32_t n, const char *what);
 
 /* Checks the whole cache against ref's post-RoPE K/V (n_kv_heads, n, head_dim). */
 void harness_expect_kv(const attn_kv *kv, const attn_config *cfg, const float *k, const float *v,

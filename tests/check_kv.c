@@ -42,8 +42,8 @@ static void env_release(kv_env *e) {
  * output rows into out (same row indexing). Returns the forward's code. */
 static int append(kv_env *e, attn_kv *kv, const float *x, int32_t first, int32_t n, float *out) {
     int32_t hidden = e->hm.cfg.hidden_size;
-    attn_step step = {kv, x + (size_t)first * hidden, n, NULL, NULL, out + (size_t)first * hidden,
-                      NULL};
+    attn_step step = {kv,   x + (size_t)first * hidden,   n,   NULL,
+                      NULL, out + (size_t)first * hidden, NULL};
     return attn_forward(e->hm.model, 0, e->ws, &step, 1);
 }
 
@@ -117,9 +117,9 @@ START_TEST(test_kv_pool_geometry) {
     static const int32_t sizes[] = {16, 256};
     for (int i = 0; i < 2; i++) {
         pool = NULL;
-        ck_assert_int_eq(attn_kv_pool_create(hm.model, block_bytes(&cfg, sizes[i]) * 2, sizes[i],
-                                             &pool),
-                         ATTN_OK);
+        ck_assert_int_eq(
+            attn_kv_pool_create(hm.model, block_bytes(&cfg, sizes[i]) * 2, sizes[i], &pool),
+            ATTN_OK);
         ck_assert_int_eq(attn_kv_pool_block_tokens(pool), sizes[i]);
         ck_assert_int_eq(attn_kv_pool_blocks_total(pool), 2);
         attn_kv_pool_destroy(pool);
@@ -137,8 +137,7 @@ START_TEST(test_kv_pool_create_rejects_bad_arguments) {
     attn_kv_pool *pool = sentinel;
     static const int32_t bad_sizes[] = {15, 257, -16, 1};
     for (int i = 0; i < 4; i++) {
-        ck_assert_int_eq(attn_kv_pool_create(hm.model, 1u << 24, bad_sizes[i], &pool),
-                         ATTN_EINVAL);
+        ck_assert_int_eq(attn_kv_pool_create(hm.model, 1u << 24, bad_sizes[i], &pool), ATTN_EINVAL);
         ck_assert_ptr_eq(pool, sentinel);
     }
     ck_assert_int_eq(attn_kv_pool_create(hm.model, block_bytes(&cfg, 16) - 1, 16, &pool),

@@ -15,7 +15,7 @@
 
 /* The fixture sequences: `prefill` tokens in one call, then `decode` single tokens. */
 typedef struct fixture {
-    const char *input;  /* expected/<input>_x.bin and _pos.bin */
+    const char *input; /* expected/<input>_x.bin and _pos.bin */
     int32_t hidden;
     int32_t n_heads;
     int32_t n_kv_heads;
@@ -240,14 +240,10 @@ typedef struct bad_folder {
 
 START_TEST(test_load_bad_folders) {
     static const bad_folder cases[] = {
-        {DATA "bad_yarn", ATTN_EUNSUPPORTED},
-        {DATA "bad_dtype_i8", ATTN_EUNSUPPORTED},
-        {DATA "bad_shape", ATTN_ESHAPE},
-        {DATA "bad_truncated", ATTN_EIO},
-        {DATA "bad_no_config", ATTN_EIO},
-        {DATA "bad_missing_shard", ATTN_EIO},
-        {DATA "bad_missing_tensor", 0},
-        {DATA "no_such_folder", ATTN_EIO},
+        {DATA "bad_yarn", ATTN_EUNSUPPORTED}, {DATA "bad_dtype_i8", ATTN_EUNSUPPORTED},
+        {DATA "bad_shape", ATTN_ESHAPE},      {DATA "bad_truncated", ATTN_EIO},
+        {DATA "bad_no_config", ATTN_EIO},     {DATA "bad_missing_shard", ATTN_EIO},
+        {DATA "bad_missing_tensor", 0},       {DATA "no_such_folder", ATTN_EIO},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         attn_model *sentinel = (attn_model *)&cases[i];
@@ -286,14 +282,14 @@ END_TEST
 /* Layers outside the model, or a non-positive max_seq override, are refused; attn.h names no
  * code for these, so any failure passes, but a model must not come back. */
 START_TEST(test_load_bad_params) {
-    static const attn_load_params bad[] = {{2, 0, 0}, {1, 2, 0}, {-1, 0, 0}, {0, -1, 0},
-                                           {0, 0, -5}};
+    static const attn_load_params bad[] = {
+        {2, 0, 0}, {1, 2, 0}, {-1, 0, 0}, {0, -1, 0}, {0, 0, -5}};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         attn_model *m = NULL;
         char err[256] = "";
         int rc = attn_model_load_hf(DATA "hf_tiny_f32", &bad[i], &m, err, sizeof(err));
-        ck_assert_msg(rc < 0, "params {%d, %d, %d}: got %d, want a failure", (int)bad[i].layer_first,
-                      (int)bad[i].layer_count, (int)bad[i].max_seq, rc);
+        ck_assert_msg(rc < 0, "params {%d, %d, %d}: got %d, want a failure",
+                      (int)bad[i].layer_first, (int)bad[i].layer_count, (int)bad[i].max_seq, rc);
         ck_assert_ptr_null(m);
     }
 }

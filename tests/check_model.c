@@ -12,8 +12,7 @@
 #include "ref.h"
 
 /* Runs n tokens of x through `layer` of m on a fresh cache; returns the forward's code. */
-static int forward_once(const attn_model *m, int32_t layer, const float *x, int32_t n,
-                        float *out) {
+static int forward_once(const attn_model *m, int32_t layer, const float *x, int32_t n, float *out) {
     attn_kv_pool *pool = NULL;
     attn_workspace *ws = NULL;
     attn_kv *kv = NULL;
@@ -95,20 +94,50 @@ START_TEST(test_model_config_check_rejects) {
     for (int kind = 0; kind < 19; kind++) {
         attn_config c = harness_config(8, 2, 32);
         switch (kind) {
-        case 0: c.n_heads = 0; break;
-        case 1: c.n_kv_heads = 0; break;
-        case 2: c.n_kv_heads = 3; break; /* does not divide 8 */
-        case 3: c.n_kv_heads = 16; break;
-        case 4: c.hidden_size = 0; break;
-        case 5: c.head_dim = 0; c.hidden_size = 65; break; /* hidden / heads not whole */
-        case 6: c.head_dim = -4; break;
-        case 7: c.rotary_dim = 15; break;                  /* odd */
-        case 8: c.rotary_dim = 34; break;                  /* > head_dim */
-        case 9: c.rotary_dim = -2; break;
-        case 10: c.max_seq = 0; break;
-        case 11: c.sliding_window = -1; break;
-        case 12: c.n_layers = 0; break;
-        case 13: c.rope_scaling.type = ATTN_ROPE_SCALING_LINEAR; c.rope_scaling.factor = 0; break;
+        case 0:
+            c.n_heads = 0;
+            break;
+        case 1:
+            c.n_kv_heads = 0;
+            break;
+        case 2:
+            c.n_kv_heads = 3; /* does not divide 8 */
+            break;
+        case 3:
+            c.n_kv_heads = 16;
+            break;
+        case 4:
+            c.hidden_size = 0;
+            break;
+        case 5:
+            c.head_dim = 0;
+            c.hidden_size = 65; /* hidden / heads not whole */
+            break;
+        case 6:
+            c.head_dim = -4;
+            break;
+        case 7:
+            c.rotary_dim = 15; /* odd */
+            break;
+        case 8:
+            c.rotary_dim = 34; /* > head_dim */
+            break;
+        case 9:
+            c.rotary_dim = -2;
+            break;
+        case 10:
+            c.max_seq = 0;
+            break;
+        case 11:
+            c.sliding_window = -1;
+            break;
+        case 12:
+            c.n_layers = 0;
+            break;
+        case 13:
+            c.rope_scaling.type = ATTN_ROPE_SCALING_LINEAR;
+            c.rope_scaling.factor = 0;
+            break;
         case 14:
             c.rope_scaling.type = ATTN_ROPE_SCALING_LLAMA3;
             c.rope_scaling.factor = 8.0f;
@@ -123,9 +152,15 @@ START_TEST(test_model_config_check_rejects) {
             c.rope_scaling.high_freq_factor = 4.0f;
             c.rope_scaling.original_max_position = 0;
             break;
-        case 16: c.rope_scaling.type = (attn_rope_scaling_type)7; break;
-        case 17: c.rope_style = (attn_rope_style)5; break;
-        default: c.rope_theta = -1.0f; break;
+        case 16:
+            c.rope_scaling.type = (attn_rope_scaling_type)7;
+            break;
+        case 17:
+            c.rope_style = (attn_rope_style)5;
+            break;
+        default:
+            c.rope_theta = -1.0f;
+            break;
         }
         int rc = attn_config_check(&c);
         ck_assert_msg(rc == ATTN_EINVAL || rc == ATTN_ESHAPE,

@@ -192,8 +192,7 @@ static void check_against_numpy(const attn_config *cfg, const char *st_path, con
 
 START_TEST(test_ref_matches_numpy_tiny_f32) {
     attn_config cfg = tiny_config();
-    check_against_numpy(&cfg, "tests/data/hf_tiny_f32/model.safetensors", "tiny", "tiny_f32",
-                        10);
+    check_against_numpy(&cfg, "tests/data/hf_tiny_f32/model.safetensors", "tiny", "tiny_f32", 10);
 }
 END_TEST
 

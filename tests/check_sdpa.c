@@ -54,18 +54,40 @@ static void check_case(const sdpa_case *c, uint64_t seed) {
     ref_fill_uniform(&rng, v, v_count, -1.0f, 1.0f);
     float *out_ref = harness_calloc(o_count, sizeof(float));
     float *w_ref = harness_calloc(w_count, sizeof(float));
-    ref_sdpa_args ra = {c->n_heads, c->n_kv_heads, c->n_q, c->n_k, c->d_k, c->d_v, q, k, v,
-                        c->is_causal, c->window, c->scale, out_ref, w_ref};
+    ref_sdpa_args ra = {.n_heads = c->n_heads,
+                        .n_kv_heads = c->n_kv_heads,
+                        .n_q = c->n_q,
+                        .n_k = c->n_k,
+                        .d_k = c->d_k,
+                        .d_v = c->d_v,
+                        .q = q,
+                        .k = k,
+                        .v = v,
+                        .is_causal = c->is_causal,
+                        .window = c->window,
+                        .scale = c->scale,
+                        .out = out_ref,
+                        .weights = w_ref};
     ref_sdpa(&ra);
 
     float *out[2];
     float *w = harness_calloc(w_count, sizeof(float));
     for (int path = 0; path < 2; path++) {
         out[path] = harness_calloc(o_count, sizeof(float));
-        attn_sdpa_params p = {c->n_heads, c->n_kv_heads, c->n_q,     c->n_k,
-                              c->d_k,     c->d_v,        q,          k,
-                              v,          c->is_causal,  c->window,  c->scale,
-                              out[path],  path == 0 ? w : NULL};
+        attn_sdpa_params p = {.n_heads = c->n_heads,
+                              .n_kv_heads = c->n_kv_heads,
+                              .n_q = c->n_q,
+                              .n_k = c->n_k,
+                              .d_k = c->d_k,
+                              .d_v = c->d_v,
+                              .q = q,
+                              .k = k,
+                              .v = v,
+                              .is_causal = c->is_causal,
+                              .window = c->window,
+                              .scale = c->scale,
+                              .out = out[path],
+                              .weights = path == 0 ? w : NULL};
         int rc = run_sdpa(&p);
         ck_assert_msg(rc == ATTN_OK, "%s: attn_sdpa = %d (%s)", desc, rc, attn_strerror(rc));
         snprintf(what, sizeof(what), "%s: out (%s) vs ref", desc,
@@ -135,9 +157,9 @@ END_TEST
 /* Longer sequences so that the tiled path runs over several query and key tiles. */
 START_TEST(test_sdpa_long_sequences) {
     static const sdpa_case cases[] = {
-        {8, 2, 70, 70, 64, 64, true, -1, 0.0f},    {8, 2, 70, 70, 64, 64, false, -1, 0.0f},
-        {4, 1, 5, 200, 128, 128, true, -1, 0.0f},  {4, 4, 130, 130, 80, 40, true, 33, 0.0f},
-        {2, 1, 1, 300, 64, 64, false, 100, 0.0f},  {8, 8, 100, 37, 32, 32, true, -1, 0.0f},
+        {8, 2, 70, 70, 64, 64, true, -1, 0.0f},   {8, 2, 70, 70, 64, 64, false, -1, 0.0f},
+        {4, 1, 5, 200, 128, 128, true, -1, 0.0f}, {4, 4, 130, 130, 80, 40, true, 33, 0.0f},
+        {2, 1, 1, 300, 64, 64, false, 100, 0.0f}, {8, 8, 100, 37, 32, 32, true, -1, 0.0f},
         {6, 3, 65, 129, 33, 65, false, 64, 0.0f},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
@@ -221,22 +243,40 @@ START_TEST(test_sdpa_bad_arguments) {
     for (int kind = 0; kind < 9; kind++) {
         attn_sdpa_params p = good;
         switch (kind) {
-        case 0: p.n_heads = 0; break;
-        case 1: p.n_kv_heads = 0; break;
-        case 2: p.n_kv_heads = 3; break; /* does not divide 4 */
-        case 3: p.n_q = 0; break;
-        case 4: p.n_k = -1; break;
-        case 5: p.d_k = 0; break;
-        case 6: p.d_v = 0; break;
-        case 7: p.window = -2; break;
-        default: p.n_kv_heads = 8; break; /* more kv heads than heads */
+        case 0:
+            p.n_heads = 0;
+            break;
+        case 1:
+            p.n_kv_heads = 0;
+            break;
+        case 2:
+            p.n_kv_heads = 3; /* does not divide 4 */
+            break;
+        case 3:
+            p.n_q = 0;
+            break;
+        case 4:
+            p.n_k = -1;
+            break;
+        case 5:
+            p.d_k = 0;
+            break;
+        case 6:
+            p.d_v = 0;
+            break;
+        case 7:
+            p.window = -2;
+            break;
+        default:
+            p.n_kv_heads = 8; /* more kv heads than heads */
+            break;
         }
         for (int i = 0; i < 64; i++) {
             out[i] = 12345.0f;
         }
         int rc = attn_sdpa(&p, scratch);
-        ck_assert_msg(rc == ATTN_EINVAL || rc == ATTN_ESHAPE, "bad dims kind %d: got %d (%s)",
-                      kind, rc, attn_strerror(rc));
+        ck_assert_msg(rc == ATTN_EINVAL || rc == ATTN_ESHAPE, "bad dims kind %d: got %d (%s)", kind,
+                      rc, attn_strerror(rc));
         for (int i = 0; i < 64; i++) {
             ck_assert_msg(out[i] == 12345.0f, "bad dims kind %d wrote out[%d]", kind, i);
         }

@@ -265,8 +265,8 @@ void ref_layer_forward(const attn_config *cfg, const ref_layer *w, const ref_for
                 bool window_ok = cfg->sliding_window == 0 || i - j < cfg->sliding_window;
                 bool valid = a->key_valid == NULL || a->key_valid[j] != 0;
                 visible[j] = causal_ok && window_ok && valid;
-                s[j] = visible[j] ? scale * dot(qi, k + (size_t)j * kv_dim + (size_t)kvh * d, d)
-                                  : 0.0;
+                s[j] =
+                    visible[j] ? scale * dot(qi, k + (size_t)j * kv_dim + (size_t)kvh * d, d) : 0.0;
             }
             softmax_row(s, visible, n, p);
             double *ci = ctx + (size_t)i * q_dim + (size_t)h * d;
