@@ -40,7 +40,7 @@ endif
 
 ENGINE_SRCS := $(wildcard engine/*.c)
 SERVER_SRCS := $(wildcard server/*.c)
-TEST_SRCS   := $(wildcard tests/check_*.c) $(wildcard tests/ref.c)
+TEST_SRCS   := $(wildcard tests/check_*.c) $(wildcard tests/ref.c) $(wildcard tests/http_client.c)
 # bench/load.c is its own program (attn_load), not part of attn_bench.
 BENCH_SRCS  := $(filter-out bench/load.c,$(wildcard bench/*.c))
 

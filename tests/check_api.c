@@ -1,0 +1,548 @@
+/* tests/check_api.c: server/api.c and api_encode.c, string in and string out, with the request
+ * and response files of proto/examples as inputs and expectations; plus server/b64.c and the
+ * error table against proto/errors.json and proto/openapi.yaml. */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "../engine/attn.h"
+#include "../server/api.h"
+#include "../server/b64.h"
+#include "../server/error.h"
+#include "http_client.h"
+
+#define EX "proto/examples/"
+
+/* The tiny preset the examples were made for (engine/attn.h: hidden 64, 4 heads, 2 layers). */
+static const struct api_limits tiny = {64, 4, 0, 2, 1024};
+
+static void expect_close(const float *got, const float *want, size_t n, double tol,
+                         const char *what) {
+    for (size_t i = 0; i < n; i++) {
+        ck_assert_msg(fabs((double)got[i] - (double)want[i]) <= tol * (1 + fabs(want[i])),
+                      "%s[%zu]: %.9g vs %.9g", what, i, (double)got[i], (double)want[i]);
+    }
+}
+
+/* ---- the error table ------------------------------------------------------------------------ */
+
+START_TEST(test_api_error_table_matches_proto) {
+    char *text = http_client_read_file("proto/errors.json", NULL);
+    cJSON *root = cJSON_Parse(text);
+    ck_assert_ptr_nonnull(root);
+    const cJSON *list = cJSON_GetObjectItemCaseSensitive(root, "errors");
+    int n_c;
+    const struct error_info *table = error_table(&n_c);
+    ck_assert_int_eq(cJSON_GetArraySize(list), n_c);
+    char *yaml = http_client_read_file("proto/openapi.yaml", NULL);
+    for (const cJSON *e = list->child; e != NULL; e = e->next) {
+        const char *code = cJSON_GetObjectItemCaseSensitive(e, "code")->valuestring;
+        const struct error_info *row = NULL;
+        for (int i = 0; i < n_c; i++) {
+            if (strcmp(table[i].name, code) == 0) {
+                row = &table[i];
+            }
+        }
+        ck_assert_msg(row != NULL, "%s is in proto/errors.json but not in server/error.c", code);
+        ck_assert_int_eq(row->http_status,
+                         cJSON_GetObjectItemCaseSensitive(e, "status")->valueint);
+        ck_assert_str_eq(row->type, cJSON_GetObjectItemCaseSensitive(e, "type")->valuestring);
+        ck_assert_str_eq(row->message,
+                         cJSON_GetObjectItemCaseSensitive(e, "message")->valuestring);
+        /* ... and the human-readable table in openapi.yaml says the same. */
+        char line[256];
+        snprintf(line, sizeof line, "    %s: [%d, %s, ", code, row->http_status, row->type);
+        ck_assert_msg(strstr(yaml, line) != NULL, "openapi.yaml lacks '%s'", line);
+        ck_assert_ptr_eq(error_info_get(row->code), row);
+    }
+    /* Engine codes map onto rows of the table. */
+    ck_assert_str_eq(error_info_get(ATTN_ENOSPC)->name, "kv_budget_exhausted");
+    ck_assert_str_eq(error_info_get(ATTN_ERANGE)->name, "context_length_exceeded");
+    ck_assert_str_eq(error_info_get(ATTN_ENOMEM)->name, "internal_error");
+    ck_assert_int_eq(error_info_get(12345)->http_status, 500);
+    free(yaml);
+    cJSON_Delete(root);
+    free(text);
+}
+END_TEST
+
+/* error.request.json in, error.response.json out, byte for byte. */
+START_TEST(test_api_error_example_exact) {
+    size_t len;
+    char *req = http_client_read_file(EX "error.request.json", &len);
+    char *want = http_client_read_file(EX "error.response.json", NULL);
+    struct api_attend_request r;
+    struct api_error err;
+    int rc = api_attend_request_parse(req, len, &tiny, &r, &err);
+    ck_assert_int_eq(rc, ERROR_INVALID_REQUEST);
+    char *got = api_error_encode(err.code, err.message, err.param, NULL);
+    ck_assert_str_eq(got, want);
+    free(got);
+    free(want);
+    free(req);
+}
+END_TEST
+
+/* ---- requests from proto/examples ----------------------------------------------------------- */
+
+static struct api_attend_request parse_attend_file(const char *name) {
+    size_t len;
+    char *body = http_client_read_file(name, &len);
+    struct api_attend_request r;
+    struct api_error err;
+    int rc = api_attend_request_parse(body, len, &tiny, &r, &err);
+    ck_assert_msg(rc == 0, "%s: %s (%s)", name, err.message, err.param);
+    free(body);
+    return r;
+}
+
+START_TEST(test_api_attend_examples_parse) {
+    struct api_attend_request st = parse_attend_file(EX "attend_stateless.request.json");
+    ck_assert_int_eq(st.n_tokens, 2);
+    ck_assert_str_eq(st.session_id, "");
+    ck_assert_int_eq(st.layer, 0);
+    ck_assert(!st.return_weights && !st.stream && !st.has_expect_n_past);
+    ck_assert_ptr_null(st.positions);
+    ck_assert_int_eq(st.encoding, API_ENCODING_FLOAT);
+
+    struct api_attend_request pre = parse_attend_file(EX "attend_prefill.request.json");
+    ck_assert_int_eq(pre.n_tokens, 3);
+    ck_assert_str_eq(pre.session_id, "chat-42");
+    ck_assert(pre.return_weights);
+    /* The prefill's first two rows are the stateless call's x. */
+    ck_assert_mem_eq(pre.x, st.x, 2 * 64 * sizeof(float));
+
+    struct api_attend_request dec = parse_attend_file(EX "attend_decode.request.json");
+    ck_assert_int_eq(dec.n_tokens, 1);
+    ck_assert(dec.has_expect_n_past);
+    ck_assert_int_eq(dec.expect_n_past, 3);
+
+    /* The same rows sent as base64 decode to the same floats. */
+    struct api_attend_request b = parse_attend_file(EX "attend_base64.request.json");
+    ck_assert_int_eq(b.n_tokens, 2);
+    ck_assert_int_eq(b.encoding, API_ENCODING_BASE64);
+    ck_assert_mem_eq(b.x, st.x, 2 * 64 * sizeof(float));
+
+    struct api_attend_request sm = parse_attend_file(EX "attend_stream.request.json");
+    ck_assert(sm.stream);
+    api_attend_request_release(&st);
+    api_attend_request_release(&pre);
+    api_attend_request_release(&dec);
+    api_attend_request_release(&b);
+    api_attend_request_release(&sm);
+}
+END_TEST
+
+START_TEST(test_api_session_requests_parse) {
+    size_t len;
+    char *body = http_client_read_file(EX "truncate.request.json", &len);
+    struct api_truncate_request t;
+    struct api_error err;
+    ck_assert_int_eq(api_truncate_request_parse(body, len, &tiny, &t, &err), 0);
+    ck_assert_int_eq(t.n_tokens, 2);
+    ck_assert(!t.has_layer);
+    free(body);
+    body = http_client_read_file(EX "fork.request.json", &len);
+    struct api_fork_request f;
+    ck_assert_int_eq(api_fork_request_parse(body, len, &f, &err), 0);
+    ck_assert_str_eq(f.new_id, "chat-42.branch");
+    free(body);
+    const char *bad = "{\"n_tokens\":-1}";
+    ck_assert_int_eq(api_truncate_request_parse(bad, strlen(bad), &tiny, &t, &err),
+                     ERROR_INVALID_REQUEST);
+    ck_assert_str_eq(err.param, "n_tokens");
+    bad = "{\"n_tokens\":1,\"layer\":7}";
+    ck_assert_int_eq(api_truncate_request_parse(bad, strlen(bad), &tiny, &t, &err),
+                     ERROR_INVALID_REQUEST);
+    ck_assert_str_eq(err.param, "layer");
+    bad = "{\"new_id\":\"has space\"}";
+    ck_assert_int_eq(api_fork_request_parse(bad, strlen(bad), &f, &err), ERROR_INVALID_REQUEST);
+    ck_assert_str_eq(err.param, "new_id");
+    bad = "{}";
+    ck_assert_int_eq(api_fork_request_parse(bad, strlen(bad), &f, &err), ERROR_INVALID_REQUEST);
+    ck_assert_str_eq(err.param, "new_id");
+}
+END_TEST
+
+/* sdpa.request.json in -> the engine -> our encoder out, against numpy's sdpa.response.json. */
+static void sdpa_golden(const char *req_name, const char *resp_name) {
+    size_t len;
+    char *body = http_client_read_file(req_name, &len);
+    struct api_sdpa_request r;
+    struct api_error err;
+    ck_assert_msg(api_sdpa_request_parse(body, len, &r, &err) == 0, "%s", err.message);
+    attn_sdpa_params p = {
+        .n_heads = r.n_heads, .n_kv_heads = r.n_kv_heads, .n_q = r.n_q, .n_k = r.n_k,
+        .d_k = r.d_k, .d_v = r.d_v, .q = r.q, .k = r.k, .v = r.v, .is_causal = r.causal,
+        .window = r.window, .scale = r.scale,
+    };
+    size_t n_out = (size_t)r.n_heads * r.n_q * r.d_v, n_w = (size_t)r.n_heads * r.n_q * r.n_k;
+    float *out = calloc(n_out, sizeof(float));
+    float *w = r.return_weights ? calloc(n_w, sizeof(float)) : NULL;
+    p.out = out;
+    p.weights = w;
+    void *scratch = malloc(attn_sdpa_scratch_bytes(&p) + 64);
+    ck_assert_int_eq(attn_sdpa(&p, scratch), ATTN_OK);
+    struct api_sdpa_response resp = {r.n_heads, r.n_q, r.n_k, r.d_v, out, w, {0.5, 0.25},
+                                     r.encoding};
+    char *got_text = api_sdpa_response_encode(&resp, NULL);
+    cJSON *got = cJSON_Parse(got_text);
+    char *want_text = http_client_read_file(resp_name, NULL);
+    cJSON *want = cJSON_Parse(want_text);
+    ck_assert_ptr_nonnull(got);
+    ck_assert_ptr_nonnull(want);
+    char why[256];
+    ck_assert_msg(http_client_json_same_shape(got, want, why, sizeof why), "%s", why);
+    const char *fields[] = {"output", "weights"};
+    for (int f = 0; f < 2; f++) {
+        const cJSON *g = cJSON_GetObjectItemCaseSensitive(got, fields[f]);
+        const cJSON *e = cJSON_GetObjectItemCaseSensitive(want, fields[f]);
+        if (e == NULL) {
+            continue;
+        }
+        size_t ng, ne;
+        float *gv = http_client_json_floats(g, &ng);
+        float *ev = http_client_json_floats(e, &ne);
+        ck_assert_uint_eq(ng, ne);
+        expect_close(gv, ev, ng, 1e-5, fields[f]);
+        free(gv);
+        free(ev);
+    }
+    cJSON_Delete(got);
+    cJSON_Delete(want);
+    free(got_text);
+    free(want_text);
+    free(scratch);
+    free(w);
+    free(out);
+    api_sdpa_request_release(&r);
+    free(body);
+}
+
+START_TEST(test_api_sdpa_golden_float) {
+    sdpa_golden(EX "sdpa.request.json", EX "sdpa.response.json");
+}
+END_TEST
+
+START_TEST(test_api_sdpa_golden_base64) {
+    sdpa_golden(EX "sdpa_base64.request.json", EX "sdpa_base64.response.json");
+}
+END_TEST
+
+/* ---- every kind of bad request -------------------------------------------------------------- */
+
+START_TEST(test_api_attend_rejects_bad_requests) {
+    /* A valid 1 x 64 row to build requests around. */
+    char row[1024] = "[[";
+    for (int i = 0; i < 64; i++) {
+        strcat(row, i ? ",0.5" : "0.5");
+    }
+    strcat(row, "]]");
+    char short_row[] = "[[1,2,3]]";
+    char b64_bad[] = "{\"shape\":[1,64],\"b64\":\"AAAA\"}";
+    static char buf[40][2048];
+    struct {
+        const char *body;
+        int code;
+        const char *param;
+    } cases[] = {
+        {"", ERROR_INVALID_JSON, ""},
+        {"{\"x\":", ERROR_INVALID_JSON, ""},
+        {"[1,2]", ERROR_INVALID_REQUEST, ""},
+        {"{}", ERROR_INVALID_REQUEST, "x"},
+        {buf[0], ERROR_INVALID_REQUEST, "x"},  /* short row */
+        {buf[1], ERROR_INVALID_REQUEST, "bogus"},
+        {buf[2], ERROR_INVALID_REQUEST, "layer"},  /* not loaded */
+        {buf[3], ERROR_INVALID_REQUEST, "layer"},  /* wrong type */
+        {buf[4], ERROR_INVALID_REQUEST, "session_id"},
+        {buf[5], ERROR_INVALID_REQUEST, "positions"}, /* wrong length */
+        {buf[6], ERROR_CONTEXT_LENGTH_EXCEEDED, "positions"},
+        {buf[7], ERROR_INVALID_REQUEST, "x"}, /* not finite in float32 */
+        {buf[8], ERROR_INVALID_REQUEST, "encoding_format"},
+        {buf[9], ERROR_INVALID_REQUEST, "x"}, /* base64 of the wrong size */
+        {buf[10], ERROR_INVALID_REQUEST, "stream"},
+        {buf[11], ERROR_INVALID_REQUEST, "x"}, /* duplicate field */
+        {buf[12], ERROR_INVALID_JSON, ""},     /* trailing garbage */
+        {buf[13], ERROR_INVALID_REQUEST, "expect_n_past"},
+        {buf[14], ERROR_INVALID_REQUEST, "x"}, /* rank 1 */
+        {buf[15], ERROR_INVALID_REQUEST, "x"}, /* a string inside */
+    };
+    snprintf(buf[0], sizeof buf[0], "{\"x\":%s}", short_row);
+    snprintf(buf[1], sizeof buf[1], "{\"x\":%s,\"bogus\":1}", row);
+    snprintf(buf[2], sizeof buf[2], "{\"x\":%s,\"layer\":2}", row);
+    snprintf(buf[3], sizeof buf[3], "{\"x\":%s,\"layer\":\"0\"}", row);
+    snprintf(buf[4], sizeof buf[4], "{\"x\":%s,\"session_id\":\"a/b\"}", row);
+    snprintf(buf[5], sizeof buf[5], "{\"x\":%s,\"positions\":[1,2]}", row);
+    snprintf(buf[6], sizeof buf[6], "{\"x\":%s,\"positions\":[1024]}", row);
+    snprintf(buf[7], sizeof buf[7], "{\"x\":[[1e39%s}", row + 5);
+    snprintf(buf[8], sizeof buf[8], "{\"x\":%s,\"encoding_format\":\"hex\"}", row);
+    snprintf(buf[9], sizeof buf[9], "{\"x\":%s}", b64_bad);
+    snprintf(buf[10], sizeof buf[10], "{\"x\":%s,\"stream\":1}", row);
+    snprintf(buf[11], sizeof buf[11], "{\"x\":%s,\"x\":%s}", row, row);
+    snprintf(buf[12], sizeof buf[12], "{\"x\":%s} {", row);
+    snprintf(buf[13], sizeof buf[13], "{\"x\":%s,\"expect_n_past\":-2}", row);
+    snprintf(buf[14], sizeof buf[14], "{\"x\":[0.5,0.5]}");
+    snprintf(buf[15], sizeof buf[15], "{\"x\":[[\"0.5\"%s}", row + 5);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct api_attend_request r;
+        struct api_error err;
+        int rc = api_attend_request_parse(cases[i].body, strlen(cases[i].body), &tiny, &r, &err);
+        ck_assert_msg(rc == cases[i].code, "case %zu: code %d, want %d (%s)", i, rc,
+                      cases[i].code, err.message);
+        ck_assert_msg(strcmp(err.param, cases[i].param) == 0, "case %zu: param '%s', want '%s'",
+                      i, err.param, cases[i].param);
+        ck_assert_msg(err.message[0] != '\0', "case %zu: no message", i);
+        ck_assert_ptr_null(r.x);
+    }
+}
+END_TEST
+
+START_TEST(test_api_sdpa_rejects_bad_requests) {
+    struct {
+        const char *body;
+        const char *param;
+    } cases[] = {
+        {"{\"q\":[[[1]]],\"k\":[[[1]]]}", "v"},
+        {"{\"q\":[[[1,2]]],\"k\":[[[1]]],\"v\":[[[1]]]}", "k"},             /* dk differs */
+        {"{\"q\":[[[1]]],\"k\":[[[1]],[[1]]],\"v\":[[[1]],[[1]]]}", "k"},   /* 2 kv heads, 1 q */
+        {"{\"q\":[[[1]]],\"k\":[[[1],[2]]],\"v\":[[[1]]]}", "v"},           /* Tk differs */
+        {"{\"q\":[[[1]]],\"k\":[[[1]]],\"v\":[[[1]]],\"window\":-1}", "window"},
+        {"{\"q\":[[[1]]],\"k\":[[[1]]],\"v\":[[[1]]],\"scale\":0}", "scale"},
+        {"{\"q\":[[1]],\"k\":[[[1]]],\"v\":[[[1]]]}", "q"},                 /* rank 2 */
+        {"{\"q\":[[[1]]],\"k\":[[[1]]],\"v\":[[[1]]],\"causal\":\"yes\"}", "causal"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct api_sdpa_request r;
+        struct api_error err;
+        int rc = api_sdpa_request_parse(cases[i].body, strlen(cases[i].body), &r, &err);
+        ck_assert_msg(rc == ERROR_INVALID_REQUEST, "case %zu: rc %d", i, rc);
+        ck_assert_msg(strcmp(err.param, cases[i].param) == 0, "case %zu: param '%s', want '%s'",
+                      i, err.param, cases[i].param);
+    }
+}
+END_TEST
+
+/* ---- responses ------------------------------------------------------------------------------ */
+
+/* An encoded attend response has exactly the example's structure, and its numbers read back as
+ * the very same floats (%.9g round-trips float32). */
+START_TEST(test_api_attend_response_roundtrip) {
+    float out[3 * 64], w[4 * 3 * 5];
+    for (int i = 0; i < 3 * 64; i++) {
+        out[i] = (float)sin(i * 1.7) * powf(10.0f, (float)(i % 9) - 4);
+    }
+    for (int i = 0; i < 4 * 3 * 5; i++) {
+        w[i] = (float)(i % 5) / 10.0f;
+    }
+    struct api_attend_response r = {"chat-42", 0, 2, 5, 3, 64, 4, out, w, {1.5, 2.25},
+                                    API_ENCODING_FLOAT};
+    char *text = api_attend_response_encode(&r, NULL);
+    cJSON *got = cJSON_Parse(text);
+    char *ex = http_client_read_file(EX "attend_prefill.response.json", NULL);
+    cJSON *want = cJSON_Parse(ex);
+    char why[256];
+    ck_assert_msg(http_client_json_same_shape(got, want, why, sizeof why), "%s", why);
+    size_t n;
+    float *back = http_client_json_floats(cJSON_GetObjectItemCaseSensitive(got, "output"), &n);
+    ck_assert_uint_eq(n, 3 * 64);
+    ck_assert_mem_eq(back, out, sizeof out);
+    free(back);
+    back = http_client_json_floats(cJSON_GetObjectItemCaseSensitive(got, "weights"), &n);
+    ck_assert_uint_eq(n, 4 * 3 * 5);
+    ck_assert_mem_eq(back, w, sizeof w);
+    free(back);
+    ck_assert_int_eq(cJSON_GetObjectItemCaseSensitive(got, "n_past")->valueint, 2);
+    ck_assert_int_eq(cJSON_GetObjectItemCaseSensitive(got, "n_tokens")->valueint, 5);
+    cJSON_Delete(got);
+    cJSON_Delete(want);
+    free(ex);
+    free(text);
+    /* base64 output: the b64 example's structure, and the same bytes back. */
+    r.session_id = NULL;
+    r.weights = NULL;
+    r.encoding = API_ENCODING_BASE64;
+    text = api_attend_response_encode(&r, NULL);
+    got = cJSON_Parse(text);
+    ck_assert(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(got, "session_id")));
+    ex = http_client_read_file(EX "attend_base64.response.json", NULL);
+    want = cJSON_Parse(ex);
+    cJSON_ReplaceItemInObject(want, "session_id", cJSON_CreateNull());
+    ck_assert_msg(http_client_json_same_shape(got, want, why, sizeof why), "%s", why);
+    back = http_client_json_floats(cJSON_GetObjectItemCaseSensitive(got, "output"), &n);
+    ck_assert_uint_eq(n, 3 * 64);
+    ck_assert_mem_eq(back, out, sizeof out);
+    free(back);
+    cJSON_Delete(got);
+    cJSON_Delete(want);
+    free(ex);
+    free(text);
+}
+END_TEST
+
+/* SSE framing: one `data: {json}\n\n` per token, the usage event, then `data: [DONE]\n\n`, with
+ * the events shaped like the stream example's. */
+START_TEST(test_api_stream_framing) {
+    float out[64];
+    for (int i = 0; i < 64; i++) {
+        out[i] = (float)i / 64.0f;
+    }
+    struct strbuf b;
+    strbuf_init(&b);
+    struct api_stream_event e = {0, 2, 2, 64, 4, out, NULL, API_ENCODING_FLOAT};
+    api_stream_event_encode(&b, &e);
+    struct api_attend_response u = {"chat-stream", 0, 2, 3, 1, 64, 4, NULL, NULL, {1, 2},
+                                    API_ENCODING_FLOAT};
+    api_stream_usage_encode(&b, &u);
+    char *ex = http_client_read_file(EX "attend_stream.response.txt", NULL);
+    /* Split both into events and compare them one by one. */
+    char *texts[2] = {b.data, ex};
+    char *events[2][8];
+    int n_events[2] = {0, 0};
+    for (int t = 0; t < 2; t++) {
+        char *p = texts[t];
+        while (*p) {
+            ck_assert_msg(strncmp(p, "data: ", 6) == 0, "event does not start with 'data: '");
+            char *end = strstr(p, "\n\n");
+            ck_assert_ptr_nonnull(end);
+            *end = '\0';
+            ck_assert_int_lt(n_events[t], 8);
+            events[t][n_events[t]++] = p + 6;
+            p = end + 2;
+        }
+    }
+    /* Ours: 1 token + usage + DONE; the example: 2 tokens + usage + DONE. */
+    ck_assert_int_eq(n_events[0], 3);
+    ck_assert_int_eq(n_events[1], 4);
+    ck_assert_str_eq(events[0][2], "[DONE]");
+    ck_assert_str_eq(events[1][3], "[DONE]");
+    char why[256];
+    for (int k = 0; k < 2; k++) {
+        cJSON *g = cJSON_Parse(events[0][k]);
+        cJSON *w_ = cJSON_Parse(events[1][k == 0 ? 0 : 2]);
+        ck_assert_ptr_nonnull(g);
+        ck_assert_ptr_nonnull(w_);
+        ck_assert_msg(http_client_json_same_shape(g, w_, why, sizeof why), "event %d: %s", k,
+                      why);
+        cJSON_Delete(g);
+        cJSON_Delete(w_);
+    }
+    /* An error mid-stream is an Error event, then [DONE]. */
+    strbuf_release(&b);
+    api_stream_error_encode(&b, ATTN_ENOSPC, NULL, NULL);
+    ck_assert_str_eq(b.data,
+                     "data: {\"error\":{\"message\":\"the KV cache pool cannot hold this request "
+                     "even after evicting idle sessions\",\"type\":\"insufficient_storage_error\","
+                     "\"code\":\"kv_budget_exhausted\",\"param\":null}}\n\ndata: [DONE]\n\n");
+    strbuf_release(&b);
+    free(ex);
+}
+END_TEST
+
+START_TEST(test_api_model_and_status_shapes) {
+    attn_config cfg;
+    ck_assert_int_eq(attn_config_preset("tiny", &cfg), ATTN_OK);
+    ck_assert_int_eq(attn_config_check(&cfg), ATTN_OK);
+    struct api_model_info info = {"preset:tiny seed=0", 0, 2, 163840};
+    char *text = api_model_encode(&cfg, &info, NULL);
+    char *ex = http_client_read_file(EX "model.response.json", NULL);
+    ck_assert_str_eq(text, ex); /* the captured example is exactly this model */
+    free(ex);
+    free(text);
+    text = api_status_encode("ok", NULL);
+    ex = http_client_read_file(EX "healthz.response.json", NULL);
+    ck_assert_str_eq(text, ex);
+    free(ex);
+    free(text);
+}
+END_TEST
+
+START_TEST(test_api_session_shapes) {
+    char *ex = http_client_read_file(EX "session_get.response.json", NULL);
+    cJSON *j = cJSON_Parse(ex);
+    /* idle_ms is whatever the capture measured; everything else is fixed by the requests. */
+    int64_t idle = (int64_t)cJSON_GetObjectItemCaseSensitive(j, "idle_ms")->valuedouble;
+    cJSON_Delete(j);
+    struct api_session_layer layers[1] = {{0, 4, 16384}};
+    struct api_session s = {"chat-42", 4, 16384, idle, 0, layers, 1};
+    char *text = api_session_encode(&s, NULL);
+    ck_assert_str_eq(text, ex);
+    free(ex);
+    free(text);
+    struct api_pool pool = {65536, 1073741824, 64, 4, 65536, 1};
+    text = api_session_list_encode(&s, 1, &pool, NULL);
+    ex = http_client_read_file(EX "sessions_list.response.json", NULL);
+    cJSON *g = cJSON_Parse(text), *w = cJSON_Parse(ex);
+    char why[256];
+    ck_assert_msg(http_client_json_same_shape(g, w, why, sizeof why), "%s", why);
+    cJSON_Delete(g);
+    cJSON_Delete(w);
+    free(ex);
+    free(text);
+}
+END_TEST
+
+/* ---- base64 and ids -------------------------------------------------------------------------- */
+
+START_TEST(test_api_b64_rfc4648_vectors) {
+    const char *plain[] = {"", "f", "fo", "foo", "foob", "fooba", "foobar"};
+    const char *coded[] = {"", "Zg==", "Zm8=", "Zm9v", "Zm9vYg==", "Zm9vYmE=", "Zm9vYmFy"};
+    for (int i = 0; i < 7; i++) {
+        char enc[16];
+        b64_encode((const uint8_t *)plain[i], strlen(plain[i]), enc);
+        ck_assert_str_eq(enc, coded[i]);
+        uint8_t dec[16];
+        size_t n = b64_decoded_len(coded[i], strlen(coded[i]));
+        ck_assert_uint_eq(n, strlen(plain[i]));
+        ck_assert_int_eq(b64_decode(coded[i], strlen(coded[i]), dec), 0);
+        ck_assert_mem_eq(dec, plain[i], n);
+    }
+    uint8_t dec[16];
+    ck_assert_int_eq(b64_decode("Zm9", 3, dec), -1);
+    ck_assert_int_eq(b64_decode("Zm=v", 4, dec), -1);
+    ck_assert_int_eq(b64_decode("Zm9v Zg==", 8, dec), -1);
+    ck_assert_int_eq(b64_decode("Zg==Zg==", 8, dec), -1);
+}
+END_TEST
+
+START_TEST(test_api_session_id_rules) {
+    ck_assert(api_session_id_is_valid("a", 1));
+    ck_assert(api_session_id_is_valid("A-z_0.9:x", 9));
+    char id[130];
+    memset(id, 'a', sizeof id);
+    ck_assert(api_session_id_is_valid(id, 128));
+    ck_assert(!api_session_id_is_valid(id, 129));
+    ck_assert(!api_session_id_is_valid("", 0));
+    ck_assert(!api_session_id_is_valid("a b", 3));
+    ck_assert(!api_session_id_is_valid("a/b", 3));
+    ck_assert(!api_session_id_is_valid("\xc3\xa9", 2));
+}
+END_TEST
+
+/* check_main.c is given every suite by a table generated from the definitions below, each line
+ * starting with `Suite *`. */
+extern Suite *api_suite(void);
+
+Suite *api_suite(void) {
+    Suite *s = suite_create("api");
+    TCase *tc = tcase_create("proto");
+    tcase_add_test(tc, test_api_error_table_matches_proto);
+    tcase_add_test(tc, test_api_error_example_exact);
+    tcase_add_test(tc, test_api_attend_examples_parse);
+    tcase_add_test(tc, test_api_session_requests_parse);
+    tcase_add_test(tc, test_api_sdpa_golden_float);
+    tcase_add_test(tc, test_api_sdpa_golden_base64);
+    tcase_add_test(tc, test_api_attend_rejects_bad_requests);
+    tcase_add_test(tc, test_api_sdpa_rejects_bad_requests);
+    tcase_add_test(tc, test_api_attend_response_roundtrip);
+    tcase_add_test(tc, test_api_stream_framing);
+    tcase_add_test(tc, test_api_model_and_status_shapes);
+    tcase_add_test(tc, test_api_session_shapes);
+    tcase_add_test(tc, test_api_b64_rfc4648_vectors);
+    tcase_add_test(tc, test_api_session_id_rules);
+    suite_add_tcase(s, tc);
+    return s;
+}
