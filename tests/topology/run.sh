@@ -223,6 +223,19 @@ for ((s = 0; s < N_SESSIONS; s++)); do
 done
 [ $n_sticky = "$N_SESSIONS" ] && pass "$n_sticky/$N_SESSIONS sessions: all calls on one replica, held by exactly one"
 
+# A stream through the proxy: nginx must pass the events through unbuffered and intact.
+code=$(http POST "$PROXY/v1/attend" \
+    "{\"session_id\":\"topo-1\",\"expect_n_past\":5,\"stream\":true,\"x\":$(x_rows 3 42)}" \
+    "X-Session-Id: topo-1")
+n_events=$(grep -c '^data: {"index":' "$T/body" || true)
+if [ "$code" = 200 ] && [ "$n_events" = 3 ] && grep -q '"n_tokens":8' "$T/body" &&
+    [ "$(tail -n 2 "$T/body" | head -n 1)" = "data: [DONE]" ]; then
+    pass "stream through the proxy: 3 token events, usage, [DONE]"
+else
+    fail "stream through the proxy: $code, $n_events events: $(head -c 200 "$T/body")"
+fi
+http POST "$PROXY/v1/sessions/topo-1/truncate" '{"n_tokens":5}' >/dev/null
+
 # A fork's copy is made on its source's replica (the path routes the fork there); requests naming
 # the copy reach it by sending the source's id as X-Route-Key.
 child="topo-0.fork"
