@@ -647,7 +647,7 @@ static int32_t blocks_needed(const preset_run *run, int32_t block_tokens) {
     int32_t b = max_selected(run, CASE_KIND_BATCH, batch_sizes,
                              sizeof(batch_sizes) / sizeof(batch_sizes[0]));
     int32_t need = (s + block_tokens - 1) / block_tokens;
-    int32_t dec = (l + 1 + block_tokens - 1) / block_tokens;
+    int32_t dec = l > 0 ? (l + 1 + block_tokens - 1) / block_tokens : 0;
     int32_t bat = b * ((BATCH_LEN + 1 + block_tokens - 1) / block_tokens);
     need = dec > need ? dec : need;
     need = bat > need ? bat : need;
@@ -671,9 +671,10 @@ static int create_pool(preset_run *run) {
     return rc;
 }
 
-static bool any_case_selected(const bench_opts *o, const char *preset) {
+static bool preset_selected(const bench_opts *o, const char *preset) {
     preset_run probe = {.opts = o, .name = preset};
-    return blocks_needed(&probe, 64) > 0;
+    bool is_named = strcmp(o->preset, "all") == 0 || strcmp(o->preset, preset) == 0;
+    return is_named && blocks_needed(&probe, 64) > 0;
 }
 
 static int run_preset(const bench_opts *o, const machine_limits *lim, const char *preset,
@@ -853,6 +854,15 @@ int main(int argc, char **argv) {
     if (prc != 0) {
         return prc > 0 ? EXIT_SUCCESS : 2;
     }
+    bool any_selected = false;
+    for (size_t i = 0; i < sizeof(preset_names) / sizeof(preset_names[0]); i++) {
+        any_selected = any_selected || preset_selected(&o, preset_names[i]);
+    }
+    if (!any_selected) {
+        fprintf(stderr, "attn_bench: no case of preset %s matches --case %s\n", o.preset,
+                o.case_filter != NULL ? o.case_filter : "");
+        return 2;
+    }
     openblas_set_num_threads(o.n_threads);
 
     machine_limits lim = {0};
@@ -881,18 +891,11 @@ int main(int argc, char **argv) {
     result_list results = {.n = 0};
     int rc = ATTN_OK;
     for (size_t i = 0; i < sizeof(preset_names) / sizeof(preset_names[0]) && rc == ATTN_OK; i++) {
-        const char *p = preset_names[i];
-        if ((strcmp(o.preset, "all") == 0 || strcmp(o.preset, p) == 0) &&
-            any_case_selected(&o, p)) {
-            rc = run_preset(&o, &lim, p, o.use_executor ? &ex : NULL, &results);
+        if (preset_selected(&o, preset_names[i])) {
+            rc = run_preset(&o, &lim, preset_names[i], o.use_executor ? &ex : NULL, &results);
         }
     }
     bench_pool_destroy(pool);
-    if (rc == ATTN_OK && results.n == 0) {
-        fprintf(stderr, "attn_bench: no case matches --case %s\n",
-                o.case_filter != NULL ? o.case_filter : "");
-        return 2;
-    }
     printf("\n");
     for (int32_t i = 0; i < results.n; i++) {
         print_result_line(&o, &lim, &results.items[i]);
