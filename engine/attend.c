@@ -78,8 +78,8 @@ static void accumulate_block(const struct attn__task *t, const struct tile_ctx *
         attn__tile_pv(p, ldp, rows, v, nb, t->d_v, o, (size_t)t->d_v);
         break;
     case TILE_MODE_BLAS:
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, t->d_v, nb, 1.0f, p,
-                    (int)ldp, v, t->d_v, 1.0f, o, t->d_v);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, t->d_v, nb, 1.0f, p, (int)ldp,
+                    v, t->d_v, 1.0f, o, t->d_v);
         break;
     case TILE_MODE_SMALL:
         attn__pv(p, ldp, rows, v, (size_t)t->d_v, nb, t->d_v, o, (size_t)t->d_v);
@@ -154,8 +154,8 @@ static float *weights_row(const struct attn__task *t, int32_t r) {
     return t->w + (size_t)(r / t->n_q) * t->w_head_stride + (size_t)(r % t->n_q) * t->w_ld;
 }
 
-static void run_materialized(const struct attn__task *t, const struct tile_ctx *tc,
-                             const float *q, float *o, float *s, int64_t b_lo, int64_t b_hi) {
+static void run_materialized(const struct attn__task *t, const struct tile_ctx *tc, const float *q,
+                             float *o, float *s, int64_t b_lo, int64_t b_hi) {
     int32_t rows = t->n_group * t->n_q, bt = t->kv.block_tokens;
     for (int32_t r = 0; r < rows; r++) {
         memset(weights_row(t, r), 0, (size_t)t->w_cols * sizeof(float));
@@ -216,8 +216,8 @@ void attn__task_run(const struct attn__task *t) {
     /* Gather the group's query rows, pre-scaled, into one (rows x d_k) matrix so each key block
      * is read once for all heads that share it. */
     for (int32_t r = 0; r < rows; r++) {
-        const float *src = t->q + (size_t)(r / t->n_q) * t->q_head_stride +
-                           (size_t)(r % t->n_q) * t->q_ld;
+        const float *src =
+            t->q + (size_t)(r / t->n_q) * t->q_head_stride + (size_t)(r % t->n_q) * t->q_ld;
         float *dst = q + (size_t)r * t->d_k;
         for (int32_t c = 0; c < t->d_k; c++) {
             dst[c] = src[c] * t->scale;
@@ -236,8 +236,8 @@ void attn__task_run(const struct attn__task *t) {
         run_tiled(t, &tc, q, o, s, m, l, b_lo, b_hi);
     }
     for (int32_t r = 0; r < rows; r++) {
-        float *dst = t->out + (size_t)(r / t->n_q) * t->out_head_stride +
-                     (size_t)(r % t->n_q) * t->out_ld;
+        float *dst =
+            t->out + (size_t)(r / t->n_q) * t->out_head_stride + (size_t)(r % t->n_q) * t->out_ld;
         memcpy(dst, o + (size_t)r * t->d_v, (size_t)t->d_v * sizeof(float));
     }
 }

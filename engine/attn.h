@@ -47,23 +47,23 @@ typedef enum attn_rope_scaling_type {
 
 typedef struct attn_rope_scaling {
     attn_rope_scaling_type type;
-    float factor;                     /* linear, llama3: > 0 */
-    float low_freq_factor;            /* llama3 */
-    float high_freq_factor;           /* llama3; must be > low_freq_factor */
-    int32_t original_max_position;    /* llama3: original_max_position_embeddings */
+    float factor;                  /* linear, llama3: > 0 */
+    float low_freq_factor;         /* llama3 */
+    float high_freq_factor;        /* llama3; must be > low_freq_factor */
+    int32_t original_max_position; /* llama3: original_max_position_embeddings */
 } attn_rope_scaling;
 
 /* The geometry shared by every layer of a model. Zero-valued optional fields take the defaults
  * noted below when the config is passed through attn_config_check(). */
 typedef struct attn_config {
-    int32_t n_layers;       /* layers in the model (the loaded ones are a sub-range) */
-    int32_t hidden_size;    /* model width */
-    int32_t n_heads;        /* query heads */
-    int32_t n_kv_heads;     /* key/value heads; divides n_heads (== n_heads: MHA, 1: MQA) */
-    int32_t head_dim;       /* 0 = hidden_size / n_heads */
-    int32_t rotary_dim;     /* dims of each head that RoPE rotates, even, <= head_dim;
-                               0 = head_dim; -1 = no RoPE at all */
-    float rope_theta;       /* 0 = 10000; inv_freq[i] = theta^(-2i / rotary_dim) */
+    int32_t n_layers;    /* layers in the model (the loaded ones are a sub-range) */
+    int32_t hidden_size; /* model width */
+    int32_t n_heads;     /* query heads */
+    int32_t n_kv_heads;  /* key/value heads; divides n_heads (== n_heads: MHA, 1: MQA) */
+    int32_t head_dim;    /* 0 = hidden_size / n_heads */
+    int32_t rotary_dim;  /* dims of each head that RoPE rotates, even, <= head_dim;
+                            0 = head_dim; -1 = no RoPE at all */
+    float rope_theta;    /* 0 = 10000; inv_freq[i] = theta^(-2i / rotary_dim) */
     attn_rope_style rope_style;
     attn_rope_scaling rope_scaling;
     int32_t max_seq;        /* positions 0 .. max_seq-1 are valid; also the cache capacity */
@@ -81,8 +81,11 @@ typedef struct attn_config {
 int attn_config_preset(const char *name, attn_config *out);
 
 /* Validates *cfg and replaces zero defaults by their values (head_dim, rotary_dim, rope_theta,
- * softmax_scale). Returns ATTN_EINVAL or ATTN_ESHAPE, naming nothing: callers that need a reason
- * validate their own inputs first. */
+ * softmax_scale). Returns ATTN_EINVAL for a value out of its range (a count < 1, a non-finite or
+ * non-positive theta or scale, bad scaling parameters), ATTN_ESHAPE for dimensions that do not
+ * fit together (n_kv_heads not dividing n_heads, hidden_size not divisible without a head_dim,
+ * rotary_dim odd or > head_dim), ATTN_ERANGE for sizes past the engine's limits. Callers that
+ * need a reason validate their own inputs first. */
 int attn_config_check(attn_config *cfg);
 
 /* ---- models -------------------------------------------------------------------------------- */
@@ -110,7 +113,8 @@ typedef struct attn_layer_weights {
 
 /* Creates a model from caller tensors: layers[i] holds layer (p->layer_first + i), for
  * i < p->layer_count (p may be NULL: all cfg->n_layers layers). The tensors are copied.
- * Returns ATTN_EINVAL, ATTN_ESHAPE (bad config) or ATTN_ENOMEM. */
+ * Returns ATTN_EINVAL (NULL arguments or tensors, a layer range outside the config),
+ * the codes of attn_config_check for a bad config, or ATTN_ENOMEM. */
 int attn_model_create(const attn_config *cfg, const attn_layer_weights *layers,
                       const attn_load_params *p, attn_model **out);
 
@@ -125,8 +129,10 @@ int attn_model_create_random(const attn_config *cfg, uint64_t seed, const attn_l
  * by dir/model.safetensors.index.json; tensors model.layers.{i}.self_attn.{q,k,v,o}_proj.{weight,
  * bias} in F32, F16 or BF16 (converted to float once). Only the layers in p are read. On failure
  * returns ATTN_EIO (missing or malformed file), ATTN_ESHAPE (tensor shape differs from the config)
- * or ATTN_EUNSUPPORTED (e.g. an unknown rope_scaling type or dtype) and, if err is not NULL, writes
- * a one-line reason into err (err_size bytes, always NUL-terminated). */
+ * ATTN_EUNSUPPORTED (e.g. an unknown rope_scaling type or dtype), or ATTN_EINVAL (NULL dir or
+ * out, or layers outside the model) and, if err is not NULL, writes a one-line reason into err
+ * (err_size bytes, always NUL-terminated). A tensor the config implies but the files lack is
+ * ATTN_EIO. */
 int attn_model_load_hf(const char *dir, const attn_load_params *p, attn_model **out, char *err,
                        size_t err_size);
 
@@ -220,18 +226,19 @@ int32_t attn_workspace_max_tokens(const attn_workspace *ws);
 /* One sequence's share of a forward: n_tokens new tokens appended to kv.
  * Masks, with P = attn_kv_len(kv) before the call and cache index P + i for new token i:
  * causal (token i sees keys with index <= P + i), the model's sliding window, and key_valid.
- * A row whose keys are all masked gives zero output (and zero weights), never NaN. */
+ * A row whose keys are all masked gives a zero attention output (and zero weights), never NaN;
+ * the layer output of that token is then the output bias (zero without one). */
 typedef struct attn_step {
-    attn_kv *kv;               /* the cache to append to; must come from a pool of this model */
-    const float *x;            /* (n_tokens, hidden_size) row-major hidden states */
-    int32_t n_tokens;          /* >= 1 */
-    const int32_t *positions;  /* (n_tokens) RoPE positions in [0, max_seq); NULL = P + i */
-    const uint8_t *key_valid;  /* NULL, or (P + n_tokens): 0 masks that key out (padding) */
-    float *out;                /* (n_tokens, hidden_size) row-major */
-    float *weights;            /* NULL, or (n_heads, n_tokens, P + n_tokens) row-major:
-                                  attention probabilities; asking for them selects the
-                                  materialized-scores path, otherwise the tiled online-softmax
-                                  path runs and never holds a full score matrix */
+    attn_kv *kv;              /* the cache to append to; must come from a pool of this model */
+    const float *x;           /* (n_tokens, hidden_size) row-major hidden states */
+    int32_t n_tokens;         /* >= 1 */
+    const int32_t *positions; /* (n_tokens) RoPE positions in [0, max_seq); NULL = P + i */
+    const uint8_t *key_valid; /* NULL, or (P + n_tokens): 0 masks that key out (padding) */
+    float *out;               /* (n_tokens, hidden_size) row-major */
+    float *weights;           /* NULL, or (n_heads, n_tokens, P + n_tokens) row-major:
+                                 attention probabilities; asking for them selects the
+                                 materialized-scores path, otherwise the tiled online-softmax
+                                 path runs and never holds a full score matrix */
 } attn_step;
 
 /* Advances n_steps caches (distinct caches of one pool) by their new tokens through layer
@@ -239,9 +246,10 @@ typedef struct attn_step {
  * tokens, so concurrent decodes read the weights once. Either every cache is advanced or none
  * is: on any error no cache changes length. Total tokens may exceed the workspace's max_tokens:
  * the work is then split into chunks (chunked prefill), with identical results.
- * Returns ATTN_EINVAL (NULL pointers, n_tokens < 1, layer not loaded), ATTN_ESHAPE (a cache
- * from another model's pool), ATTN_ERANGE (a position outside [0, max_seq) or a cache that would
- * exceed max_seq), ATTN_ENOSPC (not enough free blocks for all the appends). */
+ * Returns ATTN_EINVAL (NULL pointers, n_steps < 1, n_tokens < 1, layer not loaded, a workspace
+ * made for another model, caches from different pools, or one cache in two steps), ATTN_ESHAPE
+ * (a cache from another model's pool), ATTN_ERANGE (a position outside [0, max_seq) or a cache
+ * that would exceed max_seq), ATTN_ENOSPC (not enough free blocks for all the appends). */
 int attn_forward(const attn_model *m, int32_t layer, attn_workspace *ws, const attn_step *steps,
                  int32_t n_steps);
 
@@ -262,17 +270,20 @@ typedef struct attn_sdpa_params {
     const float *k;     /* (n_kv_heads, n_k, d_k) row-major */
     const float *v;     /* (n_kv_heads, n_k, d_v) row-major */
     bool is_causal;
-    int32_t window;     /* -1 = none, else >= 0 */
-    float scale;        /* 0 = 1 / sqrt(d_k) */
-    float *out;         /* (n_heads, n_q, d_v) row-major */
-    float *weights;     /* NULL, or (n_heads, n_q, n_k): probabilities (materialized path) */
+    int32_t window; /* -1 = none, else >= 0 */
+    float scale;    /* 0 = 1 / sqrt(d_k) */
+    float *out;     /* (n_heads, n_q, d_v) row-major */
+    float *weights; /* NULL, or (n_heads, n_q, n_k): probabilities (materialized path) */
 } attn_sdpa_params;
 
-/* Bytes of scratch attn_sdpa needs for these parameters. */
+/* Bytes of scratch attn_sdpa needs for these parameters; 0 when they are invalid (attn_sdpa then
+ * says why). */
 size_t attn_sdpa_scratch_bytes(const attn_sdpa_params *p);
 
 /* Computes p->out (and p->weights). scratch must hold attn_sdpa_scratch_bytes(p) bytes, aligned
- * for float. Returns ATTN_EINVAL or ATTN_ESHAPE for bad dimensions or NULL tensors. */
+ * for float. Returns ATTN_EINVAL (NULL tensors or scratch, a size < 1, window < -1, a negative or
+ * non-finite scale), ATTN_ESHAPE (n_kv_heads not dividing n_heads) or ATTN_ERANGE (sizes past
+ * the engine's limits). */
 int attn_sdpa(const attn_sdpa_params *p, void *scratch);
 
 #endif /* ENGINE_ATTN_H */

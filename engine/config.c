@@ -71,8 +71,8 @@ int attn_config_check(attn_config *cfg) {
         return ATTN_EINVAL;
     }
     attn_config c = *cfg;
-    if (c.n_layers < 1 || c.hidden_size < 1 || c.n_heads < 1 || c.n_kv_heads < 1 ||
-        c.max_seq < 1 || c.sliding_window < 0 || c.head_dim < 0) {
+    if (c.n_layers < 1 || c.hidden_size < 1 || c.n_heads < 1 || c.n_kv_heads < 1 || c.max_seq < 1 ||
+        c.sliding_window < 0 || c.head_dim < 0) {
         return ATTN_EINVAL;
     }
     if (c.n_heads % c.n_kv_heads != 0) {
@@ -87,8 +87,8 @@ int attn_config_check(attn_config *cfg) {
     if (c.rotary_dim == 0) {
         c.rotary_dim = c.head_dim & ~1;
     }
-    if (c.rotary_dim != -1 && (c.rotary_dim < 0 || c.rotary_dim % 2 != 0 ||
-                               c.rotary_dim > c.head_dim)) {
+    if (c.rotary_dim != -1 &&
+        (c.rotary_dim < 0 || c.rotary_dim % 2 != 0 || c.rotary_dim > c.head_dim)) {
         return ATTN_ESHAPE;
     }
     if (c.rope_theta == 0) {

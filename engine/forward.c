@@ -14,11 +14,11 @@ struct attn_workspace {
     int32_t max_tokens;
     attn_executor ex;
     bool has_ex;
-    float *x;             /* (max_tokens, hidden): gathered inputs of a multi-step chunk */
-    float *qkv;           /* (max_tokens, n_qkv): projected q | k | v per token */
-    float *attn;          /* (max_tokens, n_heads * head_dim): attention output per token */
-    float *y;             /* (max_tokens, hidden): output projection of a multi-step chunk */
-    float *scratch;       /* n_heads * max_tokens rows of task scratch */
+    float *x;       /* (max_tokens, hidden): gathered inputs of a multi-step chunk */
+    float *qkv;     /* (max_tokens, n_qkv): projected q | k | v per token */
+    float *attn;    /* (max_tokens, n_heads * head_dim): attention output per token */
+    float *y;       /* (max_tokens, hidden): output projection of a multi-step chunk */
+    float *scratch; /* n_heads * max_tokens rows of task scratch */
     struct attn__task *tasks;
     int32_t max_tasks;
     struct chunk_part *parts; /* (max_tokens) */
@@ -27,9 +27,9 @@ struct attn_workspace {
 /* A contiguous run of one step's tokens inside a chunk. */
 struct chunk_part {
     int32_t step;
-    int32_t first;  /* first token of the step in this part */
-    int32_t n;      /* tokens in this part */
-    int32_t row;    /* row of the part's first token in the chunk buffers */
+    int32_t first; /* first token of the step in this part */
+    int32_t n;     /* tokens in this part */
+    int32_t row;   /* row of the part's first token in the chunk buffers */
 };
 
 static size_t n_qkv_of(const attn_config *c) {
@@ -83,9 +83,9 @@ int attn_workspace_create(const attn_model *m, int32_t max_tokens, const attn_ex
     ws->max_tasks = max_tasks_for(c, max_tokens);
     /* Per-row scratch for every query row, plus one key-packing area per task. */
     size_t pack = attn__task_scratch_floats(0, c->head_dim, c->head_dim, 256);
-    ws->scratch = attn__alloc_floats(attn__task_scratch_floats((int32_t)rows, c->head_dim,
-                                                               c->head_dim, 256) +
-                                     (size_t)ws->max_tasks * pack);
+    ws->scratch =
+        attn__alloc_floats(attn__task_scratch_floats((int32_t)rows, c->head_dim, c->head_dim, 256) +
+                           (size_t)ws->max_tasks * pack);
     ws->tasks = calloc((size_t)ws->max_tasks, sizeof *ws->tasks);
     ws->parts = calloc(t, sizeof *ws->parts);
     if (ws->x == NULL || ws->qkv == NULL || ws->attn == NULL || ws->y == NULL ||
@@ -161,8 +161,8 @@ static void linear(const float *x, int32_t n, int32_t in_dim, const float *w, co
         cblas_sgemv(CblasRowMajor, CblasNoTrans, out_dim, in_dim, 1.0f, w, in_dim, x, 1, beta, y,
                     1);
     } else {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out_dim, in_dim, 1.0f, x, in_dim,
-                    w, in_dim, beta, y, out_dim);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out_dim, in_dim, 1.0f, x, in_dim, w,
+                    in_dim, beta, y, out_dim);
     }
 }
 
@@ -217,7 +217,7 @@ static int32_t part_tasks(const attn_model *m, attn_workspace *ws, const attn_st
     const attn_config *c = &m->cfg;
     int32_t r = c->n_heads / c->n_kv_heads;
     size_t n_qkv = n_qkv_of(c), hd = (size_t)c->head_dim, hd_all = (size_t)c->n_heads * hd;
-    int32_t n_keys = st->kv->len; /* this part's tokens are appended already */
+    int32_t n_keys = st->kv->len;    /* this part's tokens are appended already */
     int32_t p_start = n_keys - p->n; /* cache index of the part's first token */
     int32_t total_keys = st->kv->len - p->first - p->n + st->n_tokens; /* after the whole step */
     int32_t n_tasks = 0;
@@ -254,8 +254,8 @@ static int32_t part_tasks(const attn_model *m, attn_workspace *ws, const attn_st
             t->mask.window_right = -1;
             t->mask.key_valid = st->key_valid;
             t->scratch = ws->scratch + *scratch_used;
-            *scratch_used += attn__task_scratch_floats(r * nq, c->head_dim, c->head_dim,
-                                                       t->kv.block_tokens);
+            *scratch_used +=
+                attn__task_scratch_floats(r * nq, c->head_dim, c->head_dim, t->kv.block_tokens);
         }
     }
     return n_tasks;
@@ -307,8 +307,8 @@ int attn_forward(const attn_model *m, int32_t layer, attn_workspace *ws, const a
     int32_t step = 0, first = 0;
     while (step < n_steps) {
         int32_t rows = 0;
-        int32_t n_parts = next_chunk(steps, n_steps, ws->max_tokens, &step, &first, ws->parts,
-                                     &rows);
+        int32_t n_parts =
+            next_chunk(steps, n_steps, ws->max_tokens, &step, &first, ws->parts, &rows);
         run_chunk(m, l, ws, steps, ws->parts, n_parts, rows);
     }
     return ATTN_OK;

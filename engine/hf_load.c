@@ -19,7 +19,7 @@
 #endif
 
 #define MAX_JSON_BYTES (100u << 20) /* the safetensors spec caps headers at 100 MB */
-#define MAX_SHARDS 256
+#define MAX_SHARDS     256
 
 typedef enum dtype { DTYPE_F32, DTYPE_F16, DTYPE_BF16 } dtype;
 
@@ -28,7 +28,7 @@ struct loader {
     const char *dir;
     char *err;
     size_t err_size;
-    cJSON *weight_map;             /* borrowed from index_json, or NULL for a single file */
+    cJSON *weight_map; /* borrowed from index_json, or NULL for a single file */
     cJSON *index_json;
     char *shard_names[MAX_SHARDS]; /* file names, relative to dir */
     cJSON *shard_headers[MAX_SHARDS];
@@ -188,7 +188,8 @@ static int parse_rope_scaling(struct loader *ld, const cJSON *rs, attn_rope_scal
     } else {
         return fail(ld, ATTN_EUNSUPPORTED,
                     "config.json: rope_scaling type '%s' is not supported (default, linear, "
-                    "llama3 are)", t);
+                    "llama3 are)",
+                    t);
     }
     if (rc != ATTN_OK) {
         return rc;
@@ -199,9 +200,10 @@ static int parse_rope_scaling(struct loader *ld, const cJSON *rs, attn_rope_scal
     if (out->type == ATTN_ROPE_SCALING_LLAMA3 &&
         (!(out->low_freq_factor > 0) || !(out->high_freq_factor > out->low_freq_factor) ||
          out->original_max_position <= 0)) {
-        return fail(ld, ATTN_EIO, "config.json: llama3 rope_scaling needs low_freq_factor > 0, "
-                                  "high_freq_factor > low_freq_factor and "
-                                  "original_max_position_embeddings > 0");
+        return fail(ld, ATTN_EIO,
+                    "config.json: llama3 rope_scaling needs low_freq_factor > 0, "
+                    "high_freq_factor > low_freq_factor and "
+                    "original_max_position_embeddings > 0");
     }
     return ATTN_OK;
 }
@@ -223,16 +225,19 @@ static int parse_config(struct loader *ld, const cJSON *j, attn_config *c, bool 
         return rc;
     }
     if (c->hidden_size <= 0 || c->n_heads <= 0 || c->n_layers <= 0) {
-        return fail(ld, ATTN_EIO, "config.json: hidden_size, num_attention_heads and "
-                                  "num_hidden_layers are required and must be > 0");
+        return fail(ld, ATTN_EIO,
+                    "config.json: hidden_size, num_attention_heads and "
+                    "num_hidden_layers are required and must be > 0");
     }
     c->n_kv_heads = c->n_heads;
     if ((rc = get_int(ld, j, "num_key_value_heads", &c->n_kv_heads)) != ATTN_OK) {
         return rc;
     }
     if (c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads != 0) {
-        return fail(ld, ATTN_ESHAPE, "config.json: num_key_value_heads (%d) must divide "
-                                     "num_attention_heads (%d)", c->n_kv_heads, c->n_heads);
+        return fail(ld, ATTN_ESHAPE,
+                    "config.json: num_key_value_heads (%d) must divide "
+                    "num_attention_heads (%d)",
+                    c->n_kv_heads, c->n_heads);
     }
     bool use_window = true;
     if ((rc = get_bool(ld, j, "use_sliding_window", &use_window)) != ATTN_OK) {
@@ -269,8 +274,9 @@ static int parse_config(struct loader *ld, const cJSON *j, attn_config *c, bool 
     }
     if (c->head_dim == 0) {
         if (c->hidden_size % c->n_heads != 0) {
-            return fail(ld, ATTN_ESHAPE, "config.json: hidden_size %% num_attention_heads != 0 "
-                                         "and no head_dim given");
+            return fail(ld, ATTN_ESHAPE,
+                        "config.json: hidden_size %% num_attention_heads != 0 "
+                        "and no head_dim given");
         }
         c->head_dim = c->hidden_size / c->n_heads;
     }
@@ -279,8 +285,9 @@ static int parse_config(struct loader *ld, const cJSON *j, attn_config *c, bool 
     }
     c->rotary_dim = (int32_t)(c->head_dim * partial);
     if (c->rotary_dim % 2 != 0 || c->rotary_dim == 0) {
-        return fail(ld, ATTN_EUNSUPPORTED, "config.json: rotary dim %d (head_dim x "
-                                           "partial_rotary_factor) must be even and > 0",
+        return fail(ld, ATTN_EUNSUPPORTED,
+                    "config.json: rotary dim %d (head_dim x "
+                    "partial_rotary_factor) must be even and > 0",
                     c->rotary_dim);
     }
     return ATTN_OK;
@@ -485,8 +492,10 @@ static int tensor_read(struct loader *ld, const char *name, int32_t rows, int32_
     uint64_t start = ld->shard_data_start[shard] + (uint64_t)b0;
     if (b0 < 0 || b1 < b0 || (uint64_t)(b1 - b0) != n * elem ||
         start + n * elem > ld->shard_size[shard]) {
-        return fail(ld, ATTN_EIO, "%s: data_offsets do not match its shape or lie past the end "
-                                  "of %s (truncated file?)", name, ld->shard_names[shard]);
+        return fail(ld, ATTN_EIO,
+                    "%s: data_offsets do not match its shape or lie past the end "
+                    "of %s (truncated file?)",
+                    name, ld->shard_names[shard]);
     }
     char path[4096];
     if ((rc = path_join(ld, ld->shard_names[shard], path, sizeof path)) != ATTN_OK) {
@@ -595,8 +604,10 @@ static int detect_biases(struct loader *ld, int32_t layer, bool wants_bias, attn
         return rc;
     }
     if (wants_bias && !c->has_qkv_bias) {
-        return fail(ld, ATTN_EIO, "config.json sets attention_bias but %s.%d.self_attn.q_proj."
-                                  "bias is missing", ld->prefix, layer);
+        return fail(ld, ATTN_EIO,
+                    "config.json sets attention_bias but %s.%d.self_attn.q_proj."
+                    "bias is missing",
+                    ld->prefix, layer);
     }
     return ATTN_OK;
 }
@@ -666,8 +677,7 @@ int attn_model_load_hf(const char *dir, const attn_load_params *p, attn_model **
         goto out;
     }
     if ((rc = attn__model_alloc(&cfg, p, &m)) != ATTN_OK) {
-        fail(&ld, rc, "config.json describes an invalid attention geometry: %s",
-             attn_strerror(rc));
+        fail(&ld, rc, "config.json describes an invalid attention geometry: %s", attn_strerror(rc));
         goto out;
     }
     for (int32_t i = 0; i < m->layer_count; i++) {

@@ -24,8 +24,8 @@ static double rope_inv_freq(const attn_config *cfg, int32_t i) {
         if (wavelen < high_wavelen) {
             return inv;
         }
-        double smooth = (old_ctx / wavelen - s->low_freq_factor) /
-                        (s->high_freq_factor - s->low_freq_factor);
+        double smooth =
+            (old_ctx / wavelen - s->low_freq_factor) / (s->high_freq_factor - s->low_freq_factor);
         return (1.0 - smooth) * inv / s->factor + smooth * inv;
     }
     return inv;
@@ -54,7 +54,8 @@ void attn__rope_apply(const attn_model *m, float *x, int32_t n_heads, int32_t po
     for (int32_t h = 0; h < n_heads; h++) {
         float *v = x + (size_t)h * cfg->head_dim;
         if (cfg->rope_style == ATTN_ROPE_STYLE_HALF) {
-            /* rotate_half: (x[i], x[i + half]) -> (x[i] c - x[i + half] s, x[i + half] c + x[i] s) */
+            /* rotate_half: (x[i], x[i + half]) -> (x[i] c - x[i + half] s, x[i + half] c + x[i] s)
+             */
             for (int32_t i = 0; i < half; i++) {
                 float a = v[i], b = v[i + half];
                 v[i] = a * c[i] - b * s[i];

@@ -37,9 +37,9 @@ size_t attn_sdpa_scratch_bytes(const attn_sdpa_params *p) {
     int32_t r = p->n_heads / p->n_kv_heads;
     size_t n_tasks = (size_t)p->n_kv_heads * n_q_tiles(p);
     /* Per-row scratch for all rows, plus the per-task key-packing area. */
-    size_t floats = (size_t)p->n_kv_heads *
-                        attn__task_scratch_floats(r * p->n_q, p->d_k, p->d_v, SDPA_BLOCK) +
-                    n_tasks * attn__task_scratch_floats(0, p->d_k, p->d_v, SDPA_BLOCK);
+    size_t floats =
+        (size_t)p->n_kv_heads * attn__task_scratch_floats(r * p->n_q, p->d_k, p->d_v, SDPA_BLOCK) +
+        n_tasks * attn__task_scratch_floats(0, p->d_k, p->d_v, SDPA_BLOCK);
     /* Tasks first, then float scratch; round the task array up to float alignment. */
     size_t task_bytes = (n_tasks * sizeof(struct attn__task) + 63) / 64 * 64;
     return task_bytes + floats * sizeof(float);

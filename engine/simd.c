@@ -4,7 +4,6 @@
  * picked at load time by the ifunc resolver, so no global dispatch state is needed. */
 #include "attn_int.h"
 
-
 #if defined(__x86_64__) && defined(__GNUC__)
 #define SIMD_CLONES __attribute__((target_clones("avx2", "default")))
 #else

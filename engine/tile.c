@@ -78,9 +78,8 @@ __attribute__((target("avx2,fma"))) static void qk_block_full(const float *q, si
 }
 
 /* One row of the same product, for the ragged rows past the last full block. */
-__attribute__((target("avx2,fma"))) static void qk_block_row(const float *q, const float *kt,
-                                                             int32_t n_pad, int32_t d, float *s,
-                                                             int32_t n) {
+__attribute__((target("avx2,fma"))) static void
+qk_block_row(const float *q, const float *kt, int32_t n_pad, int32_t d, float *s, int32_t n) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     for (int32_t c = 0; c < d; c++) {
         __m256 a = _mm256_broadcast_ss(q + c);
@@ -111,8 +110,8 @@ __attribute__((target("avx2,fma"))) static void qk_avx2(const float *q, size_t l
 
 /* o[i][0..16) += sum_j p[i][j] v[j][0..16), for MR rows (accumulators in registers). */
 __attribute__((target("avx2,fma"))) static void pv_block_full(const float *p, size_t ldp,
-                                                              const float *v, size_t ldv,
-                                                              int32_t n, float *o, size_t ldo) {
+                                                              const float *v, size_t ldv, int32_t n,
+                                                              float *o, size_t ldo) {
     __m256 acc[MR][2];
 #pragma GCC unroll 6
     for (int32_t i = 0; i < MR; i++) {
@@ -197,7 +196,8 @@ __attribute__((target("avx2,fma"))) static float exp_shift_avx2(float *s, int32_
         y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
         y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
         y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, one));
-        __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+        __m256i e =
+            _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
         y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
         y = _mm256_andnot_ps(dead, y);
         _mm256_storeu_ps(s + j, y);
