@@ -573,6 +573,11 @@ int api_sdpa_request_parse(const char *body, size_t len, struct api_sdpa_request
     if (rc == 0) {
         rc = sdpa_tensors(q, k, v, &r, err);
     }
+    if (rc == 0 && (int64_t)r.n_heads * r.n_q * r.d_v > API_OUTPUT_MAX_VALUES) {
+        rc = fail(err, ERROR_INVALID_REQUEST, "v",
+                  "v: the output H x Tq x dv = %lld values exceeds the limit of %d",
+                  (long long)r.n_heads * r.n_q * r.d_v, API_OUTPUT_MAX_VALUES);
+    }
     if (rc == 0 && r.return_weights &&
         (int64_t)r.n_heads * r.n_q * r.n_k > API_WEIGHTS_MAX_VALUES) {
         rc = fail(err, ERROR_INVALID_REQUEST, "return_weights",

@@ -19,6 +19,8 @@
 #define API_SESSION_ID_MAX 128
 /* Cap on returned attention probabilities per request (values), proto: return_weights. */
 #define API_WEIGHTS_MAX_VALUES 16777216
+/* Cap on /v1/sdpa's output (H x Tq x dv values), which small inputs could otherwise blow up. */
+#define API_OUTPUT_MAX_VALUES 16777216
 
 /* A request error: code is an error_code; param is the offending field ("" = null); message is
  * the specific reason ("" = the error table's default). */

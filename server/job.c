@@ -286,7 +286,9 @@ static int attend_run(struct pool_job *pj, int status) {
         };
         job->response = api_attend_response_encode(&r, &job->response_len);
         job->response_status = 200;
-        return job->response != NULL ? 0 : ERROR_INTERNAL;
+        return job->response != NULL
+                   ? 0
+                   : set_err(job, ERROR_INTERNAL, NULL, "out of memory encoding the answer");
     }
     int32_t i = job->next_index;
     struct api_stream_event e = {
@@ -301,7 +303,11 @@ static int attend_run(struct pool_job *pj, int status) {
     };
     job->event.len = 0;
     api_stream_event_encode(&job->event, &e);
-    return job->event.has_failed ? ERROR_INTERNAL : 0;
+    if (job->event.has_failed) {
+        strbuf_release(&job->event);
+        return set_err(job, ERROR_INTERNAL, NULL, "out of memory encoding the event");
+    }
+    return 0;
 }
 
 static void count_tokens(struct job *job, int32_t n) {
@@ -477,7 +483,7 @@ static int sdpa_run(struct pool_job *pj, int status) {
     p.out = out;
     p.weights = weights;
     void *scratch = out != NULL ? malloc(attn_sdpa_scratch_bytes(&p) + 64) : NULL;
-    int rc = ERROR_INTERNAL;
+    int rc = set_err(job, ERROR_INTERNAL, NULL, "out of memory for the computation");
     if (out != NULL && scratch != NULL && (weights != NULL || !sd->return_weights)) {
         double t0 = (double)uv_hrtime() / 1e6;
         rc = attn_sdpa(&p, scratch);
@@ -495,7 +501,9 @@ static int sdpa_run(struct pool_job *pj, int status) {
             };
             job->response = api_sdpa_response_encode(&r, &job->response_len);
             job->response_status = 200;
-            rc = job->response != NULL ? 0 : ERROR_INTERNAL;
+            rc = job->response != NULL
+                     ? 0
+                     : set_err(job, ERROR_INTERNAL, NULL, "out of memory encoding the answer");
         } else {
             set_err(job, ERROR_INVALID_REQUEST, "q", "the engine refused the tensors: %s",
                     attn_strerror(rc));

@@ -197,9 +197,12 @@ void http_client_conn_close(struct http_client_conn *c) {
 
 /* ---- raw sockets ---------------------------------------------------------------------------- */
 
-int http_client_raw_send(int port, const char *request, size_t len) {
+int http_client_raw_send(int port, const char *request, size_t len, int rcvbuf) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     ck_assert_int_ge(fd, 0);
+    if (rcvbuf > 0) {
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
+    }
     struct sockaddr_in a;
     memset(&a, 0, sizeof a);
     a.sin_family = AF_INET;
@@ -218,8 +221,11 @@ int http_client_raw_send(int port, const char *request, size_t len) {
 ssize_t http_client_raw_read_until(int fd, const char *needle, int timeout_ms, char **out) {
     struct strbuf b;
     strbuf_init(&b);
+    strbuf_reserve(&b, 0);
     double end = mono_ms() + timeout_ms;
-    while (b.data == NULL || strstr(b.data, needle) == NULL) {
+    size_t nl = strlen(needle);
+    bool found = false;
+    while (!found) {
         int left = (int)(end - mono_ms());
         if (left <= 0) {
             break;
@@ -233,9 +239,11 @@ ssize_t http_client_raw_read_until(int fd, const char *needle, int timeout_ms, c
         if (n <= 0) {
             break;
         }
+        /* Search only the new bytes (and the needle's length before them): streams are long. */
+        size_t from = b.len > nl ? b.len - nl : 0;
         strbuf_append(&b, chunk, (size_t)n);
+        found = strstr(b.data + from, needle) != NULL;
     }
-    bool found = b.data != NULL && strstr(b.data, needle) != NULL;
     size_t len = 0;
     *out = strbuf_detach(&b, &len);
     return found ? (ssize_t)len : -1;

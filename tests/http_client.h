@@ -49,8 +49,9 @@ int http_client_conn_request(struct http_client_conn *c, const char *method, con
 void http_client_conn_close(struct http_client_conn *c);
 
 /* Raw socket to 127.0.0.1:port with `request` (a whole HTTP request text) sent; returns the fd.
- * The caller reads (or does not read) the answer and closes it. */
-int http_client_raw_send(int port, const char *request, size_t len);
+ * rcvbuf > 0 sets SO_RCVBUF before connecting (a small window makes a non-reading client stall
+ * the server soon). The caller reads (or does not read) the answer and closes it. */
+int http_client_raw_send(int port, const char *request, size_t len, int rcvbuf);
 
 /* Reads from fd until `needle` has been seen or timeout_ms passed; returns bytes read into the
  * malloc'd *out (NUL-terminated), or -1. */

@@ -1,0 +1,1263 @@
+/* tests/check_server.c: the integration suite. Each test starts the real attnd ($ATTND_BIN) on
+ * 127.0.0.1 with an ephemeral port, speaks HTTP to it (libcurl, or raw sockets for clients that
+ * stall or vanish), checks answers against the engine called directly with the same preset and
+ * seed and against proto/examples, and ends with SIGTERM, expecting a drained exit 0 (which
+ * under ASan also means no leak report). Every error code of proto/errors.json is provoked here.
+ * All cases are tagged "server" (valgrind runs skip them).
+ */
+#include <check.h>
+#include <math.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "../engine/attn.h"
+#include "check_harness.h"
+#include "http_client.h"
+
+#define TINY_HIDDEN 64
+#define TINY_HEADS 4
+#define EX "proto/examples/"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define UNDER_ASAN 1
+#endif
+#endif
+#ifndef UNDER_ASAN
+#define UNDER_ASAN 0
+#endif
+
+/* ---- fixture: one daemon per test (CK_FORK gives each test its own process) ----------------- */
+
+static struct http_client_daemon daemon_;
+
+static void setup(void) {
+    memset(&daemon_, 0, sizeof daemon_);
+}
+
+static void teardown(void) {
+    http_client_daemon_kill(&daemon_);
+}
+
+static void start(const char *const *args) {
+    http_client_daemon_start(&daemon_, args);
+}
+
+/* SIGTERM must drain and exit 0 (and, under ASan, without a leak report). */
+static void stop_ok(void) {
+    char *log = http_client_daemon_log(&daemon_);
+    int status = http_client_daemon_stop(&daemon_, 20000);
+    ck_assert_msg(status == 0, "attnd exited with %d; log tail: %s", status,
+                  strlen(log) > 3000 ? log + strlen(log) - 3000 : log);
+    free(log);
+}
+
+static const char *url(const char *path) {
+    static char buf[512];
+    snprintf(buf, sizeof buf, "%s%s", daemon_.base, path);
+    return buf;
+}
+
+/* ---- requests ------------------------------------------------------------------------------- */
+
+static struct http_client_response call(const char *method, const char *path, const char *body,
+                                        const char *const *headers) {
+    struct http_client_response r;
+    http_client_request(method, url(path), body, body ? strlen(body) : 0, headers, &r);
+    return r;
+}
+
+/* Makes a request that must answer `status` with JSON; returns the parsed body. */
+static cJSON *call_json(const char *method, const char *path, const char *body, long status) {
+    struct http_client_response r = call(method, path, body, NULL);
+    ck_assert_msg(r.status == status, "%s %s: status %ld, want %ld: %.400s", method, path,
+                  r.status, status, r.body);
+    cJSON *j = http_client_json(&r);
+    http_client_response_release(&r);
+    return j;
+}
+
+/* Checks an Error answer: status, code, param (NULL = null), and the proto error shape. */
+static void check_error(const struct http_client_response *r, long status, const char *code,
+                        const char *param) {
+    ck_assert_msg(r->status == status, "status %ld, want %ld (%s): %.400s", r->status, status,
+                  code, r->body);
+    cJSON *j = http_client_json(r);
+    static cJSON *shape;
+    if (shape == NULL) {
+        char *ex = http_client_read_file(EX "error.response.json", NULL);
+        shape = cJSON_Parse(ex);
+        free(ex);
+    }
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(j, "error");
+    ck_assert_msg(e != NULL, "no error object: %s", r->body);
+    ck_assert_str_eq(cJSON_GetObjectItemCaseSensitive(e, "code")->valuestring, code);
+    ck_assert_msg(strlen(cJSON_GetObjectItemCaseSensitive(e, "message")->valuestring) > 0,
+                  "empty message");
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(e, "param");
+    if (param == NULL) {
+        ck_assert_msg(cJSON_IsNull(p), "param should be null: %s", r->body);
+        cJSON_ReplaceItemInObject(cJSON_GetObjectItemCaseSensitive(j, "error"), "param",
+                                  cJSON_CreateString("x"));
+    } else {
+        ck_assert_msg(cJSON_IsString(p) && strcmp(p->valuestring, param) == 0,
+                      "param: want %s: %s", param, r->body);
+    }
+    char why[256];
+    ck_assert_msg(http_client_json_same_shape(j, shape, why, sizeof why), "%s", why);
+    cJSON_Delete(j);
+}
+
+static void expect_error(const char *method, const char *path, const char *body,
+                         const char *const *headers, long status, const char *code,
+                         const char *param) {
+    struct http_client_response r = call(method, path, body, headers);
+    check_error(&r, status, code, param);
+    http_client_response_release(&r);
+}
+
+/* ---- inputs and the engine as a reference ---------------------------------------------------- */
+
+/* (T, hidden) values uniform in [-1, 1) from a splitmix64 stream. */
+static float *make_x(uint64_t seed, int32_t t, int32_t hidden) {
+    float *x = malloc((size_t)t * hidden * sizeof(float));
+    uint64_t s = seed * 0x9E3779B97F4A7C15ULL + 1;
+    for (int32_t i = 0; i < t * hidden; i++) {
+        s += 0x9E3779B97F4A7C15ULL;
+        uint64_t z = s;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+        z ^= z >> 31;
+        x[i] = (float)((double)(z >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+    }
+    return x;
+}
+
+/* The body of POST /v1/attend: x rows [first, first + t) of `x`, plus extra fields. */
+static char *attend_body(const char *session, const float *x, int32_t first, int32_t t,
+                         int32_t hidden, bool b64, const char *extra) {
+    const float *rows = x + (size_t)first * hidden;
+    char *tensor = b64 ? http_client_matrix_b64(rows, t, hidden)
+                       : http_client_matrix_json(rows, t, hidden);
+    size_t n = strlen(tensor) + 512 + (extra ? strlen(extra) : 0);
+    char *body = malloc(n);
+    if (session != NULL) {
+        snprintf(body, n, "{\"session_id\":\"%s\",\"x\":%s%s}", session, tensor,
+                 extra ? extra : "");
+    } else {
+        snprintf(body, n, "{\"x\":%s%s}", tensor, extra ? extra : "");
+    }
+    free(tensor);
+    return body;
+}
+
+/* The engine in-process, built exactly as attnd builds its preset model. */
+struct ref {
+    attn_model *model;
+    attn_kv_pool *pool;
+    attn_workspace *ws;
+};
+
+static void ref_init(struct ref *r, const char *preset, uint64_t seed) {
+    attn_config cfg;
+    ck_assert_int_eq(attn_config_preset(preset, &cfg), ATTN_OK);
+    ck_assert_int_eq(attn_model_create_random(&cfg, seed, NULL, &r->model), ATTN_OK);
+    ck_assert_int_eq(attn_kv_pool_create(r->model, 64 << 20, 0, &r->pool), ATTN_OK);
+    ck_assert_int_eq(attn_workspace_create(r->model, 256, NULL, &r->ws), ATTN_OK);
+}
+
+static void ref_release(struct ref *r) {
+    attn_workspace_destroy(r->ws);
+    attn_kv_pool_destroy(r->pool);
+    attn_model_destroy(r->model);
+}
+
+/* One stateless pass over t tokens: out (t, hidden), weights (n_heads, t, t) or NULL. */
+static void ref_forward(struct ref *r, int32_t layer, const float *x, int32_t t, float *out,
+                        float *weights) {
+    attn_kv *kv;
+    ck_assert_int_eq(attn_kv_create(r->pool, &kv), ATTN_OK);
+    attn_step step = {.kv = kv, .x = x, .n_tokens = t, .out = out, .weights = weights};
+    ck_assert_int_eq(attn_forward(r->model, layer, r->ws, &step, 1), ATTN_OK);
+    attn_kv_destroy(kv);
+}
+
+static float *floats_of(const cJSON *j, const char *field, size_t want_n) {
+    size_t n;
+    float *f = http_client_json_floats(cJSON_GetObjectItemCaseSensitive(j, field), &n);
+    ck_assert_msg(n == want_n, "%s: %zu values, want %zu", field, n, want_n);
+    return f;
+}
+
+static int int_of(const cJSON *j, const char *field) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, field);
+    ck_assert_msg(cJSON_IsNumber(v), "%s is not a number", field);
+    return v->valueint;
+}
+
+/* The value of a metric line "name value" (labels included in name), or -1. */
+static double metric(const char *name) {
+    struct http_client_response r = call("GET", "/metrics", NULL, NULL);
+    ck_assert_int_eq(r.status, 200);
+    double v = -1;
+    size_t nl = strlen(name);
+    for (const char *p = r.body; p != NULL && *p; p = strchr(p, '\n')) {
+        if (*p == '\n') {
+            p++;
+        }
+        if (strncmp(p, name, nl) == 0 && p[nl] == ' ') {
+            v = atof(p + nl + 1);
+            break;
+        }
+    }
+    http_client_response_release(&r);
+    return v;
+}
+
+static void sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static double mono_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* ---- prefill, decode, weights ---------------------------------------------------------------- */
+
+START_TEST(test_server_prefill_decode_equals_stateless) {
+    const char *args[] = {"--preset", "tiny", "--seed", "3", "--workers", "2", NULL};
+    start(args);
+    const int32_t t = 5, n_dec = 3, total = 8, layer = 1;
+    float *x = make_x(11, total, TINY_HIDDEN);
+    float *got = calloc((size_t)total * TINY_HIDDEN, sizeof(float));
+    char extra[128];
+    snprintf(extra, sizeof extra, ",\"layer\":%d", (int)layer);
+    char *body = attend_body("pd", x, 0, t, TINY_HIDDEN, false, extra);
+    cJSON *j = call_json("POST", "/v1/attend", body, 200);
+    free(body);
+    ck_assert_str_eq(cJSON_GetObjectItemCaseSensitive(j, "session_id")->valuestring, "pd");
+    ck_assert_int_eq(int_of(j, "n_past"), 0);
+    ck_assert_int_eq(int_of(j, "n_tokens"), t);
+    ck_assert_int_eq(int_of(j, "layer"), layer);
+    float *o = floats_of(j, "output", (size_t)t * TINY_HIDDEN);
+    memcpy(got, o, (size_t)t * TINY_HIDDEN * sizeof(float));
+    free(o);
+    cJSON_Delete(j);
+    for (int32_t i = 0; i < n_dec; i++) {
+        snprintf(extra, sizeof extra, ",\"layer\":%d,\"expect_n_past\":%d", (int)layer,
+                 (int)(t + i));
+        body = attend_body("pd", x, t + i, 1, TINY_HIDDEN, false, extra);
+        j = call_json("POST", "/v1/attend", body, 200);
+        free(body);
+        ck_assert_int_eq(int_of(j, "n_past"), t + i);
+        ck_assert_int_eq(int_of(j, "n_tokens"), t + i + 1);
+        o = floats_of(j, "output", TINY_HIDDEN);
+        memcpy(got + (size_t)(t + i) * TINY_HIDDEN, o, TINY_HIDDEN * sizeof(float));
+        free(o);
+        cJSON_Delete(j);
+    }
+    /* One stateless pass over all the tokens gives the same rows... */
+    snprintf(extra, sizeof extra, ",\"layer\":%d", (int)layer);
+    body = attend_body(NULL, x, 0, total, TINY_HIDDEN, false, extra);
+    j = call_json("POST", "/v1/attend", body, 200);
+    free(body);
+    ck_assert(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(j, "session_id")));
+    float *all = floats_of(j, "output", (size_t)total * TINY_HIDDEN);
+    cJSON_Delete(j);
+    harness_expect_close(got, all, (size_t)total * TINY_HIDDEN, "prefill+decode vs stateless");
+    /* ...and so does the engine called directly with the same preset and seed. */
+    struct ref r;
+    ref_init(&r, "tiny", 3);
+    float *want = calloc((size_t)total * TINY_HIDDEN, sizeof(float));
+    ref_forward(&r, layer, x, total, want, NULL);
+    harness_expect_close(all, want, (size_t)total * TINY_HIDDEN, "server vs engine");
+    /* The session shows its tokens on the layer it used; a stateless call kept nothing. */
+    j = call_json("GET", "/v1/sessions/pd", NULL, 200);
+    ck_assert_int_eq(int_of(j, "n_tokens"), total);
+    const cJSON *layers = cJSON_GetObjectItemCaseSensitive(j, "layers");
+    ck_assert_int_eq(cJSON_GetArraySize(layers), 1);
+    ck_assert_int_eq(int_of(layers->child, "layer"), layer);
+    cJSON_Delete(j);
+    j = call_json("GET", "/v1/sessions", NULL, 200);
+    ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(j, "sessions")), 1);
+    cJSON_Delete(j);
+    ck_assert_int_eq((int)metric("attnd_tokens_total{phase=\"prefill\"}"), t + total);
+    ck_assert_int_eq((int)metric("attnd_tokens_total{phase=\"decode\"}"), n_dec);
+    ref_release(&r);
+    free(want);
+    free(all);
+    free(got);
+    free(x);
+    stop_ok();
+}
+END_TEST
+
+START_TEST(test_server_weights_sum_to_one_and_match_engine) {
+    const char *args[] = {"--preset", "tiny", "--seed", "5", "--workers", "1", NULL};
+    start(args);
+    const int32_t t = 4, h = TINY_HEADS;
+    float *x = make_x(21, t + 1, TINY_HIDDEN);
+    char *body = attend_body("w", x, 0, t, TINY_HIDDEN, false, ",\"return_weights\":true");
+    cJSON *j = call_json("POST", "/v1/attend", body, 200);
+    free(body);
+    float *w = floats_of(j, "weights", (size_t)h * t * t);
+    cJSON_Delete(j);
+    body = attend_body("w", x, t, 1, TINY_HIDDEN, false, ",\"return_weights\":true");
+    j = call_json("POST", "/v1/attend", body, 200);
+    free(body);
+    float *w1 = floats_of(j, "weights", (size_t)h * 1 * (t + 1));
+    cJSON_Delete(j);
+    /* Every row is a probability distribution over the keys it may see (causal). */
+    for (int32_t hh = 0; hh < h; hh++) {
+        for (int32_t i = 0; i < t; i++) {
+            double sum = 0;
+            for (int32_t k = 0; k < t; k++) {
+                float p = w[((size_t)hh * t + i) * t + k];
+                ck_assert_msg(p >= 0 && (k <= i || p == 0), "w[%d][%d][%d] = %g", hh, i, k, p);
+                sum += p;
+            }
+            ck_assert_msg(fabs(sum - 1) < 1e-5, "row %d/%d sums to %.9f", hh, i, sum);
+        }
+        double sum = 0;
+        for (int32_t k = 0; k <= t; k++) {
+            sum += w1[(size_t)hh * (t + 1) + k];
+        }
+        ck_assert_msg(fabs(sum - 1) < 1e-5, "decode row %d sums to %.9f", hh, sum);
+    }
+    /* The engine's own weights for the full sequence: the prefill rows and the decode row. */
+    struct ref r;
+    ref_init(&r, "tiny", 5);
+    float *out = calloc((size_t)(t + 1) * TINY_HIDDEN, sizeof(float));
+    float *want = calloc((size_t)h * (t + 1) * (t + 1), sizeof(float));
+    ref_forward(&r, 0, x, t + 1, out, want);
+    for (int32_t hh = 0; hh < h; hh++) {
+        for (int32_t i = 0; i < t; i++) {
+            harness_expect_close(&w[((size_t)hh * t + i) * t],
+                                 &want[((size_t)hh * (t + 1) + i) * (t + 1)], (size_t)t,
+                                 "prefill weights");
+        }
+        harness_expect_close(&w1[(size_t)hh * (t + 1)],
+                             &want[((size_t)hh * (t + 1) + t) * (t + 1)], (size_t)t + 1,
+                             "decode weights");
+    }
+    ref_release(&r);
+    free(want);
+    free(out);
+    free(w1);
+    free(w);
+    free(x);
+    stop_ok();
+}
+END_TEST
+
+/* ---- streaming ------------------------------------------------------------------------------ */
+
+/* Splits an SSE body into the payloads of its `data: ` events (pointers into text). */
+static int sse_events(char *text, char **events, int max) {
+    int n = 0;
+    char *p = text;
+    while (*p && n < max) {
+        ck_assert_msg(strncmp(p, "data: ", 6) == 0, "not an SSE data line: %.80s", p);
+        char *end = strstr(p, "\n\n");
+        ck_assert_msg(end != NULL, "event without its blank line");
+        *end = '\0';
+        events[n++] = p + 6;
+        p = end + 2;
+    }
+    return n;
+}
+
+START_TEST(test_server_stream_framing) {
+    const char *args[] = {"--preset", "tiny", "--seed", "9", "--workers", "2", NULL};
+    start(args);
+    const int32_t t = 3;
+    float *x = make_x(31, t + 2, TINY_HIDDEN);
+    /* A plain prefill of 2 tokens, then the same 3 tokens streamed and not streamed. */
+    const char *ids[] = {"st", "twin"};
+    for (int i = 0; i < 2; i++) {
+        char *pre = attend_body(ids[i], x, 0, 2, TINY_HIDDEN, false, NULL);
+        cJSON_Delete(call_json("POST", "/v1/attend", pre, 200));
+        free(pre);
+    }
+    char *body;
+    cJSON *j;
+    body = attend_body("twin", x, 2, t, TINY_HIDDEN, false, ",\"return_weights\":true");
+    j = call_json("POST", "/v1/attend", body, 200);
+    free(body);
+    float *want = floats_of(j, "output", (size_t)t * TINY_HIDDEN);
+    float *want_w = floats_of(j, "weights", (size_t)TINY_HEADS * t * (2 + t));
+    cJSON_Delete(j);
+    body = attend_body("st", x, 2, t, TINY_HIDDEN, false,
+                       ",\"stream\":true,\"return_weights\":true,\"expect_n_past\":2");
+    struct http_client_response r = call("POST", "/v1/attend", body, NULL);
+    free(body);
+    ck_assert_int_eq(r.status, 200);
+    char ct[128];
+    ck_assert_str_eq(http_client_header(&r, "Content-Type", ct, sizeof ct), "text/event-stream");
+    char *events[16];
+    int n = sse_events(r.body, events, 16);
+    ck_assert_int_eq(n, t + 2);
+    for (int32_t i = 0; i < t; i++) {
+        cJSON *e = cJSON_Parse(events[i]);
+        ck_assert_ptr_nonnull(e);
+        ck_assert_int_eq(int_of(e, "index"), i);
+        ck_assert_int_eq(int_of(e, "position"), 2 + i);
+        ck_assert_int_eq(int_of(e, "n_past"), 2 + i);
+        float *o = floats_of(e, "output", TINY_HIDDEN);
+        harness_expect_close(o, want + (size_t)i * TINY_HIDDEN, TINY_HIDDEN, "stream output");
+        /* This token's weights (n_heads, n_past + 1) are its rows of the twin's matrix. */
+        float *w = floats_of(e, "weights", (size_t)TINY_HEADS * (3 + i));
+        for (int32_t hh = 0; hh < TINY_HEADS; hh++) {
+            harness_expect_close(w + (size_t)hh * (3 + i),
+                                 want_w + ((size_t)hh * t + i) * (2 + t), (size_t)(3 + i),
+                                 "stream weights");
+        }
+        free(w);
+        free(o);
+        cJSON_Delete(e);
+    }
+    cJSON *u = cJSON_Parse(events[t]);
+    ck_assert_str_eq(cJSON_GetObjectItemCaseSensitive(u, "session_id")->valuestring, "st");
+    ck_assert_int_eq(int_of(u, "n_past"), 2);
+    ck_assert_int_eq(int_of(u, "n_tokens"), 2 + t);
+    ck_assert_int_eq(int_of(cJSON_GetObjectItemCaseSensitive(u, "usage"), "tokens"), t);
+    ck_assert_ptr_nonnull(cJSON_GetObjectItemCaseSensitive(u, "timing"));
+    cJSON_Delete(u);
+    ck_assert_str_eq(events[t + 1], "[DONE]");
+    http_client_response_release(&r);
+    j = call_json("GET", "/v1/sessions/st", NULL, 200);
+    ck_assert_int_eq(int_of(j, "n_tokens"), 2 + t);
+    cJSON_Delete(j);
+    /* A stream that fails before its first step is an ordinary JSON error. */
+    body = attend_body("st", x, 0, 1, TINY_HIDDEN, false, ",\"stream\":true,\"expect_n_past\":0");
+    expect_error("POST", "/v1/attend", body, NULL, 409, "n_past_mismatch", "expect_n_past");
+    free(body);
+    free(want_w);
+    free(want);
+    free(x);
+    stop_ok();
+}
+END_TEST
+
+/* A raw HTTP request for a streamed attend of t tokens with weights (big events), from a socket
+ * with a small receive buffer, so that a client which stops reading stalls the stream soon. */
+static int raw_stream(const char *session, int32_t t, uint64_t seed) {
+    float *x = make_x(seed, t, TINY_HIDDEN);
+    char *body = attend_body(session, x, 0, t, TINY_HIDDEN, true,
+                             ",\"stream\":true,\"return_weights\":true");
+    size_t n = strlen(body) + 256;
+    char *req = malloc(n);
+    int len = snprintf(req, n,
+                       "POST /v1/attend HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+                       "application/json\r\nContent-Length: %zu\r\n\r\n%s",
+                       strlen(body), body);
+    int fd = http_client_raw_send(daemon_.port, req, (size_t)len, 4096);
+    free(req);
+    free(body);
+    free(x);
+    return fd;
+}
+
+/* GET /v1/sessions/{id} until it has no pending request; returns its n_tokens. */
+static int settled_tokens(const char *id) {
+    char path[256];
+    snprintf(path, sizeof path, "/v1/sessions/%s", id);
+    for (int tries = 0; tries < 500; tries++) {
+        cJSON *j = call_json("GET", path, NULL, 200);
+        int pending = int_of(j, "pending"), n = int_of(j, "n_tokens");
+        cJSON_Delete(j);
+        if (pending == 0) {
+            return n;
+        }
+        sleep_ms(20);
+    }
+    ck_abort_msg("session %s never settled", id);
+    return -1;
+}
+
+START_TEST(test_server_stream_disconnect_stops_steps) {
+    const char *args[] = {"--preset", "tiny", "--seed", "1", "--workers", "1", NULL};
+    start(args);
+    const int32_t t = 1000;
+    int fd = raw_stream("gone", t, 41);
+    char *seen;
+    ck_assert_int_ge(http_client_raw_read_until(fd, "}\n\n", 10000, &seen), 0);
+    ck_assert_ptr_nonnull(strstr(seen, "200 OK"));
+    free(seen);
+    close(fd);
+    /* The remaining steps stop; the cache holds exactly the computed tokens, and the session
+     * goes on from there. */
+    int n = settled_tokens("gone");
+    ck_assert_msg(n >= 1 && n < t, "n_tokens %d after a disconnect at the first event", n);
+    float *x = make_x(42, 1, TINY_HIDDEN);
+    char extra[64];
+    snprintf(extra, sizeof extra, ",\"expect_n_past\":%d", n);
+    char *body = attend_body("gone", x, 0, 1, TINY_HIDDEN, false, extra);
+    cJSON *j = call_json("POST", "/v1/attend", body, 200);
+    ck_assert_int_eq(int_of(j, "n_tokens"), n + 1);
+    cJSON_Delete(j);
+    free(body);
+    free(x);
+    stop_ok();
+}
+END_TEST
+
+/* ---- sessions: eviction, 410, 507, truncate, fork -------------------------------------------- */
+
+START_TEST(test_server_eviction_then_410_and_507) {
+    /* tiny KV: 16-token blocks of 4 KiB; 1 MiB = 256 blocks; 1000 tokens take 63. */
+    const char *args[] = {"--preset",          "tiny", "--seed",   "2",    "--workers",
+                          "1",                 "--kv-budget-mb", "1", "--kv-block-tokens",
+                          "16",                "--max-seq",      "8192", NULL};
+    start(args);
+    float *x = make_x(51, 4200, TINY_HIDDEN);
+    const char *ids[] = {"e0", "e1", "e2", "e3", "e4"};
+    for (int i = 0; i < 5; i++) {
+        char *body = attend_body(ids[i], x, 0, 1000, TINY_HIDDEN, true, NULL);
+        cJSON *j = call_json("POST", "/v1/attend", body, 200);
+        cJSON_Delete(j);
+        free(body);
+    }
+    /* e4 needed room: e0, the least recently used idle session, was evicted. */
+    expect_error("GET", "/v1/sessions/e0", NULL, NULL, 410, "session_evicted", "session_id");
+    char *body = attend_body("e0", x, 0, 1, TINY_HIDDEN, false, NULL);
+    expect_error("POST", "/v1/attend", body, NULL, 410, "session_evicted", "session_id");
+    free(body);
+    ck_assert_int_eq((int)metric("attnd_evictions_total{reason=\"budget\"}"), 1);
+    /* 4200 tokens need 263 blocks: more than the whole pool. 507, and nobody is evicted. */
+    body = attend_body(NULL, x, 0, 4200, TINY_HIDDEN, true, NULL);
+    expect_error("POST", "/v1/attend", body, NULL, 507, "kv_budget_exhausted", NULL);
+    free(body);
+    for (int i = 1; i < 5; i++) {
+        char path[64];
+        snprintf(path, sizeof path, "/v1/sessions/%s", ids[i]);
+        cJSON *j = call_json("GET", path, NULL, 200);
+        ck_assert_int_eq(int_of(j, "n_tokens"), 1000);
+        cJSON_Delete(j);
+    }
+    ck_assert_int_eq((int)metric("attnd_evictions_total{reason=\"budget\"}"), 1);
+    ck_assert_int_eq((int)metric("attnd_sessions"), 4);
+    /* DELETE forgets the tombstone; then the id starts afresh. */
+    struct http_client_response r = call("DELETE", "/v1/sessions/e0", NULL, NULL);
+    ck_assert_int_eq(r.status, 204);
+    http_client_response_release(&r);
+    body = attend_body("e0", x, 0, 2, TINY_HIDDEN, false, ",\"expect_n_past\":0");
+    cJSON *j = call_json("POST", "/v1/attend", body, 200);
+    cJSON_Delete(j);
+    free(body);
+    free(x);
+    stop_ok();
+}
+END_TEST
+
+START_TEST(test_server_truncate_and_fork) {
+    const char *args[] = {"--preset", "tiny", "--seed", "4", "--workers", "2", NULL};
+    start(args);
+    float *x = make_x(61, 8, TINY_HIDDEN);
+    char *body = attend_body("t", x, 0, 6, TINY_HIDDEN, false, NULL);
+    cJSON *j = call_json("POST", "/v1/attend", body, 200);
+    cJSON_Delete(j);
+    free(body);
+    j = call_json("POST", "/v1/sessions/t/fork", "{\"new_id\":\"t2\"}", 201);
+    ck_assert_str_eq(cJSON_GetObjectItemCaseSensitive(j, "session_id")->valuestring, "t2");
+    ck_assert_int_eq(int_of(j, "n_tokens"), 6);
+    cJSON_Delete(j);
+    expect_error("POST", "/v1/sessions/t/fork", "{\"new_id\":\"t2\"}", NULL, 409,
+                 "session_exists", "new_id");
+    expect_error("POST", "/v1/sessions/nope/fork", "{\"new_id\":\"t3\"}", NULL, 404,
+                 "session_not_found", "session_id");
+    j = call_json("POST", "/v1/sessions/t/truncate", "{\"n_tokens\":4}", 200);
+    ck_assert_int_eq(int_of(j, "n_tokens"), 4);
+    ck_assert_int_eq(int_of(j, "pending"), 0);
+    cJSON_Delete(j);
+    expect_error("POST", "/v1/sessions/t/truncate", "{\"n_tokens\":10}", NULL, 400,
+                 "invalid_request", "n_tokens");
+    /* t continues from 4 tokens, t2 from 6, each exactly like a fresh pass over its tokens. */
+    struct ref r;
+    ref_init(&r, "tiny", 4);
+    float *seq = malloc(8 * TINY_HIDDEN * sizeof(float));
+    float *want = malloc(8 * TINY_HIDDEN * sizeof(float));
+    struct {
+        const char *id;
+        int32_t keep;
+    } cases[] = {{"t", 4}, {"t2", 6}};
+    for (int c = 0; c < 2; c++) {
+        char extra[64];
+        snprintf(extra, sizeof extra, ",\"expect_n_past\":%d", (int)cases[c].keep);
+        body = attend_body(cases[c].id, x, 7, 1, TINY_HIDDEN, false, extra);
+        j = call_json("POST", "/v1/attend", body, 200);
+        free(body);
+        float *o = floats_of(j, "output", TINY_HIDDEN);
+        cJSON_Delete(j);
+        memcpy(seq, x, (size_t)cases[c].keep * TINY_HIDDEN * sizeof(float));
+        memcpy(seq + (size_t)cases[c].keep * TINY_HIDDEN, x + 7 * TINY_HIDDEN,
+               TINY_HIDDEN * sizeof(float));
+        ref_forward(&r, 0, seq, cases[c].keep + 1, want, NULL);
+        harness_expect_close(o, want + (size_t)cases[c].keep * TINY_HIDDEN, TINY_HIDDEN,
+                             cases[c].id);
+        free(o);
+    }
+    /* DELETE frees t; t2 is untouched; a second DELETE is 404. */
+    struct http_client_response d = call("DELETE", "/v1/sessions/t", NULL, NULL);
+    ck_assert_int_eq(d.status, 204);
+    ck_assert_uint_eq(d.len, 0);
+    http_client_response_release(&d);
+    expect_error("DELETE", "/v1/sessions/t", NULL, NULL, 404, "session_not_found",
+                 "session_id");
+    j = call_json("GET", "/v1/sessions/t2", NULL, 200);
+    ck_assert_int_eq(int_of(j, "n_tokens"), 7);
+    cJSON_Delete(j);
+    ref_release(&r);
+    free(want);
+    free(seq);
+    free(x);
+    stop_ok();
+}
+END_TEST
+
+/* ---- errors --------------------------------------------------------------------------------- */
+
+/* Where each code of proto/errors.json is provoked (this file). The coverage test below fails if
+ * proto gains a code that is not listed here. */
+static const char *const provoked[] = {
+    "invalid_json",        /* test_server_request_errors */
+    "invalid_request",     /* test_server_request_errors, test_server_truncate_and_fork */
+    "context_length_exceeded", /* test_server_request_errors */
+    "unauthorized",        /* test_server_auth_on_and_off */
+    "not_found",           /* test_server_request_errors */
+    "session_not_found",   /* test_server_request_errors, test_server_truncate_and_fork */
+    "method_not_allowed",  /* test_server_request_errors */
+    "n_past_mismatch",     /* test_server_request_errors, test_server_stream_framing */
+    "session_exists",      /* test_server_truncate_and_fork */
+    "session_evicted",     /* test_server_eviction_then_410_and_507 */
+    "payload_too_large",   /* test_server_request_errors */
+    "queue_full",          /* test_server_queue_full */
+    "internal_error",      /* test_server_out_of_memory_is_500 */
+    "draining",            /* test_server_sigterm_drains */
+    "kv_budget_exhausted", /* test_server_eviction_then_410_and_507 */
+};
+
+START_TEST(test_server_every_error_code_is_provoked) {
+    char *text = http_client_read_file("proto/errors.json", NULL);
+    cJSON *root = cJSON_Parse(text);
+    const cJSON *list = cJSON_GetObjectItemCaseSensitive(root, "errors");
+    for (const cJSON *e = list->child; e != NULL; e = e->next) {
+        const char *code = cJSON_GetObjectItemCaseSensitive(e, "code")->valuestring;
+        bool found = false;
+        for (size_t i = 0; i < sizeof provoked / sizeof provoked[0]; i++) {
+            found = found || strcmp(provoked[i], code) == 0;
+        }
+        ck_assert_msg(found, "no integration test provokes %s", code);
+    }
+    ck_assert_int_eq(cJSON_GetArraySize(list), (int)(sizeof provoked / sizeof provoked[0]));
+    cJSON_Delete(root);
+    free(text);
+}
+END_TEST
+
+START_TEST(test_server_request_errors) {
+    const char *args[] = {"--preset", "tiny", "--workers", "1", "--max-body-mb", "1",
+                          "--layers", "0", NULL};
+    start(args);
+    float *x = make_x(71, 4, TINY_HIDDEN);
+    char *ok = attend_body("err", x, 0, 2, TINY_HIDDEN, false, NULL);
+    cJSON_Delete(call_json("POST", "/v1/attend", ok, 200));
+    expect_error("POST", "/v1/attend", "{\"x\": [[1,", NULL, 400, "invalid_json", NULL);
+    expect_error("POST", "/v1/attend", "{\"x\": [[1]], \"colour\": 1}", NULL, 400,
+                 "invalid_request", "colour");
+    expect_error("POST", "/v1/attend", "{\"x\": [[1, 2]]}", NULL, 400, "invalid_request", "x");
+    char *body = attend_body("err", x, 0, 1, TINY_HIDDEN, false, ",\"layer\":1");
+    expect_error("POST", "/v1/attend", body, NULL, 400, "invalid_request", "layer");
+    free(body);
+    expect_error("GET", "/v1/sessions/bad%20id", NULL, NULL, 400, "invalid_request",
+                 "session_id");
+    const char *hdr[] = {"X-Session-Id: other", NULL};
+    body = attend_body("err", x, 0, 1, TINY_HIDDEN, false, NULL);
+    expect_error("POST", "/v1/attend", body, hdr, 400, "invalid_request", "session_id");
+    free(body);
+    /* The header alone names the session (for proxies). */
+    const char *hdr_ok[] = {"X-Session-Id: err", NULL};
+    body = attend_body(NULL, x, 2, 1, TINY_HIDDEN, false, ",\"expect_n_past\":2");
+    struct http_client_response r = call("POST", "/v1/attend", body, hdr_ok);
+    ck_assert_int_eq(r.status, 200);
+    http_client_response_release(&r);
+    free(body);
+    body = attend_body("err", x, 0, 1, TINY_HIDDEN, false, ",\"positions\":[1024]");
+    expect_error("POST", "/v1/attend", body, NULL, 400, "context_length_exceeded", "positions");
+    free(body);
+    expect_error("GET", "/v1/nothing", NULL, NULL, 404, "not_found", NULL);
+    expect_error("GET", "/v1/sessions/never", NULL, NULL, 404, "session_not_found",
+                 "session_id");
+    r = call("GET", "/v1/attend", NULL, NULL);
+    check_error(&r, 405, "method_not_allowed", NULL);
+    char allow[64];
+    ck_assert_str_eq(http_client_header(&r, "Allow", allow, sizeof allow), "POST");
+    http_client_response_release(&r);
+    r = call("PUT", "/v1/sessions/err", NULL, NULL);
+    check_error(&r, 405, "method_not_allowed", NULL);
+    ck_assert_str_eq(http_client_header(&r, "Allow", allow, sizeof allow), "GET, DELETE");
+    http_client_response_release(&r);
+    body = attend_body("err", x, 3, 1, TINY_HIDDEN, false, ",\"expect_n_past\":7");
+    expect_error("POST", "/v1/attend", body, NULL, 409, "n_past_mismatch", "expect_n_past");
+    free(body);
+    /* 413: a declared Content-Length over the limit, and a chunked body that grows past it. */
+    size_t big_n = (1 << 20) + 100;
+    char *big = malloc(big_n + 1);
+    memset(big, ' ', big_n);
+    big[big_n] = '\0';
+    expect_error("POST", "/v1/attend", big, NULL, 413, "payload_too_large", NULL);
+    const char *chunked[] = {"Transfer-Encoding: chunked", NULL};
+    expect_error("POST", "/v1/attend", big, chunked, 413, "payload_too_large", NULL);
+    free(big);
+    /* None of this disturbed the session. */
+    cJSON *j = call_json("GET", "/v1/sessions/err", NULL, 200);
+    ck_assert_int_eq(int_of(j, "n_tokens"), 3);
+    cJSON_Delete(j);
+    ck_assert_int_ge((int)metric("attnd_requests_total{endpoint=\"attend\",status=\"400\"}"), 6);
+    free(ok);
+    free(x);
+    stop_ok();
+}
+END_TEST
+
+START_TEST(test_server_auth_on_and_off) {
+    const char *args[] = {"--preset", "tiny", "--workers", "1", "--api-key", "k-123", NULL};
+    start(args);
+    struct http_client_response r = call("GET", "/v1/model", NULL, NULL);
+    check_error(&r, 401, "unauthorized", "Authorization");
+    char v[64];
+    ck_assert_str_eq(http_client_header(&r, "WWW-Authenticate", v, sizeof v), "Bearer");
+    http_client_response_release(&r);
+    const char *wrong[] = {"Authorization: Bearer k-124", NULL};
+    expect_error("GET", "/v1/model", NULL, wrong, 401, "unauthorized", "Authorization");
+    const char *basic[] = {"Authorization: Basic k-123", NULL};
+    expect_error("POST", "/v1/attend", "{}", basic, 401, "unauthorized", "Authorization");
+    const char *right[] = {"Authorization: Bearer k-123", NULL};
+    r = call("GET", "/v1/model", NULL, right);
+    ck_assert_int_eq(r.status, 200);
+    http_client_response_release(&r);
+    /* Health, readiness and metrics never need the key. */
+    const char *open_paths[] = {"/healthz", "/readyz", "/metrics"};
+    for (int i = 0; i < 3; i++) {
+        r = call("GET", open_paths[i], NULL, NULL);
+        ck_assert_int_eq(r.status, 200);
+        http_client_response_release(&r);
+    }
+    stop_ok();
+    /* Without --api-key, every route is open. */
+    const char *no_key[] = {"--preset", "tiny", "--workers", "1", NULL};
+    start(no_key);
+    r = call("GET", "/v1/model", NULL, NULL);
+    ck_assert_int_eq(r.status, 200);
+    http_client_response_release(&r);
+    stop_ok();
+}
+END_TEST
+
+START_TEST(test_server_queue_full) {
+    const char *args[] = {"--preset", "tiny", "--workers", "1", "--queue-depth", "1", NULL};
+    start(args);
+    /* A stream whose client stops reading holds its session... */
+    int fd = raw_stream("q", 1000, 81);
+    char *seen;
+    ck_assert_int_ge(http_client_raw_read_until(fd, "}\n\n", 10000, &seen), 0);
+    free(seen);
+    /* ...so the next request of that session waits: the queue holds 1 of 1. */
+    float *x = make_x(82, 1, TINY_HIDDEN);
+    char *body = attend_body("q", x, 0, 1, TINY_HIDDEN, false, NULL);
+    char req[8192];
+    int len = snprintf(req, sizeof req,
+                       "POST /v1/attend HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: "
+                       "%zu\r\n\r\n%s",
+                       strlen(body), body);
+    int fd2 = http_client_raw_send(daemon_.port, req, (size_t)len, 0);
+    for (int i = 0; i < 500 && metric("attnd_queue_depth") < 1; i++) {
+        sleep_ms(10);
+    }
+    ck_assert_int_eq((int)metric("attnd_queue_depth"), 1);
+    struct http_client_response r = call("POST", "/v1/attend", body, NULL);
+    check_error(&r, 429, "queue_full", NULL);
+    char v[16];
+    ck_assert_str_eq(http_client_header(&r, "Retry-After", v, sizeof v), "1");
+    http_client_response_release(&r);
+    /* Health stays immediate meanwhile. */
+    cJSON_Delete(call_json("GET", "/healthz", NULL, 200));
+    /* Reading the stream to its end lets the queued request run, after it, in order. */
+    ck_assert_int_ge(http_client_raw_read_until(fd, "data: [DONE]", 60000, &seen), 0);
+    free(seen);
+    close(fd);
+    ck_assert_int_ge(http_client_raw_read_until(fd2, "\"n_tokens\":1001", 20000, &seen), 0);
+    ck_assert_ptr_nonnull(strstr(seen, "\"n_past\":1000"));
+    free(seen);
+    close(fd2);
+    free(body);
+    free(x);
+    stop_ok();
+}
+END_TEST
+
+START_TEST(test_server_out_of_memory_is_500) {
+    if (UNDER_ASAN) {
+        /* ASan reserves terabytes of shadow memory, so an address-space limit cannot be used to
+         * make one allocation fail; the plain build runs this. */
+        return;
+    }
+    /* The daemon starts under a 400 MiB address-space limit (setrlimit is inherited over exec;
+     * it needs about 280 MiB), and an SDPA whose answer needs more than what is left fails on
+     * its own with 500: q (1, 4096, 1) against one key with dv 4096 makes a 64 MiB output whose
+     * JSON would take about 230 MiB. */
+    struct rlimit old, lim;
+    getrlimit(RLIMIT_AS, &old);
+    lim = old;
+    lim.rlim_cur = (rlim_t)400 << 20;
+    setrlimit(RLIMIT_AS, &lim);
+    const char *args[] = {"--preset", "tiny", "--workers", "1", "--blas-threads", "1",
+                          "--kv-budget-mb", "1", NULL};
+    start(args);
+    setrlimit(RLIMIT_AS, &old);
+    float *ones = malloc(4096 * sizeof(float));
+    for (int i = 0; i < 4096; i++) {
+        ones[i] = 0.5f;
+    }
+    char *t = http_client_matrix_b64(ones, 4096, 1);
+    const char *b64 = strstr(t, "\"b64\""); /* `"b64":"..."}`: reused with rank-3 shapes */
+    size_t n = 2 * strlen(b64) + 256;
+    char *body = malloc(n);
+    snprintf(body, n,
+             "{\"q\":{\"shape\":[1,4096,1],%s,\"k\":[[[0.25]]],"
+             "\"v\":{\"shape\":[1,1,4096],%s}",
+             b64, b64);
+    struct http_client_response r = call("POST", "/v1/sdpa", body, NULL);
+    check_error(&r, 500, "internal_error", NULL);
+    http_client_response_release(&r);
+    /* The daemon carries on. */
+    cJSON_Delete(call_json("GET", "/healthz", NULL, 200));
+    float *x = make_x(92, 2, TINY_HIDDEN);
+    char *ok = attend_body(NULL, x, 0, 2, TINY_HIDDEN, false, NULL);
+    cJSON_Delete(call_json("POST", "/v1/attend", ok, 200));
+    free(ok);
+    free(x);
+    free(body);
+    free(t);
+    free(ones);
+    stop_ok();
+}
+END_TEST
+
+/* ---- concurrency and batching --------------------------------------------------------------- */
+
+#define N_CLIENTS 16
+#define CLIENT_PREFILL 6
+#define CLIENT_DECODES 4
+
+struct client {
+    int index;
+    const float *x;    /* (CLIENT_PREFILL + CLIENT_DECODES, hidden) */
+    const float *want; /* the engine's rows for the whole sequence */
+    char error[256];
+};
+
+static void *client_main(void *arg) {
+    struct client *c = arg;
+    char id[32];
+    snprintf(id, sizeof id, "client-%d", c->index);
+    const int32_t total = CLIENT_PREFILL + CLIENT_DECODES;
+    for (int32_t step = 0; step <= CLIENT_DECODES; step++) {
+        int32_t first = step == 0 ? 0 : CLIENT_PREFILL + step - 1;
+        int32_t t = step == 0 ? CLIENT_PREFILL : 1;
+        char extra[64];
+        snprintf(extra, sizeof extra, ",\"expect_n_past\":%d", (int)first);
+        char *body = attend_body(id, c->x, first, t, TINY_HIDDEN, step % 2 == 1, extra);
+        struct http_client_response r;
+        char where[256];
+        snprintf(where, sizeof where, "%s/v1/attend", daemon_.base);
+        http_client_request("POST", where, body, strlen(body), NULL, &r);
+        free(body);
+        if (r.status != 200) {
+            snprintf(c->error, sizeof c->error, "%s step %d: status %ld %.150s", id, step,
+                     r.status, r.body);
+            http_client_response_release(&r);
+            return NULL;
+        }
+        cJSON *j = cJSON_Parse(r.body);
+        size_t n = 0;
+        float *o = http_client_json_floats(cJSON_GetObjectItemCaseSensitive(j, "output"), &n);
+        for (size_t i = 0; i < n && c->error[0] == '\0'; i++) {
+            float w = c->want[(size_t)first * TINY_HIDDEN + i];
+            if (n != (size_t)t * TINY_HIDDEN || fabsf(o[i] - w) > 1e-5f + 1e-4f * fabsf(w)) {
+                snprintf(c->error, sizeof c->error, "%s step %d value %zu: %.9g vs %.9g", id,
+                         step, i, (double)o[i], (double)w);
+            }
+        }
+        free(o);
+        cJSON_Delete(j);
+        http_client_response_release(&r);
+        (void)total;
+    }
+    return NULL;
+}
+
+START_TEST(test_server_concurrent_sessions_are_isolated) {
+    const char *args[] = {"--preset", "tiny", "--seed", "8", "--workers", "2", NULL};
+    start(args);
+    struct ref r;
+    ref_init(&r, "tiny", 8);
+    const int32_t total = CLIENT_PREFILL + CLIENT_DECODES;
+    struct client clients[N_CLIENTS];
+    float *xs[N_CLIENTS], *wants[N_CLIENTS];
+    for (int i = 0; i < N_CLIENTS; i++) {
+        xs[i] = make_x(100 + (uint64_t)i, total, TINY_HIDDEN);
+        wants[i] = malloc((size_t)total * TINY_HIDDEN * sizeof(float));
+        ref_forward(&r, 0, xs[i], total, wants[i], NULL);
+        clients[i] = (struct client){i, xs[i], wants[i], ""};
+    }
+    pthread_t threads[N_CLIENTS];
+    for (int i = 0; i < N_CLIENTS; i++) {
+        ck_assert_int_eq(pthread_create(&threads[i], NULL, client_main, &clients[i]), 0);
+    }
+    for (int i = 0; i < N_CLIENTS; i++) {
+        pthread_join(threads[i], NULL);
+    }
+    for (int i = 0; i < N_CLIENTS; i++) {
+        ck_assert_msg(clients[i].error[0] == '\0', "%s", clients[i].error);
+    }
+    cJSON *j = call_json("GET", "/v1/sessions", NULL, 200);
+    ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(j, "sessions")),
+                     N_CLIENTS);
+    for (const cJSON *s = cJSON_GetObjectItemCaseSensitive(j, "sessions")->child; s != NULL;
+         s = s->next) {
+        ck_assert_int_eq(int_of(s, "n_tokens"), total);
+    }
+    cJSON_Delete(j);
+    for (int i = 0; i < N_CLIENTS; i++) {
+        free(xs[i]);
+        free(wants[i]);
+    }
+    ref_release(&r);
+    stop_ok();
+}
+END_TEST
+
+/* Decode steps of different sessions that wait together run as one engine call, with the same
+ * results as alone; health answers at once while the only worker is busy. */
+START_TEST(test_server_batches_ready_decodes) {
+    const char *args[] = {"--preset", "small", "--seed", "6", "--workers", "1", NULL};
+    start(args);
+    const int32_t hidden = 512, n_sess = 8, pre = 3, big = 2048;
+    float *x = make_x(111, big, hidden);
+    for (int32_t s = 0; s < n_sess; s++) {
+        char id[16];
+        snprintf(id, sizeof id, "b%d", (int)s);
+        char *body = attend_body(id, x, s, pre, hidden, true, NULL);
+        cJSON_Delete(call_json("POST", "/v1/attend", body, 200));
+        free(body);
+    }
+    double steps0 = metric("attnd_engine_steps_total");
+    double seqs0 = metric("attnd_batched_steps_total");
+    /* Occupy the worker with a long stateless prefill... */
+    char *body = attend_body(NULL, x, 0, big, hidden, true, NULL);
+    size_t n = strlen(body) + 256;
+    char *req = malloc(n);
+    int len = snprintf(req, n,
+                       "POST /v1/attend HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: "
+                       "%zu\r\n\r\n%s",
+                       strlen(body), body);
+    int big_fd = http_client_raw_send(daemon_.port, req, (size_t)len, 0);
+    free(req);
+    free(body);
+    /* Send the decodes only once the prefill runs, so that they all wait for the worker. */
+    for (int i = 0; i < 1000 && metric("attnd_jobs_in_flight") < 1; i++) {
+        sleep_ms(2);
+    }
+    ck_assert_int_eq((int)metric("attnd_jobs_in_flight"), 1);
+    /* ...while it runs, health is immediate... */
+    double t0 = mono_ms();
+    cJSON_Delete(call_json("GET", "/healthz", NULL, 200));
+    double health_ms = mono_ms() - t0;
+    /* ...and eight decode steps of eight sessions arrive and wait together. */
+    int fds[8];
+    for (int32_t s = 0; s < n_sess; s++) {
+        char id[16], extra[64];
+        snprintf(id, sizeof id, "b%d", (int)s);
+        snprintf(extra, sizeof extra, ",\"expect_n_past\":%d", (int)pre);
+        body = attend_body(id, x, 100 + s, 1, hidden, true, extra);
+        char head[256];
+        int hl = snprintf(head, sizeof head,
+                          "POST /v1/attend HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: "
+                          "%zu\r\n\r\n",
+                          strlen(body));
+        req = malloc((size_t)hl + strlen(body) + 1);
+        memcpy(req, head, (size_t)hl);
+        strcpy(req + hl, body);
+        fds[s] = http_client_raw_send(daemon_.port, req, strlen(req), 0);
+        free(req);
+        free(body);
+    }
+    char *seen;
+    ck_assert_int_ge(http_client_raw_read_until(big_fd, "\"timing\"", 60000, &seen), 0);
+    ck_assert_ptr_nonnull(strstr(seen, "200 OK"));
+    free(seen);
+    close(big_fd);
+    struct ref r;
+    ref_init(&r, "small", 6);
+    float *seq = malloc((size_t)(pre + 1) * hidden * sizeof(float));
+    float *want = malloc((size_t)(pre + 1) * hidden * sizeof(float));
+    for (int32_t s = 0; s < n_sess; s++) {
+        ck_assert_int_ge(http_client_raw_read_until(fds[s], "\"timing\"", 30000, &seen), 0);
+        close(fds[s]);
+        char *json = strstr(seen, "\r\n\r\n");
+        ck_assert_ptr_nonnull(json);
+        cJSON *j = cJSON_Parse(json + 4);
+        ck_assert_msg(j != NULL, "decode %d: %.200s", (int)s, seen);
+        float *o = floats_of(j, "output", (size_t)hidden);
+        memcpy(seq, x + (size_t)s * hidden, (size_t)pre * hidden * sizeof(float));
+        memcpy(seq + (size_t)pre * hidden, x + (size_t)(100 + s) * hidden,
+               (size_t)hidden * sizeof(float));
+        ref_forward(&r, 0, seq, pre + 1, want, NULL);
+        harness_expect_close(o, want + (size_t)pre * hidden, (size_t)hidden, "batched decode");
+        free(o);
+        cJSON_Delete(j);
+        free(seen);
+    }
+    double calls = metric("attnd_engine_steps_total") - steps0;
+    double seqs = metric("attnd_batched_steps_total") - seqs0;
+    /* 9 sequence steps (the prefill and 8 decodes) in fewer engine calls: batched. */
+    ck_assert_int_eq((int)seqs, 9);
+    ck_assert_msg(calls < seqs, "no batching: %g calls for %g steps", calls, seqs);
+    ck_assert_msg(health_ms < 500, "/healthz took %.1f ms while the worker was busy", health_ms);
+    ref_release(&r);
+    free(want);
+    free(seq);
+    free(x);
+    stop_ok();
+}
+END_TEST
+
+/* ---- base64, examples, draining ---------------------------------------------------------------- */
+
+START_TEST(test_server_base64_in_and_out) {
+    const char *args[] = {"--preset", "tiny", "--seed", "12", "--workers", "1", NULL};
+    start(args);
+    float *x = make_x(121, 3, TINY_HIDDEN);
+    char *body = attend_body(NULL, x, 0, 3, TINY_HIDDEN, false, ",\"return_weights\":true");
+    cJSON *j = call_json("POST", "/v1/attend", body, 200);
+    free(body);
+    float *want = floats_of(j, "output", 3 * TINY_HIDDEN);
+    float *want_w = floats_of(j, "weights", TINY_HEADS * 3 * 3);
+    cJSON_Delete(j);
+    body = attend_body(NULL, x, 0, 3, TINY_HIDDEN, true,
+                       ",\"return_weights\":true,\"encoding_format\":\"base64\"");
+    j = call_json("POST", "/v1/attend", body, 200);
+    free(body);
+    const cJSON *out = cJSON_GetObjectItemCaseSensitive(j, "output");
+    ck_assert(cJSON_IsObject(out));
+    const cJSON *shape = cJSON_GetObjectItemCaseSensitive(out, "shape");
+    ck_assert_int_eq(cJSON_GetArrayItem(shape, 0)->valueint, 3);
+    ck_assert_int_eq(cJSON_GetArrayItem(shape, 1)->valueint, TINY_HIDDEN);
+    float *got = floats_of(j, "output", 3 * TINY_HIDDEN);
+    float *got_w = floats_of(j, "weights", TINY_HEADS * 3 * 3);
+    /* Exactly the floats that the nested-array answer printed. */
+    ck_assert_mem_eq(got, want, 3 * TINY_HIDDEN * sizeof(float));
+    ck_assert_mem_eq(got_w, want_w, TINY_HEADS * 3 * 3 * sizeof(float));
+    cJSON_Delete(j);
+    free(got_w);
+    free(got);
+    free(want_w);
+    free(want);
+    free(x);
+    stop_ok();
+}
+END_TEST
+
+/* The proto/examples requests, posted in capture order to the configuration they were captured
+ * from, get answers shaped like the example answers; the numbers match the engine (attend) and
+ * numpy (sdpa). */
+START_TEST(test_server_answers_match_proto_examples) {
+    const char *args[] = {"--preset", "tiny", "--seed", "0", "--workers", "1", NULL};
+    start(args);
+    static const struct {
+        const char *method, *path, *request, *response;
+        long status;
+    } pairs[] = {
+        {"POST", "/v1/attend", "attend_stateless.request.json", "attend_stateless.response.json",
+         200},
+        {"POST", "/v1/attend", "attend_prefill.request.json", "attend_prefill.response.json", 200},
+        {"POST", "/v1/attend", "attend_decode.request.json", "attend_decode.response.json", 200},
+        {"POST", "/v1/attend", "attend_base64.request.json", "attend_base64.response.json", 200},
+        {"POST", "/v1/attend", "error.request.json", "error.response.json", 400},
+        {"GET", "/v1/sessions/chat-42", NULL, "session_get.response.json", 200},
+        {"POST", "/v1/sessions/chat-42/truncate", "truncate.request.json",
+         "truncate.response.json", 200},
+        {"POST", "/v1/sessions/chat-42/fork", "fork.request.json", "fork.response.json", 201},
+        {"GET", "/v1/sessions", NULL, "sessions_list.response.json", 200},
+        {"GET", "/v1/model", NULL, "model.response.json", 200},
+        {"GET", "/healthz", NULL, "healthz.response.json", 200},
+        {"GET", "/readyz", NULL, "readyz.response.json", 200},
+        {"POST", "/v1/sdpa", "sdpa.request.json", "sdpa.response.json", 200},
+        {"POST", "/v1/sdpa", "sdpa_base64.request.json", "sdpa_base64.response.json", 200},
+    };
+    struct ref r;
+    ref_init(&r, "tiny", 0);
+    for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
+        char path[256];
+        snprintf(path, sizeof path, EX "%s", pairs[i].response);
+        char *want_text = http_client_read_file(path, NULL);
+        char *req = NULL;
+        if (pairs[i].request != NULL) {
+            snprintf(path, sizeof path, EX "%s", pairs[i].request);
+            req = http_client_read_file(path, NULL);
+        }
+        struct http_client_response resp = call(pairs[i].method, pairs[i].path, req, NULL);
+        ck_assert_msg(resp.status == pairs[i].status, "%s: status %ld: %.300s",
+                      pairs[i].response, resp.status, resp.body);
+        cJSON *got = http_client_json(&resp);
+        cJSON *want = cJSON_Parse(want_text);
+        char why[256];
+        ck_assert_msg(http_client_json_same_shape(got, want, why, sizeof why), "%s: %s",
+                      pairs[i].response, why);
+        const cJSON *wo = cJSON_GetObjectItemCaseSensitive(want, "output");
+        if (wo != NULL) {
+            size_t n, m;
+            float *g = http_client_json_floats(cJSON_GetObjectItemCaseSensitive(got, "output"), &n);
+            float *e = http_client_json_floats(wo, &m);
+            ck_assert_uint_eq(n, m);
+            harness_expect_close(g, e, n, pairs[i].response);
+            free(g);
+            free(e);
+        }
+        if (strcmp(pairs[i].response, "model.response.json") == 0 ||
+            strcmp(pairs[i].response, "error.response.json") == 0) {
+            ck_assert_str_eq(resp.body, want_text);
+        }
+        if (strcmp(pairs[i].request ? pairs[i].request : "", "attend_stateless.request.json") ==
+            0) {
+            /* The stateless example against the engine itself. */
+            cJSON *rq = cJSON_Parse(req);
+            size_t n;
+            float *x = http_client_json_floats(cJSON_GetObjectItemCaseSensitive(rq, "x"), &n);
+            float out[2 * TINY_HIDDEN];
+            ref_forward(&r, 0, x, 2, out, NULL);
+            float *g = floats_of(got, "output", 2 * TINY_HIDDEN);
+            harness_expect_close(g, out, 2 * TINY_HIDDEN, "stateless example vs engine");
+            free(g);
+            free(x);
+            cJSON_Delete(rq);
+        }
+        cJSON_Delete(got);
+        cJSON_Delete(want);
+        http_client_response_release(&resp);
+        free(req);
+        free(want_text);
+    }
+    ref_release(&r);
+    stop_ok();
+}
+END_TEST
+
+START_TEST(test_server_sigterm_drains) {
+    const char *args[] = {"--preset", "tiny", "--workers", "1", NULL};
+    start(args);
+    /* Two kept-alive connections, opened before the signal. */
+    struct http_client_conn *c1 = http_client_conn_open(daemon_.base);
+    struct http_client_conn *c2 = http_client_conn_open(daemon_.base);
+    struct http_client_response r;
+    http_client_conn_request(c1, "GET", "/healthz", NULL, 0, &r);
+    ck_assert_int_eq(r.status, 200);
+    http_client_response_release(&r);
+    http_client_conn_request(c2, "GET", "/healthz", NULL, 0, &r);
+    ck_assert_int_eq(r.status, 200);
+    http_client_response_release(&r);
+    /* An accepted stream that is still running when SIGTERM comes. */
+    const int32_t t = 1000;
+    int fd = raw_stream("drain", t, 131);
+    char *seen;
+    ck_assert_int_ge(http_client_raw_read_until(fd, "}\n\n", 10000, &seen), 0);
+    free(seen);
+    kill(daemon_.pid, SIGTERM);
+    sleep_ms(200);
+    /* New requests on open connections: 503 draining; readiness says so too. */
+    float *x = make_x(132, 1, TINY_HIDDEN);
+    char *body = attend_body("other", x, 0, 1, TINY_HIDDEN, false, NULL);
+    http_client_conn_request(c1, "POST", "/v1/attend", body, strlen(body), &r);
+    check_error(&r, 503, "draining", NULL);
+    http_client_response_release(&r);
+    http_client_conn_request(c2, "GET", "/readyz", NULL, 0, &r);
+    check_error(&r, 503, "draining", NULL);
+    http_client_response_release(&r);
+    /* New connections are refused. */
+    r = call("GET", "/healthz", NULL, NULL);
+    ck_assert_int_eq(r.status, 0);
+    http_client_response_release(&r);
+    /* The accepted stream still runs to its end, then the daemon exits 0. */
+    ssize_t n = http_client_raw_read_until(fd, "data: [DONE]", 60000, &seen);
+    ck_assert_int_ge(n, 0);
+    int events = 1; /* the first one was read before the signal */
+    for (const char *p = seen; (p = strstr(p, "data: {\"index\":")) != NULL; p++) {
+        events++;
+    }
+    ck_assert_int_eq(events, t);
+    free(seen);
+    close(fd);
+    stop_ok();
+    http_client_conn_close(c1);
+    http_client_conn_close(c2);
+    free(body);
+    free(x);
+}
+END_TEST
+
+/* check_main.c is given every suite by a table generated from the definitions below, each line
+ * starting with `Suite *`. */
+extern Suite *server_suite(void);
+
+/* One test case per area, so that CK_RUN_CASE can pick one; all are daemon tests. */
+static TCase *daemon_case(Suite *s, const char *name) {
+    TCase *tc = tcase_create(name);
+    tcase_set_tags(tc, "server");
+    tcase_set_timeout(tc, 120);
+    tcase_add_checked_fixture(tc, setup, teardown);
+    suite_add_tcase(s, tc);
+    return tc;
+}
+
+Suite *server_suite(void) {
+    Suite *s = suite_create("server");
+    TCase *tc = daemon_case(s, "forward");
+    tcase_add_test(tc, test_server_prefill_decode_equals_stateless);
+    tcase_add_test(tc, test_server_weights_sum_to_one_and_match_engine);
+    tcase_add_test(tc, test_server_base64_in_and_out);
+    tcase_add_test(tc, test_server_answers_match_proto_examples);
+    tc = daemon_case(s, "stream");
+    tcase_add_test(tc, test_server_stream_framing);
+    tcase_add_test(tc, test_server_stream_disconnect_stops_steps);
+    tc = daemon_case(s, "sessions");
+    tcase_add_test(tc, test_server_eviction_then_410_and_507);
+    tcase_add_test(tc, test_server_truncate_and_fork);
+    tc = daemon_case(s, "errors");
+    tcase_add_test(tc, test_server_every_error_code_is_provoked);
+    tcase_add_test(tc, test_server_request_errors);
+    tcase_add_test(tc, test_server_auth_on_and_off);
+    tcase_add_test(tc, test_server_queue_full);
+    tcase_add_test(tc, test_server_out_of_memory_is_500);
+    tc = daemon_case(s, "load");
+    tcase_add_test(tc, test_server_concurrent_sessions_are_isolated);
+    tcase_add_test(tc, test_server_batches_ready_decodes);
+    tc = daemon_case(s, "drain");
+    tcase_add_test(tc, test_server_sigterm_drains);
+    return s;
+}
