@@ -323,6 +323,18 @@ for ((i = 0; i < 6; i++)); do
 done
 [ $n_ok = 6 ] && pass "stateless calls with a replica down: 6/6" || fail "stateless calls with a replica down: $n_ok/6"
 
+# The surviving replicas drain too (under ASan, a leak would show here as a non-zero exit).
+n_ok=0
+for ((r = 0; r < N_REPLICAS; r++)); do
+    [ $r = $VICTIM ] && continue
+    kill -TERM "${REPLICA_PID[$r]}"
+    status=0
+    wait "${REPLICA_PID[$r]}" || status=$?
+    [ $status = 0 ] && n_ok=$((n_ok + 1))
+done
+[ $n_ok = $((N_REPLICAS - 1)) ] && pass "the other replicas exited 0 on SIGTERM" ||
+    fail "only $n_ok of $((N_REPLICAS - 1)) other replicas exited 0 on SIGTERM"
+
 echo "== topology: $N_PASS passed, $N_FAIL failed"
 if [ $N_FAIL -gt 0 ]; then
     for f in "$T"/attnd*.log "$T/nginx/logs/error.log"; do
