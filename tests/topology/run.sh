@@ -50,6 +50,15 @@ fail() {
     N_FAIL=$((N_FAIL + 1))
     echo "  FAIL $*"
 }
+# expect COND OK_MESSAGE FAIL_MESSAGE: COND is a test(1) expression in one string, e.g. "3 = 3".
+expect() {
+    # shellcheck disable=SC2086 # the condition is split into test's words on purpose
+    if [ $1 ]; then
+        pass "$2"
+    else
+        fail "$3"
+    fi
+}
 
 # Ports: bound all at once, so they are distinct, then released for the daemons to take.
 read -r -a PORTS <<<"$(/usr/bin/python3 - "$((N_REPLICAS + 1))" <<'PY'
@@ -117,7 +126,7 @@ for ((r = 0; r < N_REPLICAS; r++)); do
     "$ATTND" --host 127.0.0.1 --port "${PORTS[$r]}" --preset tiny --seed 7 --workers 1 \
         --blas-threads 1 --kv-budget-mb 16 --log-level warn >"$T/attnd$r.log" 2>&1 &
     PIDS+=($!)
-    REPLICA_PID[$r]=$!
+    REPLICA_PID[r]=$!
 done
 for ((r = 0; r < N_REPLICAS; r++)); do
     if ! wait_http "http://127.0.0.1:${PORTS[$r]}/readyz" 30; then
@@ -195,7 +204,10 @@ for ((s = 0; s < N_SESSIONS; s++)); do
     hdr="X-Session-Id: $id"
     ok=1
     code=$(http POST "$PROXY/v1/attend" "{\"session_id\":\"$id\",\"x\":$(x_rows 3 "$s")}" "$hdr")
-    [ "$code" = 200 ] && [ "$(json_int n_tokens)" = 3 ] || { ok=0; why="prefill: $code $(head -c 200 "$T/body")"; }
+    if [ "$code" != 200 ] || [ "$(json_int n_tokens)" != 3 ]; then
+        ok=0
+        why="prefill: $code $(head -c 200 "$T/body")"
+    fi
     # expect_n_past makes the replica itself prove it holds the session's cache: a request routed
     # to another replica would meet an empty cache and answer 409.
     for n_past in 3 4; do
@@ -212,9 +224,9 @@ for ((s = 0; s < N_SESSIONS; s++)); do
     owner=$(owner_of "$id")
     case $owner in
         none | many) [ $ok = 1 ] && { ok=0; why="held by $owner of the replicas"; } ;;
-        *) COUNT[$owner]=$((COUNT[$owner] + 1)) ;;
+        *) COUNT[owner]=$((COUNT[owner] + 1)) ;;
     esac
-    OWNER[$s]=$owner
+    OWNER[s]=$owner
     if [ $ok = 1 ]; then
         n_sticky=$((n_sticky + 1))
     else
@@ -261,15 +273,15 @@ spread_ok=1
 for ((r = 0; r < N_REPLICAS; r++)); do
     [ "${COUNT[$r]}" -gt 0 ] || spread_ok=0
 done
-[ $spread_ok = 1 ] && pass "every replica holds sessions (${COUNT[*]})" ||
-    fail "some replica holds no session (${COUNT[*]})"
+expect "$spread_ok = 1" "every replica holds sessions (${COUNT[*]})" \
+    "some replica holds no session (${COUNT[*]})"
 
 # Stateless calls (no session id) go anywhere and leave nothing behind.
 n_ok=0
 for ((i = 0; i < 6; i++)); do
     [ "$(http POST "$PROXY/v1/attend" "{\"x\":$(x_rows 2 "$((100 + i))")}")" = 200 ] && n_ok=$((n_ok + 1))
 done
-[ $n_ok = 6 ] && pass "stateless calls through the proxy: 6/6" || fail "stateless calls: $n_ok/6"
+expect "$n_ok = 6" "stateless calls through the proxy: 6/6" "stateless calls: $n_ok/6"
 
 # ---- 3. a dead replica fails its own sessions only -------------------------------------------
 VICTIM=0
@@ -277,8 +289,8 @@ echo "-- kill replica $VICTIM (SIGTERM; it holds ${COUNT[$VICTIM]} sessions)"
 kill -TERM "${REPLICA_PID[$VICTIM]}"
 status=0
 wait "${REPLICA_PID[$VICTIM]}" || status=$?
-[ $status = 0 ] && pass "replica $VICTIM drained and exited 0 on SIGTERM" ||
-    fail "replica $VICTIM exited $status on SIGTERM"
+expect "$status = 0" "replica $VICTIM drained and exited 0 on SIGTERM" \
+    "replica $VICTIM exited $status on SIGTERM"
 
 n_dead_ok=0 n_live_ok=0 n_dead=0 n_live=0
 for ((s = 0; s < N_SESSIONS; s++)); do
@@ -314,14 +326,15 @@ for ((s = 0; s < N_SESSIONS; s++)); do
     o=$(owner_of "topo-$s")
     [ "$o" = none ] || n_leaked=$((n_leaked + 1))
 done
-[ $n_leaked = 0 ] && pass "no session of the dead replica reappeared on another replica" ||
-    fail "$n_leaked sessions of the dead replica reappeared elsewhere"
+expect "$n_leaked = 0" "no session of the dead replica reappeared on another replica" \
+    "$n_leaked sessions of the dead replica reappeared elsewhere"
 
 n_ok=0
 for ((i = 0; i < 6; i++)); do
     [ "$(http POST "$PROXY/v1/attend" "{\"x\":$(x_rows 2 "$((200 + i))")}")" = 200 ] && n_ok=$((n_ok + 1))
 done
-[ $n_ok = 6 ] && pass "stateless calls with a replica down: 6/6" || fail "stateless calls with a replica down: $n_ok/6"
+expect "$n_ok = 6" "stateless calls with a replica down: 6/6" \
+    "stateless calls with a replica down: $n_ok/6"
 
 # The surviving replicas drain too (under ASan, a leak would show here as a non-zero exit).
 n_ok=0
@@ -332,8 +345,8 @@ for ((r = 0; r < N_REPLICAS; r++)); do
     wait "${REPLICA_PID[$r]}" || status=$?
     [ $status = 0 ] && n_ok=$((n_ok + 1))
 done
-[ $n_ok = $((N_REPLICAS - 1)) ] && pass "the other replicas exited 0 on SIGTERM" ||
-    fail "only $n_ok of $((N_REPLICAS - 1)) other replicas exited 0 on SIGTERM"
+expect "$n_ok = $((N_REPLICAS - 1))" "the other replicas exited 0 on SIGTERM" \
+    "only $n_ok of $((N_REPLICAS - 1)) other replicas exited 0 on SIGTERM"
 
 echo "== topology: $N_PASS passed, $N_FAIL failed"
 if [ $N_FAIL -gt 0 ]; then
