@@ -15,6 +15,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -462,28 +465,12 @@ static int read_model(load_run *r) {
 /* ---- the daemon (--spawn) ------------------------------------------------------------------- */
 
 typedef struct daemon_proc {
-    pid_t pid;
+    pid_t pid;       /* > 0 while it runs */
+    bool has_log;    /* log_path names a file we created */
+    int exit_status; /* once it has exited: its status, 128 + signal, or -1 if killed by us */
     char log_path[64];
     int port;
 } daemon_proc;
-
-/* The port from attnd's "listening ... port=N" log line, or 0 if it is not there yet. */
-static int find_listening_port(const char *log_path) {
-    FILE *f = fopen(log_path, "r");
-    if (f == NULL) {
-        return 0;
-    }
-    char line[1024];
-    int port = 0;
-    while (port == 0 && fgets(line, sizeof(line), f) != NULL) {
-        const char *p = strstr(line, " port=");
-        if (strstr(line, "listening") != NULL && p != NULL) {
-            port = atoi(p + 6);
-        }
-    }
-    fclose(f);
-    return port;
-}
 
 static void print_log_tail(const char *log_path) {
     FILE *f = fopen(log_path, "r");
@@ -499,19 +486,47 @@ static void print_log_tail(const char *log_path) {
     fclose(f);
 }
 
-/* Starts attnd on 127.0.0.1 with port 0 (it picks a free one and logs it), its output going to
- * a log file, and waits for the listening line. */
+/* A TCP port on 127.0.0.1 that is free right now (bound to port 0, then released). Choosing it
+ * here, rather than reading attnd's log, works at every --log-level; if another process takes it
+ * before attnd binds, attnd exits and the readiness wait says so. */
+static int pick_free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) {
+        return -1;
+    }
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = 0};
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    int port = -1;
+    if (bind(fd, (struct sockaddr *)&addr, sizeof(addr)) == 0 &&
+        getsockname(fd, (struct sockaddr *)&addr, &len) == 0) {
+        port = ntohs(addr.sin_port);
+    }
+    close(fd);
+    return port;
+}
+
+/* Starts attnd on 127.0.0.1 at a free port with the user's extra flags, its output going to a
+ * log file. Readiness is wait_ready's job. */
 static int spawn_daemon(const load_opts *o, daemon_proc *d) {
+    d->port = pick_free_port();
+    if (d->port <= 0) {
+        fprintf(stderr, "attn_load: cannot find a free port on 127.0.0.1: %s\n", strerror(errno));
+        return -1;
+    }
     snprintf(d->log_path, sizeof(d->log_path), "/tmp/attn_load.XXXXXX");
     int fd = mkstemp(d->log_path);
     if (fd < 0) {
         fprintf(stderr, "attn_load: mkstemp: %s\n", strerror(errno));
         return -1;
     }
+    d->has_log = true;
     size_t n_extra = 0;
     while (o->daemon_args[n_extra] != NULL) {
         n_extra++;
     }
+    char port[16];
+    snprintf(port, sizeof(port), "%d", d->port);
     char **argv = calloc(n_extra + 6, sizeof(char *));
     if (argv == NULL) {
         close(fd);
@@ -521,7 +536,7 @@ static int spawn_daemon(const load_opts *o, daemon_proc *d) {
     argv[1] = "--host";
     argv[2] = "127.0.0.1";
     argv[3] = "--port";
-    argv[4] = "0";
+    argv[4] = port;
     memcpy(argv + 5, o->daemon_args, n_extra * sizeof(char *));
     d->pid = fork();
     if (d->pid == 0) {
@@ -537,49 +552,41 @@ static int spawn_daemon(const load_opts *o, daemon_proc *d) {
         fprintf(stderr, "attn_load: fork: %s\n", strerror(errno));
         return -1;
     }
-    double deadline = now_seconds() + o->ready_timeout_s;
-    while (now_seconds() < deadline) {
-        d->port = find_listening_port(d->log_path);
-        if (d->port > 0) {
-            return 0;
-        }
-        int status = 0;
-        if (waitpid(d->pid, &status, WNOHANG) == d->pid) {
-            fprintf(stderr, "attn_load: %s exited before listening\n", o->spawn_path);
-            print_log_tail(d->log_path);
-            d->pid = -1;
-            return -1;
-        }
-        sleep_ms(50);
-    }
-    fprintf(stderr, "attn_load: %s did not log a listening port within %.0f s\n", o->spawn_path,
-            o->ready_timeout_s);
-    print_log_tail(d->log_path);
-    return -1;
+    return 0;
 }
 
-/* SIGTERM, then up to 30 s for the drain; returns the exit status (-1 if it had to be killed). */
-static int stop_daemon(daemon_proc *d) {
+/* True (and the exit status recorded) if the spawned daemon has exited. */
+static bool daemon_has_exited(daemon_proc *d) {
+    int status = 0;
+    if (d->pid <= 0 || waitpid(d->pid, &status, WNOHANG) != d->pid) {
+        return false;
+    }
+    d->pid = -1;
+    d->exit_status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    return true;
+}
+
+/* SIGTERM, then up to 30 s for the drain (SIGKILL after that). */
+static void stop_daemon(daemon_proc *d) {
     if (d->pid <= 0) {
-        return -1;
+        return;
     }
     kill(d->pid, SIGTERM);
     for (int i = 0; i < 600; i++) {
-        int status = 0;
-        if (waitpid(d->pid, &status, WNOHANG) == d->pid) {
-            d->pid = -1;
-            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        if (daemon_has_exited(d)) {
+            return;
         }
         sleep_ms(50);
     }
     kill(d->pid, SIGKILL);
     waitpid(d->pid, NULL, 0);
     d->pid = -1;
-    return -1;
+    d->exit_status = -1;
 }
 
-/* Polls GET /readyz until 200 (the model may take a while to build). */
-static int wait_ready(const load_run *r, double timeout_s) {
+/* Polls GET /readyz until 200 (a model may take a while to build); d, when not NULL, is the
+ * spawned daemon, whose early exit ends the wait at once. */
+static int wait_ready(const load_run *r, daemon_proc *d, double timeout_s) {
     buffer resp = {0};
     double deadline = now_seconds() + timeout_s;
     long status = -1;
@@ -588,12 +595,16 @@ static int wait_ready(const load_run *r, double timeout_s) {
         if (status == 200) {
             break;
         }
+        if (d != NULL && daemon_has_exited(d)) {
+            fprintf(stderr, "attn_load: attnd exited with status %d before it was ready\n",
+                    d->exit_status);
+            break;
+        }
         sleep_ms(100);
     }
     free(resp.data);
     if (status != 200) {
-        fprintf(stderr, "attn_load: %s/readyz not ready within %.0f s (last status %ld)\n",
-                r->base_url, timeout_s, status);
+        fprintf(stderr, "attn_load: %s/readyz not ready (last status %ld)\n", r->base_url, status);
         return -1;
     }
     return 0;
@@ -771,7 +782,7 @@ static int run_load(load_run *r) {
 static void usage(FILE *f) {
     fprintf(f, "usage: attn_load [flags] [-- attnd flags]\n"
                "  --url URL          attnd base URL (default http://127.0.0.1:8080)\n"
-               "  --spawn PATH       start PATH (e.g. build/attnd) on 127.0.0.1 with a free port\n"
+               "  --spawn PATH       start PATH (e.g. build/attnd) on 127.0.0.1 at a free port\n"
                "                     and the flags after --, load it, then stop it with SIGTERM\n"
                "  --clients N        concurrent decode clients, one session each (default 16)\n"
                "  --duration S       seconds of decode steps (default 10)\n"
@@ -887,7 +898,8 @@ int main(int argc, char **argv) {
         rc = -1;
     }
     if (rc == 0) {
-        rc = wait_ready(&r, o.spawn_path != NULL ? o.ready_timeout_s : 10.0);
+        rc = wait_ready(&r, o.spawn_path != NULL ? &d : NULL,
+                        o.spawn_path != NULL ? o.ready_timeout_s : 10.0);
     }
     if (rc == 0) {
         rc = run_load(&r);
@@ -895,15 +907,15 @@ int main(int argc, char **argv) {
     free_clients(&r);
     curl_multi_cleanup(r.multi);
     curl_slist_free_all(r.headers);
-    if (o.spawn_path != NULL && d.pid > 0) {
-        int status = stop_daemon(&d);
-        printf("attnd: stopped with SIGTERM, exit status %d\n", status);
-        if (status != 0 || rc != 0) {
-            print_log_tail(d.log_path);
-            rc = rc == 0 ? 1 : rc;
-        } else {
-            unlink(d.log_path);
-        }
+    if (d.pid > 0) {
+        stop_daemon(&d);
+        printf("attnd: stopped with SIGTERM, exit status %d\n", d.exit_status);
+    }
+    if (d.has_log && (d.exit_status != 0 || rc != 0)) {
+        print_log_tail(d.log_path);
+        rc = rc == 0 ? 1 : rc;
+    } else if (d.has_log) {
+        unlink(d.log_path);
     }
     curl_global_cleanup();
     return rc == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
