@@ -158,8 +158,11 @@ docker:
 	else docker build -t attnd .; fi
 
 # docker-test: build the image with podman, run it and poll /healthz (needs root).
+SMOKE ?= ../shared/container/smoke.sh
 docker-test:
-	$(Q)../shared/container/smoke.sh . /healthz 8080
+	$(Q)if [ ! -x "$(SMOKE)" ]; then \
+	  echo "docker-test: $(SMOKE) not found (set SMOKE=/path/to/container/smoke.sh)"; exit 2; fi
+	$(Q)$(SMOKE) . /healthz 8080
 
 # topology-test: 3 attnd replicas behind nginx (docker/nginx.conf) on 127.0.0.1, as plain processes.
 topology-test: $(ATTND)
