@@ -39,6 +39,10 @@ static void on_shutdown(uv_timer_t *t) {
     LOG_INFO("main", "shutting down");
     uv_close((uv_handle_t *)&d->sigint, NULL);
     uv_close((uv_handle_t *)&d->sigterm, NULL);
+    /* Closing the watchers restores the default action, which would turn a late second
+     * SIGTERM into a kill instead of the exit 0 this drain promised. */
+    signal(SIGINT, SIG_IGN);
+    signal(SIGTERM, SIG_IGN);
     uv_close((uv_handle_t *)&d->tick, NULL);
     uv_close((uv_handle_t *)&d->shutdown, NULL);
     http_server_destroy(d->srv.http);
