@@ -83,8 +83,7 @@ static cJSON *parse_object(const char *body, size_t len, struct api_error *err) 
     for (const cJSON *a = root->child; a != NULL; a = a->next) {
         for (const cJSON *b = root->child; b != a; b = b->next) {
             if (strcmp(a->string, b->string) == 0) {
-                fail(err, ERROR_INVALID_REQUEST, a->string, "field '%s' appears twice",
-                     a->string);
+                fail(err, ERROR_INVALID_REQUEST, a->string, "field '%s' appears twice", a->string);
                 cJSON_Delete(root);
                 return NULL;
             }
@@ -123,8 +122,7 @@ static int get_int(const cJSON *item, int64_t min, int64_t max, int64_t *out,
     return 0;
 }
 
-static int get_session_id(const cJSON *item, const char *param, char *out,
-                          struct api_error *err) {
+static int get_session_id(const cJSON *item, const char *param, char *out, struct api_error *err) {
     if (!cJSON_IsString(item) ||
         !api_session_id_is_valid(item->valuestring, strlen(item->valuestring))) {
         return fail(err, ERROR_INVALID_REQUEST, param,
@@ -172,8 +170,8 @@ static int check_dims(const struct tensor_spec *s, const int64_t *dims, struct a
     int64_t total = 1;
     for (int d = 0; d < s->rank; d++) {
         if (dims[d] < 1) {
-            return fail(err, ERROR_INVALID_REQUEST, s->name, "%s: dimension %d is empty",
-                        s->name, d);
+            return fail(err, ERROR_INVALID_REQUEST, s->name, "%s: dimension %d is empty", s->name,
+                        d);
         }
         if (s->want[d] >= 0 && dims[d] != s->want[d]) {
             return fail(err, ERROR_INVALID_REQUEST, s->name,
@@ -204,8 +202,7 @@ static int fill_nested(const cJSON *arr, int depth, const int64_t *dims,
         if (depth + 1 < s->rank) {
             if (!cJSON_IsArray(c)) {
                 return fail(err, ERROR_INVALID_REQUEST, s->name,
-                            "%s: expected nested arrays of rank %d %s", s->name, s->rank,
-                            s->doc);
+                            "%s: expected nested arrays of rank %d %s", s->name, s->rank, s->doc);
             }
             int rc = fill_nested(c, depth + 1, dims, s, out, pos, err);
             if (rc != 0) {
@@ -214,8 +211,7 @@ static int fill_nested(const cJSON *arr, int depth, const int64_t *dims,
         } else {
             if (!cJSON_IsNumber(c)) {
                 return fail(err, ERROR_INVALID_REQUEST, s->name,
-                            "%s: value %lld (row-major) is not a number", s->name,
-                            (long long)*pos);
+                            "%s: value %lld (row-major) is not a number", s->name, (long long)*pos);
             }
             int rc = check_value(c->valuedouble, s, *pos, err, &out[*pos]);
             if (rc != 0) {
@@ -227,8 +223,8 @@ static int fill_nested(const cJSON *arr, int depth, const int64_t *dims,
     return 0;
 }
 
-static int parse_nested(const cJSON *item, const struct tensor_spec *s, float **out,
-                        int64_t *dims, struct api_error *err) {
+static int parse_nested(const cJSON *item, const struct tensor_spec *s, float **out, int64_t *dims,
+                        struct api_error *err) {
     const cJSON *cur = item;
     for (int d = 0; d < s->rank; d++) {
         if (!cJSON_IsArray(cur)) {
@@ -238,8 +234,8 @@ static int parse_nested(const cJSON *item, const struct tensor_spec *s, float **
         }
         dims[d] = cJSON_GetArraySize(cur);
         if (dims[d] == 0) {
-            return fail(err, ERROR_INVALID_REQUEST, s->name, "%s: dimension %d is empty",
-                        s->name, d);
+            return fail(err, ERROR_INVALID_REQUEST, s->name, "%s: dimension %d is empty", s->name,
+                        d);
         }
         cur = cur->child;
     }
@@ -289,11 +285,11 @@ static int parse_b64(const cJSON *item, const struct tensor_spec *s, float **out
     }
     int d = 0;
     for (const cJSON *c = shape->child; c != NULL; c = c->next, d++) {
-        if (!cJSON_IsNumber(c) || c->valuedouble != floor(c->valuedouble) ||
-            c->valuedouble < 1 || c->valuedouble > (double)MAX_TENSOR_VALUES) {
+        if (!cJSON_IsNumber(c) || c->valuedouble != floor(c->valuedouble) || c->valuedouble < 1 ||
+            c->valuedouble > (double)MAX_TENSOR_VALUES) {
             return fail(err, ERROR_INVALID_REQUEST, s->name,
-                        "%s: shape must be an array of %d positive integers %s", s->name,
-                        s->rank, s->doc);
+                        "%s: shape must be an array of %d positive integers %s", s->name, s->rank,
+                        s->doc);
         }
         dims[d] = (int64_t)c->valuedouble;
     }
@@ -328,8 +324,8 @@ static int parse_b64(const cJSON *item, const struct tensor_spec *s, float **out
      * written). */
     for (int64_t i = 0; i < total; i++) {
         const uint8_t *p = raw + i * 4;
-        uint32_t u = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
-                     (uint32_t)p[3] << 24;
+        uint32_t u =
+            (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
         float f;
         memcpy(&f, &u, 4);
         if (check_value((double)f, s, i, err, &data[i]) != 0) {
@@ -342,8 +338,8 @@ static int parse_b64(const cJSON *item, const struct tensor_spec *s, float **out
 }
 
 /* Parses a tensor field into a malloc'd array; dims gets its shape. */
-static int parse_tensor(const cJSON *item, const struct tensor_spec *s, float **out,
-                        int64_t *dims, struct api_error *err) {
+static int parse_tensor(const cJSON *item, const struct tensor_spec *s, float **out, int64_t *dims,
+                        struct api_error *err) {
     if (cJSON_IsObject(item)) {
         return parse_b64(item, s, out, dims, err);
     }
@@ -358,11 +354,12 @@ void api_attend_request_release(struct api_attend_request *r) {
     memset(r, 0, sizeof *r);
 }
 
-static int parse_positions(const cJSON *item, int32_t n_tokens, int32_t max_seq,
-                           int32_t **out, struct api_error *err) {
+static int parse_positions(const cJSON *item, int32_t n_tokens, int32_t max_seq, int32_t **out,
+                           struct api_error *err) {
     if (!cJSON_IsArray(item)) {
-        return fail(err, ERROR_INVALID_REQUEST, "positions", "positions: expected an array of "
-                                                             "integers, one per token of x");
+        return fail(err, ERROR_INVALID_REQUEST, "positions",
+                    "positions: expected an array of "
+                    "integers, one per token of x");
     }
     if (cJSON_GetArraySize(item) != n_tokens) {
         return fail(err, ERROR_INVALID_REQUEST, "positions",
@@ -485,8 +482,8 @@ void api_sdpa_request_release(struct api_sdpa_request *r) {
     memset(r, 0, sizeof *r);
 }
 
-static int sdpa_tensors(const cJSON *q, const cJSON *k, const cJSON *v,
-                        struct api_sdpa_request *r, struct api_error *err) {
+static int sdpa_tensors(const cJSON *q, const cJSON *k, const cJSON *v, struct api_sdpa_request *r,
+                        struct api_error *err) {
     if (q == NULL || k == NULL || v == NULL) {
         const char *missing = q == NULL ? "q" : k == NULL ? "k" : "v";
         return fail(err, ERROR_INVALID_REQUEST, missing, "%s: required tensor", missing);
@@ -558,8 +555,7 @@ int api_sdpa_request_parse(const char *body, size_t len, struct api_sdpa_request
                 }
                 r.scale = (float)c->valuedouble;
                 if (rc == 0 && r.scale == 0.0f) {
-                    rc = fail(err, ERROR_INVALID_REQUEST, "scale",
-                              "scale: too small for float32");
+                    rc = fail(err, ERROR_INVALID_REQUEST, "scale", "scale: too small for float32");
                 }
             }
         } else if (strcmp(name, "return_weights") == 0) {

@@ -50,11 +50,11 @@ struct api_limits {
 /* ---- requests ------------------------------------------------------------------------------- */
 
 struct api_attend_request {
-    float *x;                                 /* (n_tokens, hidden_size) row-major, owned */
-    int32_t n_tokens;                         /* T >= 1 */
-    char session_id[API_SESSION_ID_MAX + 1];  /* "" = stateless */
-    int32_t layer;                            /* absolute; defaulted to limits.layer_first */
-    int32_t *positions;                       /* (n_tokens), owned; NULL = continue the cache */
+    float *x;                                /* (n_tokens, hidden_size) row-major, owned */
+    int32_t n_tokens;                        /* T >= 1 */
+    char session_id[API_SESSION_ID_MAX + 1]; /* "" = stateless */
+    int32_t layer;                           /* absolute; defaulted to limits.layer_first */
+    int32_t *positions;                      /* (n_tokens), owned; NULL = continue the cache */
     bool has_expect_n_past;
     int32_t expect_n_past;
     bool return_weights;
@@ -148,8 +148,7 @@ void api_stream_event_encode(struct strbuf *out, const struct api_stream_event *
 void api_stream_usage_encode(struct strbuf *out, const struct api_attend_response *r);
 
 /* A failed step: appends `data: {Error}\n\n` and then `data: [DONE]\n\n`. */
-void api_stream_error_encode(struct strbuf *out, int code, const char *message,
-                             const char *param);
+void api_stream_error_encode(struct strbuf *out, int code, const char *message, const char *param);
 
 struct api_sdpa_response {
     int32_t n_heads, n_q, n_k, d_v;

@@ -152,8 +152,8 @@ char *api_attend_response_encode(const struct api_attend_response *r, size_t *le
     strbuf_reserve(&b, (size_t)r->n_new * (size_t)r->hidden_size * 14 + 256);
     strbuf_puts(&b, "{\"session_id\":");
     put_string_or_null(&b, r->session_id);
-    strbuf_printf(&b, ",\"layer\":%d,\"n_past\":%d,\"n_tokens\":%d", (int)r->layer,
-                  (int)r->n_past, (int)r->n_tokens);
+    strbuf_printf(&b, ",\"layer\":%d,\"n_past\":%d,\"n_tokens\":%d", (int)r->layer, (int)r->n_past,
+                  (int)r->n_tokens);
     int64_t od[2] = {r->n_new, r->hidden_size};
     strbuf_putc(&b, ',');
     put_tensor(&b, "output", r->output, 2, od, r->encoding);
@@ -203,8 +203,7 @@ static void put_error(struct strbuf *b, int code, const char *message, const cha
     strbuf_puts(b, "}}");
 }
 
-void api_stream_error_encode(struct strbuf *out, int code, const char *message,
-                             const char *param) {
+void api_stream_error_encode(struct strbuf *out, int code, const char *message, const char *param) {
     strbuf_puts(out, "data: ");
     put_error(out, code, message, param);
     strbuf_puts(out, "\n\ndata: [DONE]\n\n");
@@ -314,12 +313,13 @@ char *api_model_encode(const attn_config *cfg, const struct api_model_info *info
     put_float(&b, has_rope ? (float)cfg->rotary_dim / (float)cfg->head_dim : 0.0f);
     strbuf_puts(&b, ",\"attnd\":{\"source\":");
     put_string(&b, info->source);
-    strbuf_printf(&b, ",\"layer_first\":%d,\"layer_count\":%d,\"rope_style\":\"%s\",\"o_bias\":%s,"
+    strbuf_printf(&b,
+                  ",\"layer_first\":%d,\"layer_count\":%d,\"rope_style\":\"%s\",\"o_bias\":%s,"
                   "\"softmax_scale\":",
                   (int)info->layer_first, (int)info->layer_count,
-                  !has_rope                                         ? "none"
+                  !has_rope                                        ? "none"
                   : cfg->rope_style == ATTN_ROPE_STYLE_INTERLEAVED ? "interleaved"
-                                                                    : "half",
+                                                                   : "half",
                   cfg->has_o_bias ? "true" : "false");
     put_float(&b, cfg->softmax_scale);
     strbuf_printf(&b, ",\"weights_bytes\":%zu}}\n", info->weights_bytes);

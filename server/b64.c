@@ -1,8 +1,7 @@
 /* server/b64.c: base64 encode/decode (see b64.h). */
 #include "b64.h"
 
-static const char alphabet[] =
-    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+static const char alphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
 size_t b64_encoded_len(size_t n) {
     return (n + 2) / 3 * 4;
@@ -84,8 +83,8 @@ int b64_decode(const char *src, size_t len, uint8_t *dst) {
                 return -1;
             }
         }
-        uint32_t w = (uint32_t)v[0] << 18 | (uint32_t)v[1] << 12 | (uint32_t)v[2] << 6 |
-                     (uint32_t)v[3];
+        uint32_t w =
+            (uint32_t)v[0] << 18 | (uint32_t)v[1] << 12 | (uint32_t)v[2] << 6 | (uint32_t)v[3];
         dst[o++] = (uint8_t)(w >> 16);
         if (pad < 2) {
             dst[o++] = (uint8_t)(w >> 8);

@@ -50,35 +50,35 @@ static const struct option options[] = {
     {"layers", "ATTND_LAYERS", OPTION_LAYERS, offsetof(struct config, layers), "all", 0, 0,
      "layers to load: all, N, or A-B (inclusive)"},
     {"kv-budget-mb", "ATTND_KV_BUDGET_MB", OPTION_I64, offsetof(struct config, kv_budget_mb),
-     "1024", 1, 1048576,
-     "KV cache pool size in MiB, split evenly over one shard per worker"},
+     "1024", 1, 1048576, "KV cache pool size in MiB, split evenly over one shard per worker"},
     {"kv-block-tokens", "ATTND_KV_BLOCK_TOKENS", OPTION_I32,
      offsetof(struct config, kv_block_tokens), "0", 0, 256,
      "tokens per KV block, 16..256; 0 = the engine's default (64)"},
     {"max-sessions", "ATTND_MAX_SESSIONS", OPTION_I32, offsetof(struct config, max_sessions),
-     "4096", 1, 1000000, "live sessions at most; the least recently used idle one is evicted "
+     "4096", 1, 1000000,
+     "live sessions at most; the least recently used idle one is evicted "
      "to make room"},
     {"max-seq", "ATTND_MAX_SEQ", OPTION_I32, offsetof(struct config, max_seq), "0", 0, 1048576,
      "cap on positions and tokens per session cache; 0 = the model's own"},
     {"workers", "ATTND_WORKERS", OPTION_I32, offsetof(struct config, workers), "0", 0, 256,
      "engine worker threads (libuv pool); 0 = one per online core"},
-    {"blas-threads", "ATTND_BLAS_THREADS", OPTION_I32, offsetof(struct config, blas_threads),
-     "0", 0, 256,
+    {"blas-threads", "ATTND_BLAS_THREADS", OPTION_I32, offsetof(struct config, blas_threads), "0",
+     0, 256,
      "OpenBLAS threads per GEMM; 0 = max(1, cores / workers), so the two pools never "
      "oversubscribe the cores"},
     {"max-batch-tokens", "ATTND_MAX_BATCH_TOKENS", OPTION_I32,
      offsetof(struct config, max_batch_tokens), "256", 16, 65536,
      "tokens per engine call: the cap of a batch of decode steps and the prefill chunk size"},
-    {"max-body-mb", "ATTND_MAX_BODY_MB", OPTION_I64, offsetof(struct config, max_body_mb), "64",
-     1, 4096, "largest request body in MiB (413 beyond)"},
-    {"queue-depth", "ATTND_QUEUE_DEPTH", OPTION_I32, offsetof(struct config, queue_depth),
-     "256", 1, 1000000, "accepted requests waiting to start at most (429 beyond)"},
+    {"max-body-mb", "ATTND_MAX_BODY_MB", OPTION_I64, offsetof(struct config, max_body_mb), "64", 1,
+     4096, "largest request body in MiB (413 beyond)"},
+    {"queue-depth", "ATTND_QUEUE_DEPTH", OPTION_I32, offsetof(struct config, queue_depth), "256", 1,
+     1000000, "accepted requests waiting to start at most (429 beyond)"},
     {"session-ttl-s", "ATTND_SESSION_TTL_S", OPTION_I64, offsetof(struct config, session_ttl_s),
      "3600", 0, 31536000, "idle seconds after which a session expires (410 after); 0 = never"},
     {"api-key", "ATTND_API_KEY", OPTION_STRING, offsetof(struct config, api_key), "", 0, 0,
      "when set, /v1/* requests need 'Authorization: Bearer <key>'"},
-    {"log-level", "ATTND_LOG_LEVEL", OPTION_LOG_LEVEL, offsetof(struct config, log_level),
-     "info", 0, 0, "error, warn, info or debug"},
+    {"log-level", "ATTND_LOG_LEVEL", OPTION_LOG_LEVEL, offsetof(struct config, log_level), "info",
+     0, 0, "error, warn, info or debug"},
 };
 
 #define N_OPTIONS ((int)(sizeof options / sizeof options[0]))
@@ -208,8 +208,8 @@ static int apply(struct config *cfg, const struct option *o, const char *value, 
         return 0;
     case OPTION_LOG_LEVEL:
         if (log_level_parse(value, (enum log_level *)f) != 0) {
-            set_err(err, err_size, "%s: '%s' is not a log level (error, warn, info, debug)",
-                    source, value);
+            set_err(err, err_size, "%s: '%s' is not a log level (error, warn, info, debug)", source,
+                    value);
             return -1;
         }
         return 0;
@@ -249,8 +249,8 @@ static int resolve(struct config *cfg, int32_t cores, char *err, size_t err_size
     return 0;
 }
 
-enum config_result config_parse(struct config *cfg, int argc, char *const *argv,
-                                char *const *envp, int32_t cores, char *err, size_t err_size) {
+enum config_result config_parse(struct config *cfg, int argc, char *const *argv, char *const *envp,
+                                int32_t cores, char *err, size_t err_size) {
     memset(cfg, 0, sizeof *cfg);
     err[0] = '\0';
     for (int i = 0; i < N_OPTIONS; i++) {
@@ -315,8 +315,7 @@ void config_help(FILE *f) {
                "flags win over the environment.\n\n");
     for (int i = 0; i < N_OPTIONS; i++) {
         const struct option *o = &options[i];
-        fprintf(f, "  --%-18s %s (default: %s)\n", o->name, o->env,
-                o->def[0] ? o->def : "\"\"");
+        fprintf(f, "  --%-18s %s (default: %s)\n", o->name, o->env, o->def[0] ? o->def : "\"\"");
         fprintf(f, "      %s\n", o->help);
     }
     fprintf(f, "  --%-18s print this help and exit\n", "help");

@@ -15,25 +15,25 @@
 /* Immutable after config_parse. String fields point into argv, the environment or string
  * literals, all of which outlive the process's use of the config. */
 struct config {
-    const char *host;      /* address to bind */
-    int32_t port;          /* TCP port; 0 = an ephemeral port (logged as port=) */
-    const char *model;     /* HF-style model folder, or "" for the built-in preset */
-    const char *preset;    /* built-in preset when model is "" */
-    uint64_t seed;         /* seed of the preset's random weights */
-    const char *layers;    /* "all", "N" or "A-B" as given */
-    int32_t layer_first;   /* parsed from layers */
-    int32_t layer_count;   /* parsed from layers; 0 = to the last layer */
-    int64_t kv_budget_mb;  /* KV pool budget, MiB */
-    int32_t kv_block_tokens; /* tokens per KV block (0 = the engine's default) */
-    int32_t max_sessions;  /* live sessions at most */
-    int32_t max_seq;       /* 0 = the model's max positions */
-    int32_t workers;       /* engine worker threads (resolved: never 0 after parse) */
-    int32_t blas_threads;  /* OpenBLAS threads (resolved: never 0 after parse) */
+    const char *host;         /* address to bind */
+    int32_t port;             /* TCP port; 0 = an ephemeral port (logged as port=) */
+    const char *model;        /* HF-style model folder, or "" for the built-in preset */
+    const char *preset;       /* built-in preset when model is "" */
+    uint64_t seed;            /* seed of the preset's random weights */
+    const char *layers;       /* "all", "N" or "A-B" as given */
+    int32_t layer_first;      /* parsed from layers */
+    int32_t layer_count;      /* parsed from layers; 0 = to the last layer */
+    int64_t kv_budget_mb;     /* KV pool budget, MiB */
+    int32_t kv_block_tokens;  /* tokens per KV block (0 = the engine's default) */
+    int32_t max_sessions;     /* live sessions at most */
+    int32_t max_seq;          /* 0 = the model's max positions */
+    int32_t workers;          /* engine worker threads (resolved: never 0 after parse) */
+    int32_t blas_threads;     /* OpenBLAS threads (resolved: never 0 after parse) */
     int32_t max_batch_tokens; /* tokens per engine call (batch cap, prefill chunk) */
-    int64_t max_body_mb;   /* largest request body, MiB */
-    int32_t queue_depth;   /* accepted requests waiting at most */
-    int64_t session_ttl_s; /* idle seconds before a session expires; 0 = never */
-    const char *api_key;   /* "" = no authentication */
+    int64_t max_body_mb;      /* largest request body, MiB */
+    int32_t queue_depth;      /* accepted requests waiting at most */
+    int64_t session_ttl_s;    /* idle seconds before a session expires; 0 = never */
+    const char *api_key;      /* "" = no authentication */
     enum log_level log_level;
 };
 
@@ -48,8 +48,8 @@ enum config_result {
  * online cores and blas_threads 0 to max(1, cores / workers). cores is the machine's core count
  * (pass sysconf(_SC_NPROCESSORS_ONLN)); taking it as an argument keeps tests deterministic.
  * On CONFIG_ERROR, err (err_size bytes) gets a one-line reason. */
-enum config_result config_parse(struct config *cfg, int argc, char *const *argv,
-                                char *const *envp, int32_t cores, char *err, size_t err_size);
+enum config_result config_parse(struct config *cfg, int argc, char *const *argv, char *const *envp,
+                                int32_t cores, char *err, size_t err_size);
 
 /* Writes the usage text, every option with its env var, default and help, to f. */
 void config_help(FILE *f);

@@ -7,8 +7,7 @@
 static const struct error_info table[] = {
     {ERROR_INVALID_JSON, 400, "invalid_json", "invalid_request_error",
      "request body is not valid JSON"},
-    {ERROR_INVALID_REQUEST, 400, "invalid_request", "invalid_request_error",
-     "request is invalid"},
+    {ERROR_INVALID_REQUEST, 400, "invalid_request", "invalid_request_error", "request is invalid"},
     {ERROR_CONTEXT_LENGTH_EXCEEDED, 400, "context_length_exceeded", "invalid_request_error",
      "the session's cache would exceed the model's maximum sequence length"},
     {ERROR_UNAUTHORIZED, 401, "unauthorized", "authentication_error",

@@ -24,7 +24,7 @@
 
 /* Idle keep-alive connections are closed after this long; suspended ones never time out. */
 #define CONNECTION_TIMEOUT_S 300
-#define STREAM_BLOCK_BYTES (64 * 1024)
+#define STREAM_BLOCK_BYTES   (64 * 1024)
 
 struct header {
     char *name;
@@ -44,7 +44,7 @@ struct http_request {
     bool is_in_handler; /* inside an access-handler call: answers are queued on return */
     bool is_suspended;
     bool is_answered;
-    bool has_body_handed; /* on_request was called */
+    bool has_body_handed;         /* on_request was called */
     struct MHD_Response *pending; /* answer made inside the handler, queued on return */
     unsigned pending_status;
     struct header *headers; /* extra response headers */
@@ -198,12 +198,10 @@ void http_request_stream_begin(struct http_request *r, int status, const char *c
     if (r->is_answered) {
         return;
     }
-    struct MHD_Response *resp =
-        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, STREAM_BLOCK_BYTES, stream_reader, r,
-                                          NULL);
+    struct MHD_Response *resp = MHD_create_response_from_callback(
+        MHD_SIZE_UNKNOWN, STREAM_BLOCK_BYTES, stream_reader, r, NULL);
     if (resp == NULL) {
-        LOG_ERROR("http", "cannot create a stream response req=%llu",
-                  (unsigned long long)r->id);
+        LOG_ERROR("http", "cannot create a stream response req=%llu", (unsigned long long)r->id);
         r->is_answered = true;
         wake(r);
         return;
@@ -276,9 +274,8 @@ static void request_free(struct http_request *r) {
 }
 
 static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const char *url,
-                                 const char *method, const char *version,
-                                 const char *upload_data, size_t *upload_data_size,
-                                 void **con_cls) {
+                                 const char *method, const char *version, const char *upload_data,
+                                 size_t *upload_data_size, void **con_cls) {
     struct http_server *s = cls;
     struct http_request *r = *con_cls;
     if (r == NULL) {
@@ -414,11 +411,10 @@ int http_server_create(uv_loop_t *loop, const struct http_params *p, const struc
     if (is_ipv6) {
         flags |= MHD_USE_IPv6;
     }
-    s->daemon = MHD_start_daemon(
-        flags, 0, NULL, NULL, on_access, s, MHD_OPTION_LISTEN_SOCKET, s->listen_fd,
-        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_CONNECTION_TIMEOUT,
-        (unsigned)CONNECTION_TIMEOUT_S, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s,
-        MHD_OPTION_END);
+    s->daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_access, s, MHD_OPTION_LISTEN_SOCKET,
+                                 s->listen_fd, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)CONNECTION_TIMEOUT_S,
+                                 MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s, MHD_OPTION_END);
     if (s->daemon == NULL) {
         snprintf(err, err_size, "libmicrohttpd failed to start on %s port %d", p->host,
                  (int)s->port);

@@ -60,7 +60,8 @@ void http_server_quiesce(struct http_server *s);
 /* Requests currently alive (headers received, not yet closed). */
 int32_t http_server_n_requests(const struct http_server *s);
 
-/* ---- the request ------------------------------------------------------------------------------ */
+/* ---- the request ------------------------------------------------------------------------------
+ */
 
 uint64_t http_request_id(const struct http_request *r); /* 1, 2, ... per server */
 const char *http_request_method(const struct http_request *r);

@@ -38,9 +38,9 @@ struct job {
     int response_status;
     /* attend */
     struct api_attend_request at;
-    float *out;          /* (T, hidden_size) */
-    float *weights;      /* (n_heads, T, n_past + T), or per stream step (n_heads, n_past + i + 1) */
-    attn_kv *temp_kv;    /* a stateless call's cache */
+    float *out;       /* (T, hidden_size) */
+    float *weights;   /* (n_heads, T, n_past + T), or per stream step (n_heads, n_past + i + 1) */
+    attn_kv *temp_kv; /* a stateless call's cache */
     int32_t temp_shard;
     int32_t n_past0;     /* cache length before the request */
     int32_t next_index;  /* stream: the next token to compute */
@@ -128,9 +128,9 @@ static int pin_path_session(struct job *job) {
     enum session_state state;
     struct session *s = session_find(job->srv->sessions, rq->session, &state);
     if (s == NULL) {
-        route_reply_error(rq, state == SESSION_STATE_TOMBSTONE ? ERROR_SESSION_EVICTED
-                                                                : ERROR_SESSION_NOT_FOUND,
-                          NULL, "session_id");
+        route_reply_error(
+            rq, state == SESSION_STATE_TOMBSTONE ? ERROR_SESSION_EVICTED : ERROR_SESSION_NOT_FOUND,
+            NULL, "session_id");
         return -1;
     }
     session_pin(job->srv->sessions, s, now_ms());
@@ -193,8 +193,8 @@ static int attend_size(struct job *job, int32_t n_past) {
                        (int)n_past, (int)t, (int)lim->max_seq);
     }
     int64_t n_weights = (int64_t)lim->n_heads * (job->at.stream ? 1 : t) * (n_past + t);
-    if (job->at.return_weights && (int64_t)lim->n_heads * t * (n_past + t) >
-                                      API_WEIGHTS_MAX_VALUES) {
+    if (job->at.return_weights &&
+        (int64_t)lim->n_heads * t * (n_past + t) > API_WEIGHTS_MAX_VALUES) {
         return set_err(job, ERROR_INVALID_REQUEST, "return_weights",
                        "return_weights: n_heads x T x (n_past + T) = %lld values exceed the "
                        "limit of %d",
@@ -381,8 +381,7 @@ static enum pool_after attend_done(struct pool_job *pj, int status) {
     return POOL_AFTER_FINISHED;
 }
 
-static const struct pool_job_ops attend_ops = {attend_prepare, attend_run, attend_done,
-                                               on_release};
+static const struct pool_job_ops attend_ops = {attend_prepare, attend_run, attend_done, on_release};
 
 void job_submit_attend(struct route_req *rq) {
     struct server *srv = rq->srv;

@@ -92,8 +92,8 @@ static int load_model(const struct config *cfg, attn_model **model, char *source
     attn_config_preset(cfg->preset, &mc); /* config_parse checked the name */
     if (cfg->layer_first >= mc.n_layers ||
         (int64_t)cfg->layer_first + cfg->layer_count > mc.n_layers) {
-        fprintf(stderr, "attnd: --layers %s: preset %s has layers 0-%d\n", cfg->layers,
-                cfg->preset, (int)mc.n_layers - 1);
+        fprintf(stderr, "attnd: --layers %s: preset %s has layers 0-%d\n", cfg->layers, cfg->preset,
+                (int)mc.n_layers - 1);
         return -1;
     }
     int rc = attn_model_create_random(&mc, cfg->seed, &lp, model);
@@ -114,8 +114,8 @@ int main(int argc, char **argv) {
     struct config cfg;
     char err[512];
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    switch (config_parse(&cfg, argc, argv, environ, cores > 0 ? (int32_t)cores : 1, err,
-                         sizeof err)) {
+    switch (
+        config_parse(&cfg, argc, argv, environ, cores > 0 ? (int32_t)cores : 1, err, sizeof err)) {
     case CONFIG_HELP:
         config_help(stdout);
         return 0;
@@ -224,9 +224,9 @@ int main(int argc, char **argv) {
     uv_timer_init(&d.loop, &d.shutdown);
     d.shutdown.data = &d;
 
-    LOG_INFO("main", "listening host=%s port=%d workers=%d blas_threads=%d kv_shards=%d",
-             cfg.host, (int)http_server_port(srv->http), (int)cfg.workers,
-             (int)cfg.blas_threads, (int)cfg.workers);
+    LOG_INFO("main", "listening host=%s port=%d workers=%d blas_threads=%d kv_shards=%d", cfg.host,
+             (int)http_server_port(srv->http), (int)cfg.workers, (int)cfg.blas_threads,
+             (int)cfg.workers);
     uv_run(&d.loop, UV_RUN_DEFAULT);
 
     uv_loop_close(&d.loop);

@@ -14,9 +14,8 @@ static const int statuses[METRICS_N_STATUS - 1] = {200, 201, 204, 400, 401, 404,
                                                    410, 413, 429, 500, 503, 507, 502};
 
 /* Upper bounds in seconds (le=), 1 ms .. 10 s. */
-static const double bucket_le[METRICS_N_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.025,
-                                                    0.05,  0.1,    0.25,  0.5,  1,
-                                                    2.5,   5,      10,    1e300};
+static const double bucket_le[METRICS_N_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                                    0.25,  0.5,    1,     2.5,  5,     10,   1e300};
 
 void metrics_init(struct metrics *m) {
     memset(m, 0, sizeof *m);
@@ -60,14 +59,13 @@ static void render_requests(const struct metrics *m, struct strbuf *out) {
                 continue;
             }
             if (s < METRICS_N_STATUS - 1) {
-                strbuf_printf(out, "attnd_requests_total{endpoint=\"%s\",status=\"%d\"} %" PRIu64
-                                   "\n",
+                strbuf_printf(out,
+                              "attnd_requests_total{endpoint=\"%s\",status=\"%d\"} %" PRIu64 "\n",
                               endpoint_names[e], statuses[s], m->requests[e][s]);
             } else {
-                strbuf_printf(out,
-                              "attnd_requests_total{endpoint=\"%s\",status=\"other\"} %" PRIu64
-                              "\n",
-                              endpoint_names[e], m->requests[e][s]);
+                strbuf_printf(
+                    out, "attnd_requests_total{endpoint=\"%s\",status=\"other\"} %" PRIu64 "\n",
+                    endpoint_names[e], m->requests[e][s]);
             }
         }
     }

@@ -32,7 +32,7 @@ enum metrics_eviction {
     METRICS_EVICTION_COUNT,
 };
 
-#define METRICS_N_STATUS 16 /* distinct HTTP statuses tracked per endpoint (+ "other") */
+#define METRICS_N_STATUS  16 /* distinct HTTP statuses tracked per endpoint (+ "other") */
 #define METRICS_N_BUCKETS 14
 
 /* Loop thread only. Zero-initialize (metrics_init). */

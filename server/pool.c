@@ -256,8 +256,9 @@ static void gather(struct pool *pool, struct worker *w, int32_t shard, int32_t f
                    int32_t *tokens, int32_t *blocks) {
     for (int32_t i = from; i < n && w->n < MAX_BATCH; i++) {
         struct pool_job *k = pool->cand[i];
-        if (k == NULL || k->state != JOB_QUEUED || k->kind != POOL_JOB_FORWARD || !k->is_batchable ||
-            k->session == NULL || k->layer != w->layer || session_shard(k->session) != shard) {
+        if (k == NULL || k->state != JOB_QUEUED || k->kind != POOL_JOB_FORWARD ||
+            !k->is_batchable || k->session == NULL || k->layer != w->layer ||
+            session_shard(k->session) != shard) {
             continue;
         }
         int rc = k->ops->prepare(k, shard, &k->step);
@@ -288,7 +289,7 @@ static void dispatch_one(struct pool *pool, int32_t i, int32_t n_cand) {
     }
     int32_t shard = -1;
     if (j->kind != POOL_JOB_SDPA) {
-        shard = j->session != NULL ? session_shard(j->session)
+        shard = j->session != NULL   ? session_shard(j->session)
                 : j->shard_hint >= 0 ? j->shard_hint
                                      : session_shard_pick_idle(pool->sessions);
         if (shard < 0 || session_shard_is_busy(pool->sessions, shard)) {

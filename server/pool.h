@@ -40,11 +40,11 @@ enum pool_job_kind {
 struct pool_step {
     attn_kv *kv;
     int32_t layer;
-    const float *x;            /* (n_tokens, hidden_size) */
-    int32_t n_tokens;          /* >= 1 */
-    const int32_t *positions;  /* (n_tokens) or NULL */
-    float *out;                /* (n_tokens, hidden_size) */
-    float *weights;            /* NULL, or (n_heads, n_tokens, len(kv) + n_tokens) */
+    const float *x;           /* (n_tokens, hidden_size) */
+    int32_t n_tokens;         /* >= 1 */
+    const int32_t *positions; /* (n_tokens) or NULL */
+    float *out;               /* (n_tokens, hidden_size) */
+    float *weights;           /* NULL, or (n_heads, n_tokens, len(kv) + n_tokens) */
 };
 
 enum pool_after {
@@ -85,8 +85,8 @@ struct pool_job {
     int32_t shard_hint;      /* stateless FORWARD: the shard to run on (its temporary cache's),
                                 or -1 for any idle one */
     /* Read by the submitter in ops->done. */
-    double queue_ms;   /* submission to first start */
-    double compute_ms; /* engine time summed over steps */
+    double queue_ms;    /* submission to first start */
+    double compute_ms;  /* engine time summed over steps */
     int32_t batch_size; /* sequences in the last engine step that carried this job */
     /* Pool-private. */
     struct pool_job *prev, *next;

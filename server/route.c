@@ -14,7 +14,7 @@
 #include "job.h"
 #include "log.h"
 
-#define JSON_TYPE "application/json"
+#define JSON_TYPE    "application/json"
 #define METRICS_TYPE "text/plain; version=0.0.4; charset=utf-8"
 
 enum route_kind {
@@ -114,8 +114,8 @@ static enum route_kind match(const char *path, char *id, size_t id_size, bool *i
         const char *path;
         enum route_kind kind;
     } fixed[] = {
-        {"/v1/attend", ROUTE_ATTEND},   {"/v1/sdpa", ROUTE_SDPA},     {"/v1/sessions", ROUTE_SESSIONS},
-        {"/v1/model", ROUTE_MODEL},     {"/healthz", ROUTE_HEALTHZ}, {"/readyz", ROUTE_READYZ},
+        {"/v1/attend", ROUTE_ATTEND}, {"/v1/sdpa", ROUTE_SDPA},    {"/v1/sessions", ROUTE_SESSIONS},
+        {"/v1/model", ROUTE_MODEL},   {"/healthz", ROUTE_HEALTHZ}, {"/readyz", ROUTE_READYZ},
         {"/metrics", ROUTE_METRICS},
     };
     for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) {
@@ -308,9 +308,9 @@ static struct session *path_session(struct route_req *rq) {
     enum session_state state;
     struct session *s = session_find(rq->srv->sessions, rq->session, &state);
     if (s == NULL) {
-        route_reply_error(rq, state == SESSION_STATE_TOMBSTONE ? ERROR_SESSION_EVICTED
-                                                                : ERROR_SESSION_NOT_FOUND,
-                          NULL, "session_id");
+        route_reply_error(
+            rq, state == SESSION_STATE_TOMBSTONE ? ERROR_SESSION_EVICTED : ERROR_SESSION_NOT_FOUND,
+            NULL, "session_id");
     }
     return s;
 }
@@ -474,11 +474,11 @@ static void on_closed(void *ctx, struct http_request *req) {
     }
     double ms = (double)uv_hrtime() / 1e6 - http_request_start_ms(req);
     metrics_request_done(&srv->metrics, entries[rq->kind].endpoint, rq->status, ms / 1000.0);
-    bool is_quiet = rq->kind == ROUTE_HEALTHZ || rq->kind == ROUTE_READYZ ||
-                    rq->kind == ROUTE_METRICS;
+    bool is_quiet =
+        rq->kind == ROUTE_HEALTHZ || rq->kind == ROUTE_READYZ || rq->kind == ROUTE_METRICS;
     enum log_level level = rq->status >= 500 ? LOG_LEVEL_WARN
-                           : is_quiet         ? LOG_LEVEL_DEBUG
-                                              : LOG_LEVEL_INFO;
+                           : is_quiet        ? LOG_LEVEL_DEBUG
+                                             : LOG_LEVEL_INFO;
     if (log_enabled(level)) {
         log_write(level, "route",
                   "request req=%llu session=%s method=%s path=%s status=%d code=%s ms=%.2f",

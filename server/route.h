@@ -43,11 +43,11 @@ struct server {
 struct route_req {
     struct server *srv;
     struct http_request *http;
-    int kind;                /* route.c's route_kind */
-    int status;              /* the HTTP status answered, 0 = not yet */
-    const char *error_name;  /* the error code answered, or NULL */
+    int kind;                             /* route.c's route_kind */
+    int status;                           /* the HTTP status answered, 0 = not yet */
+    const char *error_name;               /* the error code answered, or NULL */
     char session[API_SESSION_ID_MAX + 1]; /* the session named, for logs ("" = none) */
-    struct job *job;         /* the job carrying this request, or NULL (job.h) */
+    struct job *job;                      /* the job carrying this request, or NULL (job.h) */
 };
 
 /* Answers with a JSON body (malloc'd, ownership taken; NULL = no body, e.g. 204). Later answers

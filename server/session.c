@@ -19,9 +19,9 @@ struct session {
     int32_t layer_first, layer_count; /* the model's loaded layers */
     int32_t pins;
     int64_t last_used_ms;
-    attn_kv **kv;        /* (layer_count) by layer - layer_first; NULL = unused */
-    int32_t *n_tokens;   /* (layer_count) as of the last refresh */
-    size_t *bytes;       /* (layer_count) as of the last refresh */
+    attn_kv **kv;      /* (layer_count) by layer - layer_first; NULL = unused */
+    int32_t *n_tokens; /* (layer_count) as of the last refresh */
+    size_t *bytes;     /* (layer_count) as of the last refresh */
 };
 
 struct tombstone {
@@ -266,8 +266,7 @@ int session_store_create(const struct session_store_params *p, struct session_st
     st->ring = calloc((size_t)p->max_tombstones, sizeof *st->ring);
     st->n_shards = p->n_shards;
     st->shards = calloc((size_t)p->n_shards, sizeof *st->shards);
-    if (st->buckets == NULL || st->tomb_buckets == NULL || st->ring == NULL ||
-        st->shards == NULL) {
+    if (st->buckets == NULL || st->tomb_buckets == NULL || st->ring == NULL || st->shards == NULL) {
         session_store_destroy(st);
         return ATTN_ENOMEM;
     }
@@ -416,8 +415,7 @@ static int insert_new(struct session_store *st, const char *id, int32_t shard, i
     return 0;
 }
 
-int session_create(struct session_store *st, const char *id, int64_t now_ms,
-                   struct session **out) {
+int session_create(struct session_store *st, const char *id, int64_t now_ms, struct session **out) {
     /* The shard with the most free blocks spreads sessions, and their memory, evenly. */
     int32_t best = 0;
     for (int32_t i = 1; i < st->n_shards; i++) {
@@ -575,8 +573,7 @@ void session_refresh(struct session *s) {
     }
 }
 
-int session_truncate(struct session_store *st, struct session *s, int32_t layer,
-                     int32_t n_tokens) {
+int session_truncate(struct session_store *st, struct session *s, int32_t layer, int32_t n_tokens) {
     assert(!st->shards[s->shard].is_busy);
     session_refresh(s);
     if (layer >= 0) {

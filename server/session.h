@@ -41,7 +41,7 @@ enum session_evict_reason {
 
 struct session_store_stats {
     int32_t n_sessions;
-    size_t bytes_used;  /* as of each shard's last release (exact when no worker runs) */
+    size_t bytes_used; /* as of each shard's last release (exact when no worker runs) */
     size_t bytes_limit;
     int32_t blocks_used;
     int32_t blocks_total;
@@ -74,8 +74,7 @@ struct session *session_find(struct session_store *st, const char *id, enum sess
  * first evicts the least recently used idle session (tombstoned, reason max_sessions).
  * Returns 0, ERROR_SESSION_EXISTS, ERROR_SESSION_EVICTED (tombstoned id),
  * ERROR_KV_BUDGET_EXHAUSTED (max_sessions live and all pinned) or ATTN_ENOMEM. */
-int session_create(struct session_store *st, const char *id, int64_t now_ms,
-                   struct session **out);
+int session_create(struct session_store *st, const char *id, int64_t now_ms, struct session **out);
 
 /* Removes an idle session (no pins) without a tombstone (DELETE, or a first request that
  * failed) and frees its caches (deferred while its shard is acquired). */
@@ -135,8 +134,7 @@ void session_refresh(struct session *s);
 /* Truncates every layer (or only `layer` if >= 0) holding more than n_tokens tokens to
  * n_tokens. Returns 0 or ERROR_INVALID_REQUEST (n_tokens above the longest layer, or above
  * `layer`'s length). Shard must not be acquired. */
-int session_truncate(struct session_store *st, struct session *s, int32_t layer,
-                     int32_t n_tokens);
+int session_truncate(struct session_store *st, struct session *s, int32_t layer, int32_t n_tokens);
 
 /* Creates session new_id in s's shard holding copies of all s's caches, evicting idle sessions
  * of the shard (never s) if blocks are short. Returns 0, ERROR_SESSION_EXISTS,

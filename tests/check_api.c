@@ -48,11 +48,9 @@ START_TEST(test_api_error_table_matches_proto) {
             }
         }
         ck_assert_msg(row != NULL, "%s is in proto/errors.json but not in server/error.c", code);
-        ck_assert_int_eq(row->http_status,
-                         cJSON_GetObjectItemCaseSensitive(e, "status")->valueint);
+        ck_assert_int_eq(row->http_status, cJSON_GetObjectItemCaseSensitive(e, "status")->valueint);
         ck_assert_str_eq(row->type, cJSON_GetObjectItemCaseSensitive(e, "type")->valuestring);
-        ck_assert_str_eq(row->message,
-                         cJSON_GetObjectItemCaseSensitive(e, "message")->valuestring);
+        ck_assert_str_eq(row->message, cJSON_GetObjectItemCaseSensitive(e, "message")->valuestring);
         /* ... and the human-readable table in openapi.yaml says the same. */
         char line[256];
         snprintf(line, sizeof line, "    %s: [%d, %s, ", code, row->http_status, row->type);
@@ -176,9 +174,18 @@ static void sdpa_golden(const char *req_name, const char *resp_name) {
     struct api_error err;
     ck_assert_msg(api_sdpa_request_parse(body, len, &r, &err) == 0, "%s", err.message);
     attn_sdpa_params p = {
-        .n_heads = r.n_heads, .n_kv_heads = r.n_kv_heads, .n_q = r.n_q, .n_k = r.n_k,
-        .d_k = r.d_k, .d_v = r.d_v, .q = r.q, .k = r.k, .v = r.v, .is_causal = r.causal,
-        .window = r.window, .scale = r.scale,
+        .n_heads = r.n_heads,
+        .n_kv_heads = r.n_kv_heads,
+        .n_q = r.n_q,
+        .n_k = r.n_k,
+        .d_k = r.d_k,
+        .d_v = r.d_v,
+        .q = r.q,
+        .k = r.k,
+        .v = r.v,
+        .is_causal = r.causal,
+        .window = r.window,
+        .scale = r.scale,
     };
     size_t n_out = (size_t)r.n_heads * r.n_q * r.d_v, n_w = (size_t)r.n_heads * r.n_q * r.n_k;
     float *out = calloc(n_out, sizeof(float));
@@ -187,8 +194,8 @@ static void sdpa_golden(const char *req_name, const char *resp_name) {
     p.weights = w;
     void *scratch = malloc(attn_sdpa_scratch_bytes(&p) + 64);
     ck_assert_int_eq(attn_sdpa(&p, scratch), ATTN_OK);
-    struct api_sdpa_response resp = {r.n_heads, r.n_q, r.n_k, r.d_v, out, w, {0.5, 0.25},
-                                     r.encoding};
+    struct api_sdpa_response resp = {r.n_heads, r.n_q, r.n_k,       r.d_v,
+                                     out,       w,     {0.5, 0.25}, r.encoding};
     char *got_text = api_sdpa_response_encode(&resp, NULL);
     cJSON *got = cJSON_Parse(got_text);
     char *want_text = http_client_read_file(resp_name, NULL);
@@ -254,10 +261,10 @@ START_TEST(test_api_attend_rejects_bad_requests) {
         {"{\"x\":", ERROR_INVALID_JSON, ""},
         {"[1,2]", ERROR_INVALID_REQUEST, ""},
         {"{}", ERROR_INVALID_REQUEST, "x"},
-        {buf[0], ERROR_INVALID_REQUEST, "x"},  /* short row */
+        {buf[0], ERROR_INVALID_REQUEST, "x"}, /* short row */
         {buf[1], ERROR_INVALID_REQUEST, "bogus"},
-        {buf[2], ERROR_INVALID_REQUEST, "layer"},  /* not loaded */
-        {buf[3], ERROR_INVALID_REQUEST, "layer"},  /* wrong type */
+        {buf[2], ERROR_INVALID_REQUEST, "layer"}, /* not loaded */
+        {buf[3], ERROR_INVALID_REQUEST, "layer"}, /* wrong type */
         {buf[4], ERROR_INVALID_REQUEST, "session_id"},
         {buf[5], ERROR_INVALID_REQUEST, "positions"}, /* wrong length */
         {buf[6], ERROR_CONTEXT_LENGTH_EXCEEDED, "positions"},
@@ -291,10 +298,10 @@ START_TEST(test_api_attend_rejects_bad_requests) {
         struct api_attend_request r;
         struct api_error err;
         int rc = api_attend_request_parse(cases[i].body, strlen(cases[i].body), &tiny, &r, &err);
-        ck_assert_msg(rc == cases[i].code, "case %zu: code %d, want %d (%s)", i, rc,
-                      cases[i].code, err.message);
-        ck_assert_msg(strcmp(err.param, cases[i].param) == 0, "case %zu: param '%s', want '%s'",
-                      i, err.param, cases[i].param);
+        ck_assert_msg(rc == cases[i].code, "case %zu: code %d, want %d (%s)", i, rc, cases[i].code,
+                      err.message);
+        ck_assert_msg(strcmp(err.param, cases[i].param) == 0, "case %zu: param '%s', want '%s'", i,
+                      err.param, cases[i].param);
         ck_assert_msg(err.message[0] != '\0', "case %zu: no message", i);
         ck_assert_ptr_null(r.x);
     }
@@ -307,12 +314,12 @@ START_TEST(test_api_sdpa_rejects_bad_requests) {
         const char *param;
     } cases[] = {
         {"{\"q\":[[[1]]],\"k\":[[[1]]]}", "v"},
-        {"{\"q\":[[[1,2]]],\"k\":[[[1]]],\"v\":[[[1]]]}", "k"},             /* dk differs */
-        {"{\"q\":[[[1]]],\"k\":[[[1]],[[1]]],\"v\":[[[1]],[[1]]]}", "k"},   /* 2 kv heads, 1 q */
-        {"{\"q\":[[[1]]],\"k\":[[[1],[2]]],\"v\":[[[1]]]}", "v"},           /* Tk differs */
+        {"{\"q\":[[[1,2]]],\"k\":[[[1]]],\"v\":[[[1]]]}", "k"},           /* dk differs */
+        {"{\"q\":[[[1]]],\"k\":[[[1]],[[1]]],\"v\":[[[1]],[[1]]]}", "k"}, /* 2 kv heads, 1 q */
+        {"{\"q\":[[[1]]],\"k\":[[[1],[2]]],\"v\":[[[1]]]}", "v"},         /* Tk differs */
         {"{\"q\":[[[1]]],\"k\":[[[1]]],\"v\":[[[1]]],\"window\":-1}", "window"},
         {"{\"q\":[[[1]]],\"k\":[[[1]]],\"v\":[[[1]]],\"scale\":0}", "scale"},
-        {"{\"q\":[[1]],\"k\":[[[1]]],\"v\":[[[1]]]}", "q"},                 /* rank 2 */
+        {"{\"q\":[[1]],\"k\":[[[1]]],\"v\":[[[1]]]}", "q"}, /* rank 2 */
         {"{\"q\":[[[1]]],\"k\":[[[1]]],\"v\":[[[1]]],\"causal\":\"yes\"}", "causal"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -320,8 +327,8 @@ START_TEST(test_api_sdpa_rejects_bad_requests) {
         struct api_error err;
         int rc = api_sdpa_request_parse(cases[i].body, strlen(cases[i].body), &r, &err);
         ck_assert_msg(rc == ERROR_INVALID_REQUEST, "case %zu: rc %d", i, rc);
-        ck_assert_msg(strcmp(err.param, cases[i].param) == 0, "case %zu: param '%s', want '%s'",
-                      i, err.param, cases[i].param);
+        ck_assert_msg(strcmp(err.param, cases[i].param) == 0, "case %zu: param '%s', want '%s'", i,
+                      err.param, cases[i].param);
     }
 }
 END_TEST
@@ -338,7 +345,7 @@ START_TEST(test_api_attend_response_roundtrip) {
     for (int i = 0; i < 4 * 3 * 5; i++) {
         w[i] = (float)(i % 5) / 10.0f;
     }
-    struct api_attend_response r = {"chat-42", 0, 2, 5, 3, 64, 4, out, w, {1.5, 2.25},
+    struct api_attend_response r = {"chat-42",         0, 2, 5, 3, 64, 4, out, w, {1.5, 2.25},
                                     API_ENCODING_FLOAT};
     char *text = api_attend_response_encode(&r, NULL);
     cJSON *got = cJSON_Parse(text);
@@ -394,7 +401,7 @@ START_TEST(test_api_stream_framing) {
     strbuf_init(&b);
     struct api_stream_event e = {0, 2, 2, 64, 4, out, NULL, API_ENCODING_FLOAT};
     api_stream_event_encode(&b, &e);
-    struct api_attend_response u = {"chat-stream", 0, 2, 3, 1, 64, 4, NULL, NULL, {1, 2},
+    struct api_attend_response u = {"chat-stream",     0, 2, 3, 1, 64, 4, NULL, NULL, {1, 2},
                                     API_ENCODING_FLOAT};
     api_stream_usage_encode(&b, &u);
     char *ex = http_client_read_file(EX "attend_stream.response.txt", NULL);
@@ -425,8 +432,7 @@ START_TEST(test_api_stream_framing) {
         cJSON *w_ = cJSON_Parse(events[1][k == 0 ? 0 : 2]);
         ck_assert_ptr_nonnull(g);
         ck_assert_ptr_nonnull(w_);
-        ck_assert_msg(http_client_json_same_shape(g, w_, why, sizeof why), "event %d: %s", k,
-                      why);
+        ck_assert_msg(http_client_json_same_shape(g, w_, why, sizeof why), "event %d: %s", k, why);
         cJSON_Delete(g);
         cJSON_Delete(w_);
     }

@@ -58,8 +58,12 @@ END_TEST
 START_TEST(test_config_env_then_flags) {
     struct config cfg;
     char err[256];
-    const char *envp[] = {"PATH=/bin", "ATTND_PORT=9000", "ATTND_PRESET=tiny",
-                          "ATTND_API_KEY=s3cret", "ATTND_LAYERS=1-3", "ATTND_SEED=18446744073709551615",
+    const char *envp[] = {"PATH=/bin",
+                          "ATTND_PORT=9000",
+                          "ATTND_PRESET=tiny",
+                          "ATTND_API_KEY=s3cret",
+                          "ATTND_LAYERS=1-3",
+                          "ATTND_SEED=18446744073709551615",
                           NULL};
     const char *argv[] = {"attnd", NULL};
     ck_assert_int_eq(parse(&cfg, argv, envp, 2, err), CONFIG_OK);
@@ -91,11 +95,12 @@ START_TEST(test_config_help) {
     FILE *f = open_memstream(&text, &len);
     config_help(f);
     fclose(f);
-    const char *must[] = {"--host", "ATTND_HOST", "--port", "ATTND_PORT", "(default: 8080)",
-                          "--model", "--preset", "--seed", "--layers", "--kv-budget-mb",
-                          "--max-sessions", "--max-seq", "--workers", "--blas-threads",
-                          "--max-body-mb", "--queue-depth", "--session-ttl-s", "--api-key",
-                          "ATTND_API_KEY", "--log-level", "ATTND_LOG_LEVEL"};
+    const char *must[] = {"--host",          "ATTND_HOST",     "--port",         "ATTND_PORT",
+                          "(default: 8080)", "--model",        "--preset",       "--seed",
+                          "--layers",        "--kv-budget-mb", "--max-sessions", "--max-seq",
+                          "--workers",       "--blas-threads", "--max-body-mb",  "--queue-depth",
+                          "--session-ttl-s", "--api-key",      "ATTND_API_KEY",  "--log-level",
+                          "ATTND_LOG_LEVEL"};
     for (size_t i = 0; i < sizeof must / sizeof must[0]; i++) {
         ck_assert_msg(strstr(text, must[i]) != NULL, "--help lacks %s", must[i]);
     }
@@ -131,8 +136,8 @@ START_TEST(test_config_bad_values_are_named) {
         char err[256];
         const char *envp[] = {cases[i].env, NULL};
         ck_assert_int_eq(parse(&cfg, cases[i].argv, envp, 2, err), CONFIG_ERROR);
-        ck_assert_msg(strstr(err, cases[i].expect) != NULL, "case %zu: got '%s', want '%s'", i,
-                      err, cases[i].expect);
+        ck_assert_msg(strstr(err, cases[i].expect) != NULL, "case %zu: got '%s', want '%s'", i, err,
+                      cases[i].expect);
     }
 }
 END_TEST

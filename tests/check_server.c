@@ -25,8 +25,8 @@
 #include "http_client.h"
 
 #define TINY_HIDDEN 64
-#define TINY_HEADS 4
-#define EX "proto/examples/"
+#define TINY_HEADS  4
+#define EX          "proto/examples/"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define UNDER_ASAN 1
@@ -82,8 +82,8 @@ static struct http_client_response call(const char *method, const char *path, co
 /* Makes a request that must answer `status` with JSON; returns the parsed body. */
 static cJSON *call_json(const char *method, const char *path, const char *body, long status) {
     struct http_client_response r = call(method, path, body, NULL);
-    ck_assert_msg(r.status == status, "%s %s: status %ld, want %ld: %.400s", method, path,
-                  r.status, status, r.body);
+    ck_assert_msg(r.status == status, "%s %s: status %ld, want %ld: %.400s", method, path, r.status,
+                  status, r.body);
     cJSON *j = http_client_json(&r);
     http_client_response_release(&r);
     return j;
@@ -92,8 +92,8 @@ static cJSON *call_json(const char *method, const char *path, const char *body, 
 /* Checks an Error answer: status, code, param (NULL = null), and the proto error shape. */
 static void check_error(const struct http_client_response *r, long status, const char *code,
                         const char *param) {
-    ck_assert_msg(r->status == status, "status %ld, want %ld (%s): %.400s", r->status, status,
-                  code, r->body);
+    ck_assert_msg(r->status == status, "status %ld, want %ld (%s): %.400s", r->status, status, code,
+                  r->body);
     cJSON *j = http_client_json(r);
     static cJSON *shape;
     if (shape == NULL) {
@@ -112,8 +112,8 @@ static void check_error(const struct http_client_response *r, long status, const
         cJSON_ReplaceItemInObject(cJSON_GetObjectItemCaseSensitive(j, "error"), "param",
                                   cJSON_CreateString("x"));
     } else {
-        ck_assert_msg(cJSON_IsString(p) && strcmp(p->valuestring, param) == 0,
-                      "param: want %s: %s", param, r->body);
+        ck_assert_msg(cJSON_IsString(p) && strcmp(p->valuestring, param) == 0, "param: want %s: %s",
+                      param, r->body);
     }
     char why[256];
     ck_assert_msg(http_client_json_same_shape(j, shape, why, sizeof why), "%s", why);
@@ -149,8 +149,8 @@ static float *make_x(uint64_t seed, int32_t t, int32_t hidden) {
 static char *attend_body(const char *session, const float *x, int32_t first, int32_t t,
                          int32_t hidden, bool b64, const char *extra) {
     const float *rows = x + (size_t)first * hidden;
-    char *tensor = b64 ? http_client_matrix_b64(rows, t, hidden)
-                       : http_client_matrix_json(rows, t, hidden);
+    char *tensor =
+        b64 ? http_client_matrix_b64(rows, t, hidden) : http_client_matrix_json(rows, t, hidden);
     size_t n = strlen(tensor) + 512 + (extra ? strlen(extra) : 0);
     char *body = malloc(n);
     if (session != NULL) {
@@ -351,9 +351,8 @@ START_TEST(test_server_weights_sum_to_one_and_match_engine) {
                                  &want[((size_t)hh * (t + 1) + i) * (t + 1)], (size_t)t,
                                  "prefill weights");
         }
-        harness_expect_close(&w1[(size_t)hh * (t + 1)],
-                             &want[((size_t)hh * (t + 1) + t) * (t + 1)], (size_t)t + 1,
-                             "decode weights");
+        harness_expect_close(&w1[(size_t)hh * (t + 1)], &want[((size_t)hh * (t + 1) + t) * (t + 1)],
+                             (size_t)t + 1, "decode weights");
     }
     ref_release(&r);
     free(want);
@@ -423,9 +422,8 @@ START_TEST(test_server_stream_framing) {
         /* This token's weights (n_heads, n_past + 1) are its rows of the twin's matrix. */
         float *w = floats_of(e, "weights", (size_t)TINY_HEADS * (3 + i));
         for (int32_t hh = 0; hh < TINY_HEADS; hh++) {
-            harness_expect_close(w + (size_t)hh * (3 + i),
-                                 want_w + ((size_t)hh * t + i) * (2 + t), (size_t)(3 + i),
-                                 "stream weights");
+            harness_expect_close(w + (size_t)hh * (3 + i), want_w + ((size_t)hh * t + i) * (2 + t),
+                                 (size_t)(3 + i), "stream weights");
         }
         free(w);
         free(o);
@@ -521,9 +519,9 @@ END_TEST
 
 START_TEST(test_server_eviction_then_410_and_507) {
     /* tiny KV: 16-token blocks of 4 KiB; 1 MiB = 256 blocks; 1000 tokens take 63. */
-    const char *args[] = {"--preset",          "tiny", "--seed",   "2",    "--workers",
-                          "1",                 "--kv-budget-mb", "1", "--kv-block-tokens",
-                          "16",                "--max-seq",      "8192", NULL};
+    const char *args[] = {
+        "--preset",          "tiny", "--seed",    "2",    "--workers", "1", "--kv-budget-mb", "1",
+        "--kv-block-tokens", "16",   "--max-seq", "8192", NULL};
     start(args);
     float *x = make_x(51, 4200, TINY_HIDDEN);
     const char *ids[] = {"e0", "e1", "e2", "e3", "e4"};
@@ -577,8 +575,8 @@ START_TEST(test_server_truncate_and_fork) {
     ck_assert_str_eq(cJSON_GetObjectItemCaseSensitive(j, "session_id")->valuestring, "t2");
     ck_assert_int_eq(int_of(j, "n_tokens"), 6);
     cJSON_Delete(j);
-    expect_error("POST", "/v1/sessions/t/fork", "{\"new_id\":\"t2\"}", NULL, 409,
-                 "session_exists", "new_id");
+    expect_error("POST", "/v1/sessions/t/fork", "{\"new_id\":\"t2\"}", NULL, 409, "session_exists",
+                 "new_id");
     expect_error("POST", "/v1/sessions/nope/fork", "{\"new_id\":\"t3\"}", NULL, 404,
                  "session_not_found", "session_id");
     j = call_json("POST", "/v1/sessions/t/truncate", "{\"n_tokens\":4}", 200);
@@ -617,8 +615,7 @@ START_TEST(test_server_truncate_and_fork) {
     ck_assert_int_eq(d.status, 204);
     ck_assert_uint_eq(d.len, 0);
     http_client_response_release(&d);
-    expect_error("DELETE", "/v1/sessions/t", NULL, NULL, 404, "session_not_found",
-                 "session_id");
+    expect_error("DELETE", "/v1/sessions/t", NULL, NULL, 404, "session_not_found", "session_id");
     j = call_json("GET", "/v1/sessions/t2", NULL, 200);
     ck_assert_int_eq(int_of(j, "n_tokens"), 7);
     cJSON_Delete(j);
@@ -635,21 +632,21 @@ END_TEST
 /* Where each code of proto/errors.json is provoked (this file). The coverage test below fails if
  * proto gains a code that is not listed here. */
 static const char *const provoked[] = {
-    "invalid_json",        /* test_server_request_errors */
-    "invalid_request",     /* test_server_request_errors, test_server_truncate_and_fork */
+    "invalid_json",            /* test_server_request_errors */
+    "invalid_request",         /* test_server_request_errors, test_server_truncate_and_fork */
     "context_length_exceeded", /* test_server_request_errors */
-    "unauthorized",        /* test_server_auth_on_and_off */
-    "not_found",           /* test_server_request_errors */
-    "session_not_found",   /* test_server_request_errors, test_server_truncate_and_fork */
-    "method_not_allowed",  /* test_server_request_errors */
-    "n_past_mismatch",     /* test_server_request_errors, test_server_stream_framing */
-    "session_exists",      /* test_server_truncate_and_fork */
-    "session_evicted",     /* test_server_eviction_then_410_and_507 */
-    "payload_too_large",   /* test_server_request_errors */
-    "queue_full",          /* test_server_queue_full */
-    "internal_error",      /* test_server_out_of_memory_is_500 */
-    "draining",            /* test_server_sigterm_drains */
-    "kv_budget_exhausted", /* test_server_eviction_then_410_and_507 */
+    "unauthorized",            /* test_server_auth_on_and_off */
+    "not_found",               /* test_server_request_errors */
+    "session_not_found",       /* test_server_request_errors, test_server_truncate_and_fork */
+    "method_not_allowed",      /* test_server_request_errors */
+    "n_past_mismatch",         /* test_server_request_errors, test_server_stream_framing */
+    "session_exists",          /* test_server_truncate_and_fork */
+    "session_evicted",         /* test_server_eviction_then_410_and_507 */
+    "payload_too_large",       /* test_server_request_errors */
+    "queue_full",              /* test_server_queue_full */
+    "internal_error",          /* test_server_out_of_memory_is_500 */
+    "draining",                /* test_server_sigterm_drains */
+    "kv_budget_exhausted",     /* test_server_eviction_then_410_and_507 */
 };
 
 START_TEST(test_server_every_error_code_is_provoked) {
@@ -671,8 +668,8 @@ START_TEST(test_server_every_error_code_is_provoked) {
 END_TEST
 
 START_TEST(test_server_request_errors) {
-    const char *args[] = {"--preset", "tiny", "--workers", "1", "--max-body-mb", "1",
-                          "--layers", "0", NULL};
+    const char *args[] = {"--preset", "tiny",     "--workers", "1", "--max-body-mb",
+                          "1",        "--layers", "0",         NULL};
     start(args);
     float *x = make_x(71, 4, TINY_HIDDEN);
     char *ok = attend_body("err", x, 0, 2, TINY_HIDDEN, false, NULL);
@@ -684,8 +681,7 @@ START_TEST(test_server_request_errors) {
     char *body = attend_body("err", x, 0, 1, TINY_HIDDEN, false, ",\"layer\":1");
     expect_error("POST", "/v1/attend", body, NULL, 400, "invalid_request", "layer");
     free(body);
-    expect_error("GET", "/v1/sessions/bad%20id", NULL, NULL, 400, "invalid_request",
-                 "session_id");
+    expect_error("GET", "/v1/sessions/bad%20id", NULL, NULL, 400, "invalid_request", "session_id");
     const char *hdr[] = {"X-Session-Id: other", NULL};
     body = attend_body("err", x, 0, 1, TINY_HIDDEN, false, NULL);
     expect_error("POST", "/v1/attend", body, hdr, 400, "invalid_request", "session_id");
@@ -701,8 +697,7 @@ START_TEST(test_server_request_errors) {
     expect_error("POST", "/v1/attend", body, NULL, 400, "context_length_exceeded", "positions");
     free(body);
     expect_error("GET", "/v1/nothing", NULL, NULL, 404, "not_found", NULL);
-    expect_error("GET", "/v1/sessions/never", NULL, NULL, 404, "session_not_found",
-                 "session_id");
+    expect_error("GET", "/v1/sessions/never", NULL, NULL, 404, "session_not_found", "session_id");
     r = call("GET", "/v1/attend", NULL, NULL);
     check_error(&r, 405, "method_not_allowed", NULL);
     char allow[64];
@@ -826,8 +821,8 @@ START_TEST(test_server_out_of_memory_is_500) {
     lim = old;
     lim.rlim_cur = (rlim_t)400 << 20;
     setrlimit(RLIMIT_AS, &lim);
-    const char *args[] = {"--preset", "tiny", "--workers", "1", "--blas-threads", "1",
-                          "--kv-budget-mb", "1", NULL};
+    const char *args[] = {"--preset", "tiny",           "--workers", "1", "--blas-threads",
+                          "1",        "--kv-budget-mb", "1",         NULL};
     start(args);
     setrlimit(RLIMIT_AS, &old);
     float *ones = malloc(4096 * sizeof(float));
@@ -861,7 +856,7 @@ END_TEST
 
 /* ---- concurrency and batching --------------------------------------------------------------- */
 
-#define N_CLIENTS 16
+#define N_CLIENTS      16
 #define CLIENT_PREFILL 6
 #define CLIENT_DECODES 4
 
@@ -889,8 +884,8 @@ static void *client_main(void *arg) {
         http_client_request("POST", where, body, strlen(body), NULL, &r);
         free(body);
         if (r.status != 200) {
-            snprintf(c->error, sizeof c->error, "%s step %d: status %ld %.150s", id, step,
-                     r.status, r.body);
+            snprintf(c->error, sizeof c->error, "%s step %d: status %ld %.150s", id, step, r.status,
+                     r.body);
             http_client_response_release(&r);
             return NULL;
         }
@@ -900,8 +895,8 @@ static void *client_main(void *arg) {
         for (size_t i = 0; i < n && c->error[0] == '\0'; i++) {
             float w = c->want[(size_t)first * TINY_HIDDEN + i];
             if (n != (size_t)t * TINY_HIDDEN || fabsf(o[i] - w) > 1e-5f + 1e-4f * fabsf(w)) {
-                snprintf(c->error, sizeof c->error, "%s step %d value %zu: %.9g vs %.9g", id,
-                         step, i, (double)o[i], (double)w);
+                snprintf(c->error, sizeof c->error, "%s step %d value %zu: %.9g vs %.9g", id, step,
+                         i, (double)o[i], (double)w);
             }
         }
         free(o);
@@ -1048,7 +1043,8 @@ START_TEST(test_server_batches_ready_decodes) {
 }
 END_TEST
 
-/* ---- base64, examples, draining ---------------------------------------------------------------- */
+/* ---- base64, examples, draining ----------------------------------------------------------------
+ */
 
 START_TEST(test_server_base64_in_and_out) {
     const char *args[] = {"--preset", "tiny", "--seed", "12", "--workers", "1", NULL};
@@ -1101,8 +1097,8 @@ START_TEST(test_server_answers_match_proto_examples) {
         {"POST", "/v1/attend", "attend_base64.request.json", "attend_base64.response.json", 200},
         {"POST", "/v1/attend", "error.request.json", "error.response.json", 400},
         {"GET", "/v1/sessions/chat-42", NULL, "session_get.response.json", 200},
-        {"POST", "/v1/sessions/chat-42/truncate", "truncate.request.json",
-         "truncate.response.json", 200},
+        {"POST", "/v1/sessions/chat-42/truncate", "truncate.request.json", "truncate.response.json",
+         200},
         {"POST", "/v1/sessions/chat-42/fork", "fork.request.json", "fork.response.json", 201},
         {"GET", "/v1/sessions", NULL, "sessions_list.response.json", 200},
         {"GET", "/v1/model", NULL, "model.response.json", 200},
@@ -1123,8 +1119,8 @@ START_TEST(test_server_answers_match_proto_examples) {
             req = http_client_read_file(path, NULL);
         }
         struct http_client_response resp = call(pairs[i].method, pairs[i].path, req, NULL);
-        ck_assert_msg(resp.status == pairs[i].status, "%s: status %ld: %.300s",
-                      pairs[i].response, resp.status, resp.body);
+        ck_assert_msg(resp.status == pairs[i].status, "%s: status %ld: %.300s", pairs[i].response,
+                      resp.status, resp.body);
         cJSON *got = http_client_json(&resp);
         cJSON *want = cJSON_Parse(want_text);
         char why[256];

@@ -17,7 +17,7 @@ static struct session_store *st;
 
 /* tiny: 2 kv heads x head_dim 16, so a block of 16 tokens holds 16 * 2 * 16 * 2 floats. */
 #define BLOCK_TOKENS 16
-#define BLOCK_BYTES (16 * 2 * 16 * 2 * 4)
+#define BLOCK_BYTES  (16 * 2 * 16 * 2 * 4)
 
 static void setup(void) {
     attn_config cfg;

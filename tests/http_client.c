@@ -78,9 +78,8 @@ static void response_from(struct http_client_response *out, CURL *c, CURLcode rc
     out->headers = strbuf_detach(hdrs, NULL);
 }
 
-static CURLcode perform(CURL *c, const char *method, const char *url, const char *body,
-                        size_t len, const char *const *headers, struct strbuf *b,
-                        struct strbuf *h) {
+static CURLcode perform(CURL *c, const char *method, const char *url, const char *body, size_t len,
+                        const char *const *headers, struct strbuf *b, struct strbuf *h) {
     struct curl_slist *list = NULL;
     list = curl_slist_append(list, "Expect:"); /* no 100-continue round trip */
     if (body != NULL) {

@@ -22,10 +22,10 @@ char *http_client_read_file(const char *path, size_t *len);
 /* ---- HTTP ------------------------------------------------------------------------------------ */
 
 struct http_client_response {
-    long status;    /* 0 if the request failed at the transport level */
-    char *body;     /* NUL-terminated, malloc'd */
+    long status; /* 0 if the request failed at the transport level */
+    char *body;  /* NUL-terminated, malloc'd */
     size_t len;
-    char *headers;  /* raw header block, malloc'd */
+    char *headers; /* raw header block, malloc'd */
 };
 
 /* One request with a fresh connection. headers: NULL-terminated "Name: value" strings or NULL.
