@@ -16,6 +16,11 @@
 /* The largest SDPA scratch a request may ask the engine for (bytes). */
 #define SDPA_SCRATCH_MAX ((size_t)1 << 30)
 
+/* Bodies larger than this are parsed on a libuv pool thread (main sizes the pool one thread
+ * above --workers for this), so that the loop, and with it health, readiness and metrics, never
+ * stalls on a big JSON parse: a 10 MB body takes a few hundred ms. */
+#define PARSE_OFFLOAD_BYTES ((size_t)256 * 1024)
+
 enum job_kind {
     JOB_ATTEND,
     JOB_SDPA,
@@ -29,6 +34,12 @@ struct job {
     enum job_kind kind;
     struct server *srv;
     struct route_req *rq; /* NULL once the client is gone */
+    /* The request body, parsed on a pool thread when it is large. */
+    const char *body;
+    size_t body_len;
+    int parse_rc;
+    struct api_error parse_err;
+    uv_work_t parse_work;
     /* Detail for an error found by prepare. */
     char err_message[256];
     char err_param[64];
@@ -383,20 +394,10 @@ static enum pool_after attend_done(struct pool_job *pj, int status) {
 
 static const struct pool_job_ops attend_ops = {attend_prepare, attend_run, attend_done, on_release};
 
-void job_submit_attend(struct route_req *rq) {
-    struct server *srv = rq->srv;
-    struct job *job = job_new(rq, JOB_ATTEND);
-    if (job == NULL) {
-        return;
-    }
-    size_t len;
-    const char *body = http_request_body(rq->http, &len);
-    struct api_error err;
-    if (api_attend_request_parse(body, len, &srv->limits, &job->at, &err) != 0) {
-        route_reply_error(rq, err.code, err.message, err.param);
-        job_free(job);
-        return;
-    }
+/* Loop: the body is parsed; resolve the session and queue the forward. */
+static void attend_admit(struct job *job) {
+    struct route_req *rq = job->rq;
+    struct server *srv = job->srv;
     const char *hdr = http_request_header(rq->http, "X-Session-Id");
     if (hdr != NULL) {
         if (!api_session_id_is_valid(hdr, strlen(hdr))) {
@@ -445,6 +446,70 @@ void job_submit_attend(struct route_req *rq) {
     job->pj.is_batchable = job->at.stream || job->at.n_tokens <= POOL_BATCH_STEP_MAX_TOKENS;
     job->pj.layer = job->at.layer;
     submit(job);
+}
+
+static void sdpa_admit(struct job *job);
+
+/* Any thread: parses the body into the job (touches nothing else; limits are immutable). */
+static void parse_body(struct job *job) {
+    if (job->kind == JOB_ATTEND) {
+        job->parse_rc = api_attend_request_parse(job->body, job->body_len, &job->srv->limits,
+                                                 &job->at, &job->parse_err);
+    } else {
+        job->parse_rc = api_sdpa_request_parse(job->body, job->body_len, &job->sd,
+                                               &job->parse_err);
+    }
+}
+
+/* Loop: answers a parse error, or admits the request. */
+static void admit(struct job *job) {
+    job->body = NULL; /* the request's buffer; not needed any more */
+    if (job->rq == NULL) {
+        job_free(job); /* the client is gone (only possible at shutdown) */
+        return;
+    }
+    job->rq->job = NULL;
+    if (job->parse_rc != 0) {
+        route_reply_error(job->rq, job->parse_rc, job->parse_err.message, job->parse_err.param);
+        job_free(job);
+        return;
+    }
+    if (job->kind == JOB_ATTEND) {
+        attend_admit(job);
+    } else {
+        sdpa_admit(job);
+    }
+}
+
+static void parse_work_cb(uv_work_t *w) {
+    parse_body(w->data);
+}
+
+static void parse_after_cb(uv_work_t *w, int status) {
+    admit(w->data);
+}
+
+/* Parses the request body, on a pool thread when it is large, then admits the job. */
+static void parse_then_admit(struct job *job) {
+    job->body = http_request_body(job->rq->http, &job->body_len);
+    if (job->body_len > PARSE_OFFLOAD_BYTES) {
+        job->parse_work.data = job;
+        /* The connection stays suspended (no answer yet), so the body outlives the parse. */
+        if (uv_queue_work(job->srv->loop, &job->parse_work, parse_work_cb, parse_after_cb) ==
+            0) {
+            job->rq->job = job;
+            return;
+        }
+    }
+    parse_body(job);
+    admit(job);
+}
+
+void job_submit_attend(struct route_req *rq) {
+    struct job *job = job_new(rq, JOB_ATTEND);
+    if (job != NULL) {
+        parse_then_admit(job);
+    }
 }
 
 /* ---- POST /v1/sdpa -------------------------------------------------------------------------- */
@@ -524,19 +589,8 @@ static enum pool_after simple_done(struct pool_job *pj, int status) {
 
 static const struct pool_job_ops sdpa_ops = {sdpa_prepare, sdpa_run, simple_done, on_release};
 
-void job_submit_sdpa(struct route_req *rq) {
-    struct job *job = job_new(rq, JOB_SDPA);
-    if (job == NULL) {
-        return;
-    }
-    size_t len;
-    const char *body = http_request_body(rq->http, &len);
-    struct api_error err;
-    if (api_sdpa_request_parse(body, len, &job->sd, &err) != 0) {
-        route_reply_error(rq, err.code, err.message, err.param);
-        job_free(job);
-        return;
-    }
+static void sdpa_admit(struct job *job) {
+    struct route_req *rq = job->rq;
     /* The size query reads only dims and checks pointers, so q stands in for the output. */
     attn_sdpa_params p;
     sdpa_params(&job->sd, &p);
@@ -551,6 +605,13 @@ void job_submit_sdpa(struct route_req *rq) {
     job->pj.kind = POOL_JOB_SDPA;
     job->pj.ops = &sdpa_ops;
     submit(job);
+}
+
+void job_submit_sdpa(struct route_req *rq) {
+    struct job *job = job_new(rq, JOB_SDPA);
+    if (job != NULL) {
+        parse_then_admit(job);
+    }
 }
 
 /* ---- session operations --------------------------------------------------------------------- */

@@ -131,9 +131,11 @@ int main(int argc, char **argv) {
 
     /* Both pools are sized before any thread exists: libuv reads UV_THREADPOOL_SIZE at its
      * first uv_queue_work, and one BLAS thread per worker keeps workers x BLAS threads within
-     * the cores (see --blas-threads). */
+     * the cores (see --blas-threads). The libuv pool has one thread more than --workers: the
+     * scheduler never runs more than --workers engine jobs, so large request bodies always find
+     * a thread to be parsed on (job.c) even while every worker is busy. */
     char n_threads[16];
-    snprintf(n_threads, sizeof n_threads, "%d", (int)cfg.workers);
+    snprintf(n_threads, sizeof n_threads, "%d", (int)cfg.workers + 1);
     setenv("UV_THREADPOOL_SIZE", n_threads, 1);
     openblas_set_num_threads(cfg.blas_threads);
 
