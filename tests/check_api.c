@@ -251,7 +251,7 @@ START_TEST(test_api_attend_rejects_bad_requests) {
     strcat(row, "]]");
     char short_row[] = "[[1,2,3]]";
     char b64_bad[] = "{\"shape\":[1,64],\"b64\":\"AAAA\"}";
-    static char buf[40][2048];
+    static char buf[40][4096];
     struct {
         const char *body;
         int code;
