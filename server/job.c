@@ -456,8 +456,7 @@ static void parse_body(struct job *job) {
         job->parse_rc = api_attend_request_parse(job->body, job->body_len, &job->srv->limits,
                                                  &job->at, &job->parse_err);
     } else {
-        job->parse_rc = api_sdpa_request_parse(job->body, job->body_len, &job->sd,
-                                               &job->parse_err);
+        job->parse_rc = api_sdpa_request_parse(job->body, job->body_len, &job->sd, &job->parse_err);
     }
 }
 
@@ -495,8 +494,7 @@ static void parse_then_admit(struct job *job) {
     if (job->body_len > PARSE_OFFLOAD_BYTES) {
         job->parse_work.data = job;
         /* The connection stays suspended (no answer yet), so the body outlives the parse. */
-        if (uv_queue_work(job->srv->loop, &job->parse_work, parse_work_cb, parse_after_cb) ==
-            0) {
+        if (uv_queue_work(job->srv->loop, &job->parse_work, parse_work_cb, parse_after_cb) == 0) {
             job->rq->job = job;
             return;
         }
@@ -656,8 +654,9 @@ static int fork_prepare(struct pool_job *pj, int32_t shard, struct pool_step *st
     default:
         return rc;
     }
-    LOG_INFO("session", "forked session=%s new=%s tokens=%d", session_id(pj->session),
-             job->fk.new_id, (int)session_n_tokens(copy));
+    LOG_INFO("session", "forked req=%llu session=%s new=%s tokens=%d",
+             job->rq != NULL ? (unsigned long long)http_request_id(job->rq->http) : 0ULL,
+             session_id(pj->session), job->fk.new_id, (int)session_n_tokens(copy));
     job->response = route_session_encode(copy, 0, &job->response_len);
     job->response_status = 201;
     return job->response != NULL ? 0 : ERROR_INTERNAL;

@@ -519,7 +519,7 @@ void route_tick(struct server *srv) {
     }
     int32_t n = session_store_expire(srv->sessions, now_ms(), srv->cfg->session_ttl_s * 1000);
     if (n > 0) {
-        LOG_INFO("session", "expired idle sessions n=%d ttl_s=%lld session=-", (int)n,
+        LOG_INFO("session", "expired idle sessions req=- session=- n=%d ttl_s=%lld", (int)n,
                  (long long)srv->cfg->session_ttl_s);
     }
 }

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "error.h"
+#include "log.h"
 
 struct session {
     char id[129];
@@ -361,7 +362,10 @@ struct session *session_find(struct session_store *st, const char *id, enum sess
 
 /* Evicts s (idle) with a tombstone. */
 static void evict(struct session_store *st, struct session *s, enum session_evict_reason why) {
+    static const char *const reasons[] = {"budget", "max_sessions", "ttl"};
     assert(s->pins == 0);
+    LOG_INFO("session", "evicted req=- session=%s reason=%s tokens=%d bytes=%zu", s->id,
+             reasons[why], (int)session_n_tokens(s), session_bytes(s));
     tomb_add(st, s->id);
     unlink_session(st, s);
     session_free(st, s);

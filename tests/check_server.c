@@ -298,6 +298,21 @@ START_TEST(test_server_prefill_decode_equals_stateless) {
     cJSON_Delete(j);
     ck_assert_int_eq((int)metric("attnd_tokens_total{phase=\"prefill\"}"), t + total);
     ck_assert_int_eq((int)metric("attnd_tokens_total{phase=\"decode\"}"), n_dec);
+    /* Every family that proto/openapi.yaml lists for /metrics is there. */
+    ck_assert_int_eq((int)metric("attnd_requests_total{endpoint=\"attend\",status=\"200\"}"),
+                     1 + n_dec + 1);
+    ck_assert_int_eq((int)metric("attnd_request_duration_seconds_count{endpoint=\"attend\"}"),
+                     1 + n_dec + 1);
+    ck_assert_int_ge(
+        metric("attnd_request_duration_seconds_bucket{endpoint=\"attend\",le=\"+Inf\"}"), 5);
+    ck_assert_int_eq((int)metric("attnd_sessions"), 1);
+    ck_assert_int_gt(metric("attnd_kv_bytes_used"), 0);
+    ck_assert_int_eq((int)metric("attnd_kv_bytes_limit"), 1024 << 20);
+    ck_assert_int_eq((int)metric("attnd_evictions_total{reason=\"budget\"}"), 0);
+    ck_assert_int_eq((int)metric("attnd_queue_depth"), 0);
+    ck_assert_int_eq((int)metric("attnd_jobs_in_flight"), 0);
+    ck_assert_int_ge(metric("attnd_engine_steps_total"), 5);
+    ck_assert_int_ge(metric("attnd_batched_steps_total"), 5);
     ref_release(&r);
     free(want);
     free(all);
@@ -622,6 +637,32 @@ START_TEST(test_server_truncate_and_fork) {
     ref_release(&r);
     free(want);
     free(seq);
+    free(x);
+    stop_ok();
+}
+END_TEST
+
+START_TEST(test_server_idle_sessions_expire) {
+    const char *args[] = {"--preset", "tiny", "--workers", "1", "--session-ttl-s", "1", NULL};
+    start(args);
+    float *x = make_x(141, 2, TINY_HIDDEN);
+    char *body = attend_body("ttl", x, 0, 2, TINY_HIDDEN, false, NULL);
+    cJSON_Delete(call_json("POST", "/v1/attend", body, 200));
+    free(body);
+    /* Idle for more than a second: the next sweep (every second) expires it, and then the id
+     * answers 410 rather than starting afresh. */
+    struct http_client_response r = {0};
+    for (int i = 0; i < 50; i++) {
+        http_client_response_release(&r);
+        r = call("GET", "/v1/sessions/ttl", NULL, NULL);
+        if (r.status != 200) {
+            break;
+        }
+        sleep_ms(100);
+    }
+    check_error(&r, 410, "session_evicted", "session_id");
+    http_client_response_release(&r);
+    ck_assert_int_eq((int)metric("attnd_evictions_total{reason=\"ttl\"}"), 1);
     free(x);
     stop_ok();
 }
@@ -1252,6 +1293,7 @@ Suite *server_suite(void) {
     tc = daemon_case(s, "sessions");
     tcase_add_test(tc, test_server_eviction_then_410_and_507);
     tcase_add_test(tc, test_server_truncate_and_fork);
+    tcase_add_test(tc, test_server_idle_sessions_expire);
     tc = daemon_case(s, "errors");
     tcase_add_test(tc, test_server_every_error_code_is_provoked);
     tcase_add_test(tc, test_server_request_errors);
