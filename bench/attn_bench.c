@@ -909,6 +909,9 @@ int main(int argc, char **argv) {
             return EXIT_FAILURE;
         }
         ex = bench_pool_executor(pool);
+        /* The engine spreads projections and attention over the executor's threads, so BLAS
+         * must not start threads of its own: they would spin on the same cores. */
+        openblas_set_num_threads(1);
     }
 
     result_list results = {.n = 0};
@@ -919,6 +922,7 @@ int main(int argc, char **argv) {
         }
     }
     bench_pool_destroy(pool);
+    openblas_set_num_threads(o.n_threads);
 
     machine_limits after = {0};
     machine_limits lim = {0};

@@ -65,7 +65,7 @@ static void scores_block(const struct attn__task *t, const struct tile_ctx *tc, 
                     t->d_k, 0.0f, s, (int)lds);
         break;
     case TILE_MODE_SMALL:
-        attn__qk(q, (size_t)t->d_k, rows, k, (size_t)t->d_k, nb, t->d_k, s, lds);
+        attn__small_qk(q, (size_t)t->d_k, rows, k, (size_t)t->d_k, nb, t->d_k, s, lds);
         break;
     }
 }
@@ -82,7 +82,7 @@ static void accumulate_block(const struct attn__task *t, const struct tile_ctx *
                     v, t->d_v, 1.0f, o, t->d_v);
         break;
     case TILE_MODE_SMALL:
-        attn__pv(p, ldp, rows, v, (size_t)t->d_v, nb, t->d_v, o, (size_t)t->d_v);
+        attn__small_pv(p, ldp, rows, v, nb, t->d_v, o, (size_t)t->d_v);
         break;
     }
 }

@@ -138,6 +138,18 @@ void attn__tile_qk(const float *q, size_t ldq, int32_t m, const float *k, int32_
 void attn__tile_pv(const float *p, size_t ldp, int32_t m, const float *v, int32_t n, int32_t d,
                    float *o, size_t ldo);
 
+/* The same products for a few rows (decode), dispatched to AVX2 or to simd.c's portable loops:
+ * s = q k^T in dot-product form (no packing), o += p v. */
+void attn__small_qk(const float *q, size_t ldq, int32_t m, const float *k, size_t ldk, int32_t n,
+                    int32_t d, float *s, size_t lds);
+void attn__small_pv(const float *p, size_t ldp, int32_t m, const float *v, int32_t n, int32_t d,
+                    float *o, size_t ldo);
+
+/* y (m x n, ld ldy) = x (m x k) w^T for w (n x k), both row-major: the projection of a few
+ * tokens, streaming each weight row from memory once. Only when attn__tile_is_fast(). */
+void attn__rows_dot(const float *x, int32_t m, int32_t k, const float *w, int32_t n, float *y,
+                    size_t ldy);
+
 /* s[j] = exp(s[j] - m) for j < n (-inf gives 0); returns the sum. SIMD where available. */
 float attn__exp_shift(float *s, int32_t n, float m);
 

@@ -108,13 +108,14 @@ __attribute__((target("avx2,fma"))) static void qk_avx2(const float *q, size_t l
     }
 }
 
-/* o[i][0..16) += sum_j p[i][j] v[j][0..16), for MR rows (accumulators in registers). */
-__attribute__((target("avx2,fma"))) static void pv_block_full(const float *p, size_t ldp,
-                                                              const float *v, size_t ldv, int32_t n,
-                                                              float *o, size_t ldo) {
+/* o[i][0..16) += sum_j p[i][j] v[j][0..16) for MX rows. Always inlined with a constant MX so the
+ * 2 * MX accumulators stay in registers while each value row is loaded once. */
+__attribute__((always_inline, target("avx2,fma"))) static inline void
+pv_block(const int MX, const float *p, size_t ldp, const float *v, size_t ldv, int32_t n, float *o,
+         size_t ldo) {
     __m256 acc[MR][2];
 #pragma GCC unroll 6
-    for (int32_t i = 0; i < MR; i++) {
+    for (int i = 0; i < MX; i++) {
         acc[i][0] = _mm256_loadu_ps(o + i * ldo);
         acc[i][1] = _mm256_loadu_ps(o + i * ldo + 8);
     }
@@ -122,43 +123,167 @@ __attribute__((target("avx2,fma"))) static void pv_block_full(const float *p, si
         __m256 b0 = _mm256_loadu_ps(v + (size_t)j * ldv);
         __m256 b1 = _mm256_loadu_ps(v + (size_t)j * ldv + 8);
 #pragma GCC unroll 6
-        for (int32_t i = 0; i < MR; i++) {
+        for (int i = 0; i < MX; i++) {
             __m256 a = _mm256_broadcast_ss(p + i * ldp + j);
             acc[i][0] = _mm256_fmadd_ps(a, b0, acc[i][0]);
             acc[i][1] = _mm256_fmadd_ps(a, b1, acc[i][1]);
         }
     }
 #pragma GCC unroll 6
-    for (int32_t i = 0; i < MR; i++) {
+    for (int i = 0; i < MX; i++) {
         _mm256_storeu_ps(o + i * ldo, acc[i][0]);
         _mm256_storeu_ps(o + i * ldo + 8, acc[i][1]);
     }
 }
 
-__attribute__((target("avx2,fma"))) static void pv_block_row(const float *p, const float *v,
-                                                             size_t ldv, int32_t n, float *o) {
-    __m256 acc0 = _mm256_loadu_ps(o), acc1 = _mm256_loadu_ps(o + 8);
-    for (int32_t j = 0; j < n; j++) {
-        __m256 a = _mm256_broadcast_ss(p + j);
-        acc0 = _mm256_fmadd_ps(a, _mm256_loadu_ps(v + (size_t)j * ldv), acc0);
-        acc1 = _mm256_fmadd_ps(a, _mm256_loadu_ps(v + (size_t)j * ldv + 8), acc1);
+/* Horizontal sums of eight vectors: result lane i = sum of v[i]'s lanes. */
+__attribute__((always_inline, target("avx2,fma"))) static inline __m256 hsum8x8(const __m256 *v) {
+    __m256 s01 = _mm256_hadd_ps(v[0], v[1]), s23 = _mm256_hadd_ps(v[2], v[3]);
+    __m256 s45 = _mm256_hadd_ps(v[4], v[5]), s67 = _mm256_hadd_ps(v[6], v[7]);
+    __m256 s0123 = _mm256_hadd_ps(s01, s23), s4567 = _mm256_hadd_ps(s45, s67);
+    return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20),
+                         _mm256_permute2f128_ps(s0123, s4567, 0x31));
+}
+
+/* Four query rows against two keys in dot-product form: 8 accumulators, 6 loads per 8 FMAs, and
+ * one shuffle tree for all eight sums instead of a horizontal sum per product. */
+__attribute__((target("avx2,fma"))) static void
+qk_dot4x2(const float *q, size_t ldq, const float *k, size_t ldk, int32_t d, float *s, size_t lds) {
+    __m256 acc[8];
+    for (int a = 0; a < 8; a++) {
+        acc[a] = _mm256_setzero_ps();
     }
-    _mm256_storeu_ps(o, acc0);
-    _mm256_storeu_ps(o + 8, acc1);
+    for (int32_t c = 0; c < d; c += 8) {
+        /* The hardware prefetcher stops at page boundaries; a block is 8 pages of keys. */
+        _mm_prefetch((const char *)(k + 8 * ldk + c), _MM_HINT_T0);
+        _mm_prefetch((const char *)(k + 9 * ldk + c), _MM_HINT_T0);
+        __m256 k0 = _mm256_loadu_ps(k + c), k1 = _mm256_loadu_ps(k + ldk + c);
+        __m256 q0 = _mm256_loadu_ps(q + c), q1 = _mm256_loadu_ps(q + ldq + c);
+        __m256 q2 = _mm256_loadu_ps(q + 2 * ldq + c), q3 = _mm256_loadu_ps(q + 3 * ldq + c);
+        acc[0] = _mm256_fmadd_ps(q0, k0, acc[0]);
+        acc[1] = _mm256_fmadd_ps(q1, k0, acc[1]);
+        acc[2] = _mm256_fmadd_ps(q2, k0, acc[2]);
+        acc[3] = _mm256_fmadd_ps(q3, k0, acc[3]);
+        acc[4] = _mm256_fmadd_ps(q0, k1, acc[4]);
+        acc[5] = _mm256_fmadd_ps(q1, k1, acc[5]);
+        acc[6] = _mm256_fmadd_ps(q2, k1, acc[6]);
+        acc[7] = _mm256_fmadd_ps(q3, k1, acc[7]);
+    }
+    float t[8];
+    _mm256_storeu_ps(t, hsum8x8(acc));
+    for (int r = 0; r < 4; r++) {
+        s[r * lds] = t[r];
+        s[r * lds + 1] = t[4 + r];
+    }
+}
+
+/* Dot-product form for a few query rows (decode): no packing, each key row read once. The
+ * 4-row x 2-key kernel covers the common case (d a multiple of 8); other shapes take the
+ * portable loops. */
+__attribute__((target("avx2,fma"))) static void qk_dot_avx2(const float *q, size_t ldq, int32_t m,
+                                                            const float *k, size_t ldk, int32_t n,
+                                                            int32_t d, float *s, size_t lds) {
+    int32_t i = 0;
+    if (d % 8 == 0) {
+        for (; i + 4 <= m; i += 4) {
+            int32_t j = 0;
+            for (; j + 2 <= n; j += 2) {
+                qk_dot4x2(q + i * ldq, ldq, k + (size_t)j * ldk, ldk, d, s + i * lds + j, lds);
+            }
+            if (j < n) {
+                attn__qk(q + i * ldq, ldq, 4, k + (size_t)j * ldk, ldk, n - j, d, s + i * lds + j,
+                         lds);
+            }
+        }
+    }
+    if (i < m) {
+        attn__qk(q + i * ldq, ldq, m - i, k, ldk, n, d, s + i * lds, lds);
+    }
+}
+
+/* o[:, 0..c_fast) += p v over n keys, register block by register block. */
+__attribute__((target("avx2,fma"))) static void pv_columns(const float *p, size_t ldp, int32_t m,
+                                                           const float *v, int32_t n, int32_t d,
+                                                           int32_t c_fast, float *o, size_t ldo) {
+    for (int32_t c0 = 0; c0 < c_fast; c0 += NR) {
+        int32_t i = 0;
+        for (; i + MR <= m; i += MR) {
+            pv_block(MR, p + i * ldp, ldp, v + c0, (size_t)d, n, o + i * ldo + c0, ldo);
+        }
+        for (; i + 4 <= m; i += 4) {
+            pv_block(4, p + i * ldp, ldp, v + c0, (size_t)d, n, o + i * ldo + c0, ldo);
+        }
+        for (; i < m; i++) {
+            pv_block(1, p + i * ldp, ldp, v + c0, (size_t)d, n, o + i * ldo + c0, ldo);
+        }
+    }
+}
+
+/* o (MX rows, d columns) += p v for MX <= 4 rows, streaming the value rows in order, two keys at a
+ * time: the 2 * MX weights stay in registers and each output vector is loaded and stored once
+ * per key pair. Used for decode, where the value block is read once from memory. */
+__attribute__((always_inline, target("avx2,fma"))) static inline void
+pv_stream(const int MX, const float *p, size_t ldp, const float *v, int32_t n, int32_t d, float *o,
+          size_t ldo) {
+    int32_t j = 0;
+    for (; j + 2 <= n; j += 2) {
+        const float *v0 = v + (size_t)j * d, *v1 = v0 + d;
+        _mm_prefetch((const char *)(v0 + 8 * (size_t)d), _MM_HINT_T0);
+        __m256 w0[4], w1[4];
+#pragma GCC unroll 4
+        for (int i = 0; i < MX; i++) {
+            w0[i] = _mm256_broadcast_ss(p + i * ldp + j);
+            w1[i] = _mm256_broadcast_ss(p + i * ldp + j + 1);
+        }
+        for (int32_t c = 0; c < d; c += 8) {
+            __m256 a = _mm256_loadu_ps(v0 + c), b = _mm256_loadu_ps(v1 + c);
+#pragma GCC unroll 4
+            for (int i = 0; i < MX; i++) {
+                __m256 acc = _mm256_loadu_ps(o + i * ldo + c);
+                acc = _mm256_fmadd_ps(w0[i], a, acc);
+                acc = _mm256_fmadd_ps(w1[i], b, acc);
+                _mm256_storeu_ps(o + i * ldo + c, acc);
+            }
+        }
+    }
+    for (; j < n; j++) {
+        const float *v0 = v + (size_t)j * d;
+        for (int i = 0; i < MX; i++) {
+            __m256 w = _mm256_broadcast_ss(p + i * ldp + j);
+            for (int32_t c = 0; c < d; c += 8) {
+                __m256 acc = _mm256_loadu_ps(o + i * ldo + c);
+                _mm256_storeu_ps(o + i * ldo + c, _mm256_fmadd_ps(w, _mm256_loadu_ps(v0 + c), acc));
+            }
+        }
+    }
 }
 
 __attribute__((target("avx2,fma"))) static void pv_avx2(const float *p, size_t ldp, int32_t m,
                                                         const float *v, int32_t n, int32_t d,
                                                         float *o, size_t ldo) {
+    if (m <= 4 && d % 8 == 0) {
+        switch (m) {
+        case 4:
+            pv_stream(4, p, ldp, v, n, d, o, ldo);
+            return;
+        case 3:
+            pv_stream(3, p, ldp, v, n, d, o, ldo);
+            return;
+        case 2:
+            pv_stream(2, p, ldp, v, n, d, o, ldo);
+            return;
+        default:
+            pv_stream(1, p, ldp, v, n, d, o, ldo);
+            return;
+        }
+    }
     int32_t c_fast = d / NR * NR;
-    for (int32_t c0 = 0; c0 < c_fast; c0 += NR) {
-        int32_t i = 0;
-        for (; i + MR <= m; i += MR) {
-            pv_block_full(p + i * ldp, ldp, v + c0, (size_t)d, n, o + i * ldo + c0, ldo);
-        }
-        for (; i < m; i++) {
-            pv_block_row(p + i * ldp, v + c0, (size_t)d, n, o + i * ldo + c0);
-        }
+    /* Keys in chunks of 16 so that the value rows one pass over the columns touches stay in L1
+     * for the next pass (whole 64-key blocks at a 512-byte stride collide in L1's sets). */
+    for (int32_t j0 = 0; j0 < n; j0 += 16) {
+        int32_t nj = n - j0 < 16 ? n - j0 : 16;
+
+        pv_columns(p + j0, ldp, m, v + (size_t)j0 * d, nj, d, c_fast, o, ldo);
     }
     if (c_fast < d) {
         /* The few columns past the last full register block. */
@@ -213,7 +338,89 @@ __attribute__((target("avx2,fma"))) static float exp_shift_avx2(float *s, int32_
     return total;
 }
 
+/* y[i][j] = x_i . w_j for an MX x MW block: MX input rows against MW weight rows, each k-step
+ * loading MX + MW vectors for MX * MW FMAs. Always inlined with constant MX, MW so the
+ * accumulators live in registers. */
+__attribute__((always_inline, target("avx2,fma"))) static inline void
+dot_block(const int MX, const int MW, const float *x, size_t ldx, const float *w, size_t ldw,
+          int32_t k, float *y, size_t ldy) {
+    __m256 acc[4][3];
+#pragma GCC unroll 4
+    for (int a = 0; a < MX; a++) {
+#pragma GCC unroll 3
+        for (int b = 0; b < MW; b++) {
+            acc[a][b] = _mm256_setzero_ps();
+        }
+    }
+    int32_t c = 0;
+    for (; c + 8 <= k; c += 8) {
+        __m256 wv[3];
+#pragma GCC unroll 3
+        for (int b = 0; b < MW; b++) {
+            wv[b] = _mm256_loadu_ps(w + b * ldw + c);
+        }
+#pragma GCC unroll 4
+        for (int a = 0; a < MX; a++) {
+            __m256 xv = _mm256_loadu_ps(x + a * ldx + c);
+#pragma GCC unroll 3
+            for (int b = 0; b < MW; b++) {
+                acc[a][b] = _mm256_fmadd_ps(xv, wv[b], acc[a][b]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int a = 0; a < MX; a++) {
+#pragma GCC unroll 3
+        for (int b = 0; b < MW; b++) {
+            float t[8];
+            _mm256_storeu_ps(t, acc[a][b]);
+            float sum = ((t[0] + t[4]) + (t[1] + t[5])) + ((t[2] + t[6]) + (t[3] + t[7]));
+            for (int32_t r = c; r < k; r++) {
+                sum += x[a * ldx + r] * w[b * ldw + r];
+            }
+            y[a * ldy + b] = sum;
+        }
+    }
+}
+
+__attribute__((target("avx2,fma"))) static void rows_dot_avx2(const float *x, int32_t m, int32_t k,
+                                                              const float *w, int32_t n, float *y,
+                                                              size_t ldy) {
+    /* Weight rows outer: each group of three is streamed from memory once and reused from L1
+     * for every input row. */
+    int32_t j = 0;
+    for (; j + 3 <= n; j += 3) {
+        const float *wj = w + (size_t)j * k;
+        int32_t i = 0;
+        for (; i + 4 <= m; i += 4) {
+            dot_block(4, 3, x + (size_t)i * k, (size_t)k, wj, (size_t)k, k, y + i * ldy + j, ldy);
+        }
+        for (; i < m; i++) {
+            dot_block(1, 3, x + (size_t)i * k, (size_t)k, wj, (size_t)k, k, y + i * ldy + j, ldy);
+        }
+    }
+    for (; j < n; j++) {
+        const float *wj = w + (size_t)j * k;
+        int32_t i = 0;
+        for (; i + 4 <= m; i += 4) {
+            dot_block(4, 1, x + (size_t)i * k, (size_t)k, wj, (size_t)k, k, y + i * ldy + j, ldy);
+        }
+        for (; i < m; i++) {
+            dot_block(1, 1, x + (size_t)i * k, (size_t)k, wj, (size_t)k, k, y + i * ldy + j, ldy);
+        }
+    }
+}
+
 #endif /* TILE_HAVE_AVX2 */
+
+void attn__rows_dot(const float *x, int32_t m, int32_t k, const float *w, int32_t n, float *y,
+                    size_t ldy) {
+#ifdef TILE_HAVE_AVX2
+    rows_dot_avx2(x, m, k, w, n, y, ldy);
+#else
+    attn__qk(x, (size_t)k, m, w, (size_t)k, n, k, y, ldy);
+#endif
+}
 
 float attn__exp_shift(float *s, int32_t n, float m) {
 #ifdef TILE_HAVE_AVX2
@@ -227,6 +434,28 @@ float attn__exp_shift(float *s, int32_t n, float m) {
         total += s[j];
     }
     return total;
+}
+
+void attn__small_qk(const float *q, size_t ldq, int32_t m, const float *k, size_t ldk, int32_t n,
+                    int32_t d, float *s, size_t lds) {
+#ifdef TILE_HAVE_AVX2
+    if (attn__tile_is_fast()) {
+        qk_dot_avx2(q, ldq, m, k, ldk, n, d, s, lds);
+        return;
+    }
+#endif
+    attn__qk(q, ldq, m, k, ldk, n, d, s, lds);
+}
+
+void attn__small_pv(const float *p, size_t ldp, int32_t m, const float *v, int32_t n, int32_t d,
+                    float *o, size_t ldo) {
+#ifdef TILE_HAVE_AVX2
+    if (attn__tile_is_fast()) {
+        pv_avx2(p, ldp, m, v, n, d, o, ldo);
+        return;
+    }
+#endif
+    attn__pv(p, ldp, m, v, (size_t)d, n, d, o, ldo);
 }
 
 void attn__tile_qk(const float *q, size_t ldq, int32_t m, const float *k, int32_t n, int32_t d,
