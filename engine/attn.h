@@ -205,8 +205,11 @@ int attn_kv_read(const attn_kv *kv, int32_t first, int32_t count, float *k, floa
 /* ---- forward ------------------------------------------------------------------------------- */
 
 /* Runs task(arg, i) for every i in [0, n) and returns when all have finished. The engine uses
- * it, when given, to spread independent attention work (one KV head of one sequence each) over
- * the caller's threads; the engine itself never starts a thread. */
+ * it, when given, to spread independent work over the caller's threads: attention (one KV head
+ * of one sequence and query tile each) and the projections (slices of weight rows). With an
+ * executor, run BLAS single-threaded (e.g. openblas_set_num_threads(1)): the engine calls it from
+ * the executor's threads. Without one, everything runs on the calling thread and BLAS may use
+ * its own threads. The engine itself never starts a thread. */
 typedef void (*attn_task_fn)(void *arg, int32_t i);
 typedef struct attn_executor {
     void (*run)(void *ctx, attn_task_fn task, void *arg, int32_t n);
