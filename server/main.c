@@ -109,6 +109,75 @@ static int load_model(const struct config *cfg, attn_model **model, char *source
     return 0;
 }
 
+/* The store, the scheduler and the server context around the model. Returns 0, or prints why
+ * and returns -1 (having freed what it made). */
+static int build_server(struct daemon *d, const struct config *cfg, attn_model *model,
+                        const char *source) {
+    struct server *srv = &d->srv;
+    const attn_config *mc = attn_model_config(model);
+    struct session_store_params sp = {
+        .model = model,
+        .budget_bytes = (size_t)cfg->kv_budget_mb << 20,
+        .n_shards = cfg->workers,
+        .block_tokens = cfg->kv_block_tokens,
+        .max_sessions = cfg->max_sessions,
+        .max_tombstones = MAX_TOMBSTONES,
+    };
+    int rc = session_store_create(&sp, &srv->sessions);
+    if (rc != 0) {
+        size_t block = (size_t)2 * mc->n_kv_heads * mc->head_dim * sizeof(float) *
+                       (size_t)(cfg->kv_block_tokens ? cfg->kv_block_tokens : 64);
+        fprintf(stderr,
+                "attnd: --kv-budget-mb %lld: split into %d shards (one per worker) it must "
+                "give each at least one KV block of %zu bytes (%s)\n",
+                (long long)cfg->kv_budget_mb, (int)cfg->workers, block, attn_strerror(rc));
+        return -1;
+    }
+    struct pool_params pp = {
+        .loop = &d->loop,
+        .model = model,
+        .sessions = srv->sessions,
+        .n_workers = cfg->workers,
+        .max_batch_tokens = cfg->max_batch_tokens,
+        .queue_depth = cfg->queue_depth,
+    };
+    rc = pool_create(&pp, &srv->pool);
+    if (rc != 0) {
+        fprintf(stderr, "attnd: cannot create %d engine workspaces: %s\n", (int)cfg->workers,
+                attn_strerror(rc));
+        session_store_destroy(srv->sessions);
+        return -1;
+    }
+    srv->cfg = cfg;
+    srv->loop = &d->loop;
+    srv->model = model;
+    srv->model_source = source;
+    srv->limits = (struct api_limits){
+        .hidden_size = mc->hidden_size,
+        .n_heads = mc->n_heads,
+        .layer_first = attn_model_layer_first(model),
+        .layer_count = attn_model_layer_count(model),
+        .max_seq = mc->max_seq,
+    };
+    metrics_init(&srv->metrics);
+    srv->on_drained = on_drained;
+    return 0;
+}
+
+/* Signals, the TTL sweep and the shutdown timer. */
+static void start_handles(struct daemon *d) {
+    uv_signal_init(&d->loop, &d->sigint);
+    uv_signal_init(&d->loop, &d->sigterm);
+    d->sigint.data = d->sigterm.data = d;
+    uv_signal_start(&d->sigint, on_signal, SIGINT);
+    uv_signal_start(&d->sigterm, on_signal, SIGTERM);
+    uv_timer_init(&d->loop, &d->tick);
+    d->tick.data = &d->srv;
+    uv_timer_start(&d->tick, on_tick, 1000, 1000);
+    uv_timer_init(&d->loop, &d->shutdown);
+    d->shutdown.data = d;
+}
+
 int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     struct config cfg;
@@ -140,7 +209,7 @@ int main(int argc, char **argv) {
     openblas_set_num_threads(cfg.blas_threads);
 
     static struct daemon d; /* static: large, and outlives every callback */
-    char source[4096];
+    static char source[4096];
     attn_model *model = NULL;
     if (load_model(&cfg, &model, source, sizeof source) != 0) {
         return 1;
@@ -153,84 +222,32 @@ int main(int argc, char **argv) {
              (int)(attn_model_layer_first(model) + attn_model_layer_count(model) - 1),
              (int)mc->hidden_size, (int)mc->n_heads, (int)mc->n_kv_heads, (int)mc->head_dim,
              (int)mc->max_seq, attn_model_bytes(model));
-
-    struct session_store_params sp = {
-        .model = model,
-        .budget_bytes = (size_t)cfg.kv_budget_mb << 20,
-        .n_shards = cfg.workers,
-        .block_tokens = cfg.kv_block_tokens,
-        .max_sessions = cfg.max_sessions,
-        .max_tombstones = MAX_TOMBSTONES,
-    };
-    struct server *srv = &d.srv;
-    int rc = session_store_create(&sp, &srv->sessions);
-    if (rc != 0) {
-        fprintf(stderr,
-                "attnd: --kv-budget-mb %lld: cannot make %d KV shards (one per worker): %s\n",
-                (long long)cfg.kv_budget_mb, (int)cfg.workers, attn_strerror(rc));
-        attn_model_destroy(model);
-        return 1;
-    }
     uv_loop_init(&d.loop);
-    struct pool_params pp = {
-        .loop = &d.loop,
-        .model = model,
-        .sessions = srv->sessions,
-        .n_workers = cfg.workers,
-        .max_batch_tokens = cfg.max_batch_tokens,
-        .queue_depth = cfg.queue_depth,
-    };
-    rc = pool_create(&pp, &srv->pool);
-    if (rc != 0) {
-        fprintf(stderr, "attnd: cannot create %d engine workspaces: %s\n", (int)cfg.workers,
-                attn_strerror(rc));
-        session_store_destroy(srv->sessions);
+    if (build_server(&d, &cfg, model, source) != 0) {
+        uv_loop_close(&d.loop);
         attn_model_destroy(model);
         return 1;
     }
-    srv->cfg = &cfg;
-    srv->loop = &d.loop;
-    srv->model = model;
-    srv->model_source = source;
-    srv->limits = (struct api_limits){
-        .hidden_size = mc->hidden_size,
-        .n_heads = mc->n_heads,
-        .layer_first = attn_model_layer_first(model),
-        .layer_count = attn_model_layer_count(model),
-        .max_seq = mc->max_seq,
-    };
-    metrics_init(&srv->metrics);
-    srv->on_drained = on_drained;
-
+    struct server *srv = &d.srv;
     struct http_handlers handlers;
     route_handlers(srv, &handlers);
     struct http_params hp = {cfg.host, cfg.port, (size_t)cfg.max_body_mb << 20};
     if (http_server_create(&d.loop, &hp, &handlers, &srv->http, err, sizeof err) != 0) {
         fprintf(stderr, "attnd: %s\n", err);
         pool_destroy(srv->pool);
-        uv_run(&d.loop, UV_RUN_DEFAULT);
+        uv_run(&d.loop, UV_RUN_DEFAULT); /* lets the pool's handle close */
         uv_loop_close(&d.loop);
         session_store_destroy(srv->sessions);
         attn_model_destroy(model);
         return 1;
     }
-
-    uv_signal_init(&d.loop, &d.sigint);
-    uv_signal_init(&d.loop, &d.sigterm);
-    d.sigint.data = d.sigterm.data = &d;
-    uv_signal_start(&d.sigint, on_signal, SIGINT);
-    uv_signal_start(&d.sigterm, on_signal, SIGTERM);
-    uv_timer_init(&d.loop, &d.tick);
-    d.tick.data = srv;
-    uv_timer_start(&d.tick, on_tick, 1000, 1000);
-    uv_timer_init(&d.loop, &d.shutdown);
-    d.shutdown.data = &d;
-
+    start_handles(&d);
     LOG_INFO("main", "listening host=%s port=%d workers=%d blas_threads=%d kv_shards=%d", cfg.host,
              (int)http_server_port(srv->http), (int)cfg.workers, (int)cfg.blas_threads,
              (int)cfg.workers);
     uv_run(&d.loop, UV_RUN_DEFAULT);
 
+    /* Every handle is closed (on_shutdown): nothing runs any more. */
     uv_loop_close(&d.loop);
     session_store_destroy(srv->sessions);
     attn_model_destroy(model);
