@@ -308,6 +308,34 @@ START_TEST(test_api_attend_rejects_bad_requests) {
 }
 END_TEST
 
+/* Every strict prefix of a valid request (a body cut short anywhere) is refused cleanly, with
+ * no leak (the ASan build checks) and nothing allocated left behind in the struct. */
+START_TEST(test_api_truncated_bodies_are_refused) {
+    const char *files[] = {EX "attend_prefill.request.json", EX "attend_base64.request.json",
+                           EX "sdpa.request.json", EX "sdpa_base64.request.json"};
+    for (int f = 0; f < 4; f++) {
+        size_t len;
+        char *body = http_client_read_file(files[f], &len);
+        for (size_t cut = 0; cut + 1 < len; cut++) {
+            struct api_error err;
+            int rc;
+            if (f < 2) {
+                struct api_attend_request r;
+                rc = api_attend_request_parse(body, cut, &tiny, &r, &err);
+                ck_assert_ptr_null(r.x);
+            } else {
+                struct api_sdpa_request r;
+                rc = api_sdpa_request_parse(body, cut, &r, &err);
+                ck_assert_ptr_null(r.q);
+            }
+            ck_assert_msg(rc == ERROR_INVALID_JSON || rc == ERROR_INVALID_REQUEST,
+                          "%s cut at %zu: rc %d", files[f], cut, rc);
+        }
+        free(body);
+    }
+}
+END_TEST
+
 START_TEST(test_api_sdpa_rejects_bad_requests) {
     struct {
         const char *body;
@@ -543,6 +571,7 @@ Suite *api_suite(void) {
     tcase_add_test(tc, test_api_sdpa_golden_base64);
     tcase_add_test(tc, test_api_attend_rejects_bad_requests);
     tcase_add_test(tc, test_api_sdpa_rejects_bad_requests);
+    tcase_add_test(tc, test_api_truncated_bodies_are_refused);
     tcase_add_test(tc, test_api_attend_response_roundtrip);
     tcase_add_test(tc, test_api_stream_framing);
     tcase_add_test(tc, test_api_model_and_status_shapes);
