@@ -40,6 +40,7 @@ struct shard {
     bool is_busy;
     struct deferred_free *deferred;
     int32_t blocks_free; /* as of the last refresh (exact while idle) */
+    int32_t n_sessions;  /* live sessions placed here */
 };
 
 struct session_store {
@@ -302,6 +303,7 @@ static void unlink_session(struct session_store *st, struct session *s) {
     *pp = s->hash_next;
     lru_unlink(st, s);
     st->n_sessions--;
+    st->shards[s->shard].n_sessions--;
 }
 
 void session_store_destroy(struct session_store *st) {
@@ -415,15 +417,21 @@ static int insert_new(struct session_store *st, const char *id, int32_t shard, i
     *b = s;
     lru_push_front(st, s);
     st->n_sessions++;
+    st->shards[shard].n_sessions++;
     *out = s;
     return 0;
 }
 
 int session_create(struct session_store *st, const char *id, int64_t now_ms, struct session **out) {
-    /* The shard with the most free blocks spreads sessions, and their memory, evenly. */
+    /* The shard with the fewest sessions spreads the work over the workers (a shard runs on
+     * one worker at a time, so sessions that all landed in one shard would share one core);
+     * among equals, the one with the most free blocks spreads the memory. Counting sessions
+     * matters when many arrive at once, before their first tokens take any blocks. */
     int32_t best = 0;
     for (int32_t i = 1; i < st->n_shards; i++) {
-        if (st->shards[i].blocks_free > st->shards[best].blocks_free) {
+        const struct shard *a = &st->shards[i], *b = &st->shards[best];
+        if (a->n_sessions < b->n_sessions ||
+            (a->n_sessions == b->n_sessions && a->blocks_free > b->blocks_free)) {
             best = i;
         }
     }

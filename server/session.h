@@ -70,7 +70,8 @@ enum session_state {
 /* Finds a live session; *state (if not NULL) says live, unknown or tombstoned. May return NULL. */
 struct session *session_find(struct session_store *st, const char *id, enum session_state *state);
 
-/* Creates an empty session in the shard with the most free blocks. If max_sessions are live,
+/* Creates an empty session in the shard with the fewest sessions (then the most free blocks).
+ * If max_sessions are live,
  * first evicts the least recently used idle session (tombstoned, reason max_sessions).
  * Returns 0, ERROR_SESSION_EXISTS, ERROR_SESSION_EVICTED (tombstoned id),
  * ERROR_KV_BUDGET_EXHAUSTED (max_sessions live and all pinned) or ATTN_ENOMEM. */

@@ -8,6 +8,7 @@
 
 #include "../engine/attn.h"
 #include "../server/error.h"
+#include "../server/log.h"
 #include "../server/session.h"
 
 /* Per test (CK_FORK): the tiny preset model and a workspace to fill caches with. */
@@ -20,6 +21,7 @@ static struct session_store *st;
 #define BLOCK_BYTES  (16 * 2 * 16 * 2 * 4)
 
 static void setup(void) {
+    log_set_level(LOG_LEVEL_WARN); /* evictions are logged at info; keep the test output quiet */
     attn_config cfg;
     ck_assert_int_eq(attn_config_preset("tiny", &cfg), ATTN_OK);
     ck_assert_int_eq(attn_model_create_random(&cfg, 7, NULL, &model), ATTN_OK);
@@ -282,7 +284,11 @@ START_TEST(test_session_shards_spread_and_clear) {
     ck_assert_int_eq(session_shard(a), 0);
     fill(a, 0, BLOCK_TOKENS);
     struct session *b = create("b", 1);
-    ck_assert_int_eq(session_shard(b), 1); /* the shard with more free blocks */
+    ck_assert_int_eq(session_shard(b), 1); /* the shard with fewer sessions */
+    /* One session each: the shard with more free blocks (a's holds one block), then the
+     * emptier one by count. */
+    ck_assert_int_eq(session_shard(create("c", 2)), 1);
+    ck_assert_int_eq(session_shard(create("d", 3)), 0);
     struct session_store_stats stats;
     session_store_get_stats(st, &stats);
     ck_assert_int_eq(stats.n_shards, 2);
