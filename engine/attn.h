@@ -6,8 +6,12 @@
  * and allocates only in the create functions.
  *
  * Thread rule for the whole API: an attn_model is immutable after create and may be shared by
- * any number of threads. An attn_kv_pool, its caches and an attn_workspace are used by one thread
- * at a time (the caller serializes).
+ * any number of threads. An attn_workspace is used by one thread at a time. The block accounting
+ * of an attn_kv_pool (every attn_kv_* and attn_kv_pool_* call) is touched by one thread at a
+ * time. attn_forward touches that accounting only when a step needs new blocks; when every step's
+ * blocks were taken beforehand with attn_kv_reserve, it only writes those caches, so forwards on
+ * different caches may run on other threads while the pool's thread creates, reserves, truncates
+ * or destroys other caches.
  */
 #ifndef ENGINE_ATTN_H
 #define ENGINE_ATTN_H
@@ -188,6 +192,13 @@ size_t attn_kv_bytes(const attn_kv *kv);
 /* Blocks that appending n_new tokens would take from the pool (0 if they fit in the last block).
  * Lets the caller free space (evict) before a forward that would fail with ATTN_ENOSPC. */
 int32_t attn_kv_blocks_needed(const attn_kv *kv, int32_t n_new);
+
+/* Takes now, without changing the length, the blocks that appending n_new more tokens would
+ * need, so that a later attn_forward of up to n_new tokens on kv leaves the pool's accounting
+ * alone (see the thread rule). ATTN_ENOSPC when the pool lacks them (nothing is taken),
+ * ATTN_ERANGE when attn_kv_len(kv) + n_new > max_seq, ATTN_EINVAL for n_new < 0. Reserved,
+ * unused blocks go back with attn_kv_truncate or attn_kv_destroy. */
+int attn_kv_reserve(attn_kv *kv, int32_t n_new);
 
 /* Keeps the first n_tokens tokens and returns whole unused blocks to the pool
  * (speculative-decoding rollback). ATTN_ERANGE if n_tokens > attn_kv_len(kv) or < 0. */

@@ -140,7 +140,8 @@ static int validate(const attn_model *m, int32_t layer, const attn_workspace *ws
         }
         blocks += attn_kv_blocks_needed(st->kv, st->n_tokens);
     }
-    if (blocks > pool->n_free) {
+    /* Reserved caches need no blocks, and then the pool's accounting is not even read. */
+    if (blocks > 0 && blocks > pool->n_free) {
         return ATTN_ENOSPC;
     }
     return ATTN_OK;

@@ -173,12 +173,31 @@ int attn_kv_fork(const attn_kv *src, attn_kv **out) {
     return ATTN_OK;
 }
 
-void attn__kv_grow(attn_kv *kv, int32_t n_new) {
+/* Takes blocks until the cache can hold n_tokens; the caller checked they are free. */
+static void take_blocks(attn_kv *kv, int32_t n_tokens) {
     attn_kv_pool *pool = kv->pool;
-    int32_t want = (kv->len + n_new + pool->block_tokens - 1) / pool->block_tokens;
+    int32_t want = (n_tokens + pool->block_tokens - 1) / pool->block_tokens;
     while (kv->n_blocks < want) {
         kv->blocks[kv->n_blocks++] = pool->free_stack[--pool->n_free];
     }
+}
+
+int attn_kv_reserve(attn_kv *kv, int32_t n_new) {
+    if (kv == NULL || n_new < 0) {
+        return ATTN_EINVAL;
+    }
+    if ((int64_t)kv->len + n_new > kv->pool->max_seq) {
+        return ATTN_ERANGE;
+    }
+    if (attn_kv_blocks_needed(kv, n_new) > kv->pool->n_free) {
+        return ATTN_ENOSPC;
+    }
+    take_blocks(kv, kv->len + n_new);
+    return ATTN_OK;
+}
+
+void attn__kv_grow(attn_kv *kv, int32_t n_new) {
+    take_blocks(kv, kv->len + n_new); /* a no-op for reserved blocks: the pool is not touched */
     kv->len += n_new;
 }
 

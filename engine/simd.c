@@ -1,17 +1,10 @@
-/* engine/simd.c: the inner products of small attention problems (decode: a handful of query rows
- * against a block of keys), where cblas_sgemm's packing costs more than the arithmetic. Written
- * with GCC vector extensions so one source serves every target; on x86-64 an AVX2 clone is
- * picked at load time by the ifunc resolver, so no global dispatch state is needed. */
+/* engine/simd.c: the portable inner products of small attention problems (decode: a handful of
+ * query rows against a block of keys), where cblas_sgemm's packing costs more than the
+ * arithmetic. GCC vector extensions, so one source serves every target; tile.c has the AVX2
+ * versions and uses these when the CPU lacks AVX2/FMA. */
 #include "attn_int.h"
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#define SIMD_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define SIMD_CLONES
-#endif
-
-/* 16-byte vectors: every x86-64 ABI passes them in registers, so the helpers below may take and
- * return them in both clones; the AVX2 clone still gets VEX encoding and wider scheduling. */
+/* 16-byte vectors: baseline on x86-64 (SSE) and aarch64 (NEON), passed in registers. */
 typedef float v4f __attribute__((vector_size(16), aligned(4)));
 
 static inline v4f load4(const float *p) {
@@ -70,7 +63,6 @@ static inline float dot1(const float *q, const float *k, int32_t d) {
     return s;
 }
 
-SIMD_CLONES
 void attn__qk(const float *q, size_t ldq, int32_t m, const float *k, size_t ldk, int32_t n,
               int32_t d, float *s, size_t lds) {
     int32_t i = 0;
@@ -94,7 +86,6 @@ void attn__qk(const float *q, size_t ldq, int32_t m, const float *k, size_t ldk,
 
 /* o_i += p_ij v_j: each value row is read once per block and applied to every query row while
  * it is in L1; the output rows (m * d floats) stay in L1 across the block. */
-SIMD_CLONES
 void attn__pv(const float *p, size_t ldp, int32_t m, const float *v, size_t ldv, int32_t n,
               int32_t d, float *o, size_t ldo) {
     for (int32_t j = 0; j < n; j++) {

@@ -493,6 +493,45 @@ START_TEST(test_kv_pool_exhaustion_is_enospc_and_changes_nothing) {
 }
 END_TEST
 
+/* Reserved blocks are taken at once; a forward within them leaves the pool's counters alone (the
+ * server reserves on its loop thread and runs forwards on workers), and gives the same answer. */
+START_TEST(test_kv_reserve_then_forward_leaves_pool_alone) {
+    attn_config cfg = harness_config(4, 2, 16);
+    kv_env e;
+    env_init(&e, &cfg, 4, 16);
+    const int32_t hidden = cfg.hidden_size;
+    float *x = harness_random_x(21, 40, hidden);
+    float *out = harness_calloc((size_t)40 * hidden, sizeof(float));
+    attn_kv *a = NULL;
+    ck_assert_int_eq(attn_kv_create(e.pool, &a), ATTN_OK);
+    ck_assert_int_eq(attn_kv_reserve(a, -1), ATTN_EINVAL);
+    ck_assert_int_eq(attn_kv_reserve(a, cfg.max_seq + 1), ATTN_ERANGE);
+    ck_assert_int_eq(attn_kv_reserve(a, 65), ATTN_ENOSPC); /* 5 blocks of 16 > 4 */
+    ck_assert_int_eq(attn_kv_pool_blocks_free(e.pool), 4);
+    ck_assert_int_eq(attn_kv_reserve(a, 33), ATTN_OK);
+    ck_assert_int_eq(attn_kv_len(a), 0);
+    ck_assert_int_eq(attn_kv_pool_blocks_free(e.pool), 1);
+    ck_assert_int_eq(attn_kv_blocks_needed(a, 33), 0);
+    ck_assert_int_eq(attn_kv_blocks_needed(a, 49), 1);
+    ck_assert_int_eq(append(&e, a, x, 0, 20, out), ATTN_OK);
+    ck_assert_int_eq(append(&e, a, x, 20, 13, out), ATTN_OK);
+    ck_assert_int_eq(attn_kv_pool_blocks_free(e.pool), 1);
+    expect_matches_ref(&e, a, x, 33, out, 20, "forward into reserved blocks");
+    /* A reservation past the length goes back with truncate. */
+    ck_assert_int_eq(attn_kv_reserve(a, 7), ATTN_OK);
+    ck_assert_int_eq(attn_kv_pool_blocks_free(e.pool), 1);
+    ck_assert_int_eq(attn_kv_reserve(a, 16), ATTN_OK); /* 49 tokens: a fourth block */
+    ck_assert_int_eq(attn_kv_pool_blocks_free(e.pool), 0);
+    ck_assert_int_eq(attn_kv_truncate(a, 33), ATTN_OK);
+    ck_assert_int_eq(attn_kv_pool_blocks_free(e.pool), 1);
+    attn_kv_destroy(a);
+    ck_assert_int_eq(attn_kv_pool_blocks_free(e.pool), 4);
+    free(out);
+    free(x);
+    env_release(&e);
+}
+END_TEST
+
 /* `extern` keeps this prototype out of the Makefile's suite-table scan, which matches lines
  * starting with `Suite *`. */
 extern Suite *kv_suite(void);
@@ -509,6 +548,7 @@ Suite *kv_suite(void) {
     tcase_add_test(tc, test_kv_fork_then_diverge);
     tcase_add_test(tc, test_kv_fork_without_space_is_enospc);
     tcase_add_test(tc, test_kv_pool_exhaustion_is_enospc_and_changes_nothing);
+    tcase_add_test(tc, test_kv_reserve_then_forward_leaves_pool_alone);
     suite_add_tcase(s, tc);
     return s;
 }
