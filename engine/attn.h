@@ -290,8 +290,8 @@ typedef struct attn_sdpa_params {
     float *weights; /* NULL, or (n_heads, n_q, n_k): probabilities (materialized path) */
 } attn_sdpa_params;
 
-/* Bytes of scratch attn_sdpa needs for these parameters; 0 when they are invalid (attn_sdpa then
- * says why). */
+/* Bytes of scratch attn_sdpa needs for these dimensions (the tensor pointers may still be NULL);
+ * 0 when the dimensions are invalid (attn_sdpa then says why). */
 size_t attn_sdpa_scratch_bytes(const attn_sdpa_params *p);
 
 /* Computes p->out (and p->weights). scratch must hold attn_sdpa_scratch_bytes(p) bytes, aligned

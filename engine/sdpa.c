@@ -7,8 +7,9 @@
 
 #define SDPA_BLOCK 64
 
-static int check_params(const attn_sdpa_params *p) {
-    if (p == NULL || p->q == NULL || p->k == NULL || p->v == NULL || p->out == NULL) {
+/* Checks the dimensions only, so scratch can be sized before the tensors exist. */
+static int check_dims(const attn_sdpa_params *p) {
+    if (p == NULL) {
         return ATTN_EINVAL;
     }
     if (p->n_heads < 1 || p->n_kv_heads < 1 || p->n_q < 1 || p->n_k < 1 || p->d_k < 1 ||
@@ -31,7 +32,7 @@ static int32_t n_q_tiles(const attn_sdpa_params *p) {
 }
 
 size_t attn_sdpa_scratch_bytes(const attn_sdpa_params *p) {
-    if (check_params(p) != ATTN_OK) {
+    if (check_dims(p) != ATTN_OK) {
         return 0;
     }
     int32_t r = p->n_heads / p->n_kv_heads;
@@ -46,11 +47,11 @@ size_t attn_sdpa_scratch_bytes(const attn_sdpa_params *p) {
 }
 
 int attn_sdpa(const attn_sdpa_params *p, void *scratch) {
-    int rc = check_params(p);
+    int rc = check_dims(p);
     if (rc != ATTN_OK) {
         return rc;
     }
-    if (scratch == NULL) {
+    if (p->q == NULL || p->k == NULL || p->v == NULL || p->out == NULL || scratch == NULL) {
         return ATTN_EINVAL;
     }
     int32_t r = p->n_heads / p->n_kv_heads;
