@@ -751,7 +751,7 @@ static void usage(FILE *f) {
                "  --preset NAME     small, llama8b or all (default all)\n"
                "  --case LIST       comma-separated substrings of case names, e.g. decode,_B32\n"
                "  --reps N          exactly N timed reps per case (default: adaptive)\n"
-               "  --block-tokens N  KV block size (default 64)\n"
+               "  --block-tokens N  KV block size (default 128, the engine's)\n"
                "  --bw-mib N        bandwidth sweep buffer in MiB (default 2048)\n"
                "  --skip-limits     do not measure sgemm peak and bandwidth\n"
                "  --seed N          weights and inputs seed (default 1)\n");
@@ -879,7 +879,7 @@ static double max_of(double a, double b) {
 
 int main(int argc, char **argv) {
     bench_opts o = {
-        .n_threads = 2, .use_executor = true, .preset = "all", .block_tokens = 64, .seed = 1};
+        .n_threads = 2, .use_executor = true, .preset = "all", .block_tokens = 128, .seed = 1};
     int prc = parse_args(argc, argv, &o);
     if (prc != 0) {
         return prc > 0 ? EXIT_SUCCESS : 2;

@@ -161,7 +161,7 @@ typedef struct attn_kv attn_kv;           /* one layer's K/V for one sequence */
 /* Creates a pool of KV blocks for model m: budget_bytes / block_bytes blocks, each holding
  * block_tokens tokens of K and V for all kv heads of one layer, laid out as
  * K (n_kv_heads, block_tokens, head_dim) then V (n_kv_heads, block_tokens, head_dim).
- * block_tokens is 16..256 (0 = 64). The memory is reserved at once and touched only when blocks
+ * block_tokens is 16..256 (0 = 128). The memory is reserved at once and touched only when blocks
  * are first used. Returns ATTN_EINVAL (budget smaller than one block) or ATTN_ENOMEM. */
 int attn_kv_pool_create(const attn_model *m, size_t budget_bytes, int32_t block_tokens,
                         attn_kv_pool **out);
