@@ -102,10 +102,10 @@ START_TEST(test_kv_pool_geometry) {
     harness_model hm;
     attn_kv_pool *pool = NULL;
     harness_model_init(&hm, &cfg, 1);
-    /* block_tokens 0 means 64; the budget holds 6 whole blocks and a remainder. */
-    size_t block = block_bytes(&cfg, 64);
+    /* block_tokens 0 means 128; the budget holds 6 whole blocks and a remainder. */
+    size_t block = block_bytes(&cfg, 128);
     ck_assert_int_eq(attn_kv_pool_create(hm.model, 6 * block + block / 2, 0, &pool), ATTN_OK);
-    ck_assert_int_eq(attn_kv_pool_block_tokens(pool), 64);
+    ck_assert_int_eq(attn_kv_pool_block_tokens(pool), 128);
     ck_assert_uint_eq(attn_kv_pool_block_bytes(pool), block);
     ck_assert_int_eq(attn_kv_pool_blocks_total(pool), 6);
     ck_assert_int_eq(attn_kv_pool_blocks_free(pool), 6);
