@@ -181,7 +181,6 @@ struct api_pool {
     int32_t block_tokens;
     int32_t blocks_used;
     int32_t blocks_total;
-    int32_t shards;
 };
 
 char *api_session_encode(const struct api_session *s, size_t *len);

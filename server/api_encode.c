@@ -268,9 +268,9 @@ char *api_session_list_encode(const struct api_session *sessions, int32_t n_sess
     }
     strbuf_printf(&b,
                   "],\"pool\":{\"bytes_used\":%zu,\"bytes_limit\":%zu,\"block_tokens\":%d,"
-                  "\"blocks_used\":%d,\"blocks_total\":%d,\"shards\":%d}}\n",
+                  "\"blocks_used\":%d,\"blocks_total\":%d}}\n",
                   pool->bytes_used, pool->bytes_limit, (int)pool->block_tokens,
-                  (int)pool->blocks_used, (int)pool->blocks_total, (int)pool->shards);
+                  (int)pool->blocks_used, (int)pool->blocks_total);
     return strbuf_detach(&b, len);
 }
 

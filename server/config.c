@@ -50,7 +50,7 @@ static const struct option options[] = {
     {"layers", "ATTND_LAYERS", OPTION_LAYERS, offsetof(struct config, layers), "all", 0, 0,
      "layers to load: all, N, or A-B (inclusive)"},
     {"kv-budget-mb", "ATTND_KV_BUDGET_MB", OPTION_I64, offsetof(struct config, kv_budget_mb),
-     "1024", 1, 1048576, "KV cache pool size in MiB, split evenly over one shard per worker"},
+     "1024", 1, 1048576, "KV cache pool size in MiB, shared by all sessions and workers"},
     {"kv-block-tokens", "ATTND_KV_BLOCK_TOKENS", OPTION_I32,
      offsetof(struct config, kv_block_tokens), "0", 0, 256,
      "tokens per KV block, 16..256; 0 = the engine's default (64)"},

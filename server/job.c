@@ -49,13 +49,12 @@ struct job {
     int response_status;
     /* attend */
     struct api_attend_request at;
-    float *out;       /* (T, hidden_size) */
-    float *weights;   /* (n_heads, T, n_past + T), or per stream step (n_heads, n_past + i + 1) */
-    attn_kv *temp_kv; /* a stateless call's cache */
-    int32_t temp_shard;
-    int32_t n_past0;     /* cache length before the request */
-    int32_t next_index;  /* stream: the next token to compute */
-    bool is_sized;       /* n_past0 known, buffers allocated */
+    float *out;         /* (T, hidden_size) */
+    float *weights;     /* (n_heads, T, n_past + T), or per stream step (n_heads, n_past + i + 1) */
+    attn_kv *temp_kv;   /* a stateless call's cache */
+    int32_t n_past0;    /* cache length before the request */
+    int32_t next_index; /* stream: the next token to compute */
+    bool is_sized;      /* n_past0 known, buffers allocated */
     struct strbuf event; /* stream: the event run() encoded */
     /* sdpa */
     struct api_sdpa_request sd;
@@ -91,7 +90,6 @@ static struct job *job_new(struct route_req *rq, enum job_kind kind) {
     job->kind = kind;
     job->srv = rq->srv;
     job->rq = rq;
-    job->pj.shard_hint = -1;
     strbuf_init(&job->event);
     return job;
 }
@@ -172,10 +170,8 @@ static void submit(struct job *job) {
  * failed request had created. */
 static void attend_finish(struct job *job, bool ok) {
     struct session_store *st = job->srv->sessions;
-    if (job->temp_kv != NULL) {
-        session_shard_free_kv(st, job->temp_shard, job->temp_kv);
-        job->temp_kv = NULL;
-    }
+    attn_kv_destroy(job->temp_kv); /* no worker uses it: the job is not running */
+    job->temp_kv = NULL;
     struct session *s = job->pj.session;
     if (s != NULL) {
         if (!ok) {
@@ -223,7 +219,7 @@ static int attend_size(struct job *job, int32_t n_past) {
     return 0;
 }
 
-static int attend_prepare(struct pool_job *pj, int32_t shard, struct pool_step *step) {
+static int attend_prepare(struct pool_job *pj, struct pool_step *step) {
     struct job *job = (struct job *)pj;
     struct server *srv = job->srv;
     if (job->rq == NULL) {
@@ -240,12 +236,10 @@ static int attend_prepare(struct pool_job *pj, int32_t shard, struct pool_step *
         }
     } else {
         if (job->temp_kv == NULL) {
-            int rc = attn_kv_create(session_shard_pool(srv->sessions, shard), &job->temp_kv);
+            int rc = attn_kv_create(session_store_kv_pool(srv->sessions), &job->temp_kv);
             if (rc != ATTN_OK) {
                 return rc;
             }
-            job->temp_shard = shard;
-            pj->shard_hint = shard; /* later stream steps must find their cache */
         }
         kv = job->temp_kv;
     }
@@ -379,7 +373,7 @@ static enum pool_after stream_done(struct job *job, int status) {
 static enum pool_after attend_done(struct pool_job *pj, int status) {
     struct job *job = (struct job *)pj;
     if (pj->session != NULL) {
-        session_refresh(pj->session); /* its shard is released: the counts are settled */
+        session_refresh(pj->session); /* the worker is done: the counts are settled */
     }
     if (job->at.stream) {
         return stream_done(job, status);
@@ -528,7 +522,7 @@ static void sdpa_params(const struct api_sdpa_request *sd, attn_sdpa_params *p) 
     p->scale = sd->scale;
 }
 
-static int sdpa_prepare(struct pool_job *pj, int32_t shard, struct pool_step *step) {
+static int sdpa_prepare(struct pool_job *pj, struct pool_step *step) {
     return ((struct job *)pj)->rq == NULL ? ERROR_CANCELLED : 0;
 }
 
@@ -614,7 +608,7 @@ void job_submit_sdpa(struct route_req *rq) {
 
 /* ---- session operations --------------------------------------------------------------------- */
 
-static int truncate_prepare(struct pool_job *pj, int32_t shard, struct pool_step *step) {
+static int truncate_prepare(struct pool_job *pj, struct pool_step *step) {
     struct job *job = (struct job *)pj;
     struct session *s = pj->session;
     int32_t layer = job->tr.has_layer ? job->tr.layer : -1;
@@ -633,7 +627,7 @@ static int truncate_prepare(struct pool_job *pj, int32_t shard, struct pool_step
     return job->response != NULL ? 0 : ERROR_INTERNAL;
 }
 
-static int fork_prepare(struct pool_job *pj, int32_t shard, struct pool_step *step) {
+static int fork_prepare(struct pool_job *pj, struct pool_step *step) {
     struct job *job = (struct job *)pj;
     struct session *copy;
     int rc = session_fork(job->srv->sessions, pj->session, job->fk.new_id, now_ms(), &copy);
@@ -649,8 +643,8 @@ static int fork_prepare(struct pool_job *pj, int32_t shard, struct pool_step *st
     case ERROR_KV_BUDGET_EXHAUSTED:
     case ATTN_ENOSPC:
         return set_err(job, ERROR_KV_BUDGET_EXHAUSTED, NULL,
-                       "the copy does not fit in the session's KV shard even after evicting "
-                       "idle sessions");
+                       "the copy does not fit in the KV pool even after evicting idle "
+                       "sessions");
     default:
         return rc;
     }
@@ -662,7 +656,7 @@ static int fork_prepare(struct pool_job *pj, int32_t shard, struct pool_step *st
     return job->response != NULL ? 0 : ERROR_INTERNAL;
 }
 
-static int delete_prepare(struct pool_job *pj, int32_t shard, struct pool_step *step) {
+static int delete_prepare(struct pool_job *pj, struct pool_step *step) {
     struct job *job = (struct job *)pj;
     struct session *s = pj->session;
     unpin(job);

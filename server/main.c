@@ -118,7 +118,6 @@ static int build_server(struct daemon *d, const struct config *cfg, attn_model *
     struct session_store_params sp = {
         .model = model,
         .budget_bytes = (size_t)cfg->kv_budget_mb << 20,
-        .n_shards = cfg->workers,
         .block_tokens = cfg->kv_block_tokens,
         .max_sessions = cfg->max_sessions,
         .max_tombstones = MAX_TOMBSTONES,
@@ -128,9 +127,9 @@ static int build_server(struct daemon *d, const struct config *cfg, attn_model *
         size_t block = (size_t)2 * mc->n_kv_heads * mc->head_dim * sizeof(float) *
                        (size_t)(cfg->kv_block_tokens ? cfg->kv_block_tokens : 64);
         fprintf(stderr,
-                "attnd: --kv-budget-mb %lld: split into %d shards (one per worker) it must "
-                "give each at least one KV block of %zu bytes (%s)\n",
-                (long long)cfg->kv_budget_mb, (int)cfg->workers, block, attn_strerror(rc));
+                "attnd: --kv-budget-mb %lld: cannot make a KV pool of that size with blocks of "
+                "%zu bytes (%s)\n",
+                (long long)cfg->kv_budget_mb, block, attn_strerror(rc));
         return -1;
     }
     struct pool_params pp = {
@@ -242,9 +241,8 @@ int main(int argc, char **argv) {
         return 1;
     }
     start_handles(&d);
-    LOG_INFO("main", "listening host=%s port=%d workers=%d blas_threads=%d kv_shards=%d", cfg.host,
-             (int)http_server_port(srv->http), (int)cfg.workers, (int)cfg.blas_threads,
-             (int)cfg.workers);
+    LOG_INFO("main", "listening host=%s port=%d workers=%d blas_threads=%d", cfg.host,
+             (int)http_server_port(srv->http), (int)cfg.workers, (int)cfg.blas_threads);
     uv_run(&d.loop, UV_RUN_DEFAULT);
 
     /* Every handle is closed (on_shutdown): nothing runs any more. */

@@ -1,8 +1,8 @@
 /* server/pool.c: the scheduler and worker pool (see pool.h). Dispatch runs on the loop thread
  * from an idle handle (so callbacks never run inside pool_submit): it walks the FIFO once to
  * find each session's first job, then starts what it can on free workers, batching decode
- * steps. Workers run attn_forward (or the job's own work) through uv_queue_work; the after-work
- * callback releases the shard and reports to the jobs.
+ * steps and reserving their KV blocks. Workers run attn_forward (or the job's own work) through
+ * uv_queue_work; the after-work callback returns unused reservations and reports to the jobs.
  */
 #include "pool.h"
 
@@ -28,7 +28,6 @@ struct worker {
     attn_workspace *ws;
     bool is_busy;
     enum pool_job_kind kind;
-    int32_t shard;
     int32_t layer;
     int32_t n;
     struct pool_job *jobs[MAX_BATCH];
@@ -179,14 +178,24 @@ static void work_cb(uv_work_t *req) {
     }
 }
 
+/* Returns the blocks reserved for w's steps that their forwards did not fill (all of them when
+ * a step failed: the engine leaves a failed step's cache length unchanged). Loop thread, before
+ * the jobs' done callbacks may free the caches. */
+static void unreserve(struct worker *w) {
+    if (w->kind != POOL_JOB_FORWARD) {
+        return;
+    }
+    for (int32_t i = 0; i < w->n; i++) {
+        session_kv_unreserve(w->steps[i].kv);
+    }
+}
+
 static void after_work_cb(uv_work_t *req, int uv_status) {
     struct worker *w = req->data;
     struct pool *pool = w->pool;
     w->is_busy = false;
     pool->n_busy--;
-    if (w->shard >= 0) {
-        session_shard_release(pool->sessions, w->shard);
-    }
+    unreserve(w);
     if (w->kind == POOL_JOB_FORWARD) {
         pool->engine_steps += (uint64_t)w->n_engine_calls;
         pool->batched_steps += (uint64_t)w->n;
@@ -210,14 +219,11 @@ static struct worker *free_worker(struct pool *pool) {
     return NULL;
 }
 
-static void start(struct pool *pool, struct worker *w, enum pool_job_kind kind, int32_t shard) {
+/* Hands w's batch (its steps' blocks reserved) to a worker thread. */
+static void start(struct pool *pool, struct worker *w, enum pool_job_kind kind) {
     w->is_busy = true;
     w->kind = kind;
-    w->shard = shard;
     pool->n_busy++;
-    if (shard >= 0) {
-        session_shard_acquire(pool->sessions, shard);
-    }
     for (int32_t i = 0; i < w->n; i++) {
         struct pool_job *j = w->jobs[i];
         mark_started(j, pool);
@@ -238,9 +244,7 @@ static void start(struct pool *pool, struct worker *w, enum pool_job_kind kind, 
         /* uv_queue_work only fails for a NULL callback; report it like any failed step. */
         w->is_busy = false;
         pool->n_busy--;
-        if (shard >= 0) {
-            session_shard_release(pool->sessions, shard);
-        }
+        unreserve(w);
         for (int32_t i = 0; i < w->n; i++) {
             complete(pool, w->jobs[i], ERROR_INTERNAL);
         }
@@ -250,31 +254,25 @@ static void start(struct pool *pool, struct worker *w, enum pool_job_kind kind, 
 
 /* ---- dispatch ------------------------------------------------------------------------------- */
 
-/* Adds to w's batch (headed by a decode step on `shard`) the runnable decode steps among
- * cand[from..n) that fit: same shard and layer, tokens within the cap, blocks within reach. */
-static void gather(struct pool *pool, struct worker *w, int32_t shard, int32_t from, int32_t n,
-                   int32_t *tokens, int32_t *blocks) {
+/* Adds to w's batch (headed by a decode step) the runnable decode steps among cand[from..n)
+ * that fit: same layer, tokens within the cap, blocks reserved. */
+static void gather(struct pool *pool, struct worker *w, int32_t from, int32_t n, int32_t *tokens) {
     for (int32_t i = from; i < n && w->n < MAX_BATCH; i++) {
         struct pool_job *k = pool->cand[i];
         if (k == NULL || k->state != JOB_QUEUED || k->kind != POOL_JOB_FORWARD ||
-            !k->is_batchable || k->session == NULL || k->layer != w->layer ||
-            session_shard(k->session) != shard) {
+            !k->is_batchable || k->layer != w->layer) {
             continue;
         }
-        int rc = k->ops->prepare(k, shard, &k->step);
+        int rc = k->ops->prepare(k, &k->step);
         if (rc != 0) {
             pool->cand[i] = NULL; /* complete() may hand the job back to its owner */
             complete(pool, k, rc);
             continue;
         }
-        if (*tokens + k->step.n_tokens > pool->max_batch_tokens) {
-            continue;
+        if (*tokens + k->step.n_tokens > pool->max_batch_tokens ||
+            session_kv_reserve(pool->sessions, k->step.kv, k->step.n_tokens) != 0) {
+            continue; /* it runs (or fails) on its own turn */
         }
-        int32_t need = attn_kv_blocks_needed(k->step.kv, k->step.n_tokens);
-        if (session_shard_make_room(pool->sessions, shard, *blocks + need) != 0) {
-            continue;
-        }
-        *blocks += need;
         *tokens += k->step.n_tokens;
         k->state = JOB_RUNNING; /* taken: start() below sets it for good */
         w->jobs[w->n++] = k;
@@ -287,16 +285,10 @@ static void dispatch_one(struct pool *pool, int32_t i, int32_t n_cand) {
     if (j->kind != POOL_JOB_CONTROL && pool->n_busy == pool->n_workers) {
         return;
     }
-    int32_t shard = -1;
-    if (j->kind != POOL_JOB_SDPA) {
-        shard = j->session != NULL   ? session_shard(j->session)
-                : j->shard_hint >= 0 ? j->shard_hint
-                                     : session_shard_pick_idle(pool->sessions);
-        if (shard < 0 || session_shard_is_busy(pool->sessions, shard)) {
-            return;
-        }
+    int rc = j->ops->prepare(j, &j->step);
+    if (rc == 0 && j->kind == POOL_JOB_FORWARD) {
+        rc = session_kv_reserve(pool->sessions, j->step.kv, j->step.n_tokens);
     }
-    int rc = j->ops->prepare(j, shard, &j->step);
     if (rc != 0 || j->kind == POOL_JOB_CONTROL) {
         pool->cand[i] = NULL; /* complete() may hand the job back to its owner */
         complete(pool, j, rc);
@@ -306,24 +298,16 @@ static void dispatch_one(struct pool *pool, int32_t i, int32_t n_cand) {
     w->n = 0;
     w->jobs[w->n++] = j;
     if (j->kind == POOL_JOB_SDPA) {
-        start(pool, w, POOL_JOB_SDPA, -1);
-        return;
-    }
-    int32_t blocks = attn_kv_blocks_needed(j->step.kv, j->step.n_tokens);
-    rc = session_shard_make_room(pool->sessions, shard, blocks);
-    if (rc != 0) {
-        w->n = 0;
-        pool->cand[i] = NULL;
-        complete(pool, j, rc);
+        start(pool, w, POOL_JOB_SDPA);
         return;
     }
     w->layer = j->step.layer;
     j->state = JOB_RUNNING;
     if (j->is_batchable) {
         int32_t tokens = j->step.n_tokens;
-        gather(pool, w, shard, i + 1, n_cand, &tokens, &blocks);
+        gather(pool, w, i + 1, n_cand, &tokens);
     }
-    start(pool, w, POOL_JOB_FORWARD, shard);
+    start(pool, w, POOL_JOB_FORWARD);
 }
 
 static void dispatch(struct pool *pool) {

@@ -2,11 +2,13 @@
  *
  * Jobs wait in one FIFO in arrival order. A job naming a session runs only when it is the first
  * of that session's jobs, so requests on one session run one at a time in order; jobs of
- * different sessions run in parallel, one per worker, each holding its KV shard (session.h).
- * When a forward job of a few tokens (a decode step) is dispatched, later runnable decode steps
- * of other sessions in the same shard and layer join it: one attn_forward call advances all of
- * them, reading the weights once (continuous batching). Before a forward runs, the loop thread
- * evicts idle sessions until its blocks fit.
+ * different sessions run in parallel, one engine call per worker, all on caches of the one KV
+ * pool (session.h). When a forward job of a few tokens (a decode step) is dispatched, later
+ * runnable decode steps of any other sessions on the same layer join it: one attn_forward call
+ * advances all of them, reading the weights once (continuous batching). Before a forward is
+ * handed to a worker, the loop thread reserves the blocks of every cache it appends to
+ * (session_kv_reserve, evicting idle sessions if needed), and after it returns the blocks a
+ * failed step did not fill.
  *
  * Each job is described by callbacks (the work/after-work split of uv_queue_work): prepare and
  * done run on the loop thread and may touch anything; run executes on a worker and touches only
@@ -30,9 +32,9 @@
 struct pool; /* opaque */
 
 enum pool_job_kind {
-    POOL_JOB_FORWARD, /* one engine step (attn_forward) on a KV shard; may be batched */
-    POOL_JOB_SDPA,    /* stateless work on a worker, no shard (ops->run does it) */
-    POOL_JOB_CONTROL, /* done entirely by ops->prepare on the loop thread, shard idle */
+    POOL_JOB_FORWARD, /* one engine step (attn_forward) on a reserved cache; may be batched */
+    POOL_JOB_SDPA,    /* stateless work on a worker, no cache (ops->run does it) */
+    POOL_JOB_CONTROL, /* done entirely by ops->prepare on the loop thread */
 };
 
 /* What a forward job contributes to one engine step; filled by ops->prepare. Arrays are the
@@ -56,12 +58,13 @@ enum pool_after {
 struct pool_job;
 
 struct pool_job_ops {
-    /* Loop thread, when the job's turn has come and its shard is idle (shard is -1 for SDPA
-     * jobs). FORWARD: fill *step (resolving the cache, checking expect_n_past and lengths) and
-     * return 0. CONTROL: do the work and return 0 or an error. Any nonzero return finishes the
-     * job with that status (done is called). May be called again for the same step if the job
-     * could not join a batch, so it must not change state beyond resolving the cache. */
-    int (*prepare)(struct pool_job *job, int32_t shard, struct pool_step *step);
+    /* Loop thread, when the job's turn has come (no earlier job of its session is queued or
+     * running). FORWARD: fill *step (resolving the cache, checking expect_n_past and lengths)
+     * and return 0; the pool then reserves the step's blocks. CONTROL: do the work and return 0
+     * or an error. Any nonzero return finishes the job with that status (done is called). May
+     * be called again for the same step if the job could not join a batch, so it must not
+     * change state beyond resolving the cache. */
+    int (*prepare)(struct pool_job *job, struct pool_step *step);
     /* Worker thread, after the job's engine step with its status (FORWARD), or to do the work
      * (SDPA, status 0). Touches only the job. Returns the job's status. May be NULL. */
     int (*run)(struct pool_job *job, int status);
@@ -82,8 +85,6 @@ struct pool_job {
     struct session *session; /* NULL = stateless; the submitter pins it */
     bool is_batchable;       /* a forward of <= POOL_BATCH_STEP_MAX_TOKENS tokens per step */
     int32_t layer;           /* for batching: steps must share the layer */
-    int32_t shard_hint;      /* stateless FORWARD: the shard to run on (its temporary cache's),
-                                or -1 for any idle one */
     /* Read by the submitter in ops->done. */
     double queue_ms;    /* submission to first start */
     double compute_ms;  /* engine time summed over steps */
@@ -93,7 +94,6 @@ struct pool_job {
     int state;
     bool has_started;
     double submitted_at_ms;
-    int32_t shard;
     struct pool_step step;
 };
 

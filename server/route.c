@@ -285,7 +285,6 @@ static void handle_sessions(struct route_req *rq) {
             .block_tokens = st.block_tokens,
             .blocks_used = st.blocks_used,
             .blocks_total = st.blocks_total,
-            .shards = st.n_shards,
         };
         if (n == st.n_sessions) {
             body = api_session_list_encode(all, n, &pool, &len);

@@ -1,7 +1,7 @@
 /* server/session.c: the session table (see session.h). Sessions sit in a chained hash table by
  * id and in one doubly linked LRU list (most recent first); tombstones sit in a second hash table
- * and a ring that forgets the oldest. Shards wrap one attn_kv_pool each, with a busy flag and a
- * list of cache frees deferred until the worker holding the shard is done.
+ * and a ring that forgets the oldest. All caches come from one attn_kv_pool; eviction walks the
+ * LRU from its least recent end.
  */
 #include "session.h"
 
@@ -16,8 +16,7 @@ struct session {
     char id[129];
     struct session *hash_next;
     struct session *lru_prev, *lru_next; /* lru_prev toward the most recent end */
-    int32_t shard;
-    int32_t layer_first, layer_count; /* the model's loaded layers */
+    int32_t layer_first, layer_count;    /* the model's loaded layers */
     int32_t pins;
     int64_t last_used_ms;
     attn_kv **kv;      /* (layer_count) by layer - layer_first; NULL = unused */
@@ -28,19 +27,6 @@ struct session {
 struct tombstone {
     char id[129];
     struct tombstone *hash_next;
-};
-
-struct deferred_free {
-    attn_kv *kv;
-    struct deferred_free *next;
-};
-
-struct shard {
-    attn_kv_pool *pool;
-    bool is_busy;
-    struct deferred_free *deferred;
-    int32_t blocks_free; /* as of the last refresh (exact while idle) */
-    int32_t n_sessions;  /* live sessions placed here */
 };
 
 struct session_store {
@@ -55,8 +41,7 @@ struct session_store {
     size_t n_tomb_buckets;
     struct tombstone **ring; /* (max_tombstones), oldest at ring_next when full */
     int32_t max_tombstones, n_tombstones, ring_next;
-    struct shard *shards; /* (n_shards) */
-    int32_t n_shards;
+    attn_kv_pool *kv_pool;
     uint64_t evictions[3];
 };
 
@@ -179,77 +164,10 @@ static void touch(struct session_store *st, struct session *s, int64_t now_ms) {
     lru_push_front(st, s);
 }
 
-/* ---- shards --------------------------------------------------------------------------------- */
-
-static void shard_refresh(struct shard *sh) {
-    sh->blocks_free = attn_kv_pool_blocks_free(sh->pool);
-}
-
-void session_shard_free_kv(struct session_store *st, int32_t shard, attn_kv *kv) {
-    if (kv == NULL) {
-        return;
-    }
-    struct shard *sh = &st->shards[shard];
-    if (!sh->is_busy) {
-        attn_kv_destroy(kv);
-        shard_refresh(sh);
-        return;
-    }
-    struct deferred_free *d = malloc(sizeof *d);
-    if (d == NULL) {
-        /* Cannot defer: leaking one cache's blocks beats freeing under a running worker. */
-        return;
-    }
-    d->kv = kv;
-    d->next = sh->deferred;
-    sh->deferred = d;
-}
-
-int32_t session_store_n_shards(const struct session_store *st) {
-    return st->n_shards;
-}
-
-bool session_shard_is_busy(const struct session_store *st, int32_t shard) {
-    return st->shards[shard].is_busy;
-}
-
-void session_shard_acquire(struct session_store *st, int32_t shard) {
-    assert(!st->shards[shard].is_busy);
-    st->shards[shard].is_busy = true;
-}
-
-void session_shard_release(struct session_store *st, int32_t shard) {
-    struct shard *sh = &st->shards[shard];
-    assert(sh->is_busy);
-    sh->is_busy = false;
-    while (sh->deferred != NULL) {
-        struct deferred_free *d = sh->deferred;
-        sh->deferred = d->next;
-        attn_kv_destroy(d->kv);
-        free(d);
-    }
-    shard_refresh(sh);
-}
-
-int32_t session_shard_pick_idle(const struct session_store *st) {
-    int32_t best = -1;
-    for (int32_t i = 0; i < st->n_shards; i++) {
-        if (!st->shards[i].is_busy &&
-            (best < 0 || st->shards[i].blocks_free > st->shards[best].blocks_free)) {
-            best = i;
-        }
-    }
-    return best;
-}
-
-attn_kv_pool *session_shard_pool(struct session_store *st, int32_t shard) {
-    return st->shards[shard].pool;
-}
-
 /* ---- store ---------------------------------------------------------------------------------- */
 
 int session_store_create(const struct session_store_params *p, struct session_store **out) {
-    if (p->model == NULL || p->n_shards < 1 || p->max_sessions < 1 || p->max_tombstones < 1) {
+    if (p->model == NULL || p->max_sessions < 1 || p->max_tombstones < 1) {
         return ATTN_EINVAL;
     }
     struct session_store *st = calloc(1, sizeof *st);
@@ -266,20 +184,14 @@ int session_store_create(const struct session_store_params *p, struct session_st
     st->n_tomb_buckets = pow2_at_least((size_t)p->max_tombstones);
     st->tomb_buckets = calloc(st->n_tomb_buckets, sizeof *st->tomb_buckets);
     st->ring = calloc((size_t)p->max_tombstones, sizeof *st->ring);
-    st->n_shards = p->n_shards;
-    st->shards = calloc((size_t)p->n_shards, sizeof *st->shards);
-    if (st->buckets == NULL || st->tomb_buckets == NULL || st->ring == NULL || st->shards == NULL) {
+    if (st->buckets == NULL || st->tomb_buckets == NULL || st->ring == NULL) {
         session_store_destroy(st);
         return ATTN_ENOMEM;
     }
-    for (int32_t i = 0; i < p->n_shards; i++) {
-        int rc = attn_kv_pool_create(p->model, p->budget_bytes / (size_t)p->n_shards,
-                                     p->block_tokens, &st->shards[i].pool);
-        if (rc != ATTN_OK) {
-            session_store_destroy(st);
-            return rc;
-        }
-        shard_refresh(&st->shards[i]);
+    int rc = attn_kv_pool_create(p->model, p->budget_bytes, p->block_tokens, &st->kv_pool);
+    if (rc != ATTN_OK) {
+        session_store_destroy(st);
+        return rc;
     }
     *out = st;
     return 0;
@@ -287,7 +199,7 @@ int session_store_create(const struct session_store_params *p, struct session_st
 
 static void session_free(struct session_store *st, struct session *s) {
     for (int32_t i = 0; i < st->layer_count; i++) {
-        session_shard_free_kv(st, s->shard, s->kv[i]);
+        attn_kv_destroy(s->kv[i]);
     }
     free(s->kv);
     free(s->n_tokens);
@@ -303,7 +215,6 @@ static void unlink_session(struct session_store *st, struct session *s) {
     *pp = s->hash_next;
     lru_unlink(st, s);
     st->n_sessions--;
-    st->shards[s->shard].n_sessions--;
 }
 
 void session_store_destroy(struct session_store *st) {
@@ -318,10 +229,7 @@ void session_store_destroy(struct session_store *st) {
     for (int32_t i = 0; i < st->max_tombstones && st->ring != NULL; i++) {
         free(st->ring[i]);
     }
-    for (int32_t i = 0; i < st->n_shards && st->shards != NULL; i++) {
-        attn_kv_pool_destroy(st->shards[i].pool);
-    }
-    free(st->shards);
+    attn_kv_pool_destroy(st->kv_pool);
     free(st->ring);
     free(st->tomb_buckets);
     free(st->buckets);
@@ -331,17 +239,11 @@ void session_store_destroy(struct session_store *st) {
 void session_store_get_stats(const struct session_store *st, struct session_store_stats *out) {
     memset(out, 0, sizeof *out);
     out->n_sessions = st->n_sessions;
-    out->n_shards = st->n_shards;
-    for (int32_t i = 0; i < st->n_shards; i++) {
-        const struct shard *sh = &st->shards[i];
-        size_t bb = attn_kv_pool_block_bytes(sh->pool);
-        int32_t total = attn_kv_pool_blocks_total(sh->pool);
-        out->blocks_total += total;
-        out->blocks_used += total - sh->blocks_free;
-        out->bytes_used += (size_t)(total - sh->blocks_free) * bb;
-        out->bytes_limit += (size_t)total * bb;
-        out->block_tokens = attn_kv_pool_block_tokens(sh->pool);
-    }
+    out->blocks_total = attn_kv_pool_blocks_total(st->kv_pool);
+    out->blocks_used = out->blocks_total - attn_kv_pool_blocks_free(st->kv_pool);
+    out->bytes_used = attn_kv_pool_bytes_used(st->kv_pool);
+    out->bytes_limit = attn_kv_pool_bytes_limit(st->kv_pool);
+    out->block_tokens = attn_kv_pool_block_tokens(st->kv_pool);
     memcpy(out->evictions, st->evictions, sizeof out->evictions);
 }
 
@@ -374,8 +276,7 @@ static void evict(struct session_store *st, struct session *s, enum session_evic
     st->evictions[why]++;
 }
 
-static int insert_new(struct session_store *st, const char *id, int32_t shard, int64_t now_ms,
-                      struct session **out) {
+int session_create(struct session_store *st, const char *id, int64_t now_ms, struct session **out) {
     enum session_state state;
     if (session_find(st, id, &state) != NULL) {
         return ERROR_SESSION_EXISTS;
@@ -408,7 +309,6 @@ static int insert_new(struct session_store *st, const char *id, int32_t shard, i
         return ATTN_ENOMEM;
     }
     strcpy(s->id, id);
-    s->shard = shard;
     s->layer_first = st->layer_first;
     s->layer_count = st->layer_count;
     s->last_used_ms = now_ms;
@@ -417,25 +317,8 @@ static int insert_new(struct session_store *st, const char *id, int32_t shard, i
     *b = s;
     lru_push_front(st, s);
     st->n_sessions++;
-    st->shards[shard].n_sessions++;
     *out = s;
     return 0;
-}
-
-int session_create(struct session_store *st, const char *id, int64_t now_ms, struct session **out) {
-    /* The shard with the fewest sessions spreads the work over the workers (a shard runs on
-     * one worker at a time, so sessions that all landed in one shard would share one core);
-     * among equals, the one with the most free blocks spreads the memory. Counting sessions
-     * matters when many arrive at once, before their first tokens take any blocks. */
-    int32_t best = 0;
-    for (int32_t i = 1; i < st->n_shards; i++) {
-        const struct shard *a = &st->shards[i], *b = &st->shards[best];
-        if (a->n_sessions < b->n_sessions ||
-            (a->n_sessions == b->n_sessions && a->blocks_free > b->blocks_free)) {
-            best = i;
-        }
-    }
-    return insert_new(st, id, best, now_ms, out);
 }
 
 void session_remove(struct session_store *st, struct session *s) {
@@ -446,7 +329,7 @@ void session_remove(struct session_store *st, struct session *s) {
 
 void session_clear(struct session_store *st, struct session *s) {
     for (int32_t i = 0; i < st->layer_count; i++) {
-        session_shard_free_kv(st, s->shard, s->kv[i]);
+        attn_kv_destroy(s->kv[i]);
         s->kv[i] = NULL;
         s->n_tokens[i] = 0;
         s->bytes[i] = 0;
@@ -482,10 +365,6 @@ void session_unpin(struct session_store *st, struct session *s, int64_t now_ms) 
 
 const char *session_id(const struct session *s) {
     return s->id;
-}
-
-int32_t session_shard(const struct session *s) {
-    return s->shard;
 }
 
 int32_t session_pins(const struct session *s) {
@@ -555,7 +434,7 @@ int session_kv_get(struct session_store *st, struct session *s, int32_t layer, a
         return ATTN_EINVAL;
     }
     if (s->kv[i] == NULL) {
-        int rc = attn_kv_create(st->shards[s->shard].pool, &s->kv[i]);
+        int rc = attn_kv_create(st->kv_pool, &s->kv[i]);
         if (rc != ATTN_OK) {
             return rc;
         }
@@ -569,7 +448,7 @@ int session_kv_get(struct session_store *st, struct session *s, int32_t layer, a
 void session_drop_empty_layers(struct session_store *st, struct session *s) {
     for (int32_t i = 0; i < s->layer_count; i++) {
         if (s->kv[i] != NULL && s->n_tokens[i] == 0) {
-            session_shard_free_kv(st, s->shard, s->kv[i]);
+            attn_kv_destroy(s->kv[i]);
             s->kv[i] = NULL;
             s->bytes[i] = 0;
         }
@@ -586,7 +465,6 @@ void session_refresh(struct session *s) {
 }
 
 int session_truncate(struct session_store *st, struct session *s, int32_t layer, int32_t n_tokens) {
-    assert(!st->shards[s->shard].is_busy);
     session_refresh(s);
     if (layer >= 0) {
         attn_kv *kv = session_kv_find(s, layer);
@@ -608,13 +486,12 @@ int session_truncate(struct session_store *st, struct session *s, int32_t layer,
         }
     }
     session_refresh(s);
-    shard_refresh(&st->shards[s->shard]);
     return 0;
 }
 
-/* Blocks the session's caches hold in its shard. */
+/* Blocks the session's caches hold. */
 static int32_t blocks_held(const struct session_store *st, const struct session *s) {
-    size_t bb = attn_kv_pool_block_bytes(st->shards[s->shard].pool);
+    size_t bb = attn_kv_pool_block_bytes(st->kv_pool);
     size_t total = 0;
     for (int32_t i = 0; i < s->layer_count; i++) {
         if (s->kv[i] != NULL) {
@@ -624,12 +501,11 @@ static int32_t blocks_held(const struct session_store *st, const struct session 
     return (int32_t)(total / bb);
 }
 
-/* Like session_shard_make_room, but never evicts `keep` (may be NULL). */
-static int make_room(struct session_store *st, int32_t shard, int32_t blocks_needed,
-                     const struct session *keep) {
-    struct shard *sh = &st->shards[shard];
-    assert(!sh->is_busy);
-    int32_t avail = attn_kv_pool_blocks_free(sh->pool);
+/* Evicts least-recently-used idle sessions other than `keep` (may be NULL) until blocks_needed
+ * blocks are free. Returns 0, or ERROR_KV_BUDGET_EXHAUSTED if even evicting every one of them
+ * is not enough (then nobody is evicted). */
+static int make_room(struct session_store *st, int32_t blocks_needed, const struct session *keep) {
+    int32_t avail = attn_kv_pool_blocks_free(st->kv_pool);
     if (avail >= blocks_needed) {
         return 0;
     }
@@ -637,7 +513,7 @@ static int make_room(struct session_store *st, int32_t shard, int32_t blocks_nee
      * cannot fit anyway evicts nobody. */
     int64_t reclaimable = avail;
     for (struct session *s = st->lru_tail; s != NULL; s = s->lru_prev) {
-        if (s->shard == shard && s->pins == 0 && s != keep) {
+        if (s->pins == 0 && s != keep) {
             reclaimable += blocks_held(st, s);
         }
     }
@@ -645,25 +521,18 @@ static int make_room(struct session_store *st, int32_t shard, int32_t blocks_nee
         return ERROR_KV_BUDGET_EXHAUSTED;
     }
     struct session *s = st->lru_tail;
-    while (s != NULL && attn_kv_pool_blocks_free(sh->pool) < blocks_needed) {
+    while (s != NULL && attn_kv_pool_blocks_free(st->kv_pool) < blocks_needed) {
         struct session *prev = s->lru_prev;
-        if (s->shard == shard && s->pins == 0 && s != keep) {
+        if (s->pins == 0 && s != keep) {
             evict(st, s, SESSION_EVICT_BUDGET);
         }
         s = prev;
     }
-    shard_refresh(sh);
     return 0;
-}
-
-int session_shard_make_room(struct session_store *st, int32_t shard, int32_t blocks_needed) {
-    return make_room(st, shard, blocks_needed, NULL);
 }
 
 int session_fork(struct session_store *st, struct session *s, const char *new_id, int64_t now_ms,
                  struct session **out) {
-    struct shard *sh = &st->shards[s->shard];
-    assert(!sh->is_busy);
     enum session_state state;
     if (session_find(st, new_id, &state) != NULL) {
         return ERROR_SESSION_EXISTS;
@@ -671,13 +540,14 @@ int session_fork(struct session_store *st, struct session *s, const char *new_id
     if (state == SESSION_STATE_TOMBSTONE) {
         return ERROR_SESSION_EVICTED;
     }
-    int rc = make_room(st, s->shard, blocks_held(st, s), s);
+    int rc = make_room(st, blocks_held(st, s), s);
     if (rc != 0) {
         return rc;
     }
-    /* insert_new may evict for --max-sessions; s is pinned by the caller's job, so it stays. */
+    /* session_create may evict for --max-sessions; s is pinned by the caller's job, so it
+     * stays. */
     struct session *c;
-    rc = insert_new(st, new_id, s->shard, now_ms, &c);
+    rc = session_create(st, new_id, now_ms, &c);
     if (rc != 0) {
         return rc;
     }
@@ -689,12 +559,36 @@ int session_fork(struct session_store *st, struct session *s, const char *new_id
         if (rc != ATTN_OK) {
             c->kv[i] = NULL;
             session_remove(st, c);
-            shard_refresh(sh);
             return rc;
         }
     }
     session_refresh(c);
-    shard_refresh(sh);
     *out = c;
     return 0;
+}
+
+/* ---- the KV pool ---------------------------------------------------------------------------- */
+
+attn_kv_pool *session_store_kv_pool(struct session_store *st) {
+    return st->kv_pool;
+}
+
+int session_kv_reserve(struct session_store *st, attn_kv *kv, int32_t n_new) {
+    /* The engine's own checks, first, so that a reservation it would refuse evicts nobody. */
+    if (n_new < 0) {
+        return ATTN_EINVAL;
+    }
+    if ((int64_t)attn_kv_len(kv) + n_new > attn_model_config(st->model)->max_seq) {
+        return ATTN_ERANGE;
+    }
+    int rc = make_room(st, attn_kv_blocks_needed(kv, n_new), NULL);
+    if (rc != 0) {
+        return rc;
+    }
+    rc = attn_kv_reserve(kv, n_new);
+    return rc == ATTN_ENOSPC ? ERROR_KV_BUDGET_EXHAUSTED : rc;
+}
+
+void session_kv_unreserve(attn_kv *kv) {
+    attn_kv_truncate(kv, attn_kv_len(kv));
 }

@@ -1,16 +1,17 @@
 /* server/session.h: the session table: session id -> one attn_kv per layer used, an LRU list,
- * bounded tombstones for evicted or expired ids, pin counts, and the KV shards the caches live
- * in.
+ * bounded tombstones for evicted or expired ids, pin counts, and the one engine KV pool that
+ * every cache lives in (sessions' and stateless calls' temporary ones).
  *
- * The KV budget is split into n_shards engine pools (attn_kv_pool is single-threaded, so each
- * shard is used by at most one worker at a time; pool.c acquires a shard for a job's duration).
- * A session lives in one shard for its whole life. Eviction picks the least recently used
- * session with no pins (no request queued or running) in the shard that needs room.
+ * The pool's block accounting belongs to the loop thread: before a forward is handed to a worker,
+ * session_kv_reserve takes the blocks it will fill, evicting the least recently used sessions
+ * with no pins (no request queued or running) anywhere in the pool if blocks are short. The
+ * worker's attn_forward then only writes its own caches, so forwards on different caches run on
+ * several workers at once while the loop creates, reserves, truncates or frees other caches.
  *
- * Thread rule: everything here is loop thread only. Caches are mutated by a worker only while
- * their shard is acquired; functions that touch a shard's caches (make_room, refresh, remove,
- * truncate, fork) must be called while no worker holds that shard; cache frees requested while
- * it is held are deferred to session_shard_release.
+ * Thread rule: everything here is loop thread only. A cache is written by a worker only while
+ * its job runs; that job pins the session and heads its queue, so nothing here frees, truncates
+ * or copies the cache meanwhile (evict, expire and remove need no pins; clear, truncate and fork
+ * come from the session's own next job).
  */
 #ifndef SERVER_SESSION_H
 #define SERVER_SESSION_H
@@ -26,8 +27,7 @@ struct session;       /* opaque; loop thread only */
 
 struct session_store_params {
     const attn_model *model;
-    size_t budget_bytes;    /* total KV budget, split evenly over the shards */
-    int32_t n_shards;       /* >= 1 */
+    size_t budget_bytes;    /* the KV pool's size */
     int32_t block_tokens;   /* 0 = the engine's default */
     int32_t max_sessions;   /* >= 1 */
     int32_t max_tombstones; /* >= 1: evicted/expired ids remembered, oldest forgotten first */
@@ -41,20 +41,20 @@ enum session_evict_reason {
 
 struct session_store_stats {
     int32_t n_sessions;
-    size_t bytes_used; /* as of each shard's last release (exact when no worker runs) */
+    size_t bytes_used; /* blocks held, reserved ones included */
     size_t bytes_limit;
     int32_t blocks_used;
     int32_t blocks_total;
     int32_t block_tokens;
-    int32_t n_shards;
     uint64_t evictions[3]; /* by session_evict_reason */
 };
 
-/* Creates the store and its shards' KV pools. Returns 0, ATTN_EINVAL (e.g. a budget smaller than
- * one block per shard) or ATTN_ENOMEM. */
+/* Creates the store and its KV pool. Returns 0, ATTN_EINVAL (e.g. a budget smaller than one
+ * block) or ATTN_ENOMEM. */
 int session_store_create(const struct session_store_params *p, struct session_store **out);
 
-/* Destroys every session, cache and pool. No shard may be acquired. NULL is a no-op. */
+/* Destroys every session, its caches and the pool. No forward may be running, and every
+ * temporary cache must be destroyed before. NULL is a no-op. */
 void session_store_destroy(struct session_store *st);
 
 void session_store_get_stats(const struct session_store *st, struct session_store_stats *out);
@@ -70,26 +70,24 @@ enum session_state {
 /* Finds a live session; *state (if not NULL) says live, unknown or tombstoned. May return NULL. */
 struct session *session_find(struct session_store *st, const char *id, enum session_state *state);
 
-/* Creates an empty session in the shard with the fewest sessions (then the most free blocks).
- * If max_sessions are live,
- * first evicts the least recently used idle session (tombstoned, reason max_sessions).
- * Returns 0, ERROR_SESSION_EXISTS, ERROR_SESSION_EVICTED (tombstoned id),
- * ERROR_KV_BUDGET_EXHAUSTED (max_sessions live and all pinned) or ATTN_ENOMEM. */
+/* Creates an empty session. If max_sessions are live, first evicts the least recently used idle
+ * session (tombstoned, reason max_sessions). Returns 0, ERROR_SESSION_EXISTS, ERROR_SESSION_EVICTED
+ * (tombstoned id), ERROR_KV_BUDGET_EXHAUSTED (max_sessions live and all pinned) or ATTN_ENOMEM. */
 int session_create(struct session_store *st, const char *id, int64_t now_ms, struct session **out);
 
 /* Removes an idle session (no pins) without a tombstone (DELETE, or a first request that
- * failed) and frees its caches (deferred while its shard is acquired). */
+ * failed) and frees its caches. */
 void session_remove(struct session_store *st, struct session *s);
 
-/* Frees every cache of the session (deferred while its shard is acquired); the session stays,
- * empty. For DELETE while later requests of the session are still queued. */
+/* Frees every cache of the session; the session stays, empty. For DELETE while later requests
+ * of the session are still queued (not running). */
 void session_clear(struct session_store *st, struct session *s);
 
 /* Forgets a tombstone. Returns true if there was one. */
 bool session_tombstone_forget(struct session_store *st, const char *id);
 
 /* Evicts (with tombstones, reason ttl) idle sessions unused for more than ttl_ms. Returns how
- * many. Sessions whose shard is acquired are expired too; their frees are deferred. */
+ * many. */
 int32_t session_store_expire(struct session_store *st, int64_t now_ms, int64_t ttl_ms);
 
 /* A pinned session is never evicted or expired. Every queued or running request pins its
@@ -100,7 +98,6 @@ void session_unpin(struct session_store *st, struct session *s, int64_t now_ms);
 /* ---- getters (cheap, no side effects) -------------------------------------------------------- */
 
 const char *session_id(const struct session *s);
-int32_t session_shard(const struct session *s);
 int32_t session_pins(const struct session *s);
 int64_t session_idle_ms(const struct session *s, int64_t now_ms); /* 0 while pinned */
 int32_t session_n_tokens(const struct session *s);                /* longest layer */
@@ -128,44 +125,37 @@ int session_kv_get(struct session_store *st, struct session *s, int32_t layer, a
 /* Drops layer caches that hold no tokens (after a failed first call on a layer). */
 void session_drop_empty_layers(struct session_store *st, struct session *s);
 
-/* Re-reads the session's per-layer token and byte counts from the engine. Call after a job on
- * its shard has finished. */
+/* Re-reads the session's per-layer token and byte counts from the engine. Call when no job of
+ * the session runs (e.g. after its forward has finished). */
 void session_refresh(struct session *s);
 
 /* Truncates every layer (or only `layer` if >= 0) holding more than n_tokens tokens to
  * n_tokens. Returns 0 or ERROR_INVALID_REQUEST (n_tokens above the longest layer, or above
- * `layer`'s length). Shard must not be acquired. */
+ * `layer`'s length). No job of the session may be running. */
 int session_truncate(struct session_store *st, struct session *s, int32_t layer, int32_t n_tokens);
 
-/* Creates session new_id in s's shard holding copies of all s's caches, evicting idle sessions
- * of the shard (never s) if blocks are short. Returns 0, ERROR_SESSION_EXISTS,
- * ERROR_SESSION_EVICTED, ERROR_KV_BUDGET_EXHAUSTED or ATTN_ENOMEM; on failure nothing is
- * created. Shard must not be acquired. */
+/* Creates session new_id holding copies of all s's caches, evicting idle sessions (never s) if
+ * blocks are short. Returns 0, ERROR_SESSION_EXISTS, ERROR_SESSION_EVICTED,
+ * ERROR_KV_BUDGET_EXHAUSTED or ATTN_ENOMEM; on failure nothing is created. No job of s may be
+ * running. */
 int session_fork(struct session_store *st, struct session *s, const char *new_id, int64_t now_ms,
                  struct session **out);
 
-/* ---- shards (used by pool.c) ----------------------------------------------------------------- */
+/* ---- the KV pool (used by pool.c and job.c) -------------------------------------------------- */
 
-int32_t session_store_n_shards(const struct session_store *st);
-bool session_shard_is_busy(const struct session_store *st, int32_t shard);
+/* The engine pool, for the temporary caches of stateless calls (created and destroyed on the
+ * loop thread). Borrowed, valid until session_store_destroy. */
+attn_kv_pool *session_store_kv_pool(struct session_store *st);
 
-/* Marks the shard held by a worker / releases it (running deferred cache frees and refreshing
- * its block counts). */
-void session_shard_acquire(struct session_store *st, int32_t shard);
-void session_shard_release(struct session_store *st, int32_t shard);
+/* Takes now the blocks that appending n_new tokens to kv will need (attn_kv_reserve), first
+ * evicting least-recently-used idle sessions (tombstoned, reason budget) until they are free.
+ * kv must belong to a pinned session or be a temporary cache, so it is never evicted itself.
+ * Returns 0, ERROR_KV_BUDGET_EXHAUSTED if even evicting every idle session is not enough (then
+ * nothing is evicted or taken), or ATTN_ERANGE (past max_seq) / ATTN_EINVAL from the engine. */
+int session_kv_reserve(struct session_store *st, attn_kv *kv, int32_t n_new);
 
-/* The idle shard with the most free blocks, or -1 if all are acquired. */
-int32_t session_shard_pick_idle(const struct session_store *st);
-
-/* The shard's engine pool, for temporary (stateless) caches. */
-attn_kv_pool *session_shard_pool(struct session_store *st, int32_t shard);
-
-/* Evicts least-recently-used idle sessions of the shard (tombstoned, reason budget) until it has
- * blocks_needed free blocks. Returns 0, or ERROR_KV_BUDGET_EXHAUSTED if even evicting every idle
- * session there is not enough (then nothing is evicted). Shard must not be acquired. */
-int session_shard_make_room(struct session_store *st, int32_t shard, int32_t blocks_needed);
-
-/* Frees a cache of the shard now, or when the shard is released if it is acquired. */
-void session_shard_free_kv(struct session_store *st, int32_t shard, attn_kv *kv);
+/* Returns to the pool the blocks reserved for kv but not filled (after a forward that failed or
+ * was never run). */
+void session_kv_unreserve(attn_kv *kv);
 
 #endif /* SERVER_SESSION_H */

@@ -506,7 +506,7 @@ START_TEST(test_api_session_shapes) {
     ck_assert_str_eq(text, ex);
     free(ex);
     free(text);
-    struct api_pool pool = {65536, 1073741824, 64, 4, 65536, 1};
+    struct api_pool pool = {65536, 1073741824, 64, 4, 65536};
     text = api_session_list_encode(&s, 1, &pool, NULL);
     ex = http_client_read_file(EX "sessions_list.response.json", NULL);
     cJSON *g = cJSON_Parse(text), *w = cJSON_Parse(ex);

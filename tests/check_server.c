@@ -532,6 +532,13 @@ END_TEST
 
 /* ---- sessions: eviction, 410, 507, truncate, fork -------------------------------------------- */
 
+/* Sends `t` rows of x to session id (b64), expecting 200. */
+static void prefill(const char *id, const float *x, int32_t t, const char *extra) {
+    char *body = attend_body(id, x, 0, t, TINY_HIDDEN, true, extra);
+    cJSON_Delete(call_json("POST", "/v1/attend", body, 200));
+    free(body);
+}
+
 START_TEST(test_server_eviction_then_410_and_507) {
     /* tiny KV: 16-token blocks of 4 KiB; 1 MiB = 256 blocks; 1000 tokens take 63. */
     const char *args[] = {
@@ -541,10 +548,7 @@ START_TEST(test_server_eviction_then_410_and_507) {
     float *x = make_x(51, 4200, TINY_HIDDEN);
     const char *ids[] = {"e0", "e1", "e2", "e3", "e4"};
     for (int i = 0; i < 5; i++) {
-        char *body = attend_body(ids[i], x, 0, 1000, TINY_HIDDEN, true, NULL);
-        cJSON *j = call_json("POST", "/v1/attend", body, 200);
-        cJSON_Delete(j);
-        free(body);
+        prefill(ids[i], x, 1000, NULL);
     }
     /* e4 needed room: e0, the least recently used idle session, was evicted. */
     expect_error("GET", "/v1/sessions/e0", NULL, NULL, 410, "session_evicted", "session_id");
@@ -573,6 +577,63 @@ START_TEST(test_server_eviction_then_410_and_507) {
     cJSON *j = call_json("POST", "/v1/attend", body, 200);
     cJSON_Delete(j);
     free(body);
+    free(x);
+    stop_ok();
+}
+END_TEST
+
+/* One KV pool for both workers: eviction takes the least recently used idle session of the whole
+ * pool, and one session may hold more than half of the budget. */
+START_TEST(test_server_one_pool_global_lru) {
+    /* tiny KV: 16-token blocks of 4 KiB; 1 MiB = 256 blocks; 1000 tokens take 63. */
+    const char *args[] = {
+        "--preset",          "tiny", "--seed",    "2",    "--workers", "2", "--kv-budget-mb", "1",
+        "--kv-block-tokens", "16",   "--max-seq", "8192", NULL};
+    start(args);
+    float *x = make_x(52, 3000, TINY_HIDDEN);
+    const char *ids[] = {"g0", "g1", "g2", "g3"};
+    for (int i = 0; i < 4; i++) {
+        prefill(ids[i], x, 1000, NULL); /* 252 blocks in all */
+    }
+    /* g0 and g2 are used again: g1 and then g3 are the least recently used. */
+    prefill("g0", x, 1, ",\"expect_n_past\":1000");
+    prefill("g2", x, 1, ",\"expect_n_past\":1000");
+    /* n needs 63 blocks, 4 are free: one eviction, and it is g1, whichever worker ran what. */
+    prefill("n", x, 1000, NULL);
+    expect_error("GET", "/v1/sessions/g1", NULL, NULL, 410, "session_evicted", "session_id");
+    ck_assert_int_eq((int)metric("attnd_evictions_total{reason=\"budget\"}"), 1);
+    /* big needs 188 blocks, more than half the pool (what one of two workers' shares would
+     * have been): g3, g0 and g2 go, in that order, and n (the most recent) stays. */
+    prefill("big", x, 3000, NULL);
+    ck_assert_int_eq((int)metric("attnd_evictions_total{reason=\"budget\"}"), 4);
+    for (int i = 0; i < 4; i++) {
+        char path[64];
+        snprintf(path, sizeof path, "/v1/sessions/%s", ids[i]);
+        expect_error("GET", path, NULL, NULL, 410, "session_evicted", "session_id");
+    }
+    cJSON *j = call_json("GET", "/v1/sessions/big", NULL, 200);
+    ck_assert_int_eq(int_of(j, "n_tokens"), 3000);
+    ck_assert_int_eq(int_of(j, "bytes"), 188 * 4096);
+    cJSON_Delete(j);
+    j = call_json("GET", "/v1/sessions/n", NULL, 200);
+    ck_assert_int_eq(int_of(j, "n_tokens"), 1000);
+    cJSON_Delete(j);
+    j = call_json("GET", "/v1/sessions", NULL, 200);
+    const cJSON *pool = cJSON_GetObjectItemCaseSensitive(j, "pool");
+    ck_assert_int_eq(int_of(pool, "blocks_total"), 256);
+    ck_assert_int_eq(int_of(pool, "blocks_used"), 188 + 63);
+    ck_assert_ptr_null(cJSON_GetObjectItemCaseSensitive(pool, "shards"));
+    cJSON_Delete(j);
+    /* Copying big (188 blocks) cannot fit even without n: 507, and nobody is evicted. */
+    expect_error("POST", "/v1/sessions/big/fork", "{\"new_id\":\"big2\"}", NULL, 507,
+                 "kv_budget_exhausted", NULL);
+    cJSON_Delete(call_json("GET", "/v1/sessions/n", NULL, 200));
+    /* Copying n (63 blocks, 5 free) evicts big, the only other idle session. */
+    j = call_json("POST", "/v1/sessions/n/fork", "{\"new_id\":\"n2\"}", 201);
+    ck_assert_int_eq(int_of(j, "n_tokens"), 1000);
+    cJSON_Delete(j);
+    expect_error("GET", "/v1/sessions/big", NULL, NULL, 410, "session_evicted", "session_id");
+    ck_assert_int_eq((int)metric("attnd_evictions_total{reason=\"budget\"}"), 5);
     free(x);
     stop_ok();
 }
@@ -948,11 +1009,97 @@ static void *client_main(void *arg) {
     return NULL;
 }
 
+/* While the clients run: stateless forwards (temporary caches), forks and deletes, so that the
+ * loop thread creates, reserves and frees caches of the pool while workers run forwards. */
+struct churn {
+    const float *x;    /* (16, hidden) */
+    const float *want; /* the engine's rows for x[0..8) */
+    const int *stop;   /* nonzero once the clients are done (read under mu) */
+    pthread_mutex_t *mu;
+    int rounds;
+    char error[256];
+};
+
+static void *churn_main(void *arg) {
+    struct churn *c = arg;
+    char where[256];
+    for (;;) {
+        pthread_mutex_lock(c->mu);
+        int stop = *c->stop;
+        pthread_mutex_unlock(c->mu);
+        if (stop || c->rounds == 500 || c->error[0] != '\0') {
+            break;
+        }
+        struct http_client_response r;
+        snprintf(where, sizeof where, "%s/v1/sessions/churn/fork", daemon_.base);
+        const char *fork = "{\"new_id\":\"churn-copy\"}";
+        http_client_request("POST", where, fork, strlen(fork), NULL, &r);
+        long fork_status = r.status;
+        http_client_response_release(&r);
+        snprintf(where, sizeof where, "%s/v1/sessions/churn-copy", daemon_.base);
+        http_client_request("DELETE", where, NULL, 0, NULL, &r);
+        long delete_status = r.status;
+        http_client_response_release(&r);
+        char *body = attend_body(NULL, c->x, 0, 8, TINY_HIDDEN, false, NULL);
+        snprintf(where, sizeof where, "%s/v1/attend", daemon_.base);
+        http_client_request("POST", where, body, strlen(body), NULL, &r);
+        free(body);
+        if (fork_status != 201 || delete_status != 204 || r.status != 200) {
+            snprintf(c->error, sizeof c->error, "churn round %d: fork %ld, delete %ld, attend %ld",
+                     c->rounds, fork_status, delete_status, r.status);
+        } else {
+            cJSON *j = cJSON_Parse(r.body);
+            size_t n = 0;
+            float *o = http_client_json_floats(cJSON_GetObjectItemCaseSensitive(j, "output"), &n);
+            for (size_t i = 0; i < n && c->error[0] == '\0'; i++) {
+                if (n != 8 * TINY_HIDDEN ||
+                    fabsf(o[i] - c->want[i]) > 1e-5f + 1e-4f * fabsf(c->want[i])) {
+                    snprintf(c->error, sizeof c->error,
+                             "churn round %d: stateless value %zu differs", c->rounds, i);
+                }
+            }
+            free(o);
+            cJSON_Delete(j);
+        }
+        http_client_response_release(&r);
+        c->rounds++;
+    }
+    return NULL;
+}
+
+/* 16 clients on 2 workers and one KV pool that idle "pad" sessions fill at the start: the
+ * clients' first calls evict pads (the least recently used) while other clients' forwards run,
+ * and a churn thread forks, deletes and runs stateless calls meanwhile. Every result is right,
+ * and only pads are evicted. */
 START_TEST(test_server_concurrent_sessions_are_isolated) {
-    const char *args[] = {"--preset", "tiny", "--seed", "8", "--workers", "2", NULL};
+    /* tiny KV: 16-token blocks of 4 KiB, 1 MiB = 256 blocks: 64 pads of 4 blocks fill it. */
+    const char *args[] = {
+        "--preset",          "tiny", "--seed", "8", "--workers", "2", "--kv-budget-mb", "1",
+        "--kv-block-tokens", "16",   NULL};
     start(args);
+    enum { N_PADS = 64, PAD_TOKENS = 64 };
+    float *pad_x = make_x(99, PAD_TOKENS, TINY_HIDDEN);
+    for (int i = 0; i < N_PADS; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "pad-%d", i);
+        char *body = attend_body(id, pad_x, 0, PAD_TOKENS, TINY_HIDDEN, true, NULL);
+        cJSON_Delete(call_json("POST", "/v1/attend", body, 200));
+        free(body);
+    }
+    free(pad_x);
+    ck_assert_int_eq((int)metric("attnd_kv_bytes_used"), 256 * 4096);
     struct ref r;
     ref_init(&r, "tiny", 8);
+    /* The churn session comes after the pads, so it is always more recent than every pad. */
+    float *churn_x = make_x(98, 16, TINY_HIDDEN);
+    float *churn_want = malloc(8 * TINY_HIDDEN * sizeof(float));
+    ref_forward(&r, 0, churn_x, 8, churn_want, NULL);
+    char *churn_body = attend_body("churn", churn_x, 0, 16, TINY_HIDDEN, false, NULL);
+    cJSON_Delete(call_json("POST", "/v1/attend", churn_body, 200));
+    free(churn_body);
+    int stop = 0;
+    pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    struct churn churn = {churn_x, churn_want, &stop, &mu, 0, ""};
     const int32_t total = CLIENT_PREFILL + CLIENT_DECODES;
     struct client clients[N_CLIENTS];
     float *xs[N_CLIENTS], *wants[N_CLIENTS];
@@ -962,24 +1109,46 @@ START_TEST(test_server_concurrent_sessions_are_isolated) {
         ref_forward(&r, 0, xs[i], total, wants[i], NULL);
         clients[i] = (struct client){i, xs[i], wants[i], ""};
     }
-    pthread_t threads[N_CLIENTS];
+    pthread_t threads[N_CLIENTS], churn_thread;
+    ck_assert_int_eq(pthread_create(&churn_thread, NULL, churn_main, &churn), 0);
     for (int i = 0; i < N_CLIENTS; i++) {
         ck_assert_int_eq(pthread_create(&threads[i], NULL, client_main, &clients[i]), 0);
     }
     for (int i = 0; i < N_CLIENTS; i++) {
         pthread_join(threads[i], NULL);
     }
+    pthread_mutex_lock(&mu);
+    stop = 1;
+    pthread_mutex_unlock(&mu);
+    pthread_join(churn_thread, NULL);
     for (int i = 0; i < N_CLIENTS; i++) {
         ck_assert_msg(clients[i].error[0] == '\0', "%s", clients[i].error);
     }
+    ck_assert_msg(churn.error[0] == '\0', "%s", churn.error);
+    ck_assert_int_gt(churn.rounds, 0);
+    /* Every client session holds its tokens; the evicted sessions were all pads. */
+    int n_clients = 0, n_pads = 0;
     cJSON *j = call_json("GET", "/v1/sessions", NULL, 200);
-    ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(j, "sessions")),
-                     N_CLIENTS);
     for (const cJSON *s = cJSON_GetObjectItemCaseSensitive(j, "sessions")->child; s != NULL;
          s = s->next) {
-        ck_assert_int_eq(int_of(s, "n_tokens"), total);
+        const char *id = cJSON_GetObjectItemCaseSensitive(s, "session_id")->valuestring;
+        if (strncmp(id, "client-", 7) == 0) {
+            n_clients++;
+            ck_assert_int_eq(int_of(s, "n_tokens"), total);
+        } else if (strncmp(id, "pad-", 4) == 0) {
+            n_pads++;
+            ck_assert_int_eq(int_of(s, "n_tokens"), PAD_TOKENS);
+        } else {
+            ck_assert_str_eq(id, "churn");
+        }
     }
     cJSON_Delete(j);
+    ck_assert_int_eq(n_clients, N_CLIENTS);
+    int evicted = (int)metric("attnd_evictions_total{reason=\"budget\"}");
+    ck_assert_int_ge(evicted, 4); /* the clients alone need 16 blocks */
+    ck_assert_int_eq(n_pads, N_PADS - evicted);
+    free(churn_want);
+    free(churn_x);
     for (int i = 0; i < N_CLIENTS; i++) {
         free(xs[i]);
         free(wants[i]);
@@ -989,10 +1158,25 @@ START_TEST(test_server_concurrent_sessions_are_isolated) {
 }
 END_TEST
 
+/* Raw-sends a POST /v1/attend with this body; returns the socket. */
+static int send_attend(const char *body) {
+    char head[256];
+    int hl = snprintf(head, sizeof head,
+                      "POST /v1/attend HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: %zu\r\n\r\n",
+                      strlen(body));
+    char *req = malloc((size_t)hl + strlen(body) + 1);
+    memcpy(req, head, (size_t)hl);
+    strcpy(req + hl, body);
+    int fd = http_client_raw_send(daemon_.port, req, strlen(req), 0);
+    free(req);
+    return fd;
+}
+
 /* Decode steps of different sessions that wait together run as one engine call, with the same
- * results as alone; health answers at once while the only worker is busy. */
+ * results as alone, whichever sessions they are (one KV pool: no worker affinity); health
+ * answers at once while every worker is busy. */
 START_TEST(test_server_batches_ready_decodes) {
-    const char *args[] = {"--preset", "small", "--seed", "6", "--workers", "1", NULL};
+    const char *args[] = {"--preset", "small", "--seed", "6", "--workers", "2", NULL};
     start(args);
     const int32_t hidden = 512, n_sess = 8, pre = 3, big = 2048;
     float *x = make_x(111, big, hidden);
@@ -1005,22 +1189,15 @@ START_TEST(test_server_batches_ready_decodes) {
     }
     double steps0 = metric("attnd_engine_steps_total");
     double seqs0 = metric("attnd_batched_steps_total");
-    /* Occupy the worker with a long stateless prefill... */
+    /* Occupy both workers with long stateless prefills... */
     char *body = attend_body(NULL, x, 0, big, hidden, true, NULL);
-    size_t n = strlen(body) + 256;
-    char *req = malloc(n);
-    int len = snprintf(req, n,
-                       "POST /v1/attend HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: "
-                       "%zu\r\n\r\n%s",
-                       strlen(body), body);
-    int big_fd = http_client_raw_send(daemon_.port, req, (size_t)len, 0);
-    free(req);
+    int big_fds[2] = {send_attend(body), send_attend(body)};
     free(body);
-    /* Send the decodes only once the prefill runs, so that they all wait for the worker. */
-    for (int i = 0; i < 1000 && metric("attnd_jobs_in_flight") < 1; i++) {
+    /* Send the decodes only once the prefills run, so that they all wait for a worker. */
+    for (int i = 0; i < 1000 && metric("attnd_jobs_in_flight") < 2; i++) {
         sleep_ms(2);
     }
-    ck_assert_int_eq((int)metric("attnd_jobs_in_flight"), 1);
+    ck_assert_int_eq((int)metric("attnd_jobs_in_flight"), 2);
     /* ...while it runs, health is immediate... */
     double t0 = mono_ms();
     cJSON_Delete(call_json("GET", "/healthz", NULL, 200));
@@ -1032,23 +1209,16 @@ START_TEST(test_server_batches_ready_decodes) {
         snprintf(id, sizeof id, "b%d", (int)s);
         snprintf(extra, sizeof extra, ",\"expect_n_past\":%d", (int)pre);
         body = attend_body(id, x, 100 + s, 1, hidden, true, extra);
-        char head[256];
-        int hl = snprintf(head, sizeof head,
-                          "POST /v1/attend HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: "
-                          "%zu\r\n\r\n",
-                          strlen(body));
-        req = malloc((size_t)hl + strlen(body) + 1);
-        memcpy(req, head, (size_t)hl);
-        strcpy(req + hl, body);
-        fds[s] = http_client_raw_send(daemon_.port, req, strlen(req), 0);
-        free(req);
+        fds[s] = send_attend(body);
         free(body);
     }
     char *seen;
-    ck_assert_int_ge(http_client_raw_read_until(big_fd, "\"timing\"", 60000, &seen), 0);
-    ck_assert_ptr_nonnull(strstr(seen, "200 OK"));
-    free(seen);
-    close(big_fd);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_ge(http_client_raw_read_until(big_fds[i], "\"timing\"", 60000, &seen), 0);
+        ck_assert_ptr_nonnull(strstr(seen, "200 OK"));
+        free(seen);
+        close(big_fds[i]);
+    }
     struct ref r;
     ref_init(&r, "small", 6);
     float *seq = malloc((size_t)(pre + 1) * hidden * sizeof(float));
@@ -1072,9 +1242,11 @@ START_TEST(test_server_batches_ready_decodes) {
     }
     double calls = metric("attnd_engine_steps_total") - steps0;
     double seqs = metric("attnd_batched_steps_total") - seqs0;
-    /* 9 sequence steps (the prefill and 8 decodes) in fewer engine calls: batched. */
-    ck_assert_int_eq((int)seqs, 9);
-    ck_assert_msg(calls < seqs, "no batching: %g calls for %g steps", calls, seqs);
+    /* 10 sequence steps (the two prefills and 8 decodes) in 3 engine calls: the first worker to
+     * come free took all eight decodes at once (with a pool per worker, the sessions would
+     * have been split between them and needed at least two calls). */
+    ck_assert_int_eq((int)seqs, 10);
+    ck_assert_msg(calls == 3, "%g engine calls for %g steps, want 3", calls, seqs);
     ck_assert_msg(health_ms < 500, "/healthz took %.1f ms while the worker was busy", health_ms);
     ref_release(&r);
     free(want);
@@ -1292,6 +1464,7 @@ Suite *server_suite(void) {
     tcase_add_test(tc, test_server_stream_disconnect_stops_steps);
     tc = daemon_case(s, "sessions");
     tcase_add_test(tc, test_server_eviction_then_410_and_507);
+    tcase_add_test(tc, test_server_one_pool_global_lru);
     tcase_add_test(tc, test_server_truncate_and_fork);
     tcase_add_test(tc, test_server_idle_sessions_expire);
     tc = daemon_case(s, "errors");

@@ -1,7 +1,7 @@
 /* tests/check_session.c: server/session.c: the session table with an LRU of capacity 2, pins,
- * bounded tombstones, eviction to make room in a shard, TTL expiry, fork and truncate, and frees
- * deferred while a shard is held. Caches are filled with real engine forwards on the tiny
- * preset. */
+ * bounded tombstones, reservations in the one KV pool (evicting the least recently used idle
+ * sessions, never pinned ones), TTL expiry, fork and truncate. Caches are filled with real engine
+ * forwards on the tiny preset. */
 #include <check.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,12 +35,10 @@ static void teardown(void) {
     attn_model_destroy(model);
 }
 
-static void make_store(int32_t n_shards, int32_t blocks_per_shard, int32_t max_sessions,
-                       int32_t max_tombstones) {
+static void make_store(int32_t blocks, int32_t max_sessions, int32_t max_tombstones) {
     struct session_store_params p = {
         .model = model,
-        .budget_bytes = (size_t)n_shards * blocks_per_shard * BLOCK_BYTES,
-        .n_shards = n_shards,
+        .budget_bytes = (size_t)blocks * BLOCK_BYTES,
         .block_tokens = BLOCK_TOKENS,
         .max_sessions = max_sessions,
         .max_tombstones = max_tombstones,
@@ -61,12 +59,12 @@ static enum session_state state_of(const char *id) {
     return state;
 }
 
-/* Appends n tokens to the session's cache for `layer` with a real forward, holding the shard as
- * a worker would. */
+/* Appends n tokens to the session's cache for `layer` with a real forward, its blocks reserved
+ * first as pool.c does. */
 static void fill(struct session *s, int32_t layer, int32_t n) {
     attn_kv *kv;
     ck_assert_int_eq(session_kv_get(st, s, layer, &kv), 0);
-    session_shard_acquire(st, session_shard(s));
+    ck_assert_int_eq(session_kv_reserve(st, kv, n), 0);
     float *x = calloc((size_t)n * 64, sizeof(float));
     float *out = calloc((size_t)n * 64, sizeof(float));
     for (int32_t i = 0; i < n * 64; i++) {
@@ -74,18 +72,18 @@ static void fill(struct session *s, int32_t layer, int32_t n) {
     }
     attn_step step = {.kv = kv, .x = x, .n_tokens = n, .out = out};
     ck_assert_int_eq(attn_forward(model, layer, ws, &step, 1), ATTN_OK);
-    session_shard_release(st, session_shard(s));
+    session_kv_unreserve(kv);
     session_refresh(s);
     free(x);
     free(out);
 }
 
-static int32_t free_blocks(int32_t shard) {
-    return attn_kv_pool_blocks_free(session_shard_pool(st, shard));
+static int32_t free_blocks(void) {
+    return attn_kv_pool_blocks_free(session_store_kv_pool(st));
 }
 
 START_TEST(test_session_lru_capacity_two) {
-    make_store(1, 64, 2, 16);
+    make_store(64, 2, 16);
     struct session *a = create("a", 0);
     create("b", 1);
     /* Using a makes b the least recently used. */
@@ -106,7 +104,7 @@ START_TEST(test_session_lru_capacity_two) {
 END_TEST
 
 START_TEST(test_session_pinned_is_never_evicted) {
-    make_store(1, 64, 2, 16);
+    make_store(64, 2, 16);
     struct session *a = create("a", 0);
     struct session *b = create("b", 1);
     session_pin(st, a, 2);
@@ -127,7 +125,7 @@ START_TEST(test_session_pinned_is_never_evicted) {
 END_TEST
 
 START_TEST(test_session_tombstones_are_bounded) {
-    make_store(1, 64, 2, 2);
+    make_store(64, 2, 2);
     create("x", 0);
     create("y", 1);
     create("z", 2); /* evicts x */
@@ -152,29 +150,41 @@ START_TEST(test_session_tombstones_are_bounded) {
 }
 END_TEST
 
-START_TEST(test_session_make_room_evicts_lru_idle) {
-    make_store(1, 8, 16, 16);
+START_TEST(test_session_reserve_evicts_lru_idle) {
+    make_store(8, 16, 16);
     struct session *a = create("a", 0);
     struct session *b = create("b", 1);
     fill(a, 0, 3 * BLOCK_TOKENS); /* 3 blocks */
     fill(b, 1, 3 * BLOCK_TOKENS); /* 3 blocks */
     session_pin(st, a, 2);        /* touch a: b is now the LRU one */
     session_unpin(st, a, 3);
-    ck_assert_int_eq(free_blocks(0), 2);
-    /* Too much even with every idle session gone: nobody is evicted. */
-    ck_assert_int_eq(session_shard_make_room(st, 0, 9), ERROR_KV_BUDGET_EXHAUSTED);
+    struct session *r = create("r", 4);
+    session_pin(st, r, 4); /* as its queued job would */
+    attn_kv *kv;
+    ck_assert_int_eq(session_kv_get(st, r, 0, &kv), 0);
+    ck_assert_int_eq(free_blocks(), 2);
+    /* Too much even with every idle session gone: nobody is evicted, nothing is taken. */
+    ck_assert_int_eq(session_kv_reserve(st, kv, 9 * BLOCK_TOKENS), ERROR_KV_BUDGET_EXHAUSTED);
+    /* Past max_seq (1024): the engine's refusal, and nobody is evicted for it either. */
+    ck_assert_int_eq(session_kv_reserve(st, kv, 1025), ATTN_ERANGE);
     ck_assert_int_eq(state_of("a"), SESSION_STATE_LIVE);
     ck_assert_int_eq(state_of("b"), SESSION_STATE_LIVE);
-    /* 4 blocks: evicting b (the LRU) is enough, a stays. */
-    ck_assert_int_eq(session_shard_make_room(st, 0, 4), 0);
+    ck_assert_int_eq(free_blocks(), 2);
+    /* 4 blocks: evicting b (the LRU) is enough, a stays; r holds them, still empty. */
+    ck_assert_int_eq(session_kv_reserve(st, kv, 4 * BLOCK_TOKENS), 0);
     ck_assert_int_eq(state_of("b"), SESSION_STATE_TOMBSTONE);
     ck_assert_int_eq(state_of("a"), SESSION_STATE_LIVE);
-    ck_assert_int_eq(free_blocks(0), 5);
+    ck_assert_int_eq(free_blocks(), 1);
+    ck_assert_int_eq(attn_kv_len(kv), 0);
+    ck_assert_uint_eq(attn_kv_bytes(kv), 4 * BLOCK_BYTES);
+    session_kv_unreserve(kv);
+    ck_assert_int_eq(free_blocks(), 5);
     /* A pinned session does not count as reclaimable. */
-    session_pin(st, a, 4);
-    ck_assert_int_eq(session_shard_make_room(st, 0, 6), ERROR_KV_BUDGET_EXHAUSTED);
+    session_pin(st, a, 5);
+    ck_assert_int_eq(session_kv_reserve(st, kv, 6 * BLOCK_TOKENS), ERROR_KV_BUDGET_EXHAUSTED);
     ck_assert_int_eq(state_of("a"), SESSION_STATE_LIVE);
-    session_unpin(st, a, 5);
+    session_unpin(st, a, 6);
+    session_unpin(st, r, 6);
     struct session_store_stats stats;
     session_store_get_stats(st, &stats);
     ck_assert_uint_eq(stats.evictions[SESSION_EVICT_BUDGET], 1);
@@ -185,8 +195,36 @@ START_TEST(test_session_make_room_evicts_lru_idle) {
 }
 END_TEST
 
+/* The pool is shared: eviction goes by recency over every idle session, however they were
+ * created, and one session may grow to the whole pool. */
+START_TEST(test_session_one_session_may_take_the_whole_pool) {
+    make_store(8, 16, 16);
+    struct session *a = create("a", 0);
+    struct session *b = create("b", 1);
+    struct session *c = create("c", 2);
+    fill(a, 0, 2 * BLOCK_TOKENS);
+    fill(b, 0, 2 * BLOCK_TOKENS);
+    fill(c, 0, 2 * BLOCK_TOKENS);
+    session_pin(st, a, 3); /* a is used again: b, then c, are the least recently used */
+    session_unpin(st, a, 4);
+    /* a grows by 3 blocks (2 free): b goes, c stays. */
+    fill(a, 1, 3 * BLOCK_TOKENS);
+    ck_assert_int_eq(state_of("b"), SESSION_STATE_TOMBSTONE);
+    ck_assert_int_eq(state_of("c"), SESSION_STATE_LIVE);
+    /* a takes the rest: c goes, and a holds all 8 blocks. */
+    fill(a, 1, 3 * BLOCK_TOKENS);
+    ck_assert_int_eq(state_of("c"), SESSION_STATE_TOMBSTONE);
+    ck_assert_uint_eq(session_bytes(a), 8 * BLOCK_BYTES);
+    ck_assert_int_eq(free_blocks(), 0);
+    struct session_store_stats stats;
+    session_store_get_stats(st, &stats);
+    ck_assert_int_eq(stats.blocks_used, 8);
+    ck_assert_uint_eq(stats.evictions[SESSION_EVICT_BUDGET], 2);
+}
+END_TEST
+
 START_TEST(test_session_fork_and_truncate) {
-    make_store(1, 32, 16, 16);
+    make_store(32, 16, 16);
     struct session *a = create("a", 0);
     fill(a, 0, 20);
     fill(a, 1, 20);
@@ -195,7 +233,6 @@ START_TEST(test_session_fork_and_truncate) {
     ck_assert_int_eq(session_fork(st, a, "c", 2, &c), 0);
     ck_assert_int_eq(session_n_tokens(c), 20);
     ck_assert_int_eq(session_n_layers_used(c), 2);
-    ck_assert_int_eq(session_shard(c), session_shard(a));
     /* The copy holds the same keys and values in blocks of its own. */
     float k1[2 * 20 * 16], v1[2 * 20 * 16], k2[2 * 20 * 16], v2[2 * 20 * 16];
     ck_assert_int_eq(attn_kv_read(session_kv_find(a, 1), 0, 20, k1, v1), ATTN_OK);
@@ -223,7 +260,7 @@ START_TEST(test_session_fork_and_truncate) {
 END_TEST
 
 START_TEST(test_session_fork_evicts_others_but_not_source) {
-    make_store(1, 8, 16, 16);
+    make_store(8, 16, 16);
     struct session *old = create("old", 0);
     fill(old, 0, 3 * BLOCK_TOKENS);
     struct session *a = create("a", 1);
@@ -236,33 +273,51 @@ START_TEST(test_session_fork_evicts_others_but_not_source) {
     /* Now 2 free and only pinned a plus idle copy: another copy fits after evicting "copy"... */
     ck_assert_int_eq(session_fork(st, a, "copy2", 4, &c), 0);
     ck_assert_int_eq(state_of("copy"), SESSION_STATE_TOMBSTONE);
-    /* ...but never by evicting the source itself. */
-    ck_assert_int_eq(session_shard_make_room(st, 0, 8), ERROR_KV_BUDGET_EXHAUSTED);
-    ck_assert_int_eq(state_of("a"), SESSION_STATE_LIVE);
+    /* ...but never by evicting the source itself, even when nothing pins it (copy2 is pinned
+     * here, so only a could make room). */
     session_unpin(st, a, 5);
+    session_pin(st, c, 6);
+    ck_assert_int_eq(session_fork(st, a, "copy3", 7, &c), ERROR_KV_BUDGET_EXHAUSTED);
+    ck_assert_int_eq(state_of("copy3"), SESSION_STATE_UNKNOWN);
+    ck_assert_int_eq(state_of("a"), SESSION_STATE_LIVE);
+    ck_assert_int_eq(session_n_tokens(a), 3 * BLOCK_TOKENS);
+    session_unpin(st, session_find(st, "copy2", NULL), 8);
 }
 END_TEST
 
-START_TEST(test_session_busy_shard_defers_frees) {
-    make_store(1, 8, 16, 16);
+/* A forward on reserved blocks leaves the pool's accounting alone (what lets a worker run it
+ * while the loop thread uses the pool); a temporary cache's reservation counts like any other. */
+START_TEST(test_session_reserved_forward_leaves_the_pool_alone) {
+    make_store(8, 16, 16);
+    attn_kv *kv;
+    ck_assert_int_eq(attn_kv_create(session_store_kv_pool(st), &kv), ATTN_OK);
+    ck_assert_int_eq(session_kv_reserve(st, kv, 40), 0); /* 3 blocks */
+    ck_assert_int_eq(free_blocks(), 5);
+    float x[20 * 64], out[20 * 64];
+    for (int32_t i = 0; i < 20 * 64; i++) {
+        x[i] = (float)(i % 13) / 13.0f - 0.5f;
+    }
+    attn_step step = {.kv = kv, .x = x, .n_tokens = 20, .out = out};
+    ck_assert_int_eq(attn_forward(model, 0, ws, &step, 1), ATTN_OK);
+    ck_assert_int_eq(free_blocks(), 5);
+    ck_assert_int_eq(attn_kv_len(kv), 20);
+    /* The blocks reserved but not filled go back; the filled ones stay. */
+    session_kv_unreserve(kv);
+    ck_assert_int_eq(free_blocks(), 6);
+    ck_assert_uint_eq(attn_kv_bytes(kv), 2 * BLOCK_BYTES);
+    /* An idle session makes room for the temporary cache. */
     struct session *a = create("a", 0);
-    fill(a, 0, 2 * BLOCK_TOKENS);
-    ck_assert_int_eq(free_blocks(0), 6);
-    session_shard_acquire(st, 0);
-    ck_assert(session_shard_is_busy(st, 0));
-    ck_assert_int_eq(session_shard_pick_idle(st), -1);
-    session_remove(st, a);
-    /* A worker may be using the pool: the blocks come back only on release. */
-    ck_assert_int_eq(free_blocks(0), 6);
-    ck_assert_int_eq(state_of("a"), SESSION_STATE_UNKNOWN);
-    session_shard_release(st, 0);
-    ck_assert_int_eq(free_blocks(0), 8);
-    ck_assert_int_eq(session_shard_pick_idle(st), 0);
+    fill(a, 0, 5 * BLOCK_TOKENS);
+    ck_assert_int_eq(free_blocks(), 1);
+    ck_assert_int_eq(session_kv_reserve(st, kv, 2 * BLOCK_TOKENS), 0);
+    ck_assert_int_eq(state_of("a"), SESSION_STATE_TOMBSTONE);
+    attn_kv_destroy(kv);
+    ck_assert_int_eq(free_blocks(), 8);
 }
 END_TEST
 
 START_TEST(test_session_ttl_expiry) {
-    make_store(1, 16, 16, 16);
+    make_store(16, 16, 16);
     create("old", 0);
     create("new", 500);
     struct session *busy = create("busy", 0);
@@ -278,26 +333,22 @@ START_TEST(test_session_ttl_expiry) {
 }
 END_TEST
 
-START_TEST(test_session_shards_spread_and_clear) {
-    make_store(2, 8, 16, 16);
+START_TEST(test_session_clear_and_drop_empty_layers) {
+    make_store(16, 16, 16);
     struct session *a = create("a", 0);
-    ck_assert_int_eq(session_shard(a), 0);
     fill(a, 0, BLOCK_TOKENS);
     struct session *b = create("b", 1);
-    ck_assert_int_eq(session_shard(b), 1); /* the shard with fewer sessions */
-    /* One session each: the shard with more free blocks (a's holds one block), then the
-     * emptier one by count. */
-    ck_assert_int_eq(session_shard(create("c", 2)), 1);
-    ck_assert_int_eq(session_shard(create("d", 3)), 0);
     struct session_store_stats stats;
     session_store_get_stats(st, &stats);
-    ck_assert_int_eq(stats.n_shards, 2);
+    ck_assert_int_eq(stats.n_sessions, 2);
     ck_assert_int_eq(stats.blocks_total, 16);
+    ck_assert_int_eq(stats.blocks_used, 1);
+    ck_assert_int_eq(stats.block_tokens, BLOCK_TOKENS);
     ck_assert_uint_eq(stats.bytes_limit, 16 * BLOCK_BYTES);
     /* clear keeps the session, empty. */
     session_clear(st, a);
     ck_assert_int_eq(session_n_layers_used(a), 0);
-    ck_assert_int_eq(free_blocks(0), 8);
+    ck_assert_int_eq(free_blocks(), 16);
     ck_assert_int_eq(state_of("a"), SESSION_STATE_LIVE);
     /* An empty layer left by a failed first call is dropped. */
     attn_kv *kv;
@@ -320,12 +371,13 @@ Suite *session_suite(void) {
     tcase_add_test(tc, test_session_lru_capacity_two);
     tcase_add_test(tc, test_session_pinned_is_never_evicted);
     tcase_add_test(tc, test_session_tombstones_are_bounded);
-    tcase_add_test(tc, test_session_make_room_evicts_lru_idle);
+    tcase_add_test(tc, test_session_reserve_evicts_lru_idle);
+    tcase_add_test(tc, test_session_one_session_may_take_the_whole_pool);
     tcase_add_test(tc, test_session_fork_and_truncate);
     tcase_add_test(tc, test_session_fork_evicts_others_but_not_source);
-    tcase_add_test(tc, test_session_busy_shard_defers_frees);
+    tcase_add_test(tc, test_session_reserved_forward_leaves_the_pool_alone);
     tcase_add_test(tc, test_session_ttl_expiry);
-    tcase_add_test(tc, test_session_shards_spread_and_clear);
+    tcase_add_test(tc, test_session_clear_and_drop_empty_layers);
     suite_add_tcase(s, tc);
     return s;
 }
