@@ -53,7 +53,7 @@ static const struct option options[] = {
      "1024", 1, 1048576, "KV cache pool size in MiB, shared by all sessions and workers"},
     {"kv-block-tokens", "ATTND_KV_BLOCK_TOKENS", OPTION_I32,
      offsetof(struct config, kv_block_tokens), "0", 0, 256,
-     "tokens per KV block, 16..256; 0 = the engine's default (64)"},
+     "tokens per KV block, 16..256; 0 = the engine's default (128)"},
     {"max-sessions", "ATTND_MAX_SESSIONS", OPTION_I32, offsetof(struct config, max_sessions),
      "4096", 1, 1000000,
      "live sessions at most; the least recently used idle one is evicted "

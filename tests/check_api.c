@@ -500,13 +500,14 @@ START_TEST(test_api_session_shapes) {
     /* idle_ms is whatever the capture measured; everything else is fixed by the requests. */
     int64_t idle = (int64_t)cJSON_GetObjectItemCaseSensitive(j, "idle_ms")->valuedouble;
     cJSON_Delete(j);
-    struct api_session_layer layers[1] = {{0, 4, 16384}};
-    struct api_session s = {"chat-42", 4, 16384, idle, 0, layers, 1};
+    /* tiny: 2 kv heads x head_dim 16 x 128-token blocks x K and V x 4 bytes = 32768 per block */
+    struct api_session_layer layers[1] = {{0, 4, 32768}};
+    struct api_session s = {"chat-42", 4, 32768, idle, 0, layers, 1};
     char *text = api_session_encode(&s, NULL);
     ck_assert_str_eq(text, ex);
     free(ex);
     free(text);
-    struct api_pool pool = {65536, 1073741824, 64, 4, 65536};
+    struct api_pool pool = {131072, 1073741824, 128, 4, 32768};
     text = api_session_list_encode(&s, 1, &pool, NULL);
     ex = http_client_read_file(EX "sessions_list.response.json", NULL);
     cJSON *g = cJSON_Parse(text), *w = cJSON_Parse(ex);
