@@ -13,36 +13,38 @@ static attn_config config_base(void) {
     return c;
 }
 
+/* The built-in geometries; everything not named takes config_base()'s value. */
+static const struct preset {
+    const char *name;
+    int32_t n_layers, hidden_size, n_heads, n_kv_heads, head_dim, max_seq;
+    float rope_theta;
+} presets[] = {
+    {"tiny", 2, 64, 4, 2, 16, 1024, 10000.0f},
+    {"small", 4, 512, 8, 2, 64, 8192, 10000.0f},
+    {"llama8b", 32, 4096, 32, 8, 128, 8192, 500000.0f},
+};
+
 int attn_config_preset(const char *name, attn_config *out) {
     if (name == NULL || out == NULL) {
         return ATTN_EINVAL;
     }
-    attn_config c = config_base();
-    if (strcmp(name, "tiny") == 0) {
-        c.n_layers = 2;
-        c.hidden_size = 64;
-        c.n_heads = 4;
-        c.n_kv_heads = 2;
-        c.head_dim = 16;
-        c.max_seq = 1024;
-    } else if (strcmp(name, "small") == 0) {
-        c.n_layers = 4;
-        c.hidden_size = 512;
-        c.n_heads = 8;
-        c.n_kv_heads = 2;
-        c.head_dim = 64;
-        c.max_seq = 8192;
-    } else if (strcmp(name, "llama8b") == 0) {
-        c.n_layers = 32;
-        c.hidden_size = 4096;
-        c.n_heads = 32;
-        c.n_kv_heads = 8;
-        c.head_dim = 128;
-        c.rope_theta = 500000.0f;
-        c.max_seq = 8192;
-    } else {
+    const struct preset *p = NULL;
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
+        if (strcmp(name, presets[i].name) == 0) {
+            p = &presets[i];
+        }
+    }
+    if (p == NULL) {
         return ATTN_EINVAL;
     }
+    attn_config c = config_base();
+    c.n_layers = p->n_layers;
+    c.hidden_size = p->hidden_size;
+    c.n_heads = p->n_heads;
+    c.n_kv_heads = p->n_kv_heads;
+    c.head_dim = p->head_dim;
+    c.max_seq = p->max_seq;
+    c.rope_theta = p->rope_theta;
     int rc = attn_config_check(&c);
     if (rc == ATTN_OK) {
         *out = c;

@@ -58,6 +58,21 @@ static int path_join(struct loader *ld, const char *name, char *out, size_t size
     return ATTN_OK;
 }
 
+/* Reads the next n bytes of f into a new NUL-terminated buffer (for JSON text). */
+static int read_bytes(struct loader *ld, FILE *f, size_t n, const char *path, char **out) {
+    char *buf = malloc(n + 1);
+    if (buf == NULL) {
+        return ATTN_ENOMEM;
+    }
+    if (fread(buf, 1, n, f) != n) {
+        free(buf);
+        return fail(ld, ATTN_EIO, "%s: short read", path);
+    }
+    buf[n] = '\0';
+    *out = buf;
+    return ATTN_OK;
+}
+
 /* Reads a whole (small) file into a NUL-terminated buffer. */
 static int read_text(struct loader *ld, const char *name, char **out) {
     char path[4096];
@@ -69,9 +84,8 @@ static int read_text(struct loader *ld, const char *name, char **out) {
     if (f == NULL) {
         return fail(ld, ATTN_EIO, "cannot open %s: %s", path, strerror(errno));
     }
-    char *buf = NULL;
-    rc = ATTN_EIO;
     if (fseek(f, 0, SEEK_END) != 0) {
+        rc = fail(ld, ATTN_EIO, "%s: cannot seek", path);
         goto out;
     }
     long size = ftell(f);
@@ -79,21 +93,8 @@ static int read_text(struct loader *ld, const char *name, char **out) {
         rc = fail(ld, ATTN_EIO, "%s: unreadable or larger than 100 MB", path);
         goto out;
     }
-    buf = malloc((size_t)size + 1);
-    if (buf == NULL) {
-        rc = ATTN_ENOMEM;
-        goto out;
-    }
-    if (fread(buf, 1, (size_t)size, f) != (size_t)size) {
-        rc = fail(ld, ATTN_EIO, "%s: short read", path);
-        goto out;
-    }
-    buf[size] = '\0';
-    *out = buf;
-    buf = NULL;
-    rc = ATTN_OK;
+    rc = read_bytes(ld, f, (size_t)size, path, out);
 out:
-    free(buf);
     fclose(f);
     return rc;
 }
@@ -340,16 +341,9 @@ static int shard_open(struct loader *ld, const char *name, int *out) {
                   (unsigned long long)n);
         goto out;
     }
-    text = malloc((size_t)n + 1);
-    if (text == NULL) {
-        rc = ATTN_ENOMEM;
+    if ((rc = read_bytes(ld, f, (size_t)n, path, &text)) != ATTN_OK) {
         goto out;
     }
-    if (fread(text, 1, (size_t)n, f) != (size_t)n) {
-        rc = fail(ld, ATTN_EIO, "%s: short read of the header", path);
-        goto out;
-    }
-    text[n] = '\0';
     cJSON *header = cJSON_Parse(text);
     if (header == NULL || !cJSON_IsObject(header)) {
         cJSON_Delete(header);
