@@ -209,46 +209,15 @@ static int parse_rope_scaling(struct loader *ld, const cJSON *rs, attn_rope_scal
     return ATTN_OK;
 }
 
-static int parse_config(struct loader *ld, const cJSON *j, attn_config *c, bool *wants_bias) {
-    memset(c, 0, sizeof *c);
+/* The rotary embedding: theta and scaling (also from transformers v5's rope_parameters),
+ * attnd's own rope_style, and partial_rotary_factor. Needs c->head_dim. */
+static int parse_rope(struct loader *ld, const cJSON *j, attn_config *c) {
     int rc;
-    int32_t max_pos = 0;
     float partial = 1.0f;
-    if ((rc = get_int(ld, j, "hidden_size", &c->hidden_size)) != ATTN_OK ||
-        (rc = get_int(ld, j, "num_attention_heads", &c->n_heads)) != ATTN_OK ||
-        (rc = get_int(ld, j, "num_hidden_layers", &c->n_layers)) != ATTN_OK ||
-        (rc = get_int(ld, j, "max_position_embeddings", &max_pos)) != ATTN_OK ||
-        (rc = get_int(ld, j, "head_dim", &c->head_dim)) != ATTN_OK ||
-        (rc = get_float(ld, j, "rope_theta", &c->rope_theta)) != ATTN_OK ||
-        (rc = get_float(ld, j, "partial_rotary_factor", &partial)) != ATTN_OK ||
-        (rc = get_int(ld, j, "sliding_window", &c->sliding_window)) != ATTN_OK ||
-        (rc = get_bool(ld, j, "attention_bias", wants_bias)) != ATTN_OK) {
+    if ((rc = get_float(ld, j, "rope_theta", &c->rope_theta)) != ATTN_OK ||
+        (rc = get_float(ld, j, "partial_rotary_factor", &partial)) != ATTN_OK) {
         return rc;
     }
-    if (c->hidden_size <= 0 || c->n_heads <= 0 || c->n_layers <= 0) {
-        return fail(ld, ATTN_EIO,
-                    "config.json: hidden_size, num_attention_heads and "
-                    "num_hidden_layers are required and must be > 0");
-    }
-    c->n_kv_heads = c->n_heads;
-    if ((rc = get_int(ld, j, "num_key_value_heads", &c->n_kv_heads)) != ATTN_OK) {
-        return rc;
-    }
-    if (c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads != 0) {
-        return fail(ld, ATTN_ESHAPE,
-                    "config.json: num_key_value_heads (%d) must divide "
-                    "num_attention_heads (%d)",
-                    c->n_kv_heads, c->n_heads);
-    }
-    bool use_window = true;
-    if ((rc = get_bool(ld, j, "use_sliding_window", &use_window)) != ATTN_OK) {
-        return rc;
-    }
-    if (!use_window) {
-        c->sliding_window = 0;
-    }
-    c->max_seq = max_pos > 0 ? max_pos : 4096;
-    /* transformers v5 moves rope_theta and the scaling into rope_parameters. */
     const cJSON *rp = cJSON_GetObjectItemCaseSensitive(j, "rope_parameters");
     const cJSON *rs = cJSON_GetObjectItemCaseSensitive(j, "rope_scaling");
     if (cJSON_IsObject(rp)) {
@@ -273,14 +242,6 @@ static int parse_config(struct loader *ld, const cJSON *j, attn_config *c, bool 
                         "config.json: rope_style must be \"half\" or \"interleaved\"");
         }
     }
-    if (c->head_dim == 0) {
-        if (c->hidden_size % c->n_heads != 0) {
-            return fail(ld, ATTN_ESHAPE,
-                        "config.json: hidden_size %% num_attention_heads != 0 "
-                        "and no head_dim given");
-        }
-        c->head_dim = c->hidden_size / c->n_heads;
-    }
     if (!(partial > 0.0f && partial <= 1.0f)) {
         return fail(ld, ATTN_EIO, "config.json: partial_rotary_factor must be in (0, 1]");
     }
@@ -292,6 +253,51 @@ static int parse_config(struct loader *ld, const cJSON *j, attn_config *c, bool 
                     c->rotary_dim);
     }
     return ATTN_OK;
+}
+
+static int parse_config(struct loader *ld, const cJSON *j, attn_config *c, bool *wants_bias) {
+    memset(c, 0, sizeof *c);
+    int rc;
+    int32_t max_pos = 0;
+    bool use_window = true;
+    if ((rc = get_int(ld, j, "hidden_size", &c->hidden_size)) != ATTN_OK ||
+        (rc = get_int(ld, j, "num_attention_heads", &c->n_heads)) != ATTN_OK ||
+        (rc = get_int(ld, j, "num_hidden_layers", &c->n_layers)) != ATTN_OK ||
+        (rc = get_int(ld, j, "max_position_embeddings", &max_pos)) != ATTN_OK ||
+        (rc = get_int(ld, j, "head_dim", &c->head_dim)) != ATTN_OK ||
+        (rc = get_int(ld, j, "sliding_window", &c->sliding_window)) != ATTN_OK ||
+        (rc = get_bool(ld, j, "use_sliding_window", &use_window)) != ATTN_OK ||
+        (rc = get_bool(ld, j, "attention_bias", wants_bias)) != ATTN_OK) {
+        return rc;
+    }
+    if (c->hidden_size <= 0 || c->n_heads <= 0 || c->n_layers <= 0) {
+        return fail(ld, ATTN_EIO,
+                    "config.json: hidden_size, num_attention_heads and "
+                    "num_hidden_layers are required and must be > 0");
+    }
+    c->n_kv_heads = c->n_heads;
+    if ((rc = get_int(ld, j, "num_key_value_heads", &c->n_kv_heads)) != ATTN_OK) {
+        return rc;
+    }
+    if (c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads != 0) {
+        return fail(ld, ATTN_ESHAPE,
+                    "config.json: num_key_value_heads (%d) must divide "
+                    "num_attention_heads (%d)",
+                    c->n_kv_heads, c->n_heads);
+    }
+    if (!use_window) {
+        c->sliding_window = 0; /* Qwen2 ships a window it does not use */
+    }
+    c->max_seq = max_pos > 0 ? max_pos : 4096;
+    if (c->head_dim == 0) {
+        if (c->hidden_size % c->n_heads != 0) {
+            return fail(ld, ATTN_ESHAPE,
+                        "config.json: hidden_size %% num_attention_heads != 0 "
+                        "and no head_dim given");
+        }
+        c->head_dim = c->hidden_size / c->n_heads;
+    }
+    return parse_rope(ld, j, c);
 }
 
 /* ---- safetensors ---------------------------------------------------------------------------- */
@@ -443,6 +449,49 @@ static float bf16_to_float(uint16_t h) {
     return f;
 }
 
+/* The header's shape of tensor `name` must be [rows, cols] ([rows] when cols is 0). */
+static int check_shape(struct loader *ld, const char *name, const cJSON *e, int32_t rows,
+                       int32_t cols) {
+    const cJSON *shape = cJSON_GetObjectItemCaseSensitive(e, "shape");
+    int want_dims = cols > 0 ? 2 : 1;
+    if (cJSON_IsArray(shape) && cJSON_GetArraySize(shape) == want_dims &&
+        cJSON_GetArrayItem(shape, 0)->valuedouble == rows &&
+        (cols == 0 || cJSON_GetArrayItem(shape, 1)->valuedouble == cols)) {
+        return ATTN_OK;
+    }
+    char *got = cJSON_PrintUnformatted(shape);
+    int rc;
+    if (cols > 0) {
+        rc = fail(ld, ATTN_ESHAPE, "%s: shape %s, expected [%d, %d] from config.json", name,
+                  got ? got : "?", rows, cols);
+    } else {
+        rc = fail(ld, ATTN_ESHAPE, "%s: shape %s, expected [%d] from config.json", name,
+                  got ? got : "?", rows);
+    }
+    free(got);
+    return rc;
+}
+
+/* The file offset of the tensor's data, checked to span exactly `bytes` inside its shard. */
+static int data_start(struct loader *ld, const char *name, const cJSON *e, int shard, size_t bytes,
+                      uint64_t *out) {
+    const cJSON *offs = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
+    if (!cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2) {
+        return fail(ld, ATTN_EIO, "%s: no data_offsets", name);
+    }
+    double b0 = cJSON_GetArrayItem(offs, 0)->valuedouble;
+    double b1 = cJSON_GetArrayItem(offs, 1)->valuedouble;
+    if (!(b0 >= 0 && b1 >= b0 && b1 - b0 == (double)bytes &&
+          ld->shard_data_start[shard] + (uint64_t)b1 <= ld->shard_size[shard])) {
+        return fail(ld, ATTN_EIO,
+                    "%s: data_offsets do not match its shape or lie past the end "
+                    "of %s (truncated file?)",
+                    name, ld->shard_names[shard]);
+    }
+    *out = ld->shard_data_start[shard] + (uint64_t)b0;
+    return ATTN_OK;
+}
+
 /* Reads tensor `name` of shape (rows[, cols]) (cols 0: a vector) into dst as float. */
 static int tensor_read(struct loader *ld, const char *name, int32_t rows, int32_t cols,
                        float *dst) {
@@ -460,36 +509,13 @@ static int tensor_read(struct loader *ld, const char *name, int32_t rows, int32_
     if ((rc = parse_dtype(ld, name, e, &dt, &elem)) != ATTN_OK) {
         return rc;
     }
-    const cJSON *shape = cJSON_GetObjectItemCaseSensitive(e, "shape");
-    int want_dims = cols > 0 ? 2 : 1;
-    if (!cJSON_IsArray(shape) || cJSON_GetArraySize(shape) != want_dims ||
-        cJSON_GetArrayItem(shape, 0)->valuedouble != rows ||
-        (cols > 0 && cJSON_GetArrayItem(shape, 1)->valuedouble != cols)) {
-        char *got = cJSON_PrintUnformatted(shape);
-        if (cols > 0) {
-            rc = fail(ld, ATTN_ESHAPE, "%s: shape %s, expected [%d, %d] from config.json", name,
-                      got ? got : "?", rows, cols);
-        } else {
-            rc = fail(ld, ATTN_ESHAPE, "%s: shape %s, expected [%d] from config.json", name,
-                      got ? got : "?", rows);
-        }
-        free(got);
+    if ((rc = check_shape(ld, name, e, rows, cols)) != ATTN_OK) {
         return rc;
     }
     size_t n = (size_t)rows * (cols > 0 ? (size_t)cols : 1);
-    const cJSON *offs = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
-    if (!cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2) {
-        return fail(ld, ATTN_EIO, "%s: no data_offsets", name);
-    }
-    double b0 = cJSON_GetArrayItem(offs, 0)->valuedouble;
-    double b1 = cJSON_GetArrayItem(offs, 1)->valuedouble;
-    uint64_t start = ld->shard_data_start[shard] + (uint64_t)b0;
-    if (b0 < 0 || b1 < b0 || (uint64_t)(b1 - b0) != n * elem ||
-        start + n * elem > ld->shard_size[shard]) {
-        return fail(ld, ATTN_EIO,
-                    "%s: data_offsets do not match its shape or lie past the end "
-                    "of %s (truncated file?)",
-                    name, ld->shard_names[shard]);
+    uint64_t start = 0;
+    if ((rc = data_start(ld, name, e, shard, n * elem, &start)) != ATTN_OK) {
+        return rc;
     }
     char path[4096];
     if ((rc = path_join(ld, ld->shard_names[shard], path, sizeof path)) != ATTN_OK) {
