@@ -34,7 +34,8 @@ struct job {
     enum job_kind kind;
     struct server *srv;
     struct route_req *rq; /* NULL once the client is gone */
-    /* The request body, parsed on a pool thread when it is large. */
+    /* The request body and how its parse went (an attend or sdpa body is parsed on a pool thread
+     * when it is large). */
     const char *body;
     size_t body_len;
     int parse_rc;
@@ -675,16 +676,12 @@ static const struct pool_job_ops truncate_ops = {truncate_prepare, NULL, simple_
 static const struct pool_job_ops fork_ops = {fork_prepare, NULL, simple_done, on_release};
 static const struct pool_job_ops delete_ops = {delete_prepare, NULL, simple_done, on_release};
 
-void job_submit_truncate(struct route_req *rq) {
-    struct job *job = job_new(rq, JOB_TRUNCATE);
-    if (job == NULL) {
-        return;
-    }
-    size_t len;
-    const char *body = http_request_body(rq->http, &len);
-    struct api_error err;
-    if (api_truncate_request_parse(body, len, &rq->srv->limits, &job->tr, &err) != 0) {
-        route_reply_error(rq, err.code, err.message, err.param);
+/* Answers the parse error in job->parse_err (if job->parse_rc says the body failed) or a missing
+ * session and frees the job; otherwise pins the path's session and queues the job with ops. */
+static void control_submit(struct job *job, const struct pool_job_ops *ops) {
+    if (job->parse_rc != 0) {
+        route_reply_error(job->rq, job->parse_err.code, job->parse_err.message,
+                          job->parse_err.param);
         job_free(job);
         return;
     }
@@ -693,8 +690,20 @@ void job_submit_truncate(struct route_req *rq) {
         return;
     }
     job->pj.kind = POOL_JOB_CONTROL;
-    job->pj.ops = &truncate_ops;
+    job->pj.ops = ops;
     submit(job);
+}
+
+void job_submit_truncate(struct route_req *rq) {
+    struct job *job = job_new(rq, JOB_TRUNCATE);
+    if (job == NULL) {
+        return;
+    }
+    size_t len;
+    const char *body = http_request_body(rq->http, &len);
+    job->parse_rc =
+        api_truncate_request_parse(body, len, &rq->srv->limits, &job->tr, &job->parse_err);
+    control_submit(job, &truncate_ops);
 }
 
 void job_submit_fork(struct route_req *rq) {
@@ -704,19 +713,8 @@ void job_submit_fork(struct route_req *rq) {
     }
     size_t len;
     const char *body = http_request_body(rq->http, &len);
-    struct api_error err;
-    if (api_fork_request_parse(body, len, &job->fk, &err) != 0) {
-        route_reply_error(rq, err.code, err.message, err.param);
-        job_free(job);
-        return;
-    }
-    if (pin_path_session(job) != 0) {
-        job_free(job);
-        return;
-    }
-    job->pj.kind = POOL_JOB_CONTROL;
-    job->pj.ops = &fork_ops;
-    submit(job);
+    job->parse_rc = api_fork_request_parse(body, len, &job->fk, &job->parse_err);
+    control_submit(job, &fork_ops);
 }
 
 void job_submit_delete(struct route_req *rq, struct session *s) {
