@@ -122,6 +122,23 @@ static int get_int(const cJSON *item, int64_t min, int64_t max, int64_t *out,
     return 0;
 }
 
+/* A layer index: an integer >= 0 that must be one of the loaded layers. */
+static int get_layer(const cJSON *item, const struct api_limits *lim, int32_t *out,
+                     struct api_error *err) {
+    int64_t v;
+    int rc = get_int(item, 0, INT32_MAX, &v, err);
+    if (rc != 0) {
+        return rc;
+    }
+    if (v < lim->layer_first || v >= (int64_t)lim->layer_first + lim->layer_count) {
+        return fail(err, ERROR_INVALID_REQUEST, "layer",
+                    "layer: %lld is not loaded (loaded layers: %d-%d)", (long long)v,
+                    (int)lim->layer_first, (int)(lim->layer_first + lim->layer_count - 1));
+    }
+    *out = (int32_t)v;
+    return 0;
+}
+
 static int get_session_id(const cJSON *item, const char *param, char *out, struct api_error *err) {
     if (!cJSON_IsString(item) ||
         !api_session_id_is_valid(item->valuestring, strlen(item->valuestring))) {
@@ -417,14 +434,7 @@ int api_attend_request_parse(const char *body, size_t len, const struct api_limi
         } else if (strcmp(k, "session_id") == 0) {
             rc = get_session_id(c, "session_id", r.session_id, err);
         } else if (strcmp(k, "layer") == 0) {
-            rc = get_int(c, 0, INT32_MAX, &v, err);
-            if (rc == 0 &&
-                (v < lim->layer_first || v >= (int64_t)lim->layer_first + lim->layer_count)) {
-                rc = fail(err, ERROR_INVALID_REQUEST, "layer",
-                          "layer: %lld is not loaded (loaded layers: %d-%d)", (long long)v,
-                          (int)lim->layer_first, (int)(lim->layer_first + lim->layer_count - 1));
-            }
-            r.layer = (int32_t)v;
+            rc = get_layer(c, lim, &r.layer, err);
         } else if (strcmp(k, "positions") == 0) {
             positions = c;
         } else if (strcmp(k, "expect_n_past") == 0) {
@@ -611,15 +621,8 @@ int api_truncate_request_parse(const char *body, size_t len, const struct api_li
             if (cJSON_IsNull(c)) {
                 continue;
             }
-            rc = get_int(c, 0, INT32_MAX, &v, err);
-            if (rc == 0 &&
-                (v < lim->layer_first || v >= (int64_t)lim->layer_first + lim->layer_count)) {
-                rc = fail(err, ERROR_INVALID_REQUEST, "layer",
-                          "layer: %lld is not loaded (loaded layers: %d-%d)", (long long)v,
-                          (int)lim->layer_first, (int)(lim->layer_first + lim->layer_count - 1));
-            }
+            rc = get_layer(c, lim, &r.layer, err);
             r.has_layer = true;
-            r.layer = (int32_t)v;
         } else {
             rc = unknown_field(c, err);
         }
