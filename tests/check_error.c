@@ -132,15 +132,17 @@ START_TEST(test_error_erange_position) {
 }
 END_TEST
 
-/* A cache from the pool of a model with another geometry. */
-START_TEST(test_error_eshape_cache_of_other_model) {
+/* Steps e's model with a cache from the pool of another model, made from other_cfg (NULL: the
+ * same config as e's): ATTN_ESHAPE, and the foreign cache stays empty. */
+static void expect_foreign_cache_is_eshape(const attn_config *other_cfg) {
     err_env e;
     env_init(&e, 4);
-    attn_config other_cfg = harness_config(4, 2, 32);
     attn_model *other = NULL;
     attn_kv_pool *other_pool = NULL;
     attn_kv *other_kv = NULL;
-    ck_assert_int_eq(attn_model_create_random(&other_cfg, 2, NULL, &other), ATTN_OK);
+    ck_assert_int_eq(
+        attn_model_create_random(other_cfg != NULL ? other_cfg : &e.hm.cfg, 2, NULL, &other),
+        ATTN_OK);
     ck_assert_int_eq(attn_kv_pool_create(other, (size_t)1 << 20, 16, &other_pool), ATTN_OK);
     ck_assert_int_eq(attn_kv_create(other_pool, &other_kv), ATTN_OK);
     attn_step s = good_step(&e);
@@ -152,27 +154,18 @@ START_TEST(test_error_eshape_cache_of_other_model) {
     attn_model_destroy(other);
     env_release(&e);
 }
+
+/* A cache from the pool of a model with another geometry. */
+START_TEST(test_error_eshape_cache_of_other_model) {
+    attn_config other_cfg = harness_config(4, 2, 32);
+    expect_foreign_cache_is_eshape(&other_cfg);
+}
 END_TEST
 
 /* attn.h: "a cache from another model's pool" is ATTN_ESHAPE, also when the geometry happens to
  * match (its K/V were made by other weights). */
 START_TEST(test_error_eshape_cache_of_same_shaped_model) {
-    err_env e;
-    env_init(&e, 4);
-    attn_model *other = NULL;
-    attn_kv_pool *other_pool = NULL;
-    attn_kv *other_kv = NULL;
-    ck_assert_int_eq(attn_model_create_random(&e.hm.cfg, 2, NULL, &other), ATTN_OK);
-    ck_assert_int_eq(attn_kv_pool_create(other, (size_t)1 << 20, 16, &other_pool), ATTN_OK);
-    ck_assert_int_eq(attn_kv_create(other_pool, &other_kv), ATTN_OK);
-    attn_step s = good_step(&e);
-    s.kv = other_kv;
-    ck_assert_int_eq(attn_forward(e.hm.model, 0, e.ws, &s, 1), ATTN_ESHAPE);
-    ck_assert_int_eq(attn_kv_len(other_kv), 0);
-    attn_kv_destroy(other_kv);
-    attn_kv_pool_destroy(other_pool);
-    attn_model_destroy(other);
-    env_release(&e);
+    expect_foreign_cache_is_eshape(NULL);
 }
 END_TEST
 
