@@ -15,7 +15,6 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -224,17 +223,6 @@ static double metric(const char *name) {
     }
     http_client_response_release(&r);
     return v;
-}
-
-static void sleep_ms(int ms) {
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-static double mono_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
 /* ---- prefill, decode, weights ---------------------------------------------------------------- */
@@ -497,7 +485,7 @@ static int settled_tokens(const char *id) {
         if (pending == 0) {
             return n;
         }
-        sleep_ms(20);
+        http_client_sleep_ms(20);
     }
     ck_abort_msg("session %s never settled", id);
     return -1;
@@ -719,7 +707,7 @@ START_TEST(test_server_idle_sessions_expire) {
         if (r.status != 200) {
             break;
         }
-        sleep_ms(100);
+        http_client_sleep_ms(100);
     }
     check_error(&r, 410, "session_evicted", "session_id");
     http_client_response_release(&r);
@@ -884,7 +872,7 @@ START_TEST(test_server_queue_full) {
                        strlen(body), body);
     int fd2 = http_client_raw_send(daemon_.port, req, (size_t)len, 0);
     for (int i = 0; i < 500 && metric("attnd_queue_depth") < 1; i++) {
-        sleep_ms(10);
+        http_client_sleep_ms(10);
     }
     ck_assert_int_eq((int)metric("attnd_queue_depth"), 1);
     struct http_client_response r = call("POST", "/v1/attend", body, NULL);
@@ -1195,13 +1183,13 @@ START_TEST(test_server_batches_ready_decodes) {
     free(body);
     /* Send the decodes only once the prefills run, so that they all wait for a worker. */
     for (int i = 0; i < 1000 && metric("attnd_jobs_in_flight") < 2; i++) {
-        sleep_ms(2);
+        http_client_sleep_ms(2);
     }
     ck_assert_int_eq((int)metric("attnd_jobs_in_flight"), 2);
     /* ...while it runs, health is immediate... */
-    double t0 = mono_ms();
+    double t0 = http_client_mono_ms();
     cJSON_Delete(call_json("GET", "/healthz", NULL, 200));
-    double health_ms = mono_ms() - t0;
+    double health_ms = http_client_mono_ms() - t0;
     /* ...and eight decode steps of eight sessions arrive and wait together. */
     int fds[8];
     for (int32_t s = 0; s < n_sess; s++) {
@@ -1397,7 +1385,7 @@ START_TEST(test_server_sigterm_drains) {
     char *first;
     ck_assert_int_ge(http_client_raw_read_until(fd, "}\n\n", 10000, &first), 0);
     kill(daemon_.pid, SIGTERM);
-    sleep_ms(200);
+    http_client_sleep_ms(200);
     /* New requests on open connections: 503 draining; readiness says so too. */
     float *x = make_x(132, 1, TINY_HIDDEN);
     char *body = attend_body("other", x, 0, 1, TINY_HIDDEN, false, NULL);

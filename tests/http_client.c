@@ -24,12 +24,14 @@
 #include "../server/b64.h"
 #include "../server/strbuf.h"
 
-static void sleep_ms(int ms) {
+/* ---- time ----------------------------------------------------------------------------------- */
+
+void http_client_sleep_ms(int ms) {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
 }
 
-static double mono_ms(void) {
+double http_client_mono_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
@@ -221,11 +223,11 @@ ssize_t http_client_raw_read_until(int fd, const char *needle, int timeout_ms, c
     struct strbuf b;
     strbuf_init(&b);
     strbuf_reserve(&b, 0);
-    double end = mono_ms() + timeout_ms;
+    double end = http_client_mono_ms() + timeout_ms;
     size_t nl = strlen(needle);
     bool found = false;
     while (!found) {
-        int left = (int)(end - mono_ms());
+        int left = (int)(end - http_client_mono_ms());
         if (left <= 0) {
             break;
         }
@@ -290,8 +292,8 @@ void http_client_daemon_start(struct http_client_daemon *d, const char *const *a
     }
     close(log_fd);
     d->pid = pid;
-    double end = mono_ms() + 10000;
-    while (mono_ms() < end) {
+    double end = http_client_mono_ms() + 10000;
+    while (http_client_mono_ms() < end) {
         size_t len;
         char *log = http_client_read_file(d->log_path, &len);
         const char *line = strstr(log, " listening ");
@@ -308,7 +310,7 @@ void http_client_daemon_start(struct http_client_daemon *d, const char *const *a
             ck_abort_msg("attnd exited during startup (status %d): %s", status, log);
         }
         free(log);
-        sleep_ms(20);
+        http_client_sleep_ms(20);
     }
     http_client_daemon_kill(d);
     ck_abort_msg("attnd did not start within 10 s");
@@ -319,9 +321,9 @@ int http_client_daemon_stop(struct http_client_daemon *d, int timeout_ms) {
         return -1;
     }
     kill(d->pid, SIGTERM);
-    double end = mono_ms() + timeout_ms;
+    double end = http_client_mono_ms() + timeout_ms;
     int status = 0;
-    while (mono_ms() < end) {
+    while (http_client_mono_ms() < end) {
         pid_t w = waitpid(d->pid, &status, WNOHANG);
         if (w == d->pid) {
             d->pid = 0;
@@ -333,7 +335,7 @@ int http_client_daemon_stop(struct http_client_daemon *d, int timeout_ms) {
             }
             return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : -1;
         }
-        sleep_ms(10);
+        http_client_sleep_ms(10);
     }
     http_client_daemon_kill(d);
     return -1;

@@ -13,6 +13,14 @@
 
 #include <cjson/cJSON.h>
 
+/* ---- time ----------------------------------------------------------------------------------- */
+
+/* Sleeps ms milliseconds (0..). */
+void http_client_sleep_ms(int ms);
+
+/* CLOCK_MONOTONIC in milliseconds, for deadlines and timings. */
+double http_client_mono_ms(void);
+
 /* ---- files ---------------------------------------------------------------------------------- */
 
 /* The whole file (relative to the repo root, where tests run), malloc'd and NUL-terminated;
