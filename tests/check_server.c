@@ -805,7 +805,10 @@ START_TEST(test_server_request_errors) {
     char *big = malloc(big_n + 1);
     memset(big, ' ', big_n);
     big[big_n] = '\0';
-    expect_error("POST", "/v1/attend", big, NULL, 413, "payload_too_large", NULL);
+    /* As curl does by default for large bodies, the client waits for 100-continue, so the 413
+     * sent at the headers reaches it before it pushes a megabyte into a closing connection. */
+    const char *expect_continue[] = {"Expect: 100-continue", NULL};
+    expect_error("POST", "/v1/attend", big, expect_continue, 413, "payload_too_large", NULL);
     const char *chunked[] = {"Transfer-Encoding: chunked", NULL};
     expect_error("POST", "/v1/attend", big, chunked, 413, "payload_too_large", NULL);
     free(big);

@@ -83,7 +83,13 @@ static void response_from(struct http_client_response *out, CURL *c, CURLcode rc
 static CURLcode perform(CURL *c, const char *method, const char *url, const char *body, size_t len,
                         const char *const *headers, struct strbuf *b, struct strbuf *h) {
     struct curl_slist *list = NULL;
-    list = curl_slist_append(list, "Expect:"); /* no 100-continue round trip */
+    bool has_expect = false;
+    for (int i = 0; headers != NULL && headers[i] != NULL; i++) {
+        has_expect = has_expect || strncasecmp(headers[i], "Expect:", 7) == 0;
+    }
+    if (!has_expect) {
+        list = curl_slist_append(list, "Expect:"); /* no 100-continue round trip */
+    }
     if (body != NULL) {
         list = curl_slist_append(list, "Content-Type: application/json");
     }
