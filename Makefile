@@ -10,7 +10,8 @@ SAN      ?=
 PYTHON   ?= /usr/bin/python3
 
 DEB_PKGS := build-essential pkg-config libmicrohttpd-dev libcjson-dev libopenblas-dev \
-            libuv1-dev check libcurl4-openssl-dev curl python3-numpy nginx valgrind
+            libuv1-dev check libcurl4-openssl-dev curl python3-numpy nginx valgrind \
+            clang-format
 
 PKGS      := libmicrohttpd libcjson libuv openblas
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) check libcurl 2>/dev/null)
