@@ -9,8 +9,9 @@
  * r * ATTN__Q_TILE rows, enough for efficient GEMMs while its score tile stays in L2. */
 #define ATTN__Q_TILE 64
 
-/* Below this many query rows the attention inner products use the SIMD loops in simd.c instead
- * of cblas_sgemm, whose packing overhead dominates for decode-sized problems. */
+/* Below this many query rows a task's inner products take the dot-product kernels
+ * (attn__small_qk/pv: no packing, each key read once); from it on, the register-blocked tile
+ * kernels, or cblas_sgemm on CPUs without AVX2/FMA. */
 #define ATTN__BLAS_MIN_ROWS 16
 
 /* Alignment of every buffer the engine allocates (one cache line, and AVX-512 friendly). */
@@ -110,7 +111,7 @@ void attn__task_run(const struct attn__task *t);
 /* Runs tasks[0..n) on ex (NULL: the calling thread). */
 void attn__tasks_run(const attn_executor *ex, const struct attn__task *tasks, int32_t n);
 
-/* ---- simd.c: the small kernels the decode path lives on ---------------------------------- */
+/* ---- simd.c: portable versions of the small kernels (used without AVX2/FMA) ---------------- */
 
 /* s[i * lds + j] = dot(q + i * ldq, k + j * ldk) over d, for i < m, j < n. */
 void attn__qk(const float *q, size_t ldq, int32_t m, const float *k, size_t ldk, int32_t n,
