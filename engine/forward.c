@@ -1,7 +1,8 @@
-/* engine/forward.c: the layer forward over a batch of sequences. Projections run as one BLAS call
- * over every new token of every step; RoPE and the K/V appends follow; attention is cut into
- * independent tasks (one GQA group x one query tile of one step) that an executor may spread over
- * threads. All memory comes from the workspace, sized at create time. */
+/* engine/forward.c: the layer forward over a batch of sequences. Each projection is one product
+ * over every new token of every step (sgemm, sgemv, or the weight-streaming kernel for a few
+ * tokens; sliced over the executor when there is one); RoPE and the K/V appends follow; attention
+ * is cut into independent tasks (one GQA group x one query tile of one step) that an executor may
+ * spread over threads. All memory comes from the workspace, sized at create time. */
 #include "attn_int.h"
 
 #include <cblas.h>
