@@ -46,15 +46,14 @@ __attribute__((target("avx2,fma"))) static void pack_kt(const float *k, int32_t 
     }
 }
 
-/* s[i][0..16) = sum_c q[i][c] kt[c][0..16), for MR rows. Only constant indices into acc, so
- * the compiler keeps all 12 accumulators in registers. */
-__attribute__((target("avx2,fma"))) static void qk_block_full(const float *q, size_t ldq,
-                                                              const float *kt, int32_t n_pad,
-                                                              int32_t d, float *s, size_t lds,
-                                                              int32_t n) {
+/* s[i][0..16) = sum_c q[i][c] kt[c][0..16), for MX rows. Always inlined with a constant MX so
+ * the 2 * MX accumulators stay in registers. */
+__attribute__((always_inline, target("avx2,fma"))) static inline void
+qk_block(const int MX, const float *q, size_t ldq, const float *kt, int32_t n_pad, int32_t d,
+         float *s, size_t lds, int32_t n) {
     __m256 acc[MR][2];
 #pragma GCC unroll 6
-    for (int32_t i = 0; i < MR; i++) {
+    for (int i = 0; i < MX; i++) {
         acc[i][0] = _mm256_setzero_ps();
         acc[i][1] = _mm256_setzero_ps();
     }
@@ -62,34 +61,19 @@ __attribute__((target("avx2,fma"))) static void qk_block_full(const float *q, si
         __m256 b0 = _mm256_loadu_ps(kt + (size_t)c * n_pad);
         __m256 b1 = _mm256_loadu_ps(kt + (size_t)c * n_pad + 8);
 #pragma GCC unroll 6
-        for (int32_t i = 0; i < MR; i++) {
+        for (int i = 0; i < MX; i++) {
             __m256 a = _mm256_broadcast_ss(q + i * ldq + c);
             acc[i][0] = _mm256_fmadd_ps(a, b0, acc[i][0]);
             acc[i][1] = _mm256_fmadd_ps(a, b1, acc[i][1]);
         }
     }
 #pragma GCC unroll 6
-    for (int32_t i = 0; i < MR; i++) {
+    for (int i = 0; i < MX; i++) {
         float tmp[NR];
         _mm256_storeu_ps(tmp, acc[i][0]);
         _mm256_storeu_ps(tmp + 8, acc[i][1]);
         memcpy(s + i * lds, tmp, (size_t)(n < NR ? n : NR) * sizeof(float));
     }
-}
-
-/* One row of the same product, for the ragged rows past the last full block. */
-__attribute__((target("avx2,fma"))) static void
-qk_block_row(const float *q, const float *kt, int32_t n_pad, int32_t d, float *s, int32_t n) {
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    for (int32_t c = 0; c < d; c++) {
-        __m256 a = _mm256_broadcast_ss(q + c);
-        acc0 = _mm256_fmadd_ps(a, _mm256_loadu_ps(kt + (size_t)c * n_pad), acc0);
-        acc1 = _mm256_fmadd_ps(a, _mm256_loadu_ps(kt + (size_t)c * n_pad + 8), acc1);
-    }
-    float tmp[NR];
-    _mm256_storeu_ps(tmp, acc0);
-    _mm256_storeu_ps(tmp + 8, acc1);
-    memcpy(s, tmp, (size_t)(n < NR ? n : NR) * sizeof(float));
 }
 
 __attribute__((target("avx2,fma"))) static void qk_avx2(const float *q, size_t ldq, int32_t m,
@@ -100,10 +84,10 @@ __attribute__((target("avx2,fma"))) static void qk_avx2(const float *q, size_t l
     for (int32_t j0 = 0; j0 < n; j0 += NR) {
         int32_t i = 0;
         for (; i + MR <= m; i += MR) {
-            qk_block_full(q + i * ldq, ldq, pack + j0, n_pad, d, s + i * lds + j0, lds, n - j0);
+            qk_block(MR, q + i * ldq, ldq, pack + j0, n_pad, d, s + i * lds + j0, lds, n - j0);
         }
         for (; i < m; i++) {
-            qk_block_row(q + i * ldq, pack + j0, n_pad, d, s + i * lds + j0, n - j0);
+            qk_block(1, q + i * ldq, ldq, pack + j0, n_pad, d, s + i * lds + j0, lds, n - j0);
         }
     }
 }
