@@ -129,39 +129,6 @@ static void expect_error(const char *method, const char *path, const char *body,
 
 /* ---- inputs and the engine as a reference ---------------------------------------------------- */
 
-/* (T, hidden) values uniform in [-1, 1) from a splitmix64 stream. */
-static float *make_x(uint64_t seed, int32_t t, int32_t hidden) {
-    float *x = malloc((size_t)t * hidden * sizeof(float));
-    uint64_t s = seed * 0x9E3779B97F4A7C15ULL + 1;
-    for (int32_t i = 0; i < t * hidden; i++) {
-        s += 0x9E3779B97F4A7C15ULL;
-        uint64_t z = s;
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-        z ^= z >> 31;
-        x[i] = (float)((double)(z >> 11) / 9007199254740992.0 * 2.0 - 1.0);
-    }
-    return x;
-}
-
-/* The body of POST /v1/attend: x rows [first, first + t) of `x`, plus extra fields. */
-static char *attend_body(const char *session, const float *x, int32_t first, int32_t t,
-                         int32_t hidden, bool b64, const char *extra) {
-    const float *rows = x + (size_t)first * hidden;
-    char *tensor =
-        b64 ? http_client_matrix_b64(rows, t, hidden) : http_client_matrix_json(rows, t, hidden);
-    size_t n = strlen(tensor) + 512 + (extra ? strlen(extra) : 0);
-    char *body = malloc(n);
-    if (session != NULL) {
-        snprintf(body, n, "{\"session_id\":\"%s\",\"x\":%s%s}", session, tensor,
-                 extra ? extra : "");
-    } else {
-        snprintf(body, n, "{\"x\":%s%s}", tensor, extra ? extra : "");
-    }
-    free(tensor);
-    return body;
-}
-
 /* The engine in-process, built exactly as attnd builds its preset model. */
 struct ref {
     attn_model *model;
@@ -208,21 +175,7 @@ static int int_of(const cJSON *j, const char *field) {
 
 /* The value of a metric line "name value" (labels included in name), or -1. */
 static double metric(const char *name) {
-    struct http_client_response r = call("GET", "/metrics", NULL, NULL);
-    ck_assert_int_eq(r.status, 200);
-    double v = -1;
-    size_t nl = strlen(name);
-    for (const char *p = r.body; p != NULL && *p; p = strchr(p, '\n')) {
-        if (*p == '\n') {
-            p++;
-        }
-        if (strncmp(p, name, nl) == 0 && p[nl] == ' ') {
-            v = atof(p + nl + 1);
-            break;
-        }
-    }
-    http_client_response_release(&r);
-    return v;
+    return http_client_metric(daemon_.base, name);
 }
 
 /* ---- prefill, decode, weights ---------------------------------------------------------------- */
@@ -231,11 +184,11 @@ START_TEST(test_server_prefill_decode_equals_stateless) {
     const char *args[] = {"--preset", "tiny", "--seed", "3", "--workers", "2", NULL};
     start(args);
     const int32_t t = 5, n_dec = 3, total = 8, layer = 1;
-    float *x = make_x(11, total, TINY_HIDDEN);
+    float *x = http_client_random_rows(11, total, TINY_HIDDEN);
     float *got = calloc((size_t)total * TINY_HIDDEN, sizeof(float));
     char extra[128];
     snprintf(extra, sizeof extra, ",\"layer\":%d", (int)layer);
-    char *body = attend_body("pd", x, 0, t, TINY_HIDDEN, false, extra);
+    char *body = http_client_attend_body("pd", x, 0, t, TINY_HIDDEN, false, extra);
     cJSON *j = call_json("POST", "/v1/attend", body, 200);
     free(body);
     ck_assert_str_eq(cJSON_GetObjectItemCaseSensitive(j, "session_id")->valuestring, "pd");
@@ -249,7 +202,7 @@ START_TEST(test_server_prefill_decode_equals_stateless) {
     for (int32_t i = 0; i < n_dec; i++) {
         snprintf(extra, sizeof extra, ",\"layer\":%d,\"expect_n_past\":%d", (int)layer,
                  (int)(t + i));
-        body = attend_body("pd", x, t + i, 1, TINY_HIDDEN, false, extra);
+        body = http_client_attend_body("pd", x, t + i, 1, TINY_HIDDEN, false, extra);
         j = call_json("POST", "/v1/attend", body, 200);
         free(body);
         ck_assert_int_eq(int_of(j, "n_past"), t + i);
@@ -261,7 +214,7 @@ START_TEST(test_server_prefill_decode_equals_stateless) {
     }
     /* One stateless pass over all the tokens gives the same rows... */
     snprintf(extra, sizeof extra, ",\"layer\":%d", (int)layer);
-    body = attend_body(NULL, x, 0, total, TINY_HIDDEN, false, extra);
+    body = http_client_attend_body(NULL, x, 0, total, TINY_HIDDEN, false, extra);
     j = call_json("POST", "/v1/attend", body, 200);
     free(body);
     ck_assert(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(j, "session_id")));
@@ -314,13 +267,14 @@ START_TEST(test_server_weights_sum_to_one_and_match_engine) {
     const char *args[] = {"--preset", "tiny", "--seed", "5", "--workers", "1", NULL};
     start(args);
     const int32_t t = 4, h = TINY_HEADS;
-    float *x = make_x(21, t + 1, TINY_HIDDEN);
-    char *body = attend_body("w", x, 0, t, TINY_HIDDEN, false, ",\"return_weights\":true");
+    float *x = http_client_random_rows(21, t + 1, TINY_HIDDEN);
+    char *body =
+        http_client_attend_body("w", x, 0, t, TINY_HIDDEN, false, ",\"return_weights\":true");
     cJSON *j = call_json("POST", "/v1/attend", body, 200);
     free(body);
     float *w = floats_of(j, "weights", (size_t)h * t * t);
     cJSON_Delete(j);
-    body = attend_body("w", x, t, 1, TINY_HIDDEN, false, ",\"return_weights\":true");
+    body = http_client_attend_body("w", x, t, 1, TINY_HIDDEN, false, ",\"return_weights\":true");
     j = call_json("POST", "/v1/attend", body, 200);
     free(body);
     float *w1 = floats_of(j, "weights", (size_t)h * 1 * (t + 1));
@@ -388,24 +342,24 @@ START_TEST(test_server_stream_framing) {
     const char *args[] = {"--preset", "tiny", "--seed", "9", "--workers", "2", NULL};
     start(args);
     const int32_t t = 3;
-    float *x = make_x(31, t + 2, TINY_HIDDEN);
+    float *x = http_client_random_rows(31, t + 2, TINY_HIDDEN);
     /* A plain prefill of 2 tokens, then the same 3 tokens streamed and not streamed. */
     const char *ids[] = {"st", "twin"};
     for (int i = 0; i < 2; i++) {
-        char *pre = attend_body(ids[i], x, 0, 2, TINY_HIDDEN, false, NULL);
+        char *pre = http_client_attend_body(ids[i], x, 0, 2, TINY_HIDDEN, false, NULL);
         cJSON_Delete(call_json("POST", "/v1/attend", pre, 200));
         free(pre);
     }
     char *body;
     cJSON *j;
-    body = attend_body("twin", x, 2, t, TINY_HIDDEN, false, ",\"return_weights\":true");
+    body = http_client_attend_body("twin", x, 2, t, TINY_HIDDEN, false, ",\"return_weights\":true");
     j = call_json("POST", "/v1/attend", body, 200);
     free(body);
     float *want = floats_of(j, "output", (size_t)t * TINY_HIDDEN);
     float *want_w = floats_of(j, "weights", (size_t)TINY_HEADS * t * (2 + t));
     cJSON_Delete(j);
-    body = attend_body("st", x, 2, t, TINY_HIDDEN, false,
-                       ",\"stream\":true,\"return_weights\":true,\"expect_n_past\":2");
+    body = http_client_attend_body("st", x, 2, t, TINY_HIDDEN, false,
+                                   ",\"stream\":true,\"return_weights\":true,\"expect_n_past\":2");
     struct http_client_response r = call("POST", "/v1/attend", body, NULL);
     free(body);
     ck_assert_int_eq(r.status, 200);
@@ -445,7 +399,8 @@ START_TEST(test_server_stream_framing) {
     ck_assert_int_eq(int_of(j, "n_tokens"), 2 + t);
     cJSON_Delete(j);
     /* A stream that fails before its first step is an ordinary JSON error. */
-    body = attend_body("st", x, 0, 1, TINY_HIDDEN, false, ",\"stream\":true,\"expect_n_past\":0");
+    body = http_client_attend_body("st", x, 0, 1, TINY_HIDDEN, false,
+                                   ",\"stream\":true,\"expect_n_past\":0");
     expect_error("POST", "/v1/attend", body, NULL, 409, "n_past_mismatch", "expect_n_past");
     free(body);
     free(want_w);
@@ -458,9 +413,9 @@ END_TEST
 /* A raw HTTP request for a streamed attend of t tokens with weights (big events), from a socket
  * with a small receive buffer, so that a client which stops reading stalls the stream soon. */
 static int raw_stream(const char *session, int32_t t, uint64_t seed) {
-    float *x = make_x(seed, t, TINY_HIDDEN);
-    char *body = attend_body(session, x, 0, t, TINY_HIDDEN, true,
-                             ",\"stream\":true,\"return_weights\":true");
+    float *x = http_client_random_rows(seed, t, TINY_HIDDEN);
+    char *body = http_client_attend_body(session, x, 0, t, TINY_HIDDEN, true,
+                                         ",\"stream\":true,\"return_weights\":true");
     size_t n = strlen(body) + 256;
     char *req = malloc(n);
     int len = snprintf(req, n,
@@ -505,10 +460,10 @@ START_TEST(test_server_stream_disconnect_stops_steps) {
      * goes on from there. */
     int n = settled_tokens("gone");
     ck_assert_msg(n >= 1 && n < t, "n_tokens %d after a disconnect at the first event", n);
-    float *x = make_x(42, 1, TINY_HIDDEN);
+    float *x = http_client_random_rows(42, 1, TINY_HIDDEN);
     char extra[64];
     snprintf(extra, sizeof extra, ",\"expect_n_past\":%d", n);
-    char *body = attend_body("gone", x, 0, 1, TINY_HIDDEN, false, extra);
+    char *body = http_client_attend_body("gone", x, 0, 1, TINY_HIDDEN, false, extra);
     cJSON *j = call_json("POST", "/v1/attend", body, 200);
     ck_assert_int_eq(int_of(j, "n_tokens"), n + 1);
     cJSON_Delete(j);
@@ -522,7 +477,7 @@ END_TEST
 
 /* Sends `t` rows of x to session id (b64), expecting 200. */
 static void prefill(const char *id, const float *x, int32_t t, const char *extra) {
-    char *body = attend_body(id, x, 0, t, TINY_HIDDEN, true, extra);
+    char *body = http_client_attend_body(id, x, 0, t, TINY_HIDDEN, true, extra);
     cJSON_Delete(call_json("POST", "/v1/attend", body, 200));
     free(body);
 }
@@ -533,19 +488,19 @@ START_TEST(test_server_eviction_then_410_and_507) {
         "--preset",          "tiny", "--seed",    "2",    "--workers", "1", "--kv-budget-mb", "1",
         "--kv-block-tokens", "16",   "--max-seq", "8192", NULL};
     start(args);
-    float *x = make_x(51, 4200, TINY_HIDDEN);
+    float *x = http_client_random_rows(51, 4200, TINY_HIDDEN);
     const char *ids[] = {"e0", "e1", "e2", "e3", "e4"};
     for (int i = 0; i < 5; i++) {
         prefill(ids[i], x, 1000, NULL);
     }
     /* e4 needed room: e0, the least recently used idle session, was evicted. */
     expect_error("GET", "/v1/sessions/e0", NULL, NULL, 410, "session_evicted", "session_id");
-    char *body = attend_body("e0", x, 0, 1, TINY_HIDDEN, false, NULL);
+    char *body = http_client_attend_body("e0", x, 0, 1, TINY_HIDDEN, false, NULL);
     expect_error("POST", "/v1/attend", body, NULL, 410, "session_evicted", "session_id");
     free(body);
     ck_assert_int_eq((int)metric("attnd_evictions_total{reason=\"budget\"}"), 1);
     /* 4200 tokens need 263 blocks: more than the whole pool. 507, and nobody is evicted. */
-    body = attend_body(NULL, x, 0, 4200, TINY_HIDDEN, true, NULL);
+    body = http_client_attend_body(NULL, x, 0, 4200, TINY_HIDDEN, true, NULL);
     expect_error("POST", "/v1/attend", body, NULL, 507, "kv_budget_exhausted", NULL);
     free(body);
     for (int i = 1; i < 5; i++) {
@@ -561,7 +516,7 @@ START_TEST(test_server_eviction_then_410_and_507) {
     struct http_client_response r = call("DELETE", "/v1/sessions/e0", NULL, NULL);
     ck_assert_int_eq(r.status, 204);
     http_client_response_release(&r);
-    body = attend_body("e0", x, 0, 2, TINY_HIDDEN, false, ",\"expect_n_past\":0");
+    body = http_client_attend_body("e0", x, 0, 2, TINY_HIDDEN, false, ",\"expect_n_past\":0");
     cJSON *j = call_json("POST", "/v1/attend", body, 200);
     cJSON_Delete(j);
     free(body);
@@ -578,7 +533,7 @@ START_TEST(test_server_one_pool_global_lru) {
         "--preset",          "tiny", "--seed",    "2",    "--workers", "2", "--kv-budget-mb", "1",
         "--kv-block-tokens", "16",   "--max-seq", "8192", NULL};
     start(args);
-    float *x = make_x(52, 3000, TINY_HIDDEN);
+    float *x = http_client_random_rows(52, 3000, TINY_HIDDEN);
     const char *ids[] = {"g0", "g1", "g2", "g3"};
     for (int i = 0; i < 4; i++) {
         prefill(ids[i], x, 1000, NULL); /* 252 blocks in all */
@@ -630,8 +585,8 @@ END_TEST
 START_TEST(test_server_truncate_and_fork) {
     const char *args[] = {"--preset", "tiny", "--seed", "4", "--workers", "2", NULL};
     start(args);
-    float *x = make_x(61, 8, TINY_HIDDEN);
-    char *body = attend_body("t", x, 0, 6, TINY_HIDDEN, false, NULL);
+    float *x = http_client_random_rows(61, 8, TINY_HIDDEN);
+    char *body = http_client_attend_body("t", x, 0, 6, TINY_HIDDEN, false, NULL);
     cJSON *j = call_json("POST", "/v1/attend", body, 200);
     cJSON_Delete(j);
     free(body);
@@ -661,7 +616,7 @@ START_TEST(test_server_truncate_and_fork) {
     for (int c = 0; c < 2; c++) {
         char extra[64];
         snprintf(extra, sizeof extra, ",\"expect_n_past\":%d", (int)cases[c].keep);
-        body = attend_body(cases[c].id, x, 7, 1, TINY_HIDDEN, false, extra);
+        body = http_client_attend_body(cases[c].id, x, 7, 1, TINY_HIDDEN, false, extra);
         j = call_json("POST", "/v1/attend", body, 200);
         free(body);
         float *o = floats_of(j, "output", TINY_HIDDEN);
@@ -694,8 +649,8 @@ END_TEST
 START_TEST(test_server_idle_sessions_expire) {
     const char *args[] = {"--preset", "tiny", "--workers", "1", "--session-ttl-s", "1", NULL};
     start(args);
-    float *x = make_x(141, 2, TINY_HIDDEN);
-    char *body = attend_body("ttl", x, 0, 2, TINY_HIDDEN, false, NULL);
+    float *x = http_client_random_rows(141, 2, TINY_HIDDEN);
+    char *body = http_client_attend_body("ttl", x, 0, 2, TINY_HIDDEN, false, NULL);
     cJSON_Delete(call_json("POST", "/v1/attend", body, 200));
     free(body);
     /* Idle for more than a second: the next sweep (every second) expires it, and then the id
@@ -761,29 +716,29 @@ START_TEST(test_server_request_errors) {
     const char *args[] = {"--preset", "tiny",     "--workers", "1", "--max-body-mb",
                           "1",        "--layers", "0",         NULL};
     start(args);
-    float *x = make_x(71, 4, TINY_HIDDEN);
-    char *ok = attend_body("err", x, 0, 2, TINY_HIDDEN, false, NULL);
+    float *x = http_client_random_rows(71, 4, TINY_HIDDEN);
+    char *ok = http_client_attend_body("err", x, 0, 2, TINY_HIDDEN, false, NULL);
     cJSON_Delete(call_json("POST", "/v1/attend", ok, 200));
     expect_error("POST", "/v1/attend", "{\"x\": [[1,", NULL, 400, "invalid_json", NULL);
     expect_error("POST", "/v1/attend", "{\"x\": [[1]], \"colour\": 1}", NULL, 400,
                  "invalid_request", "colour");
     expect_error("POST", "/v1/attend", "{\"x\": [[1, 2]]}", NULL, 400, "invalid_request", "x");
-    char *body = attend_body("err", x, 0, 1, TINY_HIDDEN, false, ",\"layer\":1");
+    char *body = http_client_attend_body("err", x, 0, 1, TINY_HIDDEN, false, ",\"layer\":1");
     expect_error("POST", "/v1/attend", body, NULL, 400, "invalid_request", "layer");
     free(body);
     expect_error("GET", "/v1/sessions/bad%20id", NULL, NULL, 400, "invalid_request", "session_id");
     const char *hdr[] = {"X-Session-Id: other", NULL};
-    body = attend_body("err", x, 0, 1, TINY_HIDDEN, false, NULL);
+    body = http_client_attend_body("err", x, 0, 1, TINY_HIDDEN, false, NULL);
     expect_error("POST", "/v1/attend", body, hdr, 400, "invalid_request", "session_id");
     free(body);
     /* The header alone names the session (for proxies). */
     const char *hdr_ok[] = {"X-Session-Id: err", NULL};
-    body = attend_body(NULL, x, 2, 1, TINY_HIDDEN, false, ",\"expect_n_past\":2");
+    body = http_client_attend_body(NULL, x, 2, 1, TINY_HIDDEN, false, ",\"expect_n_past\":2");
     struct http_client_response r = call("POST", "/v1/attend", body, hdr_ok);
     ck_assert_int_eq(r.status, 200);
     http_client_response_release(&r);
     free(body);
-    body = attend_body("err", x, 0, 1, TINY_HIDDEN, false, ",\"positions\":[1024]");
+    body = http_client_attend_body("err", x, 0, 1, TINY_HIDDEN, false, ",\"positions\":[1024]");
     expect_error("POST", "/v1/attend", body, NULL, 400, "context_length_exceeded", "positions");
     free(body);
     expect_error("GET", "/v1/nothing", NULL, NULL, 404, "not_found", NULL);
@@ -797,7 +752,7 @@ START_TEST(test_server_request_errors) {
     check_error(&r, 405, "method_not_allowed", NULL);
     ck_assert_str_eq(http_client_header(&r, "Allow", allow, sizeof allow), "GET, DELETE");
     http_client_response_release(&r);
-    body = attend_body("err", x, 3, 1, TINY_HIDDEN, false, ",\"expect_n_past\":7");
+    body = http_client_attend_body("err", x, 3, 1, TINY_HIDDEN, false, ",\"expect_n_past\":7");
     expect_error("POST", "/v1/attend", body, NULL, 409, "n_past_mismatch", "expect_n_past");
     free(body);
     /* 413: a declared Content-Length over the limit, and a chunked body that grows past it. */
@@ -866,8 +821,8 @@ START_TEST(test_server_queue_full) {
     ck_assert_int_ge(http_client_raw_read_until(fd, "}\n\n", 10000, &seen), 0);
     free(seen);
     /* ...so the next request of that session waits: the queue holds 1 of 1. */
-    float *x = make_x(82, 1, TINY_HIDDEN);
-    char *body = attend_body("q", x, 0, 1, TINY_HIDDEN, false, NULL);
+    float *x = http_client_random_rows(82, 1, TINY_HIDDEN);
+    char *body = http_client_attend_body("q", x, 0, 1, TINY_HIDDEN, false, NULL);
     char req[8192];
     int len = snprintf(req, sizeof req,
                        "POST /v1/attend HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: "
@@ -935,8 +890,8 @@ START_TEST(test_server_out_of_memory_is_500) {
     http_client_response_release(&r);
     /* The daemon carries on. */
     cJSON_Delete(call_json("GET", "/healthz", NULL, 200));
-    float *x = make_x(92, 2, TINY_HIDDEN);
-    char *ok = attend_body(NULL, x, 0, 2, TINY_HIDDEN, false, NULL);
+    float *x = http_client_random_rows(92, 2, TINY_HIDDEN);
+    char *ok = http_client_attend_body(NULL, x, 0, 2, TINY_HIDDEN, false, NULL);
     cJSON_Delete(call_json("POST", "/v1/attend", ok, 200));
     free(ok);
     free(x);
@@ -970,7 +925,7 @@ static void *client_main(void *arg) {
         int32_t t = step == 0 ? CLIENT_PREFILL : 1;
         char extra[64];
         snprintf(extra, sizeof extra, ",\"expect_n_past\":%d", (int)first);
-        char *body = attend_body(id, c->x, first, t, TINY_HIDDEN, step % 2 == 1, extra);
+        char *body = http_client_attend_body(id, c->x, first, t, TINY_HIDDEN, step % 2 == 1, extra);
         struct http_client_response r;
         char where[256];
         snprintf(where, sizeof where, "%s/v1/attend", daemon_.base);
@@ -1031,7 +986,7 @@ static void *churn_main(void *arg) {
         http_client_request("DELETE", where, NULL, 0, NULL, &r);
         long delete_status = r.status;
         http_client_response_release(&r);
-        char *body = attend_body(NULL, c->x, 0, 8, TINY_HIDDEN, false, NULL);
+        char *body = http_client_attend_body(NULL, c->x, 0, 8, TINY_HIDDEN, false, NULL);
         snprintf(where, sizeof where, "%s/v1/attend", daemon_.base);
         http_client_request("POST", where, body, strlen(body), NULL, &r);
         free(body);
@@ -1069,11 +1024,11 @@ START_TEST(test_server_concurrent_sessions_are_isolated) {
         "--kv-block-tokens", "16",   NULL};
     start(args);
     enum { N_PADS = 64, PAD_TOKENS = 64 };
-    float *pad_x = make_x(99, PAD_TOKENS, TINY_HIDDEN);
+    float *pad_x = http_client_random_rows(99, PAD_TOKENS, TINY_HIDDEN);
     for (int i = 0; i < N_PADS; i++) {
         char id[32];
         snprintf(id, sizeof id, "pad-%d", i);
-        char *body = attend_body(id, pad_x, 0, PAD_TOKENS, TINY_HIDDEN, true, NULL);
+        char *body = http_client_attend_body(id, pad_x, 0, PAD_TOKENS, TINY_HIDDEN, true, NULL);
         cJSON_Delete(call_json("POST", "/v1/attend", body, 200));
         free(body);
     }
@@ -1082,10 +1037,10 @@ START_TEST(test_server_concurrent_sessions_are_isolated) {
     struct ref r;
     ref_init(&r, "tiny", 8);
     /* The churn session comes after the pads, so it is always more recent than every pad. */
-    float *churn_x = make_x(98, 16, TINY_HIDDEN);
+    float *churn_x = http_client_random_rows(98, 16, TINY_HIDDEN);
     float *churn_want = malloc(8 * TINY_HIDDEN * sizeof(float));
     ref_forward(&r, 0, churn_x, 8, churn_want, NULL);
-    char *churn_body = attend_body("churn", churn_x, 0, 16, TINY_HIDDEN, false, NULL);
+    char *churn_body = http_client_attend_body("churn", churn_x, 0, 16, TINY_HIDDEN, false, NULL);
     cJSON_Delete(call_json("POST", "/v1/attend", churn_body, 200));
     free(churn_body);
     int stop = 0;
@@ -1095,7 +1050,7 @@ START_TEST(test_server_concurrent_sessions_are_isolated) {
     struct client clients[N_CLIENTS];
     float *xs[N_CLIENTS], *wants[N_CLIENTS];
     for (int i = 0; i < N_CLIENTS; i++) {
-        xs[i] = make_x(100 + (uint64_t)i, total, TINY_HIDDEN);
+        xs[i] = http_client_random_rows(100 + (uint64_t)i, total, TINY_HIDDEN);
         wants[i] = malloc((size_t)total * TINY_HIDDEN * sizeof(float));
         ref_forward(&r, 0, xs[i], total, wants[i], NULL);
         clients[i] = (struct client){i, xs[i], wants[i], ""};
@@ -1170,18 +1125,18 @@ START_TEST(test_server_batches_ready_decodes) {
     const char *args[] = {"--preset", "small", "--seed", "6", "--workers", "2", NULL};
     start(args);
     const int32_t hidden = 512, n_sess = 8, pre = 3, big = 2048;
-    float *x = make_x(111, big, hidden);
+    float *x = http_client_random_rows(111, big, hidden);
     for (int32_t s = 0; s < n_sess; s++) {
         char id[16];
         snprintf(id, sizeof id, "b%d", (int)s);
-        char *body = attend_body(id, x, s, pre, hidden, true, NULL);
+        char *body = http_client_attend_body(id, x, s, pre, hidden, true, NULL);
         cJSON_Delete(call_json("POST", "/v1/attend", body, 200));
         free(body);
     }
     double steps0 = metric("attnd_engine_steps_total");
     double seqs0 = metric("attnd_batched_steps_total");
     /* Occupy both workers with long stateless prefills... */
-    char *body = attend_body(NULL, x, 0, big, hidden, true, NULL);
+    char *body = http_client_attend_body(NULL, x, 0, big, hidden, true, NULL);
     int big_fds[2] = {send_attend(body), send_attend(body)};
     free(body);
     /* Send the decodes only once the prefills run, so that they all wait for a worker. */
@@ -1199,7 +1154,7 @@ START_TEST(test_server_batches_ready_decodes) {
         char id[16], extra[64];
         snprintf(id, sizeof id, "b%d", (int)s);
         snprintf(extra, sizeof extra, ",\"expect_n_past\":%d", (int)pre);
-        body = attend_body(id, x, 100 + s, 1, hidden, true, extra);
+        body = http_client_attend_body(id, x, 100 + s, 1, hidden, true, extra);
         fds[s] = send_attend(body);
         free(body);
     }
@@ -1253,15 +1208,16 @@ END_TEST
 START_TEST(test_server_base64_in_and_out) {
     const char *args[] = {"--preset", "tiny", "--seed", "12", "--workers", "1", NULL};
     start(args);
-    float *x = make_x(121, 3, TINY_HIDDEN);
-    char *body = attend_body(NULL, x, 0, 3, TINY_HIDDEN, false, ",\"return_weights\":true");
+    float *x = http_client_random_rows(121, 3, TINY_HIDDEN);
+    char *body =
+        http_client_attend_body(NULL, x, 0, 3, TINY_HIDDEN, false, ",\"return_weights\":true");
     cJSON *j = call_json("POST", "/v1/attend", body, 200);
     free(body);
     float *want = floats_of(j, "output", 3 * TINY_HIDDEN);
     float *want_w = floats_of(j, "weights", TINY_HEADS * 3 * 3);
     cJSON_Delete(j);
-    body = attend_body(NULL, x, 0, 3, TINY_HIDDEN, true,
-                       ",\"return_weights\":true,\"encoding_format\":\"base64\"");
+    body = http_client_attend_body(NULL, x, 0, 3, TINY_HIDDEN, true,
+                                   ",\"return_weights\":true,\"encoding_format\":\"base64\"");
     j = call_json("POST", "/v1/attend", body, 200);
     free(body);
     const cJSON *out = cJSON_GetObjectItemCaseSensitive(j, "output");
@@ -1390,8 +1346,8 @@ START_TEST(test_server_sigterm_drains) {
     kill(daemon_.pid, SIGTERM);
     http_client_sleep_ms(200);
     /* New requests on open connections: 503 draining; readiness says so too. */
-    float *x = make_x(132, 1, TINY_HIDDEN);
-    char *body = attend_body("other", x, 0, 1, TINY_HIDDEN, false, NULL);
+    float *x = http_client_random_rows(132, 1, TINY_HIDDEN);
+    char *body = http_client_attend_body("other", x, 0, 1, TINY_HIDDEN, false, NULL);
     http_client_conn_request(c1, "POST", "/v1/attend", body, strlen(body), &r);
     check_error(&r, 503, "draining", NULL);
     http_client_response_release(&r);

@@ -465,3 +465,59 @@ char *http_client_matrix_b64(const float *x, int32_t rows, int32_t cols) {
     free(enc);
     return strbuf_detach(&b, NULL);
 }
+
+/* ---- attnd request bodies ------------------------------------------------------------------ */
+
+float *http_client_random_rows(uint64_t seed, int32_t t, int32_t hidden) {
+    float *x = malloc((size_t)t * hidden * sizeof(float));
+    ck_assert_ptr_nonnull(x);
+    uint64_t s = seed * 0x9E3779B97F4A7C15ULL + 1;
+    for (int32_t i = 0; i < t * hidden; i++) {
+        s += 0x9E3779B97F4A7C15ULL;
+        uint64_t z = s;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+        z ^= z >> 31;
+        x[i] = (float)((double)(z >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+    }
+    return x;
+}
+
+char *http_client_attend_body(const char *session, const float *x, int32_t first, int32_t t,
+                              int32_t hidden, bool b64, const char *extra) {
+    const float *rows = x + (size_t)first * hidden;
+    char *tensor =
+        b64 ? http_client_matrix_b64(rows, t, hidden) : http_client_matrix_json(rows, t, hidden);
+    size_t n = strlen(tensor) + 512 + (extra ? strlen(extra) : 0);
+    char *body = malloc(n);
+    ck_assert_ptr_nonnull(body);
+    if (session != NULL) {
+        snprintf(body, n, "{\"session_id\":\"%s\",\"x\":%s%s}", session, tensor,
+                 extra ? extra : "");
+    } else {
+        snprintf(body, n, "{\"x\":%s%s}", tensor, extra ? extra : "");
+    }
+    free(tensor);
+    return body;
+}
+
+double http_client_metric(const char *base, const char *name) {
+    char url[256];
+    snprintf(url, sizeof url, "%s/metrics", base);
+    struct http_client_response r;
+    http_client_request("GET", url, NULL, 0, NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    double v = -1;
+    size_t nl = strlen(name);
+    for (const char *p = r.body; p != NULL && *p; p = strchr(p, '\n')) {
+        if (*p == '\n') {
+            p++;
+        }
+        if (strncmp(p, name, nl) == 0 && p[nl] == ' ') {
+            v = atof(p + nl + 1);
+            break;
+        }
+    }
+    http_client_response_release(&r);
+    return v;
+}

@@ -106,4 +106,19 @@ char *http_client_matrix_json(const float *x, int32_t rows, int32_t cols);
 /* The same matrix as {"shape":[rows,cols],"b64":"..."} (malloc'd). */
 char *http_client_matrix_b64(const float *x, int32_t rows, int32_t cols);
 
+/* ---- attnd request bodies ------------------------------------------------------------------ */
+
+/* (t, hidden) values uniform in [-1, 1) from a splitmix64 stream (malloc'd). */
+float *http_client_random_rows(uint64_t seed, int32_t t, int32_t hidden);
+
+/* The body of POST /v1/attend (malloc'd): rows [first, first + t) of x (hidden columns) as nested
+ * arrays or base64, session_id when session is not NULL, then `extra` (e.g. ",\"layer\":1")
+ * spliced in before the closing brace. */
+char *http_client_attend_body(const char *session, const float *x, int32_t first, int32_t t,
+                              int32_t hidden, bool b64, const char *extra);
+
+/* The value of the metric line "name value" (labels included in name) of GET base/metrics, or
+ * -1 when there is none. */
+double http_client_metric(const char *base, const char *name);
+
 #endif /* TESTS_HTTP_CLIENT_H */
