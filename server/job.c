@@ -148,16 +148,13 @@ static int pin_path_session(struct job *job) {
     return 0;
 }
 
-static void attend_finish(struct job *job, bool ok);
-
-/* Queues the job; on a full queue answers 429 and frees it. */
+/* Queues the job; on a full queue answers 429 and frees it. A refused job never had its
+ * session's turn, so it cannot have touched (and must not touch) any cache: it only gives back
+ * its pin, which removes a session that this request alone had created. */
 static void submit(struct job *job) {
     int rc = pool_submit(job->srv->pool, &job->pj);
     if (rc != 0) {
         route_reply_error(job->rq, rc, NULL, NULL);
-        if (job->kind == JOB_ATTEND) {
-            attend_finish(job, false);
-        }
         unpin(job);
         job_free(job);
         return;
@@ -167,22 +164,16 @@ static void submit(struct job *job) {
 
 /* ---- POST /v1/attend ------------------------------------------------------------------------ */
 
-/* Releases what the request held: its temporary cache, its pin, and a session that only this
- * failed request had created. */
+/* Releases what the request held, from its done callback (it holds its session's turn): its
+ * temporary cache, a layer cache that a failed first call left empty, and its pin (a session
+ * that only this failed request had created goes with the turn). */
 static void attend_finish(struct job *job, bool ok) {
-    struct session_store *st = job->srv->sessions;
     attn_kv_destroy(job->temp_kv); /* no worker uses it: the job is not running */
     job->temp_kv = NULL;
-    struct session *s = job->pj.session;
-    if (s != NULL) {
-        if (!ok) {
-            session_drop_empty_layers(st, s);
-        }
-        unpin(job);
-        if (session_n_layers_used(s) == 0 && session_pins(s) == 0) {
-            session_remove(st, s);
-        }
+    if (job->pj.turn != NULL && !ok) {
+        session_drop_empty_layers(job->srv->sessions, job->pj.turn);
     }
+    unpin(job);
 }
 
 /* Allocates the output buffers once n_past is known, after the length checks. */
@@ -230,8 +221,8 @@ static int attend_prepare(struct pool_job *pj, struct pool_step *step) {
         return ERROR_CANCELLED;
     }
     attn_kv *kv;
-    if (pj->session != NULL) {
-        int rc = session_kv_get(srv->sessions, pj->session, job->at.layer, &kv);
+    if (pj->turn != NULL) {
+        int rc = session_kv_get(srv->sessions, pj->turn, job->at.layer, &kv);
         if (rc != 0) {
             return rc;
         }
@@ -373,8 +364,8 @@ static enum pool_after stream_done(struct job *job, int status) {
 
 static enum pool_after attend_done(struct pool_job *pj, int status) {
     struct job *job = (struct job *)pj;
-    if (pj->session != NULL) {
-        session_refresh(pj->session); /* the worker is done: the counts are settled */
+    if (pj->turn != NULL) {
+        session_refresh(pj->turn); /* the worker is done: the counts are settled */
     }
     if (job->at.stream) {
         return stream_done(job, status);
@@ -613,7 +604,7 @@ static int truncate_prepare(struct pool_job *pj, struct pool_step *step) {
     struct job *job = (struct job *)pj;
     struct session *s = pj->session;
     int32_t layer = job->tr.has_layer ? job->tr.layer : -1;
-    int rc = session_truncate(job->srv->sessions, s, layer, job->tr.n_tokens);
+    int rc = session_truncate(job->srv->sessions, pj->turn, layer, job->tr.n_tokens);
     if (rc != 0) {
         return set_err(job, rc, "n_tokens", "n_tokens %d exceeds the %d tokens the %s holds",
                        (int)job->tr.n_tokens,
@@ -631,7 +622,7 @@ static int truncate_prepare(struct pool_job *pj, struct pool_step *step) {
 static int fork_prepare(struct pool_job *pj, struct pool_step *step) {
     struct job *job = (struct job *)pj;
     struct session *copy;
-    int rc = session_fork(job->srv->sessions, pj->session, job->fk.new_id, now_ms(), &copy);
+    int rc = session_fork(job->srv->sessions, pj->turn, job->fk.new_id, now_ms(), &copy);
     switch (rc) {
     case 0:
         break;
@@ -657,17 +648,13 @@ static int fork_prepare(struct pool_job *pj, struct pool_step *step) {
     return job->response != NULL ? 0 : ERROR_INTERNAL;
 }
 
+/* Frees the session's caches; the session itself goes when the pool gives back this job's turn,
+ * unless later requests of it are queued already: they then start from an empty session, as
+ * they would after a completed DELETE. */
 static int delete_prepare(struct pool_job *pj, struct pool_step *step) {
     struct job *job = (struct job *)pj;
-    struct session *s = pj->session;
+    session_clear(job->srv->sessions, pj->turn);
     unpin(job);
-    /* Later requests of the session may be queued already: they then start from an empty
-     * session, as they would after a completed DELETE. */
-    if (session_pins(s) == 0) {
-        session_remove(job->srv->sessions, s);
-    } else {
-        session_clear(job->srv->sessions, s);
-    }
     job->response_status = 204;
     return 0;
 }

@@ -92,14 +92,28 @@ static void mark_started(struct pool_job *j, struct pool *pool) {
     }
 }
 
-/* Reports a step's end to the job and forgets it if it is finished. Kicks dispatch, since the
- * job's session may have a next job waiting. */
+/* Gives the job its session's turn unless it holds it already. A job is only prepared once it
+ * heads its session's queue, so the turn is free then; false means it is not, and the job waits. */
+static bool take_turn(struct pool *pool, struct pool_job *j) {
+    if (j->session != NULL && j->turn == NULL) {
+        j->turn = session_turn_take(pool->sessions, j->session);
+        return j->turn != NULL;
+    }
+    return true;
+}
+
+/* Reports a step's end to the job and forgets it if it is finished (giving back its session's
+ * turn). Kicks dispatch, since the job's session may have a next job waiting. */
 static void complete(struct pool *pool, struct pool_job *j, int status) {
     kick(pool);
     mark_started(j, pool);
     j->state = JOB_PARKED;
     enum pool_after after = j->ops->done(j, status);
     if (after == POOL_AFTER_FINISHED) {
+        if (j->turn != NULL) {
+            session_turn_give(pool->sessions, j->turn);
+            j->turn = NULL;
+        }
         fifo_unlink(pool, j);
         if (j->ops->release != NULL) {
             j->ops->release(j);
@@ -260,7 +274,7 @@ static void gather(struct pool *pool, struct worker *w, int32_t from, int32_t n,
     for (int32_t i = from; i < n && w->n < MAX_BATCH; i++) {
         struct pool_job *k = pool->cand[i];
         if (k == NULL || k->state != JOB_QUEUED || k->kind != POOL_JOB_FORWARD ||
-            !k->is_batchable || k->layer != w->layer) {
+            !k->is_batchable || k->layer != w->layer || !take_turn(pool, k)) {
             continue;
         }
         int rc = k->ops->prepare(k, &k->step);
@@ -282,7 +296,7 @@ static void gather(struct pool *pool, struct worker *w, int32_t from, int32_t n,
 /* Tries to start candidate i. */
 static void dispatch_one(struct pool *pool, int32_t i, int32_t n_cand) {
     struct pool_job *j = pool->cand[i];
-    if (j->kind != POOL_JOB_CONTROL && pool->n_busy == pool->n_workers) {
+    if ((j->kind != POOL_JOB_CONTROL && pool->n_busy == pool->n_workers) || !take_turn(pool, j)) {
         return;
     }
     int rc = j->ops->prepare(j, &j->step);
@@ -439,6 +453,7 @@ int pool_submit(struct pool *pool, struct pool_job *job) {
     job->queue_ms = 0;
     job->compute_ms = 0;
     job->batch_size = 0;
+    job->turn = NULL;
     kick(pool);
     return 0;
 }

@@ -59,11 +59,11 @@ struct pool_job;
 
 struct pool_job_ops {
     /* Loop thread, when the job's turn has come (no earlier job of its session is queued or
-     * running). FORWARD: fill *step (resolving the cache, checking expect_n_past and lengths)
-     * and return 0; the pool then reserves the step's blocks. CONTROL: do the work and return 0
-     * or an error. Any nonzero return finishes the job with that status (done is called). May
-     * be called again for the same step if the job could not join a batch, so it must not
-     * change state beyond resolving the cache. */
+     * running; job->turn holds the session's turn). FORWARD: fill *step (resolving the cache,
+     * checking expect_n_past and lengths) and return 0; the pool then reserves the step's blocks.
+     * CONTROL: do the work and return 0 or an error. Any nonzero return finishes the job with that
+     * status (done is called). May be called again for the same step if the job could not join a
+     * batch, so it must not change state beyond resolving the cache. */
     int (*prepare)(struct pool_job *job, struct pool_step *step);
     /* Worker thread, after the job's engine step with its status (FORWARD), or to do the work
      * (SDPA, status 0). Touches only the job. Returns the job's status. May be NULL. */
@@ -85,6 +85,9 @@ struct pool_job {
     struct session *session; /* NULL = stateless; the submitter pins it */
     bool is_batchable;       /* a forward of <= POOL_BATCH_STEP_MAX_TOKENS tokens per step */
     int32_t layer;           /* for batching: steps must share the layer */
+    /* Set by the pool: the session's turn (session.h), held from the job's first prepare until
+     * after its done returns POOL_AFTER_FINISHED. NULL for stateless jobs. */
+    struct session_turn *turn;
     /* Read by the submitter in ops->done. */
     double queue_ms;    /* submission to first start */
     double compute_ms;  /* engine time summed over steps */

@@ -12,12 +12,19 @@
 #include "error.h"
 #include "log.h"
 
+/* The right to change one session's caches (session.h). Lives inside its session. */
+struct session_turn {
+    struct session *s;
+};
+
 struct session {
     char id[129];
     struct session *hash_next;
     struct session *lru_prev, *lru_next; /* lru_prev toward the most recent end */
     int32_t layer_first, layer_count;    /* the model's loaded layers */
     int32_t pins;
+    bool is_turn_taken;
+    struct session_turn turn; /* handed out by session_turn_take */
     int64_t last_used_ms;
     attn_kv **kv;      /* (layer_count) by layer - layer_first; NULL = unused */
     int32_t *n_tokens; /* (layer_count) as of the last refresh */
@@ -264,10 +271,16 @@ struct session *session_find(struct session_store *st, const char *id, enum sess
     return NULL;
 }
 
+/* Idle: no request queued or running and no job holding its turn, so no cache of it is in use.
+ * Only idle sessions are evicted or expired. */
+static bool is_idle(const struct session *s) {
+    return s->pins == 0 && !s->is_turn_taken;
+}
+
 /* Evicts s (idle) with a tombstone. */
 static void evict(struct session_store *st, struct session *s, enum session_evict_reason why) {
     static const char *const reasons[] = {"budget", "max_sessions", "ttl"};
-    assert(s->pins == 0);
+    assert(is_idle(s));
     LOG_INFO("session", "evicted req=- session=%s reason=%s tokens=%d bytes=%zu", s->id,
              reasons[why], (int)session_n_tokens(s), session_bytes(s));
     tomb_add(st, s->id);
@@ -286,7 +299,7 @@ int session_create(struct session_store *st, const char *id, int64_t now_ms, str
     }
     if (st->n_sessions >= st->max_sessions) {
         struct session *victim = st->lru_tail;
-        while (victim != NULL && victim->pins > 0) {
+        while (victim != NULL && !is_idle(victim)) {
             victim = victim->lru_prev;
         }
         if (victim == NULL) {
@@ -321,13 +334,37 @@ int session_create(struct session_store *st, const char *id, int64_t now_ms, str
     return 0;
 }
 
-void session_remove(struct session_store *st, struct session *s) {
-    assert(s->pins == 0);
-    unlink_session(st, s);
-    session_free(st, s);
+/* Removes s (no tombstone) if nothing keeps it: no cache, no pin, no turn. */
+static void collect_if_unused(struct session_store *st, struct session *s) {
+    if (is_idle(s) && session_n_layers_used(s) == 0) {
+        unlink_session(st, s);
+        session_free(st, s);
+    }
 }
 
-void session_clear(struct session_store *st, struct session *s) {
+struct session_turn *session_turn_take(struct session_store *st, struct session *s) {
+    assert(s->pins > 0);
+    if (s->is_turn_taken) {
+        return NULL;
+    }
+    s->is_turn_taken = true;
+    s->turn.s = s;
+    return &s->turn;
+}
+
+void session_turn_give(struct session_store *st, struct session_turn *t) {
+    struct session *s = t->s;
+    assert(s->is_turn_taken);
+    s->is_turn_taken = false;
+    collect_if_unused(st, s);
+}
+
+struct session *session_turn_session(const struct session_turn *t) {
+    return t->s;
+}
+
+void session_clear(struct session_store *st, struct session_turn *t) {
+    struct session *s = t->s;
     for (int32_t i = 0; i < st->layer_count; i++) {
         attn_kv_destroy(s->kv[i]);
         s->kv[i] = NULL;
@@ -341,7 +378,7 @@ int32_t session_store_expire(struct session_store *st, int64_t now_ms, int64_t t
     struct session *s = st->lru_tail;
     while (s != NULL) {
         struct session *prev = s->lru_prev;
-        if (s->pins == 0 && now_ms - s->last_used_ms > ttl_ms) {
+        if (is_idle(s) && now_ms - s->last_used_ms > ttl_ms) {
             evict(st, s, SESSION_EVICT_TTL);
             n++;
         }
@@ -359,6 +396,7 @@ void session_unpin(struct session_store *st, struct session *s, int64_t now_ms) 
     assert(s->pins > 0);
     s->pins--;
     touch(st, s, now_ms);
+    collect_if_unused(st, s);
 }
 
 /* ---- getters -------------------------------------------------------------------------------- */
@@ -428,7 +466,8 @@ attn_kv *session_kv_find(struct session *s, int32_t layer) {
     return i >= 0 && i < s->layer_count ? s->kv[i] : NULL;
 }
 
-int session_kv_get(struct session_store *st, struct session *s, int32_t layer, attn_kv **out) {
+int session_kv_get(struct session_store *st, struct session_turn *t, int32_t layer, attn_kv **out) {
+    struct session *s = t->s;
     int32_t i = layer - s->layer_first;
     if (i < 0 || i >= s->layer_count) {
         return ATTN_EINVAL;
@@ -445,7 +484,8 @@ int session_kv_get(struct session_store *st, struct session *s, int32_t layer, a
     return 0;
 }
 
-void session_drop_empty_layers(struct session_store *st, struct session *s) {
+void session_drop_empty_layers(struct session_store *st, struct session_turn *t) {
+    struct session *s = t->s;
     for (int32_t i = 0; i < s->layer_count; i++) {
         if (s->kv[i] != NULL && s->n_tokens[i] == 0) {
             attn_kv_destroy(s->kv[i]);
@@ -455,7 +495,8 @@ void session_drop_empty_layers(struct session_store *st, struct session *s) {
     }
 }
 
-void session_refresh(struct session *s) {
+/* Re-reads the counts of s; callers hold its turn or own it outright (a fresh fork). */
+static void refresh(struct session *s) {
     for (int32_t i = 0; i < s->layer_count; i++) {
         if (s->kv[i] != NULL) {
             s->n_tokens[i] = attn_kv_len(s->kv[i]);
@@ -464,8 +505,14 @@ void session_refresh(struct session *s) {
     }
 }
 
-int session_truncate(struct session_store *st, struct session *s, int32_t layer, int32_t n_tokens) {
-    session_refresh(s);
+void session_refresh(struct session_turn *t) {
+    refresh(t->s);
+}
+
+int session_truncate(struct session_store *st, struct session_turn *t, int32_t layer,
+                     int32_t n_tokens) {
+    struct session *s = t->s;
+    refresh(s);
     if (layer >= 0) {
         attn_kv *kv = session_kv_find(s, layer);
         int32_t len = kv != NULL ? attn_kv_len(kv) : 0;
@@ -485,7 +532,7 @@ int session_truncate(struct session_store *st, struct session *s, int32_t layer,
             }
         }
     }
-    session_refresh(s);
+    refresh(s);
     return 0;
 }
 
@@ -513,7 +560,7 @@ static int make_room(struct session_store *st, int32_t blocks_needed, const stru
      * cannot fit anyway evicts nobody. */
     int64_t reclaimable = avail;
     for (struct session *s = st->lru_tail; s != NULL; s = s->lru_prev) {
-        if (s->pins == 0 && s != keep) {
+        if (is_idle(s) && s != keep) {
             reclaimable += blocks_held(st, s);
         }
     }
@@ -523,7 +570,7 @@ static int make_room(struct session_store *st, int32_t blocks_needed, const stru
     struct session *s = st->lru_tail;
     while (s != NULL && attn_kv_pool_blocks_free(st->kv_pool) < blocks_needed) {
         struct session *prev = s->lru_prev;
-        if (s->pins == 0 && s != keep) {
+        if (is_idle(s) && s != keep) {
             evict(st, s, SESSION_EVICT_BUDGET);
         }
         s = prev;
@@ -531,8 +578,9 @@ static int make_room(struct session_store *st, int32_t blocks_needed, const stru
     return 0;
 }
 
-int session_fork(struct session_store *st, struct session *s, const char *new_id, int64_t now_ms,
-                 struct session **out) {
+int session_fork(struct session_store *st, struct session_turn *t, const char *new_id,
+                 int64_t now_ms, struct session **out) {
+    struct session *s = t->s;
     enum session_state state;
     if (session_find(st, new_id, &state) != NULL) {
         return ERROR_SESSION_EXISTS;
@@ -544,7 +592,7 @@ int session_fork(struct session_store *st, struct session *s, const char *new_id
     if (rc != 0) {
         return rc;
     }
-    /* session_create may evict for --max-sessions; s is pinned by the caller's job, so it
+    /* session_create may evict for --max-sessions; s is not idle (its turn is held), so it
      * stays. */
     struct session *c;
     rc = session_create(st, new_id, now_ms, &c);
@@ -558,11 +606,12 @@ int session_fork(struct session_store *st, struct session *s, const char *new_id
         rc = attn_kv_fork(s->kv[i], &c->kv[i]);
         if (rc != ATTN_OK) {
             c->kv[i] = NULL;
-            session_remove(st, c);
+            unlink_session(st, c);
+            session_free(st, c);
             return rc;
         }
     }
-    session_refresh(c);
+    refresh(c);
     *out = c;
     return 0;
 }

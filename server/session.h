@@ -8,10 +8,17 @@
  * worker's attn_forward then only writes its own caches, so forwards on different caches run on
  * several workers at once while the loop creates, reserves, truncates or frees other caches.
  *
- * Thread rule: everything here is loop thread only. A cache is written by a worker only while
- * its job runs; that job pins the session and heads its queue, so nothing here frees, truncates
- * or copies the cache meanwhile (evict, expire and remove need no pins; clear, truncate and fork
- * come from the session's own next job).
+ * A session's caches change only through its *turn* (struct session_turn): at most one exists per
+ * session, the scheduler takes it for the job that heads the session's queue and gives it back
+ * when that job is finished, and every function that creates, frees, truncates or copies a
+ * session's caches takes it as an argument. Code without the turn (a request refused at the
+ * queue, a DELETE still waiting behind a prefill) therefore has no way to touch a cache that a
+ * worker is writing. Eviction and expiry need no turn: they take only idle sessions (no pins, no
+ * turn), and a session with work queued or running is pinned. A session that has no caches, no
+ * pins and no turn is removed (no tombstone) the moment the last of them goes: a session exists
+ * while it holds a cache or has work queued.
+ *
+ * Thread rule: everything here is loop thread only.
  */
 #ifndef SERVER_SESSION_H
 #define SERVER_SESSION_H
@@ -24,6 +31,7 @@
 
 struct session_store; /* opaque; loop thread only */
 struct session;       /* opaque; loop thread only */
+struct session_turn;  /* opaque: the right to change one session's caches; loop thread only */
 
 struct session_store_params {
     const attn_model *model;
@@ -75,13 +83,19 @@ struct session *session_find(struct session_store *st, const char *id, enum sess
  * (tombstoned id), ERROR_KV_BUDGET_EXHAUSTED (max_sessions live and all pinned) or ATTN_ENOMEM. */
 int session_create(struct session_store *st, const char *id, int64_t now_ms, struct session **out);
 
-/* Removes an idle session (no pins) without a tombstone (DELETE, or a first request that
- * failed) and frees its caches. */
-void session_remove(struct session_store *st, struct session *s);
+/* Takes s's turn. Returns NULL if another job holds it (then it is not this job's turn). The
+ * holder must have s pinned. */
+struct session_turn *session_turn_take(struct session_store *st, struct session *s);
 
-/* Frees every cache of the session; the session stays, empty. For DELETE while later requests
- * of the session are still queued (not running). */
-void session_clear(struct session_store *st, struct session *s);
+/* Gives the turn back; removes the session if it is left with no caches and no pins. */
+void session_turn_give(struct session_store *st, struct session_turn *t);
+
+/* The session a turn belongs to. */
+struct session *session_turn_session(const struct session_turn *t);
+
+/* Frees every cache of the session (DELETE). The session itself goes once its pins and turn do,
+ * unless later requests create caches first. */
+void session_clear(struct session_store *st, struct session_turn *t);
 
 /* Forgets a tombstone. Returns true if there was one. */
 bool session_tombstone_forget(struct session_store *st, const char *id);
@@ -91,7 +105,8 @@ bool session_tombstone_forget(struct session_store *st, const char *id);
 int32_t session_store_expire(struct session_store *st, int64_t now_ms, int64_t ttl_ms);
 
 /* A pinned session is never evicted or expired. Every queued or running request pins its
- * session once. Both move the session to the most-recently-used end of the LRU. */
+ * session once. Both move the session to the most-recently-used end of the LRU; unpin removes the
+ * session if it is left with no caches, no pins and no turn. */
 void session_pin(struct session_store *st, struct session *s, int64_t now_ms);
 void session_unpin(struct session_store *st, struct session *s, int64_t now_ms);
 
@@ -118,28 +133,28 @@ struct session *session_next(struct session *s);
 /* The session's cache for absolute layer `layer`, or NULL if it has not used it. */
 attn_kv *session_kv_find(struct session *s, int32_t layer);
 
-/* The session's cache for `layer`, created empty on first use. Returns 0 or ATTN_ENOMEM /
+/* The turn's session's cache for `layer`, created empty on first use. Returns 0 or ATTN_ENOMEM /
  * ATTN_EINVAL (layer not loaded). */
-int session_kv_get(struct session_store *st, struct session *s, int32_t layer, attn_kv **out);
+int session_kv_get(struct session_store *st, struct session_turn *t, int32_t layer, attn_kv **out);
 
 /* Drops layer caches that hold no tokens (after a failed first call on a layer). */
-void session_drop_empty_layers(struct session_store *st, struct session *s);
+void session_drop_empty_layers(struct session_store *st, struct session_turn *t);
 
-/* Re-reads the session's per-layer token and byte counts from the engine. Call when no job of
- * the session runs (e.g. after its forward has finished). */
-void session_refresh(struct session *s);
+/* Re-reads the session's per-layer token and byte counts from the engine, once the turn's job
+ * has no step running (e.g. after its forward has finished). */
+void session_refresh(struct session_turn *t);
 
 /* Truncates every layer (or only `layer` if >= 0) holding more than n_tokens tokens to
  * n_tokens. Returns 0 or ERROR_INVALID_REQUEST (n_tokens above the longest layer, or above
- * `layer`'s length). No job of the session may be running. */
-int session_truncate(struct session_store *st, struct session *s, int32_t layer, int32_t n_tokens);
+ * `layer`'s length). */
+int session_truncate(struct session_store *st, struct session_turn *t, int32_t layer,
+                     int32_t n_tokens);
 
-/* Creates session new_id holding copies of all s's caches, evicting idle sessions (never s) if
- * blocks are short. Returns 0, ERROR_SESSION_EXISTS, ERROR_SESSION_EVICTED,
- * ERROR_KV_BUDGET_EXHAUSTED or ATTN_ENOMEM; on failure nothing is created. No job of s may be
- * running. */
-int session_fork(struct session_store *st, struct session *s, const char *new_id, int64_t now_ms,
-                 struct session **out);
+/* Creates session new_id holding copies of all the turn's session's caches, evicting idle
+ * sessions if blocks are short. Returns 0, ERROR_SESSION_EXISTS, ERROR_SESSION_EVICTED,
+ * ERROR_KV_BUDGET_EXHAUSTED or ATTN_ENOMEM; on failure nothing is created. */
+int session_fork(struct session_store *st, struct session_turn *t, const char *new_id,
+                 int64_t now_ms, struct session **out);
 
 /* ---- the KV pool (used by pool.c and job.c) -------------------------------------------------- */
 

@@ -59,11 +59,27 @@ static enum session_state state_of(const char *id) {
     return state;
 }
 
-/* Appends n tokens to the session's cache for `layer` with a real forward, its blocks reserved
- * first as pool.c does. */
+/* What a job does around its work on s: pin it (at time now) and take its turn. */
+static struct session_turn *hold(struct session *s, int64_t now) {
+    session_pin(st, s, now);
+    struct session_turn *t = session_turn_take(st, s);
+    ck_assert_ptr_nonnull(t);
+    return t;
+}
+
+/* ...and then give the turn back and unpin. */
+static void let_go(struct session_turn *t, int64_t now) {
+    struct session *s = session_turn_session(t);
+    session_turn_give(st, t);
+    session_unpin(st, s, now);
+}
+
+/* Appends n tokens to the session's cache for `layer` with a real forward, holding its turn and
+ * its blocks reserved first, as pool.c does (which also makes it the most recently used). */
 static void fill(struct session *s, int32_t layer, int32_t n) {
+    struct session_turn *t = hold(s, 0);
     attn_kv *kv;
-    ck_assert_int_eq(session_kv_get(st, s, layer, &kv), 0);
+    ck_assert_int_eq(session_kv_get(st, t, layer, &kv), 0);
     ck_assert_int_eq(session_kv_reserve(st, kv, n), 0);
     float *x = calloc((size_t)n * 64, sizeof(float));
     float *out = calloc((size_t)n * 64, sizeof(float));
@@ -73,7 +89,8 @@ static void fill(struct session *s, int32_t layer, int32_t n) {
     attn_step step = {.kv = kv, .x = x, .n_tokens = n, .out = out};
     ck_assert_int_eq(attn_forward(model, layer, ws, &step, 1), ATTN_OK);
     session_kv_unreserve(kv);
-    session_refresh(s);
+    session_refresh(t);
+    let_go(t, 0);
     free(x);
     free(out);
 }
@@ -85,7 +102,8 @@ static int32_t free_blocks(void) {
 START_TEST(test_session_lru_capacity_two) {
     make_store(64, 2, 16);
     struct session *a = create("a", 0);
-    create("b", 1);
+    fill(a, 0, 1); /* a session with no cache would go with its last pin */
+    fill(create("b", 1), 0, 1);
     /* Using a makes b the least recently used. */
     session_pin(st, a, 2);
     session_unpin(st, a, 3);
@@ -107,6 +125,8 @@ START_TEST(test_session_pinned_is_never_evicted) {
     make_store(64, 2, 16);
     struct session *a = create("a", 0);
     struct session *b = create("b", 1);
+    fill(a, 0, 1);
+    fill(b, 0, 1);
     session_pin(st, a, 2);
     session_pin(st, b, 3);
     struct session *c = NULL;
@@ -159,9 +179,9 @@ START_TEST(test_session_reserve_evicts_lru_idle) {
     session_pin(st, a, 2);        /* touch a: b is now the LRU one */
     session_unpin(st, a, 3);
     struct session *r = create("r", 4);
-    session_pin(st, r, 4); /* as its queued job would */
+    struct session_turn *rt = hold(r, 4); /* as its job would */
     attn_kv *kv;
-    ck_assert_int_eq(session_kv_get(st, r, 0, &kv), 0);
+    ck_assert_int_eq(session_kv_get(st, rt, 0, &kv), 0);
     ck_assert_int_eq(free_blocks(), 2);
     /* Too much even with every idle session gone: nobody is evicted, nothing is taken. */
     ck_assert_int_eq(session_kv_reserve(st, kv, 9 * BLOCK_TOKENS), ERROR_KV_BUDGET_EXHAUSTED);
@@ -184,7 +204,7 @@ START_TEST(test_session_reserve_evicts_lru_idle) {
     ck_assert_int_eq(session_kv_reserve(st, kv, 6 * BLOCK_TOKENS), ERROR_KV_BUDGET_EXHAUSTED);
     ck_assert_int_eq(state_of("a"), SESSION_STATE_LIVE);
     session_unpin(st, a, 6);
-    session_unpin(st, r, 6);
+    let_go(rt, 6); /* r keeps its (empty) cache, so it stays */
     struct session_store_stats stats;
     session_store_get_stats(st, &stats);
     ck_assert_uint_eq(stats.evictions[SESSION_EVICT_BUDGET], 1);
@@ -228,9 +248,9 @@ START_TEST(test_session_fork_and_truncate) {
     struct session *a = create("a", 0);
     fill(a, 0, 20);
     fill(a, 1, 20);
-    session_pin(st, a, 1); /* as a fork job would */
+    struct session_turn *t = hold(a, 1); /* as a fork job would */
     struct session *c = NULL;
-    ck_assert_int_eq(session_fork(st, a, "c", 2, &c), 0);
+    ck_assert_int_eq(session_fork(st, t, "c", 2, &c), 0);
     ck_assert_int_eq(session_n_tokens(c), 20);
     ck_assert_int_eq(session_n_layers_used(c), 2);
     /* The copy holds the same keys and values in blocks of its own. */
@@ -239,23 +259,23 @@ START_TEST(test_session_fork_and_truncate) {
     ck_assert_int_eq(attn_kv_read(session_kv_find(c, 1), 0, 20, k2, v2), ATTN_OK);
     ck_assert_mem_eq(k1, k2, sizeof k1);
     ck_assert_mem_eq(v1, v2, sizeof v1);
-    ck_assert_int_eq(session_fork(st, a, "c", 3, &c), ERROR_SESSION_EXISTS);
+    ck_assert_int_eq(session_fork(st, t, "c", 3, &c), ERROR_SESSION_EXISTS);
     /* Truncate one layer, then all of them; the copy is unaffected. */
-    ck_assert_int_eq(session_truncate(st, a, 1, 7), 0);
+    ck_assert_int_eq(session_truncate(st, t, 1, 7), 0);
     int32_t layer, n;
     size_t bytes;
     session_layer_at(a, 1, &layer, &n, &bytes);
     ck_assert_int_eq(layer, 1);
     ck_assert_int_eq(n, 7);
-    ck_assert_int_eq(session_truncate(st, a, 1, 8), ERROR_INVALID_REQUEST);
-    ck_assert_int_eq(session_truncate(st, a, -1, 21), ERROR_INVALID_REQUEST);
-    ck_assert_int_eq(session_truncate(st, a, -1, 5), 0);
+    ck_assert_int_eq(session_truncate(st, t, 1, 8), ERROR_INVALID_REQUEST);
+    ck_assert_int_eq(session_truncate(st, t, -1, 21), ERROR_INVALID_REQUEST);
+    ck_assert_int_eq(session_truncate(st, t, -1, 5), 0);
     session_layer_at(a, 0, &layer, &n, &bytes);
     ck_assert_int_eq(n, 5);
     ck_assert_uint_eq(bytes, BLOCK_BYTES);
     ck_assert_int_eq(session_n_tokens(a), 5);
     ck_assert_int_eq(session_n_tokens(c), 20);
-    session_unpin(st, a, 4);
+    let_go(t, 4);
 }
 END_TEST
 
@@ -265,23 +285,23 @@ START_TEST(test_session_fork_evicts_others_but_not_source) {
     fill(old, 0, 3 * BLOCK_TOKENS);
     struct session *a = create("a", 1);
     fill(a, 0, 3 * BLOCK_TOKENS);
-    session_pin(st, a, 2);
+    struct session_turn *t = hold(a, 2);
     struct session *c;
     /* 2 free, the copy needs 3: "old" goes. */
-    ck_assert_int_eq(session_fork(st, a, "copy", 3, &c), 0);
+    ck_assert_int_eq(session_fork(st, t, "copy", 3, &c), 0);
     ck_assert_int_eq(state_of("old"), SESSION_STATE_TOMBSTONE);
     /* Now 2 free and only pinned a plus idle copy: another copy fits after evicting "copy"... */
-    ck_assert_int_eq(session_fork(st, a, "copy2", 4, &c), 0);
+    ck_assert_int_eq(session_fork(st, t, "copy2", 4, &c), 0);
     ck_assert_int_eq(state_of("copy"), SESSION_STATE_TOMBSTONE);
-    /* ...but never by evicting the source itself, even when nothing pins it (copy2 is pinned
-     * here, so only a could make room). */
-    session_unpin(st, a, 5);
+    /* ...but never by evicting the source itself (copy2 is pinned here, so only a could make
+     * room). */
     session_pin(st, c, 6);
-    ck_assert_int_eq(session_fork(st, a, "copy3", 7, &c), ERROR_KV_BUDGET_EXHAUSTED);
+    ck_assert_int_eq(session_fork(st, t, "copy3", 7, &c), ERROR_KV_BUDGET_EXHAUSTED);
     ck_assert_int_eq(state_of("copy3"), SESSION_STATE_UNKNOWN);
     ck_assert_int_eq(state_of("a"), SESSION_STATE_LIVE);
     ck_assert_int_eq(session_n_tokens(a), 3 * BLOCK_TOKENS);
     session_unpin(st, session_find(st, "copy2", NULL), 8);
+    let_go(t, 8);
 }
 END_TEST
 
@@ -345,18 +365,49 @@ START_TEST(test_session_clear_and_drop_empty_layers) {
     ck_assert_int_eq(stats.blocks_used, 1);
     ck_assert_int_eq(stats.block_tokens, BLOCK_TOKENS);
     ck_assert_uint_eq(stats.bytes_limit, 16 * BLOCK_BYTES);
-    /* clear keeps the session, empty. */
-    session_clear(st, a);
+    /* clear keeps the session, empty, while a job of it holds its turn or a pin... */
+    struct session_turn *t = hold(a, 2);
+    session_pin(st, a, 2); /* a later request of a, queued */
+    session_clear(st, t);
     ck_assert_int_eq(session_n_layers_used(a), 0);
     ck_assert_int_eq(free_blocks(), 16);
+    let_go(t, 3);
     ck_assert_int_eq(state_of("a"), SESSION_STATE_LIVE);
-    /* An empty layer left by a failed first call is dropped. */
+    /* ...and it goes with the last of them: no cache, no pin, no turn. */
+    session_unpin(st, a, 4);
+    ck_assert_int_eq(state_of("a"), SESSION_STATE_UNKNOWN);
+    /* An empty layer left by a failed first call is dropped, and the session with it when that
+     * call was all it had (as after a failed first request). */
     attn_kv *kv;
-    ck_assert_int_eq(session_kv_get(st, b, 1, &kv), 0);
+    t = hold(b, 5);
+    ck_assert_int_eq(session_kv_get(st, t, 1, &kv), 0);
     ck_assert_int_eq(session_n_layers_used(b), 1);
-    session_drop_empty_layers(st, b);
+    session_drop_empty_layers(st, t);
     ck_assert_int_eq(session_n_layers_used(b), 0);
-    ck_assert_int_eq(session_kv_get(st, b, 2, &kv), ATTN_EINVAL);
+    ck_assert_int_eq(session_kv_get(st, t, 2, &kv), ATTN_EINVAL);
+    let_go(t, 6);
+    ck_assert_int_eq(state_of("b"), SESSION_STATE_UNKNOWN);
+}
+END_TEST
+
+/* One turn per session: a second job of the same session cannot get one while the first holds
+ * it, and a session whose turn is held is never evicted or expired, pins or not. */
+START_TEST(test_session_turn_is_exclusive_and_protects) {
+    make_store(4, 1, 16);
+    struct session *a = create("a", 0);
+    struct session_turn *t = hold(a, 0);
+    session_pin(st, a, 0);
+    ck_assert_ptr_null(session_turn_take(st, a));
+    session_unpin(st, a, 0);
+    attn_kv *kv;
+    ck_assert_int_eq(session_kv_get(st, t, 0, &kv), 0);
+    ck_assert_int_eq(session_store_expire(st, 1000000, 1), 0);
+    struct session *b = NULL;
+    ck_assert_int_eq(session_create(st, "b", 1, &b), ERROR_KV_BUDGET_EXHAUSTED);
+    ck_assert_int_eq(state_of("a"), SESSION_STATE_LIVE);
+    let_go(t, 2);
+    ck_assert_int_eq(state_of("a"), SESSION_STATE_LIVE); /* it keeps its (empty) cache */
+    ck_assert_int_eq(session_store_expire(st, 1000000, 1), 1);
 }
 END_TEST
 
@@ -378,6 +429,7 @@ Suite *session_suite(void) {
     tcase_add_test(tc, test_session_reserved_forward_leaves_the_pool_alone);
     tcase_add_test(tc, test_session_ttl_expiry);
     tcase_add_test(tc, test_session_clear_and_drop_empty_layers);
+    tcase_add_test(tc, test_session_turn_is_exclusive_and_protects);
     suite_add_tcase(s, tc);
     return s;
 }
