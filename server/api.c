@@ -1,6 +1,9 @@
-/* server/api.c: the request half of the JSON edge (see api.h and proto/openapi.yaml). Bodies
- * are parsed with cJSON and checked field by field; tensors come as nested arrays or base64
- * objects and land in malloc'd row-major float arrays. Encoding responses is api_encode.c.
+/* server/api.c: the request half of the JSON edge (see api.h and proto/openapi.yaml). Bodies are
+ * read with the strict pull reader of json.h, one field at a time, and checked as they are read:
+ * tensors go straight from the text into row-major float arrays, a field's errors are found as
+ * soon as its bytes are, and an unknown or repeated field stops the parse at once. So a parse
+ * costs time linear in the bytes read and memory proportional to the tensors it keeps, whatever
+ * the body holds. Encoding responses is api_encode.c.
  */
 #include "api.h"
 
@@ -11,13 +14,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <cjson/cJSON.h>
-
 #include "b64.h"
 #include "error.h"
+#include "json.h"
+#include "utf8.h"
 
 /* Tensors larger than this many values are refused before any allocation (1 GiB of float). */
 #define MAX_TENSOR_VALUES ((int64_t)1 << 28)
+
+/* The first allocation of a nested-array tensor, in values; it doubles as numbers arrive. */
+#define TENSOR_FIRST_VALUES 1024
 
 /* ---- errors --------------------------------------------------------------------------------- */
 
@@ -27,17 +33,124 @@ static int fail(struct api_error *err, int code, const char *param, const char *
 static int fail(struct api_error *err, int code, const char *param, const char *fmt, ...) {
     err->code = code;
     snprintf(err->param, sizeof err->param, "%s", param ? param : "");
+    utf8_trim_partial(err->param);
     err->message[0] = '\0';
     if (fmt != NULL) {
         va_list ap;
         va_start(ap, fmt);
         vsnprintf(err->message, sizeof err->message, fmt, ap);
         va_end(ap);
+        utf8_trim_partial(err->message); /* a message cut at the buffer's end stays UTF-8 */
     }
     return code;
 }
 
-/* ---- generic field helpers ------------------------------------------------------------------ */
+/* The reader's syntax error as invalid_json. */
+static int syntax_error(const struct json_reader *r, struct api_error *err) {
+    size_t at;
+    const char *what = json_reader_error(r, &at);
+    return fail(err, ERROR_INVALID_JSON, NULL, "request body is not valid JSON: %s (byte %zu)",
+                what, at);
+}
+
+static int out_of_memory(struct api_error *err, const char *param) {
+    return fail(err, ERROR_INTERNAL, param, "out of memory reading %s", param);
+}
+
+/* A member name made printable for a message or param: control bytes as \uXXXX, cut (at a
+ * character boundary) to fit `size` with "..." when long. The name is valid UTF-8 (the reader
+ * checked it) but may hold any character, NUL included. */
+static void printable_name(const struct json_span *key, char *out, size_t size) {
+    char head[48];
+    bool is_whole;
+    size_t n = json_span_decode(key, head, sizeof head, &is_whole);
+    size_t o = 0;
+    for (size_t i = 0; i < n;) {
+        unsigned char c = (unsigned char)head[i];
+        size_t len =
+            c < 0x20 || c == 0x7F ? 6 : utf8_seq_len((const unsigned char *)head + i, n - i);
+        if (o + len + 4 > size) {
+            is_whole = false;
+            break;
+        }
+        if (len == 6) {
+            o += (size_t)snprintf(out + o, size - o, "\\u%04x", c);
+            i++;
+        } else {
+            memcpy(out + o, head + i, len);
+            o += len;
+            i += len;
+        }
+    }
+    out[o] = '\0';
+    if (!is_whole) {
+        memcpy(out + o, "...", 4);
+    }
+}
+
+/* ---- objects: known fields, each at most once ------------------------------------------------ */
+
+/* The index of key in names[0..n), or -1. */
+static int field_index(const struct json_span *key, const char *const *names, int n) {
+    for (int i = 0; i < n; i++) {
+        if (json_span_equals(key, names[i])) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+/* Moves to the next member of the open object and identifies it among names: returns 1 with
+ * *index set, 0 at the object's end, or an error code (syntax, unknown field, or a field seen
+ * before, tracked in *seen). Each member costs one comparison per known name, so an object of
+ * any size is refused at its first stranger or repeat. */
+static int next_field(struct json_reader *r, const char *const *names, int n, uint32_t *seen,
+                      int *index, struct api_error *err) {
+    struct json_span key;
+    int more = json_object_next(r, &key);
+    if (more < 0) {
+        return syntax_error(r, err);
+    }
+    if (more == 0) {
+        return 0;
+    }
+    int i = field_index(&key, names, n);
+    if (i < 0) {
+        char name[64];
+        printable_name(&key, name, sizeof name);
+        return fail(err, ERROR_INVALID_REQUEST, name, "unknown field '%s'", name);
+    }
+    if (*seen & (1u << i)) {
+        return fail(err, ERROR_INVALID_REQUEST, names[i], "field '%s' appears twice", names[i]);
+    }
+    *seen |= 1u << i;
+    *index = i;
+    return 1;
+}
+
+/* Starts reading a body that must be one JSON object. */
+static int begin_body(struct json_reader *r, const char *body, size_t len, struct api_error *err) {
+    json_reader_init(r, body, len);
+    if (len == 0) {
+        return fail(err, ERROR_INVALID_JSON, NULL, "request body is empty; expected a JSON object");
+    }
+    enum json_type t = json_peek(r);
+    if (t == JSON_TYPE_INVALID) {
+        return fail(err, ERROR_INVALID_JSON, NULL,
+                    "request body is not valid JSON: expected a value (byte 0)");
+    }
+    if (t != JSON_TYPE_OBJECT) {
+        return fail(err, ERROR_INVALID_REQUEST, NULL, "request body must be a JSON object");
+    }
+    return json_object_begin(r) == 0 ? 0 : syntax_error(r, err);
+}
+
+/* After the object's closing brace: nothing but whitespace may follow. */
+static int end_body(struct json_reader *r, struct api_error *err) {
+    return json_reader_finish(r) == 0 ? 0 : syntax_error(r, err);
+}
+
+/* ---- scalar fields -------------------------------------------------------------------------- */
 
 bool api_session_id_is_valid(const char *s, size_t len) {
     if (len < 1 || len > API_SESSION_ID_MAX) {
@@ -54,79 +167,54 @@ bool api_session_id_is_valid(const char *s, size_t len) {
     return true;
 }
 
-/* Parses body as one JSON object. On failure returns NULL with *err filled. */
-static cJSON *parse_object(const char *body, size_t len, struct api_error *err) {
-    const char *end = NULL;
-    if (len == 0) {
-        fail(err, ERROR_INVALID_JSON, NULL, "request body is empty; expected a JSON object");
-        return NULL;
+/* A value of the wrong JSON type for field `name`: invalid_request naming what was expected
+ * (or invalid_json when the bytes are no value at all). */
+static int wrong_type(struct json_reader *r, const char *name, const char *expected,
+                      struct api_error *err) {
+    if (json_peek(r) == JSON_TYPE_INVALID) {
+        json_read_null(r); /* records the syntax error at this byte */
+        return syntax_error(r, err);
     }
-    cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
-    if (root == NULL) {
-        size_t at = end != NULL && end >= body ? (size_t)(end - body) : 0;
-        fail(err, ERROR_INVALID_JSON, NULL, "request body is not valid JSON (near byte %zu)", at);
-        return NULL;
-    }
-    for (const char *p = end; p != NULL && p < body + len; p++) {
-        if (*p != ' ' && *p != '\t' && *p != '\r' && *p != '\n' && *p != '\0') {
-            cJSON_Delete(root);
-            fail(err, ERROR_INVALID_JSON, NULL,
-                 "request body has data after the JSON value (byte %zu)", (size_t)(p - body));
-            return NULL;
-        }
-    }
-    if (!cJSON_IsObject(root)) {
-        cJSON_Delete(root);
-        fail(err, ERROR_INVALID_REQUEST, NULL, "request body must be a JSON object");
-        return NULL;
-    }
-    for (const cJSON *a = root->child; a != NULL; a = a->next) {
-        for (const cJSON *b = root->child; b != a; b = b->next) {
-            if (strcmp(a->string, b->string) == 0) {
-                fail(err, ERROR_INVALID_REQUEST, a->string, "field '%s' appears twice", a->string);
-                cJSON_Delete(root);
-                return NULL;
-            }
-        }
-    }
-    return root;
+    return fail(err, ERROR_INVALID_REQUEST, name, "%s: expected %s", name, expected);
 }
 
-static int unknown_field(const cJSON *item, struct api_error *err) {
-    return fail(err, ERROR_INVALID_REQUEST, item->string, "unknown field '%s'", item->string);
+/* Consumes a null and returns true if the next value is one (an optional field left unset). */
+static bool take_null(struct json_reader *r) {
+    return json_peek(r) == JSON_TYPE_NULL && json_read_null(r) == 0;
 }
 
-static int get_bool(const cJSON *item, bool *out, struct api_error *err) {
-    if (!cJSON_IsBool(item)) {
-        return fail(err, ERROR_INVALID_REQUEST, item->string, "%s: expected true or false",
-                    item->string);
+static int get_bool(struct json_reader *r, const char *name, bool *out, struct api_error *err) {
+    if (json_peek(r) != JSON_TYPE_BOOL) {
+        return wrong_type(r, name, "true or false", err);
     }
-    *out = cJSON_IsTrue(item);
-    return 0;
+    return json_read_bool(r, out) == 0 ? 0 : syntax_error(r, err);
 }
 
-static int get_int(const cJSON *item, int64_t min, int64_t max, int64_t *out,
+static int get_int(struct json_reader *r, const char *name, int64_t min, int64_t max, int64_t *out,
                    struct api_error *err) {
-    if (!cJSON_IsNumber(item) || !isfinite(item->valuedouble) ||
-        item->valuedouble != floor(item->valuedouble)) {
-        return fail(err, ERROR_INVALID_REQUEST, item->string, "%s: expected an integer",
-                    item->string);
+    double d;
+    if (json_peek(r) != JSON_TYPE_NUMBER) {
+        return wrong_type(r, name, "an integer", err);
     }
-    double d = item->valuedouble;
+    if (json_read_number(r, &d) != 0) {
+        return syntax_error(r, err);
+    }
+    if (!isfinite(d) || d != floor(d)) {
+        return fail(err, ERROR_INVALID_REQUEST, name, "%s: expected an integer", name);
+    }
     if (d < (double)min || d > (double)max) {
-        return fail(err, ERROR_INVALID_REQUEST, item->string,
-                    "%s: %.0f is out of range [%lld, %lld]", item->string, d, (long long)min,
-                    (long long)max);
+        return fail(err, ERROR_INVALID_REQUEST, name, "%s: %.0f is out of range [%lld, %lld]", name,
+                    d, (long long)min, (long long)max);
     }
     *out = (int64_t)d;
     return 0;
 }
 
 /* A layer index: an integer >= 0 that must be one of the loaded layers. */
-static int get_layer(const cJSON *item, const struct api_limits *lim, int32_t *out,
+static int get_layer(struct json_reader *r, const struct api_limits *lim, int32_t *out,
                      struct api_error *err) {
     int64_t v;
-    int rc = get_int(item, 0, INT32_MAX, &v, err);
+    int rc = get_int(r, "layer", 0, INT32_MAX, &v, err);
     if (rc != 0) {
         return rc;
     }
@@ -139,27 +227,58 @@ static int get_layer(const cJSON *item, const struct api_limits *lim, int32_t *o
     return 0;
 }
 
-static int get_session_id(const cJSON *item, const char *param, char *out, struct api_error *err) {
-    if (!cJSON_IsString(item) ||
-        !api_session_id_is_valid(item->valuestring, strlen(item->valuestring))) {
-        return fail(err, ERROR_INVALID_REQUEST, param,
-                    "%s: expected a string of 1 to 128 characters from [A-Za-z0-9._:-]", param);
+/* A short string field decoded into out[0..size) (NUL-terminated; *len its length, which may
+ * include NUL bytes). Longer strings are refused with `what`. */
+static int get_short_string(struct json_reader *r, const char *name, char *out, size_t size,
+                            size_t *len, const char *what, struct api_error *err) {
+    struct json_span s;
+    if (json_peek(r) != JSON_TYPE_STRING) {
+        return wrong_type(r, name, what, err);
     }
-    strcpy(out, item->valuestring);
+    if (json_read_string(r, &s) != 0) {
+        return syntax_error(r, err);
+    }
+    bool is_whole;
+    size_t n = json_span_decode(&s, out, size - 1, &is_whole);
+    out[n] = '\0';
+    if (!is_whole) {
+        out[0] = '\0';
+        return fail(err, ERROR_INVALID_REQUEST, name, "%s: expected %s", name, what);
+    }
+    *len = n;
     return 0;
 }
 
-static int get_encoding(const cJSON *item, enum api_encoding *out, struct api_error *err) {
-    if (cJSON_IsString(item) && strcmp(item->valuestring, "float") == 0) {
+/* A session id, compared by its full decoded length: "a\u0000b" is not "a". */
+static int get_session_id(struct json_reader *r, const char *name, char *out,
+                          struct api_error *err) {
+    static const char what[] = "a string of 1 to 128 characters from [A-Za-z0-9._:-]";
+    size_t len;
+    int rc = get_short_string(r, name, out, API_SESSION_ID_MAX + 1, &len, what, err);
+    if (rc == 0 && !api_session_id_is_valid(out, len)) {
+        out[0] = '\0';
+        rc = fail(err, ERROR_INVALID_REQUEST, name, "%s: expected %s", name, what);
+    }
+    return rc;
+}
+
+static int get_encoding(struct json_reader *r, enum api_encoding *out, struct api_error *err) {
+    static const char what[] = "\"float\" or \"base64\"";
+    char text[8];
+    size_t len;
+    int rc = get_short_string(r, "encoding_format", text, sizeof text, &len, what, err);
+    if (rc != 0) {
+        return rc;
+    }
+    if (len == 5 && memcmp(text, "float", 5) == 0) {
         *out = API_ENCODING_FLOAT;
-        return 0;
-    }
-    if (cJSON_IsString(item) && strcmp(item->valuestring, "base64") == 0) {
+    } else if (len == 6 && memcmp(text, "base64", 6) == 0) {
         *out = API_ENCODING_BASE64;
-        return 0;
+    } else {
+        return fail(err, ERROR_INVALID_REQUEST, "encoding_format", "encoding_format: expected %s",
+                    what);
     }
-    return fail(err, ERROR_INVALID_REQUEST, item->string,
-                "encoding_format: expected \"float\" or \"base64\"");
+    return 0;
 }
 
 /* ---- tensors -------------------------------------------------------------------------------- */
@@ -183,184 +302,293 @@ static int check_value(double d, const struct tensor_spec *s, int64_t flat, stru
     return 0;
 }
 
-static int check_dims(const struct tensor_spec *s, const int64_t *dims, struct api_error *err) {
-    int64_t total = 1;
-    for (int d = 0; d < s->rank; d++) {
-        if (dims[d] < 1) {
-            return fail(err, ERROR_INVALID_REQUEST, s->name, "%s: dimension %d is empty", s->name,
-                        d);
-        }
-        if (s->want[d] >= 0 && dims[d] != s->want[d]) {
-            return fail(err, ERROR_INVALID_REQUEST, s->name,
-                        "%s: dimension %d is %lld, expected %lld for shape %s", s->name, d,
-                        (long long)dims[d], (long long)s->want[d], s->doc);
-        }
-        if (dims[d] > MAX_TENSOR_VALUES / total) {
-            return fail(err, ERROR_INVALID_REQUEST, s->name, "%s: too many values", s->name);
-        }
-        total *= dims[d];
-    }
-    return 0;
-}
-
-/* Fills out (row-major) from nested arrays whose dims are known to be dims; *pos counts
- * values written. */
-static int fill_nested(const cJSON *arr, int depth, const int64_t *dims,
-                       const struct tensor_spec *s, float *out, int64_t *pos,
-                       struct api_error *err) {
-    int n = cJSON_GetArraySize(arr);
-    if (n != dims[depth]) {
-        return fail(err, ERROR_INVALID_REQUEST, s->name,
-                    "%s: ragged array: an array at depth %d has %d values, expected %lld "
-                    "(shape %s)",
-                    s->name, depth, n, (long long)dims[depth], s->doc);
-    }
-    for (const cJSON *c = arr->child; c != NULL; c = c->next) {
-        if (depth + 1 < s->rank) {
-            if (!cJSON_IsArray(c)) {
-                return fail(err, ERROR_INVALID_REQUEST, s->name,
-                            "%s: expected nested arrays of rank %d %s", s->name, s->rank, s->doc);
-            }
-            int rc = fill_nested(c, depth + 1, dims, s, out, pos, err);
-            if (rc != 0) {
-                return rc;
-            }
-        } else {
-            if (!cJSON_IsNumber(c)) {
-                return fail(err, ERROR_INVALID_REQUEST, s->name,
-                            "%s: value %lld (row-major) is not a number", s->name, (long long)*pos);
-            }
-            int rc = check_value(c->valuedouble, s, *pos, err, &out[*pos]);
-            if (rc != 0) {
-                return rc;
-            }
-            (*pos)++;
-        }
-    }
-    return 0;
-}
-
-static int parse_nested(const cJSON *item, const struct tensor_spec *s, float **out, int64_t *dims,
-                        struct api_error *err) {
-    const cJSON *cur = item;
-    for (int d = 0; d < s->rank; d++) {
-        if (!cJSON_IsArray(cur)) {
-            return fail(err, ERROR_INVALID_REQUEST, s->name,
-                        "%s: expected nested arrays of rank %d %s, or a base64 object", s->name,
-                        s->rank, s->doc);
-        }
-        dims[d] = cJSON_GetArraySize(cur);
-        if (dims[d] == 0) {
-            return fail(err, ERROR_INVALID_REQUEST, s->name, "%s: dimension %d is empty", s->name,
-                        d);
-        }
-        cur = cur->child;
-    }
-    if (cJSON_IsArray(cur)) {
-        return fail(err, ERROR_INVALID_REQUEST, s->name,
-                    "%s: expected rank %d %s, got deeper nesting", s->name, s->rank, s->doc);
-    }
-    int rc = check_dims(s, dims, err);
-    if (rc != 0) {
-        return rc;
-    }
-    int64_t total = 1;
-    for (int d = 0; d < s->rank; d++) {
-        total *= dims[d];
-    }
-    float *data = malloc((size_t)total * sizeof(float));
-    if (data == NULL) {
-        return fail(err, ERROR_INTERNAL, s->name, "out of memory for %s", s->name);
-    }
-    int64_t pos = 0;
-    rc = fill_nested(item, 0, dims, s, data, &pos, err);
-    if (rc != 0) {
-        free(data);
-        return rc;
-    }
-    *out = data;
-    return 0;
-}
-
-static int parse_b64(const cJSON *item, const struct tensor_spec *s, float **out, int64_t *dims,
+/* Checks one dimension's size against the spec: empty, required size, and the total cap given
+ * the dims before it (product_before). */
+static int check_dim(const struct tensor_spec *s, int d, int64_t size, int64_t product_before,
                      struct api_error *err) {
-    const cJSON *shape = NULL, *text = NULL;
-    for (const cJSON *c = item->child; c != NULL; c = c->next) {
-        if (strcmp(c->string, "shape") == 0 && shape == NULL) {
-            shape = c;
-        } else if (strcmp(c->string, "b64") == 0 && text == NULL) {
-            text = c;
-        } else {
+    if (size < 1) {
+        return fail(err, ERROR_INVALID_REQUEST, s->name, "%s: dimension %d is empty", s->name, d);
+    }
+    if (s->want[d] >= 0 && size != s->want[d]) {
+        return fail(err, ERROR_INVALID_REQUEST, s->name,
+                    "%s: dimension %d is %lld, expected %lld for shape %s", s->name, d,
+                    (long long)size, (long long)s->want[d], s->doc);
+    }
+    if (size > MAX_TENSOR_VALUES / product_before) {
+        return fail(err, ERROR_INVALID_REQUEST, s->name, "%s: too many values", s->name);
+    }
+    return 0;
+}
+
+/* A float buffer that grows as numbers arrive, so its size follows what was parsed. */
+struct floats {
+    float *data;
+    int64_t n, cap;
+};
+
+static int floats_push(struct floats *f, float v) {
+    if (f->n == f->cap) {
+        int64_t cap = f->cap > 0 ? f->cap * 2 : TENSOR_FIRST_VALUES;
+        if (cap > MAX_TENSOR_VALUES) {
+            cap = MAX_TENSOR_VALUES;
+        }
+        if (f->n == cap) {
+            return -1;
+        }
+        float *p = realloc(f->data, (size_t)cap * sizeof *p);
+        if (p == NULL) {
+            return -2;
+        }
+        f->data = p;
+        f->cap = cap;
+    }
+    f->data[f->n++] = v;
+    return 0;
+}
+
+/* Hands over the values with no spare capacity (so that what a request holds is what it
+ * parsed). */
+static float *floats_take(struct floats *f) {
+    float *p = f->n < f->cap ? realloc(f->data, (size_t)f->n * sizeof *p) : f->data;
+    p = p != NULL ? p : f->data;
+    f->data = NULL;
+    return p;
+}
+
+/* Nested arrays of rank s->rank, read straight into floats. Each dimension's size is fixed by
+ * its first complete array and every later one must match; a row longer than that, a number
+ * where an array belongs or the reverse is refused the moment it is read, so a ragged body
+ * never makes the parser allocate more than what it has read. */
+static int parse_nested(struct json_reader *r, const struct tensor_spec *s, float **out,
+                        int64_t *dims, struct api_error *err) {
+    static const char ranks[] = "nested arrays of rank";
+    int64_t count[3] = {0, 0, 0};
+    bool is_known[3] = {false, false, false};
+    struct floats f = {NULL, 0, 0};
+    int depth = 0, rc = 0;
+    if (json_array_begin(r) != 0) {
+        return syntax_error(r, err);
+    }
+    for (;;) {
+        int more = json_array_next(r);
+        if (more < 0) {
+            rc = syntax_error(r, err);
+            break;
+        }
+        if (more == 0) {
+            /* An array of this depth closed: its length is the dimension, or must equal it. */
+            if (!is_known[depth]) {
+                /* The total is capped as values arrive (floats_push), so each dimension is
+                 * checked on its own here. */
+                rc = check_dim(s, depth, count[depth], 1, err);
+                if (rc != 0) {
+                    break;
+                }
+                dims[depth] = count[depth];
+                is_known[depth] = true;
+            } else if (count[depth] != dims[depth]) {
+                rc = fail(err, ERROR_INVALID_REQUEST, s->name,
+                          "%s: ragged: an array at depth %d has %lld values, the first had %lld",
+                          s->name, depth, (long long)count[depth], (long long)dims[depth]);
+                break;
+            }
+            if (depth == 0) {
+                break;
+            }
+            depth--;
+            continue;
+        }
+        count[depth]++;
+        if ((is_known[depth] && count[depth] > dims[depth]) ||
+            (s->want[depth] >= 0 && count[depth] > s->want[depth])) {
+            int64_t want = is_known[depth] ? dims[depth] : s->want[depth];
+            rc = fail(err, ERROR_INVALID_REQUEST, s->name,
+                      "%s: an array at depth %d has more than %lld values (shape %s)", s->name,
+                      depth, (long long)want, s->doc);
+            break;
+        }
+        enum json_type t = json_peek(r);
+        if (depth < s->rank - 1) {
+            if (t != JSON_TYPE_ARRAY) {
+                rc = t == JSON_TYPE_INVALID ? wrong_type(r, s->name, "", err)
+                                            : fail(err, ERROR_INVALID_REQUEST, s->name,
+                                                   "%s: expected %s %d %s, or a base64 object",
+                                                   s->name, ranks, s->rank, s->doc);
+                break;
+            }
+            json_array_begin(r);
+            depth++;
+            count[depth] = 0;
+            continue;
+        }
+        if (t != JSON_TYPE_NUMBER) {
+            rc = t == JSON_TYPE_INVALID ? wrong_type(r, s->name, "", err)
+                 : t == JSON_TYPE_ARRAY
+                     ? fail(err, ERROR_INVALID_REQUEST, s->name,
+                            "%s: expected rank %d %s, got deeper nesting", s->name, s->rank, s->doc)
+                     : fail(err, ERROR_INVALID_REQUEST, s->name,
+                            "%s: value %lld (row-major) is not a number", s->name, (long long)f.n);
+            break;
+        }
+        double d;
+        float v = 0.0f;
+        if (json_read_number(r, &d) != 0) {
+            rc = syntax_error(r, err);
+            break;
+        }
+        rc = check_value(d, s, f.n, err, &v);
+        if (rc != 0) {
+            break;
+        }
+        int pushed = floats_push(&f, v);
+        if (pushed != 0) {
+            rc = pushed == -1
+                     ? fail(err, ERROR_INVALID_REQUEST, s->name, "%s: too many values", s->name)
+                     : out_of_memory(err, s->name);
+            break;
+        }
+    }
+    if (rc != 0) {
+        free(f.data);
+        return rc;
+    }
+    *out = floats_take(&f);
+    return 0;
+}
+
+/* {"shape": [...], "b64": "..."}: little-endian float32 bytes. The base64 text is decoded
+ * straight from the body (it holds no escapes unless a client wrote some). */
+static int parse_b64(struct json_reader *r, const struct tensor_spec *s, float **out, int64_t *dims,
+                     struct api_error *err) {
+    static const char *const names[] = {"shape", "b64"};
+    char shape_doc[160];
+    snprintf(shape_doc, sizeof shape_doc,
+             "%s: a base64 tensor is {\"shape\": [%d positive integers %s], \"b64\": \"...\"}",
+             s->name, s->rank, s->doc);
+    struct json_span text = {NULL, 0, false};
+    bool has_shape = false;
+    uint32_t seen = 0;
+    int index, rc;
+    json_object_begin(r);
+    while ((rc = next_field(r, names, 2, &seen, &index, err)) == 1) {
+        if (index == 1) {
+            if (json_peek(r) != JSON_TYPE_STRING) {
+                return wrong_type(r, s->name, "b64 as a string", err);
+            }
+            if (json_read_string(r, &text) != 0) {
+                return syntax_error(r, err);
+            }
+            continue;
+        }
+        if (json_peek(r) != JSON_TYPE_ARRAY) {
+            return fail(err, ERROR_INVALID_REQUEST, s->name, "%s", shape_doc);
+        }
+        json_array_begin(r);
+        int d = 0, more;
+        int64_t product = 1;
+        while ((more = json_array_next(r)) == 1) {
+            double v;
+            if (d == s->rank || json_peek(r) != JSON_TYPE_NUMBER) {
+                return fail(err, ERROR_INVALID_REQUEST, s->name, "%s", shape_doc);
+            }
+            if (json_read_number(r, &v) != 0) {
+                return syntax_error(r, err);
+            }
+            if (v != floor(v) || v < 1 || v > (double)MAX_TENSOR_VALUES) {
+                return fail(err, ERROR_INVALID_REQUEST, s->name, "%s", shape_doc);
+            }
+            dims[d] = (int64_t)v;
+            rc = check_dim(s, d, dims[d], product, err);
+            if (rc != 0) {
+                return rc;
+            }
+            product *= dims[d];
+            d++;
+        }
+        if (more < 0) {
+            return syntax_error(r, err);
+        }
+        if (d != s->rank) {
+            return fail(err, ERROR_INVALID_REQUEST, s->name, "%s", shape_doc);
+        }
+        has_shape = true;
+    }
+    if (rc != 0) {
+        /* A stranger inside the tensor object is about the tensor: name the tensor field. */
+        if (rc == ERROR_INVALID_REQUEST) {
             return fail(err, ERROR_INVALID_REQUEST, s->name,
                         "%s: a base64 tensor has exactly the fields shape and b64", s->name);
         }
-    }
-    if (!cJSON_IsArray(shape) || cJSON_GetArraySize(shape) != s->rank) {
-        return fail(err, ERROR_INVALID_REQUEST, s->name,
-                    "%s: shape must be an array of %d positive integers %s", s->name, s->rank,
-                    s->doc);
-    }
-    int d = 0;
-    for (const cJSON *c = shape->child; c != NULL; c = c->next, d++) {
-        if (!cJSON_IsNumber(c) || c->valuedouble != floor(c->valuedouble) || c->valuedouble < 1 ||
-            c->valuedouble > (double)MAX_TENSOR_VALUES) {
-            return fail(err, ERROR_INVALID_REQUEST, s->name,
-                        "%s: shape must be an array of %d positive integers %s", s->name, s->rank,
-                        s->doc);
-        }
-        dims[d] = (int64_t)c->valuedouble;
-    }
-    int rc = check_dims(s, dims, err);
-    if (rc != 0) {
         return rc;
     }
+    if (!has_shape || text.text == NULL) {
+        return fail(err, ERROR_INVALID_REQUEST, s->name, "%s", shape_doc);
+    }
     int64_t total = 1;
-    for (d = 0; d < s->rank; d++) {
+    for (int d = 0; d < s->rank; d++) {
         total *= dims[d];
     }
     size_t bytes = (size_t)total * 4;
-    if (!cJSON_IsString(text)) {
-        return fail(err, ERROR_INVALID_REQUEST, s->name, "%s: b64 must be a string", s->name);
+    char *unescaped = NULL;
+    const char *b64 = text.text;
+    size_t len = text.len;
+    if (text.has_escapes) {
+        unescaped = malloc(text.len);
+        if (unescaped == NULL) {
+            return out_of_memory(err, s->name);
+        }
+        len = json_span_decode(&text, unescaped, text.len, NULL);
+        b64 = unescaped;
     }
-    size_t len = strlen(text->valuestring);
-    if (len != b64_encoded_len(bytes) || b64_decoded_len(text->valuestring, len) != bytes) {
-        return fail(err, ERROR_INVALID_REQUEST, s->name,
-                    "%s: b64 must hold exactly 4 * prod(shape) = %zu bytes of float32", s->name,
-                    bytes);
+    rc = 0;
+    if (len != b64_encoded_len(bytes) || b64_decoded_len(b64, len) != bytes) {
+        rc = fail(err, ERROR_INVALID_REQUEST, s->name,
+                  "%s: b64 must hold exactly 4 * prod(shape) = %zu bytes of float32", s->name,
+                  bytes);
     }
-    float *data = malloc(bytes);
-    if (data == NULL) {
-        return fail(err, ERROR_INTERNAL, s->name, "out of memory for %s", s->name);
+    float *data = rc == 0 ? malloc(bytes) : NULL;
+    if (rc == 0 && data == NULL) {
+        rc = out_of_memory(err, s->name);
     }
-    uint8_t *raw = (uint8_t *)data;
-    if (b64_decode(text->valuestring, len, raw) != 0) {
-        free(data);
-        return fail(err, ERROR_INVALID_REQUEST, s->name, "%s: b64 is not valid base64", s->name);
+    if (rc == 0 && b64_decode(b64, len, (uint8_t *)data) != 0) {
+        rc = fail(err, ERROR_INVALID_REQUEST, s->name, "%s: b64 is not valid base64", s->name);
     }
+    free(unescaped);
     /* Little-endian float32 to host order, in place (byte i*4 is read before value i is
      * written). */
-    for (int64_t i = 0; i < total; i++) {
+    const uint8_t *raw = (const uint8_t *)data;
+    for (int64_t i = 0; rc == 0 && i < total; i++) {
         const uint8_t *p = raw + i * 4;
         uint32_t u =
             (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-        float f;
-        memcpy(&f, &u, 4);
-        if (check_value((double)f, s, i, err, &data[i]) != 0) {
-            free(data);
-            return err->code;
-        }
+        float v;
+        memcpy(&v, &u, 4);
+        rc = check_value((double)v, s, i, err, &data[i]);
+    }
+    if (rc != 0) {
+        free(data);
+        return rc;
     }
     *out = data;
     return 0;
 }
 
-/* Parses a tensor field into a malloc'd array; dims gets its shape. */
-static int parse_tensor(const cJSON *item, const struct tensor_spec *s, float **out, int64_t *dims,
-                        struct api_error *err) {
-    if (cJSON_IsObject(item)) {
-        return parse_b64(item, s, out, dims, err);
+/* Parses a tensor field (nested arrays or a base64 object) into a malloc'd array; dims gets its
+ * shape. */
+static int parse_tensor(struct json_reader *r, const struct tensor_spec *s, float **out,
+                        int64_t *dims, struct api_error *err) {
+    switch (json_peek(r)) {
+    case JSON_TYPE_OBJECT:
+        return parse_b64(r, s, out, dims, err);
+    case JSON_TYPE_ARRAY:
+        return parse_nested(r, s, out, dims, err);
+    case JSON_TYPE_INVALID:
+        return wrong_type(r, s->name, "", err);
+    default:
+        return fail(err, ERROR_INVALID_REQUEST, s->name,
+                    "%s: expected nested arrays of rank %d %s, or a base64 object", s->name,
+                    s->rank, s->doc);
     }
-    return parse_nested(item, s, out, dims, err);
 }
 
 /* ---- POST /v1/attend ------------------------------------------------------------------------ */
@@ -371,102 +599,152 @@ void api_attend_request_release(struct api_attend_request *r) {
     memset(r, 0, sizeof *r);
 }
 
-static int parse_positions(const cJSON *item, int32_t n_tokens, int32_t max_seq, int32_t **out,
+/* positions: integers in [0, max_seq), at most max_seq of them (their count is checked against
+ * x's rows once both are read, since either may come first). */
+static int parse_positions(struct json_reader *r, int32_t max_seq, int32_t **out, int32_t *n_out,
                            struct api_error *err) {
-    if (!cJSON_IsArray(item)) {
-        return fail(err, ERROR_INVALID_REQUEST, "positions",
-                    "positions: expected an array of "
-                    "integers, one per token of x");
+    static const char what[] = "an array of integers, one per token of x";
+    if (json_peek(r) != JSON_TYPE_ARRAY) {
+        return wrong_type(r, "positions", what, err);
     }
-    if (cJSON_GetArraySize(item) != n_tokens) {
-        return fail(err, ERROR_INVALID_REQUEST, "positions",
-                    "positions: has %d values, expected %d (one per token of x)",
-                    cJSON_GetArraySize(item), (int)n_tokens);
-    }
-    int32_t *pos = malloc((size_t)n_tokens * sizeof *pos);
-    if (pos == NULL) {
-        return fail(err, ERROR_INTERNAL, "positions", "out of memory");
-    }
-    int i = 0;
-    for (const cJSON *c = item->child; c != NULL; c = c->next, i++) {
-        if (!cJSON_IsNumber(c) || c->valuedouble != floor(c->valuedouble) || c->valuedouble < 0 ||
-            !isfinite(c->valuedouble)) {
-            free(pos);
-            return fail(err, ERROR_INVALID_REQUEST, "positions",
-                        "positions[%d]: expected a non-negative integer", i);
+    json_array_begin(r);
+    int32_t *pos = NULL;
+    int32_t n = 0, cap = 0;
+    int more, rc = 0;
+    while ((more = json_array_next(r)) == 1) {
+        double d;
+        if (json_peek(r) != JSON_TYPE_NUMBER) {
+            rc = json_peek(r) == JSON_TYPE_INVALID
+                     ? wrong_type(r, "positions", what, err)
+                     : fail(err, ERROR_INVALID_REQUEST, "positions",
+                            "positions[%d]: expected a non-negative integer", (int)n);
+            break;
         }
-        if (c->valuedouble >= (double)max_seq) {
-            free(pos);
-            return fail(err, ERROR_CONTEXT_LENGTH_EXCEEDED, "positions",
-                        "positions[%d]: %.0f is past the model's maximum position %d", i,
-                        c->valuedouble, (int)max_seq - 1);
+        if (json_read_number(r, &d) != 0) {
+            rc = syntax_error(r, err);
+            break;
         }
-        pos[i] = (int32_t)c->valuedouble;
+        if (!isfinite(d) || d != floor(d) || d < 0) {
+            rc = fail(err, ERROR_INVALID_REQUEST, "positions",
+                      "positions[%d]: expected a non-negative integer", (int)n);
+            break;
+        }
+        if (d >= (double)max_seq) {
+            rc = fail(err, ERROR_CONTEXT_LENGTH_EXCEEDED, "positions",
+                      "positions[%d]: %.0f is past the model's maximum position %d", (int)n, d,
+                      (int)max_seq - 1);
+            break;
+        }
+        if (n == max_seq) {
+            rc = fail(err, ERROR_INVALID_REQUEST, "positions",
+                      "positions: more values than the maximum sequence length %d", (int)max_seq);
+            break;
+        }
+        if (n == cap) {
+            cap = cap > 0 ? (cap > max_seq / 2 ? max_seq : cap * 2) : 64;
+            int32_t *p = realloc(pos, (size_t)cap * sizeof *p);
+            if (p == NULL) {
+                rc = out_of_memory(err, "positions");
+                break;
+            }
+            pos = p;
+        }
+        pos[n++] = (int32_t)d;
+    }
+    if (rc == 0 && more < 0) {
+        rc = syntax_error(r, err);
+    }
+    if (rc != 0) {
+        free(pos);
+        return rc;
     }
     *out = pos;
+    *n_out = n;
     return 0;
 }
 
-int api_attend_request_parse(const char *body, size_t len, const struct api_limits *lim,
-                             struct api_attend_request *out, struct api_error *err) {
-    memset(out, 0, sizeof *out);
-    cJSON *root = parse_object(body, len, err);
-    if (root == NULL) {
-        return err->code;
+enum attend_field {
+    ATTEND_X,
+    ATTEND_SESSION_ID,
+    ATTEND_LAYER,
+    ATTEND_POSITIONS,
+    ATTEND_EXPECT_N_PAST,
+    ATTEND_RETURN_WEIGHTS,
+    ATTEND_STREAM,
+    ATTEND_ENCODING,
+    ATTEND_N_FIELDS,
+};
+
+static const char *const attend_names[ATTEND_N_FIELDS] = {
+    "x",      "session_id",     "layer", "positions", "expect_n_past", "return_weights",
+    "stream", "encoding_format"};
+
+/* One member of an attend body into r. */
+static int attend_field(struct json_reader *jr, int index, const struct api_limits *lim,
+                        struct api_attend_request *r, int32_t *n_positions, struct api_error *err) {
+    if (index != ATTEND_X && take_null(jr)) {
+        return 0; /* every field but x may be null: the same as leaving it out */
     }
-    struct api_attend_request r;
-    memset(&r, 0, sizeof r);
-    r.layer = lim->layer_first;
-    const cJSON *x = NULL, *positions = NULL;
     int64_t v;
-    int rc = 0;
-    for (const cJSON *c = root->child; c != NULL && rc == 0; c = c->next) {
-        const char *k = c->string;
-        if (strcmp(k, "x") == 0) {
-            x = c;
-        } else if (cJSON_IsNull(c)) {
-            if (strcmp(k, "session_id") != 0 && strcmp(k, "layer") != 0 &&
-                strcmp(k, "positions") != 0 && strcmp(k, "expect_n_past") != 0 &&
-                strcmp(k, "return_weights") != 0 && strcmp(k, "stream") != 0 &&
-                strcmp(k, "encoding_format") != 0) {
-                rc = unknown_field(c, err);
-            }
-        } else if (strcmp(k, "session_id") == 0) {
-            rc = get_session_id(c, "session_id", r.session_id, err);
-        } else if (strcmp(k, "layer") == 0) {
-            rc = get_layer(c, lim, &r.layer, err);
-        } else if (strcmp(k, "positions") == 0) {
-            positions = c;
-        } else if (strcmp(k, "expect_n_past") == 0) {
-            rc = get_int(c, 0, INT32_MAX, &v, err);
-            r.has_expect_n_past = true;
-            r.expect_n_past = (int32_t)v;
-        } else if (strcmp(k, "return_weights") == 0) {
-            rc = get_bool(c, &r.return_weights, err);
-        } else if (strcmp(k, "stream") == 0) {
-            rc = get_bool(c, &r.stream, err);
-        } else if (strcmp(k, "encoding_format") == 0) {
-            rc = get_encoding(c, &r.encoding, err);
-        } else {
-            rc = unknown_field(c, err);
-        }
-    }
-    if (rc == 0 && x == NULL) {
-        rc = fail(err, ERROR_INVALID_REQUEST, "x", "x: required (T, hidden_size) tensor");
-    }
-    if (rc == 0) {
+    int rc;
+    switch (index) {
+    case ATTEND_X: {
         struct tensor_spec spec = {"x", "(T, hidden_size)", 2, {-1, lim->hidden_size, -1}};
         int64_t dims[3];
-        rc = parse_tensor(x, &spec, &r.x, dims, err);
+        rc = parse_tensor(jr, &spec, &r->x, dims, err);
         if (rc == 0 && dims[0] > lim->max_seq) {
             rc = fail(err, ERROR_CONTEXT_LENGTH_EXCEEDED, "x",
                       "x: %lld tokens exceed the model's maximum sequence length %d",
                       (long long)dims[0], (int)lim->max_seq);
         }
-        r.n_tokens = rc == 0 ? (int32_t)dims[0] : 0;
+        r->n_tokens = rc == 0 ? (int32_t)dims[0] : 0;
+        return rc;
     }
-    if (rc == 0 && positions != NULL && !cJSON_IsNull(positions)) {
-        rc = parse_positions(positions, r.n_tokens, lim->max_seq, &r.positions, err);
+    case ATTEND_SESSION_ID:
+        return get_session_id(jr, "session_id", r->session_id, err);
+    case ATTEND_LAYER:
+        return get_layer(jr, lim, &r->layer, err);
+    case ATTEND_POSITIONS:
+        return parse_positions(jr, lim->max_seq, &r->positions, n_positions, err);
+    case ATTEND_EXPECT_N_PAST:
+        rc = get_int(jr, "expect_n_past", 0, INT32_MAX, &v, err);
+        r->has_expect_n_past = rc == 0;
+        r->expect_n_past = (int32_t)v;
+        return rc;
+    case ATTEND_RETURN_WEIGHTS:
+        return get_bool(jr, "return_weights", &r->return_weights, err);
+    case ATTEND_STREAM:
+        return get_bool(jr, "stream", &r->stream, err);
+    default:
+        return get_encoding(jr, &r->encoding, err);
+    }
+}
+
+int api_attend_request_parse(const char *body, size_t len, const struct api_limits *lim,
+                             struct api_attend_request *out, struct api_error *err) {
+    memset(out, 0, sizeof *out);
+    struct api_attend_request r;
+    memset(&r, 0, sizeof r);
+    r.layer = lim->layer_first;
+    struct json_reader jr;
+    int32_t n_positions = 0;
+    uint32_t seen = 0;
+    int index;
+    int rc = begin_body(&jr, body, len, err);
+    while (rc == 0 &&
+           (rc = next_field(&jr, attend_names, ATTEND_N_FIELDS, &seen, &index, err)) == 1) {
+        rc = attend_field(&jr, index, lim, &r, &n_positions, err);
+    }
+    if (rc == 0) {
+        rc = end_body(&jr, err);
+    }
+    if (rc == 0 && r.x == NULL) {
+        rc = fail(err, ERROR_INVALID_REQUEST, "x", "x: required (T, hidden_size) tensor");
+    }
+    if (rc == 0 && r.positions != NULL && n_positions != r.n_tokens) {
+        rc = fail(err, ERROR_INVALID_REQUEST, "positions",
+                  "positions: has %d values, expected %d (one per token of x)", (int)n_positions,
+                  (int)r.n_tokens);
     }
     if (rc == 0 && r.return_weights &&
         (int64_t)lim->n_heads * r.n_tokens * r.n_tokens > API_WEIGHTS_MAX_VALUES) {
@@ -474,7 +752,6 @@ int api_attend_request_parse(const char *body, size_t len, const struct api_limi
                   "return_weights: n_heads x T x T = %lld values exceed the limit of %d",
                   (long long)lim->n_heads * r.n_tokens * r.n_tokens, API_WEIGHTS_MAX_VALUES);
     }
-    cJSON_Delete(root);
     if (rc != 0) {
         api_attend_request_release(&r);
         return rc;
@@ -492,92 +769,129 @@ void api_sdpa_request_release(struct api_sdpa_request *r) {
     memset(r, 0, sizeof *r);
 }
 
-static int sdpa_tensors(const cJSON *q, const cJSON *k, const cJSON *v, struct api_sdpa_request *r,
-                        struct api_error *err) {
-    if (q == NULL || k == NULL || v == NULL) {
-        const char *missing = q == NULL ? "q" : k == NULL ? "k" : "v";
+enum sdpa_field {
+    SDPA_Q,
+    SDPA_K,
+    SDPA_V,
+    SDPA_CAUSAL,
+    SDPA_WINDOW,
+    SDPA_SCALE,
+    SDPA_RETURN_WEIGHTS,
+    SDPA_ENCODING,
+    SDPA_N_FIELDS,
+};
+
+static const char *const sdpa_names[SDPA_N_FIELDS] = {
+    "q", "k", "v", "causal", "window", "scale", "return_weights", "encoding_format"};
+
+/* The shapes read for q, k and v, checked against each other once all three are in. */
+struct sdpa_dims {
+    int64_t q[3], k[3], v[3];
+};
+
+static int get_scale(struct json_reader *jr, float *out, struct api_error *err) {
+    double d;
+    if (json_peek(jr) != JSON_TYPE_NUMBER) {
+        return wrong_type(jr, "scale", "a finite number > 0", err);
+    }
+    if (json_read_number(jr, &d) != 0) {
+        return syntax_error(jr, err);
+    }
+    if (!isfinite(d) || d <= 0 || d > FLT_MAX) {
+        return fail(err, ERROR_INVALID_REQUEST, "scale", "scale: expected a finite number > 0");
+    }
+    *out = (float)d;
+    if (*out == 0.0f) {
+        return fail(err, ERROR_INVALID_REQUEST, "scale", "scale: too small for float32");
+    }
+    return 0;
+}
+
+static int sdpa_field(struct json_reader *jr, int index, struct api_sdpa_request *r,
+                      struct sdpa_dims *dims, struct api_error *err) {
+    static const struct tensor_spec specs[3] = {
+        {"q", "(H, Tq, dk)", 3, {-1, -1, -1}},
+        {"k", "(Hkv, Tk, dk)", 3, {-1, -1, -1}},
+        {"v", "(Hkv, Tk, dv)", 3, {-1, -1, -1}},
+    };
+    if (index > SDPA_V && take_null(jr)) {
+        return 0;
+    }
+    int64_t v;
+    int rc;
+    switch (index) {
+    case SDPA_Q:
+        return parse_tensor(jr, &specs[0], &r->q, dims->q, err);
+    case SDPA_K:
+        return parse_tensor(jr, &specs[1], &r->k, dims->k, err);
+    case SDPA_V:
+        return parse_tensor(jr, &specs[2], &r->v, dims->v, err);
+    case SDPA_CAUSAL:
+        return get_bool(jr, "causal", &r->causal, err);
+    case SDPA_WINDOW:
+        rc = get_int(jr, "window", 0, INT32_MAX, &v, err);
+        r->window = rc == 0 ? (int32_t)v : -1;
+        return rc;
+    case SDPA_SCALE:
+        return get_scale(jr, &r->scale, err);
+    case SDPA_RETURN_WEIGHTS:
+        return get_bool(jr, "return_weights", &r->return_weights, err);
+    default:
+        return get_encoding(jr, &r->encoding, err);
+    }
+}
+
+/* q, k and v against each other, in the order a reader of the shapes would check them. */
+static int sdpa_shapes(struct api_sdpa_request *r, const struct sdpa_dims *d,
+                       struct api_error *err) {
+    if (r->q == NULL || r->k == NULL || r->v == NULL) {
+        const char *missing = r->q == NULL ? "q" : r->k == NULL ? "k" : "v";
         return fail(err, ERROR_INVALID_REQUEST, missing, "%s: required tensor", missing);
     }
-    int64_t qd[3], kd[3], vd[3];
-    struct tensor_spec qs = {"q", "(H, Tq, dk)", 3, {-1, -1, -1}};
-    int rc = parse_tensor(q, &qs, &r->q, qd, err);
-    if (rc != 0) {
-        return rc;
-    }
-    struct tensor_spec ks = {"k", "(Hkv, Tk, dk)", 3, {-1, -1, qd[2]}};
-    rc = parse_tensor(k, &ks, &r->k, kd, err);
-    if (rc != 0) {
-        return rc;
-    }
-    if (qd[0] % kd[0] != 0) {
+    if (d->k[2] != d->q[2]) {
         return fail(err, ERROR_INVALID_REQUEST, "k",
-                    "k: %lld kv heads do not divide the %lld query heads", (long long)kd[0],
-                    (long long)qd[0]);
+                    "k: dimension 2 is %lld, expected %lld (q's dk) for shape (Hkv, Tk, dk)",
+                    (long long)d->k[2], (long long)d->q[2]);
     }
-    struct tensor_spec vs = {"v", "(Hkv, Tk, dv)", 3, {kd[0], kd[1], -1}};
-    rc = parse_tensor(v, &vs, &r->v, vd, err);
-    if (rc != 0) {
-        return rc;
+    if (d->q[0] % d->k[0] != 0) {
+        return fail(err, ERROR_INVALID_REQUEST, "k",
+                    "k: %lld kv heads do not divide the %lld query heads", (long long)d->k[0],
+                    (long long)d->q[0]);
     }
-    r->n_heads = (int32_t)qd[0];
-    r->n_q = (int32_t)qd[1];
-    r->d_k = (int32_t)qd[2];
-    r->n_kv_heads = (int32_t)kd[0];
-    r->n_k = (int32_t)kd[1];
-    r->d_v = (int32_t)vd[2];
+    if (d->v[0] != d->k[0] || d->v[1] != d->k[1]) {
+        return fail(err, ERROR_INVALID_REQUEST, "v",
+                    "v: shape (%lld, %lld, dv) must match k's (Hkv, Tk) = (%lld, %lld)",
+                    (long long)d->v[0], (long long)d->v[1], (long long)d->k[0], (long long)d->k[1]);
+    }
+    r->n_heads = (int32_t)d->q[0];
+    r->n_q = (int32_t)d->q[1];
+    r->d_k = (int32_t)d->q[2];
+    r->n_kv_heads = (int32_t)d->k[0];
+    r->n_k = (int32_t)d->k[1];
+    r->d_v = (int32_t)d->v[2];
     return 0;
 }
 
 int api_sdpa_request_parse(const char *body, size_t len, struct api_sdpa_request *out,
                            struct api_error *err) {
     memset(out, 0, sizeof *out);
-    cJSON *root = parse_object(body, len, err);
-    if (root == NULL) {
-        return err->code;
-    }
     struct api_sdpa_request r;
     memset(&r, 0, sizeof r);
     r.window = -1;
-    const cJSON *q = NULL, *k = NULL, *v = NULL;
-    int64_t iv;
-    int rc = 0;
-    for (const cJSON *c = root->child; c != NULL && rc == 0; c = c->next) {
-        const char *name = c->string;
-        if (strcmp(name, "q") == 0) {
-            q = c;
-        } else if (strcmp(name, "k") == 0) {
-            k = c;
-        } else if (strcmp(name, "v") == 0) {
-            v = c;
-        } else if (strcmp(name, "causal") == 0) {
-            rc = cJSON_IsNull(c) ? 0 : get_bool(c, &r.causal, err);
-        } else if (strcmp(name, "window") == 0) {
-            if (!cJSON_IsNull(c)) {
-                rc = get_int(c, 0, INT32_MAX, &iv, err);
-                r.window = (int32_t)iv;
-            }
-        } else if (strcmp(name, "scale") == 0) {
-            if (!cJSON_IsNull(c)) {
-                if (!cJSON_IsNumber(c) || !isfinite(c->valuedouble) || c->valuedouble <= 0 ||
-                    c->valuedouble > FLT_MAX) {
-                    rc = fail(err, ERROR_INVALID_REQUEST, "scale",
-                              "scale: expected a finite number > 0");
-                }
-                r.scale = (float)c->valuedouble;
-                if (rc == 0 && r.scale == 0.0f) {
-                    rc = fail(err, ERROR_INVALID_REQUEST, "scale", "scale: too small for float32");
-                }
-            }
-        } else if (strcmp(name, "return_weights") == 0) {
-            rc = cJSON_IsNull(c) ? 0 : get_bool(c, &r.return_weights, err);
-        } else if (strcmp(name, "encoding_format") == 0) {
-            rc = cJSON_IsNull(c) ? 0 : get_encoding(c, &r.encoding, err);
-        } else {
-            rc = unknown_field(c, err);
-        }
+    struct sdpa_dims dims;
+    memset(&dims, 0, sizeof dims);
+    struct json_reader jr;
+    uint32_t seen = 0;
+    int index;
+    int rc = begin_body(&jr, body, len, err);
+    while (rc == 0 && (rc = next_field(&jr, sdpa_names, SDPA_N_FIELDS, &seen, &index, err)) == 1) {
+        rc = sdpa_field(&jr, index, &r, &dims, err);
     }
     if (rc == 0) {
-        rc = sdpa_tensors(q, k, v, &r, err);
+        rc = end_body(&jr, err);
+    }
+    if (rc == 0) {
+        rc = sdpa_shapes(&r, &dims, err);
     }
     if (rc == 0 && (int64_t)r.n_heads * r.n_q * r.d_v > API_OUTPUT_MAX_VALUES) {
         rc = fail(err, ERROR_INVALID_REQUEST, "v",
@@ -590,7 +904,6 @@ int api_sdpa_request_parse(const char *body, size_t len, struct api_sdpa_request
                   "return_weights: H x Tq x Tk = %lld values exceed the limit of %d",
                   (long long)r.n_heads * r.n_q * r.n_k, API_WEIGHTS_MAX_VALUES);
     }
-    cJSON_Delete(root);
     if (rc != 0) {
         api_sdpa_request_release(&r);
         return rc;
@@ -603,34 +916,29 @@ int api_sdpa_request_parse(const char *body, size_t len, struct api_sdpa_request
 
 int api_truncate_request_parse(const char *body, size_t len, const struct api_limits *lim,
                                struct api_truncate_request *out, struct api_error *err) {
+    static const char *const names[] = {"n_tokens", "layer"};
     memset(out, 0, sizeof *out);
-    cJSON *root = parse_object(body, len, err);
-    if (root == NULL) {
-        return err->code;
-    }
     struct api_truncate_request r = {0};
-    bool has_n = false;
+    struct json_reader jr;
+    uint32_t seen = 0;
+    int index;
     int64_t v;
-    int rc = 0;
-    for (const cJSON *c = root->child; c != NULL && rc == 0; c = c->next) {
-        if (strcmp(c->string, "n_tokens") == 0) {
-            rc = get_int(c, 0, INT32_MAX, &v, err);
+    int rc = begin_body(&jr, body, len, err);
+    while (rc == 0 && (rc = next_field(&jr, names, 2, &seen, &index, err)) == 1) {
+        if (index == 0) {
+            rc = get_int(&jr, "n_tokens", 0, INT32_MAX, &v, err);
             r.n_tokens = (int32_t)v;
-            has_n = true;
-        } else if (strcmp(c->string, "layer") == 0) {
-            if (cJSON_IsNull(c)) {
-                continue;
-            }
-            rc = get_layer(c, lim, &r.layer, err);
+        } else if (!take_null(&jr)) {
+            rc = get_layer(&jr, lim, &r.layer, err);
             r.has_layer = true;
-        } else {
-            rc = unknown_field(c, err);
         }
     }
-    if (rc == 0 && !has_n) {
+    if (rc == 0) {
+        rc = end_body(&jr, err);
+    }
+    if (rc == 0 && !(seen & 1u)) {
         rc = fail(err, ERROR_INVALID_REQUEST, "n_tokens", "n_tokens: required integer >= 0");
     }
-    cJSON_Delete(root);
     if (rc == 0) {
         *out = r;
     }
@@ -639,26 +947,22 @@ int api_truncate_request_parse(const char *body, size_t len, const struct api_li
 
 int api_fork_request_parse(const char *body, size_t len, struct api_fork_request *out,
                            struct api_error *err) {
+    static const char *const names[] = {"new_id"};
     memset(out, 0, sizeof *out);
-    cJSON *root = parse_object(body, len, err);
-    if (root == NULL) {
-        return err->code;
-    }
     struct api_fork_request r = {{0}};
-    bool has_id = false;
-    int rc = 0;
-    for (const cJSON *c = root->child; c != NULL && rc == 0; c = c->next) {
-        if (strcmp(c->string, "new_id") == 0) {
-            rc = get_session_id(c, "new_id", r.new_id, err);
-            has_id = true;
-        } else {
-            rc = unknown_field(c, err);
-        }
+    struct json_reader jr;
+    uint32_t seen = 0;
+    int index;
+    int rc = begin_body(&jr, body, len, err);
+    while (rc == 0 && (rc = next_field(&jr, names, 1, &seen, &index, err)) == 1) {
+        rc = get_session_id(&jr, "new_id", r.new_id, err);
     }
-    if (rc == 0 && !has_id) {
+    if (rc == 0) {
+        rc = end_body(&jr, err);
+    }
+    if (rc == 0 && !(seen & 1u)) {
         rc = fail(err, ERROR_INVALID_REQUEST, "new_id", "new_id: required session id");
     }
-    cJSON_Delete(root);
     if (rc == 0) {
         *out = r;
     }

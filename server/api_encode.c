@@ -12,35 +12,44 @@
 
 #include "b64.h"
 #include "error.h"
+#include "utf8.h"
 
 /* ---- encoding helpers ----------------------------------------------------------------------- */
 
+/* A JSON string. Control bytes are escaped, and any byte that does not start a well-formed
+ * UTF-8 character (a message cut inside one, a client's invalid bytes) becomes U+FFFD, so every
+ * body attnd sends is valid UTF-8 JSON whatever text it echoes. */
 static void put_string(struct strbuf *b, const char *s) {
     strbuf_putc(b, '"');
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        switch (*p) {
-        case '"':
-            strbuf_puts(b, "\\\"");
-            break;
-        case '\\':
-            strbuf_puts(b, "\\\\");
-            break;
-        case '\n':
+    const unsigned char *p = (const unsigned char *)s;
+    size_t n = strlen(s);
+    for (size_t i = 0; i < n;) {
+        unsigned char c = p[i];
+        if (c == '"' || c == '\\') {
+            strbuf_putc(b, '\\');
+            strbuf_putc(b, (char)c);
+        } else if (c == '\n') {
             strbuf_puts(b, "\\n");
-            break;
-        case '\r':
+        } else if (c == '\r') {
             strbuf_puts(b, "\\r");
-            break;
-        case '\t':
+        } else if (c == '\t') {
             strbuf_puts(b, "\\t");
-            break;
-        default:
-            if (*p < 0x20) {
-                strbuf_printf(b, "\\u%04x", *p);
+        } else if (c < 0x20) {
+            strbuf_printf(b, "\\u%04x", c);
+        } else if (c >= 0x80) {
+            size_t len = utf8_seq_len(p + i, n - i);
+            if (len == 0) {
+                strbuf_puts(b, "\xEF\xBF\xBD");
+                i++;
             } else {
-                strbuf_putc(b, (char)*p);
+                strbuf_append(b, s + i, len);
+                i += len;
             }
+            continue;
+        } else {
+            strbuf_putc(b, (char)c);
         }
+        i++;
     }
     strbuf_putc(b, '"');
 }

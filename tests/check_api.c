@@ -12,6 +12,7 @@
 #include "../engine/attn.h"
 #include "../server/api.h"
 #include "../server/b64.h"
+#include "../server/utf8.h"
 #include "../server/error.h"
 #include "http_client.h"
 
@@ -336,6 +337,68 @@ START_TEST(test_api_truncated_bodies_are_refused) {
 }
 END_TEST
 
+/* Names and ids are compared by their full length, so a NUL inside one never aliases a shorter
+ * one; names are shown printable in errors. */
+START_TEST(test_api_nul_in_names_and_ids_is_refused) {
+    struct api_attend_request r;
+    struct api_error err;
+    const char *victim = "{\"session_id\":\"victim\\u0000x\",\"x\":[[1]]}";
+    ck_assert_int_eq(api_attend_request_parse(victim, strlen(victim), &tiny, &r, &err),
+                     ERROR_INVALID_REQUEST);
+    ck_assert_str_eq(err.param, "session_id");
+    const char *key = "{\"x\\u0000\":[[1]]}";
+    ck_assert_int_eq(api_attend_request_parse(key, strlen(key), &tiny, &r, &err),
+                     ERROR_INVALID_REQUEST);
+    ck_assert_str_eq(err.param, "x\\u0000");
+    ck_assert_ptr_nonnull(strstr(err.message, "unknown field"));
+    struct api_fork_request f;
+    const char *fork = "{\"new_id\":\"a\\u0000\"}";
+    ck_assert_int_eq(api_fork_request_parse(fork, strlen(fork), &f, &err), ERROR_INVALID_REQUEST);
+    ck_assert_str_eq(err.param, "new_id");
+    /* An escaped name that decodes to a known one is that name. */
+    const char *escaped = "{\"\\u006cayer\":0,\"layer\":1}";
+    ck_assert_int_eq(api_attend_request_parse(escaped, strlen(escaped), &tiny, &r, &err),
+                     ERROR_INVALID_REQUEST);
+    ck_assert_ptr_nonnull(strstr(err.message, "appears twice"));
+}
+END_TEST
+
+/* Invalid UTF-8 anywhere in a string is invalid_json (never echoed); a long name in an error is
+ * cut at a character boundary, so every message stays UTF-8. */
+START_TEST(test_api_invalid_utf8_and_long_names) {
+    struct api_attend_request r;
+    struct api_error err;
+    const char *bad = "{\"caf\xC3\":1}";
+    ck_assert_int_eq(api_attend_request_parse(bad, strlen(bad), &tiny, &r, &err),
+                     ERROR_INVALID_JSON);
+    char body[600] = "{\"";
+    for (int i = 0; i < 200; i++) {
+        strcat(body, "\xE2\x82\xAC"); /* the euro sign, 3 bytes */
+    }
+    strcat(body, "\":1}");
+    ck_assert_int_eq(api_attend_request_parse(body, strlen(body), &tiny, &r, &err),
+                     ERROR_INVALID_REQUEST);
+    /* Whatever a message holds, the encoded error is valid UTF-8: bad bytes become U+FFFD. */
+    char *enc = api_error_encode(ERROR_INVALID_REQUEST, "x \xC3 y \xFF\xE2\x82", "p\x80", NULL);
+    ck_assert_str_eq(
+        enc, "{\"error\":{\"message\":\"x \xEF\xBF\xBD y \xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\","
+             "\"type\":\"invalid_request_error\",\"code\":\"invalid_request\","
+             "\"param\":\"p\xEF\xBF\xBD\"}}\n");
+    free(enc);
+    const char *texts[] = {err.param, err.message};
+    for (int t = 0; t < 2; t++) {
+        const unsigned char *p = (const unsigned char *)texts[t];
+        size_t n = strlen(texts[t]);
+        ck_assert_uint_gt(n, 10);
+        for (size_t i = 0; i < n;) {
+            size_t len = utf8_seq_len(p + i, n - i);
+            ck_assert_msg(len > 0, "text %d is not UTF-8 at byte %zu: %s", t, i, texts[t]);
+            i += len;
+        }
+    }
+}
+END_TEST
+
 START_TEST(test_api_sdpa_rejects_bad_requests) {
     struct {
         const char *body;
@@ -572,6 +635,8 @@ Suite *api_suite(void) {
     tcase_add_test(tc, test_api_sdpa_golden_base64);
     tcase_add_test(tc, test_api_attend_rejects_bad_requests);
     tcase_add_test(tc, test_api_sdpa_rejects_bad_requests);
+    tcase_add_test(tc, test_api_nul_in_names_and_ids_is_refused);
+    tcase_add_test(tc, test_api_invalid_utf8_and_long_names);
     tcase_add_test(tc, test_api_truncated_bodies_are_refused);
     tcase_add_test(tc, test_api_attend_response_roundtrip);
     tcase_add_test(tc, test_api_stream_framing);

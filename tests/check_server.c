@@ -720,7 +720,7 @@ START_TEST(test_server_request_errors) {
     char *ok = http_client_attend_body("err", x, 0, 2, TINY_HIDDEN, false, NULL);
     cJSON_Delete(call_json("POST", "/v1/attend", ok, 200));
     expect_error("POST", "/v1/attend", "{\"x\": [[1,", NULL, 400, "invalid_json", NULL);
-    expect_error("POST", "/v1/attend", "{\"x\": [[1]], \"colour\": 1}", NULL, 400,
+    expect_error("POST", "/v1/attend", "{\"colour\": 1, \"x\": [[1]]}", NULL, 400,
                  "invalid_request", "colour");
     expect_error("POST", "/v1/attend", "{\"x\": [[1, 2]]}", NULL, 400, "invalid_request", "x");
     char *body = http_client_attend_body("err", x, 0, 1, TINY_HIDDEN, false, ",\"layer\":1");
