@@ -349,6 +349,32 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
     LOG_DEBUG("http", "libmicrohttpd: %s", msg);
 }
 
+static int hex_value(char c) {
+    return c >= '0' && c <= '9'   ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                  : -1;
+}
+
+/* Decodes %HH escapes in the path and query in place, except %00: a NUL would end the C string
+ * MHD hands on, so "/v1/sessions/ctl%00x" would act on session "ctl". Left as the three bytes
+ * "%00", it is just an invalid character (400 for an id, 404 for a route). */
+static size_t unescape_url(void *cls, struct MHD_Connection *c, char *s) {
+    char *out = s;
+    for (const char *p = s; *p != '\0';) {
+        int hi, lo;
+        if (p[0] == '%' && (hi = hex_value(p[1])) >= 0 && (lo = hex_value(p[2])) >= 0 &&
+            (hi | lo) != 0) {
+            *out++ = (char)(hi << 4 | lo);
+            p += 3;
+        } else {
+            *out++ = *p++;
+        }
+    }
+    *out = '\0';
+    return (size_t)(out - s);
+}
+
 /* ---- the server ----------------------------------------------------------------------------- */
 
 static int listen_on(const char *host, int32_t port, bool *is_ipv6, int32_t *bound_port, char *err,
@@ -414,7 +440,8 @@ int http_server_create(uv_loop_t *loop, const struct http_params *p, const struc
     s->daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_access, s, MHD_OPTION_LISTEN_SOCKET,
                                  s->listen_fd, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
                                  MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)CONNECTION_TIMEOUT_S,
-                                 MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s, MHD_OPTION_END);
+                                 MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s,
+                                 MHD_OPTION_UNESCAPE_CALLBACK, unescape_url, s, MHD_OPTION_END);
     if (s->daemon == NULL) {
         snprintf(err, err_size, "libmicrohttpd failed to start on %s port %d", p->host,
                  (int)s->port);
