@@ -2,7 +2,8 @@
  * request bodies into C structs, checking every field against proto/openapi.yaml (type, range,
  * shape, finiteness), and encodes C structs into response bodies and stream events.
  *
- * Parsing never keeps the cJSON tree: it is deleted before the parse function returns.
+ * Parsing reads the body in one pass with json.h's pull reader and builds no tree: tensors go
+ * straight into float arrays, and an unknown or repeated field stops the parse at once.
  * Encoders return malloc'd strings (handed to libmicrohttpd in must-free mode) or append to a
  * strbuf. Every function here is pure: any thread, no shared state.
  */

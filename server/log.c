@@ -3,10 +3,13 @@
 #include "log.h"
 
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "utf8.h"
 
 static enum log_level g_level = LOG_LEVEL_INFO;
 
@@ -35,6 +38,70 @@ const char *log_level_name(enum log_level level) {
     return (unsigned)level < 4 ? level_names[level] : "?";
 }
 
+/* The length of the well-formed, printable character at p (0 if it must be escaped). */
+static size_t printable_len(const unsigned char *p, size_t n) {
+    if (p[0] < 0x20 || p[0] == 0x7F) {
+        return 0;
+    }
+    return utf8_seq_len(p, n);
+}
+
+const char *log_quote(char *out, size_t size, const char *value) {
+    static const char hex[] = "0123456789abcdef";
+    const unsigned char *p = (const unsigned char *)value;
+    size_t n = strlen(value), o = 0;
+    out[o++] = '"';
+    for (size_t i = 0; i < n;) {
+        size_t len = printable_len(p + i, n - i);
+        size_t need = len == 0 ? 4 : (p[i] == '"' || p[i] == '\\') ? 2 : len;
+        if (o + need + 5 > size) { /* room for the character, "...", the quote and NUL */
+            memcpy(out + o, "...", 3);
+            o += 3;
+            break;
+        }
+        if (len == 0) {
+            out[o++] = '\\';
+            out[o++] = 'x';
+            out[o++] = hex[p[i] >> 4];
+            out[o++] = hex[p[i] & 15];
+            i++;
+            continue;
+        }
+        if (need == 2) {
+            out[o++] = '\\';
+        }
+        memcpy(out + o, p + i, len);
+        o += len;
+        i += len;
+    }
+    out[o++] = '"';
+    out[o] = '\0';
+    return out;
+}
+
+/* Copies line[0..len) into out (room for 4 * len bytes) with every control byte and every byte
+ * that is not well-formed UTF-8 written as \xNN. Returns the new length. */
+static size_t escape_line(const char *line, size_t len, char *out) {
+    static const char hex[] = "0123456789abcdef";
+    const unsigned char *p = (const unsigned char *)line;
+    size_t o = 0;
+    for (size_t i = 0; i < len;) {
+        size_t n = printable_len(p + i, len - i);
+        if (n == 0) {
+            out[o++] = '\\';
+            out[o++] = 'x';
+            out[o++] = hex[p[i] >> 4];
+            out[o++] = hex[p[i] & 15];
+            i++;
+            continue;
+        }
+        memcpy(out + o, p + i, n);
+        o += n;
+        i += n;
+    }
+    return o;
+}
+
 void log_write(enum log_level level, const char *module, const char *fmt, ...) {
     char line[4096];
     struct timespec ts;
@@ -52,12 +119,15 @@ void log_write(enum log_level level, const char *module, const char *fmt, ...) {
     int m = vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
     va_end(ap);
     size_t len = (size_t)n + (m < 0 ? 0 : (size_t)m);
-    if (len > sizeof line - 2) {
-        len = sizeof line - 2;
+    if (len > sizeof line - 1) {
+        len = sizeof line - 1;
     }
-    line[len++] = '\n';
+    /* Whatever the message holds, the line ends at its one newline. */
+    char out[4 * sizeof line + 1];
+    len = escape_line(line, len, out);
+    out[len++] = '\n';
     /* One write(2) per line keeps concurrent lines whole; a short write to stderr is not worth
      * retrying here. */
-    ssize_t w = write(STDERR_FILENO, line, len);
+    ssize_t w = write(STDERR_FILENO, out, len);
     (void)w;
 }

@@ -3,11 +3,17 @@
  * Lines about a request carry req= and session= fields (the caller writes them in the message).
  * The level is set once at startup, before any thread starts; log lines are written with a
  * single write(2) so that lines from different threads never interleave.
+ *
+ * One event is one line, always: log_write escapes every control byte and every byte that is not
+ * well-formed UTF-8 in the finished line (as \xNN), so no value can start a line of its own. A
+ * value that a client chose (a path, a method, a header) is also written quoted with log_quote,
+ * so that it cannot pose as another key=value field either.
  */
 #ifndef SERVER_LOG_H
 #define SERVER_LOG_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
 enum log_level {
     LOG_LEVEL_ERROR = 0,
@@ -27,6 +33,11 @@ int log_level_parse(const char *name, enum log_level *out);
 
 /* The level's lower-case name. */
 const char *log_level_name(enum log_level level);
+
+/* Writes value as a double-quoted field into out[0..size) and returns out: '"' and '\\' are
+ * escaped with a backslash, control bytes and bytes that are not UTF-8 as \xNN, and a value too
+ * long for out is cut (at a character boundary) with "..." before the closing quote. size >= 8. */
+const char *log_quote(char *out, size_t size, const char *value);
 
 /* Writes one line (a trailing newline is added). Use the LOG_* macros, which skip evaluating the
  * arguments when the level is off. Lines longer than 4 KiB are cut. */

@@ -479,10 +479,15 @@ static void on_closed(void *ctx, struct http_request *req) {
                            : is_quiet        ? LOG_LEVEL_DEBUG
                                              : LOG_LEVEL_INFO;
     if (log_enabled(level)) {
+        /* Method, path and a path's session id are the client's bytes: quoted and escaped, so a
+         * request is one line and cannot forge fields. */
+        char session[2 * API_SESSION_ID_MAX + 8], method[40], path[1024];
         log_write(level, "route",
                   "request req=%llu session=%s method=%s path=%s status=%d code=%s ms=%.2f",
-                  (unsigned long long)http_request_id(req), rq->session[0] ? rq->session : "-",
-                  http_request_method(req), http_request_path(req), rq->status,
+                  (unsigned long long)http_request_id(req),
+                  rq->session[0] ? log_quote(session, sizeof session, rq->session) : "-",
+                  log_quote(method, sizeof method, http_request_method(req)),
+                  log_quote(path, sizeof path, http_request_path(req)), rq->status,
                   rq->error_name != NULL ? rq->error_name : "-", ms);
     }
     if (rq->job != NULL) {

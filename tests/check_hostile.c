@@ -1,0 +1,405 @@
+/* tests/check_hostile.c: the daemon against hostile bodies and paths: a NUL inside an id, a key
+ * or a path never aliases a shorter name; a newline in a path never forges a log line; every
+ * error body is valid UTF-8 JSON; bodies of tens of thousands of keys never stall the loop (a
+ * health probe runs beside them); and a request's memory follows its tensors, not the text or a
+ * ragged body's claims. Each test runs a real attnd on 127.0.0.1.
+ */
+#include <check.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "../server/utf8.h"
+#include "http_client.h"
+
+#define TINY_HIDDEN  64
+#define SMALL_HIDDEN 512
+
+static struct http_client_daemon daemon_;
+
+static void setup(void) {
+    memset(&daemon_, 0, sizeof daemon_);
+}
+
+static void teardown(void) {
+    http_client_daemon_kill(&daemon_);
+}
+
+static void stop_ok(void) {
+    char *log = http_client_daemon_log(&daemon_);
+    int status = http_client_daemon_stop(&daemon_, 30000);
+    ck_assert_msg(status == 0, "attnd exited with %d; log tail: %s", status,
+                  strlen(log) > 3000 ? log + strlen(log) - 3000 : log);
+    free(log);
+}
+
+static struct http_client_response call(const char *method, const char *path, const char *body,
+                                        size_t len) {
+    char u[512];
+    snprintf(u, sizeof u, "%s%s", daemon_.base, path);
+    struct http_client_response r;
+    http_client_request(method, u, body, len, NULL, &r);
+    return r;
+}
+
+static long status_of(const char *method, const char *path, const char *body) {
+    struct http_client_response r = call(method, path, body, body != NULL ? strlen(body) : 0);
+    long s = r.status;
+    http_client_response_release(&r);
+    return s;
+}
+
+/* A raw request (the path as given, byte for byte); returns the answer's status. */
+static int raw_status(const char *method, const char *path, const char *body) {
+    char req[1024];
+    size_t bl = body != NULL ? strlen(body) : 0;
+    int n = snprintf(req, sizeof req,
+                     "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: %zu\r\n"
+                     "Connection: close\r\n\r\n%s",
+                     method, path, bl, body != NULL ? body : "");
+    int fd = http_client_raw_send(daemon_.port, req, (size_t)n, 0);
+    char *seen;
+    http_client_raw_read_until(fd, "\r\n\r\n", 10000, &seen);
+    close(fd);
+    int status = strncmp(seen, "HTTP/1.1 ", 9) == 0 ? atoi(seen + 9) : -1;
+    free(seen);
+    return status;
+}
+
+static void assert_utf8(const char *what, const char *text, size_t n) {
+    for (size_t i = 0; i < n;) {
+        size_t len = utf8_seq_len((const unsigned char *)text + i, n - i);
+        ck_assert_msg(len > 0, "%s is not UTF-8 at byte %zu", what, i);
+        i += len;
+    }
+}
+
+/* Checks an error answer: status, code, and a body that is valid UTF-8 JSON. */
+static void check_error(struct http_client_response *r, long status, const char *code) {
+    ck_assert_msg(r->status == status, "status %ld, want %ld: %.300s", r->status, status, r->body);
+    assert_utf8("the error body", r->body, r->len);
+    cJSON *j = http_client_json(r);
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(j, "error");
+    ck_assert_str_eq(cJSON_GetObjectItemCaseSensitive(e, "code")->valuestring, code);
+    cJSON_Delete(j);
+}
+
+static int session_tokens(const char *id) {
+    char path[256];
+    snprintf(path, sizeof path, "/v1/sessions/%s", id);
+    struct http_client_response r = call("GET", path, NULL, 0);
+    ck_assert_msg(r.status == 200, "GET %s: %ld", id, r.status);
+    cJSON *j = http_client_json(&r);
+    int n = cJSON_GetObjectItemCaseSensitive(j, "n_tokens")->valueint;
+    cJSON_Delete(j);
+    http_client_response_release(&r);
+    return n;
+}
+
+/* ---- NUL never aliases ---------------------------------------------------------------------- */
+
+START_TEST(test_hostile_nul_never_aliases_a_shorter_name) {
+    const char *args[] = {"--preset", "tiny", NULL};
+    http_client_daemon_start(&daemon_, args);
+    float *x = http_client_random_rows(3, 4, TINY_HIDDEN);
+    char *body = http_client_attend_body("ctl", x, 0, 4, TINY_HIDDEN, false, NULL);
+    ck_assert_int_eq(status_of("POST", "/v1/attend", body), 200);
+    free(body);
+    /* The path: %00 is not decoded, so the id is invalid, not "ctl". */
+    ck_assert_int_eq(raw_status("DELETE", "/v1/sessions/ctl%00x", NULL), 400);
+    ck_assert_int_eq(raw_status("GET", "/v1/sessions/ctl%00", NULL), 400);
+    ck_assert_int_eq(raw_status("POST", "/v1/sessions/ctl%00/truncate", "{\"n_tokens\":0}"), 400);
+    /* The body: an id with a NUL inside is invalid, a key with one is unknown. */
+    body = http_client_attend_body("ctl\\u0000x", x, 0, 1, TINY_HIDDEN, false, NULL);
+    struct http_client_response r = call("POST", "/v1/attend", body, strlen(body));
+    check_error(&r, 400, "invalid_request");
+    http_client_response_release(&r);
+    free(body);
+    const char *key = "{\"session_id\":\"ctl\",\"x\\u0000\":[[1]]}";
+    r = call("POST", "/v1/attend", key, strlen(key));
+    check_error(&r, 400, "invalid_request");
+    ck_assert_ptr_nonnull(strstr(r.body, "\"param\":\"x\\\\u0000\""));
+    http_client_response_release(&r);
+    const char *fork = "{\"new_id\":\"ctl\\u0000\"}";
+    ck_assert_int_eq(status_of("POST", "/v1/sessions/ctl/fork", fork), 400);
+    /* ctl is untouched by all of it. */
+    ck_assert_int_eq(session_tokens("ctl"), 4);
+    free(x);
+    stop_ok();
+}
+END_TEST
+
+/* ---- logs ----------------------------------------------------------------------------------- */
+
+START_TEST(test_hostile_one_request_is_one_log_line) {
+    const char *args[] = {"--preset", "tiny", NULL};
+    http_client_daemon_start(&daemon_, args);
+    const char *forged = "2026-01-01T00:00:00.000Z INFO  route   request req=1 session=admin";
+    char path[512];
+    snprintf(path, sizeof path, "/v1/sessions/a%%0A%s%%0D%%0Astatus=200%%20x=%%22%%1B[31m",
+             "2026-01-01T00:00:00.000Z%20INFO%20%20route%20%20%20request%20req=1%20session=admin");
+    ck_assert_int_ne(raw_status("GET", path, NULL), 200);
+    ck_assert_int_ne(raw_status("GET", "/nothere%0Aforged=1%20%22q%22", NULL), 200);
+    /* Health is logged at debug only; a last request marks the end of what to read. */
+    ck_assert_int_eq(status_of("GET", "/v1/sessions/the-end", NULL), 404);
+    char *log = NULL;
+    for (int i = 0; i < 200; i++) {
+        free(log);
+        log = http_client_daemon_log(&daemon_);
+        if (strstr(log, "the-end") != NULL) {
+            break;
+        }
+        http_client_sleep_ms(10);
+    }
+    ck_assert_ptr_nonnull(strstr(log, "the-end"));
+    /* The client's bytes are there, quoted and escaped. */
+    ck_assert_ptr_nonnull(strstr(log, "path=\"/v1/sessions/a\\x0a2026-01-01T00:00:00.000Z INFO  "));
+    ck_assert_ptr_nonnull(strstr(log, "x=\\\"\\x1b[31m\""));
+    int n_requests = 0;
+    for (char *line = log; *line != '\0';) {
+        char *nl = strchr(line, '\n');
+        ck_assert_ptr_nonnull(nl);
+        *nl = '\0';
+        /* Every line starts with its own timestamp and has no control byte. */
+        ck_assert_msg(strlen(line) > 24 && line[4] == '-' && line[10] == 'T' && line[23] == 'Z',
+                      "a line that is not a log line: %s", line);
+        ck_assert_msg(strncmp(line, forged, 20) != 0 || strstr(line, "session=admin") == NULL,
+                      "forged line: %s", line);
+        for (const char *p = line; *p; p++) {
+            ck_assert_msg((unsigned char)*p >= 0x20 && *p != 0x7F, "control byte in: %s", line);
+        }
+        if (strstr(line, " request req=") != NULL) {
+            n_requests++;
+            /* The client's path is one quoted field: nothing it holds reads as a field. */
+            ck_assert_msg(strstr(line, " status=200 ") == NULL || strstr(line, "the-end") == NULL,
+                          "%s", line);
+        }
+        line = nl + 1;
+    }
+    ck_assert_int_eq(n_requests, 3);
+    free(log);
+    stop_ok();
+}
+END_TEST
+
+/* ---- error bodies are UTF-8 ----------------------------------------------------------------- */
+
+START_TEST(test_hostile_error_bodies_are_valid_utf8) {
+    const char *args[] = {"--preset", "tiny", NULL};
+    http_client_daemon_start(&daemon_, args);
+    const char *bodies[] = {
+        "{\"\xFF\xFE\xC3\":1}",              /* invalid UTF-8 in a key: invalid_json */
+        "{\"s\xED\xA0\x80\":1,\"x\":[[1]]}", /* an encoded surrogate */
+        "{\"\\u0001\\u2028caf\xC3\xA9\\ud83d\\ude00\":1}", /* valid but odd: echoed escaped */
+        "{\"session_id\":\"\xC3\",\"x\":[[1]]}",
+    };
+    const char *codes[] = {"invalid_json", "invalid_json", "invalid_request", "invalid_json"};
+    for (int i = 0; i < 4; i++) {
+        struct http_client_response r = call("POST", "/v1/attend", bodies[i], strlen(bodies[i]));
+        check_error(&r, 400, codes[i]);
+        http_client_response_release(&r);
+    }
+    /* A long unknown name of 3-byte characters is cut at a character boundary. */
+    char body[2048] = "{\"";
+    for (int i = 0; i < 300; i++) {
+        strcat(body, "\xE2\x82\xAC");
+    }
+    strcat(body, "\":1}");
+    struct http_client_response r = call("POST", "/v1/sdpa", body, strlen(body));
+    check_error(&r, 400, "invalid_request");
+    http_client_response_release(&r);
+    stop_ok();
+}
+END_TEST
+
+/* ---- bodies of many keys never stall the loop ------------------------------------------------ */
+
+struct probe {
+    volatile bool stop;
+    double worst_ms;
+    int n;
+};
+
+/* Polls /healthz back to back and records the slowest answer. */
+static void *probe_main(void *arg) {
+    struct probe *p = arg;
+    char u[128];
+    snprintf(u, sizeof u, "%s/healthz", daemon_.base);
+    while (!p->stop) {
+        double t0 = http_client_mono_ms();
+        struct http_client_response r;
+        http_client_request("GET", u, NULL, 0, NULL, &r);
+        double ms = http_client_mono_ms() - t0;
+        if (r.status == 200 && ms > p->worst_ms) {
+            p->worst_ms = ms;
+        }
+        p->n += r.status == 200;
+        http_client_response_release(&r);
+        http_client_sleep_ms(5);
+    }
+    return NULL;
+}
+
+/* {"key00000":0,"key00001":0,...} with n keys (13 bytes each), or n repeats of one known key. */
+static char *many_keys(int n, bool is_repeat) {
+    char *b = malloc((size_t)n * 16 + 16);
+    size_t o = 0;
+    b[o++] = '{';
+    for (int i = 0; i < n; i++) {
+        o += (size_t)(is_repeat ? sprintf(b + o, "%s\"layer\":0", i ? "," : "")
+                                : sprintf(b + o, "%s\"key%05d\":0", i ? "," : "", i));
+    }
+    b[o++] = '}';
+    b[o] = '\0';
+    return b;
+}
+
+/* Posts one many-keys body and checks its 400. */
+static void *post_keys_main(void *arg) {
+    const char *b = arg;
+    struct http_client_response r = call("POST", "/v1/attend", b, strlen(b));
+    check_error(&r, 400, "invalid_request");
+    http_client_response_release(&r);
+    return NULL;
+}
+
+START_TEST(test_hostile_many_keys_never_stall_the_loop) {
+    const char *args[] = {"--preset", "small", "--workers", "1", NULL};
+    http_client_daemon_start(&daemon_, args);
+    struct probe p = {false, 0, 0};
+    pthread_t t;
+    pthread_create(&t, NULL, probe_main, &p);
+    float *x = http_client_random_rows(5, 1, SMALL_HIDDEN);
+    char *decode = http_client_attend_body(NULL, x, 0, 1, SMALL_HIDDEN, false, NULL);
+    /* 20,000 keys, 260 KB, parsed on the loop, unknown or repeated: each is refused at its
+     * first stranger (before: 0.6 s of the loop each). */
+    for (int rep = 0; rep < 2; rep++) {
+        char *b = many_keys(20000, rep == 1);
+        for (int i = 0; i < 3; i++) {
+            struct http_client_response r = call("POST", "/v1/attend", b, strlen(b));
+            check_error(&r, 400, "invalid_request");
+            ck_assert_ptr_nonnull(strstr(r.body, rep ? "appears twice" : "unknown field"));
+            http_client_response_release(&r);
+        }
+        free(b);
+    }
+    /* Three 60,000-key bodies (780 KB, parsed on the pool the engine shares) at once, and a
+     * 1-token decode behind them (before: 7 s each, and the decode waited 14.6 s). */
+    char *b = many_keys(60000, false);
+    pthread_t posters[3];
+    for (int i = 0; i < 3; i++) {
+        pthread_create(&posters[i], NULL, post_keys_main, b);
+    }
+    double t0 = http_client_mono_ms();
+    ck_assert_int_eq(status_of("POST", "/v1/attend", decode), 200);
+    double decode_ms = http_client_mono_ms() - t0;
+    for (int i = 0; i < 3; i++) {
+        pthread_join(posters[i], NULL);
+    }
+    free(b);
+    p.stop = true;
+    pthread_join(t, NULL);
+    /* Normal figures are milliseconds; the bounds sit far below the stalls and far above what a
+     * loaded 2-core machine (or ASan) adds. */
+    ck_assert_int_gt(p.n, 0);
+    ck_assert_msg(p.worst_ms < 300, "/healthz took %.0f ms", p.worst_ms);
+    ck_assert_msg(decode_ms < 1500, "a 1-token decode took %.0f ms", decode_ms);
+    free(decode);
+    free(x);
+    stop_ok();
+}
+END_TEST
+
+/* ---- memory follows the tensors ---------------------------------------------------------------
+ */
+
+/* A /proc/<pid>/status field in KiB (VmHWM, VmRSS, VmPeak). */
+static long proc_kib(pid_t pid, const char *field) {
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    ck_assert_ptr_nonnull(f);
+    long v = -1;
+    size_t n = strlen(field);
+    while (fgets(line, sizeof line, f) != NULL) {
+        if (strncmp(line, field, n) == 0 && line[n] == ':') {
+            v = atol(line + n + 1);
+        }
+    }
+    fclose(f);
+    return v;
+}
+
+START_TEST(test_hostile_memory_follows_the_tensor) {
+    const char *args[] = {"--preset", "small", "--workers", "1", NULL};
+    http_client_daemon_start(&daemon_, args);
+    /* Warm up every thread that will touch the big request (loop, parse thread, worker). */
+    int32_t rows = 2600; /* about 16 MB of JSON: 2600 x 512 numbers of ~12 characters */
+    float *x = http_client_random_rows(9, rows, SMALL_HIDDEN);
+    char *warm = http_client_attend_body(NULL, x, 0, 64, SMALL_HIDDEN, false, NULL);
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(status_of("POST", "/v1/attend", warm), 200);
+    }
+    free(warm);
+    char *big = http_client_attend_body(NULL, x, 0, rows, SMALL_HIDDEN, false, NULL);
+    size_t body_kib = strlen(big) / 1024, tensor_kib = (size_t)rows * SMALL_HIDDEN * 4 / 1024;
+    long hwm0 = proc_kib(daemon_.pid, "VmHWM"), rss0 = proc_kib(daemon_.pid, "VmRSS");
+    struct http_client_response r = call("POST", "/v1/attend", big, strlen(big));
+    ck_assert_int_eq(r.status, 200);
+    http_client_response_release(&r);
+    http_client_sleep_ms(200);
+    long hwm1 = proc_kib(daemon_.pid, "VmHWM"), rss1 = proc_kib(daemon_.pid, "VmRSS");
+    /* The request holds its body, x, the output and the answer's text: about 2 x body +
+     * 2 x tensor. Before: 43 x the body at the peak, and most of it kept. */
+    ck_assert_msg(hwm1 - hwm0 < (long)(3 * body_kib + 4 * tensor_kib),
+                  "peak grew by %ld KiB for a %zu KiB body (%zu KiB of float32)", hwm1 - hwm0,
+                  body_kib, tensor_kib);
+    ck_assert_msg(rss1 - rss0 < (long)(body_kib / 2),
+                  "RSS stayed %ld KiB above its level before a %zu KiB body", rss1 - rss0,
+                  body_kib);
+    free(big);
+    /* A ragged 1 MB body: one row of 512 numbers, then plain numbers. Refused at the first
+     * number where a row belongs, having allocated only for what it read (before: 1 GiB). */
+    char *ragged = malloc(2 << 20);
+    size_t o = (size_t)sprintf(ragged, "{\"x\":[[");
+    for (int i = 0; i < SMALL_HIDDEN; i++) {
+        o += (size_t)sprintf(ragged + o, "%s0.5", i ? "," : "");
+    }
+    o += (size_t)sprintf(ragged + o, "]");
+    while (o < (1 << 20)) {
+        o += (size_t)sprintf(ragged + o, ",1");
+    }
+    sprintf(ragged + o, "]}");
+    long peak0 = proc_kib(daemon_.pid, "VmPeak");
+    r = call("POST", "/v1/attend", ragged, strlen(ragged));
+    check_error(&r, 400, "invalid_request");
+    http_client_response_release(&r);
+    long peak1 = proc_kib(daemon_.pid, "VmPeak");
+    ck_assert_msg(peak1 - peak0 < 64 * 1024, "virtual peak grew by %ld KiB for a ragged body",
+                  peak1 - peak0);
+    free(ragged);
+    free(x);
+    stop_ok();
+}
+END_TEST
+
+extern Suite *hostile_suite(void);
+
+Suite *hostile_suite(void) {
+    Suite *s = suite_create("hostile");
+    TCase *tc = tcase_create("bodies");
+    tcase_set_tags(tc, "server");
+    tcase_set_timeout(tc, 120);
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, test_hostile_nul_never_aliases_a_shorter_name);
+    tcase_add_test(tc, test_hostile_one_request_is_one_log_line);
+    tcase_add_test(tc, test_hostile_error_bodies_are_valid_utf8);
+    tcase_add_test(tc, test_hostile_many_keys_never_stall_the_loop);
+    tcase_add_test(tc, test_hostile_memory_follows_the_tensor);
+    suite_add_tcase(s, tc);
+    return s;
+}
