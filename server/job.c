@@ -12,6 +12,7 @@
 
 #include "error.h"
 #include "log.h"
+#include "utf8.h"
 
 /* The largest SDPA scratch a request may ask the engine for (bytes). */
 #define SDPA_SCRATCH_MAX ((size_t)1 << 30)
@@ -77,6 +78,7 @@ static int set_err(struct job *job, int code, const char *param, const char *fmt
     va_start(ap, fmt);
     vsnprintf(job->err_message, sizeof job->err_message, fmt, ap);
     va_end(ap);
+    utf8_trim_partial(job->err_message); /* a message cut at the buffer's end stays UTF-8 */
     return code;
 }
 
