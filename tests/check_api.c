@@ -371,7 +371,7 @@ START_TEST(test_api_invalid_utf8_and_long_names) {
     const char *bad = "{\"caf\xC3\":1}";
     ck_assert_int_eq(api_attend_request_parse(bad, strlen(bad), &tiny, &r, &err),
                      ERROR_INVALID_JSON);
-    char body[600] = "{\"";
+    char body[700] = "{\"";
     for (int i = 0; i < 200; i++) {
         strcat(body, "\xE2\x82\xAC"); /* the euro sign, 3 bytes */
     }
