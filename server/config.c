@@ -73,6 +73,35 @@ static const struct option options[] = {
      4096, "largest request body in MiB (413 beyond)"},
     {"queue-depth", "ATTND_QUEUE_DEPTH", OPTION_I32, offsetof(struct config, queue_depth), "256", 1,
      1000000, "accepted requests waiting to start at most (429 beyond)"},
+    {"max-connections", "ATTND_MAX_CONNECTIONS", OPTION_I32,
+     offsetof(struct config, max_connections), "4096", 1, 1000000,
+     "open connections at most. Past it, a new connection closes the oldest one with no request "
+     "in progress (idle keep-alive, or still sending headers) and gets 503 too_many_connections "
+     "only when every connection is busy, so health checks get through a crowd of idle "
+     "connections. Needs as many open files: the soft RLIMIT_NOFILE is raised to fit (up to the "
+     "hard limit, which caps this value; both are logged)"},
+    {"max-connections-per-ip", "ATTND_MAX_CONNECTIONS_PER_IP", OPTION_I32,
+     offsetof(struct config, max_connections_per_ip), "1024", 0, 1000000,
+     "connections from one client address at most; 0 = no limit. Past it, a new connection "
+     "from that address closes the address's own oldest connection with no request in "
+     "progress, and gets 503 only when all of them are busy: one client holds at most this "
+     "many busy connections, yet a single local client (tests, a sidecar) is never locked out. "
+     "Behind a reverse proxy every client shares the proxy's address: set 0 or "
+     "--max-connections"},
+    {"idle-timeout-s", "ATTND_IDLE_TIMEOUT_S", OPTION_I32, offsetof(struct config, idle_timeout_s),
+     "15", 1, 86400,
+     "a connection that moves no byte for this long is closed: idle between requests, stalled "
+     "inside a request's headers or body, or not reading its answer. A request waiting for the "
+     "engine (a long prefill, a queue) never times out"},
+    {"header-timeout-s", "ATTND_HEADER_TIMEOUT_S", OPTION_I32,
+     offsetof(struct config, header_timeout_s), "10", 1, 86400,
+     "a request's headers must all arrive within this many seconds of its first byte, however "
+     "steadily they trickle (slowloris); the connection is closed otherwise"},
+    {"drain-timeout-s", "ATTND_DRAIN_TIMEOUT_S", OPTION_I32,
+     offsetof(struct config, drain_timeout_s), "30", 0, 86400,
+     "on SIGTERM/SIGINT, how long requests still being received may take to arrive; then they "
+     "and idle connections are dropped, requests fully received finish, and attnd exits 3 "
+     "instead of 0 if anything was cut"},
     {"session-ttl-s", "ATTND_SESSION_TTL_S", OPTION_I64, offsetof(struct config, session_ttl_s),
      "3600", 0, 31536000, "idle seconds after which a session expires (410 after); 0 = never"},
     {"api-key", "ATTND_API_KEY", OPTION_STRING, offsetof(struct config, api_key), "", 0, 0,

@@ -32,6 +32,12 @@ struct config {
     int32_t max_batch_tokens; /* tokens per engine call (batch cap, prefill chunk) */
     int64_t max_body_mb;      /* largest request body, MiB */
     int32_t queue_depth;      /* accepted requests waiting at most */
+    int32_t max_connections;  /* open connections at most (before the RLIMIT_NOFILE fit) */
+    /* connections from one client address at most; 0 = no limit */
+    int32_t max_connections_per_ip;
+    int32_t idle_timeout_s;   /* seconds a connection may move no byte (not while suspended) */
+    int32_t header_timeout_s; /* seconds from a request's first byte to its last header */
+    int32_t drain_timeout_s;  /* seconds a drain waits for requests still being received */
     int64_t session_ttl_s;    /* idle seconds before a session expires; 0 = never */
     const char *api_key;      /* "" = no authentication */
     enum log_level log_level;

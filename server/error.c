@@ -28,6 +28,8 @@ static const struct error_info table[] = {
      "too many queued requests; retry later"},
     {ERROR_INTERNAL, 500, "internal_error", "server_error", "internal error"},
     {ERROR_DRAINING, 503, "draining", "unavailable_error", "the server is shutting down"},
+    {ERROR_TOO_MANY_CONNECTIONS, 503, "too_many_connections", "unavailable_error",
+     "every connection is busy (--max-connections or --max-connections-per-ip); retry later"},
     {ERROR_KV_BUDGET_EXHAUSTED, 507, "kv_budget_exhausted", "insufficient_storage_error",
      "the KV cache pool cannot hold this request even after evicting idle sessions"},
 };

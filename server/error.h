@@ -24,6 +24,7 @@ enum error_code {
     ERROR_INTERNAL = -112,
     ERROR_DRAINING = -113,
     ERROR_KV_BUDGET_EXHAUSTED = -114,
+    ERROR_TOO_MANY_CONNECTIONS = -115,
     /* Not in the table: the client went away, so there is nobody to answer. */
     ERROR_CANCELLED = -199,
 };

@@ -1,10 +1,12 @@
-/* server/http.c: libmicrohttpd in external epoll mode on the libuv loop (see http.h).
+/* server/http.c: libmicrohttpd in external epoll mode on the libuv loop (see http.h): driving
+ * MHD, its request callbacks, and answers (complete or streamed). Connections (accepting within
+ * the limits, a client's FIN, timeouts, answers around MHD) are http_conn.c's.
  *
- * The listening socket is made here (so bind errors are precise and port 0 can be reported);
- * the loop polls MHD's epoll fd and a timer for MHD's timeouts, and every state change that MHD
- * must notice (a resumed connection) schedules an immediate MHD_run through that timer.
+ * The loop polls MHD's epoll fd and runs a timer for MHD's timeouts; every state change that
+ * MHD must notice (a resumed connection, a socket shut down) schedules an immediate MHD_run
+ * through that timer.
  */
-#include "http.h"
+#include "http_int.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -14,61 +16,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <microhttpd.h>
-
 #include "log.h"
-#include "strbuf.h"
 
-/* Idle keep-alive connections are closed after this long; suspended ones never time out. */
-#define CONNECTION_TIMEOUT_S 300
-#define STREAM_BLOCK_BYTES   (64 * 1024)
-
-struct header {
-    char *name;
-    char *value;
-    struct header *next;
-};
-
-struct http_request {
-    struct http_server *srv;
-    struct MHD_Connection *conn;
-    uint64_t id;
-    const char *method; /* MHD's, valid for the request's life */
-    const char *url;
-    double start_ms;
-    struct strbuf body;
-    bool is_too_large;
-    bool is_in_handler; /* inside an access-handler call: answers are queued on return */
-    bool is_suspended;
-    bool is_answered;
-    bool has_body_handed;         /* on_request was called */
-    struct MHD_Response *pending; /* answer made inside the handler, queued on return */
-    unsigned pending_status;
-    struct header *headers; /* extra response headers */
-    /* Streams: out[out_off..out.len) waits to be taken by the reader. */
-    bool is_stream;
-    bool is_stream_ended;
-    struct strbuf out;
-    size_t out_off;
-    void *user;
-};
-
-struct http_server {
-    uv_loop_t *loop;
-    struct MHD_Daemon *daemon;
-    int listen_fd;
-    uv_poll_t poll;
-    uv_timer_t timer;
-    int n_open_handles;
-    struct http_handlers h;
-    size_t max_body_bytes;
-    uint64_t next_id;
-    int32_t n_requests;
-    int32_t port;
-};
+#define STREAM_BLOCK_BYTES (64 * 1024)
 
 static double mono_ms(void) {
     return (double)uv_hrtime() / 1e6;
@@ -80,6 +34,7 @@ static void on_timer(uv_timer_t *t);
 
 static void run_mhd(struct http_server *s) {
     MHD_run(s->daemon);
+    http__conns_after_run(s);
     MHD_UNSIGNED_LONG_LONG timeout;
     if (MHD_get_timeout(s->daemon, &timeout) == MHD_YES) {
         uv_timer_start(&s->timer, on_timer, (uint64_t)timeout, 0);
@@ -96,16 +51,15 @@ static void on_poll(uv_poll_t *p, int status, int events) {
     run_mhd(p->data);
 }
 
-/* MHD must run after a resume; never call MHD_run from inside an MHD callback. */
-static void schedule_run(struct http_server *s) {
+void http__schedule_run(struct http_server *s) {
     uv_timer_start(&s->timer, on_timer, 0, 0);
 }
 
-static void wake(struct http_request *r) {
+void http__wake(struct http_request *r) {
     if (r->is_suspended) {
         r->is_suspended = false;
         MHD_resume_connection(r->conn);
-        schedule_run(r->srv);
+        http__schedule_run(r->srv);
     }
 }
 
@@ -134,7 +88,7 @@ static void queue_answer(struct http_request *r, struct MHD_Response *resp, unsi
     /* Suspended connections accept a response at any time (MHD_queue_response's contract). */
     MHD_queue_response(r->conn, status, resp);
     MHD_destroy_response(resp);
-    wake(r);
+    http__wake(r);
 }
 
 static enum MHD_Result flush_pending(struct http_request *r) {
@@ -153,6 +107,15 @@ void http_request_reply(struct http_request *r, int status, const char *content_
         free(body);
         return;
     }
+    if (http__direct_needed(r)) {
+        http__direct_begin(r, status, content_type, (long long)(body != NULL ? len : 0));
+        if (body != NULL) {
+            strbuf_append(&r->out, body, len);
+        }
+        free(body);
+        http__direct_kick(r);
+        return;
+    }
     struct MHD_Response *resp =
         body != NULL ? MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE)
                      : MHD_create_response_from_buffer(0, NULL, MHD_RESPMEM_PERSISTENT);
@@ -161,7 +124,7 @@ void http_request_reply(struct http_request *r, int status, const char *content_
         LOG_ERROR("http", "cannot create a response req=%llu", (unsigned long long)r->id);
         /* Nothing can be sent; resuming lets MHD close the connection. */
         r->is_answered = true;
-        wake(r);
+        http__wake(r);
         return;
     }
     decorate(r, resp, content_type);
@@ -198,12 +161,18 @@ void http_request_stream_begin(struct http_request *r, int status, const char *c
     if (r->is_answered) {
         return;
     }
+    if (http__direct_needed(r)) {
+        r->is_stream = true;
+        http__direct_begin(r, status, content_type, -1);
+        http__direct_kick(r);
+        return;
+    }
     struct MHD_Response *resp = MHD_create_response_from_callback(
         MHD_SIZE_UNKNOWN, STREAM_BLOCK_BYTES, stream_reader, r, NULL);
     if (resp == NULL) {
         LOG_ERROR("http", "cannot create a stream response req=%llu", (unsigned long long)r->id);
         r->is_answered = true;
-        wake(r);
+        http__wake(r);
         return;
     }
     r->is_stream = true;
@@ -216,9 +185,18 @@ void http_request_stream_write(struct http_request *r, const char *data, size_t 
     if (!r->is_stream || r->is_stream_ended) {
         return;
     }
+    if (r->is_direct) {
+        if (len > 0) {
+            strbuf_printf(&r->out, "%zx\r\n", len);
+            strbuf_append(&r->out, data, len);
+            strbuf_puts(&r->out, "\r\n");
+        }
+        http__direct_kick(r);
+        return;
+    }
     strbuf_append(&r->out, data, len);
     if (!r->is_in_handler) {
-        wake(r);
+        http__wake(r);
     }
 }
 
@@ -227,8 +205,13 @@ void http_request_stream_end(struct http_request *r) {
         return;
     }
     r->is_stream_ended = true;
+    if (r->is_direct) {
+        strbuf_puts(&r->out, "0\r\n\r\n");
+        http__direct_kick(r);
+        return;
+    }
     if (!r->is_in_handler) {
-        wake(r);
+        http__wake(r);
     }
 }
 
@@ -239,7 +222,7 @@ size_t http_request_stream_pending(const struct http_request *r) {
 /* ---- MHD callbacks -------------------------------------------------------------------------- */
 
 static struct http_request *request_new(struct http_server *s, struct MHD_Connection *conn,
-                                        const char *url, const char *method) {
+                                        const char *url, const char *method, const char *version) {
     struct http_request *r = calloc(1, sizeof *r);
     if (r == NULL) {
         return NULL;
@@ -249,9 +232,11 @@ static struct http_request *request_new(struct http_server *s, struct MHD_Connec
     r->id = ++s->next_id;
     r->url = url;
     r->method = method;
+    r->version = version;
     r->start_ms = mono_ms();
     strbuf_init(&r->body);
     strbuf_init(&r->out);
+    http__conn_request_begin(r);
     s->n_requests++;
     return r;
 }
@@ -269,6 +254,9 @@ static void request_free(struct http_request *r) {
     }
     strbuf_release(&r->body);
     strbuf_release(&r->out);
+    if (r->is_direct) {
+        http__direct_release(r);
+    }
     r->srv->n_requests--;
     free(r);
 }
@@ -279,7 +267,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
     struct http_server *s = cls;
     struct http_request *r = *con_cls;
     if (r == NULL) {
-        r = request_new(s, conn, url, method);
+        r = request_new(s, conn, url, method, version);
         if (r == NULL) {
             return MHD_NO; /* out of memory: MHD closes the connection */
         }
@@ -288,6 +276,9 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
         s->h.on_headers(s->h.ctx, r);
         r->is_in_handler = false;
         return flush_pending(r);
+    }
+    if (r->is_direct || http__conn_is_dropped(r)) {
+        return MHD_NO; /* answered around MHD, or dropped: MHD only has to close it */
     }
     if (*upload_data_size > 0) {
         if (!r->is_answered && !r->is_too_large) {
@@ -334,6 +325,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         LOG_DEBUG("http", "request ended early req=%llu session=- reason=%d",
                   (unsigned long long)r->id, (int)toe);
     }
+    http__conn_request_end(r);
     s->h.on_closed(s->h.ctx, r);
     request_free(r);
     *con_cls = NULL;
@@ -377,7 +369,7 @@ static size_t unescape_url(void *cls, struct MHD_Connection *c, char *s) {
 
 /* ---- the server ----------------------------------------------------------------------------- */
 
-static int listen_on(const char *host, int32_t port, bool *is_ipv6, int32_t *bound_port, char *err,
+static int listen_on(const char *host, int32_t port, int32_t *bound_port, char *err,
                      size_t err_size) {
     struct addrinfo hints, *res = NULL;
     memset(&hints, 0, sizeof hints);
@@ -406,7 +398,6 @@ static int listen_on(const char *host, int32_t port, bool *is_ipv6, int32_t *bou
         freeaddrinfo(res);
         return -1;
     }
-    *is_ipv6 = res->ai_family == AF_INET6;
     freeaddrinfo(res);
     struct sockaddr_storage ss;
     socklen_t sl = sizeof ss;
@@ -414,7 +405,18 @@ static int listen_on(const char *host, int32_t port, bool *is_ipv6, int32_t *bou
     *bound_port = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
                                            : ntohs(((struct sockaddr_in *)&ss)->sin_port);
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    fcntl(fd, F_SETFD, FD_CLOEXEC);
     return fd;
+}
+
+static void init_handles(struct http_server *s) {
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_EPOLL_FD);
+    uv_poll_init(s->loop, &s->poll, info->epoll_fd);
+    uv_timer_init(s->loop, &s->timer);
+    s->poll.data = s->timer.data = s;
+    s->n_open_handles = 2;
+    uv_poll_start(&s->poll, UV_READABLE, on_poll);
+    http__conns_start(s);
 }
 
 int http_server_create(uv_loop_t *loop, const struct http_params *p, const struct http_handlers *h,
@@ -427,38 +429,39 @@ int http_server_create(uv_loop_t *loop, const struct http_params *p, const struc
     s->loop = loop;
     s->h = *h;
     s->max_body_bytes = p->max_body_bytes;
-    bool is_ipv6 = false;
-    s->listen_fd = listen_on(p->host, p->port, &is_ipv6, &s->port, err, err_size);
+    if (http__conns_create(s, p) != 0) {
+        snprintf(err, err_size, "out of memory");
+        goto fail;
+    }
+    s->listen_fd = listen_on(p->host, p->port, &s->port, err, err_size);
     if (s->listen_fd < 0) {
-        free(s);
-        return -1;
+        goto fail;
     }
-    unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
-    if (is_ipv6) {
-        flags |= MHD_USE_IPv6;
-    }
-    s->daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_access, s, MHD_OPTION_LISTEN_SOCKET,
-                                 s->listen_fd, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)CONNECTION_TIMEOUT_S,
-                                 MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s,
-                                 MHD_OPTION_UNESCAPE_CALLBACK, unescape_url, s, MHD_OPTION_END);
+    /* Idle connections, stalled uploads and clients that stop reading all time out after
+     * idle_timeout_s without a byte; MHD never times out a suspended request (one waiting for
+     * the engine). MHD's own limit only has to leave room for victims being closed. */
+    unsigned flags =
+        MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG | MHD_USE_NO_LISTEN_SOCKET;
+    s->daemon = MHD_start_daemon(
+        flags, 0, NULL, NULL, on_access, s, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION,
+        http__conn_notify, s, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)p->idle_timeout_s,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)(p->max_connections + HTTP_CONN_SLACK),
+        MHD_OPTION_UNESCAPE_CALLBACK, unescape_url, s, MHD_OPTION_END);
     if (s->daemon == NULL) {
         snprintf(err, err_size, "libmicrohttpd failed to start on %s port %d", p->host,
                  (int)s->port);
         close(s->listen_fd);
-        free(s);
-        return -1;
+        goto fail;
     }
-    const union MHD_DaemonInfo *info = MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_EPOLL_FD);
-    uv_poll_init(loop, &s->poll, info->epoll_fd);
-    s->poll.data = s;
-    uv_timer_init(loop, &s->timer);
-    s->timer.data = s;
-    s->n_open_handles = 2;
-    uv_poll_start(&s->poll, UV_READABLE, on_poll);
+    init_handles(s);
     run_mhd(s);
     *out = s;
     return 0;
+fail:
+    http__conns_destroy(s);
+    free(s);
+    return -1;
 }
 
 static void on_handle_closed(uv_handle_t *h) {
@@ -472,14 +475,15 @@ void http_server_destroy(struct http_server *s) {
     if (s == NULL) {
         return;
     }
+    http_server_quiesce(s);
     uv_poll_stop(&s->poll);
     uv_timer_stop(&s->timer);
+    /* Closes every connection; each CLOSED notice closes its watch. */
     MHD_stop_daemon(s->daemon);
-    if (s->listen_fd >= 0) {
-        close(s->listen_fd);
-    }
+    http__conns_destroy(s);
     uv_close((uv_handle_t *)&s->poll, on_handle_closed);
     uv_close((uv_handle_t *)&s->timer, on_handle_closed);
+    http__conns_close(s, on_handle_closed);
 }
 
 int32_t http_server_port(const struct http_server *s) {
@@ -487,11 +491,7 @@ int32_t http_server_port(const struct http_server *s) {
 }
 
 void http_server_quiesce(struct http_server *s) {
-    MHD_socket fd = MHD_quiesce_daemon(s->daemon);
-    if (fd != MHD_INVALID_SOCKET) {
-        close(fd);
-        s->listen_fd = -1;
-    }
+    http__conns_stop_accepting(s);
 }
 
 int32_t http_server_n_requests(const struct http_server *s) {
@@ -512,8 +512,30 @@ const char *http_request_path(const struct http_request *r) {
     return r->url;
 }
 
+const char *http_request_version(const struct http_request *r) {
+    return r->version;
+}
+
 const char *http_request_header(const struct http_request *r, const char *name) {
     return MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, name);
+}
+
+struct header_count {
+    const char *name;
+    int32_t n;
+};
+
+static enum MHD_Result count_header(void *cls, enum MHD_ValueKind kind, const char *key,
+                                    const char *value) {
+    struct header_count *hc = cls;
+    hc->n += key != NULL && strcasecmp(key, hc->name) == 0;
+    return MHD_YES;
+}
+
+int32_t http_request_header_count(const struct http_request *r, const char *name) {
+    struct header_count hc = {name, 0};
+    MHD_get_connection_values(r->conn, MHD_HEADER_KIND, count_header, &hc);
+    return hc.n;
 }
 
 const char *http_request_body(const struct http_request *r, size_t *len) {
@@ -559,15 +581,5 @@ void http_request_add_header(struct http_request *r, const char *name, const cha
 }
 
 bool http_request_peer_closed(const struct http_request *r) {
-    const union MHD_ConnectionInfo *info =
-        MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-    if (info == NULL) {
-        return true;
-    }
-    char c;
-    ssize_t n = recv(info->connect_fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-    if (n == 0) {
-        return true; /* orderly shutdown by the peer */
-    }
-    return n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+    return http__conn_is_gone(r);
 }

@@ -8,6 +8,16 @@
  * during the second call is suspended until http_request_reply (or a stream) answers it. The
  * module knows nothing of JSON or routes.
  *
+ * Connections are accepted here, not by MHD, and kept within limits (conn.h): past
+ * --max-connections (or --max-connections-per-ip) a new connection reclaims the oldest one that
+ * has no request in progress, and gets the canned refusal (503) only when every connection is
+ * busy. A connection that moves no byte for idle_timeout_s is closed, one that started a request
+ * must have sent all its headers within header_timeout_s, and a request waiting for the engine
+ * never times out. When the client closes its sending side (FIN): a request not yet fully
+ * received, or an idle connection, is dropped at once; a request fully received is still
+ * answered, and the connection closed after that answer (requests pipelined behind it are not
+ * served). A stream stops when a write to the socket fails.
+ *
  * Thread rule: loop thread only.
  */
 #ifndef SERVER_HTTP_H
@@ -37,10 +47,23 @@ struct http_handlers {
 };
 
 struct http_params {
-    const char *host;      /* numeric IPv4/IPv6 address or a host name */
-    int32_t port;          /* 0 = ephemeral */
-    size_t max_body_bytes; /* larger bodies are not kept (http_request_body_too_large) */
+    const char *host;         /* numeric IPv4/IPv6 address or a host name */
+    int32_t port;             /* 0 = ephemeral */
+    size_t max_body_bytes;    /* larger bodies are not kept (http_request_body_too_large) */
+    int32_t max_connections;  /* open connections at most (>= 1) */
+    int32_t max_per_ip;       /* connections from one client address at most; 0 = no limit */
+    int32_t idle_timeout_s;   /* a connection that moves no byte for this long is closed */
+    int32_t header_timeout_s; /* a started request's headers must all be in within this */
+    /* The answer to a connection refused at the limit (e.g. a JSON 503 body), sent with status
+     * 503, Retry-After: 1 and Connection: close; copied. */
+    const char *refusal_type;
+    const char *refusal_body;
+    size_t refusal_len;
 };
+
+/* Descriptors a server with max_connections may hold at once: its connections, those it is
+ * closing while their replacements are accepted, and the listening socket. */
+int64_t http_server_fds_needed(int32_t max_connections);
 
 /* Binds and starts serving. Returns 0, or -1 with a one-line reason in err (e.g. port in use). */
 int http_server_create(uv_loop_t *loop, const struct http_params *p, const struct http_handlers *h,
@@ -60,14 +83,28 @@ void http_server_quiesce(struct http_server *s);
 /* Requests currently alive (headers received, not yet closed). */
 int32_t http_server_n_requests(const struct http_server *s);
 
+/* Open connections (as counted against --max-connections). */
+int32_t http_server_n_connections(const struct http_server *s);
+
+/* The end of a drain's grace: drops every request whose body has not all arrived and every
+ * connection without a request in progress (idle ones, and ones still sending headers).
+ * Requests fully received are left to finish. Returns how many requests were cut (a request
+ * counts from its first byte). Their connections close at MHD's next pass, so on_closed follows
+ * later, never inside this call. */
+int32_t http_server_cut_unreceived(struct http_server *s);
+
 /* ---- the request ------------------------------------------------------------------------------
  */
 
 uint64_t http_request_id(const struct http_request *r); /* 1, 2, ... per server */
 const char *http_request_method(const struct http_request *r);
 const char *http_request_path(const struct http_request *r);
-/* A request header's value, or NULL (case-insensitive name). */
+/* The protocol version as sent, e.g. "HTTP/1.1". */
+const char *http_request_version(const struct http_request *r);
+/* A request header's value, or NULL (case-insensitive name; the first if repeated). */
 const char *http_request_header(const struct http_request *r, const char *name);
+/* How many times the header appears (case-insensitive name). */
+int32_t http_request_header_count(const struct http_request *r, const char *name);
 /* The body (NUL-terminated; empty until on_request). */
 const char *http_request_body(const struct http_request *r, size_t *len);
 bool http_request_body_too_large(const struct http_request *r);
@@ -93,7 +130,10 @@ void http_request_stream_end(struct http_request *r);
 /* Bytes written to the stream and not yet handed to the socket. */
 size_t http_request_stream_pending(const struct http_request *r);
 
-/* True if the client has closed its end of the connection (checked without blocking). */
+/* True if the answer can no longer reach the client: its connection was reset (or closed both
+ * ways), or this server dropped it. A FIN alone is not closed: a client that half-closed after
+ * its request still gets the answer; one that closed entirely is found out by the first write
+ * (streams) or by its reset. Checked without blocking. */
 bool http_request_peer_closed(const struct http_request *r);
 
 #endif /* SERVER_HTTP_H */

@@ -1,13 +1,15 @@
-/* server/main.c: attnd's entry point. Only wiring: parse the config, size the thread pools,
- * build the model, the session store, the scheduler and the HTTP server, run the loop, and on
- * SIGINT/SIGTERM drain and tear everything down in reverse order. Startup failures print one
- * line and exit non-zero; a drained shutdown exits 0.
+/* server/main.c: attnd's entry point. Only wiring: parse the config, size the thread pools and
+ * the open-file limit, build the model, the session store, the scheduler and the HTTP server,
+ * run the loop, and on SIGINT/SIGTERM drain and tear everything down in reverse order. Startup
+ * failures print one line and exit non-zero (1, or 2 for a bad option); a drained shutdown exits
+ * 0, or EXIT_DRAIN_CUT when the drain deadline cut requests that were still being received.
  */
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cblas.h>
@@ -15,6 +17,7 @@
 
 #include "../engine/attn.h"
 #include "config.h"
+#include "error.h"
 #include "http.h"
 #include "log.h"
 #include "pool.h"
@@ -25,13 +28,18 @@ extern char **environ;
 
 /* Evicted or expired ids remembered for 410 answers (proto/openapi.yaml, Sessions). */
 #define MAX_TOMBSTONES 65536
+/* Descriptors besides the connections: the loop, MHD's epoll fd, the log, model files. */
+#define FD_RESERVE 64
+/* The exit status of a drain whose deadline cut requests still being received (README). */
+#define EXIT_DRAIN_CUT 3
 
 /* The daemon: the server context plus main's own loop handles. Loop thread only. */
 struct daemon {
     struct server srv; /* first: route's on_drained hands back &srv */
     uv_loop_t loop;
     uv_signal_t sigint, sigterm;
-    uv_timer_t tick, shutdown;
+    uv_timer_t tick, shutdown, drain_deadline;
+    int32_t n_cut; /* requests the drain deadline dropped */
 };
 
 static void on_shutdown(uv_timer_t *t) {
@@ -45,6 +53,7 @@ static void on_shutdown(uv_timer_t *t) {
     signal(SIGTERM, SIG_IGN);
     uv_close((uv_handle_t *)&d->tick, NULL);
     uv_close((uv_handle_t *)&d->shutdown, NULL);
+    uv_close((uv_handle_t *)&d->drain_deadline, NULL);
     http_server_destroy(d->srv.http);
     d->srv.http = NULL;
     pool_destroy(d->srv.pool);
@@ -57,15 +66,32 @@ static void on_drained(struct server *srv) {
     uv_timer_start(&d->shutdown, on_shutdown, 0, 0);
 }
 
+/* The drain's grace is over: whatever has not fully arrived is dropped (a client trickling an
+ * upload would otherwise hold the drain forever); requests fully received finish. */
+static void on_drain_deadline(uv_timer_t *t) {
+    struct daemon *d = t->data;
+    int32_t n = http_server_cut_unreceived(d->srv.http);
+    d->n_cut += n;
+    LOG_WARN("main",
+             "drain deadline after %d s: cut requests still being received req=- session=- "
+             "n_cut=%d finishing=%d",
+             (int)d->srv.cfg->drain_timeout_s, (int)n,
+             (int)(http_server_n_requests(d->srv.http) - n));
+}
+
 static void on_signal(uv_signal_t *h, int signum) {
     struct daemon *d = h->data;
     if (d->srv.is_draining) {
         LOG_WARN("main", "signal %d while draining; still finishing accepted requests", signum);
         return;
     }
-    LOG_INFO("main", "signal %d: draining (no new connections; finishing accepted requests)",
-             signum);
+    LOG_INFO("main",
+             "signal %d: draining (no new connections; finishing accepted requests; requests "
+             "still being received get drain_timeout_s=%d)",
+             signum, (int)d->srv.cfg->drain_timeout_s);
     http_server_quiesce(d->srv.http);
+    uv_timer_start(&d->drain_deadline, on_drain_deadline,
+                   (uint64_t)d->srv.cfg->drain_timeout_s * 1000, 0);
     route_drain(&d->srv);
 }
 
@@ -175,6 +201,46 @@ static void start_handles(struct daemon *d) {
     uv_timer_start(&d->tick, on_tick, 1000, 1000);
     uv_timer_init(&d->loop, &d->shutdown);
     d->shutdown.data = d;
+    uv_timer_init(&d->loop, &d->drain_deadline);
+    d->drain_deadline.data = d;
+}
+
+/* Each connection holds a descriptor: raises the soft RLIMIT_NOFILE to fit max_connections, as
+ * far as the hard limit allows. Returns the connection limit that fits: max_connections, or
+ * fewer when the hard limit is lower (a limit the process cannot keep would end in EMFILE). */
+static int32_t fit_open_files(int32_t max_connections) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) {
+        return max_connections;
+    }
+    rlim_t need = (rlim_t)(http_server_fds_needed(max_connections) + FD_RESERVE);
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < need && rl.rlim_cur < rl.rlim_max) {
+        rlim_t old = rl.rlim_cur;
+        rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= need ? need : rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) == 0) {
+            LOG_INFO("main", "raised the open-file limit RLIMIT_NOFILE from=%llu to=%llu hard=%llu",
+                     (unsigned long long)old, (unsigned long long)rl.rlim_cur,
+                     (unsigned long long)rl.rlim_max);
+        } else {
+            getrlimit(RLIMIT_NOFILE, &rl);
+        }
+    }
+    if (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= need) {
+        return max_connections;
+    }
+    int64_t fit = (int64_t)rl.rlim_cur - FD_RESERVE - (http_server_fds_needed(0));
+    fit = fit > 1 ? fit : 1;
+    LOG_WARN("main",
+             "the open-file limit (soft=%llu hard=%llu) holds only %lld connections: serving at "
+             "most that many instead of --max-connections %d",
+             (unsigned long long)rl.rlim_cur, (unsigned long long)rl.rlim_max, (long long)fit,
+             (int)max_connections);
+    return (int32_t)fit;
+}
+
+/* The canned 503 for a connection past the limits, sent before its request is read. */
+static char *refusal_body(size_t *len) {
+    return api_error_encode(ERROR_TOO_MANY_CONNECTIONS, NULL, NULL, len);
 }
 
 int main(int argc, char **argv) {
@@ -230,8 +296,23 @@ int main(int argc, char **argv) {
     struct server *srv = &d.srv;
     struct http_handlers handlers;
     route_handlers(srv, &handlers);
-    struct http_params hp = {cfg.host, cfg.port, (size_t)cfg.max_body_mb << 20};
-    if (http_server_create(&d.loop, &hp, &handlers, &srv->http, err, sizeof err) != 0) {
+    size_t refusal_len = 0;
+    char *refusal = refusal_body(&refusal_len);
+    struct http_params hp = {
+        .host = cfg.host,
+        .port = cfg.port,
+        .max_body_bytes = (size_t)cfg.max_body_mb << 20,
+        .max_connections = fit_open_files(cfg.max_connections),
+        .max_per_ip = cfg.max_connections_per_ip,
+        .idle_timeout_s = cfg.idle_timeout_s,
+        .header_timeout_s = cfg.header_timeout_s,
+        .refusal_type = "application/json",
+        .refusal_body = refusal,
+        .refusal_len = refusal_len,
+    };
+    int rc = http_server_create(&d.loop, &hp, &handlers, &srv->http, err, sizeof err);
+    free(refusal);
+    if (rc != 0) {
         fprintf(stderr, "attnd: %s\n", err);
         pool_destroy(srv->pool);
         uv_run(&d.loop, UV_RUN_DEFAULT); /* lets the pool's handle close */
@@ -250,6 +331,7 @@ int main(int argc, char **argv) {
     session_store_destroy(srv->sessions);
     attn_model_destroy(model);
     uv_library_shutdown();
-    LOG_INFO("main", "exit status=0");
-    return 0;
+    int status = d.n_cut > 0 ? EXIT_DRAIN_CUT : 0;
+    LOG_INFO("main", "exit status=%d n_cut=%d", status, (int)d.n_cut);
+    return status;
 }

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "error.h"
 #include "job.h"
@@ -162,13 +163,19 @@ static bool method_allowed(enum route_kind kind, const char *method) {
     return false;
 }
 
-/* Constant-time comparison, so that response timing does not reveal the key. */
+/* credentials = auth-scheme [ 1*SP token68 ] (RFC 9110 section 11.4): the scheme is
+ * case-insensitive and may be followed by more than one space. The key is compared in constant
+ * time, so that response timing does not reveal it. */
 static bool key_matches(const char *header, const char *key) {
-    static const char bearer[] = "Bearer ";
-    if (header == NULL || strncmp(header, bearer, sizeof bearer - 1) != 0) {
+    static const char bearer[] = "Bearer";
+    size_t bl = sizeof bearer - 1;
+    if (header == NULL || strncasecmp(header, bearer, bl) != 0 || header[bl] != ' ') {
         return false;
     }
-    const char *given = header + sizeof bearer - 1;
+    const char *given = header + bl;
+    while (*given == ' ') {
+        given++;
+    }
     size_t gl = strlen(given), kl = strlen(key);
     unsigned diff = (unsigned)(gl != kl);
     for (size_t i = 0; i < kl; i++) {
@@ -359,6 +366,15 @@ static void on_headers(void *ctx, struct http_request *req) {
     rq->kind = match(http_request_path(req), rq->session, sizeof rq->session, &is_id_valid);
     const char *method = http_request_method(req);
     const struct route_entry *e = &entries[rq->kind];
+    /* RFC 9112 section 3.2: an HTTP/1.1 request without Host, or with several, is a 400. */
+    int32_t n_host = http_request_header_count(req, "Host");
+    if (n_host > 1 || (n_host == 0 && strcmp(http_request_version(req), "HTTP/1.1") == 0)) {
+        route_reply_error(rq, ERROR_INVALID_REQUEST,
+                          n_host > 1 ? "more than one Host header"
+                                     : "an HTTP/1.1 request needs a Host header",
+                          "Host");
+        return;
+    }
     if (rq->kind == ROUTE_NONE) {
         route_reply_error(rq, ERROR_NOT_FOUND, NULL, NULL);
         return;

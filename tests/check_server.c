@@ -674,8 +674,8 @@ END_TEST
 
 /* ---- errors --------------------------------------------------------------------------------- */
 
-/* Where each code of proto/errors.json is provoked (this file). The coverage test below fails if
- * proto gains a code that is not listed here. */
+/* Where each code of proto/errors.json is provoked (this file, unless named). The coverage test
+ * below fails if proto gains a code that is not listed here. */
 static const char *const provoked[] = {
     "invalid_json",            /* test_server_request_errors */
     "invalid_request",         /* test_server_request_errors, test_server_truncate_and_fork */
@@ -691,6 +691,7 @@ static const char *const provoked[] = {
     "queue_full",              /* test_server_queue_full */
     "internal_error",          /* test_server_out_of_memory_is_500 */
     "draining",                /* test_server_sigterm_drains */
+    "too_many_connections",    /* check_transport.c: test_transport_busy_connections_get_503 */
     "kv_budget_exhausted",     /* test_server_eviction_then_410_and_507 */
 };
 

@@ -256,6 +256,92 @@ ssize_t http_client_raw_read_until(int fd, const char *needle, int timeout_ms, c
     return found ? (ssize_t)len : -1;
 }
 
+int http_client_raw_connect(int port, int timeout_ms) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_ge(fd, 0);
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int flags = fcntl(fd, F_GETFL);
+    fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0 && errno != EINPROGRESS) {
+        close(fd);
+        return -1;
+    }
+    struct pollfd p = {fd, POLLOUT, 0};
+    int err = 0;
+    socklen_t len = sizeof err;
+    if (poll(&p, 1, timeout_ms) != 1 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 ||
+        err != 0) {
+        close(fd);
+        return -1;
+    }
+    fcntl(fd, F_SETFL, flags);
+    return fd;
+}
+
+long http_client_raw_exchange(int port, const char *request, int timeout_ms, char **out) {
+    double end = http_client_mono_ms() + timeout_ms;
+    if (out != NULL) {
+        *out = NULL;
+    }
+    int fd = http_client_raw_connect(port, timeout_ms);
+    if (fd < 0) {
+        return 0;
+    }
+    size_t len = strlen(request);
+    if (send(fd, request, len, MSG_NOSIGNAL) != (ssize_t)len) {
+        close(fd);
+        return 0;
+    }
+    struct strbuf b;
+    strbuf_init(&b);
+    strbuf_reserve(&b, 0);
+    for (;;) {
+        int left = (int)(end - http_client_mono_ms());
+        struct pollfd p = {fd, POLLIN, 0};
+        if (left <= 0 || poll(&p, 1, left) != 1) {
+            break;
+        }
+        char chunk[65536];
+        ssize_t n = read(fd, chunk, sizeof chunk);
+        if (n <= 0) {
+            break;
+        }
+        strbuf_append(&b, chunk, (size_t)n);
+    }
+    close(fd);
+    long status = 0;
+    if (b.len > 12 && strncmp(b.data, "HTTP/1.", 7) == 0) {
+        status = strtol(b.data + 9, NULL, 10);
+    }
+    char *text = strbuf_detach(&b, NULL);
+    if (out != NULL) {
+        *out = text;
+    } else {
+        free(text);
+    }
+    return status;
+}
+
+bool http_client_raw_closed_within(int fd, int timeout_ms) {
+    double end = http_client_mono_ms() + timeout_ms;
+    for (;;) {
+        int left = (int)(end - http_client_mono_ms());
+        struct pollfd p = {fd, POLLIN, 0};
+        if (left <= 0 || poll(&p, 1, left) != 1) {
+            return false;
+        }
+        char chunk[65536];
+        ssize_t n = read(fd, chunk, sizeof chunk);
+        if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) {
+            return true;
+        }
+    }
+}
+
 /* ---- the daemon ----------------------------------------------------------------------------- */
 
 char *http_client_daemon_log(const struct http_client_daemon *d) {

@@ -65,6 +65,20 @@ int http_client_raw_send(int port, const char *request, size_t len, int rcvbuf);
  * malloc'd *out (NUL-terminated), or -1. */
 ssize_t http_client_raw_read_until(int fd, const char *needle, int timeout_ms, char **out);
 
+/* A connection to 127.0.0.1:port made within timeout_ms (a server that does not accept leaves
+ * a plain connect() blocked for minutes); returns the (blocking) fd, or -1. */
+int http_client_raw_connect(int port, int timeout_ms);
+
+/* One request on a fresh connection, everything within timeout_ms: connects, sends `request`
+ * (which should ask for Connection: close) and reads until the server closes. Returns the
+ * status of the answer, or 0 when there was none in time; *out (if not NULL) gets everything
+ * read (malloc'd, NUL-terminated). */
+long http_client_raw_exchange(int port, const char *request, int timeout_ms, char **out);
+
+/* Reads (and discards) from fd until the server closes it (end of stream or reset): true if
+ * that happened within timeout_ms. */
+bool http_client_raw_closed_within(int fd, int timeout_ms);
+
 /* ---- the daemon ------------------------------------------------------------------------------ */
 
 struct http_client_daemon {

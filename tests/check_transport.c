@@ -1,0 +1,643 @@
+/* tests/check_transport.c: the daemon's HTTP transport against clients that hold, trickle,
+ * half-close or abandon connections: health answers beside thousands of idle or slow-header
+ * connections, connections past the limits are reclaimed (oldest idle first) or refused with
+ * 503, idle and header timeouts close stalled clients, a FIN drops an incomplete request at once
+ * but still gets a complete one its answer, a drain ends at its deadline, Host is required of
+ * HTTP/1.1 and the Bearer scheme is case-insensitive. Each test runs a real attnd on 127.0.0.1.
+ *
+ * Tunings go through ATTND_* environment variables rather than flags where a test can: an older
+ * daemon ignores them and starts, so the test fails on its behaviour, not on an unknown flag.
+ */
+#include <check.h>
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+
+#include <cjson/cJSON.h>
+
+#include "http_client.h"
+
+#define TINY_HIDDEN 64
+#define HEALTH      "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+
+static struct http_client_daemon daemon_;
+
+static void setup(void) {
+    memset(&daemon_, 0, sizeof daemon_);
+}
+
+static void teardown(void) {
+    http_client_daemon_kill(&daemon_);
+}
+
+/* Starts attnd (tiny preset, one worker) with env ("NAME=value" strings, NULL-terminated, or
+ * NULL) set for it and the extra flags args. */
+static void start(const char *const *env, const char *const *args) {
+    const char *argv[40] = {"--preset", "tiny", "--workers", "1"};
+    int n = 4;
+    for (int i = 0; args != NULL && args[i] != NULL && n < 39; i++) {
+        argv[n++] = args[i];
+    }
+    argv[n] = NULL;
+    for (int i = 0; env != NULL && env[i] != NULL; i++) {
+        char name[64];
+        const char *eq = strchr(env[i], '=');
+        snprintf(name, sizeof name, "%.*s", (int)(eq - env[i]), env[i]);
+        setenv(name, eq + 1, 1);
+    }
+    http_client_daemon_start(&daemon_, argv);
+}
+
+static char *log_tail(void) {
+    char *log = http_client_daemon_log(&daemon_);
+    size_t n = strlen(log);
+    if (n > 3000) {
+        memmove(log, log + n - 3000, 3001);
+    }
+    return log;
+}
+
+static void stop_with(int want) {
+    char *log = log_tail();
+    int status = http_client_daemon_stop(&daemon_, 20000);
+    ck_assert_msg(status == want, "attnd exited with %d, want %d; log tail: %s", status, want, log);
+    free(log);
+}
+
+/* The test process holds thousands of sockets too. */
+static void raise_open_files(void) {
+    struct rlimit rl;
+    getrlimit(RLIMIT_NOFILE, &rl);
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+}
+
+/* A request to the daemon on a fresh connection; its status, 0 if none within timeout_ms. */
+static long exchange(const char *request, int timeout_ms, char **out) {
+    return http_client_raw_exchange(daemon_.port, request, timeout_ms, out);
+}
+
+/* /healthz on a fresh connection must answer 200 within 5 s (generous: two cores, and other
+ * builds running); returns how long it took. */
+static double health_within_5s(void) {
+    double t0 = http_client_mono_ms();
+    char *out;
+    long status = exchange(HEALTH, 5000, &out);
+    double ms = http_client_mono_ms() - t0;
+    ck_assert_msg(status == 200, "no health answer within 5 s (status %ld, %.0f ms): %.200s",
+                  status, ms, out != NULL ? out : "");
+    free(out);
+    return ms;
+}
+
+/* Opens n connections that send nothing, in batches, each given up to 2 s to be accepted (so
+ * that the server really holds them; one that stops accepting only makes this slow). */
+static int *open_idle(int n) {
+    int *fds = malloc((size_t)n * sizeof *fds);
+    ck_assert_ptr_nonnull(fds);
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)daemon_.port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    for (int first = 0; first < n; first += 250) {
+        int last = first + 250 < n ? first + 250 : n;
+        for (int i = first; i < last; i++) {
+            fds[i] = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+            ck_assert_int_ge(fds[i], 0);
+            int rc = connect(fds[i], (struct sockaddr *)&a, sizeof a);
+            ck_assert_msg(rc == 0 || errno == EINPROGRESS, "connect %d: %s", i, strerror(errno));
+        }
+        double end = http_client_mono_ms() + 2000;
+        for (int i = first; i < last; i++) {
+            struct pollfd p = {fds[i], POLLOUT, 0};
+            int left = (int)(end - http_client_mono_ms());
+            poll(&p, 1, left > 0 ? left : 0);
+        }
+    }
+    return fds;
+}
+
+static void close_all(int *fds, int n) {
+    for (int i = 0; i < n; i++) {
+        close(fds[i]);
+    }
+    free(fds);
+}
+
+static void send_all(int fd, const char *text) {
+    size_t len = strlen(text);
+    ck_assert_int_eq(send(fd, text, len, MSG_NOSIGNAL), (ssize_t)len);
+}
+
+/* Sockets of the daemon's port in CLOSE-WAIT (the client closed, the daemon has not). */
+static int close_wait_count(void) {
+    static const char *const files[] = {"/proc/net/tcp", "/proc/net/tcp6"};
+    int n = 0;
+    for (int f = 0; f < 2; f++) {
+        FILE *fp = fopen(files[f], "r");
+        if (fp == NULL) {
+            continue;
+        }
+        char line[512];
+        while (fgets(line, sizeof line, fp) != NULL) {
+            char local[128];
+            unsigned state;
+            if (sscanf(line, " %*d: %127s %*s %x", local, &state) != 2) {
+                continue;
+            }
+            const char *colon = strrchr(local, ':');
+            if (colon != NULL && strtol(colon + 1, NULL, 16) == daemon_.port && state == 0x08) {
+                n++;
+            }
+        }
+        fclose(fp);
+    }
+    return n;
+}
+
+/* Polls until no socket of the daemon is in CLOSE-WAIT; false after timeout_ms. */
+static bool close_waits_gone_within(int timeout_ms) {
+    double end = http_client_mono_ms() + timeout_ms;
+    while (close_wait_count() > 0) {
+        if (http_client_mono_ms() > end) {
+            return false;
+        }
+        http_client_sleep_ms(20);
+    }
+    return true;
+}
+
+/* A POST /v1/attend whose headers are in but whose body (declared 100000 bytes) has only
+ * begun: waits for the 100 Continue that says the daemon has read the headers (the connection
+ * is busy from then on). */
+static int partial_upload(const char *session) {
+    char req[512];
+    snprintf(req, sizeof req,
+             "POST /v1/attend HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Session-Id: %s\r\n"
+             "Content-Type: application/json\r\nContent-Length: 100000\r\n"
+             "Expect: 100-continue\r\n\r\n",
+             session);
+    int fd = http_client_raw_send(daemon_.port, req, strlen(req), 0);
+    char *seen;
+    ck_assert_msg(http_client_raw_read_until(fd, "100 Continue", 5000, &seen) >= 0,
+                  "no 100 Continue: %s", seen);
+    free(seen);
+    send_all(fd, "{\"x\":[[");
+    return fd;
+}
+
+/* The whole request text of POST /v1/attend with t tokens of x (nested arrays). */
+static char *attend_request(const char *session, int32_t t, uint64_t seed, const char *extra) {
+    float *x = http_client_random_rows(seed, t, TINY_HIDDEN);
+    char *body = http_client_attend_body(session, x, 0, t, TINY_HIDDEN, false, extra);
+    size_t n = strlen(body) + 256;
+    char *req = malloc(n);
+    ck_assert_ptr_nonnull(req);
+    snprintf(req, n,
+             "POST /v1/attend HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+             "Content-Length: %zu\r\n\r\n%s",
+             strlen(body), body);
+    free(body);
+    free(x);
+    return req;
+}
+
+/* Sends request and half-closes at once (one write, then FIN); returns everything read until
+ * the daemon closes (10 s at most). */
+static char *half_closed_exchange(const char *request) {
+    int fd = http_client_raw_connect(daemon_.port, 5000);
+    ck_assert_int_ge(fd, 0);
+    send_all(fd, request);
+    ck_assert_int_eq(shutdown(fd, SHUT_WR), 0);
+    char *seen;
+    http_client_raw_read_until(fd, "\x01never\x01", 10000, &seen);
+    close(fd);
+    return seen;
+}
+
+/* The body of an HTTP answer (after the blank line). */
+static const char *body_of(const char *answer) {
+    const char *p = strstr(answer, "\r\n\r\n");
+    ck_assert_msg(p != NULL, "no complete head: %.300s", answer);
+    return p + 4;
+}
+
+/* ---- item 5: connection exhaustion ---------------------------------------------------------- */
+
+START_TEST(test_transport_health_beside_2000_idle_connections) {
+    raise_open_files();
+    start(NULL, NULL); /* the default limits */
+    int n = 2000;
+    int *fds = open_idle(n);
+    double worst = 0;
+    for (int i = 0; i < 5; i++) {
+        double ms = health_within_5s();
+        worst = ms > worst ? ms : worst;
+    }
+    /* The default per-address limit (1024) closed the oldest idle ones to make room. */
+    char *log = http_client_daemon_log(&daemon_);
+    ck_assert_msg(strstr(log, "connection limit reached") != NULL, "no limit in the log");
+    free(log);
+    close_all(fds, n);
+    health_within_5s();
+    stop_with(0);
+}
+END_TEST
+
+START_TEST(test_transport_health_beside_1100_slow_header_connections) {
+    raise_open_files();
+    const char *env[] = {"ATTND_HEADER_TIMEOUT_S=60", NULL};
+    start(env, NULL);
+    int n = 1100;
+    int *fds = open_idle(n);
+    http_client_sleep_ms(200);
+    /* Each has begun a request and trickles it: waiting, never complete. */
+    for (int i = 0; i < n; i++) {
+        send(fds[i], "GET /healthz HTTP/1.1\r\nX-Slow: ", 31, MSG_NOSIGNAL);
+    }
+    http_client_sleep_ms(200);
+    for (int round = 0; round < 3; round++) {
+        for (int i = 0; i < n; i++) {
+            send(fds[i], "a", 1, MSG_NOSIGNAL);
+        }
+        health_within_5s();
+    }
+    close_all(fds, n);
+    stop_with(0);
+}
+END_TEST
+
+START_TEST(test_transport_total_limit_reclaims_the_oldest_idle_connection) {
+    const char *env[] = {"ATTND_MAX_CONNECTIONS=20", "ATTND_MAX_CONNECTIONS_PER_IP=0", NULL};
+    start(env, NULL);
+    int fds[20];
+    for (int i = 0; i < 20; i++) {
+        fds[i] = http_client_raw_connect(daemon_.port, 5000);
+        ck_assert_int_ge(fds[i], 0);
+        http_client_sleep_ms(5); /* accepted in this order */
+    }
+    http_client_sleep_ms(100);
+    /* The 21st connection (a health probe) makes room by closing the oldest idle one... */
+    health_within_5s();
+    ck_assert_msg(http_client_raw_closed_within(fds[0], 5000), "the oldest was not reclaimed");
+    /* ...the probe's connection closed with its answer, so the next one finds room, and the
+     * one after it closes the next oldest, while the younger ones stay. */
+    int extra[2];
+    for (int i = 0; i < 2; i++) {
+        extra[i] = http_client_raw_connect(daemon_.port, 5000);
+        ck_assert_int_ge(extra[i], 0);
+        http_client_sleep_ms(50);
+    }
+    ck_assert_msg(http_client_raw_closed_within(fds[1], 5000), "the second oldest stayed");
+    for (int i = 2; i < 20; i++) {
+        ck_assert_msg(!http_client_raw_closed_within(fds[i], 0), "connection %d was closed", i);
+    }
+    ck_assert(!http_client_raw_closed_within(extra[0], 0));
+    close(extra[0]);
+    close(extra[1]);
+    for (int i = 0; i < 20; i++) {
+        close(fds[i]);
+    }
+    stop_with(0);
+}
+END_TEST
+
+/* Checks a canned refusal: 503 too_many_connections in the proto error shape, closing. */
+static void expect_refusal(void) {
+    int fd = http_client_raw_connect(daemon_.port, 5000);
+    ck_assert_int_ge(fd, 0);
+    char *seen;
+    http_client_raw_read_until(fd, "\x01never\x01", 5000, &seen);
+    close(fd);
+    ck_assert_msg(strncmp(seen, "HTTP/1.1 503 ", 13) == 0, "not a 503: %.300s", seen);
+    ck_assert_ptr_nonnull(strstr(seen, "Connection: close\r\n"));
+    ck_assert_ptr_nonnull(strstr(seen, "Retry-After: 1\r\n"));
+    cJSON *j = cJSON_Parse(body_of(seen));
+    ck_assert_msg(j != NULL, "body is not JSON: %s", seen);
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(j, "error");
+    ck_assert_str_eq(cJSON_GetObjectItemCaseSensitive(e, "code")->valuestring,
+                     "too_many_connections");
+    ck_assert_str_eq(cJSON_GetObjectItemCaseSensitive(e, "type")->valuestring, "unavailable_error");
+    ck_assert(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(e, "param")));
+    cJSON_Delete(j);
+    free(seen);
+}
+
+START_TEST(test_transport_busy_connections_get_503) {
+    const char *env[] = {"ATTND_MAX_CONNECTIONS=3", "ATTND_MAX_CONNECTIONS_PER_IP=0", NULL};
+    start(env, NULL);
+    int busy[3];
+    for (int i = 0; i < 3; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "b%d", i);
+        busy[i] = partial_upload(id);
+    }
+    /* Every connection is busy (a request in progress): nothing to reclaim. */
+    expect_refusal();
+    /* A client that leaves frees its connection at once (its FIN drops the request)... */
+    close(busy[0]);
+    double end = http_client_mono_ms() + 5000;
+    long status = 0;
+    while (status != 200 && http_client_mono_ms() < end) {
+        status = exchange(HEALTH, 2000, NULL);
+    }
+    ck_assert_int_eq(status, 200);
+    close(busy[1]);
+    close(busy[2]);
+    stop_with(0);
+}
+END_TEST
+
+START_TEST(test_transport_per_ip_limit_refuses_only_when_busy) {
+    const char *env[] = {"ATTND_MAX_CONNECTIONS=100", "ATTND_MAX_CONNECTIONS_PER_IP=2", NULL};
+    start(env, NULL);
+    /* An idle connection of the address is reclaimed for its next one... */
+    int idle = http_client_raw_connect(daemon_.port, 5000);
+    int b0 = partial_upload("p0");
+    health_within_5s();
+    ck_assert_msg(http_client_raw_closed_within(idle, 5000), "the idle one stayed");
+    /* ...but with both of its connections busy, the next gets 503. */
+    int b1 = partial_upload("p1");
+    expect_refusal();
+    close(idle);
+    close(b0);
+    close(b1);
+    stop_with(0);
+}
+END_TEST
+
+START_TEST(test_transport_slow_headers_are_cut) {
+    const char *env[] = {"ATTND_HEADER_TIMEOUT_S=1", "ATTND_IDLE_TIMEOUT_S=30", NULL};
+    start(env, NULL);
+    int fd = http_client_raw_connect(daemon_.port, 5000);
+    ck_assert_int_ge(fd, 0);
+    send_all(fd, "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n");
+    /* A header line every 100 ms keeps bytes flowing, so only a deadline on the whole head
+     * (not an idle timeout) ends it. */
+    double t0 = http_client_mono_ms();
+    bool is_closed = false;
+    while (!is_closed && http_client_mono_ms() - t0 < 8000) {
+        if (send(fd, "X-Slow: a\r\n", 11, MSG_NOSIGNAL) < 0) {
+            is_closed = true;
+            break;
+        }
+        is_closed = http_client_raw_closed_within(fd, 100);
+        health_within_5s(); /* and health answers meanwhile */
+    }
+    ck_assert_msg(is_closed, "a slowloris client was still connected after 8 s");
+    close(fd);
+    stop_with(0);
+}
+END_TEST
+
+START_TEST(test_transport_idle_connections_time_out) {
+    const char *env[] = {"ATTND_IDLE_TIMEOUT_S=1", NULL};
+    start(env, NULL);
+    int fresh = http_client_raw_connect(daemon_.port, 5000);
+    const char *req = "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+    int kept = http_client_raw_send(daemon_.port, req, strlen(req), 0);
+    char *seen;
+    ck_assert_int_ge(http_client_raw_read_until(kept, "\"ok\"", 5000, &seen), 0);
+    free(seen);
+    ck_assert_msg(http_client_raw_closed_within(fresh, 5000), "a silent connection stayed");
+    ck_assert_msg(http_client_raw_closed_within(kept, 5000), "an idle keep-alive one stayed");
+    close(fresh);
+    close(kept);
+    stop_with(0);
+}
+END_TEST
+
+/* ---- item 9: a client's FIN ends what can no longer complete -------------------------------- */
+
+START_TEST(test_transport_aborted_uploads_do_not_linger) {
+    start(NULL, NULL);
+    const char *partial = "POST /v1/attend HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: "
+                          "1000\r\n\r\n{\"x\":[[1,2";
+    /* Part of a body and close at once (data and FIN in one go): 20 of them. */
+    for (int i = 0; i < 20; i++) {
+        int fd = http_client_raw_send(daemon_.port, partial, strlen(partial), 0);
+        close(fd);
+    }
+    /* Part of the headers, and an answered request followed by a close. */
+    for (int i = 0; i < 5; i++) {
+        int fd = http_client_raw_send(daemon_.port, "GET /heal", 9, 0);
+        close(fd);
+        fd = http_client_raw_send(daemon_.port, HEALTH, strlen(HEALTH), 0);
+        close(fd);
+    }
+    ck_assert_msg(close_waits_gone_within(5000), "%d connections still in CLOSE-WAIT",
+                  close_wait_count());
+    /* A half-closed partial upload is dropped too: the client sees the daemon close. */
+    int fd = http_client_raw_send(daemon_.port, partial, strlen(partial), 0);
+    ck_assert_int_eq(shutdown(fd, SHUT_WR), 0);
+    ck_assert_msg(http_client_raw_closed_within(fd, 5000), "a half-closed upload was kept");
+    close(fd);
+    stop_with(0);
+}
+END_TEST
+
+/* ---- item 12: half-close, Host, Bearer --------------------------------------------------------
+ */
+
+START_TEST(test_transport_half_closed_client_gets_its_answer) {
+    /* Small prefill chunks make the long request several engine steps (the per-step check of
+     * the client must not take a FIN for a departure). */
+    const char *args[] = {"--max-batch-tokens", "16", NULL};
+    start(NULL, args);
+    char *seen = half_closed_exchange("GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+    ck_assert_msg(strncmp(seen, "HTTP/1.1 200 ", 13) == 0, "healthz: %.300s", seen);
+    free(seen);
+    const struct {
+        int32_t t;
+        const char *extra;
+    } cases[] = {{2, NULL}, {64, NULL}, {8, ",\"stream\":true"}};
+    for (int i = 0; i < 3; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "h%d", i);
+        char *req = attend_request(id, cases[i].t, 500 + (uint64_t)i, cases[i].extra);
+        seen = half_closed_exchange(req);
+        free(req);
+        ck_assert_msg(strncmp(seen, "HTTP/1.1 200 ", 13) == 0, "case %d: %.300s", i, seen);
+        if (cases[i].extra == NULL) {
+            cJSON *j = cJSON_Parse(body_of(seen));
+            ck_assert_msg(j != NULL, "case %d: body is not whole JSON", i);
+            ck_assert_int_eq(cJSON_GetObjectItemCaseSensitive(j, "n_tokens")->valueint, cases[i].t);
+            cJSON_Delete(j);
+        } else {
+            ck_assert_msg(strstr(seen, "data: [DONE]") != NULL, "stream cut: %.300s", seen);
+        }
+        free(seen);
+    }
+    stop_with(0);
+}
+END_TEST
+
+START_TEST(test_transport_http11_needs_one_host) {
+    start(NULL, NULL);
+    char *out;
+    long status = exchange("GET /healthz HTTP/1.1\r\nConnection: close\r\n\r\n", 5000, &out);
+    ck_assert_msg(status == 400, "no Host: %ld %.300s", status, out);
+    cJSON *j = cJSON_Parse(body_of(out));
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(j, "error");
+    ck_assert_str_eq(cJSON_GetObjectItemCaseSensitive(e, "code")->valuestring, "invalid_request");
+    ck_assert_str_eq(cJSON_GetObjectItemCaseSensitive(e, "param")->valuestring, "Host");
+    cJSON_Delete(j);
+    free(out);
+    status = exchange("GET /healthz HTTP/1.1\r\nHost: a\r\nHost: b\r\nConnection: close\r\n\r\n",
+                      5000, NULL);
+    ck_assert_int_eq(status, 400);
+    status = exchange("GET /healthz HTTP/1.0\r\n\r\n", 5000, NULL);
+    ck_assert_int_eq(status, 200);
+    ck_assert_int_eq(exchange(HEALTH, 5000, NULL), 200);
+    stop_with(0);
+}
+END_TEST
+
+START_TEST(test_transport_bearer_scheme_is_case_insensitive) {
+    const char *args[] = {"--api-key", "k-123", NULL};
+    start(NULL, args);
+    const char *ok[] = {"Bearer k-123", "bearer k-123", "BEARER k-123", "bEaReR   k-123"};
+    const char *bad[] = {"Bearerk-123", "bearer k-12", "bearer k-1234", "Basic k-123", "bearer"};
+    char req[256];
+    for (int i = 0; i < 4; i++) {
+        snprintf(req, sizeof req,
+                 "GET /v1/model HTTP/1.1\r\nHost: x\r\nAuthorization: %s\r\nConnection: "
+                 "close\r\n\r\n",
+                 ok[i]);
+        ck_assert_msg(exchange(req, 5000, NULL) == 200, "'%s' was refused", ok[i]);
+    }
+    for (int i = 0; i < 5; i++) {
+        snprintf(req, sizeof req,
+                 "GET /v1/model HTTP/1.1\r\nHost: x\r\nAuthorization: %s\r\nConnection: "
+                 "close\r\n\r\n",
+                 bad[i]);
+        ck_assert_msg(exchange(req, 5000, NULL) == 401, "'%s' was accepted", bad[i]);
+    }
+    stop_with(0);
+}
+END_TEST
+
+/* ---- item 8: a drain that ends --------------------------------------------------------------- */
+
+/* Sends SIGTERM and waits up to timeout_ms for the exit, trickling one byte into trickle_fd
+ * (when >= 0) every 100 ms and reading stream_fd (when >= 0) into *stream meanwhile. Returns
+ * the exit status, or -1 if the daemon was still running (then it is killed). */
+static int stop_while_trickling(int trickle_fd, int stream_fd, char **stream, int timeout_ms) {
+    kill(daemon_.pid, SIGTERM);
+    double end = http_client_mono_ms() + timeout_ms;
+    int status = -1;
+    while (http_client_mono_ms() < end) {
+        if (trickle_fd >= 0) {
+            send(trickle_fd, " ", 1, MSG_NOSIGNAL);
+        }
+        if (stream_fd >= 0) {
+            char *more;
+            http_client_raw_read_until(stream_fd, "\x01never\x01", 100, &more);
+            size_t a = strlen(*stream), b = strlen(more);
+            *stream = realloc(*stream, a + b + 1);
+            memcpy(*stream + a, more, b + 1);
+            free(more);
+        } else {
+            http_client_sleep_ms(100);
+        }
+        int ws;
+        if (waitpid(daemon_.pid, &ws, WNOHANG) == daemon_.pid) {
+            daemon_.pid = 0;
+            status = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
+            break;
+        }
+    }
+    http_client_daemon_kill(&daemon_);
+    return status;
+}
+
+START_TEST(test_transport_drain_deadline_cuts_trickling_upload) {
+    const char *env[] = {"ATTND_DRAIN_TIMEOUT_S=1", NULL};
+    start(env, NULL);
+    char *log_path = strdup(daemon_.log_path);
+    /* A stream running at SIGTERM, read as it comes, must still finish in full. */
+    const int32_t t = 300;
+    char *req = attend_request("drain", t, 801, ",\"stream\":true");
+    int stream_fd = http_client_raw_send(daemon_.port, req, strlen(req), 0);
+    free(req);
+    char *stream;
+    ck_assert_int_ge(http_client_raw_read_until(stream_fd, "}\n\n", 10000, &stream), 0);
+    /* An upload that trickles a byte every 100 ms would hold the drain forever. */
+    int trickle = partial_upload("slow");
+    int status = stop_while_trickling(trickle, stream_fd, &stream, 15000);
+    char *log = http_client_read_file(log_path, NULL);
+    ck_assert_msg(status == 3, "exit %d, want 3 (cut); log: %.3000s", status, log);
+    ck_assert_ptr_nonnull(strstr(log, "drain deadline"));
+    ck_assert_ptr_nonnull(strstr(log, "n_cut=1"));
+    ck_assert_msg(strstr(stream, "data: [DONE]") != NULL, "the running stream was cut");
+    free(log);
+    free(stream);
+    free(log_path);
+    close(stream_fd);
+    close(trickle);
+}
+END_TEST
+
+START_TEST(test_transport_drain_follows_an_abandoned_upload) {
+    start(NULL, NULL); /* the default 30 s deadline */
+    int fd = partial_upload("gone");
+    kill(daemon_.pid, SIGTERM);
+    http_client_sleep_ms(200);
+    /* The client sends a little more and gives up at once (the bytes and the FIN arrive
+     * together): nothing is left to wait for. */
+    send_all(fd, "1,2,3");
+    close(fd);
+    double t0 = http_client_mono_ms();
+    int status = stop_while_trickling(-1, -1, NULL, 10000);
+    ck_assert_msg(status == 0, "exit %d after %.0f ms, want a prompt 0", status,
+                  http_client_mono_ms() - t0);
+}
+END_TEST
+
+/* check_main.c is given every suite by a table generated from the definitions below, each line
+ * starting with `Suite *`. */
+extern Suite *transport_suite(void);
+
+static TCase *daemon_case(Suite *s, const char *name) {
+    TCase *tc = tcase_create(name);
+    tcase_set_tags(tc, "server");
+    tcase_set_timeout(tc, 60);
+    tcase_add_checked_fixture(tc, setup, teardown);
+    suite_add_tcase(s, tc);
+    return tc;
+}
+
+Suite *transport_suite(void) {
+    Suite *s = suite_create("transport");
+    TCase *tc = daemon_case(s, "limits");
+    tcase_add_test(tc, test_transport_health_beside_2000_idle_connections);
+    tcase_add_test(tc, test_transport_health_beside_1100_slow_header_connections);
+    tcase_add_test(tc, test_transport_total_limit_reclaims_the_oldest_idle_connection);
+    tcase_add_test(tc, test_transport_busy_connections_get_503);
+    tcase_add_test(tc, test_transport_per_ip_limit_refuses_only_when_busy);
+    tc = daemon_case(s, "timeouts");
+    tcase_add_test(tc, test_transport_slow_headers_are_cut);
+    tcase_add_test(tc, test_transport_idle_connections_time_out);
+    tc = daemon_case(s, "fin");
+    tcase_add_test(tc, test_transport_aborted_uploads_do_not_linger);
+    tcase_add_test(tc, test_transport_half_closed_client_gets_its_answer);
+    tc = daemon_case(s, "protocol");
+    tcase_add_test(tc, test_transport_http11_needs_one_host);
+    tcase_add_test(tc, test_transport_bearer_scheme_is_case_insensitive);
+    tc = daemon_case(s, "drain");
+    tcase_add_test(tc, test_transport_drain_deadline_cuts_trickling_upload);
+    tcase_add_test(tc, test_transport_drain_follows_an_abandoned_upload);
+    return s;
+}
