@@ -893,6 +893,11 @@ int api_sdpa_request_parse(const char *body, size_t len, struct api_sdpa_request
     if (rc == 0) {
         rc = sdpa_shapes(&r, &dims, err);
     }
+    if (rc == 0 && (int64_t)r.n_heads * r.n_q * r.n_k > API_SDPA_MAX_SCORES) {
+        rc = fail(err, ERROR_INVALID_REQUEST, "k",
+                  "k: H x Tq x Tk = %lld attention scores exceed the limit of %lld per request",
+                  (long long)r.n_heads * r.n_q * r.n_k, (long long)API_SDPA_MAX_SCORES);
+    }
     if (rc == 0 && (int64_t)r.n_heads * r.n_q * r.d_v > API_OUTPUT_MAX_VALUES) {
         rc = fail(err, ERROR_INVALID_REQUEST, "v",
                   "v: the output H x Tq x dv = %lld values exceeds the limit of %d",

@@ -22,6 +22,10 @@
 #define API_WEIGHTS_MAX_VALUES 16777216
 /* Cap on /v1/sdpa's output (H x Tq x dv values), which small inputs could otherwise blow up. */
 #define API_OUTPUT_MAX_VALUES 16777216
+/* Cap on /v1/sdpa's work, in attention scores (H x Tq x Tk): about 2^31 x 2 (dk + dv) flops, so
+ * at head dims of 128 some 1.1 TFLOP, under 20 s on one worker of the 2-core build machine; tiny
+ * tensors (dk = 1) cannot ask for hours of work either. */
+#define API_SDPA_MAX_SCORES ((int64_t)1 << 31)
 
 /* A request error: code is an error_code; param is the offending field ("" = null); message is
  * the specific reason ("" = the error table's default). */

@@ -399,6 +399,42 @@ START_TEST(test_api_invalid_utf8_and_long_names) {
 }
 END_TEST
 
+/* An SDPA body of q (1, nq, 1) and k, v (1, nk, 1), all ones (malloc'd; *len its length). */
+static char *ones_sdpa_body(int nq, int nk, size_t *len) {
+    size_t o = 0;
+    char *body = malloc((size_t)(nq + 2 * nk) * 4 + 256);
+    const char *names[] = {"q", "k", "v"};
+    for (int t = 0; t < 3; t++) {
+        o += (size_t)sprintf(body + o, "%s\"%s\":[[", t ? "," : "{", names[t]);
+        for (int i = 0; i < (t ? nk : nq); i++) {
+            o += (size_t)sprintf(body + o, "%s[1]", i ? "," : "");
+        }
+        o += (size_t)sprintf(body + o, "]]");
+    }
+    o += (size_t)sprintf(body + o, "}");
+    *len = o;
+    return body;
+}
+
+/* The work of one SDPA request is bounded by H x Tq x Tk scores: small tensors (a head dim of 1)
+ * cannot ask for hours of work. 2^31 scores pass, one key more does not. */
+START_TEST(test_api_sdpa_work_is_bounded) {
+    size_t len;
+    struct api_sdpa_request r;
+    struct api_error err;
+    char *body = ones_sdpa_body(32768, 65537, &len);
+    ck_assert_int_eq(api_sdpa_request_parse(body, len, &r, &err), ERROR_INVALID_REQUEST);
+    ck_assert_str_eq(err.param, "k");
+    ck_assert_ptr_nonnull(strstr(err.message, "attention scores exceed"));
+    ck_assert_ptr_null(r.q);
+    free(body);
+    body = ones_sdpa_body(32768, 65536, &len);
+    ck_assert_int_eq(api_sdpa_request_parse(body, len, &r, &err), 0);
+    api_sdpa_request_release(&r);
+    free(body);
+}
+END_TEST
+
 START_TEST(test_api_sdpa_rejects_bad_requests) {
     struct {
         const char *body;
@@ -635,6 +671,7 @@ Suite *api_suite(void) {
     tcase_add_test(tc, test_api_sdpa_golden_base64);
     tcase_add_test(tc, test_api_attend_rejects_bad_requests);
     tcase_add_test(tc, test_api_sdpa_rejects_bad_requests);
+    tcase_add_test(tc, test_api_sdpa_work_is_bounded);
     tcase_add_test(tc, test_api_nul_in_names_and_ids_is_refused);
     tcase_add_test(tc, test_api_invalid_utf8_and_long_names);
     tcase_add_test(tc, test_api_truncated_bodies_are_refused);
