@@ -182,6 +182,53 @@ struct attn__kv_view attn__kv_view_of(const attn_kv *kv, int32_t h, int32_t n_ke
  * uninitialized weights; computes the RoPE tables. Shared by every constructor. */
 int attn__model_alloc(const attn_config *cfg, const attn_load_params *p, attn_model **out);
 
+/* ---- hf_load.c: the checkpoint readers, in memory ---------------------------------------- */
+/* attn_model_load_hf reads files and hands their bytes to these; the fuzz targets in tests/fuzz
+ * call them directly. Pure functions, any thread; a reason goes to err (NUL-terminated, cut to
+ * err_size; err may be NULL) on failure only. */
+
+/* Parses config.json text, json[0..len) (no NUL needed), into *cfg (not yet passed through
+ * attn_config_check; max_seq defaults to 4096) and *wants_bias (its attention_bias), both written
+ * on success only. Returns ATTN_OK, ATTN_EIO (not a JSON object, a field of the wrong type or
+ * range, a required field missing), ATTN_ESHAPE (heads that do not divide) or ATTN_EUNSUPPORTED
+ * (an unknown rope scaling or style, an odd rotary dim). */
+int attn__hf_config_parse(const char *json, size_t len, attn_config *cfg, bool *wants_bias,
+                          char *err, size_t err_size);
+
+#define ATTN__ST_MAX_DIMS 8
+
+/* One tensor of a safetensors header. */
+struct attn__st_tensor {
+    char *name;     /* owned by the header */
+    char dtype[16]; /* as written ("F32", "BF16", "I8", ...); only the reader of a tensor checks it
+                     */
+    int32_t n_dims;
+    uint64_t shape[ATTN__ST_MAX_DIMS]; /* (n_dims) */
+    uint64_t begin, end;               /* byte range in the data section, begin <= end */
+};
+
+/* A parsed safetensors header. Immutable after parse. */
+struct attn__st_header {
+    uint64_t data_start;             /* file offset of the data section: 8 + the header's length */
+    uint64_t data_bytes;             /* file size - data_start; every tensor's end is <= this */
+    struct attn__st_tensor *tensors; /* (n_tensors), in the header's order, __metadata__ skipped */
+    int32_t n_tensors;
+};
+
+/* Parses the start of a safetensors file: buf[0..len) holds its first 8 bytes (the header's
+ * length n, little-endian) and at least the n bytes of JSON after them; file_size is the whole
+ * file's size, which every tensor's byte range must fit in. Fills *out (release it with
+ * attn__safetensors_header_release) on success. Returns ATTN_OK, ATTN_EIO (a bad length, a header
+ * that is not a JSON object of well-formed entries, a range past the file) or ATTN_ENOMEM. */
+int attn__safetensors_header_parse(const uint8_t *buf, size_t len, uint64_t file_size,
+                                   struct attn__st_header *out, char *err, size_t err_size);
+/* Frees what parse allocated; h may be NULL, and a released header may be released again. */
+void attn__safetensors_header_release(struct attn__st_header *h);
+
+/* The tensor called name (the first, if the header repeats it), or NULL. Borrowed from h. */
+const struct attn__st_tensor *attn__safetensors_tensor_find(const struct attn__st_header *h,
+                                                            const char *name);
+
 /* ---- memory ------------------------------------------------------------------------------ */
 
 /* Aligned allocation of n floats (uninitialized), NULL on failure or overflow; free with free(). */

@@ -1,8 +1,9 @@
 /* engine/hf_load.c: loads a Hugging Face style folder (config.json + safetensors, single or
  * sharded) into an attn_model. This is the only engine file that parses JSON: it links cJSON,
  * already a project dependency, rather than a hand-rolled parser, and nothing cJSON-shaped leaves
- * this file. Only the attention tensors of the requested layers are read; F16 and BF16 are
- * converted to float once, here. */
+ * this file. config.json and each safetensors header are parsed from memory (attn_int.h), so the
+ * fuzz targets reach the same code as a load. Only the attention tensors of the requested layers
+ * are read; F16 and BF16 are converted to float once, here. */
 #include "attn_int.h"
 
 #include <cjson/cJSON.h>
@@ -23,28 +24,31 @@
 
 typedef enum dtype { DTYPE_F32, DTYPE_F16, DTYPE_BF16 } dtype;
 
+/* Where a failure's reason goes: the caller's buffer (NULL or short is fine). */
+struct reason {
+    char *text;
+    size_t size;
+};
+
 /* Everything one load needs; freed on one path in attn_model_load_hf. */
 struct loader {
     const char *dir;
-    char *err;
-    size_t err_size;
+    struct reason why;
     cJSON *weight_map; /* borrowed from index_json, or NULL for a single file */
     cJSON *index_json;
     char *shard_names[MAX_SHARDS]; /* file names, relative to dir */
-    cJSON *shard_headers[MAX_SHARDS];
-    uint64_t shard_data_start[MAX_SHARDS];
-    uint64_t shard_size[MAX_SHARDS];
+    struct attn__st_header shard_headers[MAX_SHARDS];
     int n_shards;
     const char *prefix; /* "model.layers" or "layers" */
     void *convert_buf;  /* reused buffer for F16/BF16 bytes */
     size_t convert_cap;
 };
 
-static int fail(struct loader *ld, int rc, const char *fmt, ...) {
-    if (ld->err != NULL && ld->err_size > 0) {
+static int fail(const struct reason *why, int rc, const char *fmt, ...) {
+    if (why->text != NULL && why->size > 0) {
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(ld->err, ld->err_size, fmt, ap);
+        vsnprintf(why->text, why->size, fmt, ap);
         va_end(ap);
     }
     return rc;
@@ -53,7 +57,7 @@ static int fail(struct loader *ld, int rc, const char *fmt, ...) {
 static int path_join(struct loader *ld, const char *name, char *out, size_t size) {
     int n = snprintf(out, size, "%s/%s", ld->dir, name);
     if (n < 0 || (size_t)n >= size) {
-        return fail(ld, ATTN_EIO, "path too long: %s/%s", ld->dir, name);
+        return fail(&ld->why, ATTN_EIO, "path too long: %s/%s", ld->dir, name);
     }
     return ATTN_OK;
 }
@@ -66,15 +70,15 @@ static int read_bytes(struct loader *ld, FILE *f, size_t n, const char *path, ch
     }
     if (fread(buf, 1, n, f) != n) {
         free(buf);
-        return fail(ld, ATTN_EIO, "%s: short read", path);
+        return fail(&ld->why, ATTN_EIO, "%s: short read", path);
     }
     buf[n] = '\0';
     *out = buf;
     return ATTN_OK;
 }
 
-/* Reads a whole (small) file into a NUL-terminated buffer. */
-static int read_text(struct loader *ld, const char *name, char **out) {
+/* Reads a whole (small) file into a NUL-terminated buffer of *len bytes before the NUL. */
+static int read_text(struct loader *ld, const char *name, char **out, size_t *len) {
     char path[4096];
     int rc = path_join(ld, name, path, sizeof path);
     if (rc != ATTN_OK) {
@@ -82,18 +86,20 @@ static int read_text(struct loader *ld, const char *name, char **out) {
     }
     FILE *f = fopen(path, "rb");
     if (f == NULL) {
-        return fail(ld, ATTN_EIO, "cannot open %s: %s", path, strerror(errno));
+        return fail(&ld->why, ATTN_EIO, "cannot open %s: %s", path, strerror(errno));
     }
     if (fseek(f, 0, SEEK_END) != 0) {
-        rc = fail(ld, ATTN_EIO, "%s: cannot seek", path);
+        rc = fail(&ld->why, ATTN_EIO, "%s: cannot seek", path);
         goto out;
     }
     long size = ftell(f);
     if (size < 0 || (unsigned long)size > MAX_JSON_BYTES || fseek(f, 0, SEEK_SET) != 0) {
-        rc = fail(ld, ATTN_EIO, "%s: unreadable or larger than 100 MB", path);
+        rc = fail(&ld->why, ATTN_EIO, "%s: unreadable or larger than 100 MB", path);
         goto out;
     }
-    rc = read_bytes(ld, f, (size_t)size, path, out);
+    if ((rc = read_bytes(ld, f, (size_t)size, path, out)) == ATTN_OK) {
+        *len = (size_t)size;
+    }
 out:
     fclose(f);
     return rc;
@@ -101,15 +107,16 @@ out:
 
 static int parse_json_file(struct loader *ld, const char *name, cJSON **out) {
     char *text = NULL;
-    int rc = read_text(ld, name, &text);
+    size_t len = 0;
+    int rc = read_text(ld, name, &text, &len);
     if (rc != ATTN_OK) {
         return rc;
     }
-    cJSON *j = cJSON_Parse(text);
+    cJSON *j = cJSON_ParseWithLength(text, len);
     free(text);
     if (j == NULL || !cJSON_IsObject(j)) {
         cJSON_Delete(j);
-        return fail(ld, ATTN_EIO, "%s/%s: not a JSON object", ld->dir, name);
+        return fail(&ld->why, ATTN_EIO, "%s/%s: not a JSON object", ld->dir, name);
     }
     *out = j;
     return ATTN_OK;
@@ -118,57 +125,57 @@ static int parse_json_file(struct loader *ld, const char *name, cJSON **out) {
 /* ---- config.json ---------------------------------------------------------------------------- */
 
 /* Reads an optional integer field; absent or null leaves *out as is. */
-static int get_int(struct loader *ld, const cJSON *obj, const char *key, int32_t *out) {
+static int get_int(const struct reason *why, const cJSON *obj, const char *key, int32_t *out) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
     if (v == NULL || cJSON_IsNull(v)) {
         return ATTN_OK;
     }
     if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < 0 ||
         v->valuedouble > INT32_MAX) {
-        return fail(ld, ATTN_EIO, "config.json: %s must be a non-negative integer", key);
+        return fail(why, ATTN_EIO, "config.json: %s must be a non-negative integer", key);
     }
     *out = (int32_t)v->valuedouble;
     return ATTN_OK;
 }
 
-static int get_float(struct loader *ld, const cJSON *obj, const char *key, float *out) {
+static int get_float(const struct reason *why, const cJSON *obj, const char *key, float *out) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
     if (v == NULL || cJSON_IsNull(v)) {
         return ATTN_OK;
     }
     if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) {
-        return fail(ld, ATTN_EIO, "config.json: %s must be a number", key);
+        return fail(why, ATTN_EIO, "config.json: %s must be a number", key);
     }
     *out = (float)v->valuedouble;
     return ATTN_OK;
 }
 
-static int get_bool(struct loader *ld, const cJSON *obj, const char *key, bool *out) {
+static int get_bool(const struct reason *why, const cJSON *obj, const char *key, bool *out) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
     if (v == NULL || cJSON_IsNull(v)) {
         return ATTN_OK;
     }
     if (!cJSON_IsBool(v)) {
-        return fail(ld, ATTN_EIO, "config.json: %s must be true or false", key);
+        return fail(why, ATTN_EIO, "config.json: %s must be true or false", key);
     }
     *out = cJSON_IsTrue(v);
     return ATTN_OK;
 }
 
-static int parse_rope_scaling(struct loader *ld, const cJSON *rs, attn_rope_scaling *out) {
+static int parse_rope_scaling(const struct reason *why, const cJSON *rs, attn_rope_scaling *out) {
     memset(out, 0, sizeof *out);
     if (rs == NULL || cJSON_IsNull(rs)) {
         return ATTN_OK;
     }
     if (!cJSON_IsObject(rs)) {
-        return fail(ld, ATTN_EIO, "config.json: rope_scaling must be an object or null");
+        return fail(why, ATTN_EIO, "config.json: rope_scaling must be an object or null");
     }
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
     if (type == NULL) {
         type = cJSON_GetObjectItemCaseSensitive(rs, "type");
     }
     if (!cJSON_IsString(type)) {
-        return fail(ld, ATTN_EIO, "config.json: rope_scaling needs a string rope_type");
+        return fail(why, ATTN_EIO, "config.json: rope_scaling needs a string rope_type");
     }
     const char *t = type->valuestring;
     int rc = ATTN_OK;
@@ -176,18 +183,18 @@ static int parse_rope_scaling(struct loader *ld, const cJSON *rs, attn_rope_scal
         out->type = ATTN_ROPE_SCALING_NONE;
     } else if (strcmp(t, "linear") == 0) {
         out->type = ATTN_ROPE_SCALING_LINEAR;
-        rc = get_float(ld, rs, "factor", &out->factor);
+        rc = get_float(why, rs, "factor", &out->factor);
     } else if (strcmp(t, "llama3") == 0) {
         out->type = ATTN_ROPE_SCALING_LLAMA3;
-        if ((rc = get_float(ld, rs, "factor", &out->factor)) != ATTN_OK ||
-            (rc = get_float(ld, rs, "low_freq_factor", &out->low_freq_factor)) != ATTN_OK ||
-            (rc = get_float(ld, rs, "high_freq_factor", &out->high_freq_factor)) != ATTN_OK ||
-            (rc = get_int(ld, rs, "original_max_position_embeddings",
+        if ((rc = get_float(why, rs, "factor", &out->factor)) != ATTN_OK ||
+            (rc = get_float(why, rs, "low_freq_factor", &out->low_freq_factor)) != ATTN_OK ||
+            (rc = get_float(why, rs, "high_freq_factor", &out->high_freq_factor)) != ATTN_OK ||
+            (rc = get_int(why, rs, "original_max_position_embeddings",
                           &out->original_max_position)) != ATTN_OK) {
             return rc;
         }
     } else {
-        return fail(ld, ATTN_EUNSUPPORTED,
+        return fail(why, ATTN_EUNSUPPORTED,
                     "config.json: rope_scaling type '%s' is not supported (default, linear, "
                     "llama3 are)",
                     t);
@@ -196,12 +203,12 @@ static int parse_rope_scaling(struct loader *ld, const cJSON *rs, attn_rope_scal
         return rc;
     }
     if (out->type != ATTN_ROPE_SCALING_NONE && !(out->factor > 0)) {
-        return fail(ld, ATTN_EIO, "config.json: rope_scaling.factor must be > 0");
+        return fail(why, ATTN_EIO, "config.json: rope_scaling.factor must be > 0");
     }
     if (out->type == ATTN_ROPE_SCALING_LLAMA3 &&
         (!(out->low_freq_factor > 0) || !(out->high_freq_factor > out->low_freq_factor) ||
          out->original_max_position <= 0)) {
-        return fail(ld, ATTN_EIO,
+        return fail(why, ATTN_EIO,
                     "config.json: llama3 rope_scaling needs low_freq_factor > 0, "
                     "high_freq_factor > low_freq_factor and "
                     "original_max_position_embeddings > 0");
@@ -211,24 +218,24 @@ static int parse_rope_scaling(struct loader *ld, const cJSON *rs, attn_rope_scal
 
 /* The rotary embedding: theta and scaling (also from transformers v5's rope_parameters),
  * attnd's own rope_style, and partial_rotary_factor. Needs c->head_dim. */
-static int parse_rope(struct loader *ld, const cJSON *j, attn_config *c) {
+static int parse_rope(const struct reason *why, const cJSON *j, attn_config *c) {
     int rc;
     float partial = 1.0f;
-    if ((rc = get_float(ld, j, "rope_theta", &c->rope_theta)) != ATTN_OK ||
-        (rc = get_float(ld, j, "partial_rotary_factor", &partial)) != ATTN_OK) {
+    if ((rc = get_float(why, j, "rope_theta", &c->rope_theta)) != ATTN_OK ||
+        (rc = get_float(why, j, "partial_rotary_factor", &partial)) != ATTN_OK) {
         return rc;
     }
     const cJSON *rp = cJSON_GetObjectItemCaseSensitive(j, "rope_parameters");
     const cJSON *rs = cJSON_GetObjectItemCaseSensitive(j, "rope_scaling");
     if (cJSON_IsObject(rp)) {
-        if ((rc = get_float(ld, rp, "rope_theta", &c->rope_theta)) != ATTN_OK) {
+        if ((rc = get_float(why, rp, "rope_theta", &c->rope_theta)) != ATTN_OK) {
             return rc;
         }
         if (rs == NULL || cJSON_IsNull(rs)) {
             rs = rp;
         }
     }
-    if ((rc = parse_rope_scaling(ld, rs, &c->rope_scaling)) != ATTN_OK) {
+    if ((rc = parse_rope_scaling(why, rs, &c->rope_scaling)) != ATTN_OK) {
         return rc;
     }
     const cJSON *style = cJSON_GetObjectItemCaseSensitive(j, "rope_style");
@@ -238,16 +245,16 @@ static int parse_rope(struct loader *ld, const cJSON *j, attn_config *c) {
         } else if (cJSON_IsString(style) && strcmp(style->valuestring, "interleaved") == 0) {
             c->rope_style = ATTN_ROPE_STYLE_INTERLEAVED;
         } else {
-            return fail(ld, ATTN_EUNSUPPORTED,
+            return fail(why, ATTN_EUNSUPPORTED,
                         "config.json: rope_style must be \"half\" or \"interleaved\"");
         }
     }
     if (!(partial > 0.0f && partial <= 1.0f)) {
-        return fail(ld, ATTN_EIO, "config.json: partial_rotary_factor must be in (0, 1]");
+        return fail(why, ATTN_EIO, "config.json: partial_rotary_factor must be in (0, 1]");
     }
     c->rotary_dim = (int32_t)(c->head_dim * partial);
     if (c->rotary_dim % 2 != 0 || c->rotary_dim == 0) {
-        return fail(ld, ATTN_EUNSUPPORTED,
+        return fail(why, ATTN_EUNSUPPORTED,
                     "config.json: rotary dim %d (head_dim x "
                     "partial_rotary_factor) must be even and > 0",
                     c->rotary_dim);
@@ -255,32 +262,33 @@ static int parse_rope(struct loader *ld, const cJSON *j, attn_config *c) {
     return ATTN_OK;
 }
 
-static int parse_config(struct loader *ld, const cJSON *j, attn_config *c, bool *wants_bias) {
+static int parse_config(const struct reason *why, const cJSON *j, attn_config *c,
+                        bool *wants_bias) {
     memset(c, 0, sizeof *c);
     int rc;
     int32_t max_pos = 0;
     bool use_window = true;
-    if ((rc = get_int(ld, j, "hidden_size", &c->hidden_size)) != ATTN_OK ||
-        (rc = get_int(ld, j, "num_attention_heads", &c->n_heads)) != ATTN_OK ||
-        (rc = get_int(ld, j, "num_hidden_layers", &c->n_layers)) != ATTN_OK ||
-        (rc = get_int(ld, j, "max_position_embeddings", &max_pos)) != ATTN_OK ||
-        (rc = get_int(ld, j, "head_dim", &c->head_dim)) != ATTN_OK ||
-        (rc = get_int(ld, j, "sliding_window", &c->sliding_window)) != ATTN_OK ||
-        (rc = get_bool(ld, j, "use_sliding_window", &use_window)) != ATTN_OK ||
-        (rc = get_bool(ld, j, "attention_bias", wants_bias)) != ATTN_OK) {
+    if ((rc = get_int(why, j, "hidden_size", &c->hidden_size)) != ATTN_OK ||
+        (rc = get_int(why, j, "num_attention_heads", &c->n_heads)) != ATTN_OK ||
+        (rc = get_int(why, j, "num_hidden_layers", &c->n_layers)) != ATTN_OK ||
+        (rc = get_int(why, j, "max_position_embeddings", &max_pos)) != ATTN_OK ||
+        (rc = get_int(why, j, "head_dim", &c->head_dim)) != ATTN_OK ||
+        (rc = get_int(why, j, "sliding_window", &c->sliding_window)) != ATTN_OK ||
+        (rc = get_bool(why, j, "use_sliding_window", &use_window)) != ATTN_OK ||
+        (rc = get_bool(why, j, "attention_bias", wants_bias)) != ATTN_OK) {
         return rc;
     }
     if (c->hidden_size <= 0 || c->n_heads <= 0 || c->n_layers <= 0) {
-        return fail(ld, ATTN_EIO,
+        return fail(why, ATTN_EIO,
                     "config.json: hidden_size, num_attention_heads and "
                     "num_hidden_layers are required and must be > 0");
     }
     c->n_kv_heads = c->n_heads;
-    if ((rc = get_int(ld, j, "num_key_value_heads", &c->n_kv_heads)) != ATTN_OK) {
+    if ((rc = get_int(why, j, "num_key_value_heads", &c->n_kv_heads)) != ATTN_OK) {
         return rc;
     }
     if (c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads != 0) {
-        return fail(ld, ATTN_ESHAPE,
+        return fail(why, ATTN_ESHAPE,
                     "config.json: num_key_value_heads (%d) must divide "
                     "num_attention_heads (%d)",
                     c->n_kv_heads, c->n_heads);
@@ -291,16 +299,178 @@ static int parse_config(struct loader *ld, const cJSON *j, attn_config *c, bool 
     c->max_seq = max_pos > 0 ? max_pos : 4096;
     if (c->head_dim == 0) {
         if (c->hidden_size % c->n_heads != 0) {
-            return fail(ld, ATTN_ESHAPE,
+            return fail(why, ATTN_ESHAPE,
                         "config.json: hidden_size %% num_attention_heads != 0 "
                         "and no head_dim given");
         }
         c->head_dim = c->hidden_size / c->n_heads;
     }
-    return parse_rope(ld, j, c);
+    return parse_rope(why, j, c);
 }
 
-/* ---- safetensors ---------------------------------------------------------------------------- */
+/* Parses config.json text; see attn_int.h. */
+int attn__hf_config_parse(const char *json, size_t len, attn_config *cfg, bool *wants_bias,
+                          char *err, size_t err_size) {
+    const struct reason why = {err, err_size};
+    cJSON *j = cJSON_ParseWithLength(json, len);
+    if (j == NULL || !cJSON_IsObject(j)) {
+        cJSON_Delete(j);
+        return fail(&why, ATTN_EIO, "config.json: not a JSON object");
+    }
+    attn_config c;
+    bool bias = false;
+    int rc = parse_config(&why, j, &c, &bias);
+    cJSON_Delete(j);
+    if (rc == ATTN_OK) {
+        *cfg = c;
+        *wants_bias = bias;
+    }
+    return rc;
+}
+
+/* ---- safetensors headers -------------------------------------------------------------------- */
+
+/* The header's byte count: the file's first 8 bytes, little-endian. It must be > 0, within the
+ * spec's 100 MB and within the file. */
+static int header_length(const struct reason *why, const uint8_t *first8, uint64_t file_size,
+                         uint64_t *out) {
+    uint64_t n = 0;
+    for (int b = 7; b >= 0; b--) {
+        n = n << 8 | first8[b];
+    }
+    if (file_size < 8 || n == 0 || n > MAX_JSON_BYTES || n > file_size - 8) {
+        return fail(why, ATTN_EIO, "bad safetensors header length %llu", (unsigned long long)n);
+    }
+    *out = n;
+    return ATTN_OK;
+}
+
+/* A JSON number that is a whole number in [0, 2^53], the range a double holds exactly, so that
+ * the integer conversion below is always defined. */
+static bool get_count(const cJSON *v, uint64_t *out) {
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble <= 9007199254740992.0) ||
+        v->valuedouble != floor(v->valuedouble)) {
+        return false;
+    }
+    *out = (uint64_t)v->valuedouble;
+    return true;
+}
+
+/* One entry, {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}, whose byte range
+ * must lie inside a data section of data_bytes. The dtype is kept as written: a checkpoint may
+ * hold tensors of types attnd never reads. */
+static int parse_tensor(const struct reason *why, const cJSON *e, uint64_t data_bytes,
+                        struct attn__st_tensor *t) {
+    const cJSON *dt = NULL, *shape = NULL, *offs = NULL;
+    if (cJSON_IsObject(e)) {
+        dt = cJSON_GetObjectItemCaseSensitive(e, "dtype");
+        shape = cJSON_GetObjectItemCaseSensitive(e, "shape");
+        offs = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
+    }
+    if (!cJSON_IsString(dt) || !cJSON_IsArray(shape) || !cJSON_IsArray(offs) ||
+        cJSON_GetArraySize(offs) != 2) {
+        return fail(why, ATTN_EIO,
+                    "safetensors header: %s needs a dtype, a shape and data_offsets [begin, end]",
+                    e->string);
+    }
+    memset(t, 0, sizeof *t);
+    snprintf(t->dtype, sizeof t->dtype, "%s", dt->valuestring);
+    const cJSON *d;
+    cJSON_ArrayForEach(d, shape) {
+        if (t->n_dims == ATTN__ST_MAX_DIMS || !get_count(d, &t->shape[t->n_dims])) {
+            return fail(why, ATTN_EIO,
+                        "safetensors header: %s: shape must be at most %d whole numbers", e->string,
+                        ATTN__ST_MAX_DIMS);
+        }
+        t->n_dims++;
+    }
+    if (!get_count(offs->child, &t->begin) || !get_count(offs->child->next, &t->end) ||
+        t->begin > t->end || t->end > data_bytes) {
+        return fail(why, ATTN_EIO,
+                    "safetensors header: %s: data_offsets are not a range within the file's "
+                    "%llu data bytes (truncated file?)",
+                    e->string, (unsigned long long)data_bytes);
+    }
+    t->name = strdup(e->string);
+    return t->name != NULL ? ATTN_OK : ATTN_ENOMEM;
+}
+
+/* Parses a safetensors header; see attn_int.h. */
+int attn__safetensors_header_parse(const uint8_t *buf, size_t len, uint64_t file_size,
+                                   struct attn__st_header *out, char *err, size_t err_size) {
+    const struct reason why = {err, err_size};
+    uint64_t n = 0;
+    if (len < 8 || file_size < len) {
+        return fail(&why, ATTN_EIO, "too short for a safetensors file");
+    }
+    int rc = header_length(&why, buf, file_size, &n);
+    if (rc != ATTN_OK) {
+        return rc;
+    }
+    if (n > len - 8) {
+        return fail(&why, ATTN_EIO, "safetensors header: %llu bytes, only %zu given",
+                    (unsigned long long)n, len - 8);
+    }
+    struct attn__st_header h = {8 + n, file_size - 8 - n, NULL, 0};
+    cJSON *j = cJSON_ParseWithLength((const char *)buf + 8, (size_t)n);
+    if (j == NULL || !cJSON_IsObject(j)) {
+        rc = fail(&why, ATTN_EIO, "safetensors header is not a JSON object");
+        goto out;
+    }
+    size_t cap = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, j) {
+        if (strcmp(e->string, "__metadata__") == 0) {
+            continue;
+        }
+        if ((size_t)h.n_tensors == cap) {
+            size_t new_cap = cap ? 2 * cap : 16;
+            struct attn__st_tensor *t = realloc(h.tensors, new_cap * sizeof *t);
+            if (t == NULL) {
+                rc = ATTN_ENOMEM;
+                goto out;
+            }
+            h.tensors = t;
+            cap = new_cap;
+        }
+        if ((rc = parse_tensor(&why, e, h.data_bytes, &h.tensors[h.n_tensors])) != ATTN_OK) {
+            goto out;
+        }
+        h.n_tensors++;
+    }
+    *out = h;
+    h.tensors = NULL;
+    h.n_tensors = 0;
+    rc = ATTN_OK;
+out:
+    cJSON_Delete(j);
+    attn__safetensors_header_release(&h);
+    return rc;
+}
+
+void attn__safetensors_header_release(struct attn__st_header *h) {
+    if (h == NULL) {
+        return;
+    }
+    for (int32_t i = 0; i < h->n_tensors; i++) {
+        free(h->tensors[i].name);
+    }
+    free(h->tensors);
+    h->tensors = NULL;
+    h->n_tensors = 0;
+}
+
+const struct attn__st_tensor *attn__safetensors_tensor_find(const struct attn__st_header *h,
+                                                            const char *name) {
+    for (int32_t i = 0; i < h->n_tensors; i++) {
+        if (strcmp(h->tensors[i].name, name) == 0) {
+            return &h->tensors[i];
+        }
+    }
+    return NULL;
+}
+
+/* ---- safetensors files ---------------------------------------------------------------------- */
 
 static int shard_index(struct loader *ld, const char *name) {
     for (int i = 0; i < ld->n_shards; i++) {
@@ -311,7 +481,7 @@ static int shard_index(struct loader *ld, const char *name) {
     return -1;
 }
 
-/* Opens shard `name` once: reads its 8-byte header length and JSON header. */
+/* Opens shard `name` once: reads its 8-byte header length and its header, and parses that. */
 static int shard_open(struct loader *ld, const char *name, int *out) {
     int i = shard_index(ld, name);
     if (i >= 0) {
@@ -319,7 +489,7 @@ static int shard_open(struct loader *ld, const char *name, int *out) {
         return ATTN_OK;
     }
     if (ld->n_shards == MAX_SHARDS || strchr(name, '/') != NULL) {
-        return fail(ld, ATTN_EIO, "bad or too many shard files (%s)", name);
+        return fail(&ld->why, ATTN_EIO, "bad or too many shard files (%s)", name);
     }
     char path[4096];
     int rc = path_join(ld, name, path, sizeof path);
@@ -328,55 +498,57 @@ static int shard_open(struct loader *ld, const char *name, int *out) {
     }
     FILE *f = fopen(path, "rb");
     if (f == NULL) {
-        return fail(ld, ATTN_EIO, "cannot open %s: %s", path, strerror(errno));
+        return fail(&ld->why, ATTN_EIO, "cannot open %s: %s", path, strerror(errno));
     }
     struct stat st;
-    unsigned char len_bytes[8];
-    char *text = NULL;
-    rc = ATTN_EIO;
-    if (fstat(fileno(f), &st) != 0 || fread(len_bytes, 1, 8, f) != 8) {
-        rc = fail(ld, ATTN_EIO, "%s: too short for a safetensors file", path);
-        goto out;
-    }
+    uint8_t *head = NULL;
+    uint8_t first8[8];
     uint64_t n = 0;
-    for (int b = 7; b >= 0; b--) {
-        n = n << 8 | len_bytes[b];
-    }
-    if (n == 0 || n > MAX_JSON_BYTES || n > (uint64_t)st.st_size - 8) {
-        rc = fail(ld, ATTN_EIO, "%s: bad safetensors header length %llu", path,
-                  (unsigned long long)n);
+    char why[512] = "";
+    const struct reason here = {why, sizeof why};
+    if (fstat(fileno(f), &st) != 0 || st.st_size < 8 || fread(first8, 1, 8, f) != 8) {
+        rc = fail(&ld->why, ATTN_EIO, "%s: too short for a safetensors file", path);
         goto out;
     }
-    if ((rc = read_bytes(ld, f, (size_t)n, path, &text)) != ATTN_OK) {
-        goto out;
+    if ((rc = header_length(&here, first8, (uint64_t)st.st_size, &n)) != ATTN_OK) {
+        goto out_why;
     }
-    cJSON *header = cJSON_Parse(text);
-    if (header == NULL || !cJSON_IsObject(header)) {
-        cJSON_Delete(header);
-        rc = fail(ld, ATTN_EIO, "%s: safetensors header is not a JSON object", path);
-        goto out;
-    }
-    i = ld->n_shards;
-    ld->shard_names[i] = strdup(name);
-    if (ld->shard_names[i] == NULL) {
-        cJSON_Delete(header);
+    /* 8 + n bytes, plus a NUL that cJSON never needs but that bounds any reader of the text. */
+    if ((head = malloc(8 + (size_t)n + 1)) == NULL) {
         rc = ATTN_ENOMEM;
         goto out;
     }
-    ld->shard_headers[i] = header;
-    ld->shard_data_start[i] = 8 + n;
-    ld->shard_size[i] = (uint64_t)st.st_size;
+    memcpy(head, first8, 8);
+    if (fread(head + 8, 1, (size_t)n, f) != n) {
+        rc = fail(&ld->why, ATTN_EIO, "%s: short read", path);
+        goto out;
+    }
+    head[8 + n] = '\0';
+    i = ld->n_shards;
+    rc = attn__safetensors_header_parse(head, 8 + (size_t)n, (uint64_t)st.st_size,
+                                        &ld->shard_headers[i], why, sizeof why);
+    if (rc != ATTN_OK) {
+        goto out_why;
+    }
+    if ((ld->shard_names[i] = strdup(name)) == NULL) {
+        attn__safetensors_header_release(&ld->shard_headers[i]);
+        rc = ATTN_ENOMEM;
+        goto out;
+    }
     ld->n_shards++;
     *out = i;
-    rc = ATTN_OK;
+    goto out;
+out_why:
+    fail(&ld->why, rc, "%s: %s", path, why);
 out:
-    free(text);
+    free(head);
     fclose(f);
     return rc;
 }
 
 /* Finds a tensor's header entry; NULL (not an error) when the checkpoint has no such tensor. */
-static int tensor_find(struct loader *ld, const char *name, int *shard, const cJSON **entry) {
+static int tensor_find(struct loader *ld, const char *name, int *shard,
+                       const struct attn__st_tensor **entry) {
     const char *file = "model.safetensors";
     if (ld->weight_map != NULL) {
         const cJSON *f = cJSON_GetObjectItemCaseSensitive(ld->weight_map, name);
@@ -385,7 +557,7 @@ static int tensor_find(struct loader *ld, const char *name, int *shard, const cJ
             return ATTN_OK;
         }
         if (!cJSON_IsString(f)) {
-            return fail(ld, ATTN_EIO, "weight_map entry for %s is not a file name", name);
+            return fail(&ld->why, ATTN_EIO, "weight_map entry for %s is not a file name", name);
         }
         file = f->valuestring;
     }
@@ -393,31 +565,27 @@ static int tensor_find(struct loader *ld, const char *name, int *shard, const cJ
     if (rc != ATTN_OK) {
         return rc;
     }
-    *entry = cJSON_GetObjectItemCaseSensitive(ld->shard_headers[*shard], name);
+    *entry = attn__safetensors_tensor_find(&ld->shard_headers[*shard], name);
     if (*entry == NULL && ld->weight_map != NULL) {
-        return fail(ld, ATTN_EIO, "%s: listed in the index but missing from %s", name, file);
+        return fail(&ld->why, ATTN_EIO, "%s: listed in the index but missing from %s", name, file);
     }
     return ATTN_OK;
 }
 
-static int parse_dtype(struct loader *ld, const char *name, const cJSON *entry, dtype *out,
+static int parse_dtype(struct loader *ld, const struct attn__st_tensor *t, dtype *out,
                        size_t *elem) {
-    const cJSON *d = cJSON_GetObjectItemCaseSensitive(entry, "dtype");
-    if (!cJSON_IsString(d)) {
-        return fail(ld, ATTN_EIO, "%s: no dtype", name);
-    }
-    if (strcmp(d->valuestring, "F32") == 0) {
+    if (strcmp(t->dtype, "F32") == 0) {
         *out = DTYPE_F32;
         *elem = 4;
-    } else if (strcmp(d->valuestring, "F16") == 0) {
+    } else if (strcmp(t->dtype, "F16") == 0) {
         *out = DTYPE_F16;
         *elem = 2;
-    } else if (strcmp(d->valuestring, "BF16") == 0) {
+    } else if (strcmp(t->dtype, "BF16") == 0) {
         *out = DTYPE_BF16;
         *elem = 2;
     } else {
-        return fail(ld, ATTN_EUNSUPPORTED, "%s: dtype %s is not supported (F32, F16, BF16 are)",
-                    name, d->valuestring);
+        return fail(&ld->why, ATTN_EUNSUPPORTED,
+                    "%s: dtype %s is not supported (F32, F16, BF16 are)", t->name, t->dtype);
     }
     return ATTN_OK;
 }
@@ -449,81 +617,63 @@ static float bf16_to_float(uint16_t h) {
     return f;
 }
 
-/* The header's shape of tensor `name` must be [rows, cols] ([rows] when cols is 0). */
-static int check_shape(struct loader *ld, const char *name, const cJSON *e, int32_t rows,
+/* The header's shape of tensor t must be [rows, cols] ([rows] when cols is 0). */
+static int check_shape(struct loader *ld, const struct attn__st_tensor *t, int32_t rows,
                        int32_t cols) {
-    const cJSON *shape = cJSON_GetObjectItemCaseSensitive(e, "shape");
-    int want_dims = cols > 0 ? 2 : 1;
-    if (cJSON_IsArray(shape) && cJSON_GetArraySize(shape) == want_dims &&
-        cJSON_GetArrayItem(shape, 0)->valuedouble == rows &&
-        (cols == 0 || cJSON_GetArrayItem(shape, 1)->valuedouble == cols)) {
+    int32_t want_dims = cols > 0 ? 2 : 1;
+    if (t->n_dims == want_dims && t->shape[0] == (uint64_t)rows &&
+        (cols == 0 || t->shape[1] == (uint64_t)cols)) {
         return ATTN_OK;
     }
-    char *got = cJSON_PrintUnformatted(shape);
-    int rc;
+    char got[ATTN__ST_MAX_DIMS * 24 + 3] = "[";
+    for (int32_t i = 0; i < t->n_dims; i++) {
+        size_t used = strlen(got);
+        snprintf(got + used, sizeof got - used, "%s%llu", i ? ", " : "",
+                 (unsigned long long)t->shape[i]);
+    }
+    strcat(got, "]");
     if (cols > 0) {
-        rc = fail(ld, ATTN_ESHAPE, "%s: shape %s, expected [%d, %d] from config.json", name,
-                  got ? got : "?", rows, cols);
-    } else {
-        rc = fail(ld, ATTN_ESHAPE, "%s: shape %s, expected [%d] from config.json", name,
-                  got ? got : "?", rows);
+        return fail(&ld->why, ATTN_ESHAPE, "%s: shape %s, expected [%d, %d] from config.json",
+                    t->name, got, rows, cols);
     }
-    free(got);
-    return rc;
-}
-
-/* The file offset of the tensor's data, checked to span exactly `bytes` inside its shard. */
-static int data_start(struct loader *ld, const char *name, const cJSON *e, int shard, size_t bytes,
-                      uint64_t *out) {
-    const cJSON *offs = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
-    if (!cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2) {
-        return fail(ld, ATTN_EIO, "%s: no data_offsets", name);
-    }
-    double b0 = cJSON_GetArrayItem(offs, 0)->valuedouble;
-    double b1 = cJSON_GetArrayItem(offs, 1)->valuedouble;
-    if (!(b0 >= 0 && b1 >= b0 && b1 - b0 == (double)bytes &&
-          ld->shard_data_start[shard] + (uint64_t)b1 <= ld->shard_size[shard])) {
-        return fail(ld, ATTN_EIO,
-                    "%s: data_offsets do not match its shape or lie past the end "
-                    "of %s (truncated file?)",
-                    name, ld->shard_names[shard]);
-    }
-    *out = ld->shard_data_start[shard] + (uint64_t)b0;
-    return ATTN_OK;
+    return fail(&ld->why, ATTN_ESHAPE, "%s: shape %s, expected [%d] from config.json", t->name, got,
+                rows);
 }
 
 /* Reads tensor `name` of shape (rows[, cols]) (cols 0: a vector) into dst as float. */
 static int tensor_read(struct loader *ld, const char *name, int32_t rows, int32_t cols,
                        float *dst) {
     int shard;
-    const cJSON *e = NULL;
-    int rc = tensor_find(ld, name, &shard, &e);
+    const struct attn__st_tensor *t = NULL;
+    int rc = tensor_find(ld, name, &shard, &t);
     if (rc != ATTN_OK) {
         return rc;
     }
-    if (e == NULL) {
-        return fail(ld, ATTN_EIO, "tensor %s not found", name);
+    if (t == NULL) {
+        return fail(&ld->why, ATTN_EIO, "tensor %s not found", name);
     }
     dtype dt = DTYPE_F32;
     size_t elem = 4;
-    if ((rc = parse_dtype(ld, name, e, &dt, &elem)) != ATTN_OK) {
+    if ((rc = parse_dtype(ld, t, &dt, &elem)) != ATTN_OK) {
         return rc;
     }
-    if ((rc = check_shape(ld, name, e, rows, cols)) != ATTN_OK) {
+    if ((rc = check_shape(ld, t, rows, cols)) != ATTN_OK) {
         return rc;
     }
+    /* The header checked that the range lies inside the file; it must also hold the shape. */
     size_t n = (size_t)rows * (cols > 0 ? (size_t)cols : 1);
-    uint64_t start = 0;
-    if ((rc = data_start(ld, name, e, shard, n * elem, &start)) != ATTN_OK) {
-        return rc;
+    if (t->end - t->begin != n * elem) {
+        return fail(&ld->why, ATTN_EIO, "%s: data_offsets span %llu bytes, its shape %zu", name,
+                    (unsigned long long)(t->end - t->begin), n * elem);
     }
+    uint64_t start = ld->shard_headers[shard].data_start + t->begin;
     char path[4096];
     if ((rc = path_join(ld, ld->shard_names[shard], path, sizeof path)) != ATTN_OK) {
         return rc;
     }
     FILE *f = fopen(path, "rb");
     if (f == NULL) {
-        return fail(ld, ATTN_EIO, "cannot open %s: %s", path, strerror(errno));
+        return fail(&ld->why, ATTN_EIO, "cannot open %s: %s", path, strerror(errno));
     }
     void *buf = dst;
     if (dt != DTYPE_F32) {
@@ -540,7 +690,7 @@ static int tensor_read(struct loader *ld, const char *name, int32_t rows, int32_
     }
     rc = ATTN_OK;
     if (fseeko(f, (off_t)start, SEEK_SET) != 0 || fread(buf, elem, n, f) != n) {
-        rc = fail(ld, ATTN_EIO, "%s: short read from %s", name, path);
+        rc = fail(&ld->why, ATTN_EIO, "%s: short read from %s", name, path);
     }
     fclose(f);
     if (rc != ATTN_OK || dt == DTYPE_F32) {
@@ -555,10 +705,10 @@ static int tensor_read(struct loader *ld, const char *name, int32_t rows, int32_
 
 static int tensor_exists(struct loader *ld, const char *name, bool *out) {
     int shard;
-    const cJSON *e = NULL;
-    int rc = tensor_find(ld, name, &shard, &e);
+    const struct attn__st_tensor *t = NULL;
+    int rc = tensor_find(ld, name, &shard, &t);
     if (rc == ATTN_OK) {
-        *out = e != NULL;
+        *out = t != NULL;
     }
     return rc;
 }
@@ -579,7 +729,8 @@ static int pick_prefix(struct loader *ld, int32_t layer) {
             return ATTN_OK;
         }
     }
-    return fail(ld, ATTN_EIO, "tensor model.layers.%d.self_attn.q_proj.weight not found", layer);
+    return fail(&ld->why, ATTN_EIO, "tensor model.layers.%d.self_attn.q_proj.weight not found",
+                layer);
 }
 
 static int read_layer(struct loader *ld, const attn_config *c, int32_t layer,
@@ -624,7 +775,7 @@ static int detect_biases(struct loader *ld, int32_t layer, bool wants_bias, attn
         return rc;
     }
     if (wants_bias && !c->has_qkv_bias) {
-        return fail(ld, ATTN_EIO,
+        return fail(&ld->why, ATTN_EIO,
                     "config.json sets attention_bias but %s.%d.self_attn.q_proj."
                     "bias is missing",
                     ld->prefix, layer);
@@ -636,7 +787,7 @@ static void loader_release(struct loader *ld) {
     cJSON_Delete(ld->index_json);
     for (int i = 0; i < ld->n_shards; i++) {
         free(ld->shard_names[i]);
-        cJSON_Delete(ld->shard_headers[i]);
+        attn__safetensors_header_release(&ld->shard_headers[i]);
     }
     free(ld->convert_buf);
 }
@@ -656,7 +807,7 @@ static int open_index(struct loader *ld) {
     }
     ld->weight_map = cJSON_GetObjectItemCaseSensitive(ld->index_json, "weight_map");
     if (!cJSON_IsObject(ld->weight_map)) {
-        return fail(ld, ATTN_EIO, "model.safetensors.index.json: no weight_map object");
+        return fail(&ld->why, ATTN_EIO, "model.safetensors.index.json: no weight_map object");
     }
     return ATTN_OK;
 }
@@ -669,26 +820,28 @@ int attn_model_load_hf(const char *dir, const attn_load_params *p, attn_model **
     struct loader ld;
     memset(&ld, 0, sizeof ld);
     ld.dir = dir;
-    ld.err = err;
-    ld.err_size = err_size;
+    ld.why.text = err;
+    ld.why.size = err_size;
     if (dir == NULL || out == NULL) {
-        return fail(&ld, ATTN_EINVAL, "no model folder given");
+        return fail(&ld.why, ATTN_EINVAL, "no model folder given");
     }
     attn_config cfg;
     bool wants_bias = false;
-    cJSON *config_json = NULL;
+    char *config_text = NULL;
+    size_t config_len = 0;
     attn_model *m = NULL;
-    int rc = parse_json_file(&ld, "config.json", &config_json);
+    int rc = read_text(&ld, "config.json", &config_text, &config_len);
     if (rc != ATTN_OK) {
         goto out;
     }
-    if ((rc = parse_config(&ld, config_json, &cfg, &wants_bias)) != ATTN_OK) {
+    if ((rc = attn__hf_config_parse(config_text, config_len, &cfg, &wants_bias, err, err_size)) !=
+        ATTN_OK) {
         goto out;
     }
     int32_t first = p ? p->layer_first : 0;
     if (first < 0 || first >= cfg.n_layers || (p && p->layer_count < 0) ||
         (p && p->layer_count > cfg.n_layers - first)) {
-        rc = fail(&ld, ATTN_EINVAL, "layers %d..%d requested, the model has %d", first,
+        rc = fail(&ld.why, ATTN_EINVAL, "layers %d..%d requested, the model has %d", first,
                   first + (p ? p->layer_count : 1) - 1, cfg.n_layers);
         goto out;
     }
@@ -697,7 +850,8 @@ int attn_model_load_hf(const char *dir, const attn_load_params *p, attn_model **
         goto out;
     }
     if ((rc = attn__model_alloc(&cfg, p, &m)) != ATTN_OK) {
-        fail(&ld, rc, "config.json describes an invalid attention geometry: %s", attn_strerror(rc));
+        fail(&ld.why, rc, "config.json describes an invalid attention geometry: %s",
+             attn_strerror(rc));
         goto out;
     }
     for (int32_t i = 0; i < m->layer_count; i++) {
@@ -709,7 +863,7 @@ int attn_model_load_hf(const char *dir, const attn_load_params *p, attn_model **
     m = NULL;
 out:
     attn_model_destroy(m);
-    cJSON_Delete(config_json);
+    free(config_text);
     loader_release(&ld);
     return rc;
 }
