@@ -16,6 +16,7 @@
 #include <uv.h>
 
 #include "../engine/attn.h"
+#include "blas.h"
 #include "config.h"
 #include "error.h"
 #include "http.h"
@@ -272,6 +273,14 @@ int main(int argc, char **argv) {
     snprintf(n_threads, sizeof n_threads, "%d", (int)cfg.workers + 1);
     setenv("UV_THREADPOOL_SIZE", n_threads, 1);
     openblas_set_num_threads(cfg.blas_threads);
+    if (blas_reserve(cfg.workers * cfg.blas_threads, err, sizeof err) != 0) {
+        /* _exit, not return: under the same cap, OpenBLAS's own threads (started when the
+         * library loaded) may still be retrying their first buffer, and exit's handlers would
+         * wait for them forever. */
+        fprintf(stderr, "attnd: %s\n", err);
+        fflush(stderr);
+        _exit(1);
+    }
 
     static struct daemon d; /* static: large, and outlives every callback */
     static char source[4096];

@@ -889,10 +889,11 @@ START_TEST(test_server_out_of_memory_is_500) {
     struct http_client_response r = call("POST", "/v1/sdpa", body, NULL);
     check_error(&r, 500, "internal_error", NULL);
     http_client_response_release(&r);
-    /* The daemon carries on. */
+    /* The daemon carries on, GEMM included: a 64-token prefill goes through sgemm, whose work
+     * buffer was reserved at startup (server/blas.h) instead of being retried forever now. */
     cJSON_Delete(call_json("GET", "/healthz", NULL, 200));
-    float *x = http_client_random_rows(92, 2, TINY_HIDDEN);
-    char *ok = http_client_attend_body(NULL, x, 0, 2, TINY_HIDDEN, false, NULL);
+    float *x = http_client_random_rows(92, 64, TINY_HIDDEN);
+    char *ok = http_client_attend_body(NULL, x, 0, 64, TINY_HIDDEN, false, NULL);
     cJSON_Delete(call_json("POST", "/v1/attend", ok, 200));
     free(ok);
     free(x);
@@ -900,6 +901,37 @@ START_TEST(test_server_out_of_memory_is_500) {
     free(t);
     free(ones);
     stop_ok();
+}
+END_TEST
+
+START_TEST(test_server_blas_buffers_that_cannot_fit_refuse_the_start) {
+    if (UNDER_ASAN) {
+        return; /* as above: no address-space limit under ASan */
+    }
+    /* OpenBLAS retries a failed work-buffer allocation forever, so a daemon that started under
+     * a cap too small for it would hang on its first GEMM. Under 150 MiB the daemon alone fits
+     * (about 60 MiB) but its 132 MiB buffer does not: attnd refuses to start, at once, naming
+     * OpenBLAS. First with no OpenBLAS threads of its own (as make test runs), then with one,
+     * which could not get its buffer either when the library loaded and would keep an ordinary
+     * exit waiting for it forever. */
+    const char *blas_threads[] = {"1", "2"};
+    for (size_t i = 0; i < 2; i++) {
+        setenv("OPENBLAS_NUM_THREADS", blas_threads[i], 1);
+        struct rlimit old, lim;
+        getrlimit(RLIMIT_AS, &old);
+        lim = old;
+        lim.rlim_cur = (rlim_t)150 << 20;
+        setrlimit(RLIMIT_AS, &lim);
+        const char *args[] = {"--preset", "tiny",           "--workers", "1", "--blas-threads",
+                              "1",        "--kv-budget-mb", "1",         NULL};
+        char *log = NULL;
+        int rc = http_client_daemon_run(args, 10000, &log);
+        setrlimit(RLIMIT_AS, &old);
+        const char *line = strstr(log, "attnd: OpenBLAS");
+        ck_assert_msg(rc == 1 && line != NULL, "OPENBLAS_NUM_THREADS=%s: exit %d, log ends: %s",
+                      blas_threads[i], rc, strlen(log) > 300 ? log + strlen(log) - 300 : log);
+        free(log);
+    }
 }
 END_TEST
 
@@ -1421,6 +1453,7 @@ Suite *server_suite(void) {
     tcase_add_test(tc, test_server_auth_on_and_off);
     tcase_add_test(tc, test_server_queue_full);
     tcase_add_test(tc, test_server_out_of_memory_is_500);
+    tcase_add_test(tc, test_server_blas_buffers_that_cannot_fit_refuse_the_start);
     tc = daemon_case(s, "load");
     tcase_add_test(tc, test_server_concurrent_sessions_are_isolated);
     tcase_add_test(tc, test_server_batches_ready_decodes);

@@ -354,8 +354,8 @@ char *http_client_daemon_log(const struct http_client_daemon *d) {
     return http_client_read_file(d->log_path, &len);
 }
 
-void http_client_daemon_start(struct http_client_daemon *d, const char *const *args) {
-    curl_init_once();
+/* Forks and execs $ATTND_BIN with --host 127.0.0.1 --port 0 and args, stderr to d->log_path. */
+static void daemon_spawn(struct http_client_daemon *d, const char *const *args) {
     memset(d, 0, sizeof *d);
     const char *bin = getenv("ATTND_BIN");
     if (bin == NULL || bin[0] == '\0') {
@@ -384,6 +384,12 @@ void http_client_daemon_start(struct http_client_daemon *d, const char *const *a
     }
     close(log_fd);
     d->pid = pid;
+}
+
+void http_client_daemon_start(struct http_client_daemon *d, const char *const *args) {
+    curl_init_once();
+    daemon_spawn(d, args);
+    pid_t pid = d->pid;
     double end = http_client_mono_ms() + 10000;
     while (http_client_mono_ms() < end) {
         size_t len;
@@ -406,6 +412,25 @@ void http_client_daemon_start(struct http_client_daemon *d, const char *const *a
     }
     http_client_daemon_kill(d);
     ck_abort_msg("attnd did not start within 10 s");
+}
+
+int http_client_daemon_run(const char *const *args, int timeout_ms, char **log) {
+    struct http_client_daemon d;
+    daemon_spawn(&d, args);
+    double end = http_client_mono_ms() + timeout_ms;
+    int rc = -1, status = 0;
+    while (http_client_mono_ms() < end) {
+        if (waitpid(d.pid, &status, WNOHANG) == d.pid) {
+            d.pid = 0;
+            rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+            break;
+        }
+        http_client_sleep_ms(10);
+    }
+    http_client_daemon_kill(&d);
+    *log = http_client_read_file(d.log_path, NULL);
+    unlink(d.log_path);
+    return rc;
 }
 
 int http_client_daemon_stop(struct http_client_daemon *d, int timeout_ms) {

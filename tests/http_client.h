@@ -93,6 +93,12 @@ struct http_client_daemon {
  * process. Fails the test if it does not come up within 10 s. */
 void http_client_daemon_start(struct http_client_daemon *d, const char *const *args);
 
+/* Runs $ATTND_BIN with the same fixed arguments and args (NULL-terminated) for a daemon that
+ * should exit by itself (a refused start): returns its exit status (0..255, 128 + signal), or -1
+ * when it was still running after timeout_ms (it is killed then). *log gets its stderr
+ * (malloc'd). */
+int http_client_daemon_run(const char *const *args, int timeout_ms, char **log);
+
 /* Sends SIGTERM and waits up to timeout_ms; returns the exit status (0..255), 128 + signal if
  * it died by one, or -1 if it had to be killed. Idempotent. */
 int http_client_daemon_stop(struct http_client_daemon *d, int timeout_ms);
