@@ -100,8 +100,11 @@ $(CHECK): $(TEST_OBJS) $(SERVER_LIB_OBJS) $(LIBATTN)
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $(TEST_OBJS) $(SERVER_LIB_OBJS) $(LIBATTN) $(CHECK_LIBS) \
 		$(SRV_LIBS) $(CJSON_LIBS) $(BLAS_LIBS) -lpthread -lm
 
-# test: build everything and run every Check suite (CK_RUN_SUITE=name runs one).
-test: all $(CHECK)
+# test: install missing packages (as root), build everything and run every Check suite
+# (CK_RUN_SUITE=name runs one). The build is a second make, so that pkg-config's flags are read
+# after the packages are installed, on a fresh machine too.
+test: deps
+	$(Q)$(MAKE) --no-print-directory all $(CHECK)
 	$(Q)ATTND_BIN=$(ATTND) OPENBLAS_NUM_THREADS=1 ./$(CHECK)
 
 # asan: the same tests, built with AddressSanitizer and UBSan in build/asan.
@@ -140,7 +143,8 @@ $(LOAD): $(BUILD)/bench/load.o
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(CURL_LIBS) $(CJSON_LIBS) -lm
 
 # run: install missing packages (as root), build, and serve the built-in model on 127.0.0.1:8080.
-run: deps all
+run: deps
+	$(Q)$(MAKE) --no-print-directory all
 	$(Q)./$(ATTND)
 
 # deps: install the Debian packages the build, tests and benchmarks need (root only).
