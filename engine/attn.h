@@ -31,6 +31,7 @@ enum attn_status {
     ATTN_EIO = -5,          /* a model file is missing, unreadable or malformed */
     ATTN_ENOSPC = -6,       /* the KV pool has no free blocks: free some caches and retry */
     ATTN_EUNSUPPORTED = -7, /* the model uses a feature the engine does not implement */
+    ATTN_ECANCELED = -8,    /* the caller's cancel check said stop; outputs are incomplete */
 };
 
 /* Returns a static, human-readable string for an attn_status code ("unknown error" otherwise). */
@@ -288,6 +289,11 @@ typedef struct attn_sdpa_params {
     float scale;    /* 0 = 1 / sqrt(d_k) */
     float *out;     /* (n_heads, n_q, d_v) row-major */
     float *weights; /* NULL, or (n_heads, n_q, n_k): probabilities (materialized path) */
+    /* NULL, or polled (on the calling thread) before each tile of work, one KV head x 64 query
+     * rows, so a caller whose client has gone can stop a long call within one tile: true makes
+     * attn_sdpa return ATTN_ECANCELED at once. */
+    bool (*is_cancelled)(void *ctx);
+    void *cancel_ctx;
 } attn_sdpa_params;
 
 /* Bytes of scratch attn_sdpa needs for these dimensions (the tensor pointers may still be NULL);
@@ -296,8 +302,9 @@ size_t attn_sdpa_scratch_bytes(const attn_sdpa_params *p);
 
 /* Computes p->out (and p->weights). scratch must hold attn_sdpa_scratch_bytes(p) bytes, aligned
  * for float. Returns ATTN_EINVAL (NULL tensors or scratch, a size < 1, window < -1, a negative or
- * non-finite scale), ATTN_ESHAPE (n_kv_heads not dividing n_heads) or ATTN_ERANGE (sizes past
- * the engine's limits). */
+ * non-finite scale), ATTN_ESHAPE (n_kv_heads not dividing n_heads), ATTN_ERANGE (sizes past
+ * the engine's limits) or ATTN_ECANCELED (is_cancelled said so; out and weights are then partly
+ * written). */
 int attn_sdpa(const attn_sdpa_params *p, void *scratch);
 
 #endif /* ENGINE_ATTN_H */

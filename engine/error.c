@@ -19,6 +19,8 @@ const char *attn_strerror(int code) {
         return "KV pool has no free blocks";
     case ATTN_EUNSUPPORTED:
         return "unsupported model feature";
+    case ATTN_ECANCELED:
+        return "cancelled by the caller";
     default:
         return "unknown error";
     }

@@ -99,6 +99,13 @@ int attn_sdpa(const attn_sdpa_params *p, void *scratch) {
             used += attn__task_scratch_floats(r * nq, p->d_k, p->d_v, SDPA_BLOCK);
         }
     }
-    attn__tasks_run(NULL, tasks, (int32_t)n_tasks);
+    /* One task at a time on this thread (the caller's worker), so the cancel check sits between
+     * tiles. */
+    for (size_t j = 0; j < n_tasks; j++) {
+        if (p->is_cancelled != NULL && p->is_cancelled(p->cancel_ctx)) {
+            return ATTN_ECANCELED;
+        }
+        attn__task_run(&tasks[j]);
+    }
     return ATTN_OK;
 }

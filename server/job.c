@@ -6,6 +6,7 @@
 #include "job.h"
 
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +36,9 @@ struct job {
     enum job_kind kind;
     struct server *srv;
     struct route_req *rq; /* NULL once the client is gone */
+    /* Set by the loop when the client goes, read by the worker running the job (an SDPA polls
+     * it between tiles and stops). */
+    atomic_bool is_abandoned;
     /* The request body and how its parse went (an attend or sdpa body is parsed on a pool thread
      * when it is large). */
     const char *body;
@@ -317,6 +321,12 @@ static void count_tokens(struct job *job, int32_t n) {
     }
 }
 
+static void count_cancelled(struct job *job, int status) {
+    if (status == ERROR_CANCELLED) {
+        job->srv->metrics.jobs_cancelled++;
+    }
+}
+
 /* A stream step is over: send its event, or the error, and decide whether another follows. */
 static enum pool_after stream_done(struct job *job, int status) {
     struct route_req *rq = job->rq;
@@ -366,6 +376,7 @@ static enum pool_after stream_done(struct job *job, int status) {
 
 static enum pool_after attend_done(struct pool_job *pj, int status) {
     struct job *job = (struct job *)pj;
+    count_cancelled(job, status);
     if (pj->turn != NULL) {
         session_refresh(pj->turn); /* the worker is done: the counts are settled */
     }
@@ -516,6 +527,12 @@ static void sdpa_params(const struct api_sdpa_request *sd, attn_sdpa_params *p) 
     p->scale = sd->scale;
 }
 
+/* The engine's cancel check: polled by the worker between tiles. */
+static bool sdpa_is_cancelled(void *ctx) {
+    struct job *job = ctx;
+    return atomic_load_explicit(&job->is_abandoned, memory_order_relaxed);
+}
+
 static int sdpa_prepare(struct pool_job *pj, struct pool_step *step) {
     return ((struct job *)pj)->rq == NULL ? ERROR_CANCELLED : 0;
 }
@@ -532,6 +549,8 @@ static int sdpa_run(struct pool_job *pj, int status) {
     float *weights = sd->return_weights ? malloc(n_w * sizeof(float)) : NULL;
     p.out = out;
     p.weights = weights;
+    p.is_cancelled = sdpa_is_cancelled;
+    p.cancel_ctx = job;
     void *scratch = out != NULL ? malloc(attn_sdpa_scratch_bytes(&p) + 64) : NULL;
     int rc = set_err(job, ERROR_INTERNAL, NULL, "out of memory for the computation");
     if (out != NULL && scratch != NULL && (weights != NULL || !sd->return_weights)) {
@@ -554,6 +573,8 @@ static int sdpa_run(struct pool_job *pj, int status) {
             rc = job->response != NULL
                      ? 0
                      : set_err(job, ERROR_INTERNAL, NULL, "out of memory encoding the answer");
+        } else if (rc == ATTN_ECANCELED) {
+            rc = ERROR_CANCELLED;
         } else {
             set_err(job, ERROR_INVALID_REQUEST, "q", "the engine refused the tensors: %s",
                     attn_strerror(rc));
@@ -568,6 +589,7 @@ static int sdpa_run(struct pool_job *pj, int status) {
 
 static enum pool_after simple_done(struct pool_job *pj, int status) {
     struct job *job = (struct job *)pj;
+    count_cancelled(job, status);
     answer(job, status);
     unpin(job);
     return POOL_AFTER_FINISHED;
@@ -728,5 +750,6 @@ void job_stream_drained(struct job *job) {
 
 void job_client_gone(struct job *job) {
     job->rq = NULL;
+    atomic_store_explicit(&job->is_abandoned, true, memory_order_relaxed);
     pool_job_ready(job->srv->pool, &job->pj);
 }

@@ -107,6 +107,12 @@ void metrics_render(const struct metrics *m, const struct metrics_gauges *g, str
                   "attnd_tokens_total{phase=\"prefill\"} %" PRIu64 "\n"
                   "attnd_tokens_total{phase=\"decode\"} %" PRIu64 "\n",
                   m->tokens_prefill, m->tokens_decode);
+    strbuf_printf(out,
+                  "# HELP attnd_jobs_cancelled_total Jobs stopped before their end because their "
+                  "client had gone.\n"
+                  "# TYPE attnd_jobs_cancelled_total counter\n"
+                  "attnd_jobs_cancelled_total %" PRIu64 "\n",
+                  m->jobs_cancelled);
     static const char *const reasons[METRICS_EVICTION_COUNT] = {"budget", "max_sessions", "ttl"};
     strbuf_puts(out, "# HELP attnd_evictions_total Sessions evicted or expired, by reason.\n"
                      "# TYPE attnd_evictions_total counter\n");

@@ -43,6 +43,7 @@ struct metrics {
     uint64_t latency_count[METRICS_ENDPOINT_COUNT];
     uint64_t tokens_prefill;
     uint64_t tokens_decode;
+    uint64_t jobs_cancelled; /* engine jobs stopped early because their client had gone */
 };
 
 /* Values sampled at render time by the caller (gauges, and counters kept by other modules). */

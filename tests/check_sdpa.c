@@ -195,7 +195,7 @@ START_TEST(test_sdpa_rows_before_every_key_are_zero) {
     for (int i = 0; i < 30; i++) {
         out[i] = NAN;
     }
-    attn_sdpa_params p = {2, 1, n_q, n_k, 4, 3, q, k, v, true, -1, 0.0f, out, w};
+    attn_sdpa_params p = {2, 1, n_q, n_k, 4, 3, q, k, v, true, -1, 0.0f, out, w, NULL, NULL};
     ck_assert_int_eq(run_sdpa(&p), ATTN_OK);
     for (int h = 0; h < 2; h++) {
         harness_expect_zero(out + (size_t)h * n_q * 3, 3 * 3, "queries 0-2 (before the keys)");
@@ -204,6 +204,68 @@ START_TEST(test_sdpa_rows_before_every_key_are_zero) {
         ck_assert_float_eq(w[h * 10 + 3 * 2 + 1], 0.0f);
         ck_assert_float_eq_tol(out[(h * 5 + 3) * 3 + 1], v[1], 1e-6f);
     }
+}
+END_TEST
+
+/* The cancel check: polled once before each tile (KV head x 64 query rows); true stops the call
+ * with ATTN_ECANCELED at once, and a check that never says stop changes nothing. */
+struct cancel_after {
+    int calls;
+    int stop_at; /* the call that answers true */
+};
+
+static bool cancel_after_check(void *ctx) {
+    struct cancel_after *c = ctx;
+    return ++c->calls == c->stop_at;
+}
+
+START_TEST(test_sdpa_cancel_stops_between_tiles) {
+    enum { H = 4, HKV = 2, NQ = 200, NK = 300, D = 16 };
+    const int n_tiles = HKV * ((NQ + 63) / 64); /* 8 */
+    float *q = malloc(sizeof(float) * H * NQ * D), *k = malloc(sizeof(float) * HKV * NK * D);
+    float *v = malloc(sizeof(float) * HKV * NK * D);
+    float *plain = malloc(sizeof(float) * H * NQ * D), *out = malloc(sizeof(float) * H * NQ * D);
+    ref_rng rng;
+    ref_rng_init(&rng, 3300);
+    ref_fill_uniform(&rng, q, H * NQ * D, -1.0f, 1.0f);
+    ref_fill_uniform(&rng, k, HKV * NK * D, -1.0f, 1.0f);
+    ref_fill_uniform(&rng, v, HKV * NK * D, -1.0f, 1.0f);
+    attn_sdpa_params p = {.n_heads = H,
+                          .n_kv_heads = HKV,
+                          .n_q = NQ,
+                          .n_k = NK,
+                          .d_k = D,
+                          .d_v = D,
+                          .q = q,
+                          .k = k,
+                          .v = v,
+                          .is_causal = true,
+                          .window = -1,
+                          .out = plain};
+    void *scratch = malloc(attn_sdpa_scratch_bytes(&p));
+    ck_assert_int_eq(attn_sdpa(&p, scratch), ATTN_OK);
+
+    struct cancel_after never = {0, -1};
+    p.out = out;
+    p.is_cancelled = cancel_after_check;
+    p.cancel_ctx = &never;
+    ck_assert_int_eq(attn_sdpa(&p, scratch), ATTN_OK);
+    ck_assert_int_eq(never.calls, n_tiles);
+    ck_assert_int_eq(memcmp(out, plain, sizeof(float) * H * NQ * D), 0);
+
+    for (int stop_at = 1; stop_at <= n_tiles; stop_at++) {
+        struct cancel_after c = {0, stop_at};
+        p.cancel_ctx = &c;
+        ck_assert_int_eq(attn_sdpa(&p, scratch), ATTN_ECANCELED);
+        ck_assert_int_eq(c.calls, stop_at); /* not polled again after it said stop */
+    }
+    ck_assert_str_eq(attn_strerror(ATTN_ECANCELED), "cancelled by the caller");
+    free(scratch);
+    free(out);
+    free(plain);
+    free(v);
+    free(k);
+    free(q);
 }
 END_TEST
 
@@ -220,7 +282,8 @@ START_TEST(test_sdpa_bad_arguments) {
     ref_fill_uniform(&rng, q, 64, -1.0f, 1.0f);
     ref_fill_uniform(&rng, k, 48, -1.0f, 1.0f);
     ref_fill_uniform(&rng, v, 48, -1.0f, 1.0f);
-    const attn_sdpa_params good = {4, 2, 2, 3, 8, 8, q, k, v, false, -1, 0.0f, out, NULL};
+    const attn_sdpa_params good = {4, 2,     2,  3,    8,   8,    q,    k,
+                                   v, false, -1, 0.0f, out, NULL, NULL, NULL};
     ck_assert_uint_le(attn_sdpa_scratch_bytes(&good), sizeof(scratch));
     ck_assert_int_eq(attn_sdpa(&good, scratch), ATTN_OK);
 
@@ -297,6 +360,7 @@ Suite *sdpa_suite(void) {
     tcase_add_test(tc, test_sdpa_custom_scale);
     tcase_add_test(tc, test_sdpa_rows_before_every_key_are_zero);
     tcase_add_test(tc, test_sdpa_bad_arguments);
+    tcase_add_test(tc, test_sdpa_cancel_stops_between_tiles);
     suite_add_tcase(s, tc);
     return s;
 }

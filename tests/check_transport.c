@@ -448,6 +448,74 @@ START_TEST(test_transport_aborted_uploads_do_not_linger) {
 }
 END_TEST
 
+/* A (1, n, d) tensor of random floats as {"shape":[1,n,d],"b64":"..."} (malloc'd). */
+static char *rank3_b64(uint64_t seed, int32_t n, int32_t d) {
+    float *x = http_client_random_rows(seed, n, d);
+    char *t = http_client_matrix_b64(x, n, d);
+    const char *b64 = strstr(t, "\"b64\""); /* `"b64":"..."}` */
+    size_t size = strlen(b64) + 64;
+    char *out = malloc(size);
+    snprintf(out, size, "{\"shape\":[1,%d,%d],%s", (int)n, (int)d, b64);
+    free(t);
+    free(x);
+    return out;
+}
+
+START_TEST(test_transport_abandoned_sdpa_stops_at_a_tile) {
+    start(NULL, NULL);
+    /* 2^30 scores: about 6 s of work for the one worker, well inside the work limit. */
+    const int32_t n = 32768, d = 8;
+    char *q = rank3_b64(1, n, d), *k = rank3_b64(2, n, d), *v = rank3_b64(3, n, d);
+    size_t body_len = strlen(q) + strlen(k) + strlen(v) + 64;
+    char *req = malloc(body_len + 256);
+    char *body = malloc(body_len);
+    body_len = (size_t)snprintf(body, body_len, "{\"q\":%s,\"k\":%s,\"v\":%s}", q, k, v);
+    int head = snprintf(req, 256,
+                        "POST /v1/sdpa HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+                        "application/json\r\nContent-Length: %zu\r\n\r\n",
+                        body_len);
+    memcpy(req + head, body, body_len);
+    int fd = http_client_raw_send(daemon_.port, req, (size_t)head + body_len, 0);
+    double end = http_client_mono_ms() + 20000;
+    while (http_client_metric(daemon_.base, "attnd_jobs_in_flight") != 1 &&
+           http_client_mono_ms() < end) {
+        http_client_sleep_ms(10);
+    }
+    ck_assert_msg(http_client_metric(daemon_.base, "attnd_jobs_in_flight") == 1,
+                  "the SDPA never started");
+    /* The client resets its connection: it is gone, not merely done sending. */
+    struct linger lg = {1, 0};
+    setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+    close(fd);
+    double t0 = http_client_mono_ms();
+    while (http_client_metric(daemon_.base, "attnd_jobs_cancelled_total") < 1 &&
+           http_client_mono_ms() < end) {
+        http_client_sleep_ms(10);
+    }
+    /* Counted only when the engine returned ATTN_ECANCELED (or the job never ran): a job that
+     * ran to its end is not, whatever the time it took. */
+    ck_assert_msg(http_client_metric(daemon_.base, "attnd_jobs_cancelled_total") == 1,
+                  "the abandoned SDPA was not cancelled");
+    ck_assert_int_eq(http_client_metric(daemon_.base, "attnd_jobs_in_flight"), 0);
+    /* The worker is free again: a small SDPA is answered. */
+    const char *small_body = "{\"q\":[[[1]]],\"k\":[[[1]]],\"v\":[[[2]]]}";
+    char small[256];
+    snprintf(small, sizeof small,
+             "POST /v1/sdpa HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+             "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n%s",
+             strlen(small_body), small_body);
+    ck_assert_int_eq(exchange(small, 5000, NULL), 200);
+    fprintf(stderr, "abandoned sdpa: cancelled %.0f ms after the reset\n",
+            http_client_mono_ms() - t0);
+    free(body);
+    free(req);
+    free(q);
+    free(k);
+    free(v);
+    stop_with(0);
+}
+END_TEST
+
 /* ---- item 12: half-close, Host, Bearer --------------------------------------------------------
  */
 
@@ -633,6 +701,7 @@ Suite *transport_suite(void) {
     tc = daemon_case(s, "fin");
     tcase_add_test(tc, test_transport_aborted_uploads_do_not_linger);
     tcase_add_test(tc, test_transport_half_closed_client_gets_its_answer);
+    tcase_add_test(tc, test_transport_abandoned_sdpa_stops_at_a_tile);
     tc = daemon_case(s, "protocol");
     tcase_add_test(tc, test_transport_http11_needs_one_host);
     tcase_add_test(tc, test_transport_bearer_scheme_is_case_insensitive);
