@@ -102,6 +102,10 @@ typedef struct attn_load_params {
     int32_t layer_first; /* first layer to load, >= 0 */
     int32_t layer_count; /* 0 = every layer from layer_first to the end */
     int32_t max_seq;     /* 0 = the config's max_seq; else overrides it (must be > 0) */
+    /* attn_model_load_hf only: NULL, or "llama" to read a checkpoint of unknown model_type (or
+     * none) as Llama attention, its user vouching for it. Families known and not served, and
+     * fields or tensors that change attention, are refused all the same. */
+    const char *trust_layout;
 } attn_load_params;
 
 /* One layer's weights in Hugging Face nn.Linear layout (out_features, in_features), row-major. */
@@ -132,12 +136,16 @@ int attn_model_create_random(const attn_config *cfg, uint64_t seed, const attn_l
 
 /* Loads a Hugging Face style folder: dir/config.json and dir/model.safetensors or the shards named
  * by dir/model.safetensors.index.json; tensors model.layers.{i}.self_attn.{q,k,v,o}_proj.{weight,
- * bias} in F32, F16 or BF16 (converted to float once). Only the layers in p are read. On failure
- * returns ATTN_EIO (missing or malformed file), ATTN_ESHAPE (tensor shape differs from the config)
- * ATTN_EUNSUPPORTED (e.g. an unknown rope_scaling type or dtype), or ATTN_EINVAL (NULL dir or
- * out, or layers outside the model) and, if err is not NULL, writes a one-line reason into err
- * (err_size bytes, always NUL-terminated). A tensor the config implies but the files lack is
- * ATTN_EIO. */
+ * bias} in F32, F16 or BF16 (converted to float once). config.json is read by the rules of its
+ * model_type (llama, mistral, qwen2, or attnd's own layout with every engine field explicit): a
+ * family not served, a config field that changes attention in a way the engine does not compute,
+ * or a tensor under a layer's self_attn that the engine does not consume is refused, naming it
+ * (ATTN_EUNSUPPORTED). Only the layers in p are read. On failure returns ATTN_EIO (missing or
+ * malformed file), ATTN_ESHAPE (tensor shape differs from the config), ATTN_EUNSUPPORTED (as
+ * above, or an unknown rope_scaling type or dtype), or ATTN_EINVAL (NULL dir or out, layers
+ * outside the model, a trust_layout other than "llama") and, if err is not NULL, writes a
+ * one-line reason into err (err_size bytes, always NUL-terminated). A tensor the config implies
+ * but the files lack is ATTN_EIO. */
 int attn_model_load_hf(const char *dir, const attn_load_params *p, attn_model **out, char *err,
                        size_t err_size);
 
@@ -153,6 +161,11 @@ int32_t attn_model_layer_count(const attn_model *m);
 
 /* Bytes of float weights held by the model (all loaded layers, biases and RoPE tables). */
 size_t attn_model_bytes(const attn_model *m);
+
+/* The attention family served: the checkpoint's model_type ("llama", "mistral", "qwen2"), "llama
+ * (trusted layout of X)" under trust_layout, or "attnd" (the engine's own layout: presets,
+ * attn_model_create). Borrowed, valid until attn_model_destroy. */
+const char *attn_model_family(const attn_model *m);
 
 /* ---- paged KV cache ------------------------------------------------------------------------ */
 

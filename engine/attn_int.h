@@ -28,6 +28,7 @@ struct attn__layer {
 /* Immutable after create. */
 struct attn_model {
     attn_config cfg;
+    char family[80]; /* attn_model_family */
     int32_t layer_first;
     int32_t layer_count;
     struct attn__layer *layers; /* (layer_count) */
@@ -187,13 +188,36 @@ int attn__model_alloc(const attn_config *cfg, const attn_load_params *p, attn_mo
  * call them directly. Pure functions, any thread; a reason goes to err (NUL-terminated, cut to
  * err_size; err may be NULL) on failure only. */
 
-/* Parses config.json text, json[0..len) (no NUL needed), into *cfg (not yet passed through
- * attn_config_check; max_seq defaults to 4096) and *wants_bias (its attention_bias), both written
- * on success only. Returns ATTN_OK, ATTN_EIO (not a JSON object, a field of the wrong type or
- * range, a required field missing), ATTN_ESHAPE (heads that do not divide) or ATTN_EUNSUPPORTED
- * (an unknown rope scaling or style, an odd rotary dim). */
-int attn__hf_config_parse(const char *json, size_t len, attn_config *cfg, bool *wants_bias,
-                          char *err, size_t err_size);
+/* Where a failure's reason goes: the caller's buffer (text NULL or size 0: nowhere). */
+struct attn__reason {
+    char *text;
+    size_t size;
+};
+
+/* Writes the printf-formatted reason into why (cut to fit, NUL-terminated) and returns rc. */
+int attn__fail(const struct attn__reason *why, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* What a checkpoint's family means for reading its tensors (hf_config.c fills it). */
+struct attn__hf_layout {
+    char family[80]; /* the model_type served, e.g. "qwen2", or "llama (trusted layout of x)" */
+    /* attnd's own layout only: biases are whatever the checkpoint holds (q/k/v together, o
+     * alone), and wants_qkv_bias (its attention_bias) insists on the q/k/v ones. Every other
+     * family fixes has_qkv_bias / has_o_bias in the config from its own rule. */
+    bool has_biases_from_tensors;
+    bool wants_qkv_bias;
+};
+
+/* Parses config.json text, json[0..len) (no NUL needed), by the rules of its model_type's family
+ * (hf_config.c's table), into *cfg (not yet passed through attn_config_check; max_seq defaults
+ * to 4096) and *layout, both written on success only. trust_layout NULL, or "llama": an unknown
+ * model_type (or none) is then read as Llama. Returns ATTN_OK, ATTN_EIO (not a JSON object, a
+ * field of the wrong type or range, a required field missing), ATTN_ESHAPE (heads that do not
+ * divide), ATTN_EUNSUPPORTED (a family not served, a field that changes attention in a way the
+ * engine does not compute, an unknown rope scaling, an odd rotary dim) or ATTN_EINVAL (another
+ * trust_layout). */
+int attn__hf_config_parse(const char *json, size_t len, const char *trust_layout, attn_config *cfg,
+                          struct attn__hf_layout *layout, char *err, size_t err_size);
 
 #define ATTN__ST_MAX_DIMS 8
 

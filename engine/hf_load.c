@@ -24,16 +24,10 @@
 
 typedef enum dtype { DTYPE_F32, DTYPE_F16, DTYPE_BF16 } dtype;
 
-/* Where a failure's reason goes: the caller's buffer (NULL or short is fine). */
-struct reason {
-    char *text;
-    size_t size;
-};
-
 /* Everything one load needs; freed on one path in attn_model_load_hf. */
 struct loader {
     const char *dir;
-    struct reason why;
+    struct attn__reason why;
     cJSON *weight_map; /* borrowed from index_json, or NULL for a single file */
     cJSON *index_json;
     char *shard_names[MAX_SHARDS]; /* file names, relative to dir */
@@ -44,7 +38,7 @@ struct loader {
     size_t convert_cap;
 };
 
-static int fail(const struct reason *why, int rc, const char *fmt, ...) {
+int attn__fail(const struct attn__reason *why, int rc, const char *fmt, ...) {
     if (why->text != NULL && why->size > 0) {
         va_list ap;
         va_start(ap, fmt);
@@ -57,7 +51,7 @@ static int fail(const struct reason *why, int rc, const char *fmt, ...) {
 static int path_join(struct loader *ld, const char *name, char *out, size_t size) {
     int n = snprintf(out, size, "%s/%s", ld->dir, name);
     if (n < 0 || (size_t)n >= size) {
-        return fail(&ld->why, ATTN_EIO, "path too long: %s/%s", ld->dir, name);
+        return attn__fail(&ld->why, ATTN_EIO, "path too long: %s/%s", ld->dir, name);
     }
     return ATTN_OK;
 }
@@ -70,7 +64,7 @@ static int read_bytes(struct loader *ld, FILE *f, size_t n, const char *path, ch
     }
     if (fread(buf, 1, n, f) != n) {
         free(buf);
-        return fail(&ld->why, ATTN_EIO, "%s: short read", path);
+        return attn__fail(&ld->why, ATTN_EIO, "%s: short read", path);
     }
     buf[n] = '\0';
     *out = buf;
@@ -86,15 +80,15 @@ static int read_text(struct loader *ld, const char *name, char **out, size_t *le
     }
     FILE *f = fopen(path, "rb");
     if (f == NULL) {
-        return fail(&ld->why, ATTN_EIO, "cannot open %s: %s", path, strerror(errno));
+        return attn__fail(&ld->why, ATTN_EIO, "cannot open %s: %s", path, strerror(errno));
     }
     if (fseek(f, 0, SEEK_END) != 0) {
-        rc = fail(&ld->why, ATTN_EIO, "%s: cannot seek", path);
+        rc = attn__fail(&ld->why, ATTN_EIO, "%s: cannot seek", path);
         goto out;
     }
     long size = ftell(f);
     if (size < 0 || (unsigned long)size > MAX_JSON_BYTES || fseek(f, 0, SEEK_SET) != 0) {
-        rc = fail(&ld->why, ATTN_EIO, "%s: unreadable or larger than 100 MB", path);
+        rc = attn__fail(&ld->why, ATTN_EIO, "%s: unreadable or larger than 100 MB", path);
         goto out;
     }
     if ((rc = read_bytes(ld, f, (size_t)size, path, out)) == ATTN_OK) {
@@ -116,230 +110,25 @@ static int parse_json_file(struct loader *ld, const char *name, cJSON **out) {
     free(text);
     if (j == NULL || !cJSON_IsObject(j)) {
         cJSON_Delete(j);
-        return fail(&ld->why, ATTN_EIO, "%s/%s: not a JSON object", ld->dir, name);
+        return attn__fail(&ld->why, ATTN_EIO, "%s/%s: not a JSON object", ld->dir, name);
     }
     *out = j;
     return ATTN_OK;
-}
-
-/* ---- config.json ---------------------------------------------------------------------------- */
-
-/* Reads an optional integer field; absent or null leaves *out as is. */
-static int get_int(const struct reason *why, const cJSON *obj, const char *key, int32_t *out) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    if (v == NULL || cJSON_IsNull(v)) {
-        return ATTN_OK;
-    }
-    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < 0 ||
-        v->valuedouble > INT32_MAX) {
-        return fail(why, ATTN_EIO, "config.json: %s must be a non-negative integer", key);
-    }
-    *out = (int32_t)v->valuedouble;
-    return ATTN_OK;
-}
-
-static int get_float(const struct reason *why, const cJSON *obj, const char *key, float *out) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    if (v == NULL || cJSON_IsNull(v)) {
-        return ATTN_OK;
-    }
-    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) {
-        return fail(why, ATTN_EIO, "config.json: %s must be a number", key);
-    }
-    *out = (float)v->valuedouble;
-    return ATTN_OK;
-}
-
-static int get_bool(const struct reason *why, const cJSON *obj, const char *key, bool *out) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    if (v == NULL || cJSON_IsNull(v)) {
-        return ATTN_OK;
-    }
-    if (!cJSON_IsBool(v)) {
-        return fail(why, ATTN_EIO, "config.json: %s must be true or false", key);
-    }
-    *out = cJSON_IsTrue(v);
-    return ATTN_OK;
-}
-
-static int parse_rope_scaling(const struct reason *why, const cJSON *rs, attn_rope_scaling *out) {
-    memset(out, 0, sizeof *out);
-    if (rs == NULL || cJSON_IsNull(rs)) {
-        return ATTN_OK;
-    }
-    if (!cJSON_IsObject(rs)) {
-        return fail(why, ATTN_EIO, "config.json: rope_scaling must be an object or null");
-    }
-    const cJSON *type = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
-    if (type == NULL) {
-        type = cJSON_GetObjectItemCaseSensitive(rs, "type");
-    }
-    if (!cJSON_IsString(type)) {
-        return fail(why, ATTN_EIO, "config.json: rope_scaling needs a string rope_type");
-    }
-    const char *t = type->valuestring;
-    int rc = ATTN_OK;
-    if (strcmp(t, "default") == 0) {
-        out->type = ATTN_ROPE_SCALING_NONE;
-    } else if (strcmp(t, "linear") == 0) {
-        out->type = ATTN_ROPE_SCALING_LINEAR;
-        rc = get_float(why, rs, "factor", &out->factor);
-    } else if (strcmp(t, "llama3") == 0) {
-        out->type = ATTN_ROPE_SCALING_LLAMA3;
-        if ((rc = get_float(why, rs, "factor", &out->factor)) != ATTN_OK ||
-            (rc = get_float(why, rs, "low_freq_factor", &out->low_freq_factor)) != ATTN_OK ||
-            (rc = get_float(why, rs, "high_freq_factor", &out->high_freq_factor)) != ATTN_OK ||
-            (rc = get_int(why, rs, "original_max_position_embeddings",
-                          &out->original_max_position)) != ATTN_OK) {
-            return rc;
-        }
-    } else {
-        return fail(why, ATTN_EUNSUPPORTED,
-                    "config.json: rope_scaling type '%s' is not supported (default, linear, "
-                    "llama3 are)",
-                    t);
-    }
-    if (rc != ATTN_OK) {
-        return rc;
-    }
-    if (out->type != ATTN_ROPE_SCALING_NONE && !(out->factor > 0)) {
-        return fail(why, ATTN_EIO, "config.json: rope_scaling.factor must be > 0");
-    }
-    if (out->type == ATTN_ROPE_SCALING_LLAMA3 &&
-        (!(out->low_freq_factor > 0) || !(out->high_freq_factor > out->low_freq_factor) ||
-         out->original_max_position <= 0)) {
-        return fail(why, ATTN_EIO,
-                    "config.json: llama3 rope_scaling needs low_freq_factor > 0, "
-                    "high_freq_factor > low_freq_factor and "
-                    "original_max_position_embeddings > 0");
-    }
-    return ATTN_OK;
-}
-
-/* The rotary embedding: theta and scaling (also from transformers v5's rope_parameters),
- * attnd's own rope_style, and partial_rotary_factor. Needs c->head_dim. */
-static int parse_rope(const struct reason *why, const cJSON *j, attn_config *c) {
-    int rc;
-    float partial = 1.0f;
-    if ((rc = get_float(why, j, "rope_theta", &c->rope_theta)) != ATTN_OK ||
-        (rc = get_float(why, j, "partial_rotary_factor", &partial)) != ATTN_OK) {
-        return rc;
-    }
-    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(j, "rope_parameters");
-    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(j, "rope_scaling");
-    if (cJSON_IsObject(rp)) {
-        if ((rc = get_float(why, rp, "rope_theta", &c->rope_theta)) != ATTN_OK) {
-            return rc;
-        }
-        if (rs == NULL || cJSON_IsNull(rs)) {
-            rs = rp;
-        }
-    }
-    if ((rc = parse_rope_scaling(why, rs, &c->rope_scaling)) != ATTN_OK) {
-        return rc;
-    }
-    const cJSON *style = cJSON_GetObjectItemCaseSensitive(j, "rope_style");
-    if (style != NULL) {
-        if (cJSON_IsString(style) && strcmp(style->valuestring, "half") == 0) {
-            c->rope_style = ATTN_ROPE_STYLE_HALF;
-        } else if (cJSON_IsString(style) && strcmp(style->valuestring, "interleaved") == 0) {
-            c->rope_style = ATTN_ROPE_STYLE_INTERLEAVED;
-        } else {
-            return fail(why, ATTN_EUNSUPPORTED,
-                        "config.json: rope_style must be \"half\" or \"interleaved\"");
-        }
-    }
-    if (!(partial > 0.0f && partial <= 1.0f)) {
-        return fail(why, ATTN_EIO, "config.json: partial_rotary_factor must be in (0, 1]");
-    }
-    c->rotary_dim = (int32_t)(c->head_dim * partial);
-    if (c->rotary_dim % 2 != 0 || c->rotary_dim == 0) {
-        return fail(why, ATTN_EUNSUPPORTED,
-                    "config.json: rotary dim %d (head_dim x "
-                    "partial_rotary_factor) must be even and > 0",
-                    c->rotary_dim);
-    }
-    return ATTN_OK;
-}
-
-static int parse_config(const struct reason *why, const cJSON *j, attn_config *c,
-                        bool *wants_bias) {
-    memset(c, 0, sizeof *c);
-    int rc;
-    int32_t max_pos = 0;
-    bool use_window = true;
-    if ((rc = get_int(why, j, "hidden_size", &c->hidden_size)) != ATTN_OK ||
-        (rc = get_int(why, j, "num_attention_heads", &c->n_heads)) != ATTN_OK ||
-        (rc = get_int(why, j, "num_hidden_layers", &c->n_layers)) != ATTN_OK ||
-        (rc = get_int(why, j, "max_position_embeddings", &max_pos)) != ATTN_OK ||
-        (rc = get_int(why, j, "head_dim", &c->head_dim)) != ATTN_OK ||
-        (rc = get_int(why, j, "sliding_window", &c->sliding_window)) != ATTN_OK ||
-        (rc = get_bool(why, j, "use_sliding_window", &use_window)) != ATTN_OK ||
-        (rc = get_bool(why, j, "attention_bias", wants_bias)) != ATTN_OK) {
-        return rc;
-    }
-    if (c->hidden_size <= 0 || c->n_heads <= 0 || c->n_layers <= 0) {
-        return fail(why, ATTN_EIO,
-                    "config.json: hidden_size, num_attention_heads and "
-                    "num_hidden_layers are required and must be > 0");
-    }
-    c->n_kv_heads = c->n_heads;
-    if ((rc = get_int(why, j, "num_key_value_heads", &c->n_kv_heads)) != ATTN_OK) {
-        return rc;
-    }
-    if (c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads != 0) {
-        return fail(why, ATTN_ESHAPE,
-                    "config.json: num_key_value_heads (%d) must divide "
-                    "num_attention_heads (%d)",
-                    c->n_kv_heads, c->n_heads);
-    }
-    if (!use_window) {
-        c->sliding_window = 0; /* Qwen2 ships a window it does not use */
-    }
-    c->max_seq = max_pos > 0 ? max_pos : 4096;
-    if (c->head_dim == 0) {
-        if (c->hidden_size % c->n_heads != 0) {
-            return fail(why, ATTN_ESHAPE,
-                        "config.json: hidden_size %% num_attention_heads != 0 "
-                        "and no head_dim given");
-        }
-        c->head_dim = c->hidden_size / c->n_heads;
-    }
-    return parse_rope(why, j, c);
-}
-
-/* Parses config.json text; see attn_int.h. */
-int attn__hf_config_parse(const char *json, size_t len, attn_config *cfg, bool *wants_bias,
-                          char *err, size_t err_size) {
-    const struct reason why = {err, err_size};
-    cJSON *j = cJSON_ParseWithLength(json, len);
-    if (j == NULL || !cJSON_IsObject(j)) {
-        cJSON_Delete(j);
-        return fail(&why, ATTN_EIO, "config.json: not a JSON object");
-    }
-    attn_config c;
-    bool bias = false;
-    int rc = parse_config(&why, j, &c, &bias);
-    cJSON_Delete(j);
-    if (rc == ATTN_OK) {
-        *cfg = c;
-        *wants_bias = bias;
-    }
-    return rc;
 }
 
 /* ---- safetensors headers -------------------------------------------------------------------- */
 
 /* The header's byte count: the file's first 8 bytes, little-endian. It must be > 0, within the
  * spec's 100 MB and within the file. */
-static int header_length(const struct reason *why, const uint8_t *first8, uint64_t file_size,
+static int header_length(const struct attn__reason *why, const uint8_t *first8, uint64_t file_size,
                          uint64_t *out) {
     uint64_t n = 0;
     for (int b = 7; b >= 0; b--) {
         n = n << 8 | first8[b];
     }
     if (file_size < 8 || n == 0 || n > MAX_JSON_BYTES || n > file_size - 8) {
-        return fail(why, ATTN_EIO, "bad safetensors header length %llu", (unsigned long long)n);
+        return attn__fail(why, ATTN_EIO, "bad safetensors header length %llu",
+                          (unsigned long long)n);
     }
     *out = n;
     return ATTN_OK;
@@ -359,7 +148,7 @@ static bool get_count(const cJSON *v, uint64_t *out) {
 /* One entry, {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}, whose byte range
  * must lie inside a data section of data_bytes. The dtype is kept as written: a checkpoint may
  * hold tensors of types attnd never reads. */
-static int parse_tensor(const struct reason *why, const cJSON *e, uint64_t data_bytes,
+static int parse_tensor(const struct attn__reason *why, const cJSON *e, uint64_t data_bytes,
                         struct attn__st_tensor *t) {
     const cJSON *dt = NULL, *shape = NULL, *offs = NULL;
     if (cJSON_IsObject(e)) {
@@ -369,27 +158,28 @@ static int parse_tensor(const struct reason *why, const cJSON *e, uint64_t data_
     }
     if (!cJSON_IsString(dt) || !cJSON_IsArray(shape) || !cJSON_IsArray(offs) ||
         cJSON_GetArraySize(offs) != 2) {
-        return fail(why, ATTN_EIO,
-                    "safetensors header: %s needs a dtype, a shape and data_offsets [begin, end]",
-                    e->string);
+        return attn__fail(
+            why, ATTN_EIO,
+            "safetensors header: %s needs a dtype, a shape and data_offsets [begin, end]",
+            e->string);
     }
     memset(t, 0, sizeof *t);
     snprintf(t->dtype, sizeof t->dtype, "%s", dt->valuestring);
     const cJSON *d;
     cJSON_ArrayForEach(d, shape) {
         if (t->n_dims == ATTN__ST_MAX_DIMS || !get_count(d, &t->shape[t->n_dims])) {
-            return fail(why, ATTN_EIO,
-                        "safetensors header: %s: shape must be at most %d whole numbers", e->string,
-                        ATTN__ST_MAX_DIMS);
+            return attn__fail(why, ATTN_EIO,
+                              "safetensors header: %s: shape must be at most %d whole numbers",
+                              e->string, ATTN__ST_MAX_DIMS);
         }
         t->n_dims++;
     }
     if (!get_count(offs->child, &t->begin) || !get_count(offs->child->next, &t->end) ||
         t->begin > t->end || t->end > data_bytes) {
-        return fail(why, ATTN_EIO,
-                    "safetensors header: %s: data_offsets are not a range within the file's "
-                    "%llu data bytes (truncated file?)",
-                    e->string, (unsigned long long)data_bytes);
+        return attn__fail(why, ATTN_EIO,
+                          "safetensors header: %s: data_offsets are not a range within the file's "
+                          "%llu data bytes (truncated file?)",
+                          e->string, (unsigned long long)data_bytes);
     }
     t->name = strdup(e->string);
     return t->name != NULL ? ATTN_OK : ATTN_ENOMEM;
@@ -398,23 +188,23 @@ static int parse_tensor(const struct reason *why, const cJSON *e, uint64_t data_
 /* Parses a safetensors header; see attn_int.h. */
 int attn__safetensors_header_parse(const uint8_t *buf, size_t len, uint64_t file_size,
                                    struct attn__st_header *out, char *err, size_t err_size) {
-    const struct reason why = {err, err_size};
+    const struct attn__reason why = {err, err_size};
     uint64_t n = 0;
     if (len < 8 || file_size < len) {
-        return fail(&why, ATTN_EIO, "too short for a safetensors file");
+        return attn__fail(&why, ATTN_EIO, "too short for a safetensors file");
     }
     int rc = header_length(&why, buf, file_size, &n);
     if (rc != ATTN_OK) {
         return rc;
     }
     if (n > len - 8) {
-        return fail(&why, ATTN_EIO, "safetensors header: %llu bytes, only %zu given",
-                    (unsigned long long)n, len - 8);
+        return attn__fail(&why, ATTN_EIO, "safetensors header: %llu bytes, only %zu given",
+                          (unsigned long long)n, len - 8);
     }
     struct attn__st_header h = {8 + n, file_size - 8 - n, NULL, 0};
     cJSON *j = cJSON_ParseWithLength((const char *)buf + 8, (size_t)n);
     if (j == NULL || !cJSON_IsObject(j)) {
-        rc = fail(&why, ATTN_EIO, "safetensors header is not a JSON object");
+        rc = attn__fail(&why, ATTN_EIO, "safetensors header is not a JSON object");
         goto out;
     }
     size_t cap = 0;
@@ -489,7 +279,7 @@ static int shard_open(struct loader *ld, const char *name, int *out) {
         return ATTN_OK;
     }
     if (ld->n_shards == MAX_SHARDS || strchr(name, '/') != NULL) {
-        return fail(&ld->why, ATTN_EIO, "bad or too many shard files (%s)", name);
+        return attn__fail(&ld->why, ATTN_EIO, "bad or too many shard files (%s)", name);
     }
     char path[4096];
     int rc = path_join(ld, name, path, sizeof path);
@@ -498,16 +288,16 @@ static int shard_open(struct loader *ld, const char *name, int *out) {
     }
     FILE *f = fopen(path, "rb");
     if (f == NULL) {
-        return fail(&ld->why, ATTN_EIO, "cannot open %s: %s", path, strerror(errno));
+        return attn__fail(&ld->why, ATTN_EIO, "cannot open %s: %s", path, strerror(errno));
     }
     struct stat st;
     uint8_t *head = NULL;
     uint8_t first8[8];
     uint64_t n = 0;
     char why[512] = "";
-    const struct reason here = {why, sizeof why};
+    const struct attn__reason here = {why, sizeof why};
     if (fstat(fileno(f), &st) != 0 || st.st_size < 8 || fread(first8, 1, 8, f) != 8) {
-        rc = fail(&ld->why, ATTN_EIO, "%s: too short for a safetensors file", path);
+        rc = attn__fail(&ld->why, ATTN_EIO, "%s: too short for a safetensors file", path);
         goto out;
     }
     if ((rc = header_length(&here, first8, (uint64_t)st.st_size, &n)) != ATTN_OK) {
@@ -520,7 +310,7 @@ static int shard_open(struct loader *ld, const char *name, int *out) {
     }
     memcpy(head, first8, 8);
     if (fread(head + 8, 1, (size_t)n, f) != n) {
-        rc = fail(&ld->why, ATTN_EIO, "%s: short read", path);
+        rc = attn__fail(&ld->why, ATTN_EIO, "%s: short read", path);
         goto out;
     }
     head[8 + n] = '\0';
@@ -539,7 +329,7 @@ static int shard_open(struct loader *ld, const char *name, int *out) {
     *out = i;
     goto out;
 out_why:
-    fail(&ld->why, rc, "%s: %s", path, why);
+    attn__fail(&ld->why, rc, "%s: %s", path, why);
 out:
     free(head);
     fclose(f);
@@ -557,7 +347,8 @@ static int tensor_find(struct loader *ld, const char *name, int *shard,
             return ATTN_OK;
         }
         if (!cJSON_IsString(f)) {
-            return fail(&ld->why, ATTN_EIO, "weight_map entry for %s is not a file name", name);
+            return attn__fail(&ld->why, ATTN_EIO, "weight_map entry for %s is not a file name",
+                              name);
         }
         file = f->valuestring;
     }
@@ -567,7 +358,8 @@ static int tensor_find(struct loader *ld, const char *name, int *shard,
     }
     *entry = attn__safetensors_tensor_find(&ld->shard_headers[*shard], name);
     if (*entry == NULL && ld->weight_map != NULL) {
-        return fail(&ld->why, ATTN_EIO, "%s: listed in the index but missing from %s", name, file);
+        return attn__fail(&ld->why, ATTN_EIO, "%s: listed in the index but missing from %s", name,
+                          file);
     }
     return ATTN_OK;
 }
@@ -584,8 +376,8 @@ static int parse_dtype(struct loader *ld, const struct attn__st_tensor *t, dtype
         *out = DTYPE_BF16;
         *elem = 2;
     } else {
-        return fail(&ld->why, ATTN_EUNSUPPORTED,
-                    "%s: dtype %s is not supported (F32, F16, BF16 are)", t->name, t->dtype);
+        return attn__fail(&ld->why, ATTN_EUNSUPPORTED,
+                          "%s: dtype %s is not supported (F32, F16, BF16 are)", t->name, t->dtype);
     }
     return ATTN_OK;
 }
@@ -633,11 +425,11 @@ static int check_shape(struct loader *ld, const struct attn__st_tensor *t, int32
     }
     strcat(got, "]");
     if (cols > 0) {
-        return fail(&ld->why, ATTN_ESHAPE, "%s: shape %s, expected [%d, %d] from config.json",
-                    t->name, got, rows, cols);
+        return attn__fail(&ld->why, ATTN_ESHAPE, "%s: shape %s, expected [%d, %d] from config.json",
+                          t->name, got, rows, cols);
     }
-    return fail(&ld->why, ATTN_ESHAPE, "%s: shape %s, expected [%d] from config.json", t->name, got,
-                rows);
+    return attn__fail(&ld->why, ATTN_ESHAPE, "%s: shape %s, expected [%d] from config.json",
+                      t->name, got, rows);
 }
 
 /* Reads tensor `name` of shape (rows[, cols]) (cols 0: a vector) into dst as float. */
@@ -650,7 +442,7 @@ static int tensor_read(struct loader *ld, const char *name, int32_t rows, int32_
         return rc;
     }
     if (t == NULL) {
-        return fail(&ld->why, ATTN_EIO, "tensor %s not found", name);
+        return attn__fail(&ld->why, ATTN_EIO, "tensor %s not found", name);
     }
     dtype dt = DTYPE_F32;
     size_t elem = 4;
@@ -663,8 +455,8 @@ static int tensor_read(struct loader *ld, const char *name, int32_t rows, int32_
     /* The header checked that the range lies inside the file; it must also hold the shape. */
     size_t n = (size_t)rows * (cols > 0 ? (size_t)cols : 1);
     if (t->end - t->begin != n * elem) {
-        return fail(&ld->why, ATTN_EIO, "%s: data_offsets span %llu bytes, its shape %zu", name,
-                    (unsigned long long)(t->end - t->begin), n * elem);
+        return attn__fail(&ld->why, ATTN_EIO, "%s: data_offsets span %llu bytes, its shape %zu",
+                          name, (unsigned long long)(t->end - t->begin), n * elem);
     }
     uint64_t start = ld->shard_headers[shard].data_start + t->begin;
     char path[4096];
@@ -673,7 +465,7 @@ static int tensor_read(struct loader *ld, const char *name, int32_t rows, int32_
     }
     FILE *f = fopen(path, "rb");
     if (f == NULL) {
-        return fail(&ld->why, ATTN_EIO, "cannot open %s: %s", path, strerror(errno));
+        return attn__fail(&ld->why, ATTN_EIO, "cannot open %s: %s", path, strerror(errno));
     }
     void *buf = dst;
     if (dt != DTYPE_F32) {
@@ -690,7 +482,7 @@ static int tensor_read(struct loader *ld, const char *name, int32_t rows, int32_
     }
     rc = ATTN_OK;
     if (fseeko(f, (off_t)start, SEEK_SET) != 0 || fread(buf, elem, n, f) != n) {
-        rc = fail(&ld->why, ATTN_EIO, "%s: short read from %s", name, path);
+        rc = attn__fail(&ld->why, ATTN_EIO, "%s: short read from %s", name, path);
     }
     fclose(f);
     if (rc != ATTN_OK || dt == DTYPE_F32) {
@@ -729,8 +521,8 @@ static int pick_prefix(struct loader *ld, int32_t layer) {
             return ATTN_OK;
         }
     }
-    return fail(&ld->why, ATTN_EIO, "tensor model.layers.%d.self_attn.q_proj.weight not found",
-                layer);
+    return attn__fail(&ld->why, ATTN_EIO,
+                      "tensor model.layers.%d.self_attn.q_proj.weight not found", layer);
 }
 
 static int read_layer(struct loader *ld, const attn_config *c, int32_t layer,
@@ -761,9 +553,8 @@ static int read_layer(struct loader *ld, const attn_config *c, int32_t layer,
     return ATTN_OK;
 }
 
-/* Biases are detected from the tensors themselves: Llama's attention_bias puts them on q, k, v
- * and o, while Qwen2 has q/k/v biases and no such field. */
-static int detect_biases(struct loader *ld, int32_t layer, bool wants_bias, attn_config *c) {
+/* attnd's own layout: biases are what the checkpoint holds (q/k/v as a set, o alone). */
+static int detect_biases(struct loader *ld, int32_t layer, bool wants_qkv_bias, attn_config *c) {
     char name[256];
     snprintf(name, sizeof name, "%s.%d.self_attn.q_proj.bias", ld->prefix, layer);
     int rc = tensor_exists(ld, name, &c->has_qkv_bias);
@@ -774,13 +565,87 @@ static int detect_biases(struct loader *ld, int32_t layer, bool wants_bias, attn
     if ((rc = tensor_exists(ld, name, &c->has_o_bias)) != ATTN_OK) {
         return rc;
     }
-    if (wants_bias && !c->has_qkv_bias) {
-        return fail(&ld->why, ATTN_EIO,
-                    "config.json sets attention_bias but %s.%d.self_attn.q_proj."
-                    "bias is missing",
-                    ld->prefix, layer);
+    if (wants_qkv_bias && !c->has_qkv_bias) {
+        return attn__fail(&ld->why, ATTN_EIO,
+                          "config.json sets attention_bias but %s.%d.self_attn.q_proj."
+                          "bias is missing",
+                          ld->prefix, layer);
     }
     return ATTN_OK;
+}
+
+/* ---- screening: every attention tensor is consumed --------------------------------------------
+ */
+
+/* True if the engine reads this tensor of a layer's self_attn (suffix after "self_attn."). */
+static bool is_consumed(const attn_config *c, const char *suffix) {
+    static const char *const weights[] = {"q_proj.weight", "k_proj.weight", "v_proj.weight",
+                                          "o_proj.weight",
+                                          /* a buffer old checkpoints saved; Hugging Face
+                                           * recomputes it from the config, as attnd does */
+                                          "rotary_emb.inv_freq"};
+    static const char *const qkv_biases[] = {"q_proj.bias", "k_proj.bias", "v_proj.bias"};
+    for (size_t i = 0; i < sizeof weights / sizeof weights[0]; i++) {
+        if (strcmp(suffix, weights[i]) == 0) {
+            return true;
+        }
+    }
+    for (size_t i = 0; c->has_qkv_bias && i < sizeof qkv_biases / sizeof qkv_biases[0]; i++) {
+        if (strcmp(suffix, qkv_biases[i]) == 0) {
+            return true;
+        }
+    }
+    return c->has_o_bias && strcmp(suffix, "o_proj.bias") == 0;
+}
+
+/* A tensor named <prefix>.<layer>.self_attn.<suffix> must be one the engine consumes: anything
+ * else there (q/k norms, sinks, a bias the family does not have) changes attention, and serving
+ * the layer without it would be wrong. */
+static int screen_tensor(struct loader *ld, const attn_config *c, const char *family,
+                         const char *name) {
+    size_t pl = strlen(ld->prefix);
+    if (strncmp(name, ld->prefix, pl) != 0 || name[pl] != '.') {
+        return ATTN_OK;
+    }
+    const char *p = name + pl + 1;
+    const char *digits = p;
+    while (*p >= '0' && *p <= '9') {
+        p++;
+    }
+    static const char attn_part[] = ".self_attn.";
+    if (p == digits || strncmp(p, attn_part, sizeof attn_part - 1) != 0) {
+        return ATTN_OK;
+    }
+    if (!is_consumed(c, p + sizeof attn_part - 1)) {
+        return attn__fail(&ld->why, ATTN_EUNSUPPORTED,
+                          "tensor %s is not part of %s attention as attnd computes it; refused "
+                          "rather than served without it",
+                          name, family);
+    }
+    return ATTN_OK;
+}
+
+/* Screens every tensor of the checkpoint (the index's names, or the single file's header). */
+static int screen_tensors(struct loader *ld, const attn_config *c, const char *family) {
+    int rc = ATTN_OK;
+    if (ld->weight_map != NULL) {
+        const cJSON *e;
+        cJSON_ArrayForEach(e, ld->weight_map) {
+            if ((rc = screen_tensor(ld, c, family, e->string)) != ATTN_OK) {
+                return rc;
+            }
+        }
+        return ATTN_OK;
+    }
+    int shard;
+    if ((rc = shard_open(ld, "model.safetensors", &shard)) != ATTN_OK) {
+        return rc;
+    }
+    const struct attn__st_header *h = &ld->shard_headers[shard];
+    for (int32_t i = 0; i < h->n_tensors && rc == ATTN_OK; i++) {
+        rc = screen_tensor(ld, c, family, h->tensors[i].name);
+    }
+    return rc;
 }
 
 static void loader_release(struct loader *ld) {
@@ -807,7 +672,7 @@ static int open_index(struct loader *ld) {
     }
     ld->weight_map = cJSON_GetObjectItemCaseSensitive(ld->index_json, "weight_map");
     if (!cJSON_IsObject(ld->weight_map)) {
-        return fail(&ld->why, ATTN_EIO, "model.safetensors.index.json: no weight_map object");
+        return attn__fail(&ld->why, ATTN_EIO, "model.safetensors.index.json: no weight_map object");
     }
     return ATTN_OK;
 }
@@ -823,10 +688,10 @@ int attn_model_load_hf(const char *dir, const attn_load_params *p, attn_model **
     ld.why.text = err;
     ld.why.size = err_size;
     if (dir == NULL || out == NULL) {
-        return fail(&ld.why, ATTN_EINVAL, "no model folder given");
+        return attn__fail(&ld.why, ATTN_EINVAL, "no model folder given");
     }
     attn_config cfg;
-    bool wants_bias = false;
+    struct attn__hf_layout lay;
     char *config_text = NULL;
     size_t config_len = 0;
     attn_model *m = NULL;
@@ -834,24 +699,30 @@ int attn_model_load_hf(const char *dir, const attn_load_params *p, attn_model **
     if (rc != ATTN_OK) {
         goto out;
     }
-    if ((rc = attn__hf_config_parse(config_text, config_len, &cfg, &wants_bias, err, err_size)) !=
-        ATTN_OK) {
+    if ((rc = attn__hf_config_parse(config_text, config_len, p ? p->trust_layout : NULL, &cfg, &lay,
+                                    err, err_size)) != ATTN_OK) {
         goto out;
     }
     int32_t first = p ? p->layer_first : 0;
     if (first < 0 || first >= cfg.n_layers || (p && p->layer_count < 0) ||
         (p && p->layer_count > cfg.n_layers - first)) {
-        rc = fail(&ld.why, ATTN_EINVAL, "layers %d..%d requested, the model has %d", first,
-                  first + (p ? p->layer_count : 1) - 1, cfg.n_layers);
+        rc = attn__fail(&ld.why, ATTN_EINVAL, "layers %d..%d requested, the model has %d", first,
+                        first + (p ? p->layer_count : 1) - 1, cfg.n_layers);
         goto out;
     }
-    if ((rc = open_index(&ld)) != ATTN_OK || (rc = pick_prefix(&ld, first)) != ATTN_OK ||
-        (rc = detect_biases(&ld, first, wants_bias, &cfg)) != ATTN_OK) {
+    if ((rc = open_index(&ld)) != ATTN_OK || (rc = pick_prefix(&ld, first)) != ATTN_OK) {
+        goto out;
+    }
+    if (lay.has_biases_from_tensors &&
+        (rc = detect_biases(&ld, first, lay.wants_qkv_bias, &cfg)) != ATTN_OK) {
+        goto out;
+    }
+    if ((rc = screen_tensors(&ld, &cfg, lay.family)) != ATTN_OK) {
         goto out;
     }
     if ((rc = attn__model_alloc(&cfg, p, &m)) != ATTN_OK) {
-        fail(&ld.why, rc, "config.json describes an invalid attention geometry: %s",
-             attn_strerror(rc));
+        attn__fail(&ld.why, rc, "config.json describes an invalid attention geometry: %s",
+                   attn_strerror(rc));
         goto out;
     }
     for (int32_t i = 0; i < m->layer_count; i++) {
@@ -859,6 +730,7 @@ int attn_model_load_hf(const char *dir, const attn_load_params *p, attn_model **
             goto out;
         }
     }
+    snprintf(m->family, sizeof m->family, "%s", lay.family);
     *out = m;
     m = NULL;
 out:

@@ -95,6 +95,7 @@ int attn__model_alloc(const attn_config *cfg_in, const attn_load_params *p, attn
         return ATTN_ENOMEM;
     }
     m->cfg = cfg;
+    memcpy(m->family, "attnd", sizeof "attnd");
     m->layer_first = first;
     m->layer_count = count;
     m->layers = calloc((size_t)count, sizeof *m->layers);
@@ -245,4 +246,8 @@ int32_t attn_model_layer_count(const attn_model *m) {
 
 size_t attn_model_bytes(const attn_model *m) {
     return m->bytes;
+}
+
+const char *attn_model_family(const attn_model *m) {
+    return m->family;
 }

@@ -195,6 +195,7 @@ char *api_session_list_encode(const struct api_session *sessions, int32_t n_sess
 /* attnd-specific model facts for GET /v1/model. */
 struct api_model_info {
     const char *source; /* model folder or "preset:<name> seed=<n>" */
+    const char *family; /* attn_model_family: the attention family served */
     int32_t layer_first;
     int32_t layer_count;
     size_t weights_bytes;

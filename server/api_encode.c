@@ -283,6 +283,46 @@ char *api_session_list_encode(const struct api_session *sessions, int32_t n_sess
     return strbuf_detach(&b, len);
 }
 
+/* The rope_scaling object as config.json spells it, or null. */
+static void put_rope_scaling(struct strbuf *b, const attn_rope_scaling *rs) {
+    if (rs->type == ATTN_ROPE_SCALING_LINEAR) {
+        strbuf_puts(b, "{\"rope_type\":\"linear\",\"factor\":");
+        put_float(b, rs->factor);
+        strbuf_putc(b, '}');
+    } else if (rs->type == ATTN_ROPE_SCALING_LLAMA3) {
+        strbuf_puts(b, "{\"rope_type\":\"llama3\",\"factor\":");
+        put_float(b, rs->factor);
+        strbuf_puts(b, ",\"low_freq_factor\":");
+        put_float(b, rs->low_freq_factor);
+        strbuf_puts(b, ",\"high_freq_factor\":");
+        put_float(b, rs->high_freq_factor);
+        strbuf_printf(b, ",\"original_max_position_embeddings\":%d}",
+                      (int)rs->original_max_position);
+    } else {
+        strbuf_puts(b, "null");
+    }
+}
+
+/* One entry of "layers": what attention layer `layer` computes. Every loaded layer has the
+ * model's one config today; the list is per layer so that families with layers of several
+ * kinds are described the same way. */
+static void put_layer(struct strbuf *b, const attn_config *cfg, int32_t layer) {
+    strbuf_printf(b, "{\"layer\":%d,\"attention\":\"%s\",\"sliding_window\":", (int)layer,
+                  cfg->sliding_window > 0 ? "sliding" : "full");
+    if (cfg->sliding_window > 0) {
+        strbuf_printf(b, "%d", (int)cfg->sliding_window);
+    } else {
+        strbuf_puts(b, "null");
+    }
+    strbuf_puts(b, ",\"rope_theta\":");
+    put_float(b, cfg->rope_theta);
+    strbuf_puts(b, ",\"rope_scaling\":");
+    put_rope_scaling(b, &cfg->rope_scaling);
+    strbuf_puts(b, ",\"softmax_scale\":");
+    put_float(b, cfg->softmax_scale);
+    strbuf_puts(b, ",\"qk_norm\":null,\"logit_softcap\":null,\"sinks\":false}");
+}
+
 char *api_model_encode(const attn_config *cfg, const struct api_model_info *info, size_t *len) {
     struct strbuf b;
     strbuf_init(&b);
@@ -293,23 +333,7 @@ char *api_model_encode(const attn_config *cfg, const struct api_model_info *info
                   (int)cfg->head_dim);
     put_float(&b, cfg->rope_theta);
     strbuf_puts(&b, ",\"rope_scaling\":");
-    const attn_rope_scaling *rs = &cfg->rope_scaling;
-    if (rs->type == ATTN_ROPE_SCALING_LINEAR) {
-        strbuf_puts(&b, "{\"rope_type\":\"linear\",\"factor\":");
-        put_float(&b, rs->factor);
-        strbuf_putc(&b, '}');
-    } else if (rs->type == ATTN_ROPE_SCALING_LLAMA3) {
-        strbuf_puts(&b, "{\"rope_type\":\"llama3\",\"factor\":");
-        put_float(&b, rs->factor);
-        strbuf_puts(&b, ",\"low_freq_factor\":");
-        put_float(&b, rs->low_freq_factor);
-        strbuf_puts(&b, ",\"high_freq_factor\":");
-        put_float(&b, rs->high_freq_factor);
-        strbuf_printf(&b, ",\"original_max_position_embeddings\":%d}",
-                      (int)rs->original_max_position);
-    } else {
-        strbuf_puts(&b, "null");
-    }
+    put_rope_scaling(&b, &cfg->rope_scaling);
     strbuf_printf(&b, ",\"max_position_embeddings\":%d,\"attention_bias\":%s,\"sliding_window\":",
                   (int)cfg->max_seq, cfg->has_qkv_bias ? "true" : "false");
     if (cfg->sliding_window > 0) {
@@ -322,6 +346,8 @@ char *api_model_encode(const attn_config *cfg, const struct api_model_info *info
     put_float(&b, has_rope ? (float)cfg->rotary_dim / (float)cfg->head_dim : 0.0f);
     strbuf_puts(&b, ",\"attnd\":{\"source\":");
     put_string(&b, info->source);
+    strbuf_puts(&b, ",\"family\":");
+    put_string(&b, info->family);
     strbuf_printf(&b,
                   ",\"layer_first\":%d,\"layer_count\":%d,\"rope_style\":\"%s\",\"o_bias\":%s,"
                   "\"softmax_scale\":",
@@ -331,7 +357,14 @@ char *api_model_encode(const attn_config *cfg, const struct api_model_info *info
                                                                    : "half",
                   cfg->has_o_bias ? "true" : "false");
     put_float(&b, cfg->softmax_scale);
-    strbuf_printf(&b, ",\"weights_bytes\":%zu}}\n", info->weights_bytes);
+    strbuf_printf(&b, ",\"weights_bytes\":%zu,\"layers\":[", info->weights_bytes);
+    for (int32_t i = 0; i < info->layer_count; i++) {
+        if (i > 0) {
+            strbuf_putc(&b, ',');
+        }
+        put_layer(&b, cfg, info->layer_first + i);
+    }
+    strbuf_puts(&b, "]}}\n");
     return strbuf_detach(&b, len);
 }
 

@@ -43,6 +43,11 @@ static const struct option options[] = {
     {"model", "ATTND_MODEL", OPTION_STRING, offsetof(struct config, model), "", 0, 0,
      "Hugging Face style folder (config.json + model.safetensors); empty = the built-in preset "
      "with seeded random weights"},
+    {"trust-layout", "ATTND_TRUST_LAYOUT", OPTION_STRING, offsetof(struct config, trust_layout), "",
+     0, 0,
+     "empty, or llama: serve a --model whose model_type attnd does not know (or that has none) as "
+     "Llama attention, you vouching for it. Known families that are not served, and config "
+     "fields or tensors that change attention, are refused all the same"},
     {"preset", "ATTND_PRESET", OPTION_PRESET, offsetof(struct config, preset), "small", 0, 0,
      "built-in model geometry when --model is empty: tiny, small or llama8b"},
     {"seed", "ATTND_SEED", OPTION_U64, offsetof(struct config, seed), "0", 0, 0,
@@ -259,6 +264,11 @@ static const struct option *find_option(const char *name, size_t len) {
 static int resolve(struct config *cfg, int32_t cores, char *err, size_t err_size) {
     if (cfg->host[0] == '\0') {
         set_err(err, err_size, "--host: must not be empty");
+        return -1;
+    }
+    if (cfg->trust_layout[0] != '\0' && strcmp(cfg->trust_layout, "llama") != 0) {
+        set_err(err, err_size, "--trust-layout: '%s' is not a layout (empty, or llama)",
+                cfg->trust_layout);
         return -1;
     }
     if (cfg->kv_block_tokens != 0 && cfg->kv_block_tokens < 16) {

@@ -18,6 +18,7 @@ struct config {
     const char *host;         /* address to bind */
     int32_t port;             /* TCP port; 0 = an ephemeral port (logged as port=) */
     const char *model;        /* HF-style model folder, or "" for the built-in preset */
+    const char *trust_layout; /* "" or "llama": how to read an unknown model_type */
     const char *preset;       /* built-in preset when model is "" */
     uint64_t seed;            /* seed of the preset's random weights */
     const char *layers;       /* "all", "N" or "A-B" as given */

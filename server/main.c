@@ -103,7 +103,8 @@ static void on_tick(uv_timer_t *t) {
 /* Builds the model from --model or the preset. Returns 0 or prints why and returns -1. */
 static int load_model(const struct config *cfg, attn_model **model, char *source,
                       size_t source_size) {
-    attn_load_params lp = {cfg->layer_first, cfg->layer_count, cfg->max_seq};
+    attn_load_params lp = {cfg->layer_first, cfg->layer_count, cfg->max_seq,
+                           cfg->trust_layout[0] != '\0' ? cfg->trust_layout : NULL};
     char err[512] = "";
     if (cfg->model[0] != '\0') {
         int rc = attn_model_load_hf(cfg->model, &lp, model, err, sizeof err);
@@ -290,9 +291,9 @@ int main(int argc, char **argv) {
     }
     const attn_config *mc = attn_model_config(model);
     LOG_INFO("main",
-             "model source=\"%s\" layers=%d-%d hidden=%d heads=%d kv_heads=%d head_dim=%d "
-             "max_seq=%d weights_bytes=%zu",
-             source, (int)attn_model_layer_first(model),
+             "model source=\"%s\" family=\"%s\" layers=%d-%d hidden=%d heads=%d kv_heads=%d "
+             "head_dim=%d max_seq=%d weights_bytes=%zu",
+             source, attn_model_family(model), (int)attn_model_layer_first(model),
              (int)(attn_model_layer_first(model) + attn_model_layer_count(model) - 1),
              (int)mc->hidden_size, (int)mc->n_heads, (int)mc->n_kv_heads, (int)mc->head_dim,
              (int)mc->max_seq, attn_model_bytes(model));

@@ -226,6 +226,7 @@ static void handle_model(struct route_req *rq) {
     struct server *srv = rq->srv;
     struct api_model_info info = {
         .source = srv->model_source,
+        .family = attn_model_family(srv->model),
         .layer_first = attn_model_layer_first(srv->model),
         .layer_count = attn_model_layer_count(srv->model),
         .weights_bytes = attn_model_bytes(srv->model),

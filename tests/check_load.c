@@ -132,8 +132,8 @@ START_TEST(test_load_tiny_config) {
 }
 END_TEST
 
-/* Qwen2-style q/k/v biases without an o bias, head_dim from hidden / heads, partial rotary,
- * the interleaved style, linear scaling spelled "type", and a sliding window. */
+/* attnd's own layout: q/k/v biases without an o bias, head_dim from hidden / heads, partial
+ * rotary, the interleaved style, linear scaling spelled "type", and a sliding window. */
 START_TEST(test_load_alt_config) {
     attn_model *m = load_ok(DATA "hf_alt_f16", NULL);
     const attn_config *c = attn_model_config(m);
@@ -151,9 +151,10 @@ START_TEST(test_load_alt_config) {
     ck_assert_int_eq(c->sliding_window, 4);
     ck_assert(c->has_qkv_bias);
     ck_assert(!c->has_o_bias);
+    ck_assert_str_eq(attn_model_family(m), "attnd");
     attn_model_destroy(m);
 
-    /* use_sliding_window false switches the window off; rope_type "default" is no scaling. */
+    /* A null sliding_window is none; rope_type "default" is no scaling. */
     m = load_ok(DATA "hf_alt_nowindow", NULL);
     c = attn_model_config(m);
     ck_assert_int_eq(c->sliding_window, 0);
@@ -163,7 +164,7 @@ START_TEST(test_load_alt_config) {
 END_TEST
 
 START_TEST(test_load_max_seq_override) {
-    attn_load_params p = {0, 0, 100};
+    attn_load_params p = {0, 0, 100, NULL};
     attn_model *m = load_ok(DATA "hf_tiny_f32", &p);
     ck_assert_int_eq(attn_model_config(m)->max_seq, 100);
     attn_model_destroy(m);
@@ -195,13 +196,29 @@ START_TEST(test_load_alt_f16_matches_numpy) {
 }
 END_TEST
 
+/* The alt weights as a Qwen2 checkpoint, read by Qwen2's rules: q/k/v biases, no o bias, whole
+ * heads rotated, and use_sliding_window with max_window_layers 0 making layer 0 slide. */
+START_TEST(test_load_qwen2_f16_matches_numpy) {
+    attn_model *m = load_ok(DATA "hf_qwen2_f16", NULL);
+    const attn_config *c = attn_model_config(m);
+    ck_assert_str_eq(attn_model_family(m), "qwen2");
+    ck_assert_int_eq(c->sliding_window, 4);
+    ck_assert_int_eq(c->rotary_dim, 8);
+    ck_assert_int_eq(c->rope_style, ATTN_ROPE_STYLE_HALF);
+    ck_assert(c->has_qkv_bias);
+    ck_assert(!c->has_o_bias);
+    check_layer(m, 0, &alt, "qwen2_f16");
+    attn_model_destroy(m);
+}
+END_TEST
+
 /* Only layer 1 (which straddles the two BF16 shards): same results, less memory, and layer 0
  * is not there. */
 START_TEST(test_load_layer_subset) {
     static const char *const dirs[2] = {DATA "hf_tiny_f32", DATA "hf_tiny_bf16"};
     static const char *const expected[2] = {"tiny_f32", "tiny_bf16"};
     for (int i = 0; i < 2; i++) {
-        attn_load_params p = {1, 1, 0};
+        attn_load_params p = {1, 1, 0, NULL};
         attn_model *full = load_ok(dirs[i], NULL);
         attn_model *m = load_ok(dirs[i], &p);
         ck_assert_int_eq(attn_model_layer_first(m), 1);
@@ -283,7 +300,7 @@ END_TEST
  * code for these, so any failure passes, but a model must not come back. */
 START_TEST(test_load_bad_params) {
     static const attn_load_params bad[] = {
-        {2, 0, 0}, {1, 2, 0}, {-1, 0, 0}, {0, -1, 0}, {0, 0, -5}};
+        {2, 0, 0, NULL}, {1, 2, 0, NULL}, {-1, 0, 0, NULL}, {0, -1, 0, NULL}, {0, 0, -5, NULL}};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         attn_model *m = NULL;
         char err[256] = "";
@@ -308,6 +325,7 @@ Suite *load_suite(void) {
     tcase_add_test(tc, test_load_tiny_f32_matches_numpy);
     tcase_add_test(tc, test_load_tiny_bf16_sharded_matches_numpy);
     tcase_add_test(tc, test_load_alt_f16_matches_numpy);
+    tcase_add_test(tc, test_load_qwen2_f16_matches_numpy);
     tcase_add_test(tc, test_load_layer_subset);
     tcase_add_test(tc, test_load_bad_folders);
     tcase_add_test(tc, test_load_reason_buffer);

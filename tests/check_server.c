@@ -935,6 +935,57 @@ START_TEST(test_server_blas_buffers_that_cannot_fit_refuse_the_start) {
 }
 END_TEST
 
+/* A checkpoint is served by its family's rules or refused at startup with one line naming why. */
+START_TEST(test_server_families_served_or_refused_by_name) {
+    static const struct {
+        const char *dir;
+        const char *trust;
+        const char *named; /* NULL: served */
+    } cases[] = {
+        {"tests/data/refuse_gemma2", NULL, "model_type 'gemma2' is not served yet"},
+        {"tests/data/refuse_gemma2", "llama", "model_type 'gemma2' is not served yet"},
+        {"tests/data/refuse_qk_norm", NULL, "_norm.weight is not part of llama attention"},
+        {"tests/data/unknown_family", NULL, "unknown model_type 'mystery'"},
+        {"tests/data/unknown_family", "llama", NULL},
+        {"tests/data/hf_qwen2_f16", NULL, NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *args[] = {"--model",
+                              cases[i].dir,
+                              "--workers",
+                              "1",
+                              "--kv-budget-mb",
+                              "4",
+                              cases[i].trust ? "--trust-layout" : NULL,
+                              cases[i].trust,
+                              NULL};
+        if (cases[i].named != NULL) {
+            char *log = NULL;
+            int rc = http_client_daemon_run(args, 10000, &log);
+            ck_assert_msg(rc == 1 && strstr(log, cases[i].named) != NULL,
+                          "%s: exit %d, want 1 naming %s: %s", cases[i].dir, rc, cases[i].named,
+                          log);
+            free(log);
+            continue;
+        }
+        start(args);
+        cJSON *m = call_json("GET", "/v1/model", NULL, 200);
+        const cJSON *attnd = cJSON_GetObjectItemCaseSensitive(m, "attnd");
+        const char *family =
+            cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(attnd, "family"));
+        ck_assert_ptr_nonnull(family);
+        ck_assert_str_eq(family, cases[i].trust ? "llama (trusted layout of mystery)" : "qwen2");
+        const cJSON *layer0 =
+            cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(attnd, "layers"), 0);
+        ck_assert_str_eq(
+            cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(layer0, "attention")),
+            cases[i].trust ? "full" : "sliding");
+        cJSON_Delete(m);
+        stop_ok();
+    }
+}
+END_TEST
+
 /* ---- concurrency and batching --------------------------------------------------------------- */
 
 #define N_CLIENTS      16
@@ -1454,6 +1505,7 @@ Suite *server_suite(void) {
     tcase_add_test(tc, test_server_queue_full);
     tcase_add_test(tc, test_server_out_of_memory_is_500);
     tcase_add_test(tc, test_server_blas_buffers_that_cannot_fit_refuse_the_start);
+    tcase_add_test(tc, test_server_families_served_or_refused_by_name);
     tc = daemon_case(s, "load");
     tcase_add_test(tc, test_server_concurrent_sessions_are_isolated);
     tcase_add_test(tc, test_server_batches_ready_decodes);

@@ -265,26 +265,40 @@ TINY_CONFIG = {
 # 7 prefill tokens then 3 decode tokens, at positions 60..69 (crossing the original context).
 TINY_T, TINY_DECODE, TINY_POS0 = 7, 3, 60
 
-# alt: Qwen2 style biases (q/k/v only), MQA 4/1, head_dim from hidden/heads, interleaved RoPE on
-# half of each head, linear scaling spelled with "type", theta 1000, a sliding window of 4.
+# alt: attnd's own layout (model_type "attnd": the engine's generic attention, every field
+# explicit): q/k/v biases only, MQA 4/1, head_dim from hidden/heads, interleaved RoPE on half of
+# each head, linear scaling spelled with "type", theta 1000, a sliding window of 4 on every layer.
 ALT = {
     "hidden": 32, "n_heads": 4, "n_kv_heads": 1, "head_dim": 8, "n_layers": 1,
     "rotary_dim": 4, "rope_theta": 1000.0, "rope_style": "interleaved", "sliding_window": 4,
     "rope_scaling": {"type": "linear", "factor": 2.0},
 }
 ALT_CONFIG = {
-    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "torch_dtype": "float16",
+    "model_type": "attnd", "torch_dtype": "float16",
     "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 1,
     "num_hidden_layers": 1, "rope_theta": 1000.0, "partial_rotary_factor": 0.5,
     "rope_style": "interleaved", "rope_scaling": {"type": "linear", "factor": 2.0},
-    "max_position_embeddings": 64, "sliding_window": 4, "use_sliding_window": True,
+    "max_position_embeddings": 64, "sliding_window": 4,
+}
+
+# qwen2: the alt weights read by Qwen2's own rules (configuration_qwen2.py, modeling_qwen2.py):
+# q/k/v biases and no o bias by construction, rotate-half RoPE on whole heads, and
+# use_sliding_window with max_window_layers 0, so that every layer (i >= 0) slides with window 4.
+QWEN2 = dict(ALT, rotary_dim=8, rope_style="half")
+QWEN2_CONFIG = {
+    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "torch_dtype": "float16",
+    "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4,
+    "num_key_value_heads": 1, "num_hidden_layers": 1, "rope_theta": 1000.0,
+    "rope_scaling": {"type": "linear", "factor": 2.0}, "max_position_embeddings": 64,
+    "sliding_window": 4, "use_sliding_window": True, "max_window_layers": 0,
+    "rms_norm_eps": 1e-06,
 }
 ALT_T, ALT_DECODE = 9, 3
 
 # bad: a minimal valid model (hidden 8, 2 heads, 1 kv head) that each bad folder breaks once.
 BAD = {"hidden": 8, "n_heads": 2, "n_kv_heads": 1, "head_dim": 4}
 BAD_CONFIG = {
-    "hidden_size": 8, "num_attention_heads": 2, "num_key_value_heads": 1, "num_hidden_layers": 1,
+    "model_type": "llama", "hidden_size": 8, "num_attention_heads": 2, "num_key_value_heads": 1, "num_hidden_layers": 1,
     "max_position_embeddings": 32, "rope_theta": 10000.0,
 }
 
@@ -325,9 +339,13 @@ def gen_alt(out, exp):
     write_folder(os.path.join(out, "hf_alt_f16"), ALT_CONFIG, tensors, "F16")
     write_expected(exp, "alt_f16", rounded(layers, f16_round), x, positions, ALT)
 
-    # The same weights with the window switched off by use_sliding_window, and "default" RoPE.
-    cfg = dict(ALT_CONFIG, use_sliding_window=False, rope_scaling={"rope_type": "default"})
+    # The same weights with the window switched off (null), and "default" RoPE.
+    cfg = dict(ALT_CONFIG, sliding_window=None, rope_scaling={"rope_type": "default"})
     write_folder(os.path.join(out, "hf_alt_nowindow"), cfg, tensors, "F16")
+
+    # The same weights as a Qwen2 checkpoint, with Qwen2's attention as the reference.
+    write_folder(os.path.join(out, "hf_qwen2_f16"), QWEN2_CONFIG, tensors, "F16")
+    write_expected(exp, "qwen2_f16", rounded(layers, f16_round), x, positions, QWEN2)
 
 
 def gen_bad(out):
@@ -354,6 +372,22 @@ def gen_bad(out):
         f.truncate(os.path.getsize(st) - 100)
 
     os.remove(os.path.join(folder("bad_no_config"), "config.json"))
+
+    # Refused by name: attention tensors the family does not have (Qwen3's q/k norms and
+    # gpt-oss's sinks in a llama-typed checkpoint, a bias Llama reads only with attention_bias),
+    # and a family that is known but not served.
+    hd = BAD["head_dim"]
+    folder("refuse_qk_norm", tensors=tensors + [
+        ("model.layers.0.self_attn.q_norm.weight", np.ones(hd, np.float32)),
+        ("model.layers.0.self_attn.k_norm.weight", np.ones(hd, np.float32))])
+    folder("refuse_sinks", tensors=tensors + [
+        ("model.layers.0.self_attn.sinks", np.zeros(BAD["n_heads"], np.float32))])
+    folder("refuse_o_bias", tensors=tensors + [
+        ("model.layers.0.self_attn.o_proj.bias", np.zeros(BAD["hidden"], np.float32))])
+    folder("refuse_gemma2", dict(BAD_CONFIG, model_type="gemma2", query_pre_attn_scalar=4,
+                                 attn_logit_softcapping=50.0))
+    # A model_type attnd does not know: refused, unless --trust-layout llama vouches for it.
+    folder("unknown_family", dict(BAD_CONFIG, model_type="mystery"))
 
     path = folder("bad_missing_shard")
     os.remove(os.path.join(path, "model.safetensors"))

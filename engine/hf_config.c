@@ -1,0 +1,558 @@
+/* engine/hf_config.c: reads a Hugging Face config.json into an attn_config, through the table of
+ * model families the engine serves. Each family row says what its own modeling code reads: its
+ * defaults, which projections carry biases, how its sliding window applies, and which of the
+ * engine's generic fields (partial rotary, rope_style) it may set. A family the engine does not
+ * serve, and any config field that would change attention in a way the engine does not compute,
+ * is refused by name (ATTN_EUNSUPPORTED) rather than served approximately. Tensor screening (every
+ * attention tensor must be consumed) is hf_load.c's, from the layout this file fills in.
+ */
+#include "attn_int.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+/* ---- the family table ------------------------------------------------------------------------ */
+
+/* Which projections have biases. */
+enum bias_rule {
+    BIAS_NONE,               /* never (Mistral) */
+    BIAS_IF_ATTENTION_BIAS,  /* q, k, v and o, iff attention_bias (Llama) */
+    BIAS_QKV,                /* q, k and v always, o never (Qwen2) */
+    BIAS_AS_THE_TENSORS_SAY, /* attnd's own layout: whatever the checkpoint holds */
+};
+
+/* How sliding_window applies. */
+enum window_rule {
+    WINDOW_NOT_READ, /* the family's attention never reads it (Llama) */
+    WINDOW_ALL,      /* every layer, when set (Mistral, attnd) */
+    WINDOW_QWEN2,    /* use_sliding_window, then layers >= max_window_layers (or layer_types) */
+};
+
+struct family {
+    const char *model_type;
+    int32_t default_kv_heads; /* num_key_value_heads when absent; 0 = num_attention_heads */
+    int32_t default_window;   /* sliding_window when absent (null stays none) */
+    enum bias_rule bias;
+    enum window_rule window;
+    bool has_engine_fields; /* partial_rotary_factor and rope_style are read */
+};
+
+/* Served exactly, each against an fp64 reference written from its modeling code
+ * (tests/gen_fixtures.py). */
+static const struct family families[] = {
+    {"llama", 0, 0, BIAS_IF_ATTENTION_BIAS, WINDOW_NOT_READ, false},
+    {"mistral", 8, 4096, BIAS_NONE, WINDOW_ALL, false},
+    {"qwen2", 32, 4096, BIAS_QKV, WINDOW_QWEN2, false},
+    /* attnd's own layout: the engine's generic attention with every field explicit. */
+    {"attnd", 0, 0, BIAS_AS_THE_TENSORS_SAY, WINDOW_ALL, true},
+};
+
+/* Families known by name and not served yet, with what their attention needs. */
+static const struct {
+    const char *model_type;
+    const char *needs;
+} unserved[] = {
+    {"qwen3", "q_norm / k_norm (RMSNorm per head before RoPE)"},
+    {"qwen3_moe", "q_norm / k_norm (RMSNorm per head before RoPE)"},
+    {"qwen2_moe", "its attention has not been validated"},
+    {"mixtral", "its attention has not been validated"},
+    {"gemma", "its attention has not been validated"},
+    {"gemma2", "query_pre_attn_scalar, attn_logit_softcapping and alternating sliding layers"},
+    {"gemma3", "q/k norms, layer_types and rope_local_base_freq (text_config)"},
+    {"gemma3_text", "q/k norms, layer_types and rope_local_base_freq"},
+    {"olmo", "clip_qkv"},
+    {"olmo2", "q_norm / k_norm over the whole projection width"},
+    {"stablelm", "qk_layernorm and partial rotary"},
+    {"cohere", "interleaved rotary and use_qk_norm"},
+    {"cohere2", "interleaved rotary and alternating sliding layers"},
+    {"granite", "attention_multiplier as the softmax scale"},
+    {"granitemoe", "attention_multiplier as the softmax scale"},
+    {"glm", "partial interleaved rotary"},
+    {"glm4", "partial interleaved rotary"},
+    {"phi", "partial rotary and a dense output projection"},
+    {"phi3", "the fused qkv_proj and longrope scaling"},
+    {"gpt_neox", "the fused query_key_value and rotary_pct"},
+    {"gpt2", "Conv1D c_attn / c_proj and no rotary embedding"},
+    {"falcon", "the fused query_key_value"},
+    {"starcoder2", "its attention has not been validated"},
+    {"gpt_oss", "attention sinks, alternating sliding layers and yarn scaling"},
+    {"deepseek_v2", "multi-head latent attention"},
+    {"deepseek_v3", "multi-head latent attention"},
+    {"llama4", "chunked attention and layers without RoPE"},
+    {"smollm3", "layers without RoPE (no_rope_layers)"},
+};
+
+#define SERVED_LIST "llama, mistral, qwen2, attnd"
+
+/* Fields that change attention, which none of the served families computes: refused unless they
+ * hold their neutral value (absent, null, false, 0, or what is named). */
+enum neutral {
+    NEUTRAL_NULL,     /* absent or null */
+    NEUTRAL_FALSE,    /* absent, null or false */
+    NEUTRAL_ONE,      /* absent, null or 1 */
+    NEUTRAL_ALL_FULL, /* absent, null, or a list of "full_attention" only */
+};
+
+static const struct {
+    const char *field;
+    enum neutral neutral;
+} screened[] = {
+    {"attn_logit_softcapping", NEUTRAL_NULL},
+    {"query_pre_attn_scalar", NEUTRAL_NULL},
+    {"rope_local_base_freq", NEUTRAL_NULL},
+    {"sliding_window_pattern", NEUTRAL_NULL},
+    {"attention_multiplier", NEUTRAL_NULL},
+    {"clip_qkv", NEUTRAL_NULL},
+    {"attention_chunk_size", NEUTRAL_NULL},
+    {"no_rope_layers", NEUTRAL_NULL},
+    {"nope_layer_interval", NEUTRAL_NULL},
+    {"use_qk_norm", NEUTRAL_FALSE},
+    {"qk_layernorm", NEUTRAL_FALSE},
+    {"qk_norm", NEUTRAL_FALSE},
+    {"alibi", NEUTRAL_FALSE},
+    {"use_logn_attn", NEUTRAL_FALSE},
+    {"logn_attn", NEUTRAL_FALSE},
+    {"attn_temperature_tuning", NEUTRAL_FALSE},
+    {"rotary_pct", NEUTRAL_ONE},
+    {"layer_types", NEUTRAL_ALL_FULL},
+};
+
+/* ---- field readers ----------------------------------------------------------------------------
+ */
+
+/* Reads an optional integer field; absent or null leaves *out as is. */
+static int get_int(const struct attn__reason *why, const cJSON *obj, const char *key,
+                   int32_t *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (v == NULL || cJSON_IsNull(v)) {
+        return ATTN_OK;
+    }
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < 0 ||
+        v->valuedouble > INT32_MAX) {
+        return attn__fail(why, ATTN_EIO, "config.json: %s must be a non-negative integer", key);
+    }
+    *out = (int32_t)v->valuedouble;
+    return ATTN_OK;
+}
+
+static int get_float(const struct attn__reason *why, const cJSON *obj, const char *key,
+                     float *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (v == NULL || cJSON_IsNull(v)) {
+        return ATTN_OK;
+    }
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) {
+        return attn__fail(why, ATTN_EIO, "config.json: %s must be a number", key);
+    }
+    *out = (float)v->valuedouble;
+    return ATTN_OK;
+}
+
+static int get_bool(const struct attn__reason *why, const cJSON *obj, const char *key, bool *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (v == NULL || cJSON_IsNull(v)) {
+        return ATTN_OK;
+    }
+    if (!cJSON_IsBool(v)) {
+        return attn__fail(why, ATTN_EIO, "config.json: %s must be true or false", key);
+    }
+    *out = cJSON_IsTrue(v);
+    return ATTN_OK;
+}
+
+/* ---- rotary embedding --------------------------------------------------------------------------
+ */
+
+static int parse_rope_scaling(const struct attn__reason *why, const cJSON *rs,
+                              attn_rope_scaling *out) {
+    memset(out, 0, sizeof *out);
+    if (rs == NULL || cJSON_IsNull(rs)) {
+        return ATTN_OK;
+    }
+    if (!cJSON_IsObject(rs)) {
+        return attn__fail(why, ATTN_EIO, "config.json: rope_scaling must be an object or null");
+    }
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
+    if (type == NULL) {
+        type = cJSON_GetObjectItemCaseSensitive(rs, "type");
+    }
+    if (!cJSON_IsString(type)) {
+        return attn__fail(why, ATTN_EIO, "config.json: rope_scaling needs a string rope_type");
+    }
+    const char *t = type->valuestring;
+    int rc = ATTN_OK;
+    if (strcmp(t, "default") == 0) {
+        out->type = ATTN_ROPE_SCALING_NONE;
+    } else if (strcmp(t, "linear") == 0) {
+        out->type = ATTN_ROPE_SCALING_LINEAR;
+        rc = get_float(why, rs, "factor", &out->factor);
+    } else if (strcmp(t, "llama3") == 0) {
+        out->type = ATTN_ROPE_SCALING_LLAMA3;
+        if ((rc = get_float(why, rs, "factor", &out->factor)) != ATTN_OK ||
+            (rc = get_float(why, rs, "low_freq_factor", &out->low_freq_factor)) != ATTN_OK ||
+            (rc = get_float(why, rs, "high_freq_factor", &out->high_freq_factor)) != ATTN_OK ||
+            (rc = get_int(why, rs, "original_max_position_embeddings",
+                          &out->original_max_position)) != ATTN_OK) {
+            return rc;
+        }
+    } else {
+        return attn__fail(why, ATTN_EUNSUPPORTED,
+                          "config.json: rope_scaling type '%s' is not supported (default, linear, "
+                          "llama3 are)",
+                          t);
+    }
+    if (rc != ATTN_OK) {
+        return rc;
+    }
+    if (out->type != ATTN_ROPE_SCALING_NONE && !(out->factor > 0)) {
+        return attn__fail(why, ATTN_EIO, "config.json: rope_scaling.factor must be > 0");
+    }
+    if (out->type == ATTN_ROPE_SCALING_LLAMA3 &&
+        (!(out->low_freq_factor > 0) || !(out->high_freq_factor > out->low_freq_factor) ||
+         out->original_max_position <= 0)) {
+        return attn__fail(why, ATTN_EIO,
+                          "config.json: llama3 rope_scaling needs low_freq_factor > 0, "
+                          "high_freq_factor > low_freq_factor and "
+                          "original_max_position_embeddings > 0");
+    }
+    return ATTN_OK;
+}
+
+/* The rotary embedding: theta and scaling (also from transformers v5's rope_parameters), and,
+ * where the family reads them, attnd's rope_style and partial_rotary_factor. Needs c->head_dim. */
+static int parse_rope(const struct attn__reason *why, const cJSON *j, const struct family *f,
+                      attn_config *c) {
+    int rc;
+    float partial = 1.0f;
+    if ((rc = get_float(why, j, "rope_theta", &c->rope_theta)) != ATTN_OK ||
+        (rc = get_float(why, j, "partial_rotary_factor", &partial)) != ATTN_OK) {
+        return rc;
+    }
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(j, "rope_parameters");
+    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(j, "rope_scaling");
+    if (cJSON_IsObject(rp)) {
+        if ((rc = get_float(why, rp, "rope_theta", &c->rope_theta)) != ATTN_OK ||
+            (rc = get_float(why, rp, "partial_rotary_factor", &partial)) != ATTN_OK) {
+            return rc;
+        }
+        if (rs == NULL || cJSON_IsNull(rs)) {
+            rs = rp;
+        }
+    }
+    if ((rc = parse_rope_scaling(why, rs, &c->rope_scaling)) != ATTN_OK) {
+        return rc;
+    }
+    const cJSON *style = cJSON_GetObjectItemCaseSensitive(j, "rope_style");
+    if (style != NULL && !cJSON_IsNull(style)) {
+        if (!f->has_engine_fields) {
+            return attn__fail(why, ATTN_EUNSUPPORTED,
+                              "config.json: rope_style is attnd's own field, which %s attention "
+                              "does not read (model_type attnd serves it)",
+                              f->model_type);
+        }
+        if (cJSON_IsString(style) && strcmp(style->valuestring, "half") == 0) {
+            c->rope_style = ATTN_ROPE_STYLE_HALF;
+        } else if (cJSON_IsString(style) && strcmp(style->valuestring, "interleaved") == 0) {
+            c->rope_style = ATTN_ROPE_STYLE_INTERLEAVED;
+        } else {
+            return attn__fail(why, ATTN_EUNSUPPORTED,
+                              "config.json: rope_style must be \"half\" or \"interleaved\"");
+        }
+    }
+    if (!(partial > 0.0f && partial <= 1.0f)) {
+        return attn__fail(why, ATTN_EIO, "config.json: partial_rotary_factor must be in (0, 1]");
+    }
+    if (partial != 1.0f && !f->has_engine_fields) {
+        /* Their apply_rotary_pos_emb rotates whole heads: a partial table cannot be applied. */
+        return attn__fail(why, ATTN_EUNSUPPORTED,
+                          "config.json: partial_rotary_factor %g is not part of %s attention",
+                          (double)partial, f->model_type);
+    }
+    c->rotary_dim = (int32_t)(c->head_dim * partial);
+    if (c->rotary_dim % 2 != 0 || c->rotary_dim == 0) {
+        return attn__fail(why, ATTN_EUNSUPPORTED,
+                          "config.json: rotary dim %d (head_dim x "
+                          "partial_rotary_factor) must be even and > 0",
+                          c->rotary_dim);
+    }
+    return ATTN_OK;
+}
+
+/* ---- family rules ------------------------------------------------------------------------------
+ */
+
+static bool is_neutral(const cJSON *v, enum neutral n) {
+    if (v == NULL || cJSON_IsNull(v)) {
+        return true;
+    }
+    switch (n) {
+    case NEUTRAL_NULL:
+        return false;
+    case NEUTRAL_FALSE:
+        return cJSON_IsFalse(v);
+    case NEUTRAL_ONE:
+        return cJSON_IsNumber(v) && v->valuedouble == 1.0;
+    case NEUTRAL_ALL_FULL: {
+        if (!cJSON_IsArray(v)) {
+            return false;
+        }
+        const cJSON *e;
+        cJSON_ArrayForEach(e, v) {
+            if (!cJSON_IsString(e) || strcmp(e->valuestring, "full_attention") != 0) {
+                return false;
+            }
+        }
+        return true;
+    }
+    }
+    return false;
+}
+
+/* Every screened field holds its neutral value, except the ones the family reads itself. */
+static int screen_fields(const struct attn__reason *why, const cJSON *j, const struct family *f) {
+    for (size_t i = 0; i < sizeof screened / sizeof screened[0]; i++) {
+        const char *name = screened[i].field;
+        if (f->window == WINDOW_QWEN2 && strcmp(name, "layer_types") == 0) {
+            continue; /* qwen2 reads it (parse_window) */
+        }
+        if (!is_neutral(cJSON_GetObjectItemCaseSensitive(j, name), screened[i].neutral)) {
+            return attn__fail(why, ATTN_EUNSUPPORTED,
+                              "config.json: %s changes %s attention in a way attnd does not "
+                              "compute; refused rather than served wrong",
+                              name, f->model_type);
+        }
+    }
+    return ATTN_OK;
+}
+
+/* Qwen2's rule (configuration_qwen2.py): with use_sliding_window, layer i slides iff
+ * i >= max_window_layers, unless layer_types lists each layer's kind. One window for all layers
+ * or none is served; layers of both kinds are refused. */
+static int qwen2_window(const struct attn__reason *why, const cJSON *j, attn_config *c) {
+    bool use = false;
+    int32_t window = 4096, max_window_layers = 28;
+    int rc;
+    if ((rc = get_bool(why, j, "use_sliding_window", &use)) != ATTN_OK ||
+        (rc = get_int(why, j, "max_window_layers", &max_window_layers)) != ATTN_OK) {
+        return rc;
+    }
+    if (cJSON_GetObjectItemCaseSensitive(j, "sliding_window") != NULL) {
+        window = 0; /* explicit null: none */
+        if ((rc = get_int(why, j, "sliding_window", &window)) != ATTN_OK) {
+            return rc;
+        }
+    }
+    if (!use || window == 0) {
+        window = 0;
+    }
+    int32_t n_sliding = 0;
+    const cJSON *types = cJSON_GetObjectItemCaseSensitive(j, "layer_types");
+    if (types != NULL && !cJSON_IsNull(types)) {
+        if (!cJSON_IsArray(types) || cJSON_GetArraySize(types) != c->n_layers) {
+            return attn__fail(why, ATTN_EIO,
+                              "config.json: layer_types must list num_hidden_layers kinds");
+        }
+        const cJSON *e;
+        cJSON_ArrayForEach(e, types) {
+            bool is_sliding = cJSON_IsString(e) && strcmp(e->valuestring, "sliding_attention") == 0;
+            if (!is_sliding &&
+                !(cJSON_IsString(e) && strcmp(e->valuestring, "full_attention") == 0)) {
+                return attn__fail(why, ATTN_EUNSUPPORTED,
+                                  "config.json: layer_types holds a kind other than "
+                                  "full_attention and sliding_attention");
+            }
+            n_sliding += is_sliding;
+        }
+        if (n_sliding > 0 && window == 0) {
+            return attn__fail(why, ATTN_EIO,
+                              "config.json: layer_types has sliding layers but no sliding_window");
+        }
+    } else if (window > 0) {
+        n_sliding = c->n_layers > max_window_layers ? c->n_layers - max_window_layers : 0;
+    }
+    if (n_sliding > 0 && n_sliding < c->n_layers) {
+        return attn__fail(why, ATTN_EUNSUPPORTED,
+                          "config.json: qwen2 with use_sliding_window has %d sliding and %d full "
+                          "layers (max_window_layers or layer_types); layers of two kinds are "
+                          "not served yet",
+                          n_sliding, c->n_layers - n_sliding);
+    }
+    c->sliding_window = n_sliding > 0 ? window : 0;
+    return ATTN_OK;
+}
+
+static int parse_window(const struct attn__reason *why, const cJSON *j, const struct family *f,
+                        attn_config *c) {
+    switch (f->window) {
+    case WINDOW_NOT_READ:
+        c->sliding_window = 0;
+        return ATTN_OK;
+    case WINDOW_ALL:
+        c->sliding_window = f->default_window;
+        if (cJSON_GetObjectItemCaseSensitive(j, "sliding_window") != NULL) {
+            c->sliding_window = 0;
+            return get_int(why, j, "sliding_window", &c->sliding_window);
+        }
+        return ATTN_OK;
+    case WINDOW_QWEN2:
+        return qwen2_window(why, j, c);
+    }
+    return ATTN_EINVAL;
+}
+
+static int parse_bias(const struct attn__reason *why, const cJSON *j, const struct family *f,
+                      attn_config *c, struct attn__hf_layout *lay) {
+    bool attention_bias = false;
+    int rc = get_bool(why, j, "attention_bias", &attention_bias);
+    if (rc != ATTN_OK) {
+        return rc;
+    }
+    lay->has_biases_from_tensors = false;
+    switch (f->bias) {
+    case BIAS_NONE:
+        c->has_qkv_bias = c->has_o_bias = false;
+        break;
+    case BIAS_IF_ATTENTION_BIAS:
+        c->has_qkv_bias = c->has_o_bias = attention_bias;
+        break;
+    case BIAS_QKV:
+        c->has_qkv_bias = true;
+        c->has_o_bias = false;
+        break;
+    case BIAS_AS_THE_TENSORS_SAY:
+        /* hf_load.c looks; attention_bias then only insists on q/k/v biases. */
+        lay->has_biases_from_tensors = true;
+        lay->wants_qkv_bias = attention_bias;
+        break;
+    }
+    return ATTN_OK;
+}
+
+/* ---- the family -------------------------------------------------------------------------------
+ */
+
+static const struct family *family_find(const char *model_type) {
+    for (size_t i = 0; i < sizeof families / sizeof families[0]; i++) {
+        if (strcmp(families[i].model_type, model_type) == 0) {
+            return &families[i];
+        }
+    }
+    return NULL;
+}
+
+/* The family whose rules apply; lay->family gets the name served. */
+static int pick_family(const struct attn__reason *why, const cJSON *j, const char *trust_layout,
+                       const struct family **out, struct attn__hf_layout *lay) {
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(j, "model_type");
+    if (mt != NULL && !cJSON_IsString(mt)) {
+        return attn__fail(why, ATTN_EIO, "config.json: model_type must be a string");
+    }
+    const char *name = mt != NULL ? mt->valuestring : NULL;
+    const struct family *f = name != NULL ? family_find(name) : NULL;
+    if (f != NULL) {
+        snprintf(lay->family, sizeof lay->family, "%s", f->model_type);
+        *out = f;
+        return ATTN_OK;
+    }
+    for (size_t i = 0; name != NULL && i < sizeof unserved / sizeof unserved[0]; i++) {
+        if (strcmp(unserved[i].model_type, name) == 0) {
+            return attn__fail(why, ATTN_EUNSUPPORTED,
+                              "config.json: model_type '%s' is not served yet (its attention "
+                              "needs %s); served: " SERVED_LIST,
+                              name, unserved[i].needs);
+        }
+    }
+    if (trust_layout != NULL && strcmp(trust_layout, "llama") == 0) {
+        snprintf(lay->family, sizeof lay->family, "llama (trusted layout of %.40s)",
+                 name != NULL ? name : "a config without model_type");
+        *out = family_find("llama");
+        return ATTN_OK;
+    }
+    if (trust_layout != NULL) {
+        return attn__fail(why, ATTN_EINVAL, "trust layout '%s': only 'llama' can be trusted",
+                          trust_layout);
+    }
+    if (name == NULL) {
+        return attn__fail(why, ATTN_EUNSUPPORTED,
+                          "config.json has no model_type: refused (served: " SERVED_LIST
+                          "; --trust-layout llama serves it as Llama attention, you vouching "
+                          "for it)");
+    }
+    return attn__fail(why, ATTN_EUNSUPPORTED,
+                      "config.json: unknown model_type '%s': refused (served: " SERVED_LIST
+                      "; --trust-layout llama serves it as Llama attention, you vouching for "
+                      "it)",
+                      name);
+}
+
+static int parse_config(const struct attn__reason *why, const cJSON *j, const char *trust_layout,
+                        attn_config *c, struct attn__hf_layout *lay) {
+    memset(c, 0, sizeof *c);
+    memset(lay, 0, sizeof *lay);
+    const struct family *f = NULL;
+    int rc = pick_family(why, j, trust_layout, &f, lay);
+    if (rc != ATTN_OK || (rc = screen_fields(why, j, f)) != ATTN_OK) {
+        return rc;
+    }
+    int32_t max_pos = 0;
+    if ((rc = get_int(why, j, "hidden_size", &c->hidden_size)) != ATTN_OK ||
+        (rc = get_int(why, j, "num_attention_heads", &c->n_heads)) != ATTN_OK ||
+        (rc = get_int(why, j, "num_hidden_layers", &c->n_layers)) != ATTN_OK ||
+        (rc = get_int(why, j, "max_position_embeddings", &max_pos)) != ATTN_OK ||
+        (rc = get_int(why, j, "head_dim", &c->head_dim)) != ATTN_OK) {
+        return rc;
+    }
+    if (c->hidden_size <= 0 || c->n_heads <= 0 || c->n_layers <= 0) {
+        return attn__fail(why, ATTN_EIO,
+                          "config.json: hidden_size, num_attention_heads and "
+                          "num_hidden_layers are required and must be > 0");
+    }
+    /* An absent field takes the family's default; an explicit null means one per query head. */
+    bool has_kv_field = cJSON_GetObjectItemCaseSensitive(j, "num_key_value_heads") != NULL;
+    c->n_kv_heads = f->default_kv_heads > 0 && !has_kv_field ? f->default_kv_heads : c->n_heads;
+    if ((rc = get_int(why, j, "num_key_value_heads", &c->n_kv_heads)) != ATTN_OK) {
+        return rc;
+    }
+    if (c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads != 0) {
+        return attn__fail(why, ATTN_ESHAPE,
+                          "config.json: num_key_value_heads (%d) must divide "
+                          "num_attention_heads (%d)",
+                          c->n_kv_heads, c->n_heads);
+    }
+    c->max_seq = max_pos > 0 ? max_pos : 4096;
+    if (c->head_dim == 0) {
+        if (c->hidden_size % c->n_heads != 0) {
+            return attn__fail(why, ATTN_ESHAPE,
+                              "config.json: hidden_size %% num_attention_heads != 0 "
+                              "and no head_dim given");
+        }
+        c->head_dim = c->hidden_size / c->n_heads;
+    }
+    if ((rc = parse_window(why, j, f, c)) != ATTN_OK ||
+        (rc = parse_bias(why, j, f, c, lay)) != ATTN_OK) {
+        return rc;
+    }
+    return parse_rope(why, j, f, c);
+}
+
+/* Parses config.json text; see attn_int.h. */
+int attn__hf_config_parse(const char *json, size_t len, const char *trust_layout, attn_config *cfg,
+                          struct attn__hf_layout *layout, char *err, size_t err_size) {
+    const struct attn__reason why = {err, err_size};
+    cJSON *j = cJSON_ParseWithLength(json, len);
+    if (j == NULL || !cJSON_IsObject(j)) {
+        cJSON_Delete(j);
+        return attn__fail(&why, ATTN_EIO, "config.json: not a JSON object");
+    }
+    attn_config c;
+    struct attn__hf_layout lay;
+    int rc = parse_config(&why, j, trust_layout, &c, &lay);
+    cJSON_Delete(j);
+    if (rc == ATTN_OK) {
+        *cfg = c;
+        *layout = lay;
+    }
+    return rc;
+}

@@ -1,0 +1,263 @@
+/* tests/check_family.c: the model-family rules of the Hugging Face loader (engine/hf_config.c,
+ * and the tensor screen of hf_load.c). Each served family reads its own defaults (Mistral's
+ * window and KV heads, Qwen2's use_sliding_window / max_window_layers / layer_types, biases by
+ * family), and everything that would change attention without being computed is refused by
+ * name: families known and not served, unknown model_types (unless trusted as Llama), screened
+ * config fields with a non-neutral value, attnd-only fields in a real family, and attention
+ * tensors nobody consumes (fixture folders tests/data/refuse_*). */
+#include <check.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "../engine/attn_int.h"
+
+#define DATA "tests/data/"
+
+/* config.json text of a 2-layer model of family `type` (NULL: no model_type), with `extra`
+ * (",\"key\":value..." or "") spliced in. */
+static void config_text(char *buf, size_t size, const char *type, const char *extra) {
+    char mt[64] = "";
+    if (type != NULL) {
+        snprintf(mt, sizeof mt, "\"model_type\":\"%s\",", type);
+    }
+    snprintf(buf, size,
+             "{%s\"hidden_size\":64,\"num_attention_heads\":4,\"num_hidden_layers\":2,"
+             "\"rope_theta\":10000%s}",
+             mt, extra);
+}
+
+struct parsed {
+    int rc;
+    attn_config cfg;
+    struct attn__hf_layout lay;
+    char err[512];
+};
+
+static struct parsed parse(const char *type, const char *extra, const char *trust) {
+    struct parsed p;
+    memset(&p, 0, sizeof p);
+    char json[1024];
+    config_text(json, sizeof json, type, extra);
+    p.rc = attn__hf_config_parse(json, strlen(json), trust, &p.cfg, &p.lay, p.err, sizeof p.err);
+    return p;
+}
+
+static void expect_ok(const struct parsed *p, const char *what) {
+    ck_assert_msg(p->rc == ATTN_OK, "%s: %d (%s)", what, p->rc, p->err);
+}
+
+/* Refused with code `rc` and a reason naming `name`. */
+static void expect_refused(const struct parsed *p, int rc, const char *name, const char *what) {
+    ck_assert_msg(p->rc == rc, "%s: got %d, want %d (%s)", what, p->rc, rc, p->err);
+    ck_assert_msg(strstr(p->err, name) != NULL, "%s: the reason does not name %s: %s", what, name,
+                  p->err);
+}
+
+START_TEST(test_family_model_type_decides) {
+    struct parsed p = parse("llama", "", NULL);
+    expect_ok(&p, "llama");
+    ck_assert_str_eq(p.lay.family, "llama");
+
+    p = parse("foo", "", NULL);
+    expect_refused(&p, ATTN_EUNSUPPORTED, "unknown model_type 'foo'", "unknown family");
+    ck_assert_ptr_nonnull(strstr(p.err, "--trust-layout llama"));
+    p = parse("foo", "", "llama");
+    expect_ok(&p, "trusted unknown family");
+    ck_assert_str_eq(p.lay.family, "llama (trusted layout of foo)");
+
+    p = parse(NULL, "", NULL);
+    expect_refused(&p, ATTN_EUNSUPPORTED, "no model_type", "no model_type");
+    p = parse(NULL, "", "llama");
+    expect_ok(&p, "trusted config without model_type");
+
+    p = parse("foo", "", "gpt2");
+    expect_refused(&p, ATTN_EINVAL, "gpt2", "a layout that cannot be trusted");
+
+    /* Known and not served: refused with what it needs, trusted or not. */
+    static const char *const unserved[] = {"qwen3",   "gemma2", "gemma3", "olmo2",   "cohere",
+                                           "granite", "glm4",   "phi3",   "gpt_oss", "deepseek_v3"};
+    for (size_t i = 0; i < sizeof unserved / sizeof unserved[0]; i++) {
+        p = parse(unserved[i], "", "llama");
+        expect_refused(&p, ATTN_EUNSUPPORTED, unserved[i], unserved[i]);
+        ck_assert_ptr_nonnull(strstr(p.err, "not served yet"));
+    }
+}
+END_TEST
+
+/* Every screened field refuses a non-neutral value, naming it, and accepts its neutral ones. */
+START_TEST(test_family_screened_fields) {
+    static const struct {
+        const char *field;
+        const char *bad;
+        const char *neutral;
+    } cases[] = {
+        {"attn_logit_softcapping", "50.0", "null"},
+        {"query_pre_attn_scalar", "256", "null"},
+        {"rope_local_base_freq", "10000", "null"},
+        {"sliding_window_pattern", "6", "null"},
+        {"attention_multiplier", "0.0078125", "null"},
+        {"clip_qkv", "8", "null"},
+        {"attention_chunk_size", "8192", "null"},
+        {"no_rope_layers", "[1,0]", "null"},
+        {"nope_layer_interval", "4", "null"},
+        {"use_qk_norm", "true", "false"},
+        {"qk_layernorm", "true", "false"},
+        {"qk_norm", "true", "false"},
+        {"alibi", "true", "false"},
+        {"use_logn_attn", "true", "false"},
+        {"logn_attn", "true", "false"},
+        {"attn_temperature_tuning", "true", "false"},
+        {"rotary_pct", "0.25", "1.0"},
+        {"layer_types", "[\"sliding_attention\",\"full_attention\"]",
+         "[\"full_attention\",\"full_attention\"]"},
+    };
+    static const char *const families[] = {"llama", "mistral", "attnd"};
+    for (size_t f = 0; f < sizeof families / sizeof families[0]; f++) {
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+            char extra[256], what[128];
+            snprintf(what, sizeof what, "%s %s=%s", families[f], cases[i].field, cases[i].bad);
+            snprintf(extra, sizeof extra, ",\"num_key_value_heads\":2,\"%s\":%s", cases[i].field,
+                     cases[i].bad);
+            struct parsed p = parse(families[f], extra, NULL);
+            expect_refused(&p, ATTN_EUNSUPPORTED, cases[i].field, what);
+            snprintf(extra, sizeof extra, ",\"num_key_value_heads\":2,\"%s\":%s", cases[i].field,
+                     cases[i].neutral);
+            p = parse(families[f], extra, NULL);
+            expect_ok(&p, extra);
+        }
+    }
+}
+END_TEST
+
+/* rope_style and partial rotary are the engine's generic fields: attnd reads them, the real
+ * families' attention does not (their apply_rotary_pos_emb rotates whole heads). */
+START_TEST(test_family_engine_fields_are_attnd_only) {
+    struct parsed p =
+        parse("attnd", ",\"rope_style\":\"interleaved\",\"partial_rotary_factor\":0.5", NULL);
+    expect_ok(&p, "attnd");
+    ck_assert_int_eq(p.cfg.rotary_dim, 8);
+    ck_assert_int_eq(p.cfg.rope_style, ATTN_ROPE_STYLE_INTERLEAVED);
+    p = parse("llama", ",\"rope_style\":\"interleaved\"", NULL);
+    expect_refused(&p, ATTN_EUNSUPPORTED, "rope_style", "llama rope_style");
+    p = parse("qwen2", ",\"num_key_value_heads\":2,\"partial_rotary_factor\":0.5", NULL);
+    expect_refused(&p, ATTN_EUNSUPPORTED, "partial_rotary_factor", "qwen2 partial rotary");
+    p = parse("llama",
+              ",\"rope_parameters\":{\"rope_type\":\"default\",\"rope_theta\":5e5,\"partial_rotary_"
+              "factor\":0.5}",
+              NULL);
+    expect_refused(&p, ATTN_EUNSUPPORTED, "partial_rotary_factor", "v5 rope_parameters");
+    p = parse("llama", ",\"partial_rotary_factor\":1.0", NULL);
+    expect_ok(&p, "llama with a whole rotary");
+}
+END_TEST
+
+/* Each family's own defaults and window rule (configuration_*.py). */
+START_TEST(test_family_defaults_and_windows) {
+    /* Llama's attention never reads sliding_window; num_key_value_heads defaults to the heads. */
+    struct parsed p = parse("llama", ",\"sliding_window\":4", NULL);
+    expect_ok(&p, "llama");
+    ck_assert_int_eq(p.cfg.sliding_window, 0);
+    ck_assert_int_eq(p.cfg.n_kv_heads, 4);
+    /* Mistral: an absent window is 4096 and absent KV heads 8; null means none / one per head. */
+    p = parse("mistral", "", NULL);
+    expect_refused(&p, ATTN_ESHAPE, "num_key_value_heads (8)", "mistral default KV heads");
+    p = parse("mistral", ",\"num_key_value_heads\":null,\"sliding_window\":null", NULL);
+    expect_ok(&p, "mistral nulls");
+    ck_assert_int_eq(p.cfg.n_kv_heads, 4);
+    ck_assert_int_eq(p.cfg.sliding_window, 0);
+    p = parse("mistral", ",\"num_key_value_heads\":2", NULL);
+    expect_ok(&p, "mistral");
+    ck_assert_int_eq(p.cfg.sliding_window, 4096);
+    p = parse("mistral", ",\"num_key_value_heads\":2,\"sliding_window\":16", NULL);
+    ck_assert_int_eq(p.cfg.sliding_window, 16);
+
+    /* Qwen2: off unless use_sliding_window; then layers >= max_window_layers (28) slide. */
+    static const struct {
+        const char *extra;
+        int32_t window; /* -1: refused, mixed kinds */
+    } qwen2[] = {
+        {",\"sliding_window\":16", 0},
+        {",\"use_sliding_window\":true,\"sliding_window\":16", 0}, /* 2 layers < 28 */
+        {",\"use_sliding_window\":true,\"sliding_window\":16,\"max_window_layers\":0", 16},
+        {",\"use_sliding_window\":true,\"sliding_window\":16,\"max_window_layers\":2", 0},
+        {",\"use_sliding_window\":true,\"sliding_window\":16,\"max_window_layers\":1", -1},
+        {",\"use_sliding_window\":true,\"max_window_layers\":0", 4096},
+        {",\"use_sliding_window\":true,\"sliding_window\":null,\"max_window_layers\":0", 0},
+        {",\"use_sliding_window\":true,\"sliding_window\":16,"
+         "\"layer_types\":[\"sliding_attention\",\"sliding_attention\"]",
+         16},
+        {",\"use_sliding_window\":true,\"sliding_window\":16,"
+         "\"layer_types\":[\"full_attention\",\"sliding_attention\"]",
+         -1},
+    };
+    for (size_t i = 0; i < sizeof qwen2 / sizeof qwen2[0]; i++) {
+        char extra[256];
+        snprintf(extra, sizeof extra, ",\"num_key_value_heads\":2%s", qwen2[i].extra);
+        p = parse("qwen2", extra, NULL);
+        if (qwen2[i].window < 0) {
+            expect_refused(&p, ATTN_EUNSUPPORTED, "sliding", extra);
+        } else {
+            expect_ok(&p, extra);
+            ck_assert_msg(p.cfg.sliding_window == qwen2[i].window, "%s: window %d, want %d", extra,
+                          (int)p.cfg.sliding_window, (int)qwen2[i].window);
+        }
+    }
+}
+END_TEST
+
+/* Biases come from each family's own rule, not from whichever tensors happen to be there. */
+START_TEST(test_family_bias_rules) {
+    struct parsed p = parse("llama", ",\"attention_bias\":true", NULL);
+    ck_assert(p.cfg.has_qkv_bias && p.cfg.has_o_bias);
+    p = parse("llama", "", NULL);
+    ck_assert(!p.cfg.has_qkv_bias && !p.cfg.has_o_bias);
+    p = parse("mistral", ",\"num_key_value_heads\":2,\"attention_bias\":true", NULL);
+    ck_assert(!p.cfg.has_qkv_bias && !p.cfg.has_o_bias);
+    p = parse("qwen2", ",\"num_key_value_heads\":2", NULL);
+    ck_assert(p.cfg.has_qkv_bias && !p.cfg.has_o_bias);
+    p = parse("attnd", ",\"attention_bias\":true", NULL);
+    ck_assert(p.lay.has_biases_from_tensors && p.lay.wants_qkv_bias);
+}
+END_TEST
+
+/* Folders whose attention holds what the engine would drop: refused, naming the tensor. */
+START_TEST(test_family_unconsumed_tensors_are_refused) {
+    static const struct {
+        const char *dir;
+        const char *named;
+    } cases[] = {
+        {DATA "refuse_qk_norm", "_norm.weight"},
+        {DATA "refuse_sinks", "model.layers.0.self_attn.sinks"},
+        {DATA "refuse_o_bias", "model.layers.0.self_attn.o_proj.bias"},
+        {DATA "refuse_gemma2", "model_type 'gemma2'"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        attn_model *m = NULL;
+        char err[512] = "";
+        int rc = attn_model_load_hf(cases[i].dir, NULL, &m, err, sizeof err);
+        ck_assert_msg(rc == ATTN_EUNSUPPORTED && strstr(err, cases[i].named) != NULL,
+                      "%s: %d (%s), want ATTN_EUNSUPPORTED naming %s", cases[i].dir, rc, err,
+                      cases[i].named);
+        ck_assert_ptr_null(m);
+        /* Trusting the layout does not serve what is known to be wrong. */
+        attn_load_params lp = {0, 0, 0, "llama"};
+        ck_assert_int_eq(attn_model_load_hf(cases[i].dir, &lp, &m, err, sizeof err),
+                         ATTN_EUNSUPPORTED);
+    }
+}
+END_TEST
+
+extern Suite *family_suite(void);
+
+Suite *family_suite(void) {
+    Suite *s = suite_create("family");
+    TCase *tc = tcase_create("family");
+    tcase_add_test(tc, test_family_model_type_decides);
+    tcase_add_test(tc, test_family_screened_fields);
+    tcase_add_test(tc, test_family_engine_fields_are_attnd_only);
+    tcase_add_test(tc, test_family_defaults_and_windows);
+    tcase_add_test(tc, test_family_bias_rules);
+    tcase_add_test(tc, test_family_unconsumed_tensors_are_refused);
+    suite_add_tcase(s, tc);
+    return s;
+}
