@@ -58,6 +58,18 @@ typedef struct attn_rope_scaling {
     int32_t original_max_position; /* llama3: original_max_position_embeddings */
 } attn_rope_scaling;
 
+typedef enum attn_qk_norm {
+    ATTN_QK_NORM_NONE = 0,
+    /* RMSNorm of each head's head_dim values of q and of k, before RoPE, with one weight of
+     * head_dim values for q and one for k, shared by the heads (Qwen3):
+     * y = w * x / sqrt(mean(x^2) + eps). */
+    ATTN_QK_NORM_HEAD = 1,
+    /* The same RMSNorm over the whole q projection (n_heads * head_dim values) and the whole k
+     * projection (n_kv_heads * head_dim), with weights of those widths, before the split into
+     * heads (OLMo 2). */
+    ATTN_QK_NORM_WIDTH = 2,
+} attn_qk_norm;
+
 /* The geometry shared by every layer of a model. Zero-valued optional fields take the defaults
  * noted below when the config is passed through attn_config_check(). */
 typedef struct attn_config {
@@ -77,6 +89,8 @@ typedef struct attn_config {
     bool has_qkv_bias;      /* q/k/v projections have biases */
     bool has_o_bias;        /* the output projection has a bias */
     float softmax_scale;    /* 0 = 1 / sqrt(head_dim) */
+    attn_qk_norm qk_norm;   /* q/k normalization before RoPE */
+    float qk_norm_eps;      /* its epsilon; 0 = 1e-6 */
 } attn_config;
 
 /* Fills *out with a named preset: "tiny" (hidden 64, 4 heads, 2 kv heads, head_dim 16, 2 layers),
@@ -110,14 +124,16 @@ typedef struct attn_load_params {
 
 /* One layer's weights in Hugging Face nn.Linear layout (out_features, in_features), row-major. */
 typedef struct attn_layer_weights {
-    const float *wq; /* (n_heads * head_dim, hidden_size) */
-    const float *wk; /* (n_kv_heads * head_dim, hidden_size) */
-    const float *wv; /* (n_kv_heads * head_dim, hidden_size) */
-    const float *wo; /* (hidden_size, n_heads * head_dim) */
-    const float *bq; /* (n_heads * head_dim) when has_qkv_bias, else ignored */
-    const float *bk; /* (n_kv_heads * head_dim) when has_qkv_bias */
-    const float *bv; /* (n_kv_heads * head_dim) when has_qkv_bias */
-    const float *bo; /* (hidden_size) when has_o_bias */
+    const float *wq;     /* (n_heads * head_dim, hidden_size) */
+    const float *wk;     /* (n_kv_heads * head_dim, hidden_size) */
+    const float *wv;     /* (n_kv_heads * head_dim, hidden_size) */
+    const float *wo;     /* (hidden_size, n_heads * head_dim) */
+    const float *bq;     /* (n_heads * head_dim) when has_qkv_bias, else ignored */
+    const float *bk;     /* (n_kv_heads * head_dim) when has_qkv_bias */
+    const float *bv;     /* (n_kv_heads * head_dim) when has_qkv_bias */
+    const float *bo;     /* (hidden_size) when has_o_bias */
+    const float *q_norm; /* ATTN_QK_NORM_HEAD: (head_dim); WIDTH: (n_heads * head_dim) */
+    const float *k_norm; /* ATTN_QK_NORM_HEAD: (head_dim); WIDTH: (n_kv_heads * head_dim) */
 } attn_layer_weights;
 
 /* Creates a model from caller tensors: layers[i] holds layer (p->layer_first + i), for

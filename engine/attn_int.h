@@ -19,10 +19,12 @@
 
 /* One layer's weights, immutable after load. */
 struct attn__layer {
-    float *w_qkv; /* (n_qkv, hidden_size): rows of Wq, then Wk, then Wv; n_qkv = (H + 2 Hkv) hd */
-    float *b_qkv; /* (n_qkv) or NULL */
-    float *w_o;   /* (hidden_size, n_heads * head_dim) */
-    float *b_o;   /* (hidden_size) or NULL */
+    float *w_qkv;  /* (n_qkv, hidden_size): rows of Wq, then Wk, then Wv; n_qkv = (H + 2 Hkv) hd */
+    float *b_qkv;  /* (n_qkv) or NULL */
+    float *w_o;    /* (hidden_size, n_heads * head_dim) */
+    float *b_o;    /* (hidden_size) or NULL */
+    float *q_norm; /* NULL, or (attn__qk_norm_len(cfg, false)) */
+    float *k_norm; /* NULL, or (attn__qk_norm_len(cfg, true)) */
 };
 
 /* Immutable after create. */
@@ -178,6 +180,17 @@ float *attn__kv_row_v(const attn_kv *kv, int32_t h, int32_t idx);
 struct attn__kv_view attn__kv_view_of(const attn_kv *kv, int32_t h, int32_t n_keys);
 
 /* ---- model.c ----------------------------------------------------------------------------- */
+
+/* ---- qk_norm.c --------------------------------------------------------------------------------
+ */
+
+/* Values in the q (is_k false) or k norm weight of cfg's qk_norm; 0 for none. */
+size_t attn__qk_norm_len(const attn_config *cfg, bool is_k);
+
+/* Normalizes one token's projected q (n_heads * head_dim values at row) and k (n_kv_heads *
+ * head_dim values at row + n_heads * head_dim) in place, by cfg's qk_norm with layer l's
+ * weights. A no-op for ATTN_QK_NORM_NONE. */
+void attn__qk_norm_apply(const attn_config *cfg, const struct attn__layer *l, float *row);
 
 /* Allocates a model for cfg (checked, max_seq overridden by p) with the layer range of p and
  * uninitialized weights; computes the RoPE tables. Shared by every constructor. */

@@ -105,6 +105,16 @@ int attn_config_check(attn_config *cfg) {
     if (check_rope_scaling(&c.rope_scaling) != ATTN_OK) {
         return ATTN_EINVAL;
     }
+    if (c.qk_norm != ATTN_QK_NORM_NONE && c.qk_norm != ATTN_QK_NORM_HEAD &&
+        c.qk_norm != ATTN_QK_NORM_WIDTH) {
+        return ATTN_EINVAL;
+    }
+    if (c.qk_norm_eps == 0) {
+        c.qk_norm_eps = 1e-6f;
+    }
+    if (!isfinite(c.qk_norm_eps) || c.qk_norm_eps < 0) {
+        return ATTN_EINVAL;
+    }
     if (c.softmax_scale == 0) {
         c.softmax_scale = 1.0f / sqrtf((float)c.head_dim);
     }

@@ -231,9 +231,10 @@ static int32_t next_chunk(const attn_step *steps, int32_t n_steps, int32_t max_t
     return n_parts;
 }
 
-/* Applies RoPE to the part's q and k rows and appends its k and v to the cache. */
-static void rope_and_append(const attn_model *m, const attn_step *st, const struct chunk_part *p,
-                            float *qkv) {
+/* Normalizes (qk_norm) and rotates (RoPE) the part's q and k rows, and appends its k and v to
+ * the cache. */
+static void rope_and_append(const attn_model *m, const struct attn__layer *l, const attn_step *st,
+                            const struct chunk_part *p, float *qkv) {
     const attn_config *c = &m->cfg;
     size_t n_qkv = n_qkv_of(c), hd = (size_t)c->head_dim;
     size_t k_off = (size_t)c->n_heads * hd, v_off = k_off + (size_t)c->n_kv_heads * hd;
@@ -243,6 +244,7 @@ static void rope_and_append(const attn_model *m, const attn_step *st, const stru
         float *row = qkv + (size_t)(p->row + i) * n_qkv;
         int32_t idx = base + i;
         int32_t pos = st->positions ? st->positions[p->first + i] : idx;
+        attn__qk_norm_apply(c, l, row);
         if (c->rotary_dim > 0) {
             attn__rope_apply(m, row, c->n_heads, pos);
             attn__rope_apply(m, row + k_off, c->n_kv_heads, pos);
@@ -326,7 +328,7 @@ static void run_chunk(const attn_model *m, const struct attn__layer *l, attn_wor
     size_t scratch_used = 0;
     for (int32_t i = 0; i < n_parts; i++) {
         const attn_step *st = &steps[parts[i].step];
-        rope_and_append(m, st, &parts[i], ws->qkv);
+        rope_and_append(m, l, st, &parts[i], ws->qkv);
         n_tasks += part_tasks(m, ws, st, &parts[i], ws->tasks + n_tasks, &scratch_used);
     }
     attn__tasks_run(ws->has_ex ? &ws->ex : NULL, ws->tasks, n_tasks);

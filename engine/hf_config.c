@@ -33,20 +33,27 @@ enum window_rule {
 struct family {
     const char *model_type;
     int32_t default_kv_heads; /* num_key_value_heads when absent; 0 = num_attention_heads */
+    int32_t default_head_dim; /* head_dim when absent; 0 = hidden_size / num_attention_heads */
     int32_t default_window;   /* sliding_window when absent (null stays none) */
     enum bias_rule bias;
     enum window_rule window;
+    attn_qk_norm qk_norm;   /* q_norm / k_norm tensors, eps from rms_norm_eps */
+    float default_norm_eps; /* rms_norm_eps when absent */
     bool has_engine_fields; /* partial_rotary_factor and rope_style are read */
 };
 
 /* Served exactly, each against an fp64 reference written from its modeling code
  * (tests/gen_fixtures.py). */
 static const struct family families[] = {
-    {"llama", 0, 0, BIAS_IF_ATTENTION_BIAS, WINDOW_NOT_READ, false},
-    {"mistral", 8, 4096, BIAS_NONE, WINDOW_ALL, false},
-    {"qwen2", 32, 4096, BIAS_QKV, WINDOW_QWEN2, false},
+    {"llama", 0, 0, 0, BIAS_IF_ATTENTION_BIAS, WINDOW_NOT_READ, ATTN_QK_NORM_NONE, 0, false},
+    {"mistral", 8, 0, 4096, BIAS_NONE, WINDOW_ALL, ATTN_QK_NORM_NONE, 0, false},
+    {"qwen2", 32, 0, 4096, BIAS_QKV, WINDOW_QWEN2, ATTN_QK_NORM_NONE, 0, false},
+    /* Qwen3: Qwen2's window rule, Llama's bias rule, RMSNorm of each head of q and k. */
+    {"qwen3", 32, 128, 4096, BIAS_IF_ATTENTION_BIAS, WINDOW_QWEN2, ATTN_QK_NORM_HEAD, 1e-6f, false},
+    /* OLMo 2: RMSNorm over the whole q and k projections, before the split into heads. */
+    {"olmo2", 0, 0, 0, BIAS_IF_ATTENTION_BIAS, WINDOW_NOT_READ, ATTN_QK_NORM_WIDTH, 1e-5f, false},
     /* attnd's own layout: the engine's generic attention with every field explicit. */
-    {"attnd", 0, 0, BIAS_AS_THE_TENSORS_SAY, WINDOW_ALL, true},
+    {"attnd", 0, 0, 0, BIAS_AS_THE_TENSORS_SAY, WINDOW_ALL, ATTN_QK_NORM_NONE, 0, true},
 };
 
 /* Families known by name and not served yet, with what their attention needs. */
@@ -54,8 +61,7 @@ static const struct {
     const char *model_type;
     const char *needs;
 } unserved[] = {
-    {"qwen3", "q_norm / k_norm (RMSNorm per head before RoPE)"},
-    {"qwen3_moe", "q_norm / k_norm (RMSNorm per head before RoPE)"},
+    {"qwen3_moe", "its attention has not been validated"},
     {"qwen2_moe", "its attention has not been validated"},
     {"mixtral", "its attention has not been validated"},
     {"gemma", "its attention has not been validated"},
@@ -63,7 +69,6 @@ static const struct {
     {"gemma3", "q/k norms, layer_types and rope_local_base_freq (text_config)"},
     {"gemma3_text", "q/k norms, layer_types and rope_local_base_freq"},
     {"olmo", "clip_qkv"},
-    {"olmo2", "q_norm / k_norm over the whole projection width"},
     {"stablelm", "qk_layernorm and partial rotary"},
     {"cohere", "interleaved rotary and use_qk_norm"},
     {"cohere2", "interleaved rotary and alternating sliding layers"},
@@ -84,7 +89,7 @@ static const struct {
     {"smollm3", "layers without RoPE (no_rope_layers)"},
 };
 
-#define SERVED_LIST "llama, mistral, qwen2, attnd"
+#define SERVED_LIST "llama, mistral, qwen2, qwen3, olmo2, attnd"
 
 /* Fields that change attention, which none of the served families computes: refused unless they
  * hold their neutral value (absent, null, false, 0, or what is named). */
@@ -503,6 +508,19 @@ static int parse_config(const struct attn__reason *why, const cJSON *j, const ch
         (rc = get_int(why, j, "max_position_embeddings", &max_pos)) != ATTN_OK ||
         (rc = get_int(why, j, "head_dim", &c->head_dim)) != ATTN_OK) {
         return rc;
+    }
+    if (c->head_dim == 0 && cJSON_GetObjectItemCaseSensitive(j, "head_dim") == NULL) {
+        c->head_dim = f->default_head_dim; /* 0 stays: hidden_size / heads, below */
+    }
+    c->qk_norm = f->qk_norm;
+    if (f->qk_norm != ATTN_QK_NORM_NONE) {
+        c->qk_norm_eps = f->default_norm_eps;
+        if ((rc = get_float(why, j, "rms_norm_eps", &c->qk_norm_eps)) != ATTN_OK) {
+            return rc;
+        }
+        if (!(c->qk_norm_eps > 0)) {
+            return attn__fail(why, ATTN_EIO, "config.json: rms_norm_eps must be > 0");
+        }
     }
     if (c->hidden_size <= 0 || c->n_heads <= 0 || c->n_layers <= 0) {
         return attn__fail(why, ATTN_EIO,

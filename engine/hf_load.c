@@ -550,6 +550,18 @@ static int read_layer(struct loader *ld, const attn_config *c, int32_t layer,
             }
         }
     }
+    if (c->qk_norm != ATTN_QK_NORM_NONE) {
+        const char *norm[2] = {"q_norm", "k_norm"};
+        float *dst[2] = {l->q_norm, l->k_norm};
+        for (int i = 0; i < 2; i++) {
+            char name[256];
+            snprintf(name, sizeof name, "%s.%d.self_attn.%s.weight", ld->prefix, layer, norm[i]);
+            int rc = tensor_read(ld, name, (int32_t)attn__qk_norm_len(c, i == 1), 0, dst[i]);
+            if (rc != ATTN_OK) {
+                return rc;
+            }
+        }
+    }
     return ATTN_OK;
 }
 
@@ -594,6 +606,10 @@ static bool is_consumed(const attn_config *c, const char *suffix) {
         if (strcmp(suffix, qkv_biases[i]) == 0) {
             return true;
         }
+    }
+    if (c->qk_norm != ATTN_QK_NORM_NONE &&
+        (strcmp(suffix, "q_norm.weight") == 0 || strcmp(suffix, "k_norm.weight") == 0)) {
+        return true;
     }
     return c->has_o_bias && strcmp(suffix, "o_proj.bias") == 0;
 }

@@ -61,6 +61,8 @@ void attn_model_destroy(attn_model *m) {
         free(m->layers[i].b_qkv);
         free(m->layers[i].w_o);
         free(m->layers[i].b_o);
+        free(m->layers[i].q_norm);
+        free(m->layers[i].k_norm);
     }
     free(m->layers);
     free(m->rope_cos);
@@ -123,7 +125,15 @@ int attn__model_alloc(const attn_config *cfg_in, const attn_load_params *p, attn
                 goto fail;
             }
         }
+        if (cfg.qk_norm != ATTN_QK_NORM_NONE) {
+            l->q_norm = attn__alloc_floats(attn__qk_norm_len(&cfg, false));
+            l->k_norm = attn__alloc_floats(attn__qk_norm_len(&cfg, true));
+            if (l->q_norm == NULL || l->k_norm == NULL) {
+                goto fail;
+            }
+        }
     }
+    per_layer += attn__qk_norm_len(&cfg, false) + attn__qk_norm_len(&cfg, true);
     m->bytes = (size_t)count * per_layer * sizeof(float);
     if (cfg.rotary_dim > 0) {
         size_t n = (size_t)cfg.max_seq * (cfg.rotary_dim / 2);
@@ -161,7 +171,8 @@ int attn_model_create(const attn_config *cfg, const attn_layer_weights *layers,
         struct attn__layer *l = &m->layers[i];
         if (w->wq == NULL || w->wk == NULL || w->wv == NULL || w->wo == NULL ||
             (c->has_qkv_bias && (w->bq == NULL || w->bk == NULL || w->bv == NULL)) ||
-            (c->has_o_bias && w->bo == NULL)) {
+            (c->has_o_bias && w->bo == NULL) ||
+            (c->qk_norm != ATTN_QK_NORM_NONE && (w->q_norm == NULL || w->k_norm == NULL))) {
             attn_model_destroy(m);
             return ATTN_EINVAL;
         }
@@ -176,6 +187,10 @@ int attn_model_create(const attn_config *cfg, const attn_layer_weights *layers,
         }
         if (c->has_o_bias) {
             memcpy(l->b_o, w->bo, hidden * sizeof(float));
+        }
+        if (c->qk_norm != ATTN_QK_NORM_NONE) {
+            memcpy(l->q_norm, w->q_norm, attn__qk_norm_len(c, false) * sizeof(float));
+            memcpy(l->k_norm, w->k_norm, attn__qk_norm_len(c, true) * sizeof(float));
         }
     }
     *out = m;
@@ -226,6 +241,15 @@ int attn_model_create_random(const attn_config *cfg, uint64_t seed, const attn_l
         }
         if (l->b_o != NULL) {
             fill_uniform(l->b_o, hidden, o_bound, seed, layer, 4);
+        }
+        /* Norm weights around 1 (their init), spread so that a wrong one shows. */
+        float *norms[2] = {l->q_norm, l->k_norm};
+        for (int32_t n = 0; n < 2 && norms[n] != NULL; n++) {
+            size_t len = attn__qk_norm_len(c, n == 1);
+            fill_uniform(norms[n], len, 0.5f, seed, layer, 5 + n);
+            for (size_t j = 0; j < len; j++) {
+                norms[n][j] += 1.0f;
+            }
         }
     }
     *out = m;

@@ -320,7 +320,16 @@ static void put_layer(struct strbuf *b, const attn_config *cfg, int32_t layer) {
     put_rope_scaling(b, &cfg->rope_scaling);
     strbuf_puts(b, ",\"softmax_scale\":");
     put_float(b, cfg->softmax_scale);
-    strbuf_puts(b, ",\"qk_norm\":null,\"logit_softcap\":null,\"sinks\":false}");
+    strbuf_puts(b, ",\"qk_norm\":");
+    if (cfg->qk_norm == ATTN_QK_NORM_NONE) {
+        strbuf_puts(b, "null");
+    } else {
+        strbuf_printf(b, "{\"kind\":\"%s\",\"eps\":",
+                      cfg->qk_norm == ATTN_QK_NORM_HEAD ? "rms_per_head" : "rms_over_width");
+        put_float(b, cfg->qk_norm_eps);
+        strbuf_putc(b, '}');
+    }
+    strbuf_puts(b, ",\"logit_softcap\":null,\"sinks\":false}");
 }
 
 char *api_model_encode(const attn_config *cfg, const struct api_model_info *info, size_t *len) {

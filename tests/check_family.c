@@ -74,8 +74,9 @@ START_TEST(test_family_model_type_decides) {
     expect_refused(&p, ATTN_EINVAL, "gpt2", "a layout that cannot be trusted");
 
     /* Known and not served: refused with what it needs, trusted or not. */
-    static const char *const unserved[] = {"qwen3",   "gemma2", "gemma3", "olmo2",   "cohere",
-                                           "granite", "glm4",   "phi3",   "gpt_oss", "deepseek_v3"};
+    static const char *const unserved[] = {"qwen3_moe", "gemma2",     "gemma3", "mixtral",
+                                           "cohere",    "granite",    "glm4",   "phi3",
+                                           "gpt_oss",   "deepseek_v3"};
     for (size_t i = 0; i < sizeof unserved / sizeof unserved[0]; i++) {
         p = parse(unserved[i], "", "llama");
         expect_refused(&p, ATTN_EUNSUPPORTED, unserved[i], unserved[i]);
@@ -111,9 +112,13 @@ START_TEST(test_family_screened_fields) {
         {"layer_types", "[\"sliding_attention\",\"full_attention\"]",
          "[\"full_attention\",\"full_attention\"]"},
     };
-    static const char *const families[] = {"llama", "mistral", "attnd"};
+    static const char *const families[] = {"llama", "mistral", "qwen2", "qwen3", "olmo2", "attnd"};
     for (size_t f = 0; f < sizeof families / sizeof families[0]; f++) {
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+            if (strncmp(families[f], "qwen", 4) == 0 &&
+                strcmp(cases[i].field, "layer_types") == 0) {
+                continue; /* the Qwen families read it (test_family_defaults_and_windows) */
+            }
             char extra[256], what[128];
             snprintf(what, sizeof what, "%s %s=%s", families[f], cases[i].field, cases[i].bad);
             snprintf(extra, sizeof extra, ",\"num_key_value_heads\":2,\"%s\":%s", cases[i].field,
@@ -205,6 +210,32 @@ START_TEST(test_family_defaults_and_windows) {
 }
 END_TEST
 
+/* The q/k-norm families: their norm kind, eps from rms_norm_eps (or the family's default), and
+ * Qwen3's own defaults (head_dim 128, 32 KV heads) when the fields are absent. */
+START_TEST(test_family_qk_norms) {
+    struct parsed p = parse("qwen3", ",\"num_key_value_heads\":2,\"head_dim\":8", NULL);
+    expect_ok(&p, "qwen3");
+    ck_assert_int_eq(p.cfg.qk_norm, ATTN_QK_NORM_HEAD);
+    ck_assert_float_eq(p.cfg.qk_norm_eps, 1e-6f);
+    ck_assert_int_eq(p.cfg.head_dim, 8);
+    const char *bare = "{\"model_type\":\"qwen3\",\"hidden_size\":64,\"num_attention_heads\":32,"
+                       "\"num_hidden_layers\":1}";
+    p.rc = attn__hf_config_parse(bare, strlen(bare), NULL, &p.cfg, &p.lay, p.err, sizeof p.err);
+    expect_ok(&p, "qwen3 defaults");
+    ck_assert_int_eq(p.cfg.head_dim, 128);
+    ck_assert_int_eq(p.cfg.n_kv_heads, 32);
+    p = parse("olmo2", "", NULL);
+    expect_ok(&p, "olmo2");
+    ck_assert_int_eq(p.cfg.qk_norm, ATTN_QK_NORM_WIDTH);
+    ck_assert_float_eq(p.cfg.qk_norm_eps, 1e-5f);
+    ck_assert_int_eq(p.cfg.n_kv_heads, 4);
+    p = parse("olmo2", ",\"rms_norm_eps\":0", NULL);
+    expect_refused(&p, ATTN_EIO, "rms_norm_eps", "a zero eps");
+    p = parse("llama", ",\"rms_norm_eps\":1e-5", NULL);
+    ck_assert_int_eq(p.cfg.qk_norm, ATTN_QK_NORM_NONE);
+}
+END_TEST
+
 /* Biases come from each family's own rule, not from whichever tensors happen to be there. */
 START_TEST(test_family_bias_rules) {
     struct parsed p = parse("llama", ",\"attention_bias\":true", NULL);
@@ -256,6 +287,7 @@ Suite *family_suite(void) {
     tcase_add_test(tc, test_family_screened_fields);
     tcase_add_test(tc, test_family_engine_fields_are_attnd_only);
     tcase_add_test(tc, test_family_defaults_and_windows);
+    tcase_add_test(tc, test_family_qk_norms);
     tcase_add_test(tc, test_family_bias_rules);
     tcase_add_test(tc, test_family_unconsumed_tensors_are_refused);
     suite_add_tcase(s, tc);

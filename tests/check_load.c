@@ -26,6 +26,8 @@ typedef struct fixture {
 
 static const fixture tiny = {"tiny", 64, 4, 2, 16, 7, 3};
 static const fixture alt = {"alt", 32, 4, 1, 8, 9, 3};
+static const fixture qwen3 = {"qwen3", 64, 4, 2, 32, 8, 3};
+static const fixture olmo2 = {"olmo2", 64, 4, 4, 16, 6, 3};
 
 static attn_model *load_ok(const char *dir, const attn_load_params *p) {
     attn_model *m = NULL;
@@ -212,6 +214,34 @@ START_TEST(test_load_qwen2_f16_matches_numpy) {
 }
 END_TEST
 
+/* Qwen3 in BF16: q/k RMSNorm per head before RoPE, head_dim 32 apart from hidden / heads. */
+START_TEST(test_load_qwen3_bf16_matches_numpy) {
+    attn_model *m = load_ok(DATA "hf_qwen3_bf16", NULL);
+    const attn_config *c = attn_model_config(m);
+    ck_assert_str_eq(attn_model_family(m), "qwen3");
+    ck_assert_int_eq(c->qk_norm, ATTN_QK_NORM_HEAD);
+    ck_assert_float_eq(c->qk_norm_eps, 1e-6f);
+    ck_assert_int_eq(c->head_dim, 32);
+    ck_assert(!c->has_qkv_bias && !c->has_o_bias);
+    ck_assert_int_eq(c->sliding_window, 0);
+    check_layer(m, 0, &qwen3, "qwen3_bf16");
+    check_layer(m, 1, &qwen3, "qwen3_bf16");
+    attn_model_destroy(m);
+}
+END_TEST
+
+/* OLMo 2: q/k RMSNorm over the whole projection width, positions from 90. */
+START_TEST(test_load_olmo2_f32_matches_numpy) {
+    attn_model *m = load_ok(DATA "hf_olmo2_f32", NULL);
+    const attn_config *c = attn_model_config(m);
+    ck_assert_str_eq(attn_model_family(m), "olmo2");
+    ck_assert_int_eq(c->qk_norm, ATTN_QK_NORM_WIDTH);
+    ck_assert_float_eq(c->qk_norm_eps, 1e-6f);
+    check_layer(m, 0, &olmo2, "olmo2_f32");
+    attn_model_destroy(m);
+}
+END_TEST
+
 /* Only layer 1 (which straddles the two BF16 shards): same results, less memory, and layer 0
  * is not there. */
 START_TEST(test_load_layer_subset) {
@@ -326,6 +356,8 @@ Suite *load_suite(void) {
     tcase_add_test(tc, test_load_tiny_bf16_sharded_matches_numpy);
     tcase_add_test(tc, test_load_alt_f16_matches_numpy);
     tcase_add_test(tc, test_load_qwen2_f16_matches_numpy);
+    tcase_add_test(tc, test_load_qwen3_bf16_matches_numpy);
+    tcase_add_test(tc, test_load_olmo2_f32_matches_numpy);
     tcase_add_test(tc, test_load_layer_subset);
     tcase_add_test(tc, test_load_bad_folders);
     tcase_add_test(tc, test_load_reason_buffer);

@@ -986,6 +986,48 @@ START_TEST(test_server_families_served_or_refused_by_name) {
 }
 END_TEST
 
+/* The daemon serving real family checkpoints gives the fixtures' fp64 answers over HTTP: a
+ * session's prefill, then one-token decode steps, on a chosen layer. */
+START_TEST(test_server_family_checkpoints_match_the_reference) {
+    static const struct {
+        const char *dir, *input, *expected;
+        int32_t hidden, layer, prefill, decode;
+    } cases[] = {
+        {"tests/data/hf_qwen3_bf16", "qwen3", "qwen3_bf16_l1", 64, 1, 8, 3},
+        {"tests/data/hf_qwen2_f16", "alt", "qwen2_f16_l0", 32, 0, 9, 3},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const char *args[] = {"--model",        cases[c].dir, "--workers", "1",
+                              "--kv-budget-mb", "4",          NULL};
+        start(args);
+        int32_t n = cases[c].prefill + cases[c].decode, hidden = cases[c].hidden;
+        char path[256], extra[64];
+        snprintf(path, sizeof path, "tests/data/expected/%s_x.bin", cases[c].input);
+        float *x = harness_read_file(path, (size_t)n * hidden * sizeof(float));
+        snprintf(path, sizeof path, "tests/data/expected/%s_out.bin", cases[c].expected);
+        float *want = harness_read_file(path, (size_t)n * hidden * sizeof(float));
+        snprintf(extra, sizeof extra, ",\"layer\":%d", (int)cases[c].layer);
+        for (int32_t first = 0; first < n;) {
+            int32_t t = first == 0 ? cases[c].prefill : 1;
+            char *body = http_client_attend_body("family", x, first, t, hidden, first % 2, extra);
+            cJSON *j = call_json("POST", "/v1/attend", body, 200);
+            size_t got_n = 0;
+            float *got =
+                http_client_json_floats(cJSON_GetObjectItemCaseSensitive(j, "output"), &got_n);
+            ck_assert_uint_eq(got_n, (size_t)t * hidden);
+            harness_expect_close(got, want + (size_t)first * hidden, got_n, cases[c].dir);
+            free(got);
+            cJSON_Delete(j);
+            free(body);
+            first += t;
+        }
+        free(want);
+        free(x);
+        stop_ok();
+    }
+}
+END_TEST
+
 /* ---- concurrency and batching --------------------------------------------------------------- */
 
 #define N_CLIENTS      16
@@ -1506,6 +1548,7 @@ Suite *server_suite(void) {
     tcase_add_test(tc, test_server_out_of_memory_is_500);
     tcase_add_test(tc, test_server_blas_buffers_that_cannot_fit_refuse_the_start);
     tcase_add_test(tc, test_server_families_served_or_refused_by_name);
+    tcase_add_test(tc, test_server_family_checkpoints_match_the_reference);
     tc = daemon_case(s, "load");
     tcase_add_test(tc, test_server_concurrent_sessions_are_isolated);
     tcase_add_test(tc, test_server_batches_ready_decodes);

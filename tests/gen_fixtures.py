@@ -120,6 +120,12 @@ def rope(x, positions, cfg):
     return np.concatenate([rot, rest], axis=-1)
 
 
+def rms_norm(x, weight, eps):
+    """Hugging Face's RMSNorm (Qwen3RMSNorm, Olmo2RMSNorm) over the last axis:
+    weight * x / sqrt(mean(x^2) + eps)."""
+    return weight.astype(np.float64) * x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)
+
+
 def attention_layer(w, x, positions, cfg):
     """Returns out (T, hidden), probs (H, T, T), k and v (Hkv, T, D), all float64."""
     t = x.shape[0]
@@ -132,8 +138,15 @@ def attention_layer(w, x, positions, cfg):
             y = y + w[name + ".bias"].astype(np.float64)
         return y
 
-    q = rope(proj("q_proj").reshape(t, h, d), positions, cfg)
-    k = rope(proj("k_proj").reshape(t, hkv, d), positions, cfg)
+    qp, kp = proj("q_proj"), proj("k_proj")
+    norm, eps = cfg.get("qk_norm"), cfg.get("norm_eps")
+    if norm == "width":  # modeling_olmo2: q_norm(q_proj(x)) over the whole width, then the heads
+        qp, kp = rms_norm(qp, w["q_norm.weight"], eps), rms_norm(kp, w["k_norm.weight"], eps)
+    q, k = qp.reshape(t, h, d), kp.reshape(t, hkv, d)
+    if norm == "head":  # modeling_qwen3: q_norm(q_proj(x).view(..., head_dim)), per head
+        q, k = rms_norm(q, w["q_norm.weight"], eps), rms_norm(k, w["k_norm.weight"], eps)
+    q = rope(q, positions, cfg)
+    k = rope(k, positions, cfg)
     v = proj("v_proj").reshape(t, hkv, d)
     group = h // hkv
     kk = np.repeat(k, group, axis=1)  # (T, H, D): head i reads kv head i // group
@@ -174,6 +187,11 @@ def random_layer(rng, cfg, qkv_bias, o_bias):
         w["v_proj.bias"] = uni((hkv * d,), hidden)
     if o_bias:
         w["o_proj.bias"] = uni((hidden,), h * d)
+    if cfg.get("qk_norm"):
+        # Around their init (ones), spread so that a norm applied wrong shows.
+        width = {"head": (d, d), "width": (h * d, hkv * d)}[cfg["qk_norm"]]
+        w["q_norm.weight"] = rng.uniform(0.5, 1.5, size=width[0]).astype(np.float32)
+        w["k_norm.weight"] = rng.uniform(0.5, 1.5, size=width[1]).astype(np.float32)
     return w
 
 
@@ -295,6 +313,39 @@ QWEN2_CONFIG = {
 }
 ALT_T, ALT_DECODE = 9, 3
 
+# qwen3: GQA 4/2 with head_dim 32 given apart from hidden / heads (64 / 4 = 16), no biases, q/k
+# RMSNorm per head (eps 1e-6), theta 1e6, BF16 as Qwen3 ships, 2 layers, no sliding layers.
+QWEN3 = {
+    "hidden": 64, "n_heads": 4, "n_kv_heads": 2, "head_dim": 32, "n_layers": 2,
+    "rotary_dim": 32, "rope_theta": 1000000.0, "rope_style": "half", "sliding_window": 0,
+    "qk_norm": "head", "norm_eps": 1e-6,
+}
+QWEN3_CONFIG = {
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "torch_dtype": "bfloat16",
+    "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 32, "num_hidden_layers": 2, "rope_theta": 1000000.0,
+    "rope_scaling": None, "rms_norm_eps": 1e-06, "attention_bias": False,
+    "max_position_embeddings": 128, "use_sliding_window": False, "sliding_window": None,
+    "max_window_layers": 2, "tie_word_embeddings": True, "vocab_size": 8,
+}
+QWEN3_T, QWEN3_DECODE = 8, 3
+
+# olmo2: MHA 4/4, head_dim 16, q/k RMSNorm over the whole projection (eps 1e-6 here, to tell it
+# from the default 1e-5 only through the config), theta 500000, F32, positions from 90.
+OLMO2 = {
+    "hidden": 64, "n_heads": 4, "n_kv_heads": 4, "head_dim": 16, "n_layers": 1,
+    "rotary_dim": 16, "rope_theta": 500000.0, "rope_style": "half", "sliding_window": 0,
+    "qk_norm": "width", "norm_eps": 1e-6,
+}
+OLMO2_CONFIG = {
+    "architectures": ["Olmo2ForCausalLM"], "model_type": "olmo2", "torch_dtype": "float32",
+    "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+    "num_key_value_heads": 4, "num_hidden_layers": 1, "rope_theta": 500000.0,
+    "rope_scaling": None, "rms_norm_eps": 1e-06, "attention_bias": False,
+    "max_position_embeddings": 256, "vocab_size": 8,
+}
+OLMO2_T, OLMO2_DECODE, OLMO2_POS0 = 6, 3, 90
+
 # bad: a minimal valid model (hidden 8, 2 heads, 1 kv head) that each bad folder breaks once.
 BAD = {"hidden": 8, "n_heads": 2, "n_kv_heads": 1, "head_dim": 4}
 BAD_CONFIG = {
@@ -346,6 +397,29 @@ def gen_alt(out, exp):
     # The same weights as a Qwen2 checkpoint, with Qwen2's attention as the reference.
     write_folder(os.path.join(out, "hf_qwen2_f16"), QWEN2_CONFIG, tensors, "F16")
     write_expected(exp, "qwen2_f16", rounded(layers, f16_round), x, positions, QWEN2)
+
+
+def gen_norms(out, exp):
+    """The q/k-norm families: qwen3 (per head, BF16) and olmo2 (whole width, F32)."""
+    rng = np.random.default_rng(33)
+    layers = [random_layer(rng, QWEN3, False, False) for _ in range(QWEN3["n_layers"])]
+    n = QWEN3_T + QWEN3_DECODE
+    x = rng.uniform(-1, 1, size=(n, QWEN3["hidden"])).astype(np.float32)
+    positions = np.arange(n, dtype=np.int32)
+    write_bin(os.path.join(exp, "qwen3_x.bin"), x)
+    write_bin(os.path.join(exp, "qwen3_pos.bin"), positions, "<i4")
+    write_folder(os.path.join(out, "hf_qwen3_bf16"), QWEN3_CONFIG, layer_tensors(layers, []),
+                 "BF16")
+    write_expected(exp, "qwen3_bf16", rounded(layers, bf16_round), x, positions, QWEN3)
+
+    layers = [random_layer(rng, OLMO2, False, False)]
+    n = OLMO2_T + OLMO2_DECODE
+    x = rng.uniform(-1, 1, size=(n, OLMO2["hidden"])).astype(np.float32)
+    positions = np.arange(OLMO2_POS0, OLMO2_POS0 + n, dtype=np.int32)
+    write_bin(os.path.join(exp, "olmo2_x.bin"), x)
+    write_bin(os.path.join(exp, "olmo2_pos.bin"), positions, "<i4")
+    write_folder(os.path.join(out, "hf_olmo2_f32"), OLMO2_CONFIG, layer_tensors(layers, []), "F32")
+    write_expected(exp, "olmo2_f32", layers, x, positions, OLMO2)
 
 
 def gen_bad(out):
@@ -403,6 +477,7 @@ def main():
     fresh_dir(exp)
     gen_tiny(out, exp)
     gen_alt(out, exp)
+    gen_norms(out, exp)
     gen_bad(out)
 
 

@@ -1,0 +1,51 @@
+/* engine/qk_norm.c: the normalization some families apply to q and k before RoPE (attn.h,
+ * attn_qk_norm): RMSNorm per head (Qwen3) or over the whole projection (OLMo 2). Sums are taken
+ * in double, so the norm is exact to float rounding whatever the width. */
+#include "attn_int.h"
+
+#include <math.h>
+
+size_t attn__qk_norm_len(const attn_config *cfg, bool is_k) {
+    switch (cfg->qk_norm) {
+    case ATTN_QK_NORM_HEAD:
+        return (size_t)cfg->head_dim;
+    case ATTN_QK_NORM_WIDTH:
+        return (size_t)(is_k ? cfg->n_kv_heads : cfg->n_heads) * cfg->head_dim;
+    case ATTN_QK_NORM_NONE:
+        break;
+    }
+    return 0;
+}
+
+/* x[0..n) = w * x / sqrt(mean(x^2) + eps), the Hugging Face RMSNorm. */
+static void rms_norm(float *x, size_t n, const float *w, float eps) {
+    double ss = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        ss += (double)x[i] * x[i];
+    }
+    float inv = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+    for (size_t i = 0; i < n; i++) {
+        x[i] = w[i] * (x[i] * inv);
+    }
+}
+
+void attn__qk_norm_apply(const attn_config *cfg, const struct attn__layer *l, float *row) {
+    size_t hd = (size_t)cfg->head_dim;
+    float *q = row, *k = row + (size_t)cfg->n_heads * hd;
+    switch (cfg->qk_norm) {
+    case ATTN_QK_NORM_HEAD:
+        for (int32_t h = 0; h < cfg->n_heads; h++) {
+            rms_norm(q + h * hd, hd, l->q_norm, cfg->qk_norm_eps);
+        }
+        for (int32_t h = 0; h < cfg->n_kv_heads; h++) {
+            rms_norm(k + h * hd, hd, l->k_norm, cfg->qk_norm_eps);
+        }
+        return;
+    case ATTN_QK_NORM_WIDTH:
+        rms_norm(q, (size_t)cfg->n_heads * hd, l->q_norm, cfg->qk_norm_eps);
+        rms_norm(k, (size_t)cfg->n_kv_heads * hd, l->k_norm, cfg->qk_norm_eps);
+        return;
+    case ATTN_QK_NORM_NONE:
+        return;
+    }
+}
