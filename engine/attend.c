@@ -87,6 +87,17 @@ static void accumulate_block(const struct attn__task *t, const struct tile_ctx *
     }
 }
 
+/* Gemma 2's soft-capping of a block of scores: s = cap * tanh(s / cap), before the mask. */
+static void softcap_block(float *s, int32_t rows, int32_t nb, size_t lds, float cap) {
+    float inv = 1.0f / cap;
+    for (int32_t r = 0; r < rows; r++) {
+        float *sr = s + (size_t)r * lds;
+        for (int32_t j = 0; j < nb; j++) {
+            sr[j] = cap * tanhf(sr[j] * inv);
+        }
+    }
+}
+
 /* Replaces the scores of keys [j0, j0 + nb) that row t may not see by -inf. */
 static void mask_row(const struct attn__task *t, int32_t row_t, int64_t j0, int32_t nb, float *s) {
     int64_t lo, hi;
@@ -115,6 +126,9 @@ static void run_tiled(const struct attn__task *t, const struct tile_ctx *tc, con
         int64_t j0 = b * bt;
         int32_t nb = (int32_t)(t->kv.n_keys - j0 < bt ? t->kv.n_keys - j0 : bt);
         scores_block(t, tc, q, rows, block_k(&t->kv, b), nb, s, (size_t)bt);
+        if (t->softcap > 0) {
+            softcap_block(s, rows, nb, (size_t)bt, t->softcap);
+        }
         for (int32_t r = 0; r < rows; r++) {
             float *sr = s + (size_t)r * bt;
             mask_row(t, r % t->n_q, j0, nb, sr);
@@ -170,6 +184,9 @@ static void run_materialized(const struct attn__task *t, const struct tile_ctx *
         int64_t j0 = b * bt;
         int32_t nb = (int32_t)(c1 - j0 < bt ? c1 - j0 : bt);
         scores_block(t, tc, q, rows, block_k(&t->kv, b), nb, s, (size_t)bt);
+        if (t->softcap > 0) {
+            softcap_block(s, rows, nb, (size_t)bt, t->softcap);
+        }
         for (int32_t r = 0; r < rows; r++) {
             mask_row(t, r % t->n_q, j0, nb, s + (size_t)r * bt);
             memcpy(weights_row(t, r) + j0, s + (size_t)r * bt, (size_t)nb * sizeof(float));

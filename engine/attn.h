@@ -58,6 +58,9 @@ typedef struct attn_rope_scaling {
     int32_t original_max_position; /* llama3: original_max_position_embeddings */
 } attn_rope_scaling;
 
+/* Layers a model may have at most (attn_config.is_full_layer has one entry per layer). */
+#define ATTN_MAX_LAYERS 512
+
 typedef enum attn_qk_norm {
     ATTN_QK_NORM_NONE = 0,
     /* RMSNorm of each head's head_dim values of q and of k, before RoPE, with one weight of
@@ -91,7 +94,18 @@ typedef struct attn_config {
     float softmax_scale;    /* 0 = 1 / sqrt(head_dim) */
     attn_qk_norm qk_norm;   /* q/k normalization before RoPE */
     float qk_norm_eps;      /* its epsilon; 0 = 1e-6 */
+    float logit_softcap;    /* 0 = none; else each score s, after the softmax scale, becomes
+                               cap * tanh(s / cap) before the mask (Gemma 2) */
+    float rope_theta_local; /* 0 = every layer rotates with rope_theta and rope_scaling; else the
+                               sliding layers rotate with this theta and no scaling (Gemma 3) */
+    /* Per absolute layer: true makes it a full-attention layer even when sliding_window is set
+     * (the global layers of Gemma 2 / 3, Qwen2's layers below max_window_layers); false, the
+     * default, lets sliding_window apply. Unused past n_layers. */
+    bool is_full_layer[ATTN_MAX_LAYERS];
 } attn_config;
+
+/* True if layer (absolute index) attends through cfg's sliding window. */
+bool attn_config_layer_is_sliding(const attn_config *cfg, int32_t layer);
 
 /* Fills *out with a named preset: "tiny" (hidden 64, 4 heads, 2 kv heads, head_dim 16, 2 layers),
  * "small" (hidden 512, 8 heads, 2 kv heads, head_dim 64, 4 layers) or "llama8b" (hidden 4096,

@@ -36,6 +36,8 @@ struct attn_model {
     struct attn__layer *layers; /* (layer_count) */
     float *rope_cos;            /* (max_seq, rotary_dim / 2): cos(pos * inv_freq[i]) */
     float *rope_sin;            /* (max_seq, rotary_dim / 2) */
+    float *rope_cos_local;      /* NULL, or the same with rope_theta_local and no scaling */
+    float *rope_sin_local;
     size_t bytes;
 };
 
@@ -100,6 +102,7 @@ struct attn__task {
     int32_t n_q;
     int32_t d_k, d_v;
     float scale;
+    float softcap; /* 0, or scores s become softcap * tanh(s / softcap) (after scale) */
     struct attn__kv_view kv;
     struct attn__mask mask;
     float *scratch; /* attn__task_scratch_floats(...) floats */
@@ -164,7 +167,7 @@ void attn__rope_tables(const attn_config *cfg, float *cos_table, float *sin_tabl
 
 /* Rotates the first rotary_dim dims of n_heads vectors of head_dim floats at x (consecutive)
  * by the angles of position pos. */
-void attn__rope_apply(const attn_model *m, float *x, int32_t n_heads, int32_t pos);
+void attn__rope_apply(const attn_model *m, float *x, int32_t n_heads, int32_t pos, bool is_local);
 
 /* ---- kv.c -------------------------------------------------------------------------------- */
 
@@ -219,6 +222,8 @@ struct attn__hf_layout {
      * family fixes has_qkv_bias / has_o_bias in the config from its own rule. */
     bool has_biases_from_tensors;
     bool wants_qkv_bias;
+    bool is_norm_one_plus;   /* Gemma: the q/k norm weight applied is 1 + the tensor */
+    const char *prefixes[3]; /* where the layers' tensors may sit, NULL-terminated (static) */
 };
 
 /* Parses config.json text, json[0..len) (no NUL needed), by the rules of its model_type's family

@@ -115,6 +115,13 @@ int attn_config_check(attn_config *cfg) {
     if (!isfinite(c.qk_norm_eps) || c.qk_norm_eps < 0) {
         return ATTN_EINVAL;
     }
+    if (c.n_layers > ATTN_MAX_LAYERS) {
+        return ATTN_ERANGE;
+    }
+    if (!isfinite(c.logit_softcap) || c.logit_softcap < 0 || !isfinite(c.rope_theta_local) ||
+        (c.rope_theta_local != 0 && c.rope_theta_local <= 1.0f)) {
+        return ATTN_EINVAL;
+    }
     if (c.softmax_scale == 0) {
         c.softmax_scale = 1.0f / sqrtf((float)c.head_dim);
     }
@@ -128,4 +135,9 @@ int attn_config_check(attn_config *cfg) {
     }
     *cfg = c;
     return ATTN_OK;
+}
+
+bool attn_config_layer_is_sliding(const attn_config *cfg, int32_t layer) {
+    return cfg->sliding_window > 0 && layer >= 0 && layer < ATTN_MAX_LAYERS &&
+           !cfg->is_full_layer[layer];
 }

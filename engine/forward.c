@@ -233,9 +233,11 @@ static int32_t next_chunk(const attn_step *steps, int32_t n_steps, int32_t max_t
 
 /* Normalizes (qk_norm) and rotates (RoPE) the part's q and k rows, and appends its k and v to
  * the cache. */
-static void rope_and_append(const attn_model *m, const struct attn__layer *l, const attn_step *st,
+static void rope_and_append(const attn_model *m, int32_t layer, const attn_step *st,
                             const struct chunk_part *p, float *qkv) {
     const attn_config *c = &m->cfg;
+    const struct attn__layer *l = &m->layers[layer - m->layer_first];
+    bool is_local = attn_config_layer_is_sliding(c, layer);
     size_t n_qkv = n_qkv_of(c), hd = (size_t)c->head_dim;
     size_t k_off = (size_t)c->n_heads * hd, v_off = k_off + (size_t)c->n_kv_heads * hd;
     int32_t base = st->kv->len;
@@ -246,8 +248,8 @@ static void rope_and_append(const attn_model *m, const struct attn__layer *l, co
         int32_t pos = st->positions ? st->positions[p->first + i] : idx;
         attn__qk_norm_apply(c, l, row);
         if (c->rotary_dim > 0) {
-            attn__rope_apply(m, row, c->n_heads, pos);
-            attn__rope_apply(m, row + k_off, c->n_kv_heads, pos);
+            attn__rope_apply(m, row, c->n_heads, pos, is_local);
+            attn__rope_apply(m, row + k_off, c->n_kv_heads, pos, is_local);
         }
         for (int32_t h = 0; h < c->n_kv_heads; h++) {
             memcpy(attn__kv_row_k(st->kv, h, idx), row + k_off + h * hd, hd * sizeof(float));
@@ -257,10 +259,11 @@ static void rope_and_append(const attn_model *m, const struct attn__layer *l, co
 }
 
 /* Builds the attention tasks of one part: per KV head, query tiles of ATTN__Q_TILE tokens. */
-static int32_t part_tasks(const attn_model *m, attn_workspace *ws, const attn_step *st,
-                          const struct chunk_part *p, struct attn__task *tasks,
+static int32_t part_tasks(const attn_model *m, int32_t layer, attn_workspace *ws,
+                          const attn_step *st, const struct chunk_part *p, struct attn__task *tasks,
                           size_t *scratch_used) {
     const attn_config *c = &m->cfg;
+    int32_t window_left = attn_config_layer_is_sliding(c, layer) ? c->sliding_window - 1 : -1;
     int32_t r = c->n_heads / c->n_kv_heads;
     size_t n_qkv = n_qkv_of(c), hd = (size_t)c->head_dim, hd_all = (size_t)c->n_heads * hd;
     int32_t n_keys = st->kv->len;    /* this part's tokens are appended already */
@@ -293,10 +296,11 @@ static int32_t part_tasks(const attn_model *m, attn_workspace *ws, const attn_st
             t->d_k = c->head_dim;
             t->d_v = c->head_dim;
             t->scale = c->softmax_scale;
+            t->softcap = c->logit_softcap;
             t->kv = attn__kv_view_of(st->kv, g, n_keys);
             t->mask.q_index0 = p_start + q0;
             t->mask.is_causal = true;
-            t->mask.window_left = c->sliding_window > 0 ? c->sliding_window - 1 : -1;
+            t->mask.window_left = window_left;
             t->mask.window_right = -1;
             t->mask.key_valid = st->key_valid;
             t->scratch = ws->scratch + *scratch_used;
@@ -307,10 +311,11 @@ static int32_t part_tasks(const attn_model *m, attn_workspace *ws, const attn_st
     return n_tasks;
 }
 
-static void run_chunk(const attn_model *m, const struct attn__layer *l, attn_workspace *ws,
+static void run_chunk(const attn_model *m, int32_t layer, attn_workspace *ws,
                       const attn_step *steps, const struct chunk_part *parts, int32_t n_parts,
                       int32_t rows) {
     const attn_config *c = &m->cfg;
+    const struct attn__layer *l = &m->layers[layer - m->layer_first];
     int32_t hidden = c->hidden_size, hd_all = c->n_heads * c->head_dim;
     bool single = n_parts == 1;
     const float *x = ws->x;
@@ -328,8 +333,8 @@ static void run_chunk(const attn_model *m, const struct attn__layer *l, attn_wor
     size_t scratch_used = 0;
     for (int32_t i = 0; i < n_parts; i++) {
         const attn_step *st = &steps[parts[i].step];
-        rope_and_append(m, l, st, &parts[i], ws->qkv);
-        n_tasks += part_tasks(m, ws, st, &parts[i], ws->tasks + n_tasks, &scratch_used);
+        rope_and_append(m, layer, st, &parts[i], ws->qkv);
+        n_tasks += part_tasks(m, layer, ws, st, &parts[i], ws->tasks + n_tasks, &scratch_used);
     }
     attn__tasks_run(ws->has_ex ? &ws->ex : NULL, ws->tasks, n_tasks);
     float *y = single ? steps[parts[0].step].out + (size_t)parts[0].first * hidden : ws->y;
@@ -349,13 +354,12 @@ int attn_forward(const attn_model *m, int32_t layer, attn_workspace *ws, const a
     if (rc != ATTN_OK) {
         return rc;
     }
-    const struct attn__layer *l = &m->layers[layer - m->layer_first];
     int32_t step = 0, first = 0;
     while (step < n_steps) {
         int32_t rows = 0;
         int32_t n_parts =
             next_chunk(steps, n_steps, ws->max_tokens, &step, &first, ws->parts, &rows);
-        run_chunk(m, l, ws, steps, ws->parts, n_parts, rows);
+        run_chunk(m, layer, ws, steps, ws->parts, n_parts, rows);
     }
     return ATTN_OK;
 }

@@ -23,12 +23,19 @@ enum bias_rule {
     BIAS_AS_THE_TENSORS_SAY, /* attnd's own layout: whatever the checkpoint holds */
 };
 
-/* How sliding_window applies. */
+/* How sliding_window applies, and to which layers (layer_types, where given, always decides). */
 enum window_rule {
     WINDOW_NOT_READ, /* the family's attention never reads it (Llama) */
     WINDOW_ALL,      /* every layer, when set (Mistral, attnd) */
-    WINDOW_QWEN2,    /* use_sliding_window, then layers >= max_window_layers (or layer_types) */
+    WINDOW_QWEN2,    /* only with use_sliding_window; layers >= max_window_layers slide */
+    WINDOW_GEMMA2,   /* layers 0, 2, 4...: (i + 1) % 2 != 0 */
+    WINDOW_GEMMA3,   /* all but every sliding_window_pattern-th: (i + 1) % pattern != 0 */
 };
+
+struct family;
+
+/* A family's own fields beyond the table's (Gemma's scalar, soft-cap and local RoPE). */
+typedef int (*read_extra_fn)(const struct attn__reason *why, const cJSON *j, attn_config *c);
 
 struct family {
     const char *model_type;
@@ -37,23 +44,86 @@ struct family {
     int32_t default_window;   /* sliding_window when absent (null stays none) */
     enum bias_rule bias;
     enum window_rule window;
-    attn_qk_norm qk_norm;   /* q_norm / k_norm tensors, eps from rms_norm_eps */
-    float default_norm_eps; /* rms_norm_eps when absent */
-    bool has_engine_fields; /* partial_rotary_factor and rope_style are read */
+    attn_qk_norm qk_norm;       /* q_norm / k_norm tensors, eps from rms_norm_eps */
+    float default_norm_eps;     /* rms_norm_eps when absent */
+    bool has_engine_fields;     /* partial_rotary_factor and rope_style are read */
+    float default_theta;        /* rope_theta when absent; 0 = the engine's 10000 */
+    bool is_norm_one_plus;      /* Gemma's RMSNorm: the weight applied is 1 + w */
+    const char *const *reads;   /* screened fields it computes itself (NULL-terminated), or NULL */
+    read_extra_fn read_extra;   /* or NULL */
+    const char *text_config_of; /* a multimodal wrapper: read text_config as this family */
 };
+
+static int gemma2_extra(const struct attn__reason *why, const cJSON *j, attn_config *c);
+static int gemma3_extra(const struct attn__reason *why, const cJSON *j, attn_config *c);
+
+static const char *const qwen_reads[] = {"layer_types", NULL};
+static const char *const gemma2_reads[] = {"layer_types", "attn_logit_softcapping",
+                                           "query_pre_attn_scalar", NULL};
+static const char *const gemma3_reads[] = {
+    "layer_types",          "attn_logit_softcapping", "query_pre_attn_scalar",
+    "rope_local_base_freq", "sliding_window_pattern", NULL};
 
 /* Served exactly, each against an fp64 reference written from its modeling code
  * (tests/gen_fixtures.py). */
 static const struct family families[] = {
-    {"llama", 0, 0, 0, BIAS_IF_ATTENTION_BIAS, WINDOW_NOT_READ, ATTN_QK_NORM_NONE, 0, false},
-    {"mistral", 8, 0, 4096, BIAS_NONE, WINDOW_ALL, ATTN_QK_NORM_NONE, 0, false},
-    {"qwen2", 32, 0, 4096, BIAS_QKV, WINDOW_QWEN2, ATTN_QK_NORM_NONE, 0, false},
+    {.model_type = "llama", .bias = BIAS_IF_ATTENTION_BIAS, .window = WINDOW_NOT_READ},
+    {.model_type = "mistral",
+     .default_kv_heads = 8,
+     .default_window = 4096,
+     .bias = BIAS_NONE,
+     .window = WINDOW_ALL},
+    {.model_type = "qwen2",
+     .default_kv_heads = 32,
+     .default_window = 4096,
+     .bias = BIAS_QKV,
+     .window = WINDOW_QWEN2,
+     .reads = qwen_reads},
     /* Qwen3: Qwen2's window rule, Llama's bias rule, RMSNorm of each head of q and k. */
-    {"qwen3", 32, 128, 4096, BIAS_IF_ATTENTION_BIAS, WINDOW_QWEN2, ATTN_QK_NORM_HEAD, 1e-6f, false},
+    {.model_type = "qwen3",
+     .default_kv_heads = 32,
+     .default_head_dim = 128,
+     .default_window = 4096,
+     .bias = BIAS_IF_ATTENTION_BIAS,
+     .window = WINDOW_QWEN2,
+     .qk_norm = ATTN_QK_NORM_HEAD,
+     .default_norm_eps = 1e-6f,
+     .reads = qwen_reads},
     /* OLMo 2: RMSNorm over the whole q and k projections, before the split into heads. */
-    {"olmo2", 0, 0, 0, BIAS_IF_ATTENTION_BIAS, WINDOW_NOT_READ, ATTN_QK_NORM_WIDTH, 1e-5f, false},
+    {.model_type = "olmo2",
+     .bias = BIAS_IF_ATTENTION_BIAS,
+     .window = WINDOW_NOT_READ,
+     .qk_norm = ATTN_QK_NORM_WIDTH,
+     .default_norm_eps = 1e-5f},
+    /* Gemma 2: query_pre_attn_scalar, soft-capped scores, local (even) and global layers. */
+    {.model_type = "gemma2",
+     .default_kv_heads = 4,
+     .default_head_dim = 256,
+     .default_window = 4096,
+     .bias = BIAS_IF_ATTENTION_BIAS,
+     .window = WINDOW_GEMMA2,
+     .reads = gemma2_reads,
+     .read_extra = gemma2_extra},
+    /* Gemma 3 (text): Gemma's q/k RMSNorm per head, 5 local layers to 1 global, local RoPE. */
+    {.model_type = "gemma3_text",
+     .default_kv_heads = 4,
+     .default_head_dim = 256,
+     .default_window = 4096,
+     .bias = BIAS_IF_ATTENTION_BIAS,
+     .window = WINDOW_GEMMA3,
+     .qk_norm = ATTN_QK_NORM_HEAD,
+     .default_norm_eps = 1e-6f,
+     .default_theta = 1e6f,
+     .is_norm_one_plus = true,
+     .reads = gemma3_reads,
+     .read_extra = gemma3_extra},
+    /* Gemma 3 multimodal checkpoints: the text model's config and tensors, nested. */
+    {.model_type = "gemma3", .text_config_of = "gemma3_text"},
     /* attnd's own layout: the engine's generic attention with every field explicit. */
-    {"attnd", 0, 0, 0, BIAS_AS_THE_TENSORS_SAY, WINDOW_ALL, ATTN_QK_NORM_NONE, 0, true},
+    {.model_type = "attnd",
+     .bias = BIAS_AS_THE_TENSORS_SAY,
+     .window = WINDOW_ALL,
+     .has_engine_fields = true},
 };
 
 /* Families known by name and not served yet, with what their attention needs. */
@@ -65,9 +135,6 @@ static const struct {
     {"qwen2_moe", "its attention has not been validated"},
     {"mixtral", "its attention has not been validated"},
     {"gemma", "its attention has not been validated"},
-    {"gemma2", "query_pre_attn_scalar, attn_logit_softcapping and alternating sliding layers"},
-    {"gemma3", "q/k norms, layer_types and rope_local_base_freq (text_config)"},
-    {"gemma3_text", "q/k norms, layer_types and rope_local_base_freq"},
     {"olmo", "clip_qkv"},
     {"stablelm", "qk_layernorm and partial rotary"},
     {"cohere", "interleaved rotary and use_qk_norm"},
@@ -89,7 +156,7 @@ static const struct {
     {"smollm3", "layers without RoPE (no_rope_layers)"},
 };
 
-#define SERVED_LIST "llama, mistral, qwen2, qwen3, olmo2, attnd"
+#define SERVED_LIST "llama, mistral, qwen2, qwen3, olmo2, gemma2, gemma3, attnd"
 
 /* Fields that change attention, which none of the served families computes: refused unless they
  * hold their neutral value (absent, null, false, 0, or what is named). */
@@ -120,6 +187,7 @@ static const struct {
     {"use_logn_attn", NEUTRAL_FALSE},
     {"logn_attn", NEUTRAL_FALSE},
     {"attn_temperature_tuning", NEUTRAL_FALSE},
+    {"use_bidirectional_attention", NEUTRAL_FALSE},
     {"rotary_pct", NEUTRAL_ONE},
     {"layer_types", NEUTRAL_ALL_FULL},
 };
@@ -319,8 +387,12 @@ static bool is_neutral(const cJSON *v, enum neutral n) {
 static int screen_fields(const struct attn__reason *why, const cJSON *j, const struct family *f) {
     for (size_t i = 0; i < sizeof screened / sizeof screened[0]; i++) {
         const char *name = screened[i].field;
-        if (f->window == WINDOW_QWEN2 && strcmp(name, "layer_types") == 0) {
-            continue; /* qwen2 reads it (parse_window) */
+        bool is_read = false;
+        for (size_t r = 0; f->reads != NULL && f->reads[r] != NULL; r++) {
+            is_read |= strcmp(f->reads[r], name) == 0;
+        }
+        if (is_read) {
+            continue; /* the family computes it */
         }
         if (!is_neutral(cJSON_GetObjectItemCaseSensitive(j, name), screened[i].neutral)) {
             return attn__fail(why, ATTN_EUNSUPPORTED,
@@ -332,79 +404,146 @@ static int screen_fields(const struct attn__reason *why, const cJSON *j, const s
     return ATTN_OK;
 }
 
-/* Qwen2's rule (configuration_qwen2.py): with use_sliding_window, layer i slides iff
- * i >= max_window_layers, unless layer_types lists each layer's kind. One window for all layers
- * or none is served; layers of both kinds are refused. */
-static int qwen2_window(const struct attn__reason *why, const cJSON *j, attn_config *c) {
-    bool use = false;
-    int32_t window = 4096, max_window_layers = 28;
-    int rc;
-    if ((rc = get_bool(why, j, "use_sliding_window", &use)) != ATTN_OK ||
-        (rc = get_int(why, j, "max_window_layers", &max_window_layers)) != ATTN_OK) {
-        return rc;
-    }
-    if (cJSON_GetObjectItemCaseSensitive(j, "sliding_window") != NULL) {
-        window = 0; /* explicit null: none */
-        if ((rc = get_int(why, j, "sliding_window", &window)) != ATTN_OK) {
-            return rc;
-        }
-    }
-    if (!use || window == 0) {
-        window = 0;
-    }
-    int32_t n_sliding = 0;
+/* layer_types, when the config lists them: each layer's kind into c->is_full_layer. *n_sliding
+ * gets the count of sliding layers, or -1 when the field is absent. */
+static int read_layer_types(const struct attn__reason *why, const cJSON *j, attn_config *c,
+                            int32_t *n_sliding) {
     const cJSON *types = cJSON_GetObjectItemCaseSensitive(j, "layer_types");
-    if (types != NULL && !cJSON_IsNull(types)) {
-        if (!cJSON_IsArray(types) || cJSON_GetArraySize(types) != c->n_layers) {
-            return attn__fail(why, ATTN_EIO,
-                              "config.json: layer_types must list num_hidden_layers kinds");
-        }
-        const cJSON *e;
-        cJSON_ArrayForEach(e, types) {
-            bool is_sliding = cJSON_IsString(e) && strcmp(e->valuestring, "sliding_attention") == 0;
-            if (!is_sliding &&
-                !(cJSON_IsString(e) && strcmp(e->valuestring, "full_attention") == 0)) {
-                return attn__fail(why, ATTN_EUNSUPPORTED,
-                                  "config.json: layer_types holds a kind other than "
-                                  "full_attention and sliding_attention");
-            }
-            n_sliding += is_sliding;
-        }
-        if (n_sliding > 0 && window == 0) {
-            return attn__fail(why, ATTN_EIO,
-                              "config.json: layer_types has sliding layers but no sliding_window");
-        }
-    } else if (window > 0) {
-        n_sliding = c->n_layers > max_window_layers ? c->n_layers - max_window_layers : 0;
+    *n_sliding = -1;
+    if (types == NULL || cJSON_IsNull(types)) {
+        return ATTN_OK;
     }
-    if (n_sliding > 0 && n_sliding < c->n_layers) {
-        return attn__fail(why, ATTN_EUNSUPPORTED,
-                          "config.json: qwen2 with use_sliding_window has %d sliding and %d full "
-                          "layers (max_window_layers or layer_types); layers of two kinds are "
-                          "not served yet",
-                          n_sliding, c->n_layers - n_sliding);
+    if (!cJSON_IsArray(types) || cJSON_GetArraySize(types) != c->n_layers) {
+        return attn__fail(why, ATTN_EIO,
+                          "config.json: layer_types must list num_hidden_layers kinds");
     }
-    c->sliding_window = n_sliding > 0 ? window : 0;
+    int32_t i = 0, n = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, types) {
+        const char *kind = cJSON_IsString(e) ? e->valuestring : "";
+        bool is_sliding = strcmp(kind, "sliding_attention") == 0;
+        if (!is_sliding && strcmp(kind, "full_attention") != 0) {
+            return attn__fail(why, ATTN_EUNSUPPORTED,
+                              "config.json: layer_types holds '%.40s' (full_attention and "
+                              "sliding_attention are served)",
+                              kind);
+        }
+        c->is_full_layer[i++] = !is_sliding;
+        n += is_sliding;
+    }
+    *n_sliding = n;
     return ATTN_OK;
 }
 
+/* sliding_window, or the family's default when absent; null is none. */
+static int read_window(const struct attn__reason *why, const cJSON *j, const struct family *f,
+                       int32_t *window) {
+    *window = f->default_window;
+    if (cJSON_GetObjectItemCaseSensitive(j, "sliding_window") == NULL) {
+        return ATTN_OK;
+    }
+    *window = 0;
+    return get_int(why, j, "sliding_window", window);
+}
+
+/* Which layers slide, by the family's rule (configuration_*.py), unless layer_types lists them. */
 static int parse_window(const struct attn__reason *why, const cJSON *j, const struct family *f,
                         attn_config *c) {
-    switch (f->window) {
-    case WINDOW_NOT_READ:
-        c->sliding_window = 0;
+    int32_t window = 0, n_sliding = -1, pattern = 6, max_window_layers = 28;
+    bool use = false;
+    int rc;
+    if (f->window == WINDOW_NOT_READ) {
         return ATTN_OK;
-    case WINDOW_ALL:
-        c->sliding_window = f->default_window;
-        if (cJSON_GetObjectItemCaseSensitive(j, "sliding_window") != NULL) {
-            c->sliding_window = 0;
-            return get_int(why, j, "sliding_window", &c->sliding_window);
-        }
-        return ATTN_OK;
-    case WINDOW_QWEN2:
-        return qwen2_window(why, j, c);
     }
-    return ATTN_EINVAL;
+    if ((rc = read_window(why, j, f, &window)) != ATTN_OK) {
+        return rc;
+    }
+    if (f->window == WINDOW_QWEN2) {
+        /* configuration_qwen2.py: without use_sliding_window there is no window at all. */
+        if ((rc = get_bool(why, j, "use_sliding_window", &use)) != ATTN_OK ||
+            (rc = get_int(why, j, "max_window_layers", &max_window_layers)) != ATTN_OK) {
+            return rc;
+        }
+        window = use ? window : 0;
+    }
+    if (f->window != WINDOW_ALL && (rc = read_layer_types(why, j, c, &n_sliding)) != ATTN_OK) {
+        return rc;
+    }
+    if (f->window == WINDOW_GEMMA3 &&
+        (rc = get_int(why, j, "sliding_window_pattern", &pattern)) != ATTN_OK) {
+        return rc;
+    }
+    if (pattern < 1) {
+        return attn__fail(why, ATTN_EIO, "config.json: sliding_window_pattern must be >= 1");
+    }
+    if (n_sliding > 0 && window == 0) {
+        return attn__fail(why, ATTN_EIO,
+                          "config.json: layer_types has sliding layers but no sliding_window");
+    }
+    for (int32_t i = 0; n_sliding < 0 && i < c->n_layers; i++) {
+        bool is_sliding = true; /* WINDOW_ALL */
+        if (f->window == WINDOW_QWEN2) {
+            is_sliding = i >= max_window_layers;
+        } else if (f->window == WINDOW_GEMMA2) {
+            is_sliding = (i + 1) % 2 != 0;
+        } else if (f->window == WINDOW_GEMMA3) {
+            is_sliding = (i + 1) % pattern != 0;
+        }
+        c->is_full_layer[i] = !is_sliding;
+    }
+    c->sliding_window = window;
+    return ATTN_OK;
+}
+
+/* Gemma's softmax scale: query_pre_attn_scalar^-1/2 (256 when absent), not head_dim's. */
+static int gemma_scale(const struct attn__reason *why, const cJSON *j, attn_config *c) {
+    float scalar = 256.0f;
+    int rc = get_float(why, j, "query_pre_attn_scalar", &scalar);
+    if (rc != ATTN_OK) {
+        return rc;
+    }
+    if (!(scalar > 0)) {
+        return attn__fail(why, ATTN_EIO, "config.json: query_pre_attn_scalar must be > 0");
+    }
+    c->softmax_scale = (float)(1.0 / sqrt((double)scalar));
+    return ATTN_OK;
+}
+
+/* The score soft-cap: `def_cap` when absent, none when null. */
+static int gemma_softcap(const struct attn__reason *why, const cJSON *j, float def_cap,
+                         attn_config *c) {
+    c->logit_softcap = def_cap;
+    if (cJSON_GetObjectItemCaseSensitive(j, "attn_logit_softcapping") == NULL) {
+        return ATTN_OK;
+    }
+    c->logit_softcap = 0;
+    int rc = get_float(why, j, "attn_logit_softcapping", &c->logit_softcap);
+    if (rc == ATTN_OK && c->logit_softcap < 0) {
+        return attn__fail(why, ATTN_EIO, "config.json: attn_logit_softcapping must be >= 0");
+    }
+    return rc;
+}
+
+/* configuration_gemma2.py: the cap defaults to 50. */
+static int gemma2_extra(const struct attn__reason *why, const cJSON *j, attn_config *c) {
+    int rc = gemma_scale(why, j, c);
+    return rc != ATTN_OK ? rc : gemma_softcap(why, j, 50.0f, c);
+}
+
+/* configuration_gemma3.py: no cap by default; local layers rotate with rope_local_base_freq
+ * (10000) and no scaling, global ones with rope_theta and rope_scaling. */
+static int gemma3_extra(const struct attn__reason *why, const cJSON *j, attn_config *c) {
+    int rc;
+    c->rope_theta_local = 10000.0f;
+    if ((rc = gemma_scale(why, j, c)) != ATTN_OK ||
+        (rc = gemma_softcap(why, j, 0.0f, c)) != ATTN_OK ||
+        (rc = get_float(why, j, "rope_local_base_freq", &c->rope_theta_local)) != ATTN_OK) {
+        return rc;
+    }
+    if (!(c->rope_theta_local > 1.0f)) {
+        return attn__fail(why, ATTN_EIO, "config.json: rope_local_base_freq must be > 1");
+    }
+    return ATTN_OK;
 }
 
 static int parse_bias(const struct attn__reason *why, const cJSON *j, const struct family *f,
@@ -498,9 +637,28 @@ static int parse_config(const struct attn__reason *why, const cJSON *j, const ch
     memset(lay, 0, sizeof *lay);
     const struct family *f = NULL;
     int rc = pick_family(why, j, trust_layout, &f, lay);
-    if (rc != ATTN_OK || (rc = screen_fields(why, j, f)) != ATTN_OK) {
+    if (rc != ATTN_OK) {
         return rc;
     }
+    lay->prefixes[0] = "model.layers";
+    lay->prefixes[1] = "layers"; /* saved from the bare model, not ...ForCausalLM */
+    if (f->text_config_of != NULL) {
+        /* A multimodal checkpoint: the text model's own config, and its tensors under the
+         * language model (both spellings transformers has saved). */
+        j = cJSON_GetObjectItemCaseSensitive(j, "text_config");
+        if (!cJSON_IsObject(j)) {
+            return attn__fail(why, ATTN_EIO, "config.json: model_type %s needs a text_config",
+                              f->model_type);
+        }
+        f = family_find(f->text_config_of);
+        lay->prefixes[0] = "language_model.model.layers";
+        lay->prefixes[1] = "model.language_model.layers";
+    }
+    if ((rc = screen_fields(why, j, f)) != ATTN_OK) {
+        return rc;
+    }
+    lay->is_norm_one_plus = f->is_norm_one_plus;
+    c->rope_theta = f->default_theta;
     int32_t max_pos = 0;
     if ((rc = get_int(why, j, "hidden_size", &c->hidden_size)) != ATTN_OK ||
         (rc = get_int(why, j, "num_attention_heads", &c->n_heads)) != ATTN_OK ||
@@ -527,6 +685,10 @@ static int parse_config(const struct attn__reason *why, const cJSON *j, const ch
                           "config.json: hidden_size, num_attention_heads and "
                           "num_hidden_layers are required and must be > 0");
     }
+    if (c->n_layers > ATTN_MAX_LAYERS) {
+        return attn__fail(why, ATTN_EUNSUPPORTED, "config.json: %d layers, attnd serves %d at most",
+                          c->n_layers, ATTN_MAX_LAYERS);
+    }
     /* An absent field takes the family's default; an explicit null means one per query head. */
     bool has_kv_field = cJSON_GetObjectItemCaseSensitive(j, "num_key_value_heads") != NULL;
     c->n_kv_heads = f->default_kv_heads > 0 && !has_kv_field ? f->default_kv_heads : c->n_heads;
@@ -549,7 +711,8 @@ static int parse_config(const struct attn__reason *why, const cJSON *j, const ch
         c->head_dim = c->hidden_size / c->n_heads;
     }
     if ((rc = parse_window(why, j, f, c)) != ATTN_OK ||
-        (rc = parse_bias(why, j, f, c, lay)) != ATTN_OK) {
+        (rc = parse_bias(why, j, f, c, lay)) != ATTN_OK ||
+        (f->read_extra != NULL && (rc = f->read_extra(why, j, c)) != ATTN_OK)) {
         return rc;
     }
     return parse_rope(why, j, f, c);

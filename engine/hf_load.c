@@ -33,8 +33,9 @@ struct loader {
     char *shard_names[MAX_SHARDS]; /* file names, relative to dir */
     struct attn__st_header shard_headers[MAX_SHARDS];
     int n_shards;
-    const char *prefix; /* "model.layers" or "layers" */
-    void *convert_buf;  /* reused buffer for F16/BF16 bytes */
+    const char *prefix; /* the one of layout->prefixes the checkpoint uses */
+    const struct attn__hf_layout *layout;
+    void *convert_buf; /* reused buffer for F16/BF16 bytes */
     size_t convert_cap;
 };
 
@@ -505,10 +506,10 @@ static int tensor_exists(struct loader *ld, const char *name, bool *out) {
     return rc;
 }
 
-/* Checkpoints saved from the bare model (not ...ForCausalLM) drop the "model." prefix. */
+/* The first of the family's prefixes under which the checkpoint holds this layer. */
 static int pick_prefix(struct loader *ld, int32_t layer) {
-    static const char *const prefixes[] = {"model.layers", "layers"};
-    for (size_t i = 0; i < sizeof prefixes / sizeof prefixes[0]; i++) {
+    const char *const *prefixes = ld->layout->prefixes;
+    for (size_t i = 0; i < 3 && prefixes[i] != NULL; i++) {
         char name[256];
         snprintf(name, sizeof name, "%s.%d.self_attn.q_proj.weight", prefixes[i], layer);
         bool found = false;
@@ -521,8 +522,8 @@ static int pick_prefix(struct loader *ld, int32_t layer) {
             return ATTN_OK;
         }
     }
-    return attn__fail(&ld->why, ATTN_EIO,
-                      "tensor model.layers.%d.self_attn.q_proj.weight not found", layer);
+    return attn__fail(&ld->why, ATTN_EIO, "tensor %s.%d.self_attn.q_proj.weight not found",
+                      prefixes[0], layer);
 }
 
 static int read_layer(struct loader *ld, const attn_config *c, int32_t layer,
@@ -556,9 +557,14 @@ static int read_layer(struct loader *ld, const attn_config *c, int32_t layer,
         for (int i = 0; i < 2; i++) {
             char name[256];
             snprintf(name, sizeof name, "%s.%d.self_attn.%s.weight", ld->prefix, layer, norm[i]);
-            int rc = tensor_read(ld, name, (int32_t)attn__qk_norm_len(c, i == 1), 0, dst[i]);
+            size_t len = attn__qk_norm_len(c, i == 1);
+            int rc = tensor_read(ld, name, (int32_t)len, 0, dst[i]);
             if (rc != ATTN_OK) {
                 return rc;
+            }
+            /* Gemma3RMSNorm multiplies by (1.0 + weight.float()): the same float sum, once. */
+            for (size_t j = 0; ld->layout->is_norm_one_plus && j < len; j++) {
+                dst[i][j] += 1.0f;
             }
         }
     }
@@ -726,6 +732,7 @@ int attn_model_load_hf(const char *dir, const attn_load_params *p, attn_model **
                         first + (p ? p->layer_count : 1) - 1, cfg.n_layers);
         goto out;
     }
+    ld.layout = &lay;
     if ((rc = open_index(&ld)) != ATTN_OK || (rc = pick_prefix(&ld, first)) != ATTN_OK) {
         goto out;
     }

@@ -67,6 +67,8 @@ void attn_model_destroy(attn_model *m) {
     free(m->layers);
     free(m->rope_cos);
     free(m->rope_sin);
+    free(m->rope_cos_local);
+    free(m->rope_sin_local);
     free(m);
 }
 
@@ -144,6 +146,18 @@ int attn__model_alloc(const attn_config *cfg_in, const attn_load_params *p, attn
         }
         attn__rope_tables(&m->cfg, m->rope_cos, m->rope_sin);
         m->bytes += 2 * n * sizeof(float);
+        if (cfg.rope_theta_local > 0) {
+            attn_config local = cfg;
+            local.rope_theta = cfg.rope_theta_local;
+            memset(&local.rope_scaling, 0, sizeof local.rope_scaling);
+            m->rope_cos_local = attn__alloc_floats(n);
+            m->rope_sin_local = attn__alloc_floats(n);
+            if (m->rope_cos_local == NULL || m->rope_sin_local == NULL) {
+                goto fail;
+            }
+            attn__rope_tables(&local, m->rope_cos_local, m->rope_sin_local);
+            m->bytes += 2 * n * sizeof(float);
+        }
     }
     *out = m;
     return ATTN_OK;

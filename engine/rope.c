@@ -43,14 +43,16 @@ void attn__rope_tables(const attn_config *cfg, float *cos_table, float *sin_tabl
     }
 }
 
-void attn__rope_apply(const attn_model *m, float *x, int32_t n_heads, int32_t pos) {
+void attn__rope_apply(const attn_model *m, float *x, int32_t n_heads, int32_t pos, bool is_local) {
     const attn_config *cfg = &m->cfg;
     int32_t half = cfg->rotary_dim / 2;
     if (half <= 0) {
         return;
     }
-    const float *c = m->rope_cos + (size_t)pos * half;
-    const float *s = m->rope_sin + (size_t)pos * half;
+    const float *cos_table = is_local && m->rope_cos_local ? m->rope_cos_local : m->rope_cos;
+    const float *sin_table = is_local && m->rope_sin_local ? m->rope_sin_local : m->rope_sin;
+    const float *c = cos_table + (size_t)pos * half;
+    const float *s = sin_table + (size_t)pos * half;
     for (int32_t h = 0; h < n_heads; h++) {
         float *v = x + (size_t)h * cfg->head_dim;
         if (cfg->rope_style == ATTN_ROPE_STYLE_HALF) {

@@ -307,17 +307,21 @@ static void put_rope_scaling(struct strbuf *b, const attn_rope_scaling *rs) {
  * model's one config today; the list is per layer so that families with layers of several
  * kinds are described the same way. */
 static void put_layer(struct strbuf *b, const attn_config *cfg, int32_t layer) {
+    bool is_sliding = attn_config_layer_is_sliding(cfg, layer);
     strbuf_printf(b, "{\"layer\":%d,\"attention\":\"%s\",\"sliding_window\":", (int)layer,
-                  cfg->sliding_window > 0 ? "sliding" : "full");
-    if (cfg->sliding_window > 0) {
+                  is_sliding ? "sliding" : "full");
+    if (is_sliding) {
         strbuf_printf(b, "%d", (int)cfg->sliding_window);
     } else {
         strbuf_puts(b, "null");
     }
+    /* Gemma 3's local layers rotate with their own theta and no scaling. */
+    bool is_local_rope = is_sliding && cfg->rope_theta_local > 0;
+    attn_rope_scaling none = {0};
     strbuf_puts(b, ",\"rope_theta\":");
-    put_float(b, cfg->rope_theta);
+    put_float(b, is_local_rope ? cfg->rope_theta_local : cfg->rope_theta);
     strbuf_puts(b, ",\"rope_scaling\":");
-    put_rope_scaling(b, &cfg->rope_scaling);
+    put_rope_scaling(b, is_local_rope ? &none : &cfg->rope_scaling);
     strbuf_puts(b, ",\"softmax_scale\":");
     put_float(b, cfg->softmax_scale);
     strbuf_puts(b, ",\"qk_norm\":");
@@ -329,7 +333,13 @@ static void put_layer(struct strbuf *b, const attn_config *cfg, int32_t layer) {
         put_float(b, cfg->qk_norm_eps);
         strbuf_putc(b, '}');
     }
-    strbuf_puts(b, ",\"logit_softcap\":null,\"sinks\":false}");
+    strbuf_puts(b, ",\"logit_softcap\":");
+    if (cfg->logit_softcap > 0) {
+        put_float(b, cfg->logit_softcap);
+    } else {
+        strbuf_puts(b, "null");
+    }
+    strbuf_puts(b, ",\"sinks\":false}");
 }
 
 char *api_model_encode(const attn_config *cfg, const struct api_model_info *info, size_t *len) {

@@ -74,8 +74,8 @@ START_TEST(test_family_model_type_decides) {
     expect_refused(&p, ATTN_EINVAL, "gpt2", "a layout that cannot be trusted");
 
     /* Known and not served: refused with what it needs, trusted or not. */
-    static const char *const unserved[] = {"qwen3_moe", "gemma2",     "gemma3", "mixtral",
-                                           "cohere",    "granite",    "glm4",   "phi3",
+    static const char *const unserved[] = {"qwen3_moe", "cohere2",    "gemma", "mixtral",
+                                           "cohere",    "granite",    "glm4",  "phi3",
                                            "gpt_oss",   "deepseek_v3"};
     for (size_t i = 0; i < sizeof unserved / sizeof unserved[0]; i++) {
         p = parse(unserved[i], "", "llama");
@@ -179,34 +179,43 @@ START_TEST(test_family_defaults_and_windows) {
     /* Qwen2: off unless use_sliding_window; then layers >= max_window_layers (28) slide. */
     static const struct {
         const char *extra;
-        int32_t window; /* -1: refused, mixed kinds */
+        int32_t window;   /* the config's window */
+        unsigned sliding; /* bit i: layer i slides */
     } qwen2[] = {
-        {",\"sliding_window\":16", 0},
-        {",\"use_sliding_window\":true,\"sliding_window\":16", 0}, /* 2 layers < 28 */
-        {",\"use_sliding_window\":true,\"sliding_window\":16,\"max_window_layers\":0", 16},
-        {",\"use_sliding_window\":true,\"sliding_window\":16,\"max_window_layers\":2", 0},
-        {",\"use_sliding_window\":true,\"sliding_window\":16,\"max_window_layers\":1", -1},
-        {",\"use_sliding_window\":true,\"max_window_layers\":0", 4096},
-        {",\"use_sliding_window\":true,\"sliding_window\":null,\"max_window_layers\":0", 0},
+        {",\"sliding_window\":16", 0, 0},
+        {",\"use_sliding_window\":true,\"sliding_window\":16", 16, 0}, /* 2 layers < 28 */
+        {",\"use_sliding_window\":true,\"sliding_window\":16,\"max_window_layers\":0", 16, 3},
+        {",\"use_sliding_window\":true,\"sliding_window\":16,\"max_window_layers\":2", 16, 0},
+        {",\"use_sliding_window\":true,\"sliding_window\":16,\"max_window_layers\":1", 16, 2},
+        {",\"use_sliding_window\":true,\"max_window_layers\":0", 4096, 3},
+        {",\"use_sliding_window\":true,\"sliding_window\":null,\"max_window_layers\":0", 0, 0},
         {",\"use_sliding_window\":true,\"sliding_window\":16,"
          "\"layer_types\":[\"sliding_attention\",\"sliding_attention\"]",
-         16},
+         16, 3},
         {",\"use_sliding_window\":true,\"sliding_window\":16,"
          "\"layer_types\":[\"full_attention\",\"sliding_attention\"]",
-         -1},
+         16, 2},
     };
     for (size_t i = 0; i < sizeof qwen2 / sizeof qwen2[0]; i++) {
         char extra[256];
         snprintf(extra, sizeof extra, ",\"num_key_value_heads\":2%s", qwen2[i].extra);
         p = parse("qwen2", extra, NULL);
-        if (qwen2[i].window < 0) {
-            expect_refused(&p, ATTN_EUNSUPPORTED, "sliding", extra);
-        } else {
-            expect_ok(&p, extra);
-            ck_assert_msg(p.cfg.sliding_window == qwen2[i].window, "%s: window %d, want %d", extra,
-                          (int)p.cfg.sliding_window, (int)qwen2[i].window);
+        expect_ok(&p, extra);
+        ck_assert_msg(p.cfg.sliding_window == qwen2[i].window, "%s: window %d, want %d", extra,
+                      (int)p.cfg.sliding_window, (int)qwen2[i].window);
+        for (int32_t layer = 0; layer < 2; layer++) {
+            bool want = (qwen2[i].sliding >> layer) & 1u;
+            ck_assert_msg(attn_config_layer_is_sliding(&p.cfg, layer) == want,
+                          "%s: layer %d slides: %d, want %d", extra, (int)layer,
+                          attn_config_layer_is_sliding(&p.cfg, layer), want);
         }
     }
+    /* A layer kind nobody serves is refused by name. */
+    p = parse("qwen2",
+              ",\"num_key_value_heads\":2,\"use_sliding_window\":true,"
+              "\"layer_types\":[\"chunked_attention\",\"full_attention\"]",
+              NULL);
+    expect_refused(&p, ATTN_EUNSUPPORTED, "chunked_attention", "an unknown layer kind");
 }
 END_TEST
 
@@ -236,6 +245,46 @@ START_TEST(test_family_qk_norms) {
 }
 END_TEST
 
+/* Gemma's own defaults: the scale from query_pre_attn_scalar (256), Gemma 2's cap of 50 and its
+ * even local layers, Gemma 3's 5:1 pattern and local RoPE; a multimodal Gemma 3 needs its
+ * text_config; bidirectional attention is refused. */
+START_TEST(test_family_gemma_rules) {
+    struct parsed p;
+    const char *g2 = "{\"model_type\":\"gemma2\",\"hidden_size\":64,\"num_attention_heads\":4,"
+                     "\"num_hidden_layers\":4}";
+    p.rc = attn__hf_config_parse(g2, strlen(g2), NULL, &p.cfg, &p.lay, p.err, sizeof p.err);
+    expect_ok(&p, "gemma2 defaults");
+    ck_assert_float_eq(p.cfg.logit_softcap, 50.0f);
+    ck_assert_float_eq_tol(p.cfg.softmax_scale, 1.0f / 16.0f, 1e-9f);
+    ck_assert_int_eq(p.cfg.head_dim, 256);
+    ck_assert_int_eq(p.cfg.n_kv_heads, 4);
+    ck_assert_int_eq(p.cfg.sliding_window, 4096);
+    for (int32_t layer = 0; layer < 4; layer++) {
+        ck_assert(attn_config_layer_is_sliding(&p.cfg, layer) == (layer % 2 == 0));
+    }
+    p = parse("gemma2", ",\"num_key_value_heads\":2,\"attn_logit_softcapping\":null", NULL);
+    expect_ok(&p, "gemma2 without a cap");
+    ck_assert_float_eq(p.cfg.logit_softcap, 0.0f);
+
+    const char *g3 = "{\"model_type\":\"gemma3_text\",\"hidden_size\":64,"
+                     "\"num_attention_heads\":4,\"num_hidden_layers\":12}";
+    p.rc = attn__hf_config_parse(g3, strlen(g3), NULL, &p.cfg, &p.lay, p.err, sizeof p.err);
+    expect_ok(&p, "gemma3 defaults");
+    ck_assert_float_eq(p.cfg.logit_softcap, 0.0f);
+    ck_assert_float_eq(p.cfg.rope_theta, 1e6f);
+    ck_assert_float_eq(p.cfg.rope_theta_local, 10000.0f);
+    ck_assert_int_eq(p.cfg.qk_norm, ATTN_QK_NORM_HEAD);
+    ck_assert(p.lay.is_norm_one_plus);
+    for (int32_t layer = 0; layer < 12; layer++) {
+        ck_assert(attn_config_layer_is_sliding(&p.cfg, layer) == (layer % 6 != 5));
+    }
+    p = parse("gemma3", ",\"num_key_value_heads\":2", NULL);
+    expect_refused(&p, ATTN_EIO, "text_config", "gemma3 without its text model");
+    p = parse("gemma2", ",\"num_key_value_heads\":2,\"use_bidirectional_attention\":true", NULL);
+    expect_refused(&p, ATTN_EUNSUPPORTED, "use_bidirectional_attention", "bidirectional");
+}
+END_TEST
+
 /* Biases come from each family's own rule, not from whichever tensors happen to be there. */
 START_TEST(test_family_bias_rules) {
     struct parsed p = parse("llama", ",\"attention_bias\":true", NULL);
@@ -260,7 +309,7 @@ START_TEST(test_family_unconsumed_tensors_are_refused) {
         {DATA "refuse_qk_norm", "_norm.weight"},
         {DATA "refuse_sinks", "model.layers.0.self_attn.sinks"},
         {DATA "refuse_o_bias", "model.layers.0.self_attn.o_proj.bias"},
-        {DATA "refuse_gemma2", "model_type 'gemma2'"},
+        {DATA "refuse_cohere", "model_type 'cohere'"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         attn_model *m = NULL;
@@ -288,6 +337,7 @@ Suite *family_suite(void) {
     tcase_add_test(tc, test_family_engine_fields_are_attnd_only);
     tcase_add_test(tc, test_family_defaults_and_windows);
     tcase_add_test(tc, test_family_qk_norms);
+    tcase_add_test(tc, test_family_gemma_rules);
     tcase_add_test(tc, test_family_bias_rules);
     tcase_add_test(tc, test_family_unconsumed_tensors_are_refused);
     suite_add_tcase(s, tc);

@@ -4,6 +4,7 @@
  * decode, weights, post-RoPE K/V), layer subsets load alone, and each bad folder gives its code
  * with a reason. Tolerances: HARNESS_ATOL/RTOL (check_harness.h). Tests run from the repo root. */
 #include <check.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +29,9 @@ static const fixture tiny = {"tiny", 64, 4, 2, 16, 7, 3};
 static const fixture alt = {"alt", 32, 4, 1, 8, 9, 3};
 static const fixture qwen3 = {"qwen3", 64, 4, 2, 32, 8, 3};
 static const fixture olmo2 = {"olmo2", 64, 4, 4, 16, 6, 3};
+static const fixture gemma2 = {"gemma2", 64, 4, 2, 32, 11, 3};
+static const fixture gemma3 = {"gemma3", 64, 4, 1, 16, 9, 3};
+static const fixture qwen2m = {"qwen2m", 32, 4, 2, 8, 8, 3};
 
 static attn_model *load_ok(const char *dir, const attn_load_params *p) {
     attn_model *m = NULL;
@@ -230,6 +234,53 @@ START_TEST(test_load_qwen3_bf16_matches_numpy) {
 }
 END_TEST
 
+/* Gemma 2: local layers 0 and 2 (window 4) around global layer 1, query_pre_attn_scalar as the
+ * scale, soft-capped scores. */
+START_TEST(test_load_gemma2_f32_matches_numpy) {
+    attn_model *m = load_ok(DATA "hf_gemma2_f32", NULL);
+    const attn_config *c = attn_model_config(m);
+    ck_assert_str_eq(attn_model_family(m), "gemma2");
+    ck_assert_float_eq_tol(c->softmax_scale, 1.0f / sqrtf(24.0f), 1e-7f);
+    ck_assert_float_eq(c->logit_softcap, 1.0f);
+    ck_assert(attn_config_layer_is_sliding(c, 0));
+    ck_assert(!attn_config_layer_is_sliding(c, 1));
+    ck_assert(attn_config_layer_is_sliding(c, 2));
+    for (int32_t layer = 0; layer < 3; layer++) {
+        check_layer(m, layer, &gemma2, "gemma2_f32");
+    }
+    attn_model_destroy(m);
+}
+END_TEST
+
+/* Gemma 3 in BF16, alone and inside a multimodal checkpoint: Gemma's (1 + w) q/k norm, a local
+ * layer with its own unscaled RoPE and a global one with theta 1e6 and linear scaling. */
+START_TEST(test_load_gemma3_bf16_matches_numpy) {
+    static const char *const dirs[2] = {DATA "hf_gemma3_bf16", DATA "hf_gemma3_mm_bf16"};
+    static const char *const families[2] = {"gemma3_text", "gemma3"};
+    for (int i = 0; i < 2; i++) {
+        attn_model *m = load_ok(dirs[i], NULL);
+        const attn_config *c = attn_model_config(m);
+        ck_assert_str_eq(attn_model_family(m), families[i]);
+        ck_assert_float_eq(c->rope_theta_local, 10000.0f);
+        ck_assert(attn_config_layer_is_sliding(c, 0) && !attn_config_layer_is_sliding(c, 1));
+        check_layer(m, 0, &gemma3, "gemma3_bf16");
+        check_layer(m, 1, &gemma3, "gemma3_bf16");
+        attn_model_destroy(m);
+    }
+}
+END_TEST
+
+/* Qwen2 with max_window_layers 1: a full layer 0 and a sliding layer 1. */
+START_TEST(test_load_qwen2_mixed_f32_matches_numpy) {
+    attn_model *m = load_ok(DATA "hf_qwen2_mixed_f32", NULL);
+    const attn_config *c = attn_model_config(m);
+    ck_assert(!attn_config_layer_is_sliding(c, 0) && attn_config_layer_is_sliding(c, 1));
+    check_layer(m, 0, &qwen2m, "qwen2_mixed_f32");
+    check_layer(m, 1, &qwen2m, "qwen2_mixed_f32");
+    attn_model_destroy(m);
+}
+END_TEST
+
 /* OLMo 2: q/k RMSNorm over the whole projection width, positions from 90. */
 START_TEST(test_load_olmo2_f32_matches_numpy) {
     attn_model *m = load_ok(DATA "hf_olmo2_f32", NULL);
@@ -358,6 +409,9 @@ Suite *load_suite(void) {
     tcase_add_test(tc, test_load_qwen2_f16_matches_numpy);
     tcase_add_test(tc, test_load_qwen3_bf16_matches_numpy);
     tcase_add_test(tc, test_load_olmo2_f32_matches_numpy);
+    tcase_add_test(tc, test_load_gemma2_f32_matches_numpy);
+    tcase_add_test(tc, test_load_gemma3_bf16_matches_numpy);
+    tcase_add_test(tc, test_load_qwen2_mixed_f32_matches_numpy);
     tcase_add_test(tc, test_load_layer_subset);
     tcase_add_test(tc, test_load_bad_folders);
     tcase_add_test(tc, test_load_reason_buffer);

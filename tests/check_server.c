@@ -942,8 +942,8 @@ START_TEST(test_server_families_served_or_refused_by_name) {
         const char *trust;
         const char *named; /* NULL: served */
     } cases[] = {
-        {"tests/data/refuse_gemma2", NULL, "model_type 'gemma2' is not served yet"},
-        {"tests/data/refuse_gemma2", "llama", "model_type 'gemma2' is not served yet"},
+        {"tests/data/refuse_cohere", NULL, "model_type 'cohere' is not served yet"},
+        {"tests/data/refuse_cohere", "llama", "model_type 'cohere' is not served yet"},
         {"tests/data/refuse_qk_norm", NULL, "_norm.weight is not part of llama attention"},
         {"tests/data/unknown_family", NULL, "unknown model_type 'mystery'"},
         {"tests/data/unknown_family", "llama", NULL},
@@ -995,6 +995,8 @@ START_TEST(test_server_family_checkpoints_match_the_reference) {
     } cases[] = {
         {"tests/data/hf_qwen3_bf16", "qwen3", "qwen3_bf16_l1", 64, 1, 8, 3},
         {"tests/data/hf_qwen2_f16", "alt", "qwen2_f16_l0", 32, 0, 9, 3},
+        {"tests/data/hf_gemma2_f32", "gemma2", "gemma2_f32_l2", 64, 2, 11, 3},
+        {"tests/data/hf_qwen2_mixed_f32", "qwen2m", "qwen2_mixed_f32_l1", 32, 1, 8, 3},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const char *args[] = {"--model",        cases[c].dir, "--workers", "1",

@@ -126,8 +126,18 @@ def rms_norm(x, weight, eps):
     return weight.astype(np.float64) * x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)
 
 
-def attention_layer(w, x, positions, cfg):
+def layer_is_sliding(cfg, li):
+    """Whether layer li slides: cfg["layer_sliding"] lists it per layer (Gemma, Qwen2's
+    max_window_layers); without it every layer slides when there is a window."""
+    return bool(cfg["sliding_window"]) and cfg.get("layer_sliding", [True] * (li + 1))[li]
+
+
+def attention_layer(w, x, positions, cfg, li=0):
     """Returns out (T, hidden), probs (H, T, T), k and v (Hkv, T, D), all float64."""
+    sliding = layer_is_sliding(cfg, li)
+    if sliding and cfg.get("rope_theta_local"):
+        # modeling_gemma3: local layers rotate with rope_local_base_freq, default RoPE.
+        cfg = dict(cfg, rope_theta=cfg["rope_theta_local"], rope_scaling=None)
     t = x.shape[0]
     h, hkv, d = cfg["n_heads"], cfg["n_kv_heads"], cfg["head_dim"]
     x = x.astype(np.float64)
@@ -145,16 +155,24 @@ def attention_layer(w, x, positions, cfg):
     q, k = qp.reshape(t, h, d), kp.reshape(t, hkv, d)
     if norm == "head":  # modeling_qwen3: q_norm(q_proj(x).view(..., head_dim)), per head
         q, k = rms_norm(q, w["q_norm.weight"], eps), rms_norm(k, w["k_norm.weight"], eps)
+    if norm == "gemma":  # modeling_gemma3: Gemma3RMSNorm per head, output * (1 + weight)
+        one = np.float64(1.0)
+        q = rms_norm(q, one + w["q_norm.weight"].astype(np.float64), eps)
+        k = rms_norm(k, one + w["k_norm.weight"].astype(np.float64), eps)
     q = rope(q, positions, cfg)
     k = rope(k, positions, cfg)
     v = proj("v_proj").reshape(t, hkv, d)
     group = h // hkv
     kk = np.repeat(k, group, axis=1)  # (T, H, D): head i reads kv head i // group
     vv = np.repeat(v, group, axis=1)
-    scores = np.einsum("ihd,jhd->hij", q, kk) / math.sqrt(d)
+    # Gemma: scaling = query_pre_attn_scalar ** -0.5; others head_dim ** -0.5.
+    scale = cfg.get("query_pre_attn_scalar", d) ** -0.5
+    scores = np.einsum("ihd,jhd->hij", q, kk) * scale
+    if cfg.get("softcap"):  # modeling_gemma2: tanh soft-cap after scaling, before the mask
+        scores = np.tanh(scores / cfg["softcap"]) * cfg["softcap"]
     i, j = np.arange(t)[:, None], np.arange(t)[None, :]
     visible = j <= i
-    if cfg["sliding_window"]:
+    if sliding:
         visible &= (i - j) < cfg["sliding_window"]
     scores = np.where(visible[None], scores, -np.inf)
     scores -= scores.max(axis=-1, keepdims=True)
@@ -188,21 +206,23 @@ def random_layer(rng, cfg, qkv_bias, o_bias):
     if o_bias:
         w["o_proj.bias"] = uni((hidden,), h * d)
     if cfg.get("qk_norm"):
-        # Around their init (ones), spread so that a norm applied wrong shows.
-        width = {"head": (d, d), "width": (h * d, hkv * d)}[cfg["qk_norm"]]
-        w["q_norm.weight"] = rng.uniform(0.5, 1.5, size=width[0]).astype(np.float32)
-        w["k_norm.weight"] = rng.uniform(0.5, 1.5, size=width[1]).astype(np.float32)
+        # Around their init (ones; Gemma's zeros, applied as 1 + w), spread so that a norm
+        # applied wrong shows.
+        width = {"head": (d, d), "gemma": (d, d), "width": (h * d, hkv * d)}[cfg["qk_norm"]]
+        lo = -0.5 if cfg["qk_norm"] == "gemma" else 0.5
+        w["q_norm.weight"] = rng.uniform(lo, lo + 1, size=width[0]).astype(np.float32)
+        w["k_norm.weight"] = rng.uniform(lo, lo + 1, size=width[1]).astype(np.float32)
     return w
 
 
-def layer_tensors(layers, extra):
+def layer_tensors(layers, extra, prefix="model.layers"):
     """The HF tensor names, plus non-attention tensors a real checkpoint has (to be ignored)."""
     out = list(extra)
     for li, w in enumerate(layers):
         for name, a in w.items():
-            out.append((f"model.layers.{li}.self_attn.{name}", a))
+            out.append((f"{prefix}.{li}.self_attn.{name}", a))
         hidden = w["q_proj.weight"].shape[1]
-        out.append((f"model.layers.{li}.input_layernorm.weight", np.ones(hidden, np.float32)))
+        out.append((f"{prefix}.{li}.input_layernorm.weight", np.ones(hidden, np.float32)))
     return out
 
 
@@ -250,7 +270,7 @@ def write_folder(path, config, tensors, dtype, shards=None):
 
 def write_expected(out_dir, prefix, layers, x, positions, cfg):
     for li, w in enumerate(layers):
-        out, probs, k, v = attention_layer(w, x, positions, cfg)
+        out, probs, k, v = attention_layer(w, x, positions, cfg, li)
         write_bin(os.path.join(out_dir, f"{prefix}_l{li}_out.bin"), out)
         write_bin(os.path.join(out_dir, f"{prefix}_l{li}_weights.bin"), probs)
         write_bin(os.path.join(out_dir, f"{prefix}_l{li}_k.bin"), k)
@@ -346,6 +366,61 @@ OLMO2_CONFIG = {
 }
 OLMO2_T, OLMO2_DECODE, OLMO2_POS0 = 6, 3, 90
 
+# gemma2: 3 layers, local (0, 2: window 4) and global (1), head_dim 32 apart from 64 / 4,
+# query_pre_attn_scalar 24 (scale 24^-1/2, not 32^-1/2), scores soft-capped at 1.0 (small, so
+# that the cap shows on these scores), F32, 14 tokens.
+GEMMA2 = {
+    "hidden": 64, "n_heads": 4, "n_kv_heads": 2, "head_dim": 32, "n_layers": 3,
+    "rotary_dim": 32, "rope_theta": 10000.0, "rope_style": "half", "sliding_window": 4,
+    "layer_sliding": [True, False, True], "query_pre_attn_scalar": 24, "softcap": 1.0,
+}
+GEMMA2_CONFIG = {
+    "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "torch_dtype": "float32",
+    "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 32, "num_hidden_layers": 3, "rope_theta": 10000.0,
+    "query_pre_attn_scalar": 24, "attn_logit_softcapping": 1.0, "final_logit_softcapping": 30.0,
+    "sliding_window": 4, "max_position_embeddings": 64, "attention_bias": False,
+    "rms_norm_eps": 1e-06, "hidden_activation": "gelu_pytorch_tanh", "vocab_size": 8,
+}
+GEMMA2_T, GEMMA2_DECODE = 11, 3
+
+# gemma3 (text): MQA 4/1, head_dim 16, query_pre_attn_scalar 20, Gemma's q/k RMSNorm (1 + w,
+# eps 1e-6) per head, sliding_window_pattern 2 (layer 0 local, window 4; layer 1 global),
+# global RoPE theta 1e6 with linear scaling 8, local theta 10000 unscaled, BF16, positions from 20.
+GEMMA3 = {
+    "hidden": 64, "n_heads": 4, "n_kv_heads": 1, "head_dim": 16, "n_layers": 2,
+    "rotary_dim": 16, "rope_theta": 1000000.0, "rope_style": "half", "sliding_window": 4,
+    "rope_scaling": {"type": "linear", "factor": 8.0}, "rope_theta_local": 10000.0,
+    "layer_sliding": [True, False], "query_pre_attn_scalar": 20, "qk_norm": "gemma",
+    "norm_eps": 1e-6,
+}
+GEMMA3_TEXT_CONFIG = {
+    "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+    "torch_dtype": "bfloat16", "hidden_size": 64, "intermediate_size": 128,
+    "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 16, "num_hidden_layers": 2,
+    "rope_theta": 1000000.0, "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+    "rope_local_base_freq": 10000.0, "query_pre_attn_scalar": 20, "sliding_window": 4,
+    "sliding_window_pattern": 2, "attn_logit_softcapping": None, "final_logit_softcapping": None,
+    "max_position_embeddings": 128, "rms_norm_eps": 1e-06, "attention_bias": False,
+    "vocab_size": 8,
+}
+GEMMA3_T, GEMMA3_DECODE, GEMMA3_POS0 = 9, 3, 20
+
+# qwen2 with layers of both kinds: use_sliding_window, max_window_layers 1 (layer 0 full, layer 1
+# sliding with window 3), F32.
+QWEN2M = {
+    "hidden": 32, "n_heads": 4, "n_kv_heads": 2, "head_dim": 8, "n_layers": 2,
+    "rotary_dim": 8, "rope_theta": 10000.0, "rope_style": "half", "sliding_window": 3,
+    "layer_sliding": [False, True],
+}
+QWEN2M_CONFIG = {
+    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "torch_dtype": "float32",
+    "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "num_hidden_layers": 2, "rope_theta": 10000.0, "max_position_embeddings": 64,
+    "use_sliding_window": True, "sliding_window": 3, "max_window_layers": 1, "vocab_size": 8,
+}
+QWEN2M_T, QWEN2M_DECODE = 8, 3
+
 # bad: a minimal valid model (hidden 8, 2 heads, 1 kv head) that each bad folder breaks once.
 BAD = {"hidden": 8, "n_heads": 2, "n_kv_heads": 1, "head_dim": 4}
 BAD_CONFIG = {
@@ -422,6 +497,45 @@ def gen_norms(out, exp):
     write_expected(exp, "olmo2_f32", layers, x, positions, OLMO2)
 
 
+def gen_inputs(exp, name, rng, n, hidden, pos0=0):
+    x = rng.uniform(-1, 1, size=(n, hidden)).astype(np.float32)
+    positions = np.arange(pos0, pos0 + n, dtype=np.int32)
+    write_bin(os.path.join(exp, f"{name}_x.bin"), x)
+    write_bin(os.path.join(exp, f"{name}_pos.bin"), positions, "<i4")
+    return x, positions
+
+
+def gen_windows(out, exp):
+    """Families with local and global layers: gemma2, gemma3 (text and multimodal), qwen2."""
+    rng = np.random.default_rng(44)
+    layers = [random_layer(rng, GEMMA2, False, False) for _ in range(GEMMA2["n_layers"])]
+    x, pos = gen_inputs(exp, "gemma2", rng, GEMMA2_T + GEMMA2_DECODE, GEMMA2["hidden"])
+    write_folder(os.path.join(out, "hf_gemma2_f32"), GEMMA2_CONFIG, layer_tensors(layers, []),
+                 "F32")
+    write_expected(exp, "gemma2_f32", layers, x, pos, GEMMA2)
+
+    layers = [random_layer(rng, GEMMA3, False, False) for _ in range(GEMMA3["n_layers"])]
+    x, pos = gen_inputs(exp, "gemma3", rng, GEMMA3_T + GEMMA3_DECODE, GEMMA3["hidden"],
+                        GEMMA3_POS0)
+    write_folder(os.path.join(out, "hf_gemma3_bf16"), GEMMA3_TEXT_CONFIG,
+                 layer_tensors(layers, []), "BF16")
+    write_expected(exp, "gemma3_bf16", rounded(layers, bf16_round), x, pos, GEMMA3)
+    # The same text model inside a multimodal (Gemma3ForConditionalGeneration) checkpoint.
+    text = {k: v for k, v in GEMMA3_TEXT_CONFIG.items() if k != "architectures"}
+    mm = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+          "torch_dtype": "bfloat16", "text_config": text,
+          "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 8}}
+    vision = [("vision_tower.vision_model.post_layernorm.weight", np.ones(8, np.float32))]
+    write_folder(os.path.join(out, "hf_gemma3_mm_bf16"), mm,
+                 layer_tensors(layers, vision, "language_model.model.layers"), "BF16")
+
+    layers = [random_layer(rng, QWEN2M, True, False) for _ in range(QWEN2M["n_layers"])]
+    x, pos = gen_inputs(exp, "qwen2m", rng, QWEN2M_T + QWEN2M_DECODE, QWEN2M["hidden"])
+    write_folder(os.path.join(out, "hf_qwen2_mixed_f32"), QWEN2M_CONFIG,
+                 layer_tensors(layers, []), "F32")
+    write_expected(exp, "qwen2_mixed_f32", layers, x, pos, QWEN2M)
+
+
 def gen_bad(out):
     rng = np.random.default_rng(3)
     tensors = layer_tensors([random_layer(rng, BAD, False, False)], [])
@@ -458,8 +572,7 @@ def gen_bad(out):
         ("model.layers.0.self_attn.sinks", np.zeros(BAD["n_heads"], np.float32))])
     folder("refuse_o_bias", tensors=tensors + [
         ("model.layers.0.self_attn.o_proj.bias", np.zeros(BAD["hidden"], np.float32))])
-    folder("refuse_gemma2", dict(BAD_CONFIG, model_type="gemma2", query_pre_attn_scalar=4,
-                                 attn_logit_softcapping=50.0))
+    folder("refuse_cohere", dict(BAD_CONFIG, model_type="cohere", use_qk_norm=True))
     # A model_type attnd does not know: refused, unless --trust-layout llama vouches for it.
     folder("unknown_family", dict(BAD_CONFIG, model_type="mystery"))
 
@@ -478,6 +591,7 @@ def main():
     gen_tiny(out, exp)
     gen_alt(out, exp)
     gen_norms(out, exp)
+    gen_windows(out, exp)
     gen_bad(out)
 
 
