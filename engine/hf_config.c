@@ -55,9 +55,11 @@ struct family {
 };
 
 static int gemma2_extra(const struct attn__reason *why, const cJSON *j, attn_config *c);
+static int granite_extra(const struct attn__reason *why, const cJSON *j, attn_config *c);
 static int gemma3_extra(const struct attn__reason *why, const cJSON *j, attn_config *c);
 
 static const char *const qwen_reads[] = {"layer_types", NULL};
+static const char *const granite_reads[] = {"attention_multiplier", NULL};
 static const char *const gemma2_reads[] = {"layer_types", "attn_logit_softcapping",
                                            "query_pre_attn_scalar", NULL};
 static const char *const gemma3_reads[] = {
@@ -95,6 +97,12 @@ static const struct family families[] = {
      .window = WINDOW_NOT_READ,
      .qk_norm = ATTN_QK_NORM_WIDTH,
      .default_norm_eps = 1e-5f},
+    /* Granite: Llama's attention with attention_multiplier as the softmax scale. */
+    {.model_type = "granite",
+     .bias = BIAS_IF_ATTENTION_BIAS,
+     .window = WINDOW_NOT_READ,
+     .reads = granite_reads,
+     .read_extra = granite_extra},
     /* Gemma 2: query_pre_attn_scalar, soft-capped scores, local (even) and global layers. */
     {.model_type = "gemma2",
      .default_kv_heads = 4,
@@ -139,7 +147,6 @@ static const struct {
     {"stablelm", "qk_layernorm and partial rotary"},
     {"cohere", "interleaved rotary and use_qk_norm"},
     {"cohere2", "interleaved rotary and alternating sliding layers"},
-    {"granite", "attention_multiplier as the softmax scale"},
     {"granitemoe", "attention_multiplier as the softmax scale"},
     {"glm", "partial interleaved rotary"},
     {"glm4", "partial interleaved rotary"},
@@ -156,7 +163,7 @@ static const struct {
     {"smollm3", "layers without RoPE (no_rope_layers)"},
 };
 
-#define SERVED_LIST "llama, mistral, qwen2, qwen3, olmo2, gemma2, gemma3, attnd"
+#define SERVED_LIST "llama, mistral, qwen2, qwen3, olmo2, granite, gemma2, gemma3, attnd"
 
 /* Fields that change attention, which none of the served families computes: refused unless they
  * hold their neutral value (absent, null, false, 0, or what is named). */
@@ -493,6 +500,18 @@ static int parse_window(const struct attn__reason *why, const cJSON *j, const st
     }
     c->sliding_window = window;
     return ATTN_OK;
+}
+
+/* modeling_granite.py: self.scaling = config.attention_multiplier (1.0 when absent), in place
+ * of head_dim^-1/2. */
+static int granite_extra(const struct attn__reason *why, const cJSON *j, attn_config *c) {
+    float multiplier = 1.0f;
+    int rc = get_float(why, j, "attention_multiplier", &multiplier);
+    if (rc == ATTN_OK && !(multiplier > 0)) {
+        return attn__fail(why, ATTN_EIO, "config.json: attention_multiplier must be > 0");
+    }
+    c->softmax_scale = multiplier;
+    return rc;
 }
 
 /* Gemma's softmax scale: query_pre_attn_scalar^-1/2 (256 when absent), not head_dim's. */

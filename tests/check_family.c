@@ -75,7 +75,7 @@ START_TEST(test_family_model_type_decides) {
 
     /* Known and not served: refused with what it needs, trusted or not. */
     static const char *const unserved[] = {"qwen3_moe", "cohere2",    "gemma", "mixtral",
-                                           "cohere",    "granite",    "glm4",  "phi3",
+                                           "cohere",    "stablelm",   "glm4",  "phi3",
                                            "gpt_oss",   "deepseek_v3"};
     for (size_t i = 0; i < sizeof unserved / sizeof unserved[0]; i++) {
         p = parse(unserved[i], "", "llama");

@@ -32,6 +32,7 @@ static const fixture olmo2 = {"olmo2", 64, 4, 4, 16, 6, 3};
 static const fixture gemma2 = {"gemma2", 64, 4, 2, 32, 11, 3};
 static const fixture gemma3 = {"gemma3", 64, 4, 1, 16, 9, 3};
 static const fixture qwen2m = {"qwen2m", 32, 4, 2, 8, 8, 3};
+static const fixture granite = {"granite", 64, 4, 2, 16, 7, 3};
 
 static attn_model *load_ok(const char *dir, const attn_load_params *p) {
     attn_model *m = NULL;
@@ -270,6 +271,16 @@ START_TEST(test_load_gemma3_bf16_matches_numpy) {
 }
 END_TEST
 
+/* Granite: attention_multiplier is the softmax scale; biases on q, k, v and o. */
+START_TEST(test_load_granite_f32_matches_numpy) {
+    attn_model *m = load_ok(DATA "hf_granite_f32", NULL);
+    ck_assert_str_eq(attn_model_family(m), "granite");
+    ck_assert_float_eq(attn_model_config(m)->softmax_scale, 0.05f);
+    check_layer(m, 0, &granite, "granite_f32");
+    attn_model_destroy(m);
+}
+END_TEST
+
 /* Qwen2 with max_window_layers 1: a full layer 0 and a sliding layer 1. */
 START_TEST(test_load_qwen2_mixed_f32_matches_numpy) {
     attn_model *m = load_ok(DATA "hf_qwen2_mixed_f32", NULL);
@@ -412,6 +423,7 @@ Suite *load_suite(void) {
     tcase_add_test(tc, test_load_gemma2_f32_matches_numpy);
     tcase_add_test(tc, test_load_gemma3_bf16_matches_numpy);
     tcase_add_test(tc, test_load_qwen2_mixed_f32_matches_numpy);
+    tcase_add_test(tc, test_load_granite_f32_matches_numpy);
     tcase_add_test(tc, test_load_layer_subset);
     tcase_add_test(tc, test_load_bad_folders);
     tcase_add_test(tc, test_load_reason_buffer);

@@ -165,8 +165,9 @@ def attention_layer(w, x, positions, cfg, li=0):
     group = h // hkv
     kk = np.repeat(k, group, axis=1)  # (T, H, D): head i reads kv head i // group
     vv = np.repeat(v, group, axis=1)
-    # Gemma: scaling = query_pre_attn_scalar ** -0.5; others head_dim ** -0.5.
-    scale = cfg.get("query_pre_attn_scalar", d) ** -0.5
+    # Gemma: scaling = query_pre_attn_scalar ** -0.5; Granite: attention_multiplier; others
+    # head_dim ** -0.5.
+    scale = cfg.get("attention_multiplier", cfg.get("query_pre_attn_scalar", d) ** -0.5)
     scores = np.einsum("ihd,jhd->hij", q, kk) * scale
     if cfg.get("softcap"):  # modeling_gemma2: tanh soft-cap after scaling, before the mask
         scores = np.tanh(scores / cfg["softcap"]) * cfg["softcap"]
@@ -421,6 +422,23 @@ QWEN2M_CONFIG = {
 }
 QWEN2M_T, QWEN2M_DECODE = 8, 3
 
+# granite: GQA 4/2, head_dim 16, attention_multiplier 0.05 as the softmax scale (not 16^-1/2),
+# biases on q/k/v/o (attention_bias), theta 10000, F32.
+GRANITE = {
+    "hidden": 64, "n_heads": 4, "n_kv_heads": 2, "head_dim": 16, "n_layers": 1,
+    "rotary_dim": 16, "rope_theta": 10000.0, "rope_style": "half", "sliding_window": 0,
+    "attention_multiplier": 0.05,
+}
+GRANITE_CONFIG = {
+    "architectures": ["GraniteForCausalLM"], "model_type": "granite", "torch_dtype": "float32",
+    "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "num_hidden_layers": 1, "rope_theta": 10000.0,
+    "attention_multiplier": 0.05, "embedding_multiplier": 12.0, "residual_multiplier": 0.22,
+    "logits_scaling": 8.0, "attention_bias": True, "max_position_embeddings": 64,
+    "rms_norm_eps": 1e-05, "vocab_size": 8,
+}
+GRANITE_T, GRANITE_DECODE = 7, 3
+
 # bad: a minimal valid model (hidden 8, 2 heads, 1 kv head) that each bad folder breaks once.
 BAD = {"hidden": 8, "n_heads": 2, "n_kv_heads": 1, "head_dim": 4}
 BAD_CONFIG = {
@@ -528,6 +546,12 @@ def gen_windows(out, exp):
     vision = [("vision_tower.vision_model.post_layernorm.weight", np.ones(8, np.float32))]
     write_folder(os.path.join(out, "hf_gemma3_mm_bf16"), mm,
                  layer_tensors(layers, vision, "language_model.model.layers"), "BF16")
+
+    layers = [random_layer(rng, GRANITE, True, True)]
+    x, pos = gen_inputs(exp, "granite", rng, GRANITE_T + GRANITE_DECODE, GRANITE["hidden"])
+    write_folder(os.path.join(out, "hf_granite_f32"), GRANITE_CONFIG, layer_tensors(layers, []),
+                 "F32")
+    write_expected(exp, "granite_f32", layers, x, pos, GRANITE)
 
     layers = [random_layer(rng, QWEN2M, True, False) for _ in range(QWEN2M["n_layers"])]
     x, pos = gen_inputs(exp, "qwen2m", rng, QWEN2M_T + QWEN2M_DECODE, QWEN2M["hidden"])
