@@ -210,9 +210,14 @@ struct attn__reason {
     size_t size;
 };
 
-/* Writes the printf-formatted reason into why (cut to fit, NUL-terminated) and returns rc. */
+/* Writes the printf-formatted reason into why (cut to fit, NUL-terminated, made one line) and
+ * returns rc. Reasons quote file contents (a model_type, a tensor name), which may hold any byte:
+ * a caller logs a reason as one line. */
 int attn__fail(const struct attn__reason *why, int rc, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* Replaces the control bytes of the NUL-terminated s (newlines included) with '?', in place. */
+void attn__make_one_line(char *s);
 
 /* What a checkpoint's family means for reading its tensors (hf_config.c fills it). */
 struct attn__hf_layout {
@@ -227,15 +232,20 @@ struct attn__hf_layout {
 };
 
 /* Parses config.json text, json[0..len) (no NUL needed), by the rules of its model_type's family
- * (hf_config.c's table), into *cfg (not yet passed through attn_config_check; max_seq defaults
- * to 4096) and *layout, both written on success only. trust_layout NULL, or "llama": an unknown
- * model_type (or none) is then read as Llama. Returns ATTN_OK, ATTN_EIO (not a JSON object, a
- * field of the wrong type or range, a required field missing), ATTN_ESHAPE (heads that do not
- * divide), ATTN_EUNSUPPORTED (a family not served, a field that changes attention in a way the
- * engine does not compute, an unknown rope scaling, an odd rotary dim) or ATTN_EINVAL (another
- * trust_layout). */
+ * (hf_config.c's table), into *cfg (which attn_config_check accepts, though its defaults are not
+ * filled in yet; max_seq defaults to 4096) and *layout, both written on success only.
+ * trust_layout NULL, or "llama": an unknown model_type (or none) is then read as Llama. Returns
+ * ATTN_OK, ATTN_EIO (not a JSON object, a key repeated in an object, a field of the wrong type or
+ * range, a required field missing), ATTN_EUNSUPPORTED (a family not served, a field that changes
+ * attention in a way the engine does not compute, an unknown rope scaling), or what
+ * attn__config_check_why returns for the config read (its reason in err), or ATTN_EINVAL
+ * (another trust_layout). */
 int attn__hf_config_parse(const char *json, size_t len, const char *trust_layout, attn_config *cfg,
                           struct attn__hf_layout *layout, char *err, size_t err_size);
+
+/* attn_config_check, and on failure *why (if not NULL) names the field and its rule in a static
+ * sentence. */
+int attn__config_check_why(attn_config *cfg, const char **why);
 
 #define ATTN__ST_MAX_DIMS 8
 

@@ -1,5 +1,6 @@
 /* engine/config.c: named presets and validation of attn_config (defaults filled in here, once). */
 #include "attn.h"
+#include "attn_int.h"
 
 #include <math.h>
 #include <string.h>
@@ -52,89 +53,135 @@ int attn_config_preset(const char *name, attn_config *out) {
     return rc;
 }
 
-static int check_rope_scaling(const attn_rope_scaling *s) {
+static bool rope_scaling_is_valid(const attn_rope_scaling *s) {
     switch (s->type) {
     case ATTN_ROPE_SCALING_NONE:
-        return ATTN_OK;
+        return true;
     case ATTN_ROPE_SCALING_LINEAR:
-        return isfinite(s->factor) && s->factor > 0 ? ATTN_OK : ATTN_EINVAL;
+        return isfinite(s->factor) && s->factor > 0;
     case ATTN_ROPE_SCALING_LLAMA3:
-        if (!isfinite(s->factor) || s->factor <= 0 || !(s->low_freq_factor > 0) ||
-            !(s->high_freq_factor > s->low_freq_factor) || s->original_max_position <= 0) {
-            return ATTN_EINVAL;
-        }
-        return ATTN_OK;
+        return isfinite(s->factor) && s->factor > 0 && s->low_freq_factor > 0 &&
+               s->high_freq_factor > s->low_freq_factor && s->original_max_position > 0;
     }
-    return ATTN_EINVAL;
+    return false;
 }
 
-int attn_config_check(attn_config *cfg) {
+/* Records why a config is refused: a static sentence naming the field by its Hugging Face
+ * config.json name, then attnd's own where it differs, so both a loader's user and an engine
+ * caller can find it. */
+static int refuse(int code, const char *reason, const char **why) {
+    if (why != NULL) {
+        *why = reason;
+    }
+    return code;
+}
+
+int attn__config_check_why(attn_config *cfg, const char **why) {
     if (cfg == NULL) {
-        return ATTN_EINVAL;
+        return refuse(ATTN_EINVAL, "no config", why);
     }
     attn_config c = *cfg;
-    if (c.n_layers < 1 || c.hidden_size < 1 || c.n_heads < 1 || c.n_kv_heads < 1 || c.max_seq < 1 ||
-        c.sliding_window < 0 || c.head_dim < 0) {
-        return ATTN_EINVAL;
+    if (c.n_layers < 1 || c.n_layers > ATTN_MAX_LAYERS) {
+        return refuse(c.n_layers < 1 ? ATTN_EINVAL : ATTN_ERANGE,
+                      "num_hidden_layers (n_layers) must be 1..512", why);
+    }
+    if (c.hidden_size < 1 || c.hidden_size > (1 << 20)) {
+        return refuse(c.hidden_size < 1 ? ATTN_EINVAL : ATTN_ERANGE,
+                      "hidden_size must be 1..1048576", why);
+    }
+    if (c.n_heads < 1 || c.n_kv_heads < 1) {
+        return refuse(ATTN_EINVAL,
+                      "num_attention_heads and num_key_value_heads (n_heads, n_kv_heads) must be "
+                      ">= 1",
+                      why);
+    }
+    if (c.max_seq < 1 || c.max_seq > (1 << 24)) {
+        return refuse(c.max_seq < 1 ? ATTN_EINVAL : ATTN_ERANGE,
+                      "max_position_embeddings (max_seq) must be 1..16777216", why);
+    }
+    if (c.sliding_window < 0) {
+        return refuse(ATTN_EINVAL, "sliding_window must be >= 0", why);
+    }
+    if (c.head_dim < 0) {
+        return refuse(ATTN_EINVAL, "head_dim must be >= 0 (0: hidden_size / heads)", why);
     }
     if (c.n_heads % c.n_kv_heads != 0) {
-        return ATTN_ESHAPE;
+        return refuse(ATTN_ESHAPE,
+                      "num_attention_heads (n_heads) must be a multiple of num_key_value_heads "
+                      "(n_kv_heads)",
+                      why);
     }
     if (c.head_dim == 0) {
         if (c.hidden_size % c.n_heads != 0) {
-            return ATTN_ESHAPE;
+            return refuse(ATTN_ESHAPE,
+                          "hidden_size must be a multiple of num_attention_heads when head_dim "
+                          "is not given",
+                          why);
         }
         c.head_dim = c.hidden_size / c.n_heads;
+    }
+    /* Keeps every float count of a layer well inside size_t and int32 index arithmetic. */
+    if ((int64_t)c.n_heads * c.head_dim > (1 << 20)) {
+        return refuse(ATTN_ERANGE, "num_attention_heads x head_dim must be <= 1048576", why);
     }
     if (c.rotary_dim == 0) {
         c.rotary_dim = c.head_dim & ~1;
     }
     if (c.rotary_dim != -1 &&
         (c.rotary_dim < 0 || c.rotary_dim % 2 != 0 || c.rotary_dim > c.head_dim)) {
-        return ATTN_ESHAPE;
+        return refuse(ATTN_ESHAPE,
+                      "the rotary dimensions (partial_rotary_factor x head_dim, rotary_dim) must "
+                      "be even and at most head_dim",
+                      why);
     }
     if (c.rope_theta == 0) {
         c.rope_theta = 10000.0f;
     }
     if (!isfinite(c.rope_theta) || c.rope_theta <= 1.0f) {
-        return ATTN_EINVAL;
+        return refuse(ATTN_EINVAL, "rope_theta must be finite and > 1", why);
+    }
+    if (c.rope_theta_local != 0 && !(isfinite(c.rope_theta_local) && c.rope_theta_local > 1.0f)) {
+        return refuse(ATTN_EINVAL, "rope_local_base_freq (rope_theta_local) must be finite and > 1",
+                      why);
     }
     if (c.rope_style != ATTN_ROPE_STYLE_HALF && c.rope_style != ATTN_ROPE_STYLE_INTERLEAVED) {
-        return ATTN_EINVAL;
+        return refuse(ATTN_EINVAL, "rope_style must be half or interleaved", why);
     }
-    if (check_rope_scaling(&c.rope_scaling) != ATTN_OK) {
-        return ATTN_EINVAL;
+    if (!rope_scaling_is_valid(&c.rope_scaling)) {
+        return refuse(ATTN_EINVAL,
+                      "rope_scaling: factor must be finite and > 0 (llama3: 0 < low_freq_factor "
+                      "< high_freq_factor, original_max_position_embeddings > 0)",
+                      why);
     }
     if (c.qk_norm != ATTN_QK_NORM_NONE && c.qk_norm != ATTN_QK_NORM_HEAD &&
         c.qk_norm != ATTN_QK_NORM_WIDTH) {
-        return ATTN_EINVAL;
+        return refuse(ATTN_EINVAL, "qk_norm must be none, head or width", why);
     }
     if (c.qk_norm_eps == 0) {
         c.qk_norm_eps = 1e-6f;
     }
     if (!isfinite(c.qk_norm_eps) || c.qk_norm_eps < 0) {
-        return ATTN_EINVAL;
+        return refuse(ATTN_EINVAL, "rms_norm_eps (qk_norm_eps) must be finite and >= 0", why);
     }
-    if (c.n_layers > ATTN_MAX_LAYERS) {
-        return ATTN_ERANGE;
-    }
-    if (!isfinite(c.logit_softcap) || c.logit_softcap < 0 || !isfinite(c.rope_theta_local) ||
-        (c.rope_theta_local != 0 && c.rope_theta_local <= 1.0f)) {
-        return ATTN_EINVAL;
+    if (!isfinite(c.logit_softcap) || c.logit_softcap < 0) {
+        return refuse(ATTN_EINVAL, "attn_logit_softcapping (logit_softcap) must be finite and >= 0",
+                      why);
     }
     if (c.softmax_scale == 0) {
         c.softmax_scale = 1.0f / sqrtf((float)c.head_dim);
     }
     if (!isfinite(c.softmax_scale) || c.softmax_scale <= 0) {
-        return ATTN_EINVAL;
-    }
-    /* Keeps every float count of a layer well inside size_t and int32 index arithmetic. */
-    if ((int64_t)c.n_heads * c.head_dim > (1 << 20) || c.hidden_size > (1 << 20) ||
-        c.max_seq > (1 << 24)) {
-        return ATTN_ERANGE;
+        return refuse(ATTN_EINVAL,
+                      "the softmax scale (query_pre_attn_scalar^-1/2, attention_multiplier, "
+                      "softmax_scale) must be finite and > 0",
+                      why);
     }
     *cfg = c;
     return ATTN_OK;
+}
+
+int attn_config_check(attn_config *cfg) {
+    return attn__config_check_why(cfg, NULL);
 }
 
 bool attn_config_layer_is_sliding(const attn_config *cfg, int32_t layer) {

@@ -1,5 +1,10 @@
-/* engine/error.c: the engine's error strings. The mapping to HTTP statuses lives in server/. */
+/* engine/error.c: the engine's error strings, and the one way its internals write a failure's
+ * reason. The mapping to HTTP statuses lives in server/. */
 #include "attn.h"
+#include "attn_int.h"
+
+#include <stdarg.h>
+#include <stdio.h>
 
 const char *attn_strerror(int code) {
     switch (code) {
@@ -24,4 +29,23 @@ const char *attn_strerror(int code) {
     default:
         return "unknown error";
     }
+}
+
+void attn__make_one_line(char *s) {
+    for (; *s != '\0'; s++) {
+        if ((unsigned char)*s < 0x20 || *s == 0x7f) {
+            *s = '?';
+        }
+    }
+}
+
+int attn__fail(const struct attn__reason *why, int rc, const char *fmt, ...) {
+    if (why->text != NULL && why->size > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(why->text, why->size, fmt, ap);
+        va_end(ap);
+        attn__make_one_line(why->text);
+    }
+    return rc;
 }

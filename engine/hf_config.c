@@ -11,6 +11,7 @@
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ---- the family table ------------------------------------------------------------------------ */
@@ -630,6 +631,7 @@ static int pick_family(const struct attn__reason *why, const cJSON *j, const cha
     if (trust_layout != NULL && strcmp(trust_layout, "llama") == 0) {
         snprintf(lay->family, sizeof lay->family, "llama (trusted layout of %.40s)",
                  name != NULL ? name : "a config without model_type");
+        attn__make_one_line(lay->family);
         *out = family_find("llama");
         return ATTN_OK;
     }
@@ -738,6 +740,46 @@ static int parse_config(const struct attn__reason *why, const cJSON *j, const ch
 }
 
 /* Parses config.json text; see attn_int.h. */
+static int compare_names(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* A key written twice means two values: cJSON would read the first and Python's json module,
+ * which Hugging Face uses, the last, so attnd would serve another model than the checkpoint's.
+ * Refused, in every object of the file (sorting the names keeps a large object linear-log). */
+static int refuse_repeated_keys(const struct attn__reason *why, const cJSON *node) {
+    int32_t n = 0;
+    for (const cJSON *it = node->child; it != NULL; it = it->next) {
+        n++;
+    }
+    if (n == 0) {
+        return ATTN_OK;
+    }
+    int rc = ATTN_OK;
+    if (cJSON_IsObject(node)) {
+        const char **names = malloc((size_t)n * sizeof *names);
+        if (names == NULL) {
+            return attn__fail(why, ATTN_ENOMEM, "config.json: out of memory");
+        }
+        int32_t i = 0;
+        for (const cJSON *it = node->child; it != NULL; it = it->next) {
+            names[i++] = it->string != NULL ? it->string : "";
+        }
+        qsort(names, (size_t)n, sizeof *names, compare_names);
+        for (i = 1; i < n && rc == ATTN_OK; i++) {
+            if (strcmp(names[i - 1], names[i]) == 0) {
+                rc = attn__fail(why, ATTN_EIO,
+                                "config.json: key \"%.64s\" appears twice in one object", names[i]);
+            }
+        }
+        free(names);
+    }
+    for (const cJSON *it = node->child; it != NULL && rc == ATTN_OK; it = it->next) {
+        rc = refuse_repeated_keys(why, it);
+    }
+    return rc;
+}
+
 int attn__hf_config_parse(const char *json, size_t len, const char *trust_layout, attn_config *cfg,
                           struct attn__hf_layout *layout, char *err, size_t err_size) {
     const struct attn__reason why = {err, err_size};
@@ -748,8 +790,18 @@ int attn__hf_config_parse(const char *json, size_t len, const char *trust_layout
     }
     attn_config c;
     struct attn__hf_layout lay;
-    int rc = parse_config(&why, j, trust_layout, &c, &lay);
+    int rc = refuse_repeated_keys(&why, j);
+    if (rc == ATTN_OK) {
+        rc = parse_config(&why, j, trust_layout, &c, &lay);
+    }
     cJSON_Delete(j);
+    if (rc == ATTN_OK) {
+        attn_config checked = c;
+        const char *invalid = NULL;
+        if ((rc = attn__config_check_why(&checked, &invalid)) != ATTN_OK) {
+            attn__fail(&why, rc, "config.json: %s", invalid);
+        }
+    }
     if (rc == ATTN_OK) {
         *cfg = c;
         *layout = lay;

@@ -39,16 +39,6 @@ struct loader {
     size_t convert_cap;
 };
 
-int attn__fail(const struct attn__reason *why, int rc, const char *fmt, ...) {
-    if (why->text != NULL && why->size > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(why->text, why->size, fmt, ap);
-        va_end(ap);
-    }
-    return rc;
-}
-
 static int path_join(struct loader *ld, const char *name, char *out, size_t size) {
     int n = snprintf(out, size, "%s/%s", ld->dir, name);
     if (n < 0 || (size_t)n >= size) {
@@ -744,8 +734,7 @@ int attn_model_load_hf(const char *dir, const attn_load_params *p, attn_model **
         goto out;
     }
     if ((rc = attn__model_alloc(&cfg, p, &m)) != ATTN_OK) {
-        attn__fail(&ld.why, rc, "config.json describes an invalid attention geometry: %s",
-                   attn_strerror(rc));
+        attn__fail(&ld.why, rc, "cannot allocate the model: %s", attn_strerror(rc));
         goto out;
     }
     for (int32_t i = 0; i < m->layer_count; i++) {

@@ -85,6 +85,41 @@ START_TEST(test_family_model_type_decides) {
 }
 END_TEST
 
+/* Found by tests/fuzz/fuzz_hf_config: a key written twice (cJSON reads the first value, Python's
+ * json module the last) and a value outside the engine's range are refused at parse time, naming
+ * the key or the field, instead of a later "invalid geometry". */
+START_TEST(test_family_repeated_keys_and_ranges_are_named) {
+    struct parsed p = parse("qwen2", ",\"model_type\":\"llama\"", NULL);
+    expect_refused(&p, ATTN_EIO, "\"model_type\" appears twice", "a repeated model_type");
+    p = parse("llama", ",\"rope_scaling\":{\"rope_type\":\"linear\",\"factor\":2,\"factor\":4}",
+              NULL);
+    expect_refused(&p, ATTN_EIO, "\"factor\" appears twice", "a repeated nested key");
+    p = parse("llama", ",\"max_position_embeddings\":32,\"max_position_embeddings\":64", NULL);
+    expect_refused(&p, ATTN_EIO, "max_position_embeddings", "a repeated field");
+
+    static const struct {
+        const char *extra;
+        const char *named;
+    } ranges[] = {
+        {",\"num_key_value_heads\":3", "num_key_value_heads"},
+        {",\"head_dim\":-4", "head_dim"},
+        {",\"max_position_embeddings\":33554432", "max_position_embeddings"},
+    };
+    for (size_t i = 0; i < sizeof ranges / sizeof ranges[0]; i++) {
+        p = parse("llama", ranges[i].extra, NULL);
+        ck_assert_msg(p.rc != ATTN_OK, "%s accepted", ranges[i].extra);
+        ck_assert_msg(strstr(p.err, ranges[i].named) != NULL, "%s: reason %s", ranges[i].extra,
+                      p.err);
+    }
+    /* rope_theta is written by config_text itself; a second one would be a repeat, so a whole
+     * text. */
+    const char *slow = "{\"model_type\":\"llama\",\"hidden_size\":64,\"num_attention_heads\":4,"
+                       "\"num_hidden_layers\":2,\"rope_theta\":0.5}";
+    p.rc = attn__hf_config_parse(slow, strlen(slow), NULL, &p.cfg, &p.lay, p.err, sizeof p.err);
+    expect_refused(&p, ATTN_EINVAL, "rope_theta must be finite and > 1", "rope_theta 0.5");
+}
+END_TEST
+
 /* Every screened field refuses a non-neutral value, naming it, and accepts its neutral ones. */
 START_TEST(test_family_screened_fields) {
     static const struct {
@@ -334,6 +369,7 @@ Suite *family_suite(void) {
     TCase *tc = tcase_create("family");
     tcase_add_test(tc, test_family_model_type_decides);
     tcase_add_test(tc, test_family_screened_fields);
+    tcase_add_test(tc, test_family_repeated_keys_and_ranges_are_named);
     tcase_add_test(tc, test_family_engine_fields_are_attnd_only);
     tcase_add_test(tc, test_family_defaults_and_windows);
     tcase_add_test(tc, test_family_qk_norms);
