@@ -83,6 +83,11 @@ int b64_decode(const char *src, size_t len, uint8_t *dst) {
                 return -1;
             }
         }
+        /* The bits a padded quantum leaves over must be zero (RFC 4648 section 3.5), so each
+         * byte string has one encoding and a damaged tail is not read as data. */
+        if ((pad == 1 && (v[2] & 0x3) != 0) || (pad == 2 && (v[1] & 0xf) != 0)) {
+            return -1;
+        }
         uint32_t w =
             (uint32_t)v[0] << 18 | (uint32_t)v[1] << 12 | (uint32_t)v[2] << 6 | (uint32_t)v[3];
         dst[o++] = (uint8_t)(w >> 16);

@@ -17,7 +17,8 @@ void b64_encode(const uint8_t *src, size_t n, char *dst);
 size_t b64_decoded_len(const char *src, size_t len);
 
 /* Decodes len characters of padded base64 into dst (b64_decoded_len bytes). Strict: no
- * whitespace, padding only at the end. Returns 0, or -1 for malformed input. */
+ * whitespace, padding only at the end, a padded quantum's leftover bits zero (so each byte string
+ * has one encoding). Returns 0, or -1 for malformed input. */
 int b64_decode(const char *src, size_t len, uint8_t *dst);
 
 #endif /* SERVER_B64_H */

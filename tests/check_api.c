@@ -639,6 +639,11 @@ START_TEST(test_api_b64_rfc4648_vectors) {
     ck_assert_int_eq(b64_decode("Zm=v", 4, dec), -1);
     ck_assert_int_eq(b64_decode("Zm9v Zg==", 8, dec), -1);
     ck_assert_int_eq(b64_decode("Zg==Zg==", 8, dec), -1);
+    /* Leftover bits of a padded quantum must be zero: "Zh==" and "Zm9=" would decode, with
+     * their stray bits dropped, to what "Zg==" and "Zm8=" mean. */
+    ck_assert_int_eq(b64_decode("Zh==", 4, dec), -1);
+    ck_assert_int_eq(b64_decode("Zm9=", 4, dec), -1);
+    ck_assert_int_eq(b64_decode("Zm8=", 4, dec), 0);
 }
 END_TEST
 
