@@ -11,7 +11,7 @@ PYTHON   ?= /usr/bin/python3
 
 DEB_PKGS := build-essential pkg-config libmicrohttpd-dev libcjson-dev libopenblas-dev \
             libuv1-dev check libcurl4-openssl-dev curl python3-numpy nginx valgrind \
-            clang-format
+            clang-format clang libclang-rt-14-dev
 
 PKGS      := libmicrohttpd libcjson libuv openblas
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) check libcurl 2>/dev/null)
@@ -28,6 +28,11 @@ WARN      += -Werror
 endif
 ifneq ($(SAN),)
 SANFLAGS  := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+endif
+# FUZZ=1 (set by `make fuzz`, with CC=clang): every object gets libFuzzer's coverage hooks too.
+ifneq ($(FUZZ),)
+SANFLAGS  := -fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer \
+             -fno-sanitize-recover=undefined
 endif
 ALL_CFLAGS = $(WARN) $(OPT) $(CFLAGS) $(SANFLAGS) $(PKG_CFLAGS) -MMD -MP
 LDFLAGS   ?=
@@ -54,9 +59,11 @@ ATTND       := $(BUILD)/attnd
 CHECK       := $(BUILD)/check
 BENCH       := $(BUILD)/attn_bench
 LOAD        := $(BUILD)/attn_load
+FUZZ_TARGETS := $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_SECONDS ?= 60
 
 .PHONY: all engine server test asan valgrind debug bench bench-compare load run deps docker \
-        docker-test topology-test clean format lint layering check-format
+        docker-test topology-test clean format lint layering check-format fuzz fuzz-run
 
 # all: the engine library and the daemon (default).
 all: engine server
@@ -117,6 +124,30 @@ valgrind: $(CHECK)
 		--error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite \
 		./$(CHECK)
 
+# fuzz: libFuzzer (clang) with ASan and UBSan on every request parser, base64, config.json and
+# the safetensors header, FUZZ_SECONDS each (default 60), in build/fuzz. The corpus starts from
+# tests/fuzz/seeds.py (proto/examples, tests/data) and grows in build/fuzz/corpus across runs;
+# a crash leaves its input in build/fuzz/ and fails the target.
+fuzz: deps
+	$(Q)$(MAKE) --no-print-directory BUILD=build/fuzz CC=clang FUZZ=1 OPT=-O1 fuzz-run
+
+fuzz-run: $(FUZZ_TARGETS:%=$(BUILD)/%)
+	$(Q)for t in $(FUZZ_TARGETS); do \
+	  $(PYTHON) tests/fuzz/seeds.py $$t $(BUILD)/corpus/$$t || exit 1; \
+	  ./$(BUILD)/$$t -max_total_time=$(FUZZ_SECONDS) -dict=tests/fuzz/json.dict -max_len=65536 \
+	    -print_final_stats=1 -artifact_prefix=$(BUILD)/$$t- $(BUILD)/corpus/$$t \
+	    >$(BUILD)/$$t.log 2>&1 || { tail -40 $(BUILD)/$$t.log; echo "fuzz: $$t FAILED"; exit 1; }; \
+	  echo "fuzz: $$t ok: $$(sed -n 's/^stat::number_of_executed_units: *//p' $(BUILD)/$$t.log) runs," \
+	    "$$(sed -n 's/^stat::average_exec_per_sec: *//p' $(BUILD)/$$t.log) exec/s," \
+	    "$$(ls $(BUILD)/corpus/$$t | wc -l) inputs in the corpus"; \
+	done
+
+.SECONDARY: $(FUZZ_TARGETS:%=$(BUILD)/tests/fuzz/%.o)
+$(BUILD)/fuzz_%: $(BUILD)/tests/fuzz/fuzz_%.o $(BUILD)/tests/fuzz/fuzz.o $(SERVER_LIB_OBJS) $(LIBATTN)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(ALL_LDFLAGS) -fsanitize=fuzzer -o $@ $^ $(SRV_LIBS) $(CJSON_LIBS) $(BLAS_LIBS) \
+		-lpthread -lm
+
 # debug: an unoptimized build with symbols in build/debug.
 debug:
 	$(Q)$(MAKE) --no-print-directory BUILD=build/debug OPT=-O0 all
@@ -162,12 +193,11 @@ docker:
 	$(Q)if command -v podman >/dev/null; then podman build --format docker -t attnd .; \
 	else docker build -t attnd .; fi
 
-# docker-test: build the image with podman, run it and poll /healthz (needs root).
-SMOKE ?= ../shared/container/smoke.sh
+# docker-test: build the image with podman and probe the running container (tests/container/run.sh:
+# health, model, an attend, a 400, SIGTERM exit 0). Needs root; makes its own Debian base image
+# with debootstrap when no registry serves one.
 docker-test:
-	$(Q)if [ ! -x "$(SMOKE)" ]; then \
-	  echo "docker-test: $(SMOKE) not found (set SMOKE=/path/to/container/smoke.sh)"; exit 2; fi
-	$(Q)$(SMOKE) . /healthz 8080
+	$(Q)tests/container/run.sh .
 
 # topology-test: 3 attnd replicas behind nginx (docker/nginx.conf) on 127.0.0.1, as plain processes.
 topology-test: $(ATTND)
@@ -175,11 +205,12 @@ topology-test: $(ATTND)
 
 # format: rewrite sources with clang-format.
 format:
-	$(Q)clang-format -i engine/*.[ch] server/*.[ch] tests/*.[ch] bench/*.[ch]
+	$(Q)clang-format -i engine/*.[ch] server/*.[ch] tests/*.[ch] tests/fuzz/*.[ch] bench/*.[ch]
 
 # check-format: fail if any source differs from clang-format's output.
 check-format:
-	$(Q)clang-format --dry-run --Werror engine/*.[ch] server/*.[ch] tests/*.[ch] bench/*.[ch]
+	$(Q)clang-format --dry-run --Werror engine/*.[ch] server/*.[ch] tests/*.[ch] tests/fuzz/*.[ch] \
+		bench/*.[ch]
 
 # layering: engine/ must not include HTTP, libuv or server headers; cJSON only in the HF loader.
 layering:

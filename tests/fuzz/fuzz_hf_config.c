@@ -1,0 +1,40 @@
+/* tests/fuzz/fuzz_hf_config.c: a Hugging Face config.json (attn__hf_config_parse), with and
+ * without --trust-layout llama (the input's first byte chooses). Accepted: a config that
+ * attn_config_check accepts as it is, with a one-line family name. Refused: a one-line reason. */
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../engine/attn_int.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+/* The reason and the family go to logs and to GET /v1/model: no control byte, no newline. */
+static bool is_one_line(const char *s) {
+    for (; *s != '\0'; s++)
+        if ((unsigned char)*s < 0x20 || *s == 0x7f)
+            return false;
+    return true;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (size == 0)
+        return 0;
+    const char *trust = (data[0] & 1) ? "llama" : NULL;
+    attn_config cfg;
+    struct attn__hf_layout lay;
+    char err[512];
+    err[0] = '\0';
+    int rc =
+        attn__hf_config_parse((const char *)data + 1, size - 1, trust, &cfg, &lay, err, sizeof err);
+    if (rc != 0) {
+        if (rc >= 0 || err[0] == '\0' || !is_one_line(err))
+            abort();
+        return 0;
+    }
+    if (!is_one_line(lay.family))
+        abort();
+    if (attn_config_check(&cfg) != 0)
+        abort();
+    return 0;
+}
