@@ -219,6 +219,14 @@ int attn__fail(const struct attn__reason *why, int rc, const char *fmt, ...)
 /* Replaces the control bytes of the NUL-terminated s (newlines included) with '?', in place. */
 void attn__make_one_line(char *s);
 
+/* How a family stores one layer's attention projections (hf_layer.c reads each). */
+enum attn__hf_tensors {
+    ATTN__HF_QKVO = 0,  /* q_proj, k_proj, v_proj, o_proj (Llama and most) */
+    ATTN__HF_FUSED_QKV, /* qkv_proj rows q | k | v, then o_proj (Phi-3) */
+    ATTN__HF_NEOX,      /* query_key_value rows head by head [q_h | k_h | v_h], dense (GPT-NeoX) */
+    ATTN__HF_GPT2,      /* Conv1D c_attn (in, q | k | v) and c_proj (in, out), transposed (GPT-2) */
+};
+
 /* What a checkpoint's family means for reading its tensors (hf_config.c fills it). */
 struct attn__hf_layout {
     char family[80]; /* the model_type served, e.g. "qwen2", or "llama (trusted layout of x)" */
@@ -229,6 +237,8 @@ struct attn__hf_layout {
     bool wants_qkv_bias;
     bool is_norm_one_plus;   /* Gemma: the q/k norm weight applied is 1 + the tensor */
     const char *prefixes[3]; /* where the layers' tensors may sit, NULL-terminated (static) */
+    enum attn__hf_tensors tensors;
+    const char *attn_name; /* a layer's attention module: <prefix>.<i>.<attn_name>.<tensor> */
 };
 
 /* Parses config.json text, json[0..len) (no NUL needed), by the rules of its model_type's family
@@ -242,6 +252,31 @@ struct attn__hf_layout {
  * (another trust_layout). */
 int attn__hf_config_parse(const char *json, size_t len, const char *trust_layout, attn_config *cfg,
                           struct attn__hf_layout *layout, char *err, size_t err_size);
+
+/* ---- hf_layer.c: one layer's attention tensors, by the family's layout ---------------------- */
+
+/* Reads tensor `name` of shape (rows, cols) ((rows) when cols is 0) as float into dst; the
+ * loader's files behind it. Returns ATTN_OK or a code with its reason recorded by the reader. */
+struct attn__hf_reader {
+    int (*read)(void *ctx, const char *name, int32_t rows, int32_t cols, float *dst);
+    void *ctx;
+};
+
+/* True if the engine consumes the tensor <prefix>.<i>.<lay->attn_name>.<suffix> of a layer with
+ * config c (projections, the biases c has, q/k norms c applies, buffers that restate what the
+ * engine computes anyway); the loader refuses any other. */
+bool attn__hf_tensor_is_consumed(const attn_config *c, const struct attn__hf_layout *lay,
+                                 const char *suffix);
+
+/* The name of the first tensor every layer of the layout holds (to find the prefix). */
+const char *attn__hf_layout_first_tensor(const struct attn__hf_layout *lay);
+
+/* Reads layer `layer`'s attention, as stored under prefix in lay's layout, into l (allocated by
+ * attn__model_alloc for c): fused q|k|v rows and o in nn.Linear layout, biases and q/k norm
+ * weights where c has them. */
+int attn__hf_layer_read(const struct attn__hf_reader *rd, const attn_config *c,
+                        const struct attn__hf_layout *lay, const char *prefix, int32_t layer,
+                        struct attn__layer *l);
 
 /* attn_config_check, and on failure *why (if not NULL) names the field and its rule in a static
  * sentence. */

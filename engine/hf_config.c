@@ -19,6 +19,7 @@
 /* Which projections have biases. */
 enum bias_rule {
     BIAS_NONE,               /* never (Mistral) */
+    BIAS_ALL,                /* q, k, v and o always (GPT-2) */
     BIAS_IF_ATTENTION_BIAS,  /* q, k, v and o, iff attention_bias (Llama) */
     BIAS_QKV,                /* q, k and v always, o never (Qwen2) */
     BIAS_AS_THE_TENSORS_SAY, /* attnd's own layout: whatever the checkpoint holds */
@@ -33,6 +34,15 @@ enum window_rule {
     WINDOW_GEMMA3,   /* all but every sliding_window_pattern-th: (i + 1) % pattern != 0 */
 };
 
+/* Which rotary embedding the family applies. */
+enum rotary_rule {
+    ROTARY_WHOLE_HEADS,   /* every dim of a head (Llama); a partial factor is refused */
+    ROTARY_PARTIAL,       /* the first partial_rotary_factor x head_dim dims (Phi-3) */
+    ROTARY_PARTIAL_NEOX,  /* the same, the factor named rotary_pct, 0.25 when absent */
+    ROTARY_NONE,          /* no rotary embedding: positions are in the caller's input (GPT-2) */
+    ROTARY_ENGINE_FIELDS, /* attnd's own: partial_rotary_factor and rope_style */
+};
+
 struct family;
 
 /* A family's own fields beyond the table's (Gemma's scalar, soft-cap and local RoPE). */
@@ -45,19 +55,30 @@ struct family {
     int32_t default_window;   /* sliding_window when absent (null stays none) */
     enum bias_rule bias;
     enum window_rule window;
-    attn_qk_norm qk_norm;       /* q_norm / k_norm tensors, eps from rms_norm_eps */
-    float default_norm_eps;     /* rms_norm_eps when absent */
-    bool has_engine_fields;     /* partial_rotary_factor and rope_style are read */
-    float default_theta;        /* rope_theta when absent; 0 = the engine's 10000 */
-    bool is_norm_one_plus;      /* Gemma's RMSNorm: the weight applied is 1 + w */
-    const char *const *reads;   /* screened fields it computes itself (NULL-terminated), or NULL */
-    read_extra_fn read_extra;   /* or NULL */
-    const char *text_config_of; /* a multimodal wrapper: read text_config as this family */
+    attn_qk_norm qk_norm;        /* q_norm / k_norm tensors, eps from rms_norm_eps */
+    float default_norm_eps;      /* rms_norm_eps when absent */
+    float default_theta;         /* rope_theta when absent; 0 = the engine's 10000 */
+    bool is_norm_one_plus;       /* Gemma's RMSNorm: the weight applied is 1 + w */
+    const char *const *reads;    /* screened fields it computes itself (NULL-terminated), or NULL */
+    read_extra_fn read_extra;    /* or NULL */
+    const char *text_config_of;  /* a multimodal wrapper: read text_config as this family */
+    bool default_attention_bias; /* attention_bias when absent (GPT-NeoX: true) */
+    enum attn__hf_tensors tensors; /* how a layer's projections are stored */
+    const char *attn_name;         /* the attention module's name; NULL = "self_attn" */
+    const char *prefixes[2];       /* where layers sit; NULL = model.layers, layers */
+    const char *const *keys;       /* the config's names for hidden_size, num_attention_heads,
+                                    * num_hidden_layers, max_position_embeddings; NULL = those */
+    enum rotary_rule rotary;
+    const char *theta_alias; /* an older name of rope_theta it may use instead, or NULL */
 };
 
 static int gemma2_extra(const struct attn__reason *why, const cJSON *j, attn_config *c);
 static int granite_extra(const struct attn__reason *why, const cJSON *j, attn_config *c);
 static int gemma3_extra(const struct attn__reason *why, const cJSON *j, attn_config *c);
+static int gpt2_extra(const struct attn__reason *why, const cJSON *j, attn_config *c);
+
+static const char *const gpt2_keys[] = {"n_embd", "n_head", "n_layer", "n_positions"};
+static const char *const neox_reads[] = {"rotary_pct", NULL};
 
 static const char *const qwen_reads[] = {"layer_types", NULL};
 static const char *const granite_reads[] = {"attention_multiplier", NULL};
@@ -128,11 +149,39 @@ static const struct family families[] = {
      .read_extra = gemma3_extra},
     /* Gemma 3 multimodal checkpoints: the text model's config and tensors, nested. */
     {.model_type = "gemma3", .text_config_of = "gemma3_text"},
+    /* Phi-3 / 3.5 / 4-mini: a fused qkv_proj, partial rotary, the window on every layer. */
+    {.model_type = "phi3",
+     .bias = BIAS_NONE,
+     .window = WINDOW_ALL,
+     .tensors = ATTN__HF_FUSED_QKV,
+     .rotary = ROTARY_PARTIAL},
+    /* GPT-NeoX / Pythia: per-head fused query_key_value, biases, a quarter of each head
+     * rotated. */
+    {.model_type = "gpt_neox",
+     .bias = BIAS_IF_ATTENTION_BIAS,
+     .default_attention_bias = true,
+     .window = WINDOW_NOT_READ,
+     .tensors = ATTN__HF_NEOX,
+     .attn_name = "attention",
+     .prefixes = {"gpt_neox.layers", "layers"},
+     .rotary = ROTARY_PARTIAL_NEOX,
+     .theta_alias = "rotary_emb_base",
+     .reads = neox_reads},
+    /* GPT-2: Conv1D projections, biases, no rotary embedding, scale_attn_weights. */
+    {.model_type = "gpt2",
+     .bias = BIAS_ALL,
+     .window = WINDOW_NOT_READ,
+     .tensors = ATTN__HF_GPT2,
+     .attn_name = "attn",
+     .prefixes = {"transformer.h", "h"},
+     .keys = gpt2_keys,
+     .rotary = ROTARY_NONE,
+     .read_extra = gpt2_extra},
     /* attnd's own layout: the engine's generic attention with every field explicit. */
     {.model_type = "attnd",
      .bias = BIAS_AS_THE_TENSORS_SAY,
      .window = WINDOW_ALL,
-     .has_engine_fields = true},
+     .rotary = ROTARY_ENGINE_FIELDS},
 };
 
 /* Families known by name and not served yet, with what their attention needs. */
@@ -152,9 +201,6 @@ static const struct {
     {"glm", "partial interleaved rotary"},
     {"glm4", "partial interleaved rotary"},
     {"phi", "partial rotary and a dense output projection"},
-    {"phi3", "the fused qkv_proj and longrope scaling"},
-    {"gpt_neox", "the fused query_key_value and rotary_pct"},
-    {"gpt2", "Conv1D c_attn / c_proj and no rotary embedding"},
     {"falcon", "the fused query_key_value"},
     {"starcoder2", "its attention has not been validated"},
     {"gpt_oss", "attention sinks, alternating sliding layers and yarn scaling"},
@@ -164,7 +210,8 @@ static const struct {
     {"smollm3", "layers without RoPE (no_rope_layers)"},
 };
 
-#define SERVED_LIST "llama, mistral, qwen2, qwen3, olmo2, granite, gemma2, gemma3, attnd"
+#define SERVED_LIST                                                                                \
+    "llama, mistral, qwen2, qwen3, olmo2, granite, gemma2, gemma3, phi3, gpt_neox, gpt2, attnd"
 
 /* Fields that change attention, which none of the served families computes: refused unless they
  * hold their neutral value (absent, null, false, 0, or what is named). */
@@ -197,6 +244,7 @@ static const struct {
     {"attn_temperature_tuning", NEUTRAL_FALSE},
     {"use_bidirectional_attention", NEUTRAL_FALSE},
     {"rotary_pct", NEUTRAL_ONE},
+    {"scale_attn_by_inverse_layer_idx", NEUTRAL_FALSE},
     {"layer_types", NEUTRAL_ALL_FULL},
 };
 
@@ -228,6 +276,21 @@ static int get_float(const struct attn__reason *why, const cJSON *obj, const cha
         return attn__fail(why, ATTN_EIO, "config.json: %s must be a number", key);
     }
     *out = (float)v->valuedouble;
+    return ATTN_OK;
+}
+
+/* Reads an optional number as the double Python holds (a rotary factor is multiplied in double
+ * and floored, where a float's rounding could lose a dim); absent or null leaves *out as is. */
+static int get_double(const struct attn__reason *why, const cJSON *obj, const char *key,
+                      double *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (v == NULL || cJSON_IsNull(v)) {
+        return ATTN_OK;
+    }
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) {
+        return attn__fail(why, ATTN_EIO, "config.json: %s must be a number", key);
+    }
+    *out = v->valuedouble;
     return ATTN_OK;
 }
 
@@ -301,21 +364,81 @@ static int parse_rope_scaling(const struct attn__reason *why, const cJSON *rs,
     return ATTN_OK;
 }
 
-/* The rotary embedding: theta and scaling (also from transformers v5's rope_parameters), and,
- * where the family reads them, attnd's rope_style and partial_rotary_factor. Needs c->head_dim. */
+/* rope_theta, or the family's older name for it; both present and different is ambiguous. */
+static int parse_theta(const struct attn__reason *why, const cJSON *j, const struct family *f,
+                       attn_config *c) {
+    int rc = get_float(why, j, "rope_theta", &c->rope_theta);
+    if (rc != ATTN_OK || f->theta_alias == NULL ||
+        cJSON_GetObjectItemCaseSensitive(j, f->theta_alias) == NULL) {
+        return rc;
+    }
+    float alias = 0;
+    if ((rc = get_float(why, j, f->theta_alias, &alias)) != ATTN_OK) {
+        return rc;
+    }
+    if (cJSON_GetObjectItemCaseSensitive(j, "rope_theta") != NULL && alias != c->rope_theta) {
+        return attn__fail(why, ATTN_EIO, "config.json: rope_theta and %s differ", f->theta_alias);
+    }
+    c->rope_theta = alias;
+    return ATTN_OK;
+}
+
+/* The fraction of each head that rotates, by the family's rule: *partial in (0, 1]. */
+static int parse_partial(const struct attn__reason *why, const cJSON *j, const cJSON *rp,
+                         const struct family *f, double *partial) {
+    int rc;
+    double factor = -1;
+    *partial = 1.0;
+    if ((rc = get_double(why, j, "partial_rotary_factor", &factor)) != ATTN_OK ||
+        (rp != NULL && (rc = get_double(why, rp, "partial_rotary_factor", &factor)) != ATTN_OK)) {
+        return rc;
+    }
+    if (f->rotary == ROTARY_PARTIAL_NEOX) {
+        /* configuration_gpt_neox.py: rotary_pct, 0.25 when absent. */
+        *partial = 0.25;
+        if ((rc = get_double(why, j, "rotary_pct", partial)) != ATTN_OK) {
+            return rc;
+        }
+        if (factor >= 0 && factor != *partial) {
+            return attn__fail(why, ATTN_EIO,
+                              "config.json: rotary_pct and partial_rotary_factor "
+                              "differ");
+        }
+    } else if (factor >= 0) {
+        *partial = factor;
+    }
+    if (!(*partial > 0.0 && *partial <= 1.0)) {
+        return attn__fail(why, ATTN_EIO,
+                          "config.json: the rotary fraction (partial_rotary_factor, rotary_pct) "
+                          "must be in (0, 1]");
+    }
+    if (*partial != 1.0 && f->rotary == ROTARY_WHOLE_HEADS) {
+        /* Their apply_rotary_pos_emb rotates whole heads: a partial table cannot be applied. */
+        return attn__fail(why, ATTN_EUNSUPPORTED,
+                          "config.json: partial_rotary_factor %g is not part of %s attention",
+                          *partial, f->model_type);
+    }
+    return ATTN_OK;
+}
+
+/* The rotary embedding: theta and scaling (also from transformers v5's rope_parameters), the
+ * rotated fraction of each head, and, for attnd's own layout, rope_style. Needs c->head_dim. */
 static int parse_rope(const struct attn__reason *why, const cJSON *j, const struct family *f,
                       attn_config *c) {
+    if (f->rotary == ROTARY_NONE) {
+        c->rotary_dim = -1; /* positions are in the caller's hidden states, as the model adds */
+        return ATTN_OK;
+    }
     int rc;
-    float partial = 1.0f;
-    if ((rc = get_float(why, j, "rope_theta", &c->rope_theta)) != ATTN_OK ||
-        (rc = get_float(why, j, "partial_rotary_factor", &partial)) != ATTN_OK) {
+    if ((rc = parse_theta(why, j, f, c)) != ATTN_OK) {
         return rc;
     }
     const cJSON *rp = cJSON_GetObjectItemCaseSensitive(j, "rope_parameters");
     const cJSON *rs = cJSON_GetObjectItemCaseSensitive(j, "rope_scaling");
-    if (cJSON_IsObject(rp)) {
-        if ((rc = get_float(why, rp, "rope_theta", &c->rope_theta)) != ATTN_OK ||
-            (rc = get_float(why, rp, "partial_rotary_factor", &partial)) != ATTN_OK) {
+    if (!cJSON_IsObject(rp)) {
+        rp = NULL;
+    } else {
+        if ((rc = get_float(why, rp, "rope_theta", &c->rope_theta)) != ATTN_OK) {
             return rc;
         }
         if (rs == NULL || cJSON_IsNull(rs)) {
@@ -327,7 +450,7 @@ static int parse_rope(const struct attn__reason *why, const cJSON *j, const stru
     }
     const cJSON *style = cJSON_GetObjectItemCaseSensitive(j, "rope_style");
     if (style != NULL && !cJSON_IsNull(style)) {
-        if (!f->has_engine_fields) {
+        if (f->rotary != ROTARY_ENGINE_FIELDS) {
             return attn__fail(why, ATTN_EUNSUPPORTED,
                               "config.json: rope_style is attnd's own field, which %s attention "
                               "does not read (model_type attnd serves it)",
@@ -342,20 +465,16 @@ static int parse_rope(const struct attn__reason *why, const cJSON *j, const stru
                               "config.json: rope_style must be \"half\" or \"interleaved\"");
         }
     }
-    if (!(partial > 0.0f && partial <= 1.0f)) {
-        return attn__fail(why, ATTN_EIO, "config.json: partial_rotary_factor must be in (0, 1]");
+    double partial = 1.0;
+    if ((rc = parse_partial(why, j, rp, f, &partial)) != ATTN_OK) {
+        return rc;
     }
-    if (partial != 1.0f && !f->has_engine_fields) {
-        /* Their apply_rotary_pos_emb rotates whole heads: a partial table cannot be applied. */
-        return attn__fail(why, ATTN_EUNSUPPORTED,
-                          "config.json: partial_rotary_factor %g is not part of %s attention",
-                          (double)partial, f->model_type);
-    }
-    c->rotary_dim = (int32_t)(c->head_dim * partial);
+    /* int(head_dim * partial_rotary_factor), as the modeling code computes it. */
+    c->rotary_dim = (int32_t)floor(c->head_dim * partial);
     if (c->rotary_dim % 2 != 0 || c->rotary_dim == 0) {
         return attn__fail(why, ATTN_EUNSUPPORTED,
-                          "config.json: rotary dim %d (head_dim x "
-                          "partial_rotary_factor) must be even and > 0",
+                          "config.json: rotary dim %d (head_dim x the rotary fraction) must be "
+                          "even and > 0",
                           c->rotary_dim);
     }
     return ATTN_OK;
@@ -515,6 +634,15 @@ static int granite_extra(const struct attn__reason *why, const cJSON *j, attn_co
     return rc;
 }
 
+/* modeling_gpt2.py: scores are divided by sqrt(head_dim) only when scale_attn_weights (true
+ * when absent). */
+static int gpt2_extra(const struct attn__reason *why, const cJSON *j, attn_config *c) {
+    bool scale = true;
+    int rc = get_bool(why, j, "scale_attn_weights", &scale);
+    c->softmax_scale = scale ? 0.0f : 1.0f; /* 0: the engine's head_dim^-1/2 */
+    return rc;
+}
+
 /* Gemma's softmax scale: query_pre_attn_scalar^-1/2 (256 when absent), not head_dim's. */
 static int gemma_scale(const struct attn__reason *why, const cJSON *j, attn_config *c) {
     float scalar = 256.0f;
@@ -568,7 +696,7 @@ static int gemma3_extra(const struct attn__reason *why, const cJSON *j, attn_con
 
 static int parse_bias(const struct attn__reason *why, const cJSON *j, const struct family *f,
                       attn_config *c, struct attn__hf_layout *lay) {
-    bool attention_bias = false;
+    bool attention_bias = f->default_attention_bias;
     int rc = get_bool(why, j, "attention_bias", &attention_bias);
     if (rc != ATTN_OK) {
         return rc;
@@ -577,6 +705,9 @@ static int parse_bias(const struct attn__reason *why, const cJSON *j, const stru
     switch (f->bias) {
     case BIAS_NONE:
         c->has_qkv_bias = c->has_o_bias = false;
+        break;
+    case BIAS_ALL:
+        c->has_qkv_bias = c->has_o_bias = true;
         break;
     case BIAS_IF_ATTENTION_BIAS:
         c->has_qkv_bias = c->has_o_bias = attention_bias;
@@ -679,12 +810,21 @@ static int parse_config(const struct attn__reason *why, const cJSON *j, const ch
         return rc;
     }
     lay->is_norm_one_plus = f->is_norm_one_plus;
+    lay->tensors = f->tensors;
+    lay->attn_name = f->attn_name != NULL ? f->attn_name : "self_attn";
+    if (f->prefixes[0] != NULL) {
+        lay->prefixes[0] = f->prefixes[0];
+        lay->prefixes[1] = f->prefixes[1];
+    }
+    static const char *const standard_keys[] = {"hidden_size", "num_attention_heads",
+                                                "num_hidden_layers", "max_position_embeddings"};
+    const char *const *key = f->keys != NULL ? f->keys : standard_keys;
     c->rope_theta = f->default_theta;
     int32_t max_pos = 0;
-    if ((rc = get_int(why, j, "hidden_size", &c->hidden_size)) != ATTN_OK ||
-        (rc = get_int(why, j, "num_attention_heads", &c->n_heads)) != ATTN_OK ||
-        (rc = get_int(why, j, "num_hidden_layers", &c->n_layers)) != ATTN_OK ||
-        (rc = get_int(why, j, "max_position_embeddings", &max_pos)) != ATTN_OK ||
+    if ((rc = get_int(why, j, key[0], &c->hidden_size)) != ATTN_OK ||
+        (rc = get_int(why, j, key[1], &c->n_heads)) != ATTN_OK ||
+        (rc = get_int(why, j, key[2], &c->n_layers)) != ATTN_OK ||
+        (rc = get_int(why, j, key[3], &max_pos)) != ATTN_OK ||
         (rc = get_int(why, j, "head_dim", &c->head_dim)) != ATTN_OK) {
         return rc;
     }
@@ -702,9 +842,8 @@ static int parse_config(const struct attn__reason *why, const cJSON *j, const ch
         }
     }
     if (c->hidden_size <= 0 || c->n_heads <= 0 || c->n_layers <= 0) {
-        return attn__fail(why, ATTN_EIO,
-                          "config.json: hidden_size, num_attention_heads and "
-                          "num_hidden_layers are required and must be > 0");
+        return attn__fail(why, ATTN_EIO, "config.json: %s, %s and %s are required and must be > 0",
+                          key[0], key[1], key[2]);
     }
     if (c->n_layers > ATTN_MAX_LAYERS) {
         return attn__fail(why, ATTN_EUNSUPPORTED, "config.json: %d layers, attnd serves %d at most",

@@ -501,7 +501,8 @@ static int pick_prefix(struct loader *ld, int32_t layer) {
     const char *const *prefixes = ld->layout->prefixes;
     for (size_t i = 0; i < 3 && prefixes[i] != NULL; i++) {
         char name[256];
-        snprintf(name, sizeof name, "%s.%d.self_attn.q_proj.weight", prefixes[i], layer);
+        snprintf(name, sizeof name, "%s.%d.%s.%s", prefixes[i], layer, ld->layout->attn_name,
+                 attn__hf_layout_first_tensor(ld->layout));
         bool found = false;
         int rc = tensor_exists(ld, name, &found);
         if (rc != ATTN_OK) {
@@ -512,53 +513,18 @@ static int pick_prefix(struct loader *ld, int32_t layer) {
             return ATTN_OK;
         }
     }
-    return attn__fail(&ld->why, ATTN_EIO, "tensor %s.%d.self_attn.q_proj.weight not found",
-                      prefixes[0], layer);
+    return attn__fail(&ld->why, ATTN_EIO, "tensor %s.%d.%s.%s not found", prefixes[0], layer,
+                      ld->layout->attn_name, attn__hf_layout_first_tensor(ld->layout));
+}
+
+static int reader_read(void *ctx, const char *name, int32_t rows, int32_t cols, float *dst) {
+    return tensor_read(ctx, name, rows, cols, dst);
 }
 
 static int read_layer(struct loader *ld, const attn_config *c, int32_t layer,
                       struct attn__layer *l) {
-    size_t hidden = (size_t)c->hidden_size;
-    int32_t q_rows = c->n_heads * c->head_dim, kv_rows = c->n_kv_heads * c->head_dim;
-    const char *proj[4] = {"q_proj", "k_proj", "v_proj", "o_proj"};
-    float *w_dst[4] = {l->w_qkv, l->w_qkv + (size_t)q_rows * hidden,
-                       l->w_qkv + (size_t)(q_rows + kv_rows) * hidden, l->w_o};
-    int32_t rows[4] = {q_rows, kv_rows, kv_rows, c->hidden_size};
-    int32_t cols[4] = {c->hidden_size, c->hidden_size, c->hidden_size, q_rows};
-    float *b_dst[4] = {l->b_qkv, l->b_qkv ? l->b_qkv + q_rows : NULL,
-                       l->b_qkv ? l->b_qkv + q_rows + kv_rows : NULL, l->b_o};
-    for (int i = 0; i < 4; i++) {
-        char name[256];
-        snprintf(name, sizeof name, "%s.%d.self_attn.%s.weight", ld->prefix, layer, proj[i]);
-        int rc = tensor_read(ld, name, rows[i], cols[i], w_dst[i]);
-        if (rc != ATTN_OK) {
-            return rc;
-        }
-        if (b_dst[i] != NULL) {
-            snprintf(name, sizeof name, "%s.%d.self_attn.%s.bias", ld->prefix, layer, proj[i]);
-            if ((rc = tensor_read(ld, name, rows[i], 0, b_dst[i])) != ATTN_OK) {
-                return rc;
-            }
-        }
-    }
-    if (c->qk_norm != ATTN_QK_NORM_NONE) {
-        const char *norm[2] = {"q_norm", "k_norm"};
-        float *dst[2] = {l->q_norm, l->k_norm};
-        for (int i = 0; i < 2; i++) {
-            char name[256];
-            snprintf(name, sizeof name, "%s.%d.self_attn.%s.weight", ld->prefix, layer, norm[i]);
-            size_t len = attn__qk_norm_len(c, i == 1);
-            int rc = tensor_read(ld, name, (int32_t)len, 0, dst[i]);
-            if (rc != ATTN_OK) {
-                return rc;
-            }
-            /* Gemma3RMSNorm multiplies by (1.0 + weight.float()): the same float sum, once. */
-            for (size_t j = 0; ld->layout->is_norm_one_plus && j < len; j++) {
-                dst[i][j] += 1.0f;
-            }
-        }
-    }
-    return ATTN_OK;
+    const struct attn__hf_reader rd = {reader_read, ld};
+    return attn__hf_layer_read(&rd, c, ld->layout, ld->prefix, layer, l);
 }
 
 /* attnd's own layout: biases are what the checkpoint holds (q/k/v as a set, o alone). */
@@ -585,32 +551,7 @@ static int detect_biases(struct loader *ld, int32_t layer, bool wants_qkv_bias, 
 /* ---- screening: every attention tensor is consumed --------------------------------------------
  */
 
-/* True if the engine reads this tensor of a layer's self_attn (suffix after "self_attn."). */
-static bool is_consumed(const attn_config *c, const char *suffix) {
-    static const char *const weights[] = {"q_proj.weight", "k_proj.weight", "v_proj.weight",
-                                          "o_proj.weight",
-                                          /* a buffer old checkpoints saved; Hugging Face
-                                           * recomputes it from the config, as attnd does */
-                                          "rotary_emb.inv_freq"};
-    static const char *const qkv_biases[] = {"q_proj.bias", "k_proj.bias", "v_proj.bias"};
-    for (size_t i = 0; i < sizeof weights / sizeof weights[0]; i++) {
-        if (strcmp(suffix, weights[i]) == 0) {
-            return true;
-        }
-    }
-    for (size_t i = 0; c->has_qkv_bias && i < sizeof qkv_biases / sizeof qkv_biases[0]; i++) {
-        if (strcmp(suffix, qkv_biases[i]) == 0) {
-            return true;
-        }
-    }
-    if (c->qk_norm != ATTN_QK_NORM_NONE &&
-        (strcmp(suffix, "q_norm.weight") == 0 || strcmp(suffix, "k_norm.weight") == 0)) {
-        return true;
-    }
-    return c->has_o_bias && strcmp(suffix, "o_proj.bias") == 0;
-}
-
-/* A tensor named <prefix>.<layer>.self_attn.<suffix> must be one the engine consumes: anything
+/* A tensor named <prefix>.<layer>.<attn_name>.<suffix> must be one the engine consumes: anything
  * else there (q/k norms, sinks, a bias the family does not have) changes attention, and serving
  * the layer without it would be wrong. */
 static int screen_tensor(struct loader *ld, const attn_config *c, const char *family,
@@ -624,11 +565,12 @@ static int screen_tensor(struct loader *ld, const attn_config *c, const char *fa
     while (*p >= '0' && *p <= '9') {
         p++;
     }
-    static const char attn_part[] = ".self_attn.";
-    if (p == digits || strncmp(p, attn_part, sizeof attn_part - 1) != 0) {
+    const char *module = ld->layout->attn_name;
+    size_t ml = strlen(module);
+    if (p == digits || p[0] != '.' || strncmp(p + 1, module, ml) != 0 || p[1 + ml] != '.') {
         return ATTN_OK;
     }
-    if (!is_consumed(c, p + sizeof attn_part - 1)) {
+    if (!attn__hf_tensor_is_consumed(c, ld->layout, p + 2 + ml)) {
         return attn__fail(&ld->why, ATTN_EUNSUPPORTED,
                           "tensor %s is not part of %s attention as attnd computes it; refused "
                           "rather than served without it",

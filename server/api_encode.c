@@ -319,9 +319,13 @@ static void put_layer(struct strbuf *b, const attn_config *cfg, int32_t layer) {
     bool is_local_rope = is_sliding && cfg->rope_theta_local > 0;
     attn_rope_scaling none = {0};
     strbuf_puts(b, ",\"rope_theta\":");
-    put_float(b, is_local_rope ? cfg->rope_theta_local : cfg->rope_theta);
+    if (cfg->rotary_dim > 0) {
+        put_float(b, is_local_rope ? cfg->rope_theta_local : cfg->rope_theta);
+    } else {
+        strbuf_puts(b, "null"); /* no rotary embedding (GPT-2) */
+    }
     strbuf_puts(b, ",\"rope_scaling\":");
-    put_rope_scaling(b, is_local_rope ? &none : &cfg->rope_scaling);
+    put_rope_scaling(b, is_local_rope || cfg->rotary_dim <= 0 ? &none : &cfg->rope_scaling);
     strbuf_puts(b, ",\"softmax_scale\":");
     put_float(b, cfg->softmax_scale);
     strbuf_puts(b, ",\"qk_norm\":");
@@ -350,7 +354,11 @@ char *api_model_encode(const attn_config *cfg, const struct api_model_info *info
                   "\"head_dim\":%d,\"rope_theta\":",
                   (int)cfg->hidden_size, (int)cfg->n_heads, (int)cfg->n_kv_heads,
                   (int)cfg->head_dim);
-    put_float(&b, cfg->rope_theta);
+    if (cfg->rotary_dim > 0) {
+        put_float(&b, cfg->rope_theta);
+    } else {
+        strbuf_puts(&b, "null");
+    }
     strbuf_puts(&b, ",\"rope_scaling\":");
     put_rope_scaling(&b, &cfg->rope_scaling);
     strbuf_printf(&b, ",\"max_position_embeddings\":%d,\"attention_bias\":%s,\"sliding_window\":",

@@ -75,7 +75,7 @@ START_TEST(test_family_model_type_decides) {
 
     /* Known and not served: refused with what it needs, trusted or not. */
     static const char *const unserved[] = {"qwen3_moe", "cohere2",    "gemma", "mixtral",
-                                           "cohere",    "stablelm",   "glm4",  "phi3",
+                                           "cohere",    "stablelm",   "glm4",  "falcon",
                                            "gpt_oss",   "deepseek_v3"};
     for (size_t i = 0; i < sizeof unserved / sizeof unserved[0]; i++) {
         p = parse(unserved[i], "", "llama");
@@ -117,6 +117,91 @@ START_TEST(test_family_repeated_keys_and_ranges_are_named) {
                        "\"num_hidden_layers\":2,\"rope_theta\":0.5}";
     p.rc = attn__hf_config_parse(slow, strlen(slow), NULL, &p.cfg, &p.lay, p.err, sizeof p.err);
     expect_refused(&p, ATTN_EINVAL, "rope_theta must be finite and > 1", "rope_theta 0.5");
+}
+END_TEST
+
+/* The fused and transposed layouts: each family's config names, rotary rule and refusals. */
+START_TEST(test_family_layout_rules) {
+    /* Phi-3: a partial rotary factor, floored as int(head_dim x factor) in double (0.7 x 10 is
+     * 7 in Python, 6.99.. in float); longrope is refused by name. */
+    struct parsed p = parse("phi3", ",\"head_dim\":20,\"partial_rotary_factor\":0.7", NULL);
+    expect_ok(&p, "phi3 0.7 of 20");
+    ck_assert_int_eq(p.cfg.rotary_dim, 14);
+    ck_assert_int_eq(p.lay.tensors, ATTN__HF_FUSED_QKV);
+    p = parse("phi3",
+              ",\"rope_scaling\":{\"type\":\"longrope\",\"short_factor\":[1],\"long_factor\":[2]}",
+              NULL);
+    expect_refused(&p, ATTN_EUNSUPPORTED, "longrope", "phi3 longrope");
+
+    /* GPT-NeoX: rotary_pct 0.25 when absent, rotary_emb_base as theta, biases unless
+     * attention_bias is false; the module is "attention" under gpt_neox.layers. */
+    const char *neox = "{\"model_type\":\"gpt_neox\",\"hidden_size\":64,\"num_attention_heads\":4,"
+                       "\"num_hidden_layers\":2,\"rotary_emb_base\":20000}";
+    p.rc = attn__hf_config_parse(neox, strlen(neox), NULL, &p.cfg, &p.lay, p.err, sizeof p.err);
+    expect_ok(&p, "gpt_neox");
+    ck_assert_int_eq(p.cfg.rotary_dim, 4);
+    ck_assert_float_eq(p.cfg.rope_theta, 20000.0f);
+    ck_assert(p.cfg.has_qkv_bias && p.cfg.has_o_bias);
+    ck_assert_str_eq(p.lay.attn_name, "attention");
+    ck_assert_str_eq(p.lay.prefixes[0], "gpt_neox.layers");
+    p = parse("gpt_neox", ",\"rotary_pct\":1.0,\"attention_bias\":false", NULL);
+    expect_ok(&p, "gpt_neox whole rotary, no bias");
+    ck_assert_int_eq(p.cfg.rotary_dim, 16);
+    ck_assert(!p.cfg.has_qkv_bias && !p.cfg.has_o_bias);
+    p = parse("gpt_neox", ",\"rotary_pct\":0.5,\"partial_rotary_factor\":0.25", NULL);
+    expect_refused(&p, ATTN_EIO, "rotary_pct and partial_rotary_factor", "two fractions");
+    /* config_text writes rope_theta 10000: a different rotary_emb_base is ambiguous. */
+    p = parse("gpt_neox", ",\"rotary_emb_base\":10000", NULL);
+    expect_ok(&p, "the same theta twice");
+    p = parse("gpt_neox", ",\"rotary_emb_base\":20000", NULL);
+    expect_refused(&p, ATTN_EIO, "rope_theta and rotary_emb_base differ", "two thetas");
+
+    /* GPT-2: its own config names, no rotary embedding, both biases, the scale rule. */
+    const char *gpt2 = "{\"model_type\":\"gpt2\",\"n_embd\":64,\"n_head\":4,\"n_layer\":3,"
+                       "\"n_positions\":128}";
+    p.rc = attn__hf_config_parse(gpt2, strlen(gpt2), NULL, &p.cfg, &p.lay, p.err, sizeof p.err);
+    expect_ok(&p, "gpt2");
+    ck_assert_int_eq(p.cfg.hidden_size, 64);
+    ck_assert_int_eq(p.cfg.n_heads, 4);
+    ck_assert_int_eq(p.cfg.n_kv_heads, 4);
+    ck_assert_int_eq(p.cfg.n_layers, 3);
+    ck_assert_int_eq(p.cfg.max_seq, 128);
+    ck_assert_int_eq(p.cfg.rotary_dim, -1);
+    ck_assert(p.cfg.has_qkv_bias && p.cfg.has_o_bias);
+    ck_assert_float_eq(p.cfg.softmax_scale, 0.0f); /* the engine's head_dim^-1/2 */
+    ck_assert_str_eq(p.lay.attn_name, "attn");
+    const char *unscaled = "{\"model_type\":\"gpt2\",\"n_embd\":64,\"n_head\":4,\"n_layer\":3,"
+                           "\"scale_attn_weights\":false}";
+    p.rc = attn__hf_config_parse(unscaled, strlen(unscaled), NULL, &p.cfg, &p.lay, p.err,
+                                 sizeof p.err);
+    expect_ok(&p, "gpt2 unscaled");
+    ck_assert_float_eq(p.cfg.softmax_scale, 1.0f);
+    const char *by_layer = "{\"model_type\":\"gpt2\",\"n_embd\":64,\"n_head\":4,\"n_layer\":3,"
+                           "\"scale_attn_by_inverse_layer_idx\":true}";
+    p.rc = attn__hf_config_parse(by_layer, strlen(by_layer), NULL, &p.cfg, &p.lay, p.err,
+                                 sizeof p.err);
+    expect_refused(&p, ATTN_EUNSUPPORTED, "scale_attn_by_inverse_layer_idx", "gpt2 by layer");
+    p = parse("gpt2", "", NULL); /* Llama's names mean nothing to GPT-2 */
+    expect_refused(&p, ATTN_EIO, "n_embd", "gpt2 with llama's names");
+
+    /* What each layout consumes, and nothing else. */
+    attn_config c;
+    memset(&c, 0, sizeof c);
+    c.has_qkv_bias = c.has_o_bias = true;
+    struct attn__hf_layout lay;
+    memset(&lay, 0, sizeof lay);
+    lay.tensors = ATTN__HF_GPT2;
+    ck_assert(attn__hf_tensor_is_consumed(&c, &lay, "c_attn.weight"));
+    ck_assert(attn__hf_tensor_is_consumed(&c, &lay, "masked_bias"));
+    ck_assert(!attn__hf_tensor_is_consumed(&c, &lay, "q_attn.weight")); /* cross-attention's */
+    ck_assert(!attn__hf_tensor_is_consumed(&c, &lay, "q_proj.weight"));
+    lay.tensors = ATTN__HF_NEOX;
+    ck_assert(attn__hf_tensor_is_consumed(&c, &lay, "query_key_value.bias"));
+    c.has_qkv_bias = false;
+    ck_assert(!attn__hf_tensor_is_consumed(&c, &lay, "query_key_value.bias"));
+    lay.tensors = ATTN__HF_FUSED_QKV;
+    ck_assert(attn__hf_tensor_is_consumed(&c, &lay, "qkv_proj.weight"));
+    ck_assert(!attn__hf_tensor_is_consumed(&c, &lay, "q_norm.weight"));
 }
 END_TEST
 
@@ -370,6 +455,7 @@ Suite *family_suite(void) {
     tcase_add_test(tc, test_family_model_type_decides);
     tcase_add_test(tc, test_family_screened_fields);
     tcase_add_test(tc, test_family_repeated_keys_and_ranges_are_named);
+    tcase_add_test(tc, test_family_layout_rules);
     tcase_add_test(tc, test_family_engine_fields_are_attnd_only);
     tcase_add_test(tc, test_family_defaults_and_windows);
     tcase_add_test(tc, test_family_qk_norms);

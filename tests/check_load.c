@@ -33,6 +33,9 @@ static const fixture gemma2 = {"gemma2", 64, 4, 2, 32, 11, 3};
 static const fixture gemma3 = {"gemma3", 64, 4, 1, 16, 9, 3};
 static const fixture qwen2m = {"qwen2m", 32, 4, 2, 8, 8, 3};
 static const fixture granite = {"granite", 64, 4, 2, 16, 7, 3};
+static const fixture phi3 = {"phi3", 64, 4, 2, 16, 8, 3};
+static const fixture neox = {"neox", 64, 4, 4, 16, 7, 3};
+static const fixture gpt2 = {"gpt2", 64, 4, 4, 16, 8, 3};
 
 static attn_model *load_ok(const char *dir, const attn_load_params *p) {
     attn_model *m = NULL;
@@ -281,6 +284,51 @@ START_TEST(test_load_granite_f32_matches_numpy) {
 }
 END_TEST
 
+/* Phi-3: the fused qkv_proj split into q | k | v rows, 12 of 16 dims rotated, the window on every
+ * layer. */
+START_TEST(test_load_phi3_bf16_matches_numpy) {
+    attn_model *m = load_ok(DATA "hf_phi3_bf16", NULL);
+    const attn_config *c = attn_model_config(m);
+    ck_assert_str_eq(attn_model_family(m), "phi3");
+    ck_assert_int_eq(c->rotary_dim, 12);
+    ck_assert(attn_config_layer_is_sliding(c, 0) && attn_config_layer_is_sliding(c, 1));
+    ck_assert(!c->has_qkv_bias && !c->has_o_bias);
+    check_layer(m, 0, &phi3, "phi3_bf16");
+    check_layer(m, 1, &phi3, "phi3_bf16");
+    attn_model_destroy(m);
+}
+END_TEST
+
+/* GPT-NeoX: query_key_value's per-head [q | k | v] rows, biases by default, rotary_pct 0.25,
+ * rotary_emb_base; the causal-mask buffers of old checkpoints are accepted, not read. */
+START_TEST(test_load_gpt_neox_f16_matches_numpy) {
+    attn_model *m = load_ok(DATA "hf_gpt_neox_f16", NULL);
+    const attn_config *c = attn_model_config(m);
+    ck_assert_str_eq(attn_model_family(m), "gpt_neox");
+    ck_assert_int_eq(c->rotary_dim, 4);
+    ck_assert(c->has_qkv_bias && c->has_o_bias);
+    ck_assert_int_eq(c->sliding_window, 0);
+    check_layer(m, 0, &neox, "gpt_neox_f16");
+    check_layer(m, 1, &neox, "gpt_neox_f16");
+    attn_model_destroy(m);
+}
+END_TEST
+
+/* GPT-2: Conv1D weights stored (in, out), biases, no rotary embedding, n_embd / n_head names. */
+START_TEST(test_load_gpt2_f32_matches_numpy) {
+    attn_model *m = load_ok(DATA "hf_gpt2_f32", NULL);
+    const attn_config *c = attn_model_config(m);
+    ck_assert_str_eq(attn_model_family(m), "gpt2");
+    ck_assert_int_eq(c->rotary_dim, -1);
+    ck_assert_int_eq(c->hidden_size, 64);
+    ck_assert_int_eq(c->max_seq, 64);
+    ck_assert_float_eq_tol(c->softmax_scale, 0.25f, 1e-7f);
+    check_layer(m, 0, &gpt2, "gpt2_f32");
+    check_layer(m, 1, &gpt2, "gpt2_f32");
+    attn_model_destroy(m);
+}
+END_TEST
+
 /* Qwen2 with max_window_layers 1: a full layer 0 and a sliding layer 1. */
 START_TEST(test_load_qwen2_mixed_f32_matches_numpy) {
     attn_model *m = load_ok(DATA "hf_qwen2_mixed_f32", NULL);
@@ -424,6 +472,9 @@ Suite *load_suite(void) {
     tcase_add_test(tc, test_load_gemma3_bf16_matches_numpy);
     tcase_add_test(tc, test_load_qwen2_mixed_f32_matches_numpy);
     tcase_add_test(tc, test_load_granite_f32_matches_numpy);
+    tcase_add_test(tc, test_load_phi3_bf16_matches_numpy);
+    tcase_add_test(tc, test_load_gpt_neox_f16_matches_numpy);
+    tcase_add_test(tc, test_load_gpt2_f32_matches_numpy);
     tcase_add_test(tc, test_load_layer_subset);
     tcase_add_test(tc, test_load_bad_folders);
     tcase_add_test(tc, test_load_reason_buffer);

@@ -997,6 +997,7 @@ START_TEST(test_server_family_checkpoints_match_the_reference) {
         {"tests/data/hf_qwen2_f16", "alt", "qwen2_f16_l0", 32, 0, 9, 3},
         {"tests/data/hf_gemma2_f32", "gemma2", "gemma2_f32_l2", 64, 2, 11, 3},
         {"tests/data/hf_qwen2_mixed_f32", "qwen2m", "qwen2_mixed_f32_l1", 32, 1, 8, 3},
+        {"tests/data/hf_gpt2_f32", "gpt2", "gpt2_f32_l1", 64, 1, 8, 3},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const char *args[] = {"--model",        cases[c].dir, "--workers", "1",

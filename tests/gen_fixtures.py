@@ -439,6 +439,53 @@ GRANITE_CONFIG = {
 }
 GRANITE_T, GRANITE_DECODE = 7, 3
 
+# phi3: a fused qkv_proj (q | k | v rows), GQA 4/2, head_dim 16 with partial_rotary_factor 0.75
+# (12 dims rotate), the window (4) on every layer, no biases, BF16, 2 layers, positions from 5.
+PHI3 = {
+    "hidden": 64, "n_heads": 4, "n_kv_heads": 2, "head_dim": 16, "n_layers": 2,
+    "rotary_dim": 12, "rope_theta": 10000.0, "rope_style": "half", "sliding_window": 4,
+}
+PHI3_CONFIG = {
+    "architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "torch_dtype": "bfloat16",
+    "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "num_hidden_layers": 2, "partial_rotary_factor": 0.75,
+    "rope_theta": 10000.0, "rope_scaling": None, "sliding_window": 4,
+    "max_position_embeddings": 64, "original_max_position_embeddings": 64, "rms_norm_eps": 1e-05,
+    "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attention_dropout": 0.0, "vocab_size": 8,
+}
+PHI3_T, PHI3_DECODE, PHI3_POS0 = 8, 3, 5
+
+# gpt_neox (Pythia): query_key_value with each head's q, k, v rows together, biases (attention_bias
+# absent: true), rotary_pct 0.25 of head_dim 16 (4 dims), rotary_emb_base 10000, MHA, F16, 2 layers;
+# the old checkpoints' buffers (attention.bias, attention.masked_bias, rotary_emb.inv_freq) too.
+NEOX = {
+    "hidden": 64, "n_heads": 4, "n_kv_heads": 4, "head_dim": 16, "n_layers": 2,
+    "rotary_dim": 4, "rope_theta": 10000.0, "rope_style": "half", "sliding_window": 0,
+}
+NEOX_CONFIG = {
+    "architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox", "torch_dtype": "float16",
+    "hidden_size": 64, "intermediate_size": 256, "num_attention_heads": 4,
+    "num_hidden_layers": 2, "rotary_pct": 0.25, "rotary_emb_base": 10000,
+    "max_position_embeddings": 64, "use_parallel_residual": True, "layer_norm_eps": 1e-05,
+    "vocab_size": 8,
+}
+NEOX_T, NEOX_DECODE = 7, 3
+
+# gpt2: Conv1D c_attn (64, 192) and c_proj (64, 64), stored (in, out); biases; no RoPE (the
+# caller's input already holds the position embeddings); scale_attn_weights; F32, 2 layers; the
+# attn.bias / attn.masked_bias buffers of old checkpoints.
+GPT2 = {
+    "hidden": 64, "n_heads": 4, "n_kv_heads": 4, "head_dim": 16, "n_layers": 2,
+    "rotary_dim": 0, "rope_theta": 10000.0, "rope_style": "half", "sliding_window": 0,
+}
+GPT2_CONFIG = {
+    "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 64, "n_head": 4,
+    "n_layer": 2, "n_positions": 64, "n_ctx": 64, "n_inner": None, "scale_attn_weights": True,
+    "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
+    "layer_norm_epsilon": 1e-05, "activation_function": "gelu_new", "vocab_size": 8,
+}
+GPT2_T, GPT2_DECODE = 8, 3
+
 # bad: a minimal valid model (hidden 8, 2 heads, 1 kv head) that each bad folder breaks once.
 BAD = {"hidden": 8, "n_heads": 2, "n_kv_heads": 1, "head_dim": 4}
 BAD_CONFIG = {
@@ -560,6 +607,96 @@ def gen_windows(out, exp):
     write_expected(exp, "qwen2_mixed_f32", layers, x, pos, QWEN2M)
 
 
+def uniform(rng, shape, fan_in):
+    b = 1 / math.sqrt(fan_in)
+    return rng.uniform(-b, b, size=shape).astype(np.float32)
+
+
+def phi3_as_projections(w, cfg):
+    """modeling_phi3: qkv = qkv_proj(x); q = qkv[..., :H*hd], k the next Hkv*hd, v the rest."""
+    qkv = w["qkv_proj.weight"]
+    qn, kn = cfg["n_heads"] * cfg["head_dim"], cfg["n_kv_heads"] * cfg["head_dim"]
+    return {"q_proj.weight": qkv[:qn], "k_proj.weight": qkv[qn:qn + kn],
+            "v_proj.weight": qkv[qn + kn:], "o_proj.weight": w["o_proj.weight"]}
+
+
+def neox_as_projections(w, cfg):
+    """modeling_gpt_neox: qkv.view(..., heads, 3 * head_size).chunk(3, dim=-1): output feature
+    h * 3 * hd + part * hd + i is part (q, k, v) of head h, dim i."""
+    h, d = cfg["n_heads"], cfg["head_dim"]
+    wq = w["query_key_value.weight"].reshape(h, 3, d, -1)
+    bq = w["query_key_value.bias"].reshape(h, 3, d)
+    out = {"o_proj.weight": w["dense.weight"], "o_proj.bias": w["dense.bias"]}
+    for part, name in enumerate(("q_proj", "k_proj", "v_proj")):
+        out[name + ".weight"] = wq[:, part].reshape(h * d, -1)
+        out[name + ".bias"] = bq[:, part].reshape(h * d)
+    return out
+
+
+def gpt2_as_projections(w, cfg):
+    """modeling_gpt2: Conv1D computes x @ W + b with W stored (in, out); c_attn's output splits
+    into q | k | v of n_embd each."""
+    e = cfg["hidden"]
+    ca, cb = w["c_attn.weight"], w["c_attn.bias"]
+    out = {"o_proj.weight": w["c_proj.weight"].T, "o_proj.bias": w["c_proj.bias"]}
+    for part, name in enumerate(("q_proj", "k_proj", "v_proj")):
+        out[name + ".weight"] = ca[:, part * e:(part + 1) * e].T
+        out[name + ".bias"] = cb[part * e:(part + 1) * e]
+    return out
+
+
+def stored_tensors(layers, prefix, module, extra=()):
+    out = []
+    for li, w in enumerate(layers):
+        out += [(f"{prefix}.{li}.{module}.{n}", a) for n, a in w.items()]
+        out += [(f"{prefix}.{li}.{module}.{n}", a) for n, a in extra]
+    return out
+
+
+def gen_layouts(out, exp):
+    """Families whose projections are stored fused or transposed: phi3, gpt_neox, gpt2. The
+    checkpoint holds their own layout; the reference splits it as their modeling code does."""
+    rng = np.random.default_rng(45)
+    hid, h, hkv, d = PHI3["hidden"], PHI3["n_heads"], PHI3["n_kv_heads"], PHI3["head_dim"]
+    layers = [{"qkv_proj.weight": uniform(rng, ((h + 2 * hkv) * d, hid), hid),
+               "o_proj.weight": uniform(rng, (hid, h * d), h * d)} for _ in range(2)]
+    x, pos = gen_inputs(exp, "phi3", rng, PHI3_T + PHI3_DECODE, hid, PHI3_POS0)
+    write_folder(os.path.join(out, "hf_phi3_bf16"), PHI3_CONFIG,
+                 stored_tensors(layers, "model.layers", "self_attn"), "BF16")
+    ref = [phi3_as_projections(w, PHI3) for w in rounded(layers, bf16_round)]
+    write_expected(exp, "phi3_bf16", ref, x, pos, PHI3)
+
+    hid, h, d = NEOX["hidden"], NEOX["n_heads"], NEOX["head_dim"]
+    layers = [{"query_key_value.weight": uniform(rng, (3 * h * d, hid), hid),
+               "query_key_value.bias": uniform(rng, (3 * h * d,), hid),
+               "dense.weight": uniform(rng, (hid, h * d), h * d),
+               "dense.bias": uniform(rng, (hid,), h * d)} for _ in range(2)]
+    n_pos = NEOX_CONFIG["max_position_embeddings"]
+    buffers = [("bias", np.tril(np.ones((1, 1, n_pos, n_pos), np.float32))),
+               ("masked_bias", np.array(-1e4, np.float32)),
+               ("rotary_emb.inv_freq", inv_freq(NEOX).astype(np.float32))]
+    x, pos = gen_inputs(exp, "neox", rng, NEOX_T + NEOX_DECODE, hid)
+    write_folder(os.path.join(out, "hf_gpt_neox_f16"), NEOX_CONFIG,
+                 stored_tensors(layers, "gpt_neox.layers", "attention", buffers), "F16")
+    ref = [neox_as_projections(w, NEOX) for w in rounded(layers, f16_round)]
+    write_expected(exp, "gpt_neox_f16", ref, x, pos, NEOX)
+
+    e = GPT2["hidden"]
+    layers = [{"c_attn.weight": uniform(rng, (e, 3 * e), e),
+               "c_attn.bias": uniform(rng, (3 * e,), e),
+               "c_proj.weight": uniform(rng, (e, e), e),
+               "c_proj.bias": uniform(rng, (e,), e)} for _ in range(2)]
+    n_pos = GPT2_CONFIG["n_positions"]
+    buffers = [("bias", np.tril(np.ones((1, 1, n_pos, n_pos), np.float32))),
+               ("masked_bias", np.array(-1e4, np.float32))]
+    x, pos = gen_inputs(exp, "gpt2", rng, GPT2_T + GPT2_DECODE, e)
+    extra = [("transformer.wpe.weight", np.zeros((n_pos, e), np.float32)),
+             ("transformer.ln_f.weight", np.ones(e, np.float32))]
+    write_folder(os.path.join(out, "hf_gpt2_f32"), GPT2_CONFIG,
+                 extra + stored_tensors(layers, "transformer.h", "attn", buffers), "F32")
+    write_expected(exp, "gpt2_f32", [gpt2_as_projections(w, GPT2) for w in layers], x, pos, GPT2)
+
+
 def gen_bad(out):
     rng = np.random.default_rng(3)
     tensors = layer_tensors([random_layer(rng, BAD, False, False)], [])
@@ -616,6 +753,7 @@ def main():
     gen_alt(out, exp)
     gen_norms(out, exp)
     gen_windows(out, exp)
+    gen_layouts(out, exp)
     gen_bad(out)
 
 

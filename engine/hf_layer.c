@@ -1,0 +1,239 @@
+/* engine/hf_layer.c: how each family lays out one layer's attention tensors in a checkpoint, and
+ * how they become the engine's layer (fused q|k|v rows and o in nn.Linear layout). The bytes
+ * come through a reader (hf_load.c opens the files); this file knows names, shapes and orders:
+ * separate q/k/v/o projections (Llama and most), Phi-3's fused qkv_proj, GPT-NeoX's per-head
+ * interleaved query_key_value, and GPT-2's Conv1D c_attn / c_proj stored transposed. It also
+ * says which tensors under a layer's attention the engine consumes: the loader refuses the rest.
+ */
+#include "attn_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The names each layout reads under <prefix>.<layer>.<attn_name>.: its projections' weights and
+ * biases, and buffers old checkpoints saved that Hugging Face ignores at load (RoPE's inv_freq,
+ * recomputed from the config; GPT-2's and GPT-NeoX's causal-mask constants "bias" and
+ * "masked_bias", which encode the causal mask the engine applies). */
+struct names {
+    const char *weights[4];    /* read in this order; NULL past the last */
+    const char *qkv_biases[3]; /* read when has_qkv_bias */
+    const char *o_bias;        /* read when has_o_bias */
+    const char *ignored[3];    /* buffers, never read */
+};
+
+static const struct names layouts[] = {
+    [ATTN__HF_QKVO] = {{"q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight"},
+                       {"q_proj.bias", "k_proj.bias", "v_proj.bias"},
+                       "o_proj.bias",
+                       {"rotary_emb.inv_freq"}},
+    [ATTN__HF_FUSED_QKV] = {{"qkv_proj.weight", "o_proj.weight"},
+                            {"qkv_proj.bias"},
+                            "o_proj.bias",
+                            {"rotary_emb.inv_freq"}},
+    [ATTN__HF_NEOX] = {{"query_key_value.weight", "dense.weight"},
+                       {"query_key_value.bias"},
+                       "dense.bias",
+                       {"rotary_emb.inv_freq", "bias", "masked_bias"}},
+    [ATTN__HF_GPT2] = {{"c_attn.weight", "c_proj.weight"},
+                       {"c_attn.bias"},
+                       "c_proj.bias",
+                       {"bias", "masked_bias"}},
+};
+
+static bool in_list(const char *const *list, size_t n, const char *s) {
+    for (size_t i = 0; i < n && list[i] != NULL; i++) {
+        if (strcmp(list[i], s) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+bool attn__hf_tensor_is_consumed(const attn_config *c, const struct attn__hf_layout *lay,
+                                 const char *suffix) {
+    const struct names *n = &layouts[lay->tensors];
+    if (in_list(n->weights, 4, suffix) || in_list(n->ignored, 3, suffix) ||
+        (c->has_qkv_bias && in_list(n->qkv_biases, 3, suffix)) ||
+        (c->has_o_bias && strcmp(suffix, n->o_bias) == 0)) {
+        return true;
+    }
+    return c->qk_norm != ATTN_QK_NORM_NONE &&
+           (strcmp(suffix, "q_norm.weight") == 0 || strcmp(suffix, "k_norm.weight") == 0);
+}
+
+const char *attn__hf_layout_first_tensor(const struct attn__hf_layout *lay) {
+    return layouts[lay->tensors].weights[0];
+}
+
+/* ---- reading ----------------------------------------------------------------------------------
+ */
+
+static int read_named(const struct attn__hf_reader *rd, const char *prefix, int32_t layer,
+                      const struct attn__hf_layout *lay, const char *suffix, int32_t rows,
+                      int32_t cols, float *dst) {
+    char name[320];
+    snprintf(name, sizeof name, "%s.%d.%s.%s", prefix, (int)layer, lay->attn_name, suffix);
+    return rd->read(rd->ctx, name, rows, cols, dst);
+}
+
+/* dst (cols x rows) = src (rows x cols)^T. */
+static void transpose(const float *src, int32_t rows, int32_t cols, float *dst) {
+    for (int32_t r = 0; r < rows; r++) {
+        for (int32_t c = 0; c < cols; c++) {
+            dst[(size_t)c * rows + r] = src[(size_t)r * cols + c];
+        }
+    }
+}
+
+/* Separate projections: q, k, v rows straight into w_qkv, o into w_o. */
+static int read_qkvo(const struct attn__hf_reader *rd, const attn_config *c,
+                     const struct attn__hf_layout *lay, const char *prefix, int32_t layer,
+                     struct attn__layer *l) {
+    const struct names *n = &layouts[ATTN__HF_QKVO];
+    size_t hidden = (size_t)c->hidden_size;
+    int32_t q_rows = c->n_heads * c->head_dim, kv_rows = c->n_kv_heads * c->head_dim;
+    float *w_dst[4] = {l->w_qkv, l->w_qkv + (size_t)q_rows * hidden,
+                       l->w_qkv + (size_t)(q_rows + kv_rows) * hidden, l->w_o};
+    int32_t rows[4] = {q_rows, kv_rows, kv_rows, c->hidden_size};
+    int32_t cols[4] = {c->hidden_size, c->hidden_size, c->hidden_size, q_rows};
+    float *b_dst[4] = {l->b_qkv, l->b_qkv ? l->b_qkv + q_rows : NULL,
+                       l->b_qkv ? l->b_qkv + q_rows + kv_rows : NULL, l->b_o};
+    const char *biases[4] = {n->qkv_biases[0], n->qkv_biases[1], n->qkv_biases[2], n->o_bias};
+    for (int i = 0; i < 4; i++) {
+        int rc = read_named(rd, prefix, layer, lay, n->weights[i], rows[i], cols[i], w_dst[i]);
+        if (rc == ATTN_OK && b_dst[i] != NULL) {
+            rc = read_named(rd, prefix, layer, lay, biases[i], rows[i], 0, b_dst[i]);
+        }
+        if (rc != ATTN_OK) {
+            return rc;
+        }
+    }
+    return ATTN_OK;
+}
+
+/* One fused projection whose rows are already q | k | v (Phi-3's qkv_proj), then o. */
+static int read_fused(const struct attn__hf_reader *rd, const attn_config *c,
+                      const struct attn__hf_layout *lay, const char *prefix, int32_t layer,
+                      struct attn__layer *l) {
+    const struct names *n = &layouts[ATTN__HF_FUSED_QKV];
+    int32_t n_qkv = (c->n_heads + 2 * c->n_kv_heads) * c->head_dim;
+    int32_t hd_all = c->n_heads * c->head_dim;
+    int rc = read_named(rd, prefix, layer, lay, n->weights[0], n_qkv, c->hidden_size, l->w_qkv);
+    if (rc == ATTN_OK && l->b_qkv != NULL) {
+        rc = read_named(rd, prefix, layer, lay, n->qkv_biases[0], n_qkv, 0, l->b_qkv);
+    }
+    if (rc == ATTN_OK) {
+        rc = read_named(rd, prefix, layer, lay, n->weights[1], c->hidden_size, hd_all, l->w_o);
+    }
+    if (rc == ATTN_OK && l->b_o != NULL) {
+        rc = read_named(rd, prefix, layer, lay, n->o_bias, c->hidden_size, 0, l->b_o);
+    }
+    return rc;
+}
+
+/* GPT-NeoX: query_key_value's rows go head by head, [q_h | k_h | v_h] of head_dim rows each
+ * (modeling_gpt_neox: view(..., heads, 3 * head_size) then split), and dense is o. */
+static int read_neox(const struct attn__hf_reader *rd, const attn_config *c,
+                     const struct attn__hf_layout *lay, const char *prefix, int32_t layer,
+                     struct attn__layer *l, float *tmp) {
+    const struct names *n = &layouts[ATTN__HF_NEOX];
+    int32_t hd = c->head_dim, heads = c->n_heads, hidden = c->hidden_size;
+    size_t row_floats[2] = {(size_t)hidden, 1};
+    float *dst[2] = {l->w_qkv, l->b_qkv};
+    const char *names[2] = {n->weights[0], n->qkv_biases[0]};
+    for (int part = 0; part < 2 && dst[part] != NULL; part++) {
+        int rc = read_named(rd, prefix, layer, lay, names[part], 3 * heads * hd,
+                            part == 0 ? hidden : 0, tmp);
+        if (rc != ATTN_OK) {
+            return rc;
+        }
+        size_t rf = row_floats[part];
+        for (int32_t h = 0; h < heads; h++) {
+            for (int32_t which = 0; which < 3; which++) { /* q, k, v */
+                const float *src = tmp + ((size_t)(3 * h + which) * hd) * rf;
+                float *out = dst[part] + ((size_t)which * heads * hd + (size_t)h * hd) * rf;
+                memcpy(out, src, (size_t)hd * rf * sizeof(float));
+            }
+        }
+    }
+    int rc = read_named(rd, prefix, layer, lay, n->weights[1], hidden, heads * hd, l->w_o);
+    if (rc == ATTN_OK && l->b_o != NULL) {
+        rc = read_named(rd, prefix, layer, lay, n->o_bias, hidden, 0, l->b_o);
+    }
+    return rc;
+}
+
+/* GPT-2: Conv1D stores (in, out), the transpose of nn.Linear; c_attn's outputs are q | k | v. */
+static int read_gpt2(const struct attn__hf_reader *rd, const attn_config *c,
+                     const struct attn__hf_layout *lay, const char *prefix, int32_t layer,
+                     struct attn__layer *l, float *tmp) {
+    const struct names *n = &layouts[ATTN__HF_GPT2];
+    int32_t hidden = c->hidden_size, n_qkv = 3 * c->n_heads * c->head_dim;
+    int32_t hd_all = c->n_heads * c->head_dim;
+    int rc = read_named(rd, prefix, layer, lay, n->weights[0], hidden, n_qkv, tmp);
+    if (rc != ATTN_OK) {
+        return rc;
+    }
+    transpose(tmp, hidden, n_qkv, l->w_qkv);
+    if ((rc = read_named(rd, prefix, layer, lay, n->weights[1], hd_all, hidden, tmp)) != ATTN_OK) {
+        return rc;
+    }
+    transpose(tmp, hd_all, hidden, l->w_o);
+    if (l->b_qkv != NULL) {
+        rc = read_named(rd, prefix, layer, lay, n->qkv_biases[0], n_qkv, 0, l->b_qkv);
+    }
+    if (rc == ATTN_OK && l->b_o != NULL) {
+        rc = read_named(rd, prefix, layer, lay, n->o_bias, hidden, 0, l->b_o);
+    }
+    return rc;
+}
+
+static int read_norms(const struct attn__hf_reader *rd, const attn_config *c,
+                      const struct attn__hf_layout *lay, const char *prefix, int32_t layer,
+                      struct attn__layer *l) {
+    const char *norm[2] = {"q_norm.weight", "k_norm.weight"};
+    float *dst[2] = {l->q_norm, l->k_norm};
+    for (int i = 0; i < 2 && c->qk_norm != ATTN_QK_NORM_NONE; i++) {
+        size_t len = attn__qk_norm_len(c, i == 1);
+        int rc = read_named(rd, prefix, layer, lay, norm[i], (int32_t)len, 0, dst[i]);
+        if (rc != ATTN_OK) {
+            return rc;
+        }
+        /* Gemma3RMSNorm multiplies by (1.0 + weight.float()): the same float sum, once. */
+        for (size_t j = 0; lay->is_norm_one_plus && j < len; j++) {
+            dst[i][j] += 1.0f;
+        }
+    }
+    return ATTN_OK;
+}
+
+int attn__hf_layer_read(const struct attn__hf_reader *rd, const attn_config *c,
+                        const struct attn__hf_layout *lay, const char *prefix, int32_t layer,
+                        struct attn__layer *l) {
+    int rc = ATTN_OK;
+    float *tmp = NULL;
+    if (lay->tensors == ATTN__HF_NEOX || lay->tensors == ATTN__HF_GPT2) {
+        /* The largest tensor a reordering reads: the fused projection. */
+        size_t n = (size_t)3 * c->n_heads * c->head_dim * c->hidden_size;
+        if ((tmp = malloc(n * sizeof(float))) == NULL) {
+            return ATTN_ENOMEM;
+        }
+    }
+    switch (lay->tensors) {
+    case ATTN__HF_QKVO:
+        rc = read_qkvo(rd, c, lay, prefix, layer, l);
+        break;
+    case ATTN__HF_FUSED_QKV:
+        rc = read_fused(rd, c, lay, prefix, layer, l);
+        break;
+    case ATTN__HF_NEOX:
+        rc = read_neox(rd, c, lay, prefix, layer, l, tmp);
+        break;
+    case ATTN__HF_GPT2:
+        rc = read_gpt2(rd, c, lay, prefix, layer, l, tmp);
+        break;
+    }
+    free(tmp);
+    return rc != ATTN_OK ? rc : read_norms(rd, c, lay, prefix, layer, l);
+}
