@@ -71,6 +71,11 @@ typedef enum attn_qk_norm {
      * projection (n_kv_heads * head_dim), with weights of those widths, before the split into
      * heads (OLMo 2). */
     ATTN_QK_NORM_WIDTH = 2,
+    /* LayerNorm without bias of each head's head_dim values, each head with its own weight of
+     * head_dim values (q: n_heads * head_dim weights, k: n_kv_heads * head_dim), before RoPE
+     * (StableLM 2's qk_layernorm, Cohere's use_qk_norm):
+     * y = w_h * (x - mean(x)) / sqrt(mean((x - mean(x))^2) + eps). */
+    ATTN_QK_NORM_HEAD_LAYERNORM = 3,
 } attn_qk_norm;
 
 /* The geometry shared by every layer of a model. Zero-valued optional fields take the defaults

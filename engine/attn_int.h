@@ -227,6 +227,14 @@ enum attn__hf_tensors {
     ATTN__HF_GPT2,      /* Conv1D c_attn (in, q | k | v) and c_proj (in, out), transposed (GPT-2) */
 };
 
+/* How a family stores its q/k norm weights (when the config applies a norm). */
+enum attn__hf_norms {
+    ATTN__HF_NORM_VECTOR = 0,    /* q_norm.weight, k_norm.weight: one vector each (Qwen3, OLMo 2) */
+    ATTN__HF_NORM_MATRIX,        /* q_norm.weight (n_heads, head_dim), k_norm.weight (Cohere) */
+    ATTN__HF_NORM_PER_HEAD_LIST, /* q_layernorm.norms.<h>.weight, k_layernorm...: one per head
+                                  * (StableLM 2) */
+};
+
 /* What a checkpoint's family means for reading its tensors (hf_config.c fills it). */
 struct attn__hf_layout {
     char family[80]; /* the model_type served, e.g. "qwen2", or "llama (trusted layout of x)" */
@@ -238,6 +246,7 @@ struct attn__hf_layout {
     bool is_norm_one_plus;   /* Gemma: the q/k norm weight applied is 1 + the tensor */
     const char *prefixes[3]; /* where the layers' tensors may sit, NULL-terminated (static) */
     enum attn__hf_tensors tensors;
+    enum attn__hf_norms norms;
     const char *attn_name; /* a layer's attention module: <prefix>.<i>.<attn_name>.<tensor> */
 };
 

@@ -22,6 +22,7 @@ enum bias_rule {
     BIAS_ALL,                /* q, k, v and o always (GPT-2) */
     BIAS_IF_ATTENTION_BIAS,  /* q, k, v and o, iff attention_bias (Llama) */
     BIAS_QKV,                /* q, k and v always, o never (Qwen2) */
+    BIAS_QKV_IF_FLAG,        /* q, k and v iff the family's bias flag, o never (GLM, StableLM) */
     BIAS_AS_THE_TENSORS_SAY, /* attnd's own layout: whatever the checkpoint holds */
 };
 
@@ -57,6 +58,9 @@ struct family {
     enum window_rule window;
     attn_qk_norm qk_norm;        /* q_norm / k_norm tensors, eps from rms_norm_eps */
     float default_norm_eps;      /* rms_norm_eps when absent */
+    const char *qk_norm_flag;    /* the norm applies only when this bool is true; NULL = always */
+    const char *norm_eps_key;    /* the norm's eps field; NULL = rms_norm_eps */
+    enum attn__hf_norms norms;   /* how the norm weights are stored */
     float default_theta;         /* rope_theta when absent; 0 = the engine's 10000 */
     bool is_norm_one_plus;       /* Gemma's RMSNorm: the weight applied is 1 + w */
     const char *const *reads;    /* screened fields it computes itself (NULL-terminated), or NULL */
@@ -69,7 +73,10 @@ struct family {
     const char *const *keys;       /* the config's names for hidden_size, num_attention_heads,
                                     * num_hidden_layers, max_position_embeddings; NULL = those */
     enum rotary_rule rotary;
-    const char *theta_alias; /* an older name of rope_theta it may use instead, or NULL */
+    double default_partial;     /* ROTARY_PARTIAL: partial_rotary_factor when absent; 0 = 1 */
+    attn_rope_style rope_style; /* how pairs rotate (Cohere, GLM: interleaved) */
+    const char *theta_alias;    /* an older name of rope_theta it may use instead, or NULL */
+    const char *bias_flag;      /* BIAS_QKV_IF_FLAG's flag; NULL = attention_bias */
 };
 
 static int gemma2_extra(const struct attn__reason *why, const cJSON *j, attn_config *c);
@@ -78,6 +85,8 @@ static int gemma3_extra(const struct attn__reason *why, const cJSON *j, attn_con
 static int gpt2_extra(const struct attn__reason *why, const cJSON *j, attn_config *c);
 
 static const char *const gpt2_keys[] = {"n_embd", "n_head", "n_layer", "n_positions"};
+static const char *const stablelm_reads[] = {"qk_layernorm", NULL};
+static const char *const cohere_reads[] = {"use_qk_norm", NULL};
 static const char *const neox_reads[] = {"rotary_pct", NULL};
 
 static const char *const qwen_reads[] = {"layer_types", NULL};
@@ -176,7 +185,52 @@ static const struct family families[] = {
      .prefixes = {"transformer.h", "h"},
      .keys = gpt2_keys,
      .rotary = ROTARY_NONE,
-     .read_extra = gpt2_extra},
+     .read_extra =
+         gpt2_extra}, /* StableLM 2: a quarter of each head rotated, q/k/v biases with use_qkv_bias,
+                       * and with qk_layernorm a LayerNorm per head, each with its own weight. */
+    {.model_type = "stablelm",
+     .default_kv_heads = 32,
+     .bias = BIAS_QKV_IF_FLAG,
+     .bias_flag = "use_qkv_bias",
+     .window = WINDOW_NOT_READ,
+     .qk_norm = ATTN_QK_NORM_HEAD_LAYERNORM,
+     .qk_norm_flag = "qk_layernorm",
+     .norm_eps_key = "layer_norm_eps",
+     .default_norm_eps = 1e-5f,
+     .norms = ATTN__HF_NORM_PER_HEAD_LIST,
+     .rotary = ROTARY_PARTIAL,
+     .default_partial = 0.25,
+     .reads = stablelm_reads},
+    /* Cohere / Command-R: interleaved rotary, and with use_qk_norm a LayerNorm per head whose
+     * weight is a (heads, head_dim) matrix. */
+    {.model_type = "cohere",
+     .bias = BIAS_IF_ATTENTION_BIAS,
+     .window = WINDOW_NOT_READ,
+     .qk_norm = ATTN_QK_NORM_HEAD_LAYERNORM,
+     .qk_norm_flag = "use_qk_norm",
+     .norm_eps_key = "layer_norm_eps",
+     .default_norm_eps = 1e-5f,
+     .norms = ATTN__HF_NORM_MATRIX,
+     .rope_style = ATTN_ROPE_STYLE_INTERLEAVED,
+     .reads = cohere_reads},
+    /* GLM-4 (glm: GLM-4-9B; glm4: GLM-4-0414): half of each head rotated, interleaved; q/k/v
+     * biases with attention_bias, o never. */
+    {.model_type = "glm",
+     .default_kv_heads = 2,
+     .default_head_dim = 128,
+     .bias = BIAS_QKV_IF_FLAG,
+     .window = WINDOW_NOT_READ,
+     .rotary = ROTARY_PARTIAL,
+     .default_partial = 0.5,
+     .rope_style = ATTN_ROPE_STYLE_INTERLEAVED},
+    {.model_type = "glm4",
+     .default_kv_heads = 2,
+     .default_head_dim = 128,
+     .bias = BIAS_QKV_IF_FLAG,
+     .window = WINDOW_NOT_READ,
+     .rotary = ROTARY_PARTIAL,
+     .default_partial = 0.5,
+     .rope_style = ATTN_ROPE_STYLE_INTERLEAVED},
     /* attnd's own layout: the engine's generic attention with every field explicit. */
     {.model_type = "attnd",
      .bias = BIAS_AS_THE_TENSORS_SAY,
@@ -194,12 +248,8 @@ static const struct {
     {"mixtral", "its attention has not been validated"},
     {"gemma", "its attention has not been validated"},
     {"olmo", "clip_qkv"},
-    {"stablelm", "qk_layernorm and partial rotary"},
-    {"cohere", "interleaved rotary and use_qk_norm"},
     {"cohere2", "interleaved rotary and alternating sliding layers"},
     {"granitemoe", "attention_multiplier as the softmax scale"},
-    {"glm", "partial interleaved rotary"},
-    {"glm4", "partial interleaved rotary"},
     {"phi", "partial rotary and a dense output projection"},
     {"falcon", "the fused query_key_value"},
     {"starcoder2", "its attention has not been validated"},
@@ -211,7 +261,8 @@ static const struct {
 };
 
 #define SERVED_LIST                                                                                \
-    "llama, mistral, qwen2, qwen3, olmo2, granite, gemma2, gemma3, phi3, gpt_neox, gpt2, attnd"
+    "llama, mistral, qwen2, qwen3, olmo2, granite, gemma2, gemma3, phi3, gpt_neox, gpt2, "         \
+    "stablelm, cohere, glm, glm4, attnd"
 
 /* Fields that change attention, which none of the served families computes: refused unless they
  * hold their neutral value (absent, null, false, 0, or what is named). */
@@ -406,6 +457,8 @@ static int parse_partial(const struct attn__reason *why, const cJSON *j, const c
         }
     } else if (factor >= 0) {
         *partial = factor;
+    } else if (f->rotary == ROTARY_PARTIAL && f->default_partial > 0) {
+        *partial = f->default_partial;
     }
     if (!(*partial > 0.0 && *partial <= 1.0)) {
         return attn__fail(why, ATTN_EIO,
@@ -448,6 +501,7 @@ static int parse_rope(const struct attn__reason *why, const cJSON *j, const stru
     if ((rc = parse_rope_scaling(why, rs, &c->rope_scaling)) != ATTN_OK) {
         return rc;
     }
+    c->rope_style = f->rope_style;
     const cJSON *style = cJSON_GetObjectItemCaseSensitive(j, "rope_style");
     if (style != NULL && !cJSON_IsNull(style)) {
         if (f->rotary != ROTARY_ENGINE_FIELDS) {
@@ -457,7 +511,7 @@ static int parse_rope(const struct attn__reason *why, const cJSON *j, const stru
                               f->model_type);
         }
         if (cJSON_IsString(style) && strcmp(style->valuestring, "half") == 0) {
-            c->rope_style = ATTN_ROPE_STYLE_HALF;
+            c->rope_style = f->rope_style;
         } else if (cJSON_IsString(style) && strcmp(style->valuestring, "interleaved") == 0) {
             c->rope_style = ATTN_ROPE_STYLE_INTERLEAVED;
         } else {
@@ -697,7 +751,8 @@ static int gemma3_extra(const struct attn__reason *why, const cJSON *j, attn_con
 static int parse_bias(const struct attn__reason *why, const cJSON *j, const struct family *f,
                       attn_config *c, struct attn__hf_layout *lay) {
     bool attention_bias = f->default_attention_bias;
-    int rc = get_bool(why, j, "attention_bias", &attention_bias);
+    int rc =
+        get_bool(why, j, f->bias_flag != NULL ? f->bias_flag : "attention_bias", &attention_bias);
     if (rc != ATTN_OK) {
         return rc;
     }
@@ -714,6 +769,10 @@ static int parse_bias(const struct attn__reason *why, const cJSON *j, const stru
         break;
     case BIAS_QKV:
         c->has_qkv_bias = true;
+        c->has_o_bias = false;
+        break;
+    case BIAS_QKV_IF_FLAG:
+        c->has_qkv_bias = attention_bias;
         c->has_o_bias = false;
         break;
     case BIAS_AS_THE_TENSORS_SAY:
@@ -831,14 +890,23 @@ static int parse_config(const struct attn__reason *why, const cJSON *j, const ch
     if (c->head_dim == 0 && cJSON_GetObjectItemCaseSensitive(j, "head_dim") == NULL) {
         c->head_dim = f->default_head_dim; /* 0 stays: hidden_size / heads, below */
     }
-    c->qk_norm = f->qk_norm;
-    if (f->qk_norm != ATTN_QK_NORM_NONE) {
+    bool has_norm = f->qk_norm != ATTN_QK_NORM_NONE;
+    if (has_norm && f->qk_norm_flag != NULL) {
+        has_norm = false;
+        if ((rc = get_bool(why, j, f->qk_norm_flag, &has_norm)) != ATTN_OK) {
+            return rc;
+        }
+    }
+    c->qk_norm = has_norm ? f->qk_norm : ATTN_QK_NORM_NONE;
+    lay->norms = f->norms;
+    if (has_norm) {
+        const char *eps_key = f->norm_eps_key != NULL ? f->norm_eps_key : "rms_norm_eps";
         c->qk_norm_eps = f->default_norm_eps;
-        if ((rc = get_float(why, j, "rms_norm_eps", &c->qk_norm_eps)) != ATTN_OK) {
+        if ((rc = get_float(why, j, eps_key, &c->qk_norm_eps)) != ATTN_OK) {
             return rc;
         }
         if (!(c->qk_norm_eps > 0)) {
-            return attn__fail(why, ATTN_EIO, "config.json: rms_norm_eps must be > 0");
+            return attn__fail(why, ATTN_EIO, "config.json: %s must be > 0", eps_key);
         }
     }
     if (c->hidden_size <= 0 || c->n_heads <= 0 || c->n_layers <= 0) {

@@ -58,8 +58,31 @@ bool attn__hf_tensor_is_consumed(const attn_config *c, const struct attn__hf_lay
         (c->has_o_bias && strcmp(suffix, n->o_bias) == 0)) {
         return true;
     }
-    return c->qk_norm != ATTN_QK_NORM_NONE &&
-           (strcmp(suffix, "q_norm.weight") == 0 || strcmp(suffix, "k_norm.weight") == 0);
+    if (c->qk_norm == ATTN_QK_NORM_NONE) {
+        return false;
+    }
+    if (lay->norms != ATTN__HF_NORM_PER_HEAD_LIST) {
+        return strcmp(suffix, "q_norm.weight") == 0 || strcmp(suffix, "k_norm.weight") == 0;
+    }
+    /* q_layernorm.norms.<h>.weight for h < n_heads, k_layernorm... for h < n_kv_heads. */
+    static const char *const lists[2] = {"q_layernorm.norms.", "k_layernorm.norms."};
+    int32_t heads[2] = {c->n_heads, c->n_kv_heads};
+    for (int i = 0; i < 2; i++) {
+        size_t len = strlen(lists[i]);
+        if (strncmp(suffix, lists[i], len) != 0) {
+            continue;
+        }
+        const char *p = suffix + len;
+        int32_t h = 0;
+        if (*p < '0' || *p > '9' || (p[0] == '0' && p[1] >= '0' && p[1] <= '9')) {
+            return false; /* no digits, or a leading zero */
+        }
+        for (; *p >= '0' && *p <= '9' && h <= heads[i]; p++) {
+            h = h * 10 + (*p - '0');
+        }
+        return h < heads[i] && strcmp(p, ".weight") == 0;
+    }
+    return false;
 }
 
 const char *attn__hf_layout_first_tensor(const struct attn__hf_layout *lay) {
@@ -193,10 +216,28 @@ static int read_norms(const struct attn__hf_reader *rd, const attn_config *c,
                       const struct attn__hf_layout *lay, const char *prefix, int32_t layer,
                       struct attn__layer *l) {
     const char *norm[2] = {"q_norm.weight", "k_norm.weight"};
+    const char *list[2] = {"q_layernorm.norms", "k_layernorm.norms"};
     float *dst[2] = {l->q_norm, l->k_norm};
+    int32_t heads[2] = {c->n_heads, c->n_kv_heads};
     for (int i = 0; i < 2 && c->qk_norm != ATTN_QK_NORM_NONE; i++) {
         size_t len = attn__qk_norm_len(c, i == 1);
-        int rc = read_named(rd, prefix, layer, lay, norm[i], (int32_t)len, 0, dst[i]);
+        int rc = ATTN_OK;
+        switch (lay->norms) {
+        case ATTN__HF_NORM_VECTOR:
+            rc = read_named(rd, prefix, layer, lay, norm[i], (int32_t)len, 0, dst[i]);
+            break;
+        case ATTN__HF_NORM_MATRIX:
+            rc = read_named(rd, prefix, layer, lay, norm[i], heads[i], c->head_dim, dst[i]);
+            break;
+        case ATTN__HF_NORM_PER_HEAD_LIST:
+            for (int32_t h = 0; h < heads[i] && rc == ATTN_OK; h++) {
+                char suffix[64];
+                snprintf(suffix, sizeof suffix, "%s.%d.weight", list[i], (int)h);
+                rc = read_named(rd, prefix, layer, lay, suffix, c->head_dim, 0,
+                                dst[i] + (size_t)h * c->head_dim);
+            }
+            break;
+        }
         if (rc != ATTN_OK) {
             return rc;
         }

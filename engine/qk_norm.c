@@ -1,6 +1,7 @@
 /* engine/qk_norm.c: the normalization some families apply to q and k before RoPE (attn.h,
- * attn_qk_norm): RMSNorm per head (Qwen3) or over the whole projection (OLMo 2). Sums are taken
- * in double, so the norm is exact to float rounding whatever the width. */
+ * attn_qk_norm): RMSNorm per head (Qwen3) or over the whole projection (OLMo 2), or LayerNorm of
+ * each head with its own weight (StableLM 2, Cohere). Sums are taken in double, so the norm is
+ * exact to float rounding whatever the width. */
 #include "attn_int.h"
 
 #include <math.h>
@@ -10,6 +11,7 @@ size_t attn__qk_norm_len(const attn_config *cfg, bool is_k) {
     case ATTN_QK_NORM_HEAD:
         return (size_t)cfg->head_dim;
     case ATTN_QK_NORM_WIDTH:
+    case ATTN_QK_NORM_HEAD_LAYERNORM:
         return (size_t)(is_k ? cfg->n_kv_heads : cfg->n_heads) * cfg->head_dim;
     case ATTN_QK_NORM_NONE:
         break;
@@ -29,6 +31,23 @@ static void rms_norm(float *x, size_t n, const float *w, float eps) {
     }
 }
 
+/* x[0..n) = w * (x - mean) / sqrt(var + eps), torch's LayerNorm without bias (biased var). */
+static void layer_norm(float *x, size_t n, const float *w, float eps) {
+    double sum = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        sum += x[i];
+    }
+    double mean = sum / (double)n, ss = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)x[i] - mean;
+        ss += d * d;
+    }
+    double inv = 1.0 / sqrt(ss / (double)n + (double)eps);
+    for (size_t i = 0; i < n; i++) {
+        x[i] = w[i] * (float)(((double)x[i] - mean) * inv);
+    }
+}
+
 void attn__qk_norm_apply(const attn_config *cfg, const struct attn__layer *l, float *row) {
     size_t hd = (size_t)cfg->head_dim;
     float *q = row, *k = row + (size_t)cfg->n_heads * hd;
@@ -44,6 +63,14 @@ void attn__qk_norm_apply(const attn_config *cfg, const struct attn__layer *l, fl
     case ATTN_QK_NORM_WIDTH:
         rms_norm(q, (size_t)cfg->n_heads * hd, l->q_norm, cfg->qk_norm_eps);
         rms_norm(k, (size_t)cfg->n_kv_heads * hd, l->k_norm, cfg->qk_norm_eps);
+        return;
+    case ATTN_QK_NORM_HEAD_LAYERNORM:
+        for (int32_t h = 0; h < cfg->n_heads; h++) {
+            layer_norm(q + h * hd, hd, l->q_norm + h * hd, cfg->qk_norm_eps);
+        }
+        for (int32_t h = 0; h < cfg->n_kv_heads; h++) {
+            layer_norm(k + h * hd, hd, l->k_norm + h * hd, cfg->qk_norm_eps);
+        }
         return;
     case ATTN_QK_NORM_NONE:
         return;

@@ -73,10 +73,9 @@ START_TEST(test_family_model_type_decides) {
     p = parse("foo", "", "gpt2");
     expect_refused(&p, ATTN_EINVAL, "gpt2", "a layout that cannot be trusted");
 
-    /* Known and not served: refused with what it needs, trusted or not. */
-    static const char *const unserved[] = {"qwen3_moe", "cohere2",    "gemma", "mixtral",
-                                           "cohere",    "stablelm",   "glm4",  "falcon",
-                                           "gpt_oss",   "deepseek_v3"};
+    /* Known and not served: refused with what it needs, trusted or not. */ static const char
+        *const unserved[] = {"qwen3_moe", "cohere2", "gemma",      "mixtral", "olmo",
+                             "phi",       "falcon",  "starcoder2", "gpt_oss", "deepseek_v3"};
     for (size_t i = 0; i < sizeof unserved / sizeof unserved[0]; i++) {
         p = parse(unserved[i], "", "llama");
         expect_refused(&p, ATTN_EUNSUPPORTED, unserved[i], unserved[i]);
@@ -182,7 +181,41 @@ START_TEST(test_family_layout_rules) {
                                  sizeof p.err);
     expect_refused(&p, ATTN_EUNSUPPORTED, "scale_attn_by_inverse_layer_idx", "gpt2 by layer");
     p = parse("gpt2", "", NULL); /* Llama's names mean nothing to GPT-2 */
-    expect_refused(&p, ATTN_EIO, "n_embd", "gpt2 with llama's names");
+    expect_refused(
+        &p, ATTN_EIO, "n_embd",
+        "gpt2 with llama's names"); /* StableLM 2: a quarter rotated, q/k/v biases with
+                                     * use_qkv_bias, the per-head LayerNorm only with qk_layernorm
+                                     * (eps layer_norm_eps), its weights one tensor per head. */
+    p = parse("stablelm", ",\"num_key_value_heads\":2,\"use_qkv_bias\":true", NULL);
+    expect_ok(&p, "stablelm");
+    ck_assert_int_eq(p.cfg.rotary_dim, 4);
+    ck_assert(p.cfg.has_qkv_bias && !p.cfg.has_o_bias);
+    ck_assert_int_eq(p.cfg.qk_norm, ATTN_QK_NORM_NONE);
+    p = parse("stablelm",
+              ",\"num_key_value_heads\":4,\"qk_layernorm\":true,\"layer_norm_eps\":1e-6", NULL);
+    expect_ok(&p, "stablelm 12b");
+    ck_assert_int_eq(p.cfg.qk_norm, ATTN_QK_NORM_HEAD_LAYERNORM);
+    ck_assert_float_eq(p.cfg.qk_norm_eps, 1e-6f);
+    ck_assert_int_eq(p.lay.norms, ATTN__HF_NORM_PER_HEAD_LIST);
+    p = parse("stablelm", "", NULL); /* StableLmConfig's 32 KV heads when absent: not 4's divisor */
+    expect_refused(&p, ATTN_ESHAPE, "num_key_value_heads (32)", "stablelm default kv heads");
+    /* Cohere: interleaved whole-head rotary; use_qk_norm's weights a (heads, head_dim) matrix. */
+    p = parse("cohere", ",\"use_qk_norm\":true", NULL);
+    expect_ok(&p, "cohere");
+    ck_assert_int_eq(p.cfg.rope_style, ATTN_ROPE_STYLE_INTERLEAVED);
+    ck_assert_int_eq(p.cfg.rotary_dim, 16);
+    ck_assert_int_eq(p.cfg.qk_norm, ATTN_QK_NORM_HEAD_LAYERNORM);
+    ck_assert_int_eq(p.lay.norms, ATTN__HF_NORM_MATRIX);
+    p = parse("cohere", ",\"partial_rotary_factor\":0.5", NULL);
+    expect_refused(&p, ATTN_EUNSUPPORTED, "partial_rotary_factor", "cohere partial");
+    /* GLM: half of each head, interleaved; head_dim 128 and 2 KV heads when absent. */
+    p = parse("glm", ",\"attention_bias\":true", NULL);
+    expect_ok(&p, "glm");
+    ck_assert_int_eq(p.cfg.head_dim, 128);
+    ck_assert_int_eq(p.cfg.n_kv_heads, 2);
+    ck_assert_int_eq(p.cfg.rotary_dim, 64);
+    ck_assert_int_eq(p.cfg.rope_style, ATTN_ROPE_STYLE_INTERLEAVED);
+    ck_assert(p.cfg.has_qkv_bias && !p.cfg.has_o_bias);
 
     /* What each layout consumes, and nothing else. */
     attn_config c;
@@ -201,6 +234,22 @@ START_TEST(test_family_layout_rules) {
     ck_assert(!attn__hf_tensor_is_consumed(&c, &lay, "query_key_value.bias"));
     lay.tensors = ATTN__HF_FUSED_QKV;
     ck_assert(attn__hf_tensor_is_consumed(&c, &lay, "qkv_proj.weight"));
+    ck_assert(!attn__hf_tensor_is_consumed(&c, &lay, "q_norm.weight"));
+    /* StableLM's per-head norm list: heads in range, written plainly, and nothing else. */
+    lay.tensors = ATTN__HF_QKVO;
+    lay.norms = ATTN__HF_NORM_PER_HEAD_LIST;
+    ck_assert(!attn__hf_tensor_is_consumed(&c, &lay, "q_layernorm.norms.0.weight"));
+    c.qk_norm = ATTN_QK_NORM_HEAD_LAYERNORM;
+    c.n_heads = 12;
+    c.n_kv_heads = 4;
+    ck_assert(attn__hf_tensor_is_consumed(&c, &lay, "q_layernorm.norms.0.weight"));
+    ck_assert(attn__hf_tensor_is_consumed(&c, &lay, "q_layernorm.norms.11.weight"));
+    ck_assert(!attn__hf_tensor_is_consumed(&c, &lay, "q_layernorm.norms.12.weight"));
+    ck_assert(attn__hf_tensor_is_consumed(&c, &lay, "k_layernorm.norms.3.weight"));
+    ck_assert(!attn__hf_tensor_is_consumed(&c, &lay, "k_layernorm.norms.4.weight"));
+    ck_assert(!attn__hf_tensor_is_consumed(&c, &lay, "k_layernorm.norms.03.weight"));
+    ck_assert(!attn__hf_tensor_is_consumed(&c, &lay, "k_layernorm.norms.1.bias"));
+    ck_assert(!attn__hf_tensor_is_consumed(&c, &lay, "k_layernorm.norms..weight"));
     ck_assert(!attn__hf_tensor_is_consumed(&c, &lay, "q_norm.weight"));
 }
 END_TEST
@@ -429,7 +478,7 @@ START_TEST(test_family_unconsumed_tensors_are_refused) {
         {DATA "refuse_qk_norm", "_norm.weight"},
         {DATA "refuse_sinks", "model.layers.0.self_attn.sinks"},
         {DATA "refuse_o_bias", "model.layers.0.self_attn.o_proj.bias"},
-        {DATA "refuse_cohere", "model_type 'cohere'"},
+        {DATA "refuse_cohere2", "model_type 'cohere2'"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         attn_model *m = NULL;

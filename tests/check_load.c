@@ -36,6 +36,9 @@ static const fixture granite = {"granite", 64, 4, 2, 16, 7, 3};
 static const fixture phi3 = {"phi3", 64, 4, 2, 16, 8, 3};
 static const fixture neox = {"neox", 64, 4, 4, 16, 7, 3};
 static const fixture gpt2 = {"gpt2", 64, 4, 4, 16, 8, 3};
+static const fixture stablelm = {"stablelm", 64, 4, 2, 16, 7, 3};
+static const fixture cohere = {"cohere", 64, 4, 2, 16, 6, 3};
+static const fixture glm4 = {"glm4", 64, 4, 2, 16, 8, 3};
 
 static attn_model *load_ok(const char *dir, const attn_load_params *p) {
     attn_model *m = NULL;
@@ -329,6 +332,30 @@ START_TEST(test_load_gpt2_f32_matches_numpy) {
 }
 END_TEST
 
+/* StableLM 2 (qk_layernorm: a LayerNorm per head with its own weight, one tensor each),
+ * Cohere (use_qk_norm: the same norm, its weights one matrix; interleaved rotary) and GLM-4 (half
+ * of each head rotated, interleaved; q/k/v biases). */
+START_TEST(test_load_norm_and_rotary_families_match_numpy) {
+    static const struct {
+        const char *dir, *family, *expected;
+        const fixture *f;
+        int32_t layers;
+    } cases[] = {
+        {DATA "hf_stablelm_bf16", "stablelm", "stablelm_bf16", &stablelm, 2},
+        {DATA "hf_cohere_f32", "cohere", "cohere_f32", &cohere, 1},
+        {DATA "hf_glm4_bf16", "glm4", "glm4_bf16", &glm4, 2},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        attn_model *m = load_ok(cases[i].dir, NULL);
+        ck_assert_str_eq(attn_model_family(m), cases[i].family);
+        for (int32_t layer = 0; layer < cases[i].layers; layer++) {
+            check_layer(m, layer, cases[i].f, cases[i].expected);
+        }
+        attn_model_destroy(m);
+    }
+}
+END_TEST
+
 /* Qwen2 with max_window_layers 1: a full layer 0 and a sliding layer 1. */
 START_TEST(test_load_qwen2_mixed_f32_matches_numpy) {
     attn_model *m = load_ok(DATA "hf_qwen2_mixed_f32", NULL);
@@ -475,6 +502,7 @@ Suite *load_suite(void) {
     tcase_add_test(tc, test_load_phi3_bf16_matches_numpy);
     tcase_add_test(tc, test_load_gpt_neox_f16_matches_numpy);
     tcase_add_test(tc, test_load_gpt2_f32_matches_numpy);
+    tcase_add_test(tc, test_load_norm_and_rotary_families_match_numpy);
     tcase_add_test(tc, test_load_layer_subset);
     tcase_add_test(tc, test_load_bad_folders);
     tcase_add_test(tc, test_load_reason_buffer);

@@ -942,8 +942,8 @@ START_TEST(test_server_families_served_or_refused_by_name) {
         const char *trust;
         const char *named; /* NULL: served */
     } cases[] = {
-        {"tests/data/refuse_cohere", NULL, "model_type 'cohere' is not served yet"},
-        {"tests/data/refuse_cohere", "llama", "model_type 'cohere' is not served yet"},
+        {"tests/data/refuse_cohere2", NULL, "model_type 'cohere2' is not served yet"},
+        {"tests/data/refuse_cohere2", "llama", "model_type 'cohere2' is not served yet"},
         {"tests/data/refuse_qk_norm", NULL, "_norm.weight is not part of llama attention"},
         {"tests/data/unknown_family", NULL, "unknown model_type 'mystery'"},
         {"tests/data/unknown_family", "llama", NULL},
@@ -998,6 +998,7 @@ START_TEST(test_server_family_checkpoints_match_the_reference) {
         {"tests/data/hf_gemma2_f32", "gemma2", "gemma2_f32_l2", 64, 2, 11, 3},
         {"tests/data/hf_qwen2_mixed_f32", "qwen2m", "qwen2_mixed_f32_l1", 32, 1, 8, 3},
         {"tests/data/hf_gpt2_f32", "gpt2", "gpt2_f32_l1", 64, 1, 8, 3},
+        {"tests/data/hf_stablelm_bf16", "stablelm", "stablelm_bf16_l1", 64, 1, 7, 3},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const char *args[] = {"--model",        cases[c].dir, "--workers", "1",

@@ -155,6 +155,15 @@ def attention_layer(w, x, positions, cfg, li=0):
     q, k = qp.reshape(t, h, d), kp.reshape(t, hkv, d)
     if norm == "head":  # modeling_qwen3: q_norm(q_proj(x).view(..., head_dim)), per head
         q, k = rms_norm(q, w["q_norm.weight"], eps), rms_norm(k, w["k_norm.weight"], eps)
+    if norm == "layernorm_head":
+        # modeling_stablelm (StableLmLayerNormPerHead: one nn.LayerNorm(head_dim, bias=False) per
+        # head) and modeling_cohere (CohereLayerNorm with a (heads, head_dim) weight): per head,
+        # (x - mean) / sqrt(biased var + eps) times that head's weight.
+        def layer_norm(y, wt):
+            mu = y.mean(axis=-1, keepdims=True)
+            var = ((y - mu) ** 2).mean(axis=-1, keepdims=True)
+            return wt.astype(np.float64)[None] * (y - mu) / np.sqrt(var + eps)
+        q, k = layer_norm(q, w["q_norm.weight"]), layer_norm(k, w["k_norm.weight"])
     if norm == "gemma":  # modeling_gemma3: Gemma3RMSNorm per head, output * (1 + weight)
         one = np.float64(1.0)
         q = rms_norm(q, one + w["q_norm.weight"].astype(np.float64), eps)
@@ -209,7 +218,8 @@ def random_layer(rng, cfg, qkv_bias, o_bias):
     if cfg.get("qk_norm"):
         # Around their init (ones; Gemma's zeros, applied as 1 + w), spread so that a norm
         # applied wrong shows.
-        width = {"head": (d, d), "gemma": (d, d), "width": (h * d, hkv * d)}[cfg["qk_norm"]]
+        width = {"head": (d, d), "gemma": (d, d), "width": (h * d, hkv * d),
+                 "layernorm_head": ((h, d), (hkv, d))}[cfg["qk_norm"]]
         lo = -0.5 if cfg["qk_norm"] == "gemma" else 0.5
         w["q_norm.weight"] = rng.uniform(lo, lo + 1, size=width[0]).astype(np.float32)
         w["k_norm.weight"] = rng.uniform(lo, lo + 1, size=width[1]).astype(np.float32)
@@ -486,6 +496,54 @@ GPT2_CONFIG = {
 }
 GPT2_T, GPT2_DECODE = 8, 3
 
+# stablelm (StableLM 2 12B's attention): partial_rotary_factor 0.25 of head_dim 16 (4 dims),
+# use_qkv_bias, qk_layernorm (per-head LayerNorm, weights q_layernorm.norms.{h}.weight), GQA 4/2,
+# layer_norm_eps 1e-5, BF16, 2 layers.
+STABLELM = {
+    "hidden": 64, "n_heads": 4, "n_kv_heads": 2, "head_dim": 16, "n_layers": 2,
+    "rotary_dim": 4, "rope_theta": 10000.0, "rope_style": "half", "sliding_window": 0,
+    "qk_norm": "layernorm_head", "norm_eps": 1e-5,
+}
+STABLELM_CONFIG = {
+    "architectures": ["StableLmForCausalLM"], "model_type": "stablelm", "torch_dtype": "bfloat16",
+    "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "num_hidden_layers": 2, "partial_rotary_factor": 0.25,
+    "rope_theta": 10000, "use_qkv_bias": True, "qk_layernorm": True, "layer_norm_eps": 1e-05,
+    "use_parallel_residual": True, "max_position_embeddings": 64, "vocab_size": 8,
+}
+STABLELM_T, STABLELM_DECODE = 7, 3
+
+# cohere (Command R+ style): interleaved rotary over the whole head, use_qk_norm (LayerNorm per head,
+# weight (heads, head_dim)), no biases, GQA 4/2, theta 8e6, F32, 1 layer, positions from 30.
+COHERE = {
+    "hidden": 64, "n_heads": 4, "n_kv_heads": 2, "head_dim": 16, "n_layers": 1,
+    "rotary_dim": 16, "rope_theta": 8e6, "rope_style": "interleaved", "sliding_window": 0,
+    "qk_norm": "layernorm_head", "norm_eps": 1e-5,
+}
+COHERE_CONFIG = {
+    "architectures": ["CohereForCausalLM"], "model_type": "cohere", "torch_dtype": "float32",
+    "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "num_hidden_layers": 1, "rope_theta": 8000000.0,
+    "use_qk_norm": True, "layer_norm_eps": 1e-05, "attention_bias": False, "logit_scale": 0.125,
+    "max_position_embeddings": 64, "vocab_size": 8,
+}
+COHERE_T, COHERE_DECODE, COHERE_POS0 = 6, 3, 30
+
+# glm4 (GLM-4-0414): head_dim 16 of which half rotates, interleaved; q/k/v biases (attention_bias),
+# no o bias; GQA 4/2; BF16, 2 layers.
+GLM4 = {
+    "hidden": 64, "n_heads": 4, "n_kv_heads": 2, "head_dim": 16, "n_layers": 2,
+    "rotary_dim": 8, "rope_theta": 10000.0, "rope_style": "interleaved", "sliding_window": 0,
+}
+GLM4_CONFIG = {
+    "architectures": ["Glm4ForCausalLM"], "model_type": "glm4", "torch_dtype": "bfloat16",
+    "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 16, "num_hidden_layers": 2,
+    "partial_rotary_factor": 0.5, "rope_theta": 10000.0, "attention_bias": True,
+    "rms_norm_eps": 1e-05, "max_position_embeddings": 64, "vocab_size": 8,
+}
+GLM4_T, GLM4_DECODE = 8, 3
+
 # bad: a minimal valid model (hidden 8, 2 heads, 1 kv head) that each bad folder breaks once.
 BAD = {"hidden": 8, "n_heads": 2, "n_kv_heads": 1, "head_dim": 4}
 BAD_CONFIG = {
@@ -697,6 +755,36 @@ def gen_layouts(out, exp):
     write_expected(exp, "gpt2_f32", [gpt2_as_projections(w, GPT2) for w in layers], x, pos, GPT2)
 
 
+def gen_norms_and_rotary(out, exp):
+    """stablelm and cohere (LayerNorm of each head), glm4 (partial interleaved rotary)."""
+    rng = np.random.default_rng(46)
+    layers = [random_layer(rng, STABLELM, True, False) for _ in range(STABLELM["n_layers"])]
+    stored = []
+    for w in layers:  # StableLmLayerNormPerHead: one LayerNorm module, one weight, per head
+        sw = {n: a for n, a in w.items() if not n.endswith("_norm.weight")}
+        for which in ("q", "k"):
+            for h, row in enumerate(w[f"{which}_norm.weight"]):
+                sw[f"{which}_layernorm.norms.{h}.weight"] = row
+        stored.append(sw)
+    x, pos = gen_inputs(exp, "stablelm", rng, STABLELM_T + STABLELM_DECODE, STABLELM["hidden"])
+    write_folder(os.path.join(out, "hf_stablelm_bf16"), STABLELM_CONFIG,
+                 stored_tensors(stored, "model.layers", "self_attn"), "BF16")
+    write_expected(exp, "stablelm_bf16", rounded(layers, bf16_round), x, pos, STABLELM)
+
+    layers = [random_layer(rng, COHERE, False, False)]
+    x, pos = gen_inputs(exp, "cohere", rng, COHERE_T + COHERE_DECODE, COHERE["hidden"],
+                        COHERE_POS0)
+    write_folder(os.path.join(out, "hf_cohere_f32"), COHERE_CONFIG, layer_tensors(layers, []),
+                 "F32")
+    write_expected(exp, "cohere_f32", layers, x, pos, COHERE)
+
+    layers = [random_layer(rng, GLM4, True, False) for _ in range(GLM4["n_layers"])]
+    x, pos = gen_inputs(exp, "glm4", rng, GLM4_T + GLM4_DECODE, GLM4["hidden"])
+    write_folder(os.path.join(out, "hf_glm4_bf16"), GLM4_CONFIG, layer_tensors(layers, []),
+                 "BF16")
+    write_expected(exp, "glm4_bf16", rounded(layers, bf16_round), x, pos, GLM4)
+
+
 def gen_bad(out):
     rng = np.random.default_rng(3)
     tensors = layer_tensors([random_layer(rng, BAD, False, False)], [])
@@ -733,7 +821,7 @@ def gen_bad(out):
         ("model.layers.0.self_attn.sinks", np.zeros(BAD["n_heads"], np.float32))])
     folder("refuse_o_bias", tensors=tensors + [
         ("model.layers.0.self_attn.o_proj.bias", np.zeros(BAD["hidden"], np.float32))])
-    folder("refuse_cohere", dict(BAD_CONFIG, model_type="cohere", use_qk_norm=True))
+    folder("refuse_cohere2", dict(BAD_CONFIG, model_type="cohere2"))
     # A model_type attnd does not know: refused, unless --trust-layout llama vouches for it.
     folder("unknown_family", dict(BAD_CONFIG, model_type="mystery"))
 
@@ -754,6 +842,7 @@ def main():
     gen_norms(out, exp)
     gen_windows(out, exp)
     gen_layouts(out, exp)
+    gen_norms_and_rotary(out, exp)
     gen_bad(out)
 
 
