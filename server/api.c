@@ -933,7 +933,9 @@ int api_truncate_request_parse(const char *body, size_t len, const struct api_li
         if (index == 0) {
             rc = get_int(&jr, "n_tokens", 0, INT32_MAX, &v, err);
             r.n_tokens = (int32_t)v;
-        } else if (!take_null(&jr)) {
+        } else if (take_null(&jr)) {
+            rc = 0; /* "layer": null is the same as leaving it out */
+        } else {
             rc = get_layer(&jr, lim, &r.layer, err);
             r.has_layer = true;
         }
