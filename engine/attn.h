@@ -48,14 +48,46 @@ typedef enum attn_rope_scaling_type {
     ATTN_ROPE_SCALING_NONE = 0,
     ATTN_ROPE_SCALING_LINEAR = 1, /* inv_freq /= factor */
     ATTN_ROPE_SCALING_LLAMA3 = 2, /* Llama 3.1's wavelength-dependent interpolation */
+    /* YaRN: each frequency a blend of inv_freq / factor and inv_freq, ramping over the dims
+     * whose rotations in original_max_position lie between beta_slow and beta_fast; cos and sin
+     * are multiplied by attention_factor (gpt-oss, Qwen2.5 long context, DeepSeek's mscale). */
+    ATTN_ROPE_SCALING_YARN = 3,
+    /* LongRoPE (Phi-3 128k, Phi-4-mini): inv_freq[i] / short_factor[i], or / long_factor[i] for
+     * the tokens of a call whose highest position is >= original_max_position; cos and sin
+     * times attention_factor. */
+    ATTN_ROPE_SCALING_LONGROPE = 4,
+    /* Dynamic NTK: the tokens of a call whose highest position p is >= original_max_position
+     * rotate with theta * (factor * (p + 1) / original - (factor - 1))^(d / (d - 2)), d the
+     * rotary dims; other calls with theta. Cached keys keep the rotation they were written with,
+     * as in transformers' cache. */
+    ATTN_ROPE_SCALING_DYNAMIC = 5,
 } attn_rope_scaling_type;
+
+/* Frequencies a LongRoPE factor list may hold (rotary_dim / 2 of them); also the most rotary
+ * dims / 2 dynamic NTK computes per call. */
+#define ATTN_MAX_ROPE_FACTORS 256
 
 typedef struct attn_rope_scaling {
     attn_rope_scaling_type type;
-    float factor;                  /* linear, llama3: > 0 */
-    float low_freq_factor;         /* llama3 */
-    float high_freq_factor;        /* llama3; must be > low_freq_factor */
-    int32_t original_max_position; /* llama3: original_max_position_embeddings */
+    float factor;           /* linear, llama3, yarn, dynamic: > 0; longrope: the context ratio
+                               max_position_embeddings / original, for attention_factor only */
+    float low_freq_factor;  /* llama3 */
+    float high_freq_factor; /* llama3; must be > low_freq_factor */
+    /* llama3, yarn, longrope: original_max_position_embeddings; dynamic: max_position_embeddings
+     * (the context past which theta grows) */
+    int32_t original_max_position;
+    /* yarn, longrope: cos and sin are multiplied by it; 0 = derived as transformers does (yarn:
+     * 0.1 ln(factor) + 1, or with mscale and mscale_all_dim their ratio of that form; longrope:
+     * sqrt(1 + ln(factor) / ln(original_max_position)), 1 when factor <= 1). */
+    float attention_factor;
+    float beta_fast;            /* yarn: 0 = 32 */
+    float beta_slow;            /* yarn: 0 = 1 */
+    float mscale;               /* yarn: 0 = none */
+    float mscale_all_dim;       /* yarn: 0 = none */
+    bool yarn_fractional_range; /* yarn: truncate = false (gpt-oss) keeps the ramp's ends as
+                                   computed; false floors and ceils them */
+    float short_factor[ATTN_MAX_ROPE_FACTORS]; /* longrope: rotary_dim / 2 values, > 0 */
+    float long_factor[ATTN_MAX_ROPE_FACTORS];
 } attn_rope_scaling;
 
 /* Layers a model may have at most (attn_config.is_full_layer has one entry per layer). */

@@ -38,6 +38,8 @@ struct attn_model {
     float *rope_sin;            /* (max_seq, rotary_dim / 2) */
     float *rope_cos_local;      /* NULL, or the same with rope_theta_local and no scaling */
     float *rope_sin_local;
+    float *rope_cos_long; /* LongRoPE: the tables with long_factor; else NULL */
+    float *rope_sin_long;
     size_t bytes;
 };
 
@@ -162,12 +164,33 @@ float attn__exp_shift(float *s, int32_t n, float m);
 
 /* ---- rope.c ------------------------------------------------------------------------------ */
 
-/* Fills cos/sin tables (max_seq, rotary_dim / 2) for cfg (checked). Angles in double. */
-void attn__rope_tables(const attn_config *cfg, float *cos_table, float *sin_table);
+/* The rotation of one call's tokens in one layer: a (max_seq, rotary_dim / 2) table pair, or,
+ * for a dynamic NTK call past the original context, frequencies computed for that call. */
+struct attn__rope_frame {
+    const float *cos_table; /* NULL: compute from inv */
+    const float *sin_table;
+    int32_t half;                      /* rotary_dim / 2 */
+    double inv[ATTN_MAX_ROPE_FACTORS]; /* when cos_table is NULL */
+    float cos_row[ATTN_MAX_ROPE_FACTORS];
+    float sin_row[ATTN_MAX_ROPE_FACTORS];
+};
 
-/* Rotates the first rotary_dim dims of n_heads vectors of head_dim floats at x (consecutive)
- * by the angles of position pos. */
-void attn__rope_apply(const attn_model *m, float *x, int32_t n_heads, int32_t pos, bool is_local);
+/* Fills cos/sin tables (max_seq, rotary_dim / 2) for cfg (checked), angles in double, times the
+ * scaling's attention factor; long_factors picks LongRoPE's long list. */
+void attn__rope_tables(const attn_config *cfg, bool long_factors, float *cos_table,
+                       float *sin_table);
+
+/* Sets up *f for a call whose highest position is max_pos, in a local (sliding) layer or not. */
+void attn__rope_frame_init(const attn_model *m, bool is_local, int32_t max_pos,
+                           struct attn__rope_frame *f);
+
+/* Whether the rotation of a call depends on its highest position (longrope, dynamic). */
+bool attn__rope_depends_on_call(const attn_config *cfg);
+
+/* Rotates the first rotary_dim dims of the n_q heads at q and the n_k heads at k (head_dim
+ * floats each, consecutive) by the angles of position pos in frame f. */
+void attn__rope_apply(const attn_config *cfg, struct attn__rope_frame *f, float *q, int32_t n_q,
+                      float *k, int32_t n_k, int32_t pos);
 
 /* ---- kv.c -------------------------------------------------------------------------------- */
 

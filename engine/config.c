@@ -53,19 +53,6 @@ int attn_config_preset(const char *name, attn_config *out) {
     return rc;
 }
 
-static bool rope_scaling_is_valid(const attn_rope_scaling *s) {
-    switch (s->type) {
-    case ATTN_ROPE_SCALING_NONE:
-        return true;
-    case ATTN_ROPE_SCALING_LINEAR:
-        return isfinite(s->factor) && s->factor > 0;
-    case ATTN_ROPE_SCALING_LLAMA3:
-        return isfinite(s->factor) && s->factor > 0 && s->low_freq_factor > 0 &&
-               s->high_freq_factor > s->low_freq_factor && s->original_max_position > 0;
-    }
-    return false;
-}
-
 /* Records why a config is refused: a static sentence naming the field by its Hugging Face
  * config.json name, then attnd's own where it differs, so both a loader's user and an engine
  * caller can find it. */
@@ -74,6 +61,93 @@ static int refuse(int code, const char *reason, const char **why) {
         *why = reason;
     }
     return code;
+}
+
+static bool positive(float x) {
+    return isfinite(x) && x > 0;
+}
+
+/* transformers' yarn get_mscale: 0.1 * mscale * ln(scale) + 1, or 1 for scale <= 1. */
+static double yarn_mscale(double scale, double mscale) {
+    return scale <= 1 ? 1.0 : 0.1 * mscale * log(scale) + 1.0;
+}
+
+/* Checks the scaling parameters of *s for rotary_dim and fills its defaults (yarn's betas, the
+ * attention factors), as transformers derives them. */
+static int check_rope_scaling(attn_rope_scaling *s, int32_t rotary_dim, const char **why) {
+    int32_t half = rotary_dim / 2;
+    switch (s->type) {
+    case ATTN_ROPE_SCALING_NONE:
+        return ATTN_OK;
+    case ATTN_ROPE_SCALING_LINEAR:
+        return positive(s->factor) ? ATTN_OK
+                                   : refuse(ATTN_EINVAL, "rope_scaling.factor must be > 0", why);
+    case ATTN_ROPE_SCALING_LLAMA3:
+        if (!positive(s->factor) || !positive(s->low_freq_factor) ||
+            !(isfinite(s->high_freq_factor) && s->high_freq_factor > s->low_freq_factor) ||
+            s->original_max_position <= 0) {
+            return refuse(ATTN_EINVAL,
+                          "llama3 rope_scaling needs factor > 0, 0 < low_freq_factor < "
+                          "high_freq_factor and original_max_position_embeddings > 0",
+                          why);
+        }
+        return ATTN_OK;
+    case ATTN_ROPE_SCALING_YARN:
+        if (s->beta_fast == 0) {
+            s->beta_fast = 32;
+        }
+        if (s->beta_slow == 0) {
+            s->beta_slow = 1;
+        }
+        if (!positive(s->factor) || s->original_max_position <= 0 || !positive(s->beta_fast) ||
+            !positive(s->beta_slow) || !isfinite(s->mscale) || !isfinite(s->mscale_all_dim) ||
+            !isfinite(s->attention_factor) || s->attention_factor < 0 || rotary_dim < 2) {
+            return refuse(ATTN_EINVAL,
+                          "yarn rope_scaling needs factor > 0, original_max_position_embeddings "
+                          "> 0, beta_fast and beta_slow > 0, finite mscale, mscale_all_dim and "
+                          "attention_factor, and rotary dims",
+                          why);
+        }
+        if (s->attention_factor == 0) {
+            s->attention_factor = s->mscale != 0 && s->mscale_all_dim != 0
+                                      ? (float)(yarn_mscale(s->factor, s->mscale) /
+                                                yarn_mscale(s->factor, s->mscale_all_dim))
+                                      : (float)yarn_mscale(s->factor, 1.0);
+        }
+        return ATTN_OK;
+    case ATTN_ROPE_SCALING_LONGROPE:
+        if (half < 1 || half > ATTN_MAX_ROPE_FACTORS || s->original_max_position <= 0 ||
+            !isfinite(s->factor) || !isfinite(s->attention_factor) || s->attention_factor < 0) {
+            return refuse(ATTN_EINVAL,
+                          "longrope rope_scaling needs rotary dims / 2 in 1..256, "
+                          "original_max_position_embeddings > 0 and a finite factor",
+                          why);
+        }
+        for (int32_t i = 0; i < half; i++) {
+            if (!positive(s->short_factor[i]) || !positive(s->long_factor[i])) {
+                return refuse(ATTN_EINVAL,
+                              "longrope short_factor and long_factor must hold rotary dims / 2 "
+                              "values > 0",
+                              why);
+            }
+        }
+        if (s->attention_factor == 0) {
+            s->attention_factor =
+                s->factor <= 1 ? 1.0f
+                               : (float)sqrt(1.0 + log(s->factor) / log(s->original_max_position));
+        }
+        return ATTN_OK;
+    case ATTN_ROPE_SCALING_DYNAMIC:
+        if (!positive(s->factor) || s->original_max_position <= 0 || rotary_dim <= 2 ||
+            half > ATTN_MAX_ROPE_FACTORS) {
+            return refuse(ATTN_EINVAL,
+                          "dynamic rope_scaling needs factor > 0, max_position_embeddings > 0 "
+                          "and rotary dims in 4..512",
+                          why);
+        }
+        return ATTN_OK;
+    }
+    return refuse(ATTN_EINVAL, "unknown rope_scaling type", why);
 }
 
 int attn__config_check_why(attn_config *cfg, const char **why) {
@@ -147,11 +221,11 @@ int attn__config_check_why(attn_config *cfg, const char **why) {
     if (c.rope_style != ATTN_ROPE_STYLE_HALF && c.rope_style != ATTN_ROPE_STYLE_INTERLEAVED) {
         return refuse(ATTN_EINVAL, "rope_style must be half or interleaved", why);
     }
-    if (!rope_scaling_is_valid(&c.rope_scaling)) {
-        return refuse(ATTN_EINVAL,
-                      "rope_scaling: factor must be finite and > 0 (llama3: 0 < low_freq_factor "
-                      "< high_freq_factor, original_max_position_embeddings > 0)",
-                      why);
+    if (c.rotary_dim > 0) {
+        int rc = check_rope_scaling(&c.rope_scaling, c.rotary_dim, why);
+        if (rc != ATTN_OK) {
+            return rc;
+        }
     }
     if (c.qk_norm != ATTN_QK_NORM_NONE && c.qk_norm != ATTN_QK_NORM_HEAD &&
         c.qk_norm != ATTN_QK_NORM_WIDTH && c.qk_norm != ATTN_QK_NORM_HEAD_LAYERNORM) {

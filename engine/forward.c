@@ -231,6 +231,18 @@ static int32_t next_chunk(const attn_step *steps, int32_t n_steps, int32_t max_t
     return n_parts;
 }
 
+/* The highest position among a step's tokens, the first of which goes to cache index first. */
+static int32_t step_max_position(const attn_step *st, int32_t first) {
+    if (st->positions == NULL) {
+        return first + st->n_tokens - 1;
+    }
+    int32_t max = st->positions[0];
+    for (int32_t i = 1; i < st->n_tokens; i++) {
+        max = st->positions[i] > max ? st->positions[i] : max;
+    }
+    return max;
+}
+
 /* Normalizes (qk_norm) and rotates (RoPE) the part's q and k rows, and appends its k and v to
  * the cache. */
 static void rope_and_append(const attn_model *m, int32_t layer, const attn_step *st,
@@ -241,6 +253,14 @@ static void rope_and_append(const attn_model *m, int32_t layer, const attn_step 
     size_t n_qkv = n_qkv_of(c), hd = (size_t)c->head_dim;
     size_t k_off = (size_t)c->n_heads * hd, v_off = k_off + (size_t)c->n_kv_heads * hd;
     int32_t base = st->kv->len;
+    struct attn__rope_frame frame;
+    if (c->rotary_dim > 0) {
+        /* A call's rotation may depend on the whole step's reach (longrope, dynamic), not only
+         * on this part's. */
+        int32_t max_pos =
+            attn__rope_depends_on_call(c) ? step_max_position(st, base - p->first) : 0;
+        attn__rope_frame_init(m, is_local, max_pos, &frame);
+    }
     attn__kv_grow(st->kv, p->n);
     for (int32_t i = 0; i < p->n; i++) {
         float *row = qkv + (size_t)(p->row + i) * n_qkv;
@@ -248,8 +268,7 @@ static void rope_and_append(const attn_model *m, int32_t layer, const attn_step 
         int32_t pos = st->positions ? st->positions[p->first + i] : idx;
         attn__qk_norm_apply(c, l, row);
         if (c->rotary_dim > 0) {
-            attn__rope_apply(m, row, c->n_heads, pos, is_local);
-            attn__rope_apply(m, row + k_off, c->n_kv_heads, pos, is_local);
+            attn__rope_apply(c, &frame, row, c->n_heads, row + k_off, c->n_kv_heads, pos);
         }
         for (int32_t h = 0; h < c->n_kv_heads; h++) {
             memcpy(attn__kv_row_k(st->kv, h, idx), row + k_off + h * hd, hd * sizeof(float));

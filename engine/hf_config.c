@@ -77,6 +77,8 @@ struct family {
     attn_rope_style rope_style; /* how pairs rotate (Cohere, GLM: interleaved) */
     const char *theta_alias;    /* an older name of rope_theta it may use instead, or NULL */
     const char *bias_flag;      /* BIAS_QKV_IF_FLAG's flag; NULL = attention_bias */
+    int32_t longrope_original;  /* original_max_position_embeddings when absent (Phi3Config:
+                                   4096); 0 = max_position_embeddings */
 };
 
 static int gemma2_extra(const struct attn__reason *why, const cJSON *j, attn_config *c);
@@ -163,7 +165,8 @@ static const struct family families[] = {
      .bias = BIAS_NONE,
      .window = WINDOW_ALL,
      .tensors = ATTN__HF_FUSED_QKV,
-     .rotary = ROTARY_PARTIAL},
+     .rotary = ROTARY_PARTIAL,
+     .longrope_original = 4096},
     /* GPT-NeoX / Pythia: per-head fused query_key_value, biases, a quarter of each head
      * rotated. */
     {.model_type = "gpt_neox",
@@ -360,8 +363,103 @@ static int get_bool(const struct attn__reason *why, const cJSON *obj, const char
 /* ---- rotary embedding --------------------------------------------------------------------------
  */
 
-static int parse_rope_scaling(const struct attn__reason *why, const cJSON *rs,
-                              attn_rope_scaling *out) {
+/* The keys each rope_scaling type reads; any other is refused by name, since transformers
+ * versions add parameters that change the rotation. */
+struct scaling_kind {
+    const char *name;
+    attn_rope_scaling_type type;
+    const char *keys[8];
+};
+static const struct scaling_kind scaling_kinds[] = {
+    {"default", ATTN_ROPE_SCALING_NONE, {NULL}},
+    {"linear", ATTN_ROPE_SCALING_LINEAR, {"factor", NULL}},
+    {"llama3",
+     ATTN_ROPE_SCALING_LLAMA3,
+     {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings", NULL}},
+    {"yarn",
+     ATTN_ROPE_SCALING_YARN,
+     {"factor", "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
+      "original_max_position_embeddings", "truncate"}},
+    {"longrope",
+     ATTN_ROPE_SCALING_LONGROPE,
+     {"short_factor", "long_factor", "factor", "attention_factor",
+      "original_max_position_embeddings", NULL}},
+    {"dynamic", ATTN_ROPE_SCALING_DYNAMIC, {"factor", "original_max_position_embeddings", NULL}},
+};
+
+static int check_scaling_keys(const struct attn__reason *why, const cJSON *rs,
+                              const struct scaling_kind *k) {
+    static const char *const always[] = {"rope_type", "type", "rope_theta",
+                                         "partial_rotary_factor"};
+    for (const cJSON *it = rs->child; it != NULL; it = it->next) {
+        bool known = false;
+        for (size_t i = 0; i < sizeof always / sizeof always[0]; i++) {
+            known |= strcmp(it->string, always[i]) == 0;
+        }
+        for (size_t i = 0; i < 8 && k->keys[i] != NULL; i++) {
+            known |= strcmp(it->string, k->keys[i]) == 0;
+        }
+        if (!known) {
+            return attn__fail(why, ATTN_EUNSUPPORTED,
+                              "config.json: rope_scaling.%s is not part of %s scaling as attnd "
+                              "computes it; refused rather than served wrong",
+                              it->string, k->name);
+        }
+    }
+    return ATTN_OK;
+}
+
+/* A LongRoPE factor list: rotary_dim / 2 numbers. */
+static int get_factor_list(const struct attn__reason *why, const cJSON *rs, const char *key,
+                           int32_t half, float *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(rs, key);
+    if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) != half || half > ATTN_MAX_ROPE_FACTORS) {
+        return attn__fail(why, ATTN_EIO,
+                          "config.json: rope_scaling.%s must list rotary dims / 2 = %d numbers "
+                          "(at most %d)",
+                          key, half, ATTN_MAX_ROPE_FACTORS);
+    }
+    int32_t i = 0;
+    for (const cJSON *it = v->child; it != NULL; it = it->next, i++) {
+        if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble) || !(it->valuedouble > 0)) {
+            return attn__fail(why, ATTN_EIO, "config.json: rope_scaling.%s holds a value <= 0",
+                              key);
+        }
+        out[i] = (float)it->valuedouble;
+    }
+    return ATTN_OK;
+}
+
+/* original_max_position_embeddings where a type needs it. transformers reads it from
+ * rope_scaling (llama3, yarn) or from the config itself (longrope; Phi3Config's default 4096);
+ * both present and different is ambiguous. *found says whether either was there. */
+static int get_original(const struct attn__reason *why, const cJSON *j, const cJSON *rs,
+                        int32_t *out, bool *found) {
+    const char *key = "original_max_position_embeddings";
+    int32_t top = 0, inner = 0;
+    int rc;
+    if ((rc = get_int(why, j, key, &top)) != ATTN_OK ||
+        (rc = get_int(why, rs, key, &inner)) != ATTN_OK) {
+        return rc;
+    }
+    if (top > 0 && inner > 0 && top != inner) {
+        return attn__fail(why, ATTN_EIO,
+                          "config.json: original_max_position_embeddings differs between the "
+                          "config (%d) and rope_scaling (%d)",
+                          top, inner);
+    }
+    *found = top > 0 || inner > 0;
+    if (*found) {
+        *out = top > 0 ? top : inner;
+    }
+    return ATTN_OK;
+}
+
+/* The rope_scaling object (or v5's rope_parameters) into c->rope_scaling, with what
+ * transformers derives from the config around it. Needs c->rotary_dim. */
+static int parse_rope_scaling(const struct attn__reason *why, const cJSON *j, const cJSON *rs,
+                              const struct family *f, attn_config *c) {
+    attn_rope_scaling *out = &c->rope_scaling;
     memset(out, 0, sizeof *out);
     if (rs == NULL || cJSON_IsNull(rs)) {
         return ATTN_OK;
@@ -376,43 +474,114 @@ static int parse_rope_scaling(const struct attn__reason *why, const cJSON *rs,
     if (!cJSON_IsString(type)) {
         return attn__fail(why, ATTN_EIO, "config.json: rope_scaling needs a string rope_type");
     }
-    const char *t = type->valuestring;
-    int rc = ATTN_OK;
-    if (strcmp(t, "default") == 0) {
-        out->type = ATTN_ROPE_SCALING_NONE;
-    } else if (strcmp(t, "linear") == 0) {
-        out->type = ATTN_ROPE_SCALING_LINEAR;
-        rc = get_float(why, rs, "factor", &out->factor);
-    } else if (strcmp(t, "llama3") == 0) {
-        out->type = ATTN_ROPE_SCALING_LLAMA3;
-        if ((rc = get_float(why, rs, "factor", &out->factor)) != ATTN_OK ||
-            (rc = get_float(why, rs, "low_freq_factor", &out->low_freq_factor)) != ATTN_OK ||
-            (rc = get_float(why, rs, "high_freq_factor", &out->high_freq_factor)) != ATTN_OK ||
-            (rc = get_int(why, rs, "original_max_position_embeddings",
-                          &out->original_max_position)) != ATTN_OK) {
-            return rc;
+    const struct scaling_kind *kind = NULL;
+    for (size_t i = 0; i < sizeof scaling_kinds / sizeof scaling_kinds[0]; i++) {
+        if (strcmp(type->valuestring, scaling_kinds[i].name) == 0) {
+            kind = &scaling_kinds[i];
         }
-    } else {
+    }
+    if (kind == NULL) {
         return attn__fail(why, ATTN_EUNSUPPORTED,
                           "config.json: rope_scaling type '%s' is not supported (default, linear, "
-                          "llama3 are)",
-                          t);
+                          "llama3, yarn, longrope, dynamic are)",
+                          type->valuestring);
     }
+    int rc = check_scaling_keys(why, rs, kind);
     if (rc != ATTN_OK) {
         return rc;
     }
-    if (out->type != ATTN_ROPE_SCALING_NONE && !(out->factor > 0)) {
+    out->type = kind->type;
+    int32_t max_pos = 0;
+    bool has_original = false;
+    if ((rc = get_int(why, j, "max_position_embeddings", &max_pos)) != ATTN_OK ||
+        (rc = get_float(why, rs, "factor", &out->factor)) != ATTN_OK ||
+        (rc = get_original(why, j, rs, &out->original_max_position, &has_original)) != ATTN_OK) {
+        return rc;
+    }
+    switch (out->type) {
+    case ATTN_ROPE_SCALING_NONE:
+    case ATTN_ROPE_SCALING_LINEAR:
+        break;
+    case ATTN_ROPE_SCALING_LLAMA3:
+        if ((rc = get_float(why, rs, "low_freq_factor", &out->low_freq_factor)) != ATTN_OK ||
+            (rc = get_float(why, rs, "high_freq_factor", &out->high_freq_factor)) != ATTN_OK) {
+            return rc;
+        }
+        break;
+    case ATTN_ROPE_SCALING_YARN: {
+        bool truncate = true;
+        if ((rc = get_float(why, rs, "attention_factor", &out->attention_factor)) != ATTN_OK ||
+            (rc = get_float(why, rs, "beta_fast", &out->beta_fast)) != ATTN_OK ||
+            (rc = get_float(why, rs, "beta_slow", &out->beta_slow)) != ATTN_OK ||
+            (rc = get_float(why, rs, "mscale", &out->mscale)) != ATTN_OK ||
+            (rc = get_float(why, rs, "mscale_all_dim", &out->mscale_all_dim)) != ATTN_OK ||
+            (rc = get_bool(why, rs, "truncate", &truncate)) != ATTN_OK) {
+            return rc;
+        }
+        out->yarn_fractional_range = !truncate;
+        if (!has_original) {
+            out->original_max_position = max_pos;
+        } else if (max_pos > 0 && (double)max_pos / out->original_max_position != out->factor) {
+            /* Newer transformers take factor = max_position_embeddings / original, older ones
+             * rope_scaling.factor: with both given and different, which model is meant is not
+             * known. */
+            return attn__fail(why, ATTN_EUNSUPPORTED,
+                              "config.json: yarn rope_scaling.factor %g differs from "
+                              "max_position_embeddings / original_max_position_embeddings = "
+                              "%d / %d, and transformers versions differ on which applies; make "
+                              "them agree",
+                              out->factor, max_pos, out->original_max_position);
+        }
+        break;
+    }
+    case ATTN_ROPE_SCALING_LONGROPE: {
+        int32_t half = c->rotary_dim / 2;
+        if ((rc = get_factor_list(why, rs, "short_factor", half, out->short_factor)) != ATTN_OK ||
+            (rc = get_factor_list(why, rs, "long_factor", half, out->long_factor)) != ATTN_OK ||
+            (rc = get_float(why, rs, "attention_factor", &out->attention_factor)) != ATTN_OK) {
+            return rc;
+        }
+        if (!has_original && f->longrope_original > 0) {
+            out->original_max_position = f->longrope_original;
+            has_original = true;
+        }
+        if (has_original && max_pos > 0) {
+            out->factor = (float)((double)max_pos / out->original_max_position);
+        } else if (!has_original) {
+            out->original_max_position = max_pos;
+        }
+        if (out->attention_factor == 0 && !(out->factor > 0)) {
+            return attn__fail(why, ATTN_EIO,
+                              "config.json: longrope needs rope_scaling.factor, "
+                              "attention_factor or original_max_position_embeddings");
+        }
+        break;
+    }
+    case ATTN_ROPE_SCALING_DYNAMIC:
+        /* _compute_dynamic_ntk_parameters grows theta past max_position_embeddings. */
+        if (has_original && out->original_max_position != max_pos) {
+            return attn__fail(why, ATTN_EUNSUPPORTED,
+                              "config.json: dynamic rope_scaling with "
+                              "original_max_position_embeddings %d other than "
+                              "max_position_embeddings %d: implementations differ on which one "
+                              "theta grows past",
+                              out->original_max_position, max_pos);
+        }
+        out->original_max_position = max_pos;
+        break;
+    }
+    if ((out->type == ATTN_ROPE_SCALING_YARN || out->type == ATTN_ROPE_SCALING_DYNAMIC) &&
+        out->original_max_position <= 0) {
+        return attn__fail(why, ATTN_EIO,
+                          "config.json: %s rope_scaling needs max_position_embeddings (or "
+                          "original_max_position_embeddings)",
+                          kind->name);
+    }
+    if (out->type != ATTN_ROPE_SCALING_NONE && out->type != ATTN_ROPE_SCALING_LONGROPE &&
+        !(out->factor > 0)) {
         return attn__fail(why, ATTN_EIO, "config.json: rope_scaling.factor must be > 0");
     }
-    if (out->type == ATTN_ROPE_SCALING_LLAMA3 &&
-        (!(out->low_freq_factor > 0) || !(out->high_freq_factor > out->low_freq_factor) ||
-         out->original_max_position <= 0)) {
-        return attn__fail(why, ATTN_EIO,
-                          "config.json: llama3 rope_scaling needs low_freq_factor > 0, "
-                          "high_freq_factor > low_freq_factor and "
-                          "original_max_position_embeddings > 0");
-    }
-    return ATTN_OK;
+    return ATTN_OK; /* ranges are checked with the whole config (attn__config_check_why) */
 }
 
 /* rope_theta, or the family's older name for it; both present and different is ambiguous. */
@@ -498,9 +667,6 @@ static int parse_rope(const struct attn__reason *why, const cJSON *j, const stru
             rs = rp;
         }
     }
-    if ((rc = parse_rope_scaling(why, rs, &c->rope_scaling)) != ATTN_OK) {
-        return rc;
-    }
     c->rope_style = f->rope_style;
     const cJSON *style = cJSON_GetObjectItemCaseSensitive(j, "rope_style");
     if (style != NULL && !cJSON_IsNull(style)) {
@@ -531,7 +697,7 @@ static int parse_rope(const struct attn__reason *why, const cJSON *j, const stru
                           "even and > 0",
                           c->rotary_dim);
     }
-    return ATTN_OK;
+    return parse_rope_scaling(why, j, rs, f, c);
 }
 
 /* ---- family rules ------------------------------------------------------------------------------

@@ -69,6 +69,8 @@ void attn_model_destroy(attn_model *m) {
     free(m->rope_sin);
     free(m->rope_cos_local);
     free(m->rope_sin_local);
+    free(m->rope_cos_long);
+    free(m->rope_sin_long);
     free(m);
 }
 
@@ -144,8 +146,17 @@ int attn__model_alloc(const attn_config *cfg_in, const attn_load_params *p, attn
         if (m->rope_cos == NULL || m->rope_sin == NULL) {
             goto fail;
         }
-        attn__rope_tables(&m->cfg, m->rope_cos, m->rope_sin);
+        attn__rope_tables(&m->cfg, false, m->rope_cos, m->rope_sin);
         m->bytes += 2 * n * sizeof(float);
+        if (cfg.rope_scaling.type == ATTN_ROPE_SCALING_LONGROPE) {
+            m->rope_cos_long = attn__alloc_floats(n);
+            m->rope_sin_long = attn__alloc_floats(n);
+            if (m->rope_cos_long == NULL || m->rope_sin_long == NULL) {
+                goto fail;
+            }
+            attn__rope_tables(&m->cfg, true, m->rope_cos_long, m->rope_sin_long);
+            m->bytes += 2 * n * sizeof(float);
+        }
         if (cfg.rope_theta_local > 0) {
             attn_config local = cfg;
             local.rope_theta = cfg.rope_theta_local;
@@ -155,7 +166,7 @@ int attn__model_alloc(const attn_config *cfg_in, const attn_load_params *p, attn
             if (m->rope_cos_local == NULL || m->rope_sin_local == NULL) {
                 goto fail;
             }
-            attn__rope_tables(&local, m->rope_cos_local, m->rope_sin_local);
+            attn__rope_tables(&local, false, m->rope_cos_local, m->rope_sin_local);
             m->bytes += 2 * n * sizeof(float);
         }
     }

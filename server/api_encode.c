@@ -283,29 +283,59 @@ char *api_session_list_encode(const struct api_session *sessions, int32_t n_sess
     return strbuf_detach(&b, len);
 }
 
-/* The rope_scaling object as config.json spells it, or null. */
-static void put_rope_scaling(struct strbuf *b, const attn_rope_scaling *rs) {
-    if (rs->type == ATTN_ROPE_SCALING_LINEAR) {
-        strbuf_puts(b, "{\"rope_type\":\"linear\",\"factor\":");
-        put_float(b, rs->factor);
-        strbuf_putc(b, '}');
-    } else if (rs->type == ATTN_ROPE_SCALING_LLAMA3) {
-        strbuf_puts(b, "{\"rope_type\":\"llama3\",\"factor\":");
-        put_float(b, rs->factor);
+static void put_float_list(struct strbuf *b, const char *key, const float *v, int32_t n) {
+    strbuf_printf(b, ",\"%s\":[", key);
+    for (int32_t i = 0; i < n; i++) {
+        if (i > 0) {
+            strbuf_putc(b, ',');
+        }
+        put_float(b, v[i]);
+    }
+    strbuf_putc(b, ']');
+}
+
+/* The rope_scaling object as config.json spells it, with the values attnd derived (YaRN's and
+ * LongRoPE's attention_factor, the betas), or null. rotary_dim sizes LongRoPE's lists. */
+static void put_rope_scaling(struct strbuf *b, const attn_rope_scaling *rs, int32_t rotary_dim) {
+    static const char *const names[] = {NULL, "linear", "llama3", "yarn", "longrope", "dynamic"};
+    if (rs->type <= ATTN_ROPE_SCALING_NONE || rs->type > ATTN_ROPE_SCALING_DYNAMIC) {
+        strbuf_puts(b, "null");
+        return;
+    }
+    strbuf_printf(b, "{\"rope_type\":\"%s\",\"factor\":", names[rs->type]);
+    put_float(b, rs->factor);
+    if (rs->type == ATTN_ROPE_SCALING_LLAMA3) {
         strbuf_puts(b, ",\"low_freq_factor\":");
         put_float(b, rs->low_freq_factor);
         strbuf_puts(b, ",\"high_freq_factor\":");
         put_float(b, rs->high_freq_factor);
-        strbuf_printf(b, ",\"original_max_position_embeddings\":%d}",
-                      (int)rs->original_max_position);
-    } else {
-        strbuf_puts(b, "null");
     }
+    if (rs->type == ATTN_ROPE_SCALING_YARN || rs->type == ATTN_ROPE_SCALING_LONGROPE) {
+        strbuf_puts(b, ",\"attention_factor\":");
+        put_float(b, rs->attention_factor);
+    }
+    if (rs->type == ATTN_ROPE_SCALING_YARN) {
+        strbuf_puts(b, ",\"beta_fast\":");
+        put_float(b, rs->beta_fast);
+        strbuf_puts(b, ",\"beta_slow\":");
+        put_float(b, rs->beta_slow);
+        strbuf_printf(b, ",\"truncate\":%s", rs->yarn_fractional_range ? "false" : "true");
+    }
+    if (rs->type == ATTN_ROPE_SCALING_LONGROPE) {
+        put_float_list(b, "short_factor", rs->short_factor, rotary_dim / 2);
+        put_float_list(b, "long_factor", rs->long_factor, rotary_dim / 2);
+    }
+    if (rs->type == ATTN_ROPE_SCALING_LINEAR) {
+        strbuf_putc(b, '}');
+        return;
+    }
+    /* dynamic: the checkpoint's max_position_embeddings, past which theta grows */
+    strbuf_printf(b, ",\"%s\":%d}",
+                  rs->type == ATTN_ROPE_SCALING_DYNAMIC ? "max_position_embeddings"
+                                                        : "original_max_position_embeddings",
+                  (int)rs->original_max_position);
 }
 
-/* One entry of "layers": what attention layer `layer` computes. Every loaded layer has the
- * model's one config today; the list is per layer so that families with layers of several
- * kinds are described the same way. */
 static void put_layer(struct strbuf *b, const attn_config *cfg, int32_t layer) {
     bool is_sliding = attn_config_layer_is_sliding(cfg, layer);
     strbuf_printf(b, "{\"layer\":%d,\"attention\":\"%s\",\"sliding_window\":", (int)layer,
@@ -325,7 +355,8 @@ static void put_layer(struct strbuf *b, const attn_config *cfg, int32_t layer) {
         strbuf_puts(b, "null"); /* no rotary embedding (GPT-2) */
     }
     strbuf_puts(b, ",\"rope_scaling\":");
-    put_rope_scaling(b, is_local_rope || cfg->rotary_dim <= 0 ? &none : &cfg->rope_scaling);
+    put_rope_scaling(b, is_local_rope || cfg->rotary_dim <= 0 ? &none : &cfg->rope_scaling,
+                     cfg->rotary_dim);
     strbuf_puts(b, ",\"softmax_scale\":");
     put_float(b, cfg->softmax_scale);
     strbuf_puts(b, ",\"qk_norm\":");
@@ -362,7 +393,7 @@ char *api_model_encode(const attn_config *cfg, const struct api_model_info *info
         strbuf_puts(&b, "null");
     }
     strbuf_puts(&b, ",\"rope_scaling\":");
-    put_rope_scaling(&b, &cfg->rope_scaling);
+    put_rope_scaling(&b, &cfg->rope_scaling, cfg->rotary_dim);
     strbuf_printf(&b, ",\"max_position_embeddings\":%d,\"attention_bias\":%s,\"sliding_window\":",
                   (int)cfg->max_seq, cfg->has_qkv_bias ? "true" : "false");
     if (cfg->sliding_window > 0) {

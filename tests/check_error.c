@@ -194,7 +194,7 @@ END_TEST
 START_TEST(test_error_eunsupported_rope_scaling) {
     attn_model *m = NULL;
     char err[128];
-    ck_assert_int_eq(attn_model_load_hf("tests/data/bad_yarn", NULL, &m, err, sizeof(err)),
+    ck_assert_int_eq(attn_model_load_hf("tests/data/refuse_mrope", NULL, &m, err, sizeof(err)),
                      ATTN_EUNSUPPORTED);
     ck_assert_ptr_null(m);
 }

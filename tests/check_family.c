@@ -127,10 +127,50 @@ START_TEST(test_family_layout_rules) {
     expect_ok(&p, "phi3 0.7 of 20");
     ck_assert_int_eq(p.cfg.rotary_dim, 14);
     ck_assert_int_eq(p.lay.tensors, ATTN__HF_FUSED_QKV);
+    /* longrope: one factor per rotated pair (here 14 / 2); Phi3Config's original context is
+     * 4096 when absent, and the factor is max_position_embeddings over it. */
+    p = parse("phi3",
+              ",\"head_dim\":20,\"partial_rotary_factor\":0.7,\"max_position_embeddings\":"
+              "16384,\"rope_scaling\":{\"type\":\"longrope\",\"short_factor\":[1,1,1,1,1,1,"
+              "1],\"long_factor\":[2,2,2,2,2,2,2]}",
+              NULL);
+    expect_ok(&p, "phi3 longrope");
+    ck_assert_int_eq(p.cfg.rope_scaling.original_max_position, 4096);
+    ck_assert_float_eq(p.cfg.rope_scaling.factor, 4.0f);
     p = parse("phi3",
               ",\"rope_scaling\":{\"type\":\"longrope\",\"short_factor\":[1],\"long_factor\":[2]}",
               NULL);
-    expect_refused(&p, ATTN_EUNSUPPORTED, "longrope", "phi3 longrope");
+    expect_refused(&p, ATTN_EIO, "short_factor must list rotary dims / 2", "longrope list");
+    /* Keys a scaling does not read, and types attnd does not compute, are refused by name. */
+    p = parse("llama",
+              ",\"rope_scaling\":{\"rope_type\":\"linear\",\"factor\":2,\"finetuned\":true}", NULL);
+    expect_refused(&p, ATTN_EUNSUPPORTED, "rope_scaling.finetuned", "linear extra key");
+    p = parse("llama", ",\"rope_scaling\":{\"type\":\"su\",\"short_factor\":[1]}", NULL);
+    expect_refused(&p, ATTN_EUNSUPPORTED, "type 'su' is not supported", "su");
+    /* yarn: factor and max_position_embeddings / original must agree; dynamic reads no other
+     * original context than max_position_embeddings; betas default to 32 and 1. */
+    p = parse("llama",
+              ",\"max_position_embeddings\":8192,\"rope_scaling\":{\"rope_type\":\"yarn\","
+              "\"factor\":4,\"original_max_position_embeddings\":8192}",
+              NULL);
+    expect_refused(&p, ATTN_EUNSUPPORTED, "transformers versions differ", "yarn factor");
+    p = parse("llama",
+              ",\"max_position_embeddings\":8192,\"rope_scaling\":{\"rope_type\":\"yarn\","
+              "\"factor\":4,\"original_max_position_embeddings\":2048}",
+              NULL);
+    expect_ok(&p, "yarn");
+    ck_assert_int_eq(attn_config_check(&p.cfg), ATTN_OK);
+    ck_assert(p.cfg.rope_scaling.beta_fast == 32 && p.cfg.rope_scaling.beta_slow == 1);
+    p = parse("llama",
+              ",\"max_position_embeddings\":8192,\"rope_scaling\":{\"rope_type\":\"dynamic\","
+              "\"factor\":2,\"original_max_position_embeddings\":4096}",
+              NULL);
+    expect_refused(&p, ATTN_EUNSUPPORTED, "dynamic rope_scaling with", "dynamic original");
+    p = parse(
+        "llama",
+        ",\"max_position_embeddings\":64,\"rope_scaling\":{\"rope_type\":\"dynamic\",\"factor\":0}",
+        NULL);
+    expect_refused(&p, ATTN_EIO, "factor must be > 0", "dynamic factor 0");
 
     /* GPT-NeoX: rotary_pct 0.25 when absent, rotary_emb_base as theta, biases unless
      * attention_bias is false; the module is "attention" under gpt_neox.layers. */

@@ -39,6 +39,10 @@ static const fixture gpt2 = {"gpt2", 64, 4, 4, 16, 8, 3};
 static const fixture stablelm = {"stablelm", 64, 4, 2, 16, 7, 3};
 static const fixture cohere = {"cohere", 64, 4, 2, 16, 6, 3};
 static const fixture glm4 = {"glm4", 64, 4, 2, 16, 8, 3};
+static const fixture phi3l = {"phi3l", 64, 4, 2, 16, 10, 3};
+static const fixture yarnq = {"yarnq", 64, 4, 2, 16, 7, 3};
+static const fixture yarnl = {"yarnl", 64, 4, 1, 16, 6, 3};
+static const fixture dyn = {"dyn", 64, 4, 2, 16, 14, 4};
 
 static attn_model *load_ok(const char *dir, const attn_load_params *p) {
     attn_model *m = NULL;
@@ -415,6 +419,48 @@ START_TEST(test_load_layer_subset) {
 }
 END_TEST
 
+/* Rotary scalings past theta: LongRoPE (short factors while a call stays within the original
+ * context, long ones once it reaches past it, cos and sin times the attention factor), YaRN (as
+ * Qwen2.5 writes it, and DeepSeek's mscale pair with gpt-oss's unrounded ramp) and dynamic NTK
+ * (theta grown per call past max_position_embeddings, served with a longer max_seq). */
+START_TEST(test_load_rope_scalings_match_numpy) {
+    attn_model *m = load_ok(DATA "hf_phi3_longrope_f32", NULL);
+    const attn_rope_scaling *s = &attn_model_config(m)->rope_scaling;
+    ck_assert_int_eq(s->type, ATTN_ROPE_SCALING_LONGROPE);
+    ck_assert_int_eq(s->original_max_position, 16);
+    ck_assert_float_eq_tol(s->factor, 4.0f, 1e-6f);
+    ck_assert_float_eq_tol(s->attention_factor, (float)sqrt(1.0 + log(4.0) / log(16.0)), 1e-6f);
+    check_layer(m, 0, &phi3l, "phi3_longrope_f32");
+    attn_model_destroy(m);
+
+    m = load_ok(DATA "hf_qwen2_yarn_f32", NULL);
+    s = &attn_model_config(m)->rope_scaling;
+    ck_assert_int_eq(s->type, ATTN_ROPE_SCALING_YARN);
+    ck_assert_int_eq(s->original_max_position, 2048);
+    ck_assert_float_eq_tol(s->attention_factor, (float)(0.1 * log(4.0) + 1.0), 1e-6f);
+    ck_assert(s->beta_fast == 32.0f && s->beta_slow == 1.0f && !s->yarn_fractional_range);
+    check_layer(m, 0, &yarnq, "qwen2_yarn_f32");
+    attn_model_destroy(m);
+
+    m = load_ok(DATA "hf_llama_yarn_f32", NULL);
+    s = &attn_model_config(m)->rope_scaling;
+    ck_assert_int_eq(s->original_max_position, 4096);
+    ck_assert(s->yarn_fractional_range);
+    ck_assert_float_eq_tol(s->attention_factor,
+                           (float)((0.1 * log(8.0) + 1.0) / (0.1 * 0.8 * log(8.0) + 1.0)), 1e-6f);
+    check_layer(m, 0, &yarnl, "llama_yarn_f32");
+    attn_model_destroy(m);
+
+    attn_load_params longer = {0, 0, 32, NULL};
+    m = load_ok(DATA "hf_llama_dynamic_f32", &longer);
+    s = &attn_model_config(m)->rope_scaling;
+    ck_assert_int_eq(s->type, ATTN_ROPE_SCALING_DYNAMIC);
+    ck_assert_int_eq(s->original_max_position, 16);
+    check_layer(m, 0, &dyn, "llama_dynamic_f32");
+    attn_model_destroy(m);
+}
+END_TEST
+
 /* ---- errors -------------------------------------------------------------------------------- */
 
 typedef struct bad_folder {
@@ -424,10 +470,15 @@ typedef struct bad_folder {
 
 START_TEST(test_load_bad_folders) {
     static const bad_folder cases[] = {
-        {DATA "bad_yarn", ATTN_EUNSUPPORTED}, {DATA "bad_dtype_i8", ATTN_EUNSUPPORTED},
-        {DATA "bad_shape", ATTN_ESHAPE},      {DATA "bad_truncated", ATTN_EIO},
-        {DATA "bad_no_config", ATTN_EIO},     {DATA "bad_missing_shard", ATTN_EIO},
-        {DATA "bad_missing_tensor", 0},       {DATA "no_such_folder", ATTN_EIO},
+        {DATA "refuse_yarn_factor", ATTN_EUNSUPPORTED},
+        {DATA "refuse_mrope", ATTN_EUNSUPPORTED},
+        {DATA "bad_dtype_i8", ATTN_EUNSUPPORTED},
+        {DATA "bad_shape", ATTN_ESHAPE},
+        {DATA "bad_truncated", ATTN_EIO},
+        {DATA "bad_no_config", ATTN_EIO},
+        {DATA "bad_missing_shard", ATTN_EIO},
+        {DATA "bad_missing_tensor", 0},
+        {DATA "no_such_folder", ATTN_EIO},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         attn_model *sentinel = (attn_model *)&cases[i];
@@ -455,10 +506,10 @@ START_TEST(test_load_reason_buffer) {
     attn_model *m = NULL;
     char err[8];
     memset(err, 'x', sizeof(err));
-    ck_assert_int_eq(attn_model_load_hf(DATA "bad_yarn", NULL, &m, err, sizeof(err)),
+    ck_assert_int_eq(attn_model_load_hf(DATA "refuse_mrope", NULL, &m, err, sizeof(err)),
                      ATTN_EUNSUPPORTED);
     ck_assert_msg(memchr(err, 0, sizeof(err)) != NULL, "reason not NUL-terminated");
-    ck_assert_int_eq(attn_model_load_hf(DATA "bad_yarn", NULL, &m, NULL, 0), ATTN_EUNSUPPORTED);
+    ck_assert_int_eq(attn_model_load_hf(DATA "refuse_mrope", NULL, &m, NULL, 0), ATTN_EUNSUPPORTED);
     ck_assert_ptr_null(m);
 }
 END_TEST
@@ -500,6 +551,7 @@ Suite *load_suite(void) {
     tcase_add_test(tc, test_load_qwen2_mixed_f32_matches_numpy);
     tcase_add_test(tc, test_load_granite_f32_matches_numpy);
     tcase_add_test(tc, test_load_phi3_bf16_matches_numpy);
+    tcase_add_test(tc, test_load_rope_scalings_match_numpy);
     tcase_add_test(tc, test_load_gpt_neox_f16_matches_numpy);
     tcase_add_test(tc, test_load_gpt2_f32_matches_numpy);
     tcase_add_test(tc, test_load_norm_and_rotary_families_match_numpy);

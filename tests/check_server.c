@@ -999,10 +999,12 @@ START_TEST(test_server_family_checkpoints_match_the_reference) {
         {"tests/data/hf_qwen2_mixed_f32", "qwen2m", "qwen2_mixed_f32_l1", 32, 1, 8, 3},
         {"tests/data/hf_gpt2_f32", "gpt2", "gpt2_f32_l1", 64, 1, 8, 3},
         {"tests/data/hf_stablelm_bf16", "stablelm", "stablelm_bf16_l1", 64, 1, 7, 3},
+        /* dynamic NTK: the last two decode calls reach past max_position_embeddings 16 */
+        {"tests/data/hf_llama_dynamic_f32", "dyn", "llama_dynamic_f32_l0", 64, 0, 14, 4},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        const char *args[] = {"--model",        cases[c].dir, "--workers", "1",
-                              "--kv-budget-mb", "4",          NULL};
+        const char *args[] = {"--model", cases[c].dir, "--workers", "1", "--kv-budget-mb",
+                              "4",       "--max-seq",  "32",        NULL};
         start(args);
         int32_t n = cases[c].prefill + cases[c].decode, hidden = cases[c].hidden;
         char path[256], extra[64];

@@ -81,32 +81,96 @@ def write_safetensors(path, tensors, dtype, dtypes=None):
 # ---- the model, in float64 -----------------------------------------------------------------------
 
 
-def inv_freq(cfg):
-    """theta^(-2i/rotary_dim), then linear or llama3 scaling (HF _compute_llama3_parameters)."""
-    rd = cfg["rotary_dim"]
-    f = cfg["rope_theta"] ** (-np.arange(0, rd, 2, dtype=np.float64) / rd)
+def yarn_mscale(scale, m=1.0):
+    return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+
+def rope_freqs(cfg, seq_len=None):
+    """(inv_freq, attention_factor) for a forward call whose positions reach seq_len, as
+    transformers' modeling_rope_utils computes them for each rope_type (default, linear, llama3,
+    yarn, longrope, dynamic)."""
+    rd, theta = cfg["rotary_dim"], cfg["rope_theta"]
+    exps = np.arange(0, rd, 2, dtype=np.float64) / rd
+    f = theta ** -exps
     sc = cfg.get("rope_scaling")
     if sc is None:
-        return f
-    if sc["type"] == "linear":
-        return f / sc["factor"]
-    assert sc["type"] == "llama3"
-    factor, low, high = sc["factor"], sc["low_freq_factor"], sc["high_freq_factor"]
-    orig = sc["original_max_position_embeddings"]
-    wavelen = 2 * math.pi / f
-    low_wl, high_wl = orig / low, orig / high
-    out = np.where(wavelen > low_wl, f / factor, f)
-    smooth = (orig / wavelen - low) / (high - low)
-    smoothed = (1 - smooth) * out / factor + smooth * out
-    medium = ~(wavelen < high_wl) & ~(wavelen > low_wl)
-    return np.where(medium, smoothed, out)
+        return f, 1.0
+    kind = sc["type"]
+    if kind == "linear":
+        return f / sc["factor"], 1.0
+    if kind == "llama3":
+        factor, low, high = sc["factor"], sc["low_freq_factor"], sc["high_freq_factor"]
+        orig = sc["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / f
+        low_wl, high_wl = orig / low, orig / high
+        out = np.where(wavelen > low_wl, f / factor, f)
+        smooth = (orig / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * out / factor + smooth * out
+        medium = ~(wavelen < high_wl) & ~(wavelen > low_wl)
+        return np.where(medium, smoothed, out), 1.0
+    if kind == "yarn":  # _compute_yarn_parameters
+        factor, orig = sc["factor"], sc["original"]
+        att = sc.get("attention_factor")
+        if att is None:
+            if sc.get("mscale") and sc.get("mscale_all_dim"):
+                att = yarn_mscale(factor, sc["mscale"]) / yarn_mscale(factor, sc["mscale_all_dim"])
+            else:
+                att = yarn_mscale(factor)
+
+        def correction_dim(n_rot):
+            return rd * math.log(orig / (n_rot * 2 * math.pi)) / (2 * math.log(theta))
+
+        low, high = correction_dim(sc.get("beta_fast", 32)), correction_dim(sc.get("beta_slow", 1))
+        if sc.get("truncate", True):
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, rd - 1)
+        if low == high:
+            high += 0.001
+        ramp = np.clip((np.arange(rd // 2, dtype=np.float64) - low) / (high - low), 0, 1)
+        extrapolation = 1 - ramp
+        return (f / factor) * (1 - extrapolation) + f * extrapolation, att
+    if kind == "longrope":  # _compute_longrope_parameters, long factors past the original context
+        orig = sc["original"]
+        factor = sc["max_pos"] / orig
+        att = sc.get("attention_factor")
+        if att is None:
+            att = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(orig))
+        ext = sc["long_factor"] if seq_len is not None and seq_len > orig else sc["short_factor"]
+        return 1.0 / (np.asarray(ext, np.float64) * theta ** exps), att
+    assert kind == "dynamic"  # _compute_dynamic_ntk_parameters with seq_len = max(pos) + 1
+    max_pos, factor = sc["max_pos"], sc["factor"]
+    length = max(seq_len or 0, max_pos)
+    base = theta * (factor * length / max_pos - (factor - 1)) ** (rd / (rd - 2))
+    return base ** -exps, 1.0
+
+
+def inv_freq(cfg):
+    return rope_freqs(cfg)[0]
+
+
+def call_lengths(positions, calls):
+    """Per token, max(position_ids) + 1 of the forward call it is in: calls lists the calls'
+    token counts (None: one call)."""
+    positions = np.asarray(positions)
+    calls = calls or [len(positions)]
+    out, at = [], 0
+    for n in calls:
+        out += [int(positions[at:at + n].max()) + 1] * n
+        at += n
+    assert at == len(positions)
+    return out
 
 
 def rope(x, positions, cfg):
-    """x: (T, heads, head_dim). Rotates the first rotary_dim dims of every head."""
+    """x: (T, heads, head_dim). Rotates the first rotary_dim dims of every head; cos and sin
+    carry the scaling's attention factor, as transformers' rotary embeddings return them."""
     rd = cfg["rotary_dim"]
-    ang = np.outer(np.asarray(positions, dtype=np.float64), inv_freq(cfg))  # (T, rd/2)
-    cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    cos, sin = [], []
+    for p, n in zip(positions, call_lengths(positions, cfg.get("calls"))):
+        f, att = rope_freqs(cfg, n)
+        cos.append(att * np.cos(p * f))
+        sin.append(att * np.sin(p * f))
+    cos, sin = np.array(cos)[:, None, :], np.array(sin)[:, None, :]
     rot, rest = x[..., :rd], x[..., rd:]
     if cfg["rope_style"] == "half":
         a, b = rot[..., : rd // 2], rot[..., rd // 2 :]
@@ -544,6 +608,83 @@ GLM4_CONFIG = {
 }
 GLM4_T, GLM4_DECODE = 8, 3
 
+# Rotary scalings whose frequencies depend on more than theta. Each fixture's calls (a prefill,
+# then single-token decodes) are part of its reference: longrope and dynamic choose frequencies
+# per call from max(position_ids) + 1, as transformers' dynamic_rope_update does.
+#
+# phi3 with longrope (Phi-3-mini-128k's shape, shrunk): original context 16 (top-level
+# original_max_position_embeddings), max_position_embeddings 64, so attention_factor
+# sqrt(1 + ln 4 / ln 16); the prefill reaches position 14 and the first decode 15 (short factors),
+# the next two 16 and 17 (long factors). Partial rotary 0.75 (12 dims, 6 factors), F32.
+_rng = np.random.default_rng(47)
+PHI3L_SHORT = [round(float(v), 4) for v in _rng.uniform(1.0, 3.0, 6)]
+PHI3L_LONG = [round(float(v), 4) for v in _rng.uniform(2.0, 8.0, 6)]
+PHI3L = {
+    "hidden": 64, "n_heads": 4, "n_kv_heads": 2, "head_dim": 16, "n_layers": 1,
+    "rotary_dim": 12, "rope_theta": 10000.0, "rope_style": "half", "sliding_window": 0,
+    "rope_scaling": {"type": "longrope", "original": 16, "max_pos": 64,
+                     "short_factor": PHI3L_SHORT, "long_factor": PHI3L_LONG},
+}
+PHI3L_CONFIG = dict(PHI3_CONFIG, num_hidden_layers=1, sliding_window=None,
+                    max_position_embeddings=64, original_max_position_embeddings=16,
+                    torch_dtype="float32",
+                    rope_scaling={"type": "longrope", "short_factor": PHI3L_SHORT,
+                                  "long_factor": PHI3L_LONG})
+PHI3L_T, PHI3L_DECODE, PHI3L_POS0 = 10, 3, 5
+PHI3L["calls"] = [PHI3L_T] + [1] * PHI3L_DECODE
+
+# qwen2 with yarn as Qwen2.5's long-context recipe writes it (factor 4 over an original 2048,
+# max_position_embeddings 8192 = factor x original, default betas, truncated range): positions
+# 3000.. (past the original); q/k/v biases; F32.
+YARNQ = {
+    "hidden": 64, "n_heads": 4, "n_kv_heads": 2, "head_dim": 16, "n_layers": 1,
+    "rotary_dim": 16, "rope_theta": 10000.0, "rope_style": "half", "sliding_window": 0,
+    "rope_scaling": {"type": "yarn", "factor": 4.0, "original": 2048},
+}
+YARNQ_CONFIG = {
+    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "torch_dtype": "float32",
+    "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "num_hidden_layers": 1, "rope_theta": 10000.0, "max_position_embeddings": 8192,
+    "use_sliding_window": False, "vocab_size": 8,
+    "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048},
+}
+YARNQ_T, YARNQ_DECODE, YARNQ_POS0 = 7, 3, 3000
+
+# llama with yarn in DeepSeek's spelling: mscale and mscale_all_dim set the attention factor,
+# beta_fast 16, beta_slow 2, truncate false (gpt-oss's unrounded ramp), no original (so
+# max_position_embeddings 4096 is), factor 8; F32.
+YARNL_SCALING = {"rope_type": "yarn", "factor": 8.0, "beta_fast": 16.0, "beta_slow": 2.0,
+                 "mscale": 1.0, "mscale_all_dim": 0.8, "truncate": False}
+YARNL = {
+    "hidden": 64, "n_heads": 4, "n_kv_heads": 1, "head_dim": 16, "n_layers": 1,
+    "rotary_dim": 16, "rope_theta": 50000.0, "rope_style": "half", "sliding_window": 0,
+    "rope_scaling": dict(YARNL_SCALING, type="yarn", original=4096),
+}
+YARNL_CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "torch_dtype": "float32",
+    "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 1,
+    "num_hidden_layers": 1, "rope_theta": 50000.0, "max_position_embeddings": 4096,
+    "rope_scaling": YARNL_SCALING, "vocab_size": 8,
+}
+YARNL_T, YARNL_DECODE, YARNL_POS0 = 6, 3, 1000
+
+# llama with dynamic NTK: max_position_embeddings 16, factor 2; the prefill reaches 13, the
+# decodes 14, 15 (theta as is), 16, 17 (theta grown for lengths 17 and 18). Served with
+# max_seq 32 (the daemon's --max-seq). F32.
+DYN = {
+    "hidden": 64, "n_heads": 4, "n_kv_heads": 2, "head_dim": 16, "n_layers": 1,
+    "rotary_dim": 16, "rope_theta": 10000.0, "rope_style": "half", "sliding_window": 0,
+    "rope_scaling": {"type": "dynamic", "factor": 2.0, "max_pos": 16},
+}
+DYN_CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "torch_dtype": "float32",
+    "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "num_hidden_layers": 1, "rope_theta": 10000.0, "max_position_embeddings": 16,
+    "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}, "vocab_size": 8,
+}
+DYN_T, DYN_DECODE = 14, 4
+DYN["calls"] = [DYN_T] + [1] * DYN_DECODE
+
 # bad: a minimal valid model (hidden 8, 2 heads, 1 kv head) that each bad folder breaks once.
 BAD = {"hidden": 8, "n_heads": 2, "n_kv_heads": 1, "head_dim": 4}
 BAD_CONFIG = {
@@ -785,6 +926,30 @@ def gen_norms_and_rotary(out, exp):
     write_expected(exp, "glm4_bf16", rounded(layers, bf16_round), x, pos, GLM4)
 
 
+def gen_rope_scalings(out, exp):
+    """phi3 with longrope, qwen2 and llama with yarn, llama with dynamic NTK."""
+    rng = np.random.default_rng(48)
+    hid, h, hkv, d = PHI3L["hidden"], PHI3L["n_heads"], PHI3L["n_kv_heads"], PHI3L["head_dim"]
+    layers = [{"qkv_proj.weight": uniform(rng, ((h + 2 * hkv) * d, hid), hid),
+               "o_proj.weight": uniform(rng, (hid, h * d), h * d)}]
+    x, pos = gen_inputs(exp, "phi3l", rng, PHI3L_T + PHI3L_DECODE, hid, PHI3L_POS0)
+    write_folder(os.path.join(out, "hf_phi3_longrope_f32"), PHI3L_CONFIG,
+                 stored_tensors(layers, "model.layers", "self_attn"), "F32")
+    write_expected(exp, "phi3_longrope_f32", [phi3_as_projections(w, PHI3L) for w in layers], x,
+                   pos, PHI3L)
+
+    for name, cfg, config, t, n, pos0, qkv_bias in (
+            ("yarnq", YARNQ, YARNQ_CONFIG, YARNQ_T, YARNQ_DECODE, YARNQ_POS0, True),
+            ("yarnl", YARNL, YARNL_CONFIG, YARNL_T, YARNL_DECODE, YARNL_POS0, False),
+            ("dyn", DYN, DYN_CONFIG, DYN_T, DYN_DECODE, 0, False)):
+        layers = [random_layer(rng, cfg, qkv_bias, False)]
+        x, pos = gen_inputs(exp, name, rng, t + n, cfg["hidden"], pos0)
+        folder = {"yarnq": "hf_qwen2_yarn_f32", "yarnl": "hf_llama_yarn_f32",
+                  "dyn": "hf_llama_dynamic_f32"}[name]
+        write_folder(os.path.join(out, folder), config, layer_tensors(layers, []), "F32")
+        write_expected(exp, folder[3:], layers, x, pos, cfg)
+
+
 def gen_bad(out):
     rng = np.random.default_rng(3)
     tensors = layer_tensors([random_layer(rng, BAD, False, False)], [])
@@ -796,8 +961,12 @@ def gen_bad(out):
         write_safetensors(os.path.join(path, "model.safetensors"), tensors, "F32", **kw)
         return path
 
-    folder("bad_yarn", dict(BAD_CONFIG, rope_scaling={
+    # yarn whose factor disagrees with max_position_embeddings / original (transformers versions
+    # differ on which applies), and Qwen2-VL's multimodal rotary, which attnd does not compute.
+    folder("refuse_yarn_factor", dict(BAD_CONFIG, rope_scaling={
         "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}))
+    folder("refuse_mrope", dict(BAD_CONFIG, rope_scaling={
+        "type": "mrope", "mrope_section": [1, 1]}))
     folder("bad_dtype_i8", dtypes={"model.layers.0.self_attn.q_proj.weight": "I8"})
     wrong = "model.layers.0.self_attn.k_proj.weight"  # (4, 8) in a valid file
     folder("bad_shape", tensors=[(n, np.zeros((8, 8), np.float32) if n == wrong else a)
@@ -843,6 +1012,7 @@ def main():
     gen_windows(out, exp)
     gen_layouts(out, exp)
     gen_norms_and_rotary(out, exp)
+    gen_rope_scalings(out, exp)
     gen_bad(out)
 
 
