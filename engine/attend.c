@@ -156,8 +156,18 @@ static void run_tiled(const struct attn__task *t, const struct tile_ctx *tc, con
         accumulate_block(t, tc, s, (size_t)bt, rows, block_v(&t->kv, b), nb, o);
     }
     for (int32_t r = 0; r < rows; r++) {
-        float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
         float *orow = o + (size_t)r * t->d_v;
+        if (t->sinks != NULL) {
+            /* The sink joins the denominator only: rescale to the larger maximum, then add it. */
+            float sink = t->sinks[r / t->n_q];
+            float m_new = m[r] > sink ? m[r] : sink;
+            float corr = expf(m[r] - m_new); /* 0 when no key was visible */
+            l[r] = l[r] * corr + expf(sink - m_new);
+            for (int32_t c = 0; c < t->d_v; c++) {
+                orow[c] *= corr;
+            }
+        }
+        float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
         for (int32_t c = 0; c < t->d_v; c++) {
             orow[c] *= inv;
         }
@@ -195,7 +205,8 @@ static void run_materialized(const struct attn__task *t, const struct tile_ctx *
     for (int32_t r = 0; r < rows; r++) {
         float *w = weights_row(t, r) + c0;
         int64_t n = c1 - c0;
-        float mx = -INFINITY;
+        float sink = t->sinks != NULL ? t->sinks[r / t->n_q] : -INFINITY;
+        float mx = sink;
         for (int64_t j = 0; j < n; j++) {
             mx = w[j] > mx ? w[j] : mx;
         }
@@ -203,7 +214,8 @@ static void run_materialized(const struct attn__task *t, const struct tile_ctx *
             memset(w, 0, (size_t)n * sizeof(float));
             continue;
         }
-        float sum = attn__exp_shift(w, (int32_t)n, mx);
+        /* A sink is one more logit in the denominator; its probability is not returned. */
+        float sum = attn__exp_shift(w, (int32_t)n, mx) + expf(sink - mx);
         float inv = 1.0f / sum;
         for (int64_t j = 0; j < n; j++) {
             w[j] *= inv;

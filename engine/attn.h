@@ -133,6 +133,11 @@ typedef struct attn_config {
     float qk_norm_eps;      /* its epsilon; 0 = 1e-6 */
     float logit_softcap;    /* 0 = none; else each score s, after the softmax scale, becomes
                                cap * tanh(s / cap) before the mask (Gemma 2) */
+    /* Learned attention sinks (gpt-oss): each query head h of each layer has a logit sink_h
+     * that joins every softmax's denominator, unscaled and never masked:
+     * p_j = exp(s_j) / (sum_k exp(s_k) + exp(sink_h)). The weights returned sum to less than 1
+     * by the sink's share. */
+    bool has_sinks;
     float rope_theta_local; /* 0 = every layer rotates with rope_theta and rope_scaling; else the
                                sliding layers rotate with this theta and no scaling (Gemma 3) */
     /* Per absolute layer: true makes it a full-attention layer even when sliding_window is set
@@ -185,6 +190,7 @@ typedef struct attn_layer_weights {
     const float *bo;     /* (hidden_size) when has_o_bias */
     const float *q_norm; /* ATTN_QK_NORM_HEAD: (head_dim); WIDTH: (n_heads * head_dim) */
     const float *k_norm; /* ATTN_QK_NORM_HEAD: (head_dim); WIDTH: (n_kv_heads * head_dim) */
+    const float *sinks;  /* (n_heads) when has_sinks */
 } attn_layer_weights;
 
 /* Creates a model from caller tensors: layers[i] holds layer (p->layer_first + i), for

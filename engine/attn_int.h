@@ -25,6 +25,7 @@ struct attn__layer {
     float *b_o;    /* (hidden_size) or NULL */
     float *q_norm; /* NULL, or (attn__qk_norm_len(cfg, false)) */
     float *k_norm; /* NULL, or (attn__qk_norm_len(cfg, true)) */
+    float *sinks;  /* NULL, or (n_heads): each query head's sink logit */
 };
 
 /* Immutable after create. */
@@ -104,7 +105,9 @@ struct attn__task {
     int32_t n_q;
     int32_t d_k, d_v;
     float scale;
-    float softcap; /* 0, or scores s become softcap * tanh(s / softcap) (after scale) */
+    float softcap;      /* 0, or scores s become softcap * tanh(s / softcap) (after scale) */
+    const float *sinks; /* NULL, or the n_group heads' sink logits: each joins its rows'
+                           softmax denominator (attn_config.has_sinks) */
     struct attn__kv_view kv;
     struct attn__mask mask;
     float *scratch; /* attn__task_scratch_floats(...) floats */

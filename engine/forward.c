@@ -282,6 +282,7 @@ static int32_t part_tasks(const attn_model *m, int32_t layer, attn_workspace *ws
                           const attn_step *st, const struct chunk_part *p, struct attn__task *tasks,
                           size_t *scratch_used) {
     const attn_config *c = &m->cfg;
+    const struct attn__layer *l = &m->layers[layer - m->layer_first];
     int32_t window_left = attn_config_layer_is_sliding(c, layer) ? c->sliding_window - 1 : -1;
     int32_t r = c->n_heads / c->n_kv_heads;
     size_t n_qkv = n_qkv_of(c), hd = (size_t)c->head_dim, hd_all = (size_t)c->n_heads * hd;
@@ -316,6 +317,7 @@ static int32_t part_tasks(const attn_model *m, int32_t layer, attn_workspace *ws
             t->d_v = c->head_dim;
             t->scale = c->softmax_scale;
             t->softcap = c->logit_softcap;
+            t->sinks = l->sinks != NULL ? l->sinks + (size_t)g * r : NULL;
             t->kv = attn__kv_view_of(st->kv, g, n_keys);
             t->mask.q_index0 = p_start + q0;
             t->mask.is_causal = true;

@@ -79,6 +79,8 @@ struct family {
     const char *bias_flag;      /* BIAS_QKV_IF_FLAG's flag; NULL = attention_bias */
     int32_t longrope_original;  /* original_max_position_embeddings when absent (Phi3Config:
                                    4096); 0 = max_position_embeddings */
+    bool has_sinks;             /* self_attn.sinks: one learned logit per query head (gpt-oss) */
+    const char *default_rope_scaling; /* rope_scaling (JSON) when absent, or NULL */
 };
 
 static int gemma2_extra(const struct attn__reason *why, const cJSON *j, attn_config *c);
@@ -234,6 +236,22 @@ static const struct family families[] = {
      .rotary = ROTARY_PARTIAL,
      .default_partial = 0.5,
      .rope_style = ATTN_ROPE_STYLE_INTERLEAVED},
+    /* gpt-oss: learned sinks, sliding (even) and full layers, biases, yarn (configuration_gpt_oss
+     * defaults: 8 KV heads, head_dim 64, window 128, theta 150000, yarn 32 over 4096 with an
+     * unrounded ramp). */
+    {.model_type = "gpt_oss",
+     .default_kv_heads = 8,
+     .default_head_dim = 64,
+     .default_window = 128,
+     .bias = BIAS_IF_ATTENTION_BIAS,
+     .default_attention_bias = true,
+     .window = WINDOW_GEMMA2,
+     .reads = qwen_reads,
+     .default_theta = 150000.0f,
+     .has_sinks = true,
+     .default_rope_scaling = "{\"rope_type\":\"yarn\",\"factor\":32.0,\"beta_fast\":32.0,"
+                             "\"beta_slow\":1.0,\"truncate\":false,"
+                             "\"original_max_position_embeddings\":4096}"},
     /* attnd's own layout: the engine's generic attention with every field explicit. */
     {.model_type = "attnd",
      .bias = BIAS_AS_THE_TENSORS_SAY,
@@ -256,7 +274,6 @@ static const struct {
     {"phi", "partial rotary and a dense output projection"},
     {"falcon", "the fused query_key_value"},
     {"starcoder2", "its attention has not been validated"},
-    {"gpt_oss", "attention sinks, alternating sliding layers and yarn scaling"},
     {"deepseek_v2", "multi-head latent attention"},
     {"deepseek_v3", "multi-head latent attention"},
     {"llama4", "chunked attention and layers without RoPE"},
@@ -265,7 +282,7 @@ static const struct {
 
 #define SERVED_LIST                                                                                \
     "llama, mistral, qwen2, qwen3, olmo2, granite, gemma2, gemma3, phi3, gpt_neox, gpt2, "         \
-    "stablelm, cohere, glm, glm4, attnd"
+    "stablelm, cohere, glm, glm4, gpt_oss, attnd"
 
 /* Fields that change attention, which none of the served families computes: refused unless they
  * hold their neutral value (absent, null, false, 0, or what is named). */
@@ -697,7 +714,17 @@ static int parse_rope(const struct attn__reason *why, const cJSON *j, const stru
                           "even and > 0",
                           c->rotary_dim);
     }
-    return parse_rope_scaling(why, j, rs, f, c);
+    if (rs != NULL || f->default_rope_scaling == NULL) {
+        return parse_rope_scaling(why, j, rs, f, c);
+    }
+    /* The scaling the family's config class sets when config.json names none. */
+    cJSON *fallback = cJSON_Parse(f->default_rope_scaling);
+    if (fallback == NULL) {
+        return attn__fail(why, ATTN_ENOMEM, "config.json: out of memory");
+    }
+    rc = parse_rope_scaling(why, j, fallback, f, c);
+    cJSON_Delete(fallback);
+    return rc;
 }
 
 /* ---- family rules ------------------------------------------------------------------------------
@@ -1035,6 +1062,7 @@ static int parse_config(const struct attn__reason *why, const cJSON *j, const ch
         return rc;
     }
     lay->is_norm_one_plus = f->is_norm_one_plus;
+    c->has_sinks = f->has_sinks;
     lay->tensors = f->tensors;
     lay->attn_name = f->attn_name != NULL ? f->attn_name : "self_attn";
     if (f->prefixes[0] != NULL) {

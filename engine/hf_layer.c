@@ -55,7 +55,8 @@ bool attn__hf_tensor_is_consumed(const attn_config *c, const struct attn__hf_lay
     const struct names *n = &layouts[lay->tensors];
     if (in_list(n->weights, 4, suffix) || in_list(n->ignored, 3, suffix) ||
         (c->has_qkv_bias && in_list(n->qkv_biases, 3, suffix)) ||
-        (c->has_o_bias && strcmp(suffix, n->o_bias) == 0)) {
+        (c->has_o_bias && strcmp(suffix, n->o_bias) == 0) ||
+        (c->has_sinks && strcmp(suffix, "sinks") == 0)) {
         return true;
     }
     if (c->qk_norm == ATTN_QK_NORM_NONE) {
@@ -276,5 +277,8 @@ int attn__hf_layer_read(const struct attn__hf_reader *rd, const attn_config *c,
         break;
     }
     free(tmp);
+    if (rc == ATTN_OK && c->has_sinks) {
+        rc = read_named(rd, prefix, layer, lay, "sinks", c->n_heads, 0, l->sinks);
+    }
     return rc != ATTN_OK ? rc : read_norms(rd, c, lay, prefix, layer, l);
 }

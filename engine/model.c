@@ -63,6 +63,7 @@ void attn_model_destroy(attn_model *m) {
         free(m->layers[i].b_o);
         free(m->layers[i].q_norm);
         free(m->layers[i].k_norm);
+        free(m->layers[i].sinks);
     }
     free(m->layers);
     free(m->rope_cos);
@@ -136,8 +137,15 @@ int attn__model_alloc(const attn_config *cfg_in, const attn_load_params *p, attn
                 goto fail;
             }
         }
+        if (cfg.has_sinks) {
+            l->sinks = attn__alloc_floats((size_t)cfg.n_heads);
+            if (l->sinks == NULL) {
+                goto fail;
+            }
+        }
     }
     per_layer += attn__qk_norm_len(&cfg, false) + attn__qk_norm_len(&cfg, true);
+    per_layer += cfg.has_sinks ? (size_t)cfg.n_heads : 0;
     m->bytes = (size_t)count * per_layer * sizeof(float);
     if (cfg.rotary_dim > 0) {
         size_t n = (size_t)cfg.max_seq * (cfg.rotary_dim / 2);
@@ -197,7 +205,8 @@ int attn_model_create(const attn_config *cfg, const attn_layer_weights *layers,
         if (w->wq == NULL || w->wk == NULL || w->wv == NULL || w->wo == NULL ||
             (c->has_qkv_bias && (w->bq == NULL || w->bk == NULL || w->bv == NULL)) ||
             (c->has_o_bias && w->bo == NULL) ||
-            (c->qk_norm != ATTN_QK_NORM_NONE && (w->q_norm == NULL || w->k_norm == NULL))) {
+            (c->qk_norm != ATTN_QK_NORM_NONE && (w->q_norm == NULL || w->k_norm == NULL)) ||
+            (c->has_sinks && w->sinks == NULL)) {
             attn_model_destroy(m);
             return ATTN_EINVAL;
         }
@@ -216,6 +225,9 @@ int attn_model_create(const attn_config *cfg, const attn_layer_weights *layers,
         if (c->qk_norm != ATTN_QK_NORM_NONE) {
             memcpy(l->q_norm, w->q_norm, attn__qk_norm_len(c, false) * sizeof(float));
             memcpy(l->k_norm, w->k_norm, attn__qk_norm_len(c, true) * sizeof(float));
+        }
+        if (c->has_sinks) {
+            memcpy(l->sinks, w->sinks, (size_t)c->n_heads * sizeof(float));
         }
     }
     *out = m;
@@ -274,6 +286,13 @@ int attn_model_create_random(const attn_config *cfg, uint64_t seed, const attn_l
             fill_uniform(norms[n], len, 0.5f, seed, layer, 5 + n);
             for (size_t j = 0; j < len; j++) {
                 norms[n][j] += 1.0f;
+            }
+        }
+        /* Sinks in [-1, 3): from negligible to most of a row's mass, so a wrong one shows. */
+        if (l->sinks != NULL) {
+            fill_uniform(l->sinks, (size_t)c->n_heads, 2.0f, seed, layer, 7);
+            for (int32_t h = 0; h < c->n_heads; h++) {
+                l->sinks[h] += 1.0f;
             }
         }
     }

@@ -84,6 +84,7 @@ int attn_sdpa(const attn_sdpa_params *p, void *scratch) {
             t->d_v = p->d_v;
             t->scale = p->scale > 0 ? p->scale : 1.0f / sqrtf((float)p->d_k);
             t->softcap = 0.0f;
+            t->sinks = NULL;
             t->kv.k_base = p->k + (size_t)g * p->n_k * p->d_k;
             t->kv.v_base = p->v + (size_t)g * p->n_k * p->d_v;
             t->kv.block_ids = NULL;

@@ -376,7 +376,7 @@ static void put_layer(struct strbuf *b, const attn_config *cfg, int32_t layer) {
     } else {
         strbuf_puts(b, "null");
     }
-    strbuf_puts(b, ",\"sinks\":false}");
+    strbuf_printf(b, ",\"sinks\":%s}", cfg->has_sinks ? "true" : "false");
 }
 
 char *api_model_encode(const attn_config *cfg, const struct api_model_info *info, size_t *len) {

@@ -53,9 +53,10 @@ static size_t pool_budget(const attn_config *cfg, int32_t block_tokens, int32_t 
     return block * (blocks * caches + 1);
 }
 
-/* Each weight row with a visible key sums to 1; a row ref says is fully masked is all zeros. */
+/* Each weight row with a visible key sums to 1 (with sinks: to the reference's sum, below 1); a
+ * row ref says is fully masked is all zeros. */
 static void expect_rows_normalized(const float *w, const float *w_ref, int32_t n_heads, int32_t n,
-                                   const char *what) {
+                                   bool has_sinks, const char *what) {
     for (int32_t h = 0; h < n_heads; h++) {
         for (int32_t i = 0; i < n; i++) {
             const float *row = w + ((size_t)h * n + i) * n;
@@ -71,6 +72,10 @@ static void expect_rows_normalized(const float *w, const float *w_ref, int32_t n
                 snprintf(label, sizeof(label), "%s: fully masked row (head %d, query %d)", what,
                          (int)h, (int)i);
                 harness_expect_zero(row, (size_t)n, label);
+            } else if (has_sinks) {
+                ck_assert_msg(fabs(sum - sum_ref) < 1e-5 && sum_ref < 1.0 - 1e-3,
+                              "%s: head %d query %d sums to %.9g, ref %.9g", what, (int)h, (int)i,
+                              sum, sum_ref);
             } else {
                 ck_assert_msg(fabs(sum - 1.0) < 1e-5, "%s: head %d query %d sums to %.9g", what,
                               (int)h, (int)i, sum);
@@ -144,7 +149,7 @@ static void check_scenario(const scenario *sc) {
     harness_expect_close_tol(out[1], out[2], out_count, SAME_ATOL, SAME_RTOL, what);
     snprintf(what, sizeof(what), "%s: weights vs ref", desc);
     harness_expect_weight_rows(w, w_ref, cfg->n_heads, 0, n, what);
-    expect_rows_normalized(w, w_ref, cfg->n_heads, n, what);
+    expect_rows_normalized(w, w_ref, cfg->n_heads, n, cfg->has_sinks, what);
 
     for (int c = 0; c < 3; c++) {
         attn_kv_destroy(kv[c]);
@@ -210,6 +215,31 @@ START_TEST(test_attend_prefill_then_decode_equals_one_pass) {
         sc.seed = (uint64_t)(300 + variant);
         check_scenario(&sc);
     }
+}
+END_TEST
+
+/* Learned sinks (gpt-oss): one more logit per query head in every softmax denominator, in both
+ * paths (weights, online softmax) and both kernels (decode dot products, prefill tiles), with a
+ * window, GQA and MHA, a padding mask that leaves rows with no key, and a long prefill. */
+START_TEST(test_attend_sinks) {
+    static const int32_t chunks[] = {9, 1, 1, 1, 1, 1, 1, 1};
+    static const uint8_t valid[16] = {0, 0, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+    for (int variant = 0; variant < 4; variant++) {
+        attn_config cfg = harness_config(8, variant == 1 ? 8 : 2, 32);
+        cfg.has_sinks = true;
+        cfg.sliding_window = variant == 2 ? 4 : 0;
+        scenario sc = scenario_default(&cfg, 16, chunks, 8);
+        sc.key_valid = variant == 3 ? valid : NULL;
+        sc.seed = (uint64_t)(330 + variant);
+        check_scenario(&sc);
+    }
+    static const int32_t long_chunks[] = {150, 1, 1};
+    attn_config cfg = harness_config(8, 2, 64);
+    cfg.has_sinks = true;
+    cfg.sliding_window = 37;
+    scenario sc = scenario_default(&cfg, 152, long_chunks, 3);
+    sc.seed = 339;
+    check_scenario(&sc);
 }
 END_TEST
 
@@ -519,6 +549,7 @@ Suite *attend_suite(void) {
     tcase_add_test(tc, test_attend_gqa_ratios_and_head_dims);
     tcase_add_test(tc, test_attend_large_past_then_decode);
     tcase_add_test(tc, test_attend_prefill_then_decode_equals_one_pass);
+    tcase_add_test(tc, test_attend_sinks);
     tcase_add_test(tc, test_attend_sliding_window);
     tcase_add_test(tc, test_attend_padding_mask);
     tcase_add_test(tc, test_attend_fully_masked_rows_are_zero);

@@ -74,8 +74,8 @@ START_TEST(test_family_model_type_decides) {
     expect_refused(&p, ATTN_EINVAL, "gpt2", "a layout that cannot be trusted");
 
     /* Known and not served: refused with what it needs, trusted or not. */ static const char
-        *const unserved[] = {"qwen3_moe", "cohere2", "gemma",      "mixtral", "olmo",
-                             "phi",       "falcon",  "starcoder2", "gpt_oss", "deepseek_v3"};
+        *const unserved[] = {"qwen3_moe", "cohere2", "gemma",      "mixtral",    "olmo",
+                             "phi",       "falcon",  "starcoder2", "deepseek_v3"};
     for (size_t i = 0; i < sizeof unserved / sizeof unserved[0]; i++) {
         p = parse(unserved[i], "", "llama");
         expect_refused(&p, ATTN_EUNSUPPORTED, unserved[i], unserved[i]);
@@ -291,6 +291,32 @@ START_TEST(test_family_layout_rules) {
     ck_assert(!attn__hf_tensor_is_consumed(&c, &lay, "k_layernorm.norms.1.bias"));
     ck_assert(!attn__hf_tensor_is_consumed(&c, &lay, "k_layernorm.norms..weight"));
     ck_assert(!attn__hf_tensor_is_consumed(&c, &lay, "q_norm.weight"));
+    /* sinks: only where the family has them. */
+    ck_assert(!attn__hf_tensor_is_consumed(&c, &lay, "sinks"));
+    c.has_sinks = true;
+    ck_assert(attn__hf_tensor_is_consumed(&c, &lay, "sinks"));
+    ck_assert(!attn__hf_tensor_is_consumed(&c, &lay, "sinks.weight"));
+
+    /* gpt-oss with nothing but the geometry: GptOssConfig's defaults, its yarn included. */
+    const char *oss = "{\"model_type\":\"gpt_oss\",\"hidden_size\":2880,"
+                      "\"num_attention_heads\":64,\"num_hidden_layers\":24}";
+    p.rc = attn__hf_config_parse(oss, strlen(oss), NULL, &p.cfg, &p.lay, p.err, sizeof p.err);
+    expect_ok(&p, "gpt_oss defaults");
+    ck_assert(p.cfg.has_sinks && p.cfg.has_qkv_bias && p.cfg.has_o_bias);
+    ck_assert_int_eq(p.cfg.n_kv_heads, 8);
+    ck_assert_int_eq(p.cfg.head_dim, 64);
+    ck_assert_int_eq(p.cfg.sliding_window, 128);
+    ck_assert(attn_config_layer_is_sliding(&p.cfg, 0) && !attn_config_layer_is_sliding(&p.cfg, 1));
+    ck_assert_int_eq(p.cfg.rope_scaling.type, ATTN_ROPE_SCALING_YARN);
+    ck_assert_float_eq(p.cfg.rope_scaling.factor, 32.0f);
+    ck_assert_int_eq(p.cfg.rope_scaling.original_max_position, 4096);
+    ck_assert(p.cfg.rope_scaling.yarn_fractional_range);
+    ck_assert_float_eq(p.cfg.rope_theta, 150000.0f);
+    p = parse("gpt_oss",
+              ",\"num_key_value_heads\":2,\"attention_bias\":false,\"rope_scaling\":null", NULL);
+    expect_ok(&p, "gpt_oss without biases or scaling");
+    ck_assert(!p.cfg.has_qkv_bias && !p.cfg.has_o_bias);
+    ck_assert_int_eq(p.cfg.rope_scaling.type, ATTN_ROPE_SCALING_NONE);
 }
 END_TEST
 

@@ -121,6 +121,9 @@ attn_layer_weights harness_weights(const attn_config *cfg, const ref_layer *w) {
     if (cfg->has_o_bias) {
         lw.bo = w->bo;
     }
+    if (cfg->has_sinks) {
+        lw.sinks = w->sinks;
+    }
     return lw;
 }
 

@@ -43,6 +43,7 @@ static const fixture phi3l = {"phi3l", 64, 4, 2, 16, 10, 3};
 static const fixture yarnq = {"yarnq", 64, 4, 2, 16, 7, 3};
 static const fixture yarnl = {"yarnl", 64, 4, 1, 16, 6, 3};
 static const fixture dyn = {"dyn", 64, 4, 2, 16, 14, 4};
+static const fixture gptoss = {"gptoss", 64, 4, 2, 24, 8, 3};
 
 static attn_model *load_ok(const char *dir, const attn_load_params *p) {
     attn_model *m = NULL;
@@ -360,6 +361,32 @@ START_TEST(test_load_norm_and_rotary_families_match_numpy) {
 }
 END_TEST
 
+/* gpt-oss: each head's learned sink in every softmax denominator (the weights sum to less than
+ * 1), sliding and full layers from layer_types, q/k/v/o biases, head_dim 24 of hidden 64, yarn
+ * 32x with gpt-oss's unrounded ramp, BF16; a later layer loads alone. */
+START_TEST(test_load_gpt_oss_bf16_matches_numpy) {
+    attn_model *m = load_ok(DATA "hf_gpt_oss_bf16", NULL);
+    const attn_config *c = attn_model_config(m);
+    ck_assert_str_eq(attn_model_family(m), "gpt_oss");
+    ck_assert(c->has_sinks && c->has_qkv_bias && c->has_o_bias);
+    ck_assert_int_eq(c->head_dim, 24);
+    ck_assert_int_eq(c->sliding_window, 3);
+    ck_assert(attn_config_layer_is_sliding(c, 0) && !attn_config_layer_is_sliding(c, 1) &&
+              attn_config_layer_is_sliding(c, 2));
+    ck_assert_int_eq(c->rope_scaling.type, ATTN_ROPE_SCALING_YARN);
+    ck_assert(c->rope_scaling.yarn_fractional_range);
+    ck_assert_float_eq_tol(c->rope_scaling.attention_factor, (float)(0.1 * log(32.0) + 1.0), 1e-6f);
+    for (int32_t layer = 0; layer < 3; layer++) {
+        check_layer(m, layer, &gptoss, "gpt_oss_bf16");
+    }
+    attn_model_destroy(m);
+    attn_load_params only2 = {2, 1, 0, NULL};
+    m = load_ok(DATA "hf_gpt_oss_bf16", &only2);
+    check_layer(m, 2, &gptoss, "gpt_oss_bf16");
+    attn_model_destroy(m);
+}
+END_TEST
+
 /* Qwen2 with max_window_layers 1: a full layer 0 and a sliding layer 1. */
 START_TEST(test_load_qwen2_mixed_f32_matches_numpy) {
     attn_model *m = load_ok(DATA "hf_qwen2_mixed_f32", NULL);
@@ -555,6 +582,7 @@ Suite *load_suite(void) {
     tcase_add_test(tc, test_load_gpt_neox_f16_matches_numpy);
     tcase_add_test(tc, test_load_gpt2_f32_matches_numpy);
     tcase_add_test(tc, test_load_norm_and_rotary_families_match_numpy);
+    tcase_add_test(tc, test_load_gpt_oss_bf16_matches_numpy);
     tcase_add_test(tc, test_load_layer_subset);
     tcase_add_test(tc, test_load_bad_folders);
     tcase_add_test(tc, test_load_reason_buffer);

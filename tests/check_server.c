@@ -991,30 +991,40 @@ END_TEST
 START_TEST(test_server_family_checkpoints_match_the_reference) {
     static const struct {
         const char *dir, *input, *expected;
-        int32_t hidden, layer, prefill, decode;
+        int32_t hidden, layer, prefill, decode, pos0;
     } cases[] = {
-        {"tests/data/hf_qwen3_bf16", "qwen3", "qwen3_bf16_l1", 64, 1, 8, 3},
-        {"tests/data/hf_qwen2_f16", "alt", "qwen2_f16_l0", 32, 0, 9, 3},
-        {"tests/data/hf_gemma2_f32", "gemma2", "gemma2_f32_l2", 64, 2, 11, 3},
-        {"tests/data/hf_qwen2_mixed_f32", "qwen2m", "qwen2_mixed_f32_l1", 32, 1, 8, 3},
-        {"tests/data/hf_gpt2_f32", "gpt2", "gpt2_f32_l1", 64, 1, 8, 3},
-        {"tests/data/hf_stablelm_bf16", "stablelm", "stablelm_bf16_l1", 64, 1, 7, 3},
+        {"tests/data/hf_qwen3_bf16", "qwen3", "qwen3_bf16_l1", 64, 1, 8, 3, 0},
+        {"tests/data/hf_qwen2_f16", "alt", "qwen2_f16_l0", 32, 0, 9, 3, 0},
+        {"tests/data/hf_gemma2_f32", "gemma2", "gemma2_f32_l2", 64, 2, 11, 3, 0},
+        {"tests/data/hf_qwen2_mixed_f32", "qwen2m", "qwen2_mixed_f32_l1", 32, 1, 8, 3, 0},
+        {"tests/data/hf_gpt2_f32", "gpt2", "gpt2_f32_l1", 64, 1, 8, 3, 0},
+        {"tests/data/hf_stablelm_bf16", "stablelm", "stablelm_bf16_l1", 64, 1, 7, 3, 0},
         /* dynamic NTK: the last two decode calls reach past max_position_embeddings 16 */
-        {"tests/data/hf_llama_dynamic_f32", "dyn", "llama_dynamic_f32_l0", 64, 0, 14, 4},
+        {"tests/data/hf_llama_dynamic_f32", "dyn", "llama_dynamic_f32_l0", 64, 0, 14, 4, 0},
+        /* sinks and yarn, at positions 100.. (the request's positions) */
+        {"tests/data/hf_gpt_oss_bf16", "gptoss", "gpt_oss_bf16_l2", 64, 2, 8, 3, 100},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const char *args[] = {"--model", cases[c].dir, "--workers", "1", "--kv-budget-mb",
-                              "4",       "--max-seq",  "32",        NULL};
+                              "4",       "--max-seq",  "128",       NULL};
         start(args);
         int32_t n = cases[c].prefill + cases[c].decode, hidden = cases[c].hidden;
-        char path[256], extra[64];
+        char path[256], extra[512];
         snprintf(path, sizeof path, "tests/data/expected/%s_x.bin", cases[c].input);
         float *x = harness_read_file(path, (size_t)n * hidden * sizeof(float));
         snprintf(path, sizeof path, "tests/data/expected/%s_out.bin", cases[c].expected);
         float *want = harness_read_file(path, (size_t)n * hidden * sizeof(float));
-        snprintf(extra, sizeof extra, ",\"layer\":%d", (int)cases[c].layer);
         for (int32_t first = 0; first < n;) {
             int32_t t = first == 0 ? cases[c].prefill : 1;
+            int len = snprintf(extra, sizeof extra, ",\"layer\":%d", (int)cases[c].layer);
+            for (int32_t i = 0; cases[c].pos0 > 0 && i < t; i++) {
+                len +=
+                    snprintf(extra + len, sizeof extra - (size_t)len, "%s%d",
+                             i == 0 ? ",\"positions\":[" : ",", (int)(cases[c].pos0 + first + i));
+            }
+            if (cases[c].pos0 > 0) {
+                snprintf(extra + len, sizeof extra - (size_t)len, "]");
+            }
             char *body = http_client_attend_body("family", x, first, t, hidden, first % 2, extra);
             cJSON *j = call_json("POST", "/v1/attend", body, 200);
             size_t got_n = 0;

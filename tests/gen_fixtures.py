@@ -249,9 +249,18 @@ def attention_layer(w, x, positions, cfg, li=0):
     if sliding:
         visible &= (i - j) < cfg["sliding_window"]
     scores = np.where(visible[None], scores, -np.inf)
-    scores -= scores.max(axis=-1, keepdims=True)
-    probs = np.exp(scores)
-    probs /= probs.sum(axis=-1, keepdims=True)
+    if "sinks" in w:
+        # modeling_gpt_oss (eager_attention_forward): each head's sink logit is concatenated as
+        # one more column (unscaled), the softmax runs over all, and the sink column is dropped.
+        sinks = np.broadcast_to(w["sinks"].astype(np.float64)[:, None, None], (h, t, 1))
+        combined = np.concatenate([scores, sinks], axis=-1)
+        combined -= combined.max(axis=-1, keepdims=True)
+        probs = np.exp(combined)
+        probs = (probs / probs.sum(axis=-1, keepdims=True))[..., :-1]
+    else:
+        scores -= scores.max(axis=-1, keepdims=True)
+        probs = np.exp(scores)
+        probs /= probs.sum(axis=-1, keepdims=True)
     ctx = np.einsum("hij,jhd->ihd", probs, vv).reshape(t, h * d)
     out = ctx @ w["o_proj.weight"].astype(np.float64).T
     if "o_proj.bias" in w:
@@ -685,6 +694,32 @@ DYN_CONFIG = {
 DYN_T, DYN_DECODE = 14, 4
 DYN["calls"] = [DYN_T] + [1] * DYN_DECODE
 
+# gpt_oss: learned sinks per query head, layer_types alternating sliding (window 3) and full,
+# q/k/v/o biases (attention_bias), head_dim 24 (not hidden / heads), GQA 4/2, theta 150000, yarn
+# factor 32 over an original 64 (max_position_embeddings 2048) with truncate false as gpt-oss
+# ships it; positions 100..; 3 layers, BF16 (sinks too).
+GPTOSS_SCALING = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                  "truncate": False, "original_max_position_embeddings": 64}
+GPTOSS = {
+    "hidden": 64, "n_heads": 4, "n_kv_heads": 2, "head_dim": 24, "n_layers": 3,
+    "rotary_dim": 24, "rope_theta": 150000.0, "rope_style": "half", "sliding_window": 3,
+    "layer_sliding": [True, False, True],
+    "rope_scaling": dict(GPTOSS_SCALING, type="yarn", original=64),
+}
+GPTOSS_CONFIG = {
+    "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "torch_dtype": "bfloat16",
+    "attention_bias": True, "attention_dropout": 0.0, "experts_per_token": 4, "head_dim": 24,
+    "hidden_act": "silu", "hidden_size": 64, "initial_context_length": 64,
+    "intermediate_size": 64,
+    "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+    "max_position_embeddings": 2048, "num_attention_heads": 4, "num_experts_per_tok": 4,
+    "num_hidden_layers": 3, "num_key_value_heads": 2, "num_local_experts": 4,
+    "rms_norm_eps": 1e-05, "rope_scaling": GPTOSS_SCALING, "rope_theta": 150000,
+    "router_aux_loss_coef": 0.9, "sliding_window": 3, "swiglu_limit": 7.0,
+    "tie_word_embeddings": False, "use_cache": True, "vocab_size": 8,
+}
+GPTOSS_T, GPTOSS_DECODE, GPTOSS_POS0 = 8, 3, 100
+
 # bad: a minimal valid model (hidden 8, 2 heads, 1 kv head) that each bad folder breaks once.
 BAD = {"hidden": 8, "n_heads": 2, "n_kv_heads": 1, "head_dim": 4}
 BAD_CONFIG = {
@@ -927,7 +962,8 @@ def gen_norms_and_rotary(out, exp):
 
 
 def gen_rope_scalings(out, exp):
-    """phi3 with longrope, qwen2 and llama with yarn, llama with dynamic NTK."""
+    """phi3 with longrope, qwen2 and llama with yarn, llama with dynamic NTK, gpt_oss (sinks,
+    alternating layers, yarn with an unrounded ramp)."""
     rng = np.random.default_rng(48)
     hid, h, hkv, d = PHI3L["hidden"], PHI3L["n_heads"], PHI3L["n_kv_heads"], PHI3L["head_dim"]
     layers = [{"qkv_proj.weight": uniform(rng, ((h + 2 * hkv) * d, hid), hid),
@@ -948,6 +984,15 @@ def gen_rope_scalings(out, exp):
                   "dyn": "hf_llama_dynamic_f32"}[name]
         write_folder(os.path.join(out, folder), config, layer_tensors(layers, []), "F32")
         write_expected(exp, folder[3:], layers, x, pos, cfg)
+
+    layers = [random_layer(rng, GPTOSS, True, True) for _ in range(GPTOSS["n_layers"])]
+    for w in layers:  # sinks: a share of each row from small to most of it
+        w["sinks"] = rng.uniform(-1.0, 3.0, GPTOSS["n_heads"]).astype(np.float32)
+    x, pos = gen_inputs(exp, "gptoss", rng, GPTOSS_T + GPTOSS_DECODE, GPTOSS["hidden"],
+                        GPTOSS_POS0)
+    write_folder(os.path.join(out, "hf_gpt_oss_bf16"), GPTOSS_CONFIG, layer_tensors(layers, []),
+                 "BF16")
+    write_expected(exp, "gpt_oss_bf16", rounded(layers, bf16_round), x, pos, GPTOSS)
 
 
 def gen_bad(out):

@@ -110,6 +110,9 @@ void ref_layer_init_random(ref_layer *w, const attn_config *cfg, ref_rng *r) {
     w->bk = random_tensor(r, kv_dim, cfg->hidden_size);
     w->bv = random_tensor(r, kv_dim, cfg->hidden_size);
     w->bo = random_tensor(r, hidden, (int32_t)q_dim);
+    /* Sinks in [-1, 3): from a small share of a row's mass to most of it. */
+    w->sinks = xcalloc((size_t)cfg->n_heads, sizeof(float));
+    ref_fill_uniform(r, w->sinks, (size_t)cfg->n_heads, -1.0f, 3.0f);
 }
 
 void ref_layer_release(ref_layer *w) {
@@ -121,6 +124,7 @@ void ref_layer_release(ref_layer *w) {
     free(w->bk);
     free(w->bv);
     free(w->bo);
+    free(w->sinks);
     memset(w, 0, sizeof(*w));
 }
 
@@ -170,10 +174,11 @@ void ref_rope_rotate(const attn_config *cfg, const double *inv_freq, int32_t pos
 
 /* ---- softmax over one row ------------------------------------------------------------------ */
 
-/* p[j] = exp(s[j] - max) / sum over visible j, 0 elsewhere. Returns false (and all zeros) when no
- * key is visible, which is how a fully masked row becomes zeros instead of 0/0. */
-static bool softmax_row(const double *s, const bool *visible, int32_t n, double *p) {
-    double max = -INFINITY;
+/* p[j] = exp(s[j] - max) / (sum over visible j + exp(sink - max)), 0 elsewhere; sink is -inf
+ * without sinks. Returns false (and all zeros) when no key is visible, which is how a fully
+ * masked row becomes zeros instead of 0/0. */
+static bool softmax_row(const double *s, const bool *visible, int32_t n, double sink, double *p) {
+    double max = sink;
     for (int32_t j = 0; j < n; j++) {
         if (visible[j] && s[j] > max) {
             max = s[j];
@@ -187,6 +192,7 @@ static bool softmax_row(const double *s, const bool *visible, int32_t n, double 
     if (sum == 0.0) {
         return false;
     }
+    sum += exp(sink - max);
     for (int32_t j = 0; j < n; j++) {
         p[j] /= sum;
     }
@@ -268,7 +274,8 @@ void ref_layer_forward(const attn_config *cfg, const ref_layer *w, const ref_for
                 s[j] =
                     visible[j] ? scale * dot(qi, k + (size_t)j * kv_dim + (size_t)kvh * d, d) : 0.0;
             }
-            softmax_row(s, visible, n, p);
+            double sink = cfg->has_sinks ? (double)w->sinks[h] : -INFINITY;
+            softmax_row(s, visible, n, sink, p);
             double *ci = ctx + (size_t)i * q_dim + (size_t)h * d;
             for (int32_t j = 0; j < n; j++) {
                 const double *vj = v + (size_t)j * kv_dim + (size_t)kvh * d;
@@ -331,7 +338,7 @@ void ref_sdpa(const ref_sdpa_args *a) {
                 }
                 s[j] = visible[j] ? scale * dot(qd, kd, a->d_k) : 0.0;
             }
-            softmax_row(s, visible, a->n_k, p);
+            softmax_row(s, visible, a->n_k, -INFINITY, p);
             for (int32_t e = 0; e < a->d_v; e++) {
                 double acc = 0.0;
                 for (int32_t j = 0; j < a->n_k; j++) {

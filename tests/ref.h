@@ -35,10 +35,13 @@ void ref_fill_uniform(ref_rng *r, float *a, size_t n, float lo, float hi);
  *   wk (n_kv_heads * head_dim, hidden) bk (n_kv_heads * head_dim)
  *   wv (n_kv_heads * head_dim, hidden) bv (n_kv_heads * head_dim)
  *   wo (hidden, n_heads * head_dim)    bo (hidden)
- * The biases are read only when the config says so (has_qkv_bias, has_o_bias). */
+ * The biases are read only when the config says so (has_qkv_bias, has_o_bias), and
+ *   sinks (n_heads), one logit per query head added to each softmax's denominator, only with
+ *   has_sinks. */
 typedef struct ref_layer {
     float *wq, *wk, *wv, *wo;
     float *bq, *bk, *bv, *bo;
+    float *sinks;
 } ref_layer;
 
 /* Allocates every tensor of *w (biases always, so a test can switch the config's bias flags) and
