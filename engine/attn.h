@@ -138,6 +138,9 @@ typedef struct attn_config {
      * p_j = exp(s_j) / (sum_k exp(s_k) + exp(sink_h)). The weights returned sum to less than 1
      * by the sink's share. */
     bool has_sinks;
+    /* Only sliding layers rotate; full layers attend without positions (Cohere 2's global
+     * layers: NoPE). */
+    bool rope_sliding_only;
     float rope_theta_local; /* 0 = every layer rotates with rope_theta and rope_scaling; else the
                                sliding layers rotate with this theta and no scaling (Gemma 3) */
     /* Per absolute layer: true makes it a full-attention layer even when sliding_window is set

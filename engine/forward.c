@@ -254,7 +254,8 @@ static void rope_and_append(const attn_model *m, int32_t layer, const attn_step 
     size_t k_off = (size_t)c->n_heads * hd, v_off = k_off + (size_t)c->n_kv_heads * hd;
     int32_t base = st->kv->len;
     struct attn__rope_frame frame;
-    if (c->rotary_dim > 0) {
+    bool rotates = c->rotary_dim > 0 && (is_local || !c->rope_sliding_only);
+    if (rotates) {
         /* A call's rotation may depend on the whole step's reach (longrope, dynamic), not only
          * on this part's. */
         int32_t max_pos =
@@ -267,7 +268,7 @@ static void rope_and_append(const attn_model *m, int32_t layer, const attn_step 
         int32_t idx = base + i;
         int32_t pos = st->positions ? st->positions[p->first + i] : idx;
         attn__qk_norm_apply(c, l, row);
-        if (c->rotary_dim > 0) {
+        if (rotates) {
             attn__rope_apply(c, &frame, row, c->n_heads, row + k_off, c->n_kv_heads, pos);
         }
         for (int32_t h = 0; h < c->n_kv_heads; h++) {

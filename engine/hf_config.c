@@ -80,6 +80,8 @@ struct family {
     int32_t longrope_original;  /* original_max_position_embeddings when absent (Phi3Config:
                                    4096); 0 = max_position_embeddings */
     bool has_sinks;             /* self_attn.sinks: one learned logit per query head (gpt-oss) */
+    bool rope_sliding_only;     /* full layers without RoPE (Cohere 2) */
+    int32_t default_pattern;    /* WINDOW_GEMMA3: sliding_window_pattern when absent; 0 = 6 */
     const char *default_rope_scaling; /* rope_scaling (JSON) when absent, or NULL */
 };
 
@@ -91,6 +93,7 @@ static int gpt2_extra(const struct attn__reason *why, const cJSON *j, attn_confi
 static const char *const gpt2_keys[] = {"n_embd", "n_head", "n_layer", "n_positions"};
 static const char *const stablelm_reads[] = {"qk_layernorm", NULL};
 static const char *const cohere_reads[] = {"use_qk_norm", NULL};
+static const char *const cohere2_reads[] = {"layer_types", "sliding_window_pattern", NULL};
 static const char *const neox_reads[] = {"rotary_pct", NULL};
 
 static const char *const qwen_reads[] = {"layer_types", NULL};
@@ -218,6 +221,16 @@ static const struct family families[] = {
      .norms = ATTN__HF_NORM_MATRIX,
      .rope_style = ATTN_ROPE_STYLE_INTERLEAVED,
      .reads = cohere_reads},
+    /* Cohere 2 (Command R7B, Command A): 3 sliding layers with interleaved RoPE to 1 full layer
+     * without positions (sliding_window_pattern 4, or layer_types); biases iff attention_bias. */
+    {.model_type = "cohere2",
+     .default_window = 4096,
+     .bias = BIAS_IF_ATTENTION_BIAS,
+     .window = WINDOW_GEMMA3,
+     .default_pattern = 4,
+     .rope_style = ATTN_ROPE_STYLE_INTERLEAVED,
+     .rope_sliding_only = true,
+     .reads = cohere2_reads},
     /* GLM-4 (glm: GLM-4-9B; glm4: GLM-4-0414): half of each head rotated, interleaved; q/k/v
      * biases with attention_bias, o never. */
     {.model_type = "glm",
@@ -269,7 +282,6 @@ static const struct {
     {"mixtral", "its attention has not been validated"},
     {"gemma", "its attention has not been validated"},
     {"olmo", "clip_qkv"},
-    {"cohere2", "interleaved rotary and alternating sliding layers"},
     {"granitemoe", "attention_multiplier as the softmax scale"},
     {"phi", "partial rotary and a dense output projection"},
     {"falcon", "the fused query_key_value"},
@@ -282,7 +294,7 @@ static const struct {
 
 #define SERVED_LIST                                                                                \
     "llama, mistral, qwen2, qwen3, olmo2, granite, gemma2, gemma3, phi3, gpt_neox, gpt2, "         \
-    "stablelm, cohere, glm, glm4, gpt_oss, attnd"
+    "stablelm, cohere, cohere2, glm, glm4, gpt_oss, attnd"
 
 /* Fields that change attention, which none of the served families computes: refused unless they
  * hold their neutral value (absent, null, false, 0, or what is named). */
@@ -823,7 +835,8 @@ static int read_window(const struct attn__reason *why, const cJSON *j, const str
 /* Which layers slide, by the family's rule (configuration_*.py), unless layer_types lists them. */
 static int parse_window(const struct attn__reason *why, const cJSON *j, const struct family *f,
                         attn_config *c) {
-    int32_t window = 0, n_sliding = -1, pattern = 6, max_window_layers = 28;
+    int32_t window = 0, n_sliding = -1, max_window_layers = 28;
+    int32_t pattern = f->default_pattern > 0 ? f->default_pattern : 6;
     bool use = false;
     int rc;
     if (f->window == WINDOW_NOT_READ) {
@@ -1063,6 +1076,7 @@ static int parse_config(const struct attn__reason *why, const cJSON *j, const ch
     }
     lay->is_norm_one_plus = f->is_norm_one_plus;
     c->has_sinks = f->has_sinks;
+    c->rope_sliding_only = f->rope_sliding_only;
     lay->tensors = f->tensors;
     lay->attn_name = f->attn_name != NULL ? f->attn_name : "self_attn";
     if (f->prefixes[0] != NULL) {

@@ -347,16 +347,17 @@ static void put_layer(struct strbuf *b, const attn_config *cfg, int32_t layer) {
     }
     /* Gemma 3's local layers rotate with their own theta and no scaling. */
     bool is_local_rope = is_sliding && cfg->rope_theta_local > 0;
+    /* No rotary embedding at all (GPT-2), or not on this full layer (Cohere 2's NoPE). */
+    bool rotates = cfg->rotary_dim > 0 && (is_sliding || !cfg->rope_sliding_only);
     attn_rope_scaling none = {0};
     strbuf_puts(b, ",\"rope_theta\":");
-    if (cfg->rotary_dim > 0) {
+    if (rotates) {
         put_float(b, is_local_rope ? cfg->rope_theta_local : cfg->rope_theta);
     } else {
-        strbuf_puts(b, "null"); /* no rotary embedding (GPT-2) */
+        strbuf_puts(b, "null");
     }
     strbuf_puts(b, ",\"rope_scaling\":");
-    put_rope_scaling(b, is_local_rope || cfg->rotary_dim <= 0 ? &none : &cfg->rope_scaling,
-                     cfg->rotary_dim);
+    put_rope_scaling(b, is_local_rope || !rotates ? &none : &cfg->rope_scaling, cfg->rotary_dim);
     strbuf_puts(b, ",\"softmax_scale\":");
     put_float(b, cfg->softmax_scale);
     strbuf_puts(b, ",\"qk_norm\":");

@@ -74,8 +74,8 @@ START_TEST(test_family_model_type_decides) {
     expect_refused(&p, ATTN_EINVAL, "gpt2", "a layout that cannot be trusted");
 
     /* Known and not served: refused with what it needs, trusted or not. */ static const char
-        *const unserved[] = {"qwen3_moe", "cohere2", "gemma",      "mixtral",    "olmo",
-                             "phi",       "falcon",  "starcoder2", "deepseek_v3"};
+        *const unserved[] = {"qwen3_moe", "gemma",  "mixtral",    "olmo",
+                             "phi",       "falcon", "starcoder2", "deepseek_v3"};
     for (size_t i = 0; i < sizeof unserved / sizeof unserved[0]; i++) {
         p = parse(unserved[i], "", "llama");
         expect_refused(&p, ATTN_EUNSUPPORTED, unserved[i], unserved[i]);
@@ -544,7 +544,7 @@ START_TEST(test_family_unconsumed_tensors_are_refused) {
         {DATA "refuse_qk_norm", "_norm.weight"},
         {DATA "refuse_sinks", "model.layers.0.self_attn.sinks"},
         {DATA "refuse_o_bias", "model.layers.0.self_attn.o_proj.bias"},
-        {DATA "refuse_cohere2", "model_type 'cohere2'"},
+        {DATA "refuse_falcon", "model_type 'falcon'"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         attn_model *m = NULL;

@@ -44,6 +44,7 @@ static const fixture yarnq = {"yarnq", 64, 4, 2, 16, 7, 3};
 static const fixture yarnl = {"yarnl", 64, 4, 1, 16, 6, 3};
 static const fixture dyn = {"dyn", 64, 4, 2, 16, 14, 4};
 static const fixture gptoss = {"gptoss", 64, 4, 2, 24, 8, 3};
+static const fixture cohere2 = {"cohere2", 64, 4, 2, 16, 8, 3};
 
 static attn_model *load_ok(const char *dir, const attn_load_params *p) {
     attn_model *m = NULL;
@@ -349,6 +350,8 @@ START_TEST(test_load_norm_and_rotary_families_match_numpy) {
         {DATA "hf_stablelm_bf16", "stablelm", "stablelm_bf16", &stablelm, 2},
         {DATA "hf_cohere_f32", "cohere", "cohere_f32", &cohere, 1},
         {DATA "hf_glm4_bf16", "glm4", "glm4_bf16", &glm4, 2},
+        /* a sliding layer with interleaved RoPE, a full one without positions */
+        {DATA "hf_cohere2_f32", "cohere2", "cohere2_f32", &cohere2, 2},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         attn_model *m = load_ok(cases[i].dir, NULL);

@@ -942,8 +942,8 @@ START_TEST(test_server_families_served_or_refused_by_name) {
         const char *trust;
         const char *named; /* NULL: served */
     } cases[] = {
-        {"tests/data/refuse_cohere2", NULL, "model_type 'cohere2' is not served yet"},
-        {"tests/data/refuse_cohere2", "llama", "model_type 'cohere2' is not served yet"},
+        {"tests/data/refuse_falcon", NULL, "model_type 'falcon' is not served yet"},
+        {"tests/data/refuse_falcon", "llama", "model_type 'falcon' is not served yet"},
         {"tests/data/refuse_qk_norm", NULL, "_norm.weight is not part of llama attention"},
         {"tests/data/unknown_family", NULL, "unknown model_type 'mystery'"},
         {"tests/data/unknown_family", "llama", NULL},

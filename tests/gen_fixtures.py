@@ -232,8 +232,10 @@ def attention_layer(w, x, positions, cfg, li=0):
         one = np.float64(1.0)
         q = rms_norm(q, one + w["q_norm.weight"].astype(np.float64), eps)
         k = rms_norm(k, one + w["k_norm.weight"].astype(np.float64), eps)
-    q = rope(q, positions, cfg)
-    k = rope(k, positions, cfg)
+    if not (cfg.get("rope_sliding_only") and not sliding):
+        # modeling_cohere2: apply_rotary_pos_emb only `if self.sliding_window is not None`
+        q = rope(q, positions, cfg)
+        k = rope(k, positions, cfg)
     v = proj("v_proj").reshape(t, hkv, d)
     group = h // hkv
     kk = np.repeat(k, group, axis=1)  # (T, H, D): head i reads kv head i // group
@@ -720,6 +722,23 @@ GPTOSS_CONFIG = {
 }
 GPTOSS_T, GPTOSS_DECODE, GPTOSS_POS0 = 8, 3, 100
 
+# cohere2 (Command R7B's attention): sliding_window_pattern 2 (layer 0 sliding with window 3 and
+# interleaved RoPE, layer 1 full without RoPE), GQA 4/2, no biases, F32, positions 20...
+COHERE2 = {
+    "hidden": 64, "n_heads": 4, "n_kv_heads": 2, "head_dim": 16, "n_layers": 2,
+    "rotary_dim": 16, "rope_theta": 50000.0, "rope_style": "interleaved", "sliding_window": 3,
+    "layer_sliding": [True, False], "rope_sliding_only": True,
+}
+COHERE2_CONFIG = {
+    "architectures": ["Cohere2ForCausalLM"], "model_type": "cohere2", "torch_dtype": "float32",
+    "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "num_hidden_layers": 2, "rope_theta": 50000.0,
+    "sliding_window": 3, "sliding_window_pattern": 2, "order_of_interleaved_layers":
+    "local_attn_first", "attention_bias": False, "layer_norm_eps": 1e-05, "logit_scale": 0.25,
+    "max_position_embeddings": 128, "rope_scaling": None, "vocab_size": 8,
+}
+COHERE2_T, COHERE2_DECODE, COHERE2_POS0 = 8, 3, 20
+
 # bad: a minimal valid model (hidden 8, 2 heads, 1 kv head) that each bad folder breaks once.
 BAD = {"hidden": 8, "n_heads": 2, "n_kv_heads": 1, "head_dim": 4}
 BAD_CONFIG = {
@@ -994,6 +1013,13 @@ def gen_rope_scalings(out, exp):
                  "BF16")
     write_expected(exp, "gpt_oss_bf16", rounded(layers, bf16_round), x, pos, GPTOSS)
 
+    layers = [random_layer(rng, COHERE2, False, False) for _ in range(COHERE2["n_layers"])]
+    x, pos = gen_inputs(exp, "cohere2", rng, COHERE2_T + COHERE2_DECODE, COHERE2["hidden"],
+                        COHERE2_POS0)
+    write_folder(os.path.join(out, "hf_cohere2_f32"), COHERE2_CONFIG, layer_tensors(layers, []),
+                 "F32")
+    write_expected(exp, "cohere2_f32", layers, x, pos, COHERE2)
+
 
 def gen_bad(out):
     rng = np.random.default_rng(3)
@@ -1035,7 +1061,7 @@ def gen_bad(out):
         ("model.layers.0.self_attn.sinks", np.zeros(BAD["n_heads"], np.float32))])
     folder("refuse_o_bias", tensors=tensors + [
         ("model.layers.0.self_attn.o_proj.bias", np.zeros(BAD["hidden"], np.float32))])
-    folder("refuse_cohere2", dict(BAD_CONFIG, model_type="cohere2"))
+    folder("refuse_falcon", dict(BAD_CONFIG, model_type="falcon"))
     # A model_type attnd does not know: refused, unless --trust-layout llama vouches for it.
     folder("unknown_family", dict(BAD_CONFIG, model_type="mystery"))
 
