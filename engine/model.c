@@ -75,6 +75,20 @@ void attn_model_destroy(attn_model *m) {
     free(m);
 }
 
+/* Allocates and fills one cos/sin table pair of m (max_seq x rotary_dim / 2) for cfg. */
+static int rope_table_pair(attn_model *m, const attn_config *cfg, bool long_factors,
+                           float **cos_out, float **sin_out) {
+    size_t n = (size_t)cfg->max_seq * (cfg->rotary_dim / 2);
+    *cos_out = attn__alloc_floats(n);
+    *sin_out = attn__alloc_floats(n);
+    if (*cos_out == NULL || *sin_out == NULL) {
+        return ATTN_ENOMEM;
+    }
+    attn__rope_tables(cfg, long_factors, *cos_out, *sin_out);
+    m->bytes += 2 * n * sizeof(float);
+    return ATTN_OK;
+}
+
 /* Allocates a model with uninitialized weights for cfg (checked here) and the layer range of p.
  * Shared by every constructor, including the file loader. */
 int attn__model_alloc(const attn_config *cfg_in, const attn_load_params *p, attn_model **out) {
@@ -148,34 +162,15 @@ int attn__model_alloc(const attn_config *cfg_in, const attn_load_params *p, attn
     per_layer += cfg.has_sinks ? (size_t)cfg.n_heads : 0;
     m->bytes = (size_t)count * per_layer * sizeof(float);
     if (cfg.rotary_dim > 0) {
-        size_t n = (size_t)cfg.max_seq * (cfg.rotary_dim / 2);
-        m->rope_cos = attn__alloc_floats(n);
-        m->rope_sin = attn__alloc_floats(n);
-        if (m->rope_cos == NULL || m->rope_sin == NULL) {
+        attn_config local = cfg; /* Gemma 3's local layers: their theta, no scaling */
+        local.rope_theta = cfg.rope_theta_local;
+        memset(&local.rope_scaling, 0, sizeof local.rope_scaling);
+        if (rope_table_pair(m, &m->cfg, false, &m->rope_cos, &m->rope_sin) != ATTN_OK ||
+            (cfg.rope_scaling.type == ATTN_ROPE_SCALING_LONGROPE &&
+             rope_table_pair(m, &m->cfg, true, &m->rope_cos_long, &m->rope_sin_long) != ATTN_OK) ||
+            (cfg.rope_theta_local > 0 && rope_table_pair(m, &local, false, &m->rope_cos_local,
+                                                         &m->rope_sin_local) != ATTN_OK)) {
             goto fail;
-        }
-        attn__rope_tables(&m->cfg, false, m->rope_cos, m->rope_sin);
-        m->bytes += 2 * n * sizeof(float);
-        if (cfg.rope_scaling.type == ATTN_ROPE_SCALING_LONGROPE) {
-            m->rope_cos_long = attn__alloc_floats(n);
-            m->rope_sin_long = attn__alloc_floats(n);
-            if (m->rope_cos_long == NULL || m->rope_sin_long == NULL) {
-                goto fail;
-            }
-            attn__rope_tables(&m->cfg, true, m->rope_cos_long, m->rope_sin_long);
-            m->bytes += 2 * n * sizeof(float);
-        }
-        if (cfg.rope_theta_local > 0) {
-            attn_config local = cfg;
-            local.rope_theta = cfg.rope_theta_local;
-            memset(&local.rope_scaling, 0, sizeof local.rope_scaling);
-            m->rope_cos_local = attn__alloc_floats(n);
-            m->rope_sin_local = attn__alloc_floats(n);
-            if (m->rope_cos_local == NULL || m->rope_sin_local == NULL) {
-                goto fail;
-            }
-            attn__rope_tables(&local, false, m->rope_cos_local, m->rope_sin_local);
-            m->bytes += 2 * n * sizeof(float);
         }
     }
     *out = m;
