@@ -250,7 +250,8 @@ enum attn__hf_tensors {
     ATTN__HF_QKVO = 0,  /* q_proj, k_proj, v_proj, o_proj (Llama and most) */
     ATTN__HF_FUSED_QKV, /* qkv_proj rows q | k | v, then o_proj (Phi-3) */
     ATTN__HF_NEOX,      /* query_key_value rows head by head [q_h | k_h | v_h], dense (GPT-NeoX) */
-    ATTN__HF_GPT2,      /* Conv1D c_attn (in, q | k | v) and c_proj (in, out), transposed (GPT-2) */
+    ATTN__HF_FALCON, /* query_key_value rows group by group [q_g.. | k_g | v_g], dense (Falcon) */
+    ATTN__HF_GPT2,   /* Conv1D c_attn (in, q | k | v) and c_proj (in, out), transposed (GPT-2) */
 };
 
 /* How a family stores its q/k norm weights (when the config applies a norm). */

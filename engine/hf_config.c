@@ -67,11 +67,13 @@ struct family {
     read_extra_fn read_extra;    /* or NULL */
     const char *text_config_of;  /* a multimodal wrapper: read text_config as this family */
     bool default_attention_bias; /* attention_bias when absent (GPT-NeoX: true) */
-    enum attn__hf_tensors tensors; /* how a layer's projections are stored */
-    const char *attn_name;         /* the attention module's name; NULL = "self_attn" */
-    const char *prefixes[2];       /* where layers sit; NULL = model.layers, layers */
-    const char *const *keys;       /* the config's names for hidden_size, num_attention_heads,
-                                    * num_hidden_layers, max_position_embeddings; NULL = those */
+    enum attn__hf_tensors tensors;  /* how a layer's projections are stored */
+    const char *attn_name;          /* the attention module's name; NULL = "self_attn" */
+    const char *prefixes[2];        /* where layers sit; NULL = model.layers, layers */
+    const char *const *keys;        /* the config's names for hidden_size, num_attention_heads,
+                                     * num_hidden_layers, max_position_embeddings; NULL = those */
+    const char *const *key_aliases; /* older names for the same four (NULL entries: none), which
+                                     * the config class maps onto them; or NULL */
     enum rotary_rule rotary;
     double default_partial;     /* ROTARY_PARTIAL: partial_rotary_factor when absent; 0 = 1 */
     attn_rope_style rope_style; /* how pairs rotate (Cohere, GLM: interleaved) */
@@ -89,12 +91,15 @@ static int gemma2_extra(const struct attn__reason *why, const cJSON *j, attn_con
 static int granite_extra(const struct attn__reason *why, const cJSON *j, attn_config *c);
 static int gemma3_extra(const struct attn__reason *why, const cJSON *j, attn_config *c);
 static int gpt2_extra(const struct attn__reason *why, const cJSON *j, attn_config *c);
+static int falcon_extra(const struct attn__reason *why, const cJSON *j, attn_config *c);
 
 static const char *const gpt2_keys[] = {"n_embd", "n_head", "n_layer", "n_positions"};
 static const char *const stablelm_reads[] = {"qk_layernorm", NULL};
 static const char *const cohere_reads[] = {"use_qk_norm", NULL};
 static const char *const cohere2_reads[] = {"layer_types", "sliding_window_pattern", NULL};
 static const char *const neox_reads[] = {"rotary_pct", NULL};
+/* FalconConfig.attribute_map: the original checkpoints' n_head / n_layer. */
+static const char *const falcon_aliases[] = {NULL, "n_head", "n_layer", NULL};
 
 static const char *const qwen_reads[] = {"layer_types", NULL};
 static const char *const granite_reads[] = {"attention_multiplier", NULL};
@@ -184,6 +189,18 @@ static const struct family families[] = {
      .rotary = ROTARY_PARTIAL_NEOX,
      .theta_alias = "rotary_emb_base",
      .reads = neox_reads},
+    /* Falcon: one fused query_key_value in the layout of its three attentions (multi_query,
+     * new_decoder_architecture, or one K/V head per query head), whole-head RoPE, biases on
+     * query_key_value and dense iff bias; alibi is refused (screened). */
+    {.model_type = "falcon",
+     .bias = BIAS_IF_ATTENTION_BIAS,
+     .bias_flag = "bias",
+     .window = WINDOW_NOT_READ,
+     .tensors = ATTN__HF_FALCON,
+     .attn_name = "self_attention",
+     .prefixes = {"transformer.h", "h"},
+     .key_aliases = falcon_aliases,
+     .read_extra = falcon_extra},
     /* GPT-2: Conv1D projections, biases, no rotary embedding, scale_attn_weights. */
     {.model_type = "gpt2",
      .bias = BIAS_ALL,
@@ -284,7 +301,6 @@ static const struct {
     {"olmo", "clip_qkv"},
     {"granitemoe", "attention_multiplier as the softmax scale"},
     {"phi", "partial rotary and a dense output projection"},
-    {"falcon", "the fused query_key_value"},
     {"starcoder2", "its attention has not been validated"},
     {"deepseek_v2", "multi-head latent attention"},
     {"deepseek_v3", "multi-head latent attention"},
@@ -293,8 +309,8 @@ static const struct {
 };
 
 #define SERVED_LIST                                                                                \
-    "llama, mistral, qwen2, qwen3, olmo2, granite, gemma2, gemma3, phi3, gpt_neox, gpt2, "         \
-    "stablelm, cohere, cohere2, glm, glm4, gpt_oss, attnd"
+    "llama, mistral, qwen2, qwen3, olmo2, granite, gemma2, gemma3, phi3, gpt_neox, falcon, "       \
+    "gpt2, stablelm, cohere, cohere2, glm, glm4, gpt_oss, attnd"
 
 /* Fields that change attention, which none of the served families computes: refused unless they
  * hold their neutral value (absent, null, false, 0, or what is named). */
@@ -346,6 +362,27 @@ static int get_int(const struct attn__reason *why, const cJSON *obj, const char 
         return attn__fail(why, ATTN_EIO, "config.json: %s must be a non-negative integer", key);
     }
     *out = (int32_t)v->valuedouble;
+    return ATTN_OK;
+}
+
+/* get_int of key, or of alias (a name the config class maps onto key; NULL: none); both present
+ * and different is ambiguous. */
+static int get_int_either(const struct attn__reason *why, const cJSON *obj, const char *key,
+                          const char *alias, int32_t *out) {
+    int rc = get_int(why, obj, key, out);
+    const cJSON *a = alias != NULL ? cJSON_GetObjectItemCaseSensitive(obj, alias) : NULL;
+    if (rc != ATTN_OK || a == NULL || cJSON_IsNull(a)) {
+        return rc;
+    }
+    int32_t value = 0;
+    if ((rc = get_int(why, obj, alias, &value)) != ATTN_OK) {
+        return rc;
+    }
+    const cJSON *k = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (k != NULL && !cJSON_IsNull(k) && value != *out) {
+        return attn__fail(why, ATTN_EIO, "config.json: %s and %s differ", key, alias);
+    }
+    *out = value;
     return ATTN_OK;
 }
 
@@ -903,6 +940,47 @@ static int gpt2_extra(const struct attn__reason *why, const cJSON *j, attn_confi
     return rc;
 }
 
+/* modeling_falcon.py: head_dim is hidden_size / num_attention_heads (no head_dim field); the
+ * K/V heads are num_kv_heads (n_head_kv; num_attention_heads when absent) with
+ * new_decoder_architecture, else 1 with multi_query (true when absent), else one per query head. */
+static int falcon_extra(const struct attn__reason *why, const cJSON *j, attn_config *c) {
+    bool new_arch = false, multi_query = true;
+    int32_t kv = -1;
+    int rc;
+    if ((rc = get_bool(why, j, "new_decoder_architecture", &new_arch)) != ATTN_OK ||
+        (rc = get_bool(why, j, "multi_query", &multi_query)) != ATTN_OK ||
+        (rc = get_int_either(why, j, "num_kv_heads", "n_head_kv", &kv)) != ATTN_OK) {
+        return rc;
+    }
+    if (c->head_dim * c->n_heads != c->hidden_size) {
+        return attn__fail(why, ATTN_ESHAPE,
+                          "config.json: falcon attention has head_dim = hidden_size / "
+                          "num_attention_heads (%d / %d), not %d",
+                          c->hidden_size, c->n_heads, c->head_dim);
+    }
+    if (new_arch) {
+        c->n_kv_heads = kv >= 0 ? kv : c->n_heads;
+    } else if (multi_query) {
+        c->n_kv_heads = 1;
+    } else {
+        c->n_kv_heads = c->n_heads;
+        if (kv >= 0 && kv != c->n_heads) {
+            /* _split_heads gives one K/V head per query head here: any other count fails there. */
+            return attn__fail(why, ATTN_ESHAPE,
+                              "config.json: falcon without multi_query or "
+                              "new_decoder_architecture has one K/V head per query head, not "
+                              "num_kv_heads %d",
+                              kv);
+        }
+    }
+    if (c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads != 0) {
+        return attn__fail(why, ATTN_ESHAPE,
+                          "config.json: num_kv_heads (%d) must divide num_attention_heads (%d)",
+                          c->n_kv_heads, c->n_heads);
+    }
+    return ATTN_OK;
+}
+
 /* Gemma's softmax scale: query_pre_attn_scalar^-1/2 (256 when absent), not head_dim's. */
 static int gemma_scale(const struct attn__reason *why, const cJSON *j, attn_config *c) {
     float scalar = 256.0f;
@@ -1088,10 +1166,12 @@ static int parse_config(const struct attn__reason *why, const cJSON *j, const ch
     const char *const *key = f->keys != NULL ? f->keys : standard_keys;
     c->rope_theta = f->default_theta;
     int32_t max_pos = 0;
-    if ((rc = get_int(why, j, key[0], &c->hidden_size)) != ATTN_OK ||
-        (rc = get_int(why, j, key[1], &c->n_heads)) != ATTN_OK ||
-        (rc = get_int(why, j, key[2], &c->n_layers)) != ATTN_OK ||
-        (rc = get_int(why, j, key[3], &max_pos)) != ATTN_OK ||
+    static const char *const no_aliases[4] = {NULL, NULL, NULL, NULL};
+    const char *const *alias = f->key_aliases != NULL ? f->key_aliases : no_aliases;
+    if ((rc = get_int_either(why, j, key[0], alias[0], &c->hidden_size)) != ATTN_OK ||
+        (rc = get_int_either(why, j, key[1], alias[1], &c->n_heads)) != ATTN_OK ||
+        (rc = get_int_either(why, j, key[2], alias[2], &c->n_layers)) != ATTN_OK ||
+        (rc = get_int_either(why, j, key[3], alias[3], &max_pos)) != ATTN_OK ||
         (rc = get_int(why, j, "head_dim", &c->head_dim)) != ATTN_OK) {
         return rc;
     }

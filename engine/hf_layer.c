@@ -2,7 +2,8 @@
  * how they become the engine's layer (fused q|k|v rows and o in nn.Linear layout). The bytes
  * come through a reader (hf_load.c opens the files); this file knows names, shapes and orders:
  * separate q/k/v/o projections (Llama and most), Phi-3's fused qkv_proj, GPT-NeoX's per-head
- * interleaved query_key_value, and GPT-2's Conv1D c_attn / c_proj stored transposed. It also
+ * and Falcon's per-group interleaved query_key_value, and GPT-2's Conv1D c_attn / c_proj stored
+ * transposed. It also
  * says which tensors under a layer's attention the engine consumes: the loader refuses the rest.
  */
 #include "attn_int.h"
@@ -35,6 +36,11 @@ static const struct names layouts[] = {
                        {"query_key_value.bias"},
                        "dense.bias",
                        {"rotary_emb.inv_freq", "bias", "masked_bias"}},
+    /* Falcon's RW checkpoints kept the rotary buffer as maybe_rotary.inv_freq. */
+    [ATTN__HF_FALCON] = {{"query_key_value.weight", "dense.weight"},
+                         {"query_key_value.bias"},
+                         "dense.bias",
+                         {"rotary_emb.inv_freq", "maybe_rotary.inv_freq"}},
     [ATTN__HF_GPT2] = {{"c_attn.weight", "c_proj.weight"},
                        {"c_attn.bias"},
                        "c_proj.bias",
@@ -156,29 +162,38 @@ static int read_fused(const struct attn__hf_reader *rd, const attn_config *c,
     return rc;
 }
 
-/* GPT-NeoX: query_key_value's rows go head by head, [q_h | k_h | v_h] of head_dim rows each
- * (modeling_gpt_neox: view(..., heads, 3 * head_size) then split), and dense is o. */
-static int read_neox(const struct attn__hf_reader *rd, const attn_config *c,
-                     const struct attn__hf_layout *lay, const char *prefix, int32_t layer,
-                     struct attn__layer *l, float *tmp) {
-    const struct names *n = &layouts[ATTN__HF_NEOX];
-    int32_t hd = c->head_dim, heads = c->n_heads, hidden = c->hidden_size;
+/* A fused query_key_value whose rows go KV group by KV group: the group's n_heads / n_kv_heads
+ * query heads, then its key head, then its value head, head_dim rows each; dense is o. GPT-NeoX
+ * is the case of one query head per group (modeling_gpt_neox: view(..., heads, 3 * head_size)
+ * then split). Falcon (modeling_falcon, _split_heads) has three: new_decoder_architecture's
+ * view(..., kv_heads, heads / kv_heads + 2, head_dim), multi_query's single group
+ * [q_0 .. q_{H-1} | k | v], and otherwise NeoX's per-head [q_h | k_h | v_h]. */
+static int read_grouped(const struct attn__hf_reader *rd, const attn_config *c,
+                        const struct attn__hf_layout *lay, const char *prefix, int32_t layer,
+                        struct attn__layer *l, float *tmp) {
+    const struct names *n = &layouts[lay->tensors];
+    int32_t hd = c->head_dim, heads = c->n_heads, kv_heads = c->n_kv_heads;
+    int32_t per_group = heads / kv_heads, hidden = c->hidden_size;
+    int32_t rows = (heads + 2 * kv_heads) * hd;
     size_t row_floats[2] = {(size_t)hidden, 1};
     float *dst[2] = {l->w_qkv, l->b_qkv};
     const char *names[2] = {n->weights[0], n->qkv_biases[0]};
     for (int part = 0; part < 2 && dst[part] != NULL; part++) {
-        int rc = read_named(rd, prefix, layer, lay, names[part], 3 * heads * hd,
-                            part == 0 ? hidden : 0, tmp);
+        int rc = read_named(rd, prefix, layer, lay, names[part], rows, part == 0 ? hidden : 0, tmp);
         if (rc != ATTN_OK) {
             return rc;
         }
-        size_t rf = row_floats[part];
-        for (int32_t h = 0; h < heads; h++) {
-            for (int32_t which = 0; which < 3; which++) { /* q, k, v */
-                const float *src = tmp + ((size_t)(3 * h + which) * hd) * rf;
-                float *out = dst[part] + ((size_t)which * heads * hd + (size_t)h * hd) * rf;
-                memcpy(out, src, (size_t)hd * rf * sizeof(float));
-            }
+        size_t rf = row_floats[part], head_floats = (size_t)hd * rf;
+        float *q = dst[part], *k = q + (size_t)heads * head_floats;
+        float *v = k + (size_t)kv_heads * head_floats;
+        for (int32_t g = 0; g < kv_heads; g++) {
+            const float *src = tmp + (size_t)g * (per_group + 2) * head_floats;
+            memcpy(q + (size_t)g * per_group * head_floats, src,
+                   (size_t)per_group * head_floats * sizeof(float));
+            memcpy(k + (size_t)g * head_floats, src + (size_t)per_group * head_floats,
+                   head_floats * sizeof(float));
+            memcpy(v + (size_t)g * head_floats, src + (size_t)(per_group + 1) * head_floats,
+                   head_floats * sizeof(float));
         }
     }
     int rc = read_named(rd, prefix, layer, lay, n->weights[1], hidden, heads * hd, l->w_o);
@@ -255,9 +270,10 @@ int attn__hf_layer_read(const struct attn__hf_reader *rd, const attn_config *c,
                         struct attn__layer *l) {
     int rc = ATTN_OK;
     float *tmp = NULL;
-    if (lay->tensors == ATTN__HF_NEOX || lay->tensors == ATTN__HF_GPT2) {
+    if (lay->tensors == ATTN__HF_NEOX || lay->tensors == ATTN__HF_FALCON ||
+        lay->tensors == ATTN__HF_GPT2) {
         /* The largest tensor a reordering reads: the fused projection. */
-        size_t n = (size_t)3 * c->n_heads * c->head_dim * c->hidden_size;
+        size_t n = (size_t)(c->n_heads + 2 * c->n_kv_heads) * c->head_dim * c->hidden_size;
         if ((tmp = malloc(n * sizeof(float))) == NULL) {
             return ATTN_ENOMEM;
         }
@@ -270,7 +286,8 @@ int attn__hf_layer_read(const struct attn__hf_reader *rd, const attn_config *c,
         rc = read_fused(rd, c, lay, prefix, layer, l);
         break;
     case ATTN__HF_NEOX:
-        rc = read_neox(rd, c, lay, prefix, layer, l, tmp);
+    case ATTN__HF_FALCON:
+        rc = read_grouped(rd, c, lay, prefix, layer, l, tmp);
         break;
     case ATTN__HF_GPT2:
         rc = read_gpt2(rd, c, lay, prefix, layer, l, tmp);

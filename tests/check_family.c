@@ -75,7 +75,7 @@ START_TEST(test_family_model_type_decides) {
 
     /* Known and not served: refused with what it needs, trusted or not. */ static const char
         *const unserved[] = {"qwen3_moe", "gemma",  "mixtral",    "olmo",
-                             "phi",       "falcon", "starcoder2", "deepseek_v3"};
+                             "phi",       "llama4", "starcoder2", "deepseek_v3"};
     for (size_t i = 0; i < sizeof unserved / sizeof unserved[0]; i++) {
         p = parse(unserved[i], "", "llama");
         expect_refused(&p, ATTN_EUNSUPPORTED, unserved[i], unserved[i]);
@@ -194,6 +194,43 @@ START_TEST(test_family_layout_rules) {
     expect_ok(&p, "the same theta twice");
     p = parse("gpt_neox", ",\"rotary_emb_base\":20000", NULL);
     expect_refused(&p, ATTN_EIO, "rope_theta and rotary_emb_base differ", "two thetas");
+
+    /* Falcon: K/V heads by multi_query / new_decoder_architecture, the original checkpoints'
+     * n_head / n_layer / n_head_kv names, biases iff bias, head_dim from hidden_size only. */
+    p = parse("falcon", "", NULL);
+    expect_ok(&p, "falcon multi_query by default");
+    ck_assert_int_eq(p.cfg.n_kv_heads, 1);
+    ck_assert(!p.cfg.has_qkv_bias && !p.cfg.has_o_bias);
+    ck_assert_str_eq(p.lay.attn_name, "self_attention");
+    ck_assert_str_eq(p.lay.prefixes[0], "transformer.h");
+    ck_assert_int_eq(p.lay.tensors, ATTN__HF_FALCON);
+    p = parse("falcon", ",\"multi_query\":false,\"bias\":true", NULL);
+    expect_ok(&p, "falcon one K/V head per query head");
+    ck_assert_int_eq(p.cfg.n_kv_heads, 4);
+    ck_assert(p.cfg.has_qkv_bias && p.cfg.has_o_bias);
+    p = parse("falcon", ",\"multi_query\":false,\"num_kv_heads\":2", NULL);
+    expect_refused(&p, ATTN_ESHAPE, "one K/V head per query head", "falcon kv heads ignored");
+    p = parse("falcon", ",\"new_decoder_architecture\":true,\"n_head_kv\":2", NULL);
+    expect_ok(&p, "falcon new_decoder_architecture");
+    ck_assert_int_eq(p.cfg.n_kv_heads, 2);
+    p = parse("falcon", ",\"new_decoder_architecture\":true", NULL);
+    expect_ok(&p, "falcon new_decoder_architecture, no num_kv_heads");
+    ck_assert_int_eq(p.cfg.n_kv_heads, 4);
+    p = parse("falcon", ",\"new_decoder_architecture\":true,\"num_kv_heads\":3", NULL);
+    expect_refused(&p, ATTN_ESHAPE, "num_kv_heads (3) must divide", "falcon 3 of 4");
+    p = parse("falcon", ",\"new_decoder_architecture\":true,\"num_kv_heads\":1,\"n_head_kv\":2",
+              NULL);
+    expect_refused(&p, ATTN_EIO, "num_kv_heads and n_head_kv differ", "falcon two kv counts");
+    p = parse("falcon", ",\"n_head\":8", NULL);
+    expect_refused(&p, ATTN_EIO, "num_attention_heads and n_head differ", "falcon two counts");
+    p = parse("falcon", ",\"alibi\":true", NULL);
+    expect_refused(&p, ATTN_EUNSUPPORTED, "alibi changes falcon attention", "falcon alibi");
+    p = parse("falcon", ",\"head_dim\":8", NULL);
+    expect_refused(&p, ATTN_ESHAPE, "hidden_size / num_attention_heads", "falcon head_dim");
+    const char *rw = "{\"model_type\":\"falcon\",\"hidden_size\":64,\"n_head\":4,\"n_layer\":3}";
+    p.rc = attn__hf_config_parse(rw, strlen(rw), NULL, &p.cfg, &p.lay, p.err, sizeof p.err);
+    expect_ok(&p, "falcon's original names");
+    ck_assert(p.cfg.n_heads == 4 && p.cfg.n_layers == 3 && p.cfg.head_dim == 16);
 
     /* GPT-2: its own config names, no rotary embedding, both biases, the scale rule. */
     const char *gpt2 = "{\"model_type\":\"gpt2\",\"n_embd\":64,\"n_head\":4,\"n_layer\":3,"
@@ -544,7 +581,7 @@ START_TEST(test_family_unconsumed_tensors_are_refused) {
         {DATA "refuse_qk_norm", "_norm.weight"},
         {DATA "refuse_sinks", "model.layers.0.self_attn.sinks"},
         {DATA "refuse_o_bias", "model.layers.0.self_attn.o_proj.bias"},
-        {DATA "refuse_falcon", "model_type 'falcon'"},
+        {DATA "refuse_llama4", "model_type 'llama4'"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         attn_model *m = NULL;

@@ -45,6 +45,9 @@ static const fixture yarnl = {"yarnl", 64, 4, 1, 16, 6, 3};
 static const fixture dyn = {"dyn", 64, 4, 2, 16, 14, 4};
 static const fixture gptoss = {"gptoss", 64, 4, 2, 24, 8, 3};
 static const fixture cohere2 = {"cohere2", 64, 4, 2, 16, 8, 3};
+static const fixture falcon_mq = {"falcon_mq", 64, 4, 1, 16, 7, 3};
+static const fixture falcon_new = {"falcon_new", 64, 8, 2, 8, 7, 3};
+static const fixture falcon_mha = {"falcon_mha", 64, 4, 4, 16, 7, 3};
 
 static attn_model *load_ok(const char *dir, const attn_load_params *p) {
     attn_model *m = NULL;
@@ -323,6 +326,33 @@ START_TEST(test_load_gpt_neox_f16_matches_numpy) {
 }
 END_TEST
 
+/* Falcon: query_key_value in each of its three layouts (multi_query's one K/V head with the
+ * original n_head / n_layer names; new_decoder_architecture's KV groups with biases; one K/V
+ * head per query head, with the RW checkpoints' rotary buffer), BF16, F32 and F16. */
+START_TEST(test_load_falcon_layouts_match_numpy) {
+    static const struct {
+        const char *dir, *expected;
+        const fixture *f;
+        bool has_bias;
+    } cases[] = {
+        {DATA "hf_falcon_mq_bf16", "falcon_mq_bf16", &falcon_mq, false},
+        {DATA "hf_falcon_new_f32", "falcon_new_f32", &falcon_new, true},
+        {DATA "hf_falcon_mha_f16", "falcon_mha_f16", &falcon_mha, true},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        attn_model *m = load_ok(cases[i].dir, NULL);
+        const attn_config *c = attn_model_config(m);
+        ck_assert_str_eq(attn_model_family(m), "falcon");
+        ck_assert_int_eq(c->n_kv_heads, cases[i].f->n_kv_heads);
+        ck_assert_int_eq(c->head_dim, cases[i].f->head_dim);
+        ck_assert(c->has_qkv_bias == cases[i].has_bias && c->has_o_bias == cases[i].has_bias);
+        check_layer(m, 0, cases[i].f, cases[i].expected);
+        check_layer(m, 1, cases[i].f, cases[i].expected);
+        attn_model_destroy(m);
+    }
+}
+END_TEST
+
 /* GPT-2: Conv1D weights stored (in, out), biases, no rotary embedding, n_embd / n_head names. */
 START_TEST(test_load_gpt2_f32_matches_numpy) {
     attn_model *m = load_ok(DATA "hf_gpt2_f32", NULL);
@@ -583,6 +613,7 @@ Suite *load_suite(void) {
     tcase_add_test(tc, test_load_phi3_bf16_matches_numpy);
     tcase_add_test(tc, test_load_rope_scalings_match_numpy);
     tcase_add_test(tc, test_load_gpt_neox_f16_matches_numpy);
+    tcase_add_test(tc, test_load_falcon_layouts_match_numpy);
     tcase_add_test(tc, test_load_gpt2_f32_matches_numpy);
     tcase_add_test(tc, test_load_norm_and_rotary_families_match_numpy);
     tcase_add_test(tc, test_load_gpt_oss_bf16_matches_numpy);

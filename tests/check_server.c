@@ -942,8 +942,8 @@ START_TEST(test_server_families_served_or_refused_by_name) {
         const char *trust;
         const char *named; /* NULL: served */
     } cases[] = {
-        {"tests/data/refuse_falcon", NULL, "model_type 'falcon' is not served yet"},
-        {"tests/data/refuse_falcon", "llama", "model_type 'falcon' is not served yet"},
+        {"tests/data/refuse_llama4", NULL, "model_type 'llama4' is not served yet"},
+        {"tests/data/refuse_llama4", "llama", "model_type 'llama4' is not served yet"},
         {"tests/data/refuse_qk_norm", NULL, "_norm.weight is not part of llama attention"},
         {"tests/data/unknown_family", NULL, "unknown model_type 'mystery'"},
         {"tests/data/unknown_family", "llama", NULL},
@@ -1003,6 +1003,8 @@ START_TEST(test_server_family_checkpoints_match_the_reference) {
         {"tests/data/hf_llama_dynamic_f32", "dyn", "llama_dynamic_f32_l0", 64, 0, 14, 4, 0},
         /* sinks and yarn, at positions 100.. (the request's positions) */
         {"tests/data/hf_gpt_oss_bf16", "gptoss", "gpt_oss_bf16_l2", 64, 2, 8, 3, 100},
+        /* Falcon's KV groups in one fused query_key_value, with biases */
+        {"tests/data/hf_falcon_new_f32", "falcon_new", "falcon_new_f32_l1", 64, 1, 7, 3, 0},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const char *args[] = {"--model", cases[c].dir, "--workers", "1", "--kv-budget-mb",

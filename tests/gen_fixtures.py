@@ -739,6 +739,42 @@ COHERE2_CONFIG = {
 }
 COHERE2_T, COHERE2_DECODE, COHERE2_POS0 = 8, 3, 20
 
+# falcon: one fused query_key_value, 2 layers each, whole-head RoPE (half style), in its three
+# attentions (modeling_falcon _split_heads): multi_query (falcon-7b: one K/V head, the original
+# checkpoints' n_head / n_layer names, no biases, BF16); new_decoder_architecture (falcon-40b /
+# Falcon2: 8 query heads in 2 KV groups, biases, a larger theta, F32); and neither (one K/V head
+# per query head, biases, F16, positions from 30, the rotary buffer of RW checkpoints).
+FALCON_MQ = {
+    "hidden": 64, "n_heads": 4, "n_kv_heads": 1, "head_dim": 16, "n_layers": 2,
+    "rotary_dim": 16, "rope_theta": 10000.0, "rope_style": "half", "sliding_window": 0,
+    "falcon": "multi_query",
+}
+FALCON_MQ_CONFIG = {
+    "architectures": ["FalconForCausalLM"], "model_type": "falcon", "torch_dtype": "bfloat16",
+    "hidden_size": 64, "n_head": 4, "n_layer": 2, "multi_query": True,
+    "new_decoder_architecture": False, "parallel_attn": True, "bias": False, "alibi": False,
+    "apply_residual_connection_post_layernorm": False, "attention_dropout": 0.0,
+    "hidden_dropout": 0.0, "layer_norm_epsilon": 1e-05, "vocab_size": 8,
+}
+FALCON_NEW = dict(FALCON_MQ, n_heads=8, n_kv_heads=2, head_dim=8, rotary_dim=8,
+                  rope_theta=500042.0, falcon="new_decoder_architecture")
+FALCON_NEW_CONFIG = {
+    "architectures": ["FalconForCausalLM"], "model_type": "falcon", "torch_dtype": "float32",
+    "hidden_size": 64, "num_attention_heads": 8, "num_kv_heads": 2, "num_hidden_layers": 2,
+    "new_decoder_architecture": True, "multi_query": True, "parallel_attn": True, "bias": True,
+    "alibi": False, "rope_theta": 500042.0, "max_position_embeddings": 128,
+    "num_ln_in_parallel_attn": 2, "ffn_hidden_size": 256, "activation": "gelu",
+    "layer_norm_epsilon": 1e-05, "rope_scaling": None, "vocab_size": 8,
+}
+FALCON_MHA = dict(FALCON_MQ, n_kv_heads=4, falcon="per_head")
+FALCON_MHA_CONFIG = {
+    "architectures": ["FalconForCausalLM"], "model_type": "falcon", "torch_dtype": "float16",
+    "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "multi_query": False,
+    "new_decoder_architecture": False, "parallel_attn": False, "bias": True, "alibi": False,
+    "max_position_embeddings": 128, "layer_norm_epsilon": 1e-05, "vocab_size": 8,
+}
+FALCON_T, FALCON_DECODE, FALCON_MHA_POS0 = 7, 3, 30
+
 # bad: a minimal valid model (hidden 8, 2 heads, 1 kv head) that each bad folder breaks once.
 BAD = {"hidden": 8, "n_heads": 2, "n_kv_heads": 1, "head_dim": 4}
 BAD_CONFIG = {
@@ -980,6 +1016,70 @@ def gen_norms_and_rotary(out, exp):
     write_expected(exp, "glm4_bf16", rounded(layers, bf16_round), x, pos, GLM4)
 
 
+def falcon_as_projections(w, cfg):
+    """modeling_falcon FalconAttention._split_heads, on query_key_value's output features:
+    new_decoder_architecture views them (kv_heads, heads / kv_heads + 2, head_dim), each group's
+    query heads then its key then its value; multi_query views (heads + 2, head_dim), the last two
+    the one key and value; otherwise (heads, 3, head_dim)."""
+    h, hkv, d = cfg["n_heads"], cfg["n_kv_heads"], cfg["head_dim"]
+    wq, bq = w["query_key_value.weight"], w.get("query_key_value.bias")
+    parts = []
+    for a in (wq, bq):
+        if a is None:
+            parts.append(None)
+            continue
+        tail = a.shape[1:]
+        if cfg["falcon"] == "new_decoder_architecture":
+            g = a.reshape((hkv, h // hkv + 2, d) + tail)
+            q, k, v = g[:, :-2], g[:, -2], g[:, -1]
+        elif cfg["falcon"] == "multi_query":
+            g = a.reshape((h + 2, d) + tail)
+            q, k, v = g[:-2], g[-2], g[-1]
+        else:
+            g = a.reshape((h, 3, d) + tail)
+            q, k, v = g[:, 0], g[:, 1], g[:, 2]
+        parts.append([q.reshape((h * d,) + tail), k.reshape((hkv * d,) + tail),
+                      v.reshape((hkv * d,) + tail)])
+    out = {"o_proj.weight": w["dense.weight"]}
+    for i, name in enumerate(("q_proj", "k_proj", "v_proj")):
+        out[name + ".weight"] = parts[0][i]
+        if parts[1] is not None:
+            out[name + ".bias"] = parts[1][i]
+    if "dense.bias" in w:
+        out["o_proj.bias"] = w["dense.bias"]
+    return out
+
+
+def gen_falcon(out, exp):
+    """falcon's three query_key_value layouts; the reference splits them as _split_heads does."""
+    rng = np.random.default_rng(49)
+    cases = [("falcon_mq", "hf_falcon_mq_bf16", FALCON_MQ, FALCON_MQ_CONFIG, "BF16", bf16_round,
+              0, []),
+             ("falcon_new", "hf_falcon_new_f32", FALCON_NEW, FALCON_NEW_CONFIG, "F32", None, 0,
+              []),
+             ("falcon_mha", "hf_falcon_mha_f16", FALCON_MHA, FALCON_MHA_CONFIG, "F16", f16_round,
+              FALCON_MHA_POS0, [("maybe_rotary.inv_freq", inv_freq(FALCON_MHA).astype(np.float32))])]
+    for name, folder, cfg, config, dtype, rounding, pos0, buffers in cases:
+        hid, h, hkv, d = cfg["hidden"], cfg["n_heads"], cfg["n_kv_heads"], cfg["head_dim"]
+        bias = config["bias"]
+        layers = []
+        for _ in range(cfg["n_layers"]):
+            w = {"query_key_value.weight": uniform(rng, ((h + 2 * hkv) * d, hid), hid),
+                 "dense.weight": uniform(rng, (hid, h * d), h * d)}
+            if bias:
+                w["query_key_value.bias"] = uniform(rng, ((h + 2 * hkv) * d,), hid)
+                w["dense.bias"] = uniform(rng, (hid,), h * d)
+            layers.append(w)
+        x, pos = gen_inputs(exp, name, rng, FALCON_T + FALCON_DECODE, hid, pos0)
+        extra = [("transformer.word_embeddings.weight", np.zeros((8, hid), np.float32))]
+        write_folder(os.path.join(out, folder), config,
+                     extra + stored_tensors(layers, "transformer.h", "self_attention", buffers),
+                     dtype)
+        stored = rounded(layers, rounding) if rounding else layers
+        write_expected(exp, name + "_" + dtype.lower(),
+                       [falcon_as_projections(w, cfg) for w in stored], x, pos, cfg)
+
+
 def gen_rope_scalings(out, exp):
     """phi3 with longrope, qwen2 and llama with yarn, llama with dynamic NTK, gpt_oss (sinks,
     alternating layers, yarn with an unrounded ramp)."""
@@ -1061,7 +1161,7 @@ def gen_bad(out):
         ("model.layers.0.self_attn.sinks", np.zeros(BAD["n_heads"], np.float32))])
     folder("refuse_o_bias", tensors=tensors + [
         ("model.layers.0.self_attn.o_proj.bias", np.zeros(BAD["hidden"], np.float32))])
-    folder("refuse_falcon", dict(BAD_CONFIG, model_type="falcon"))
+    folder("refuse_llama4", dict(BAD_CONFIG, model_type="llama4"))
     # A model_type attnd does not know: refused, unless --trust-layout llama vouches for it.
     folder("unknown_family", dict(BAD_CONFIG, model_type="mystery"))
 
@@ -1084,6 +1184,7 @@ def main():
     gen_layouts(out, exp)
     gen_norms_and_rotary(out, exp)
     gen_rope_scalings(out, exp)
+    gen_falcon(out, exp)
     gen_bad(out)
 
 
