@@ -32,6 +32,7 @@ enum attn_status {
     ATTN_ENOSPC = -6,       /* the KV pool has no free blocks: free some caches and retry */
     ATTN_EUNSUPPORTED = -7, /* the model uses a feature the engine does not implement */
     ATTN_ECANCELED = -8,    /* the caller's cancel check said stop; outputs are incomplete */
+    ATTN_EDROPPED = -9,     /* a sliding layer's cache no longer holds the tokens this needs */
 };
 
 /* Returns a static, human-readable string for an attn_status code ("unknown error" otherwise). */
@@ -267,20 +268,38 @@ int32_t attn_kv_pool_blocks_free(const attn_kv_pool *pool);
 size_t attn_kv_pool_bytes_used(const attn_kv_pool *pool);  /* blocks in use * block_bytes */
 size_t attn_kv_pool_bytes_limit(const attn_kv_pool *pool); /* blocks_total * block_bytes */
 
-/* Creates an empty cache (no blocks held yet) with capacity max_seq tokens. */
+/* Creates an empty cache (no blocks held yet) with capacity max_seq tokens, which keeps every
+ * token and serves any layer of the model. */
 int attn_kv_create(attn_kv_pool *pool, attn_kv **out);
+
+/* Creates an empty cache for `layer` of the pool's model only. For a sliding layer (window W)
+ * it is a ring: tokens that no later query can see (all but the last W - 1) are dropped a whole
+ * block at a time, their blocks going back to the pool at attn_kv_reserve and attn_kv_truncate,
+ * or when a forward takes new blocks (never otherwise: a forward into reserved blocks leaves the
+ * pool alone). Between calls it holds the blocks covering its last W - 1 tokens, plus at most
+ * one dead block until the next of those, whatever its length. For other layers it is
+ * attn_kv_create's cache. ATTN_EINVAL for a layer the model does not have. */
+int attn_kv_create_for_layer(attn_kv_pool *pool, int32_t layer, attn_kv **out);
 
 /* Returns the cache's blocks to its pool and frees it. NULL is a no-op. */
 void attn_kv_destroy(attn_kv *kv);
 
-/* Tokens held. */
+/* Tokens appended (its length: the next token goes to this cache index). */
 int32_t attn_kv_len(const attn_kv *kv);
+
+/* The first token whose K/V the cache still holds: 0, or for a ring the first of the block after
+ * the last one dropped. Tokens [attn_kv_first_held(kv), attn_kv_len(kv)) are held. */
+int32_t attn_kv_first_held(const attn_kv *kv);
+
+/* The ring's window (tokens a query sees, itself included), or 0 for a cache that keeps all. */
+int32_t attn_kv_window(const attn_kv *kv);
 
 /* Bytes of the blocks the cache holds (a partly filled block counts whole). */
 size_t attn_kv_bytes(const attn_kv *kv);
 
-/* Blocks that appending n_new tokens would take from the pool (0 if they fit in the last block).
- * Lets the caller free space (evict) before a forward that would fail with ATTN_ENOSPC. */
+/* Blocks that appending n_new tokens would take from the pool (0 if they fit in the last block,
+ * or, for a ring, in the blocks it can drop). Lets the caller free space (evict) before a
+ * forward that would fail with ATTN_ENOSPC. */
 int32_t attn_kv_blocks_needed(const attn_kv *kv, int32_t n_new);
 
 /* Takes now, without changing the length, the blocks that appending n_new more tokens would
@@ -291,16 +310,23 @@ int32_t attn_kv_blocks_needed(const attn_kv *kv, int32_t n_new);
 int attn_kv_reserve(attn_kv *kv, int32_t n_new);
 
 /* Keeps the first n_tokens tokens and returns whole unused blocks to the pool
- * (speculative-decoding rollback). ATTN_ERANGE if n_tokens > attn_kv_len(kv) or < 0. */
+ * (speculative-decoding rollback). ATTN_ERANGE if n_tokens > attn_kv_len(kv) or < 0;
+ * ATTN_EDROPPED (nothing changed) if the ring dropped tokens the query at n_tokens would see
+ * (n_tokens - window + 1 < attn_kv_first_held(kv)); 0 always empties it. */
 int attn_kv_truncate(attn_kv *kv, int32_t n_tokens);
 
-/* Creates a copy of src (same pool, same tokens, own blocks). ATTN_ENOSPC when the pool cannot
- * hold the copy (nothing is changed then), ATTN_ENOMEM. */
+/* The smallest n_tokens other than 0 that attn_kv_truncate accepts: 0 when it accepts any
+ * length up to attn_kv_len (a cache that dropped nothing), else the first token held plus the
+ * window minus 1. */
+int32_t attn_kv_truncate_min(const attn_kv *kv);
+
+/* Creates a copy of src (same pool, same tokens, same window, own blocks for the held ones).
+ * ATTN_ENOSPC when the pool cannot hold the copy (nothing is changed then), ATTN_ENOMEM. */
 int attn_kv_fork(const attn_kv *src, attn_kv **out);
 
 /* Copies tokens [first, first + count) of the cache into k and v, each laid out
- * (n_kv_heads, count, head_dim) row-major, post-RoPE as stored. ATTN_ERANGE if out of bounds.
- * For tests and inspection; not a hot path. */
+ * (n_kv_heads, count, head_dim) row-major, post-RoPE as stored. ATTN_ERANGE if out of bounds,
+ * ATTN_EDROPPED if first < attn_kv_first_held(kv). For tests and inspection; not a hot path. */
 int attn_kv_read(const attn_kv *kv, int32_t first, int32_t count, float *k, float *v);
 
 /* ---- forward ------------------------------------------------------------------------------- */
@@ -351,7 +377,8 @@ typedef struct attn_step {
  * is: on any error no cache changes length. Total tokens may exceed the workspace's max_tokens:
  * the work is then split into chunks (chunked prefill), with identical results.
  * Returns ATTN_EINVAL (NULL pointers, n_steps < 1, n_tokens < 1, layer not loaded, a workspace
- * made for another model, caches from different pools, or one cache in two steps), ATTN_ESHAPE
+ * made for another model, caches from different pools, one cache in two steps, or a ring
+ * cache (attn_kv_create_for_layer) of a layer with another window), ATTN_ESHAPE
  * (a cache from another model's pool), ATTN_ERANGE (a position outside [0, max_seq) or a cache
  * that would exceed max_seq), ATTN_ENOSPC (not enough free blocks for all the appends). */
 int attn_forward(const attn_model *m, int32_t layer, attn_workspace *ws, const attn_step *steps,

@@ -62,10 +62,14 @@ struct attn_kv_pool {
 /* Owned by the pool's thread. */
 struct attn_kv {
     attn_kv_pool *pool;
-    int32_t len;        /* tokens held */
-    int32_t n_blocks;   /* blocks held */
+    int32_t len;        /* tokens appended (seen) */
+    int32_t n_blocks;   /* blocks covering tokens [0, len) and reserved ones, dropped included */
     int32_t max_blocks; /* ceil(max_seq / block_tokens) */
-    int32_t *blocks;    /* (max_blocks): block ids in token order */
+    int32_t *blocks;    /* (max_blocks): block ids in token order; -1 for the dropped ones */
+    /* A sliding layer's ring: 0 = every token is kept; else the layer's sliding_window, and the
+     * first n_dropped blocks, whose tokens no later query can see, went back to the pool. */
+    int32_t window;
+    int32_t n_dropped;
 };
 
 /* Where a task's keys and values live: block b (of block_tokens keys each, the last possibly

@@ -26,6 +26,8 @@ const char *attn_strerror(int code) {
         return "unsupported model feature";
     case ATTN_ECANCELED:
         return "cancelled by the caller";
+    case ATTN_EDROPPED:
+        return "the sliding layer's cache dropped the tokens needed";
     default:
         return "unknown error";
     }

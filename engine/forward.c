@@ -121,6 +121,11 @@ static int validate(const attn_model *m, int32_t layer, const attn_workspace *ws
         if (st->kv->pool->model != m) {
             return ATTN_ESHAPE;
         }
+        /* A ring dropped what other layers' queries would see. */
+        if (st->kv->window > 0 && !(attn_config_layer_is_sliding(&m->cfg, layer) &&
+                                    m->cfg.sliding_window == st->kv->window)) {
+            return ATTN_EINVAL;
+        }
         if (pool == NULL) {
             pool = st->kv->pool;
         } else if (st->kv->pool != pool) {

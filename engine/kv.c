@@ -1,6 +1,8 @@
 /* engine/kv.c: the paged KV store. A pool is one aligned arena of fixed-size blocks with a stack
- * of free ids; a cache is a block table. Writing rows and reading them for attention go through
- * the addressing helpers here, so the layout is defined in one place. */
+ * of free ids; a cache is a block table. A sliding layer's cache is a ring: the blocks no later
+ * query can see go back to the pool and serve again, so it holds about its window whatever its
+ * length. Writing rows and reading them for attention go through the addressing helpers here, so
+ * the layout is defined in one place. */
 #include "attn_int.h"
 
 #include <stdlib.h>
@@ -105,10 +107,52 @@ int attn_kv_create(attn_kv_pool *pool, attn_kv **out) {
     return ATTN_OK;
 }
 
+int attn_kv_create_for_layer(attn_kv_pool *pool, int32_t layer, attn_kv **out) {
+    if (pool == NULL || out == NULL) {
+        return ATTN_EINVAL;
+    }
+    const attn_config *c = &pool->model->cfg;
+    if (layer < 0 || layer >= c->n_layers) {
+        return ATTN_EINVAL;
+    }
+    int rc = attn_kv_create(pool, out);
+    if (rc == ATTN_OK && attn_config_layer_is_sliding(c, layer)) {
+        (*out)->window = c->sliding_window;
+    }
+    return rc;
+}
+
+/* Blocks entirely below the first key a query at index len or later can see: a ring may drop
+ * them. */
+static int32_t dead_blocks(const attn_kv *kv, int32_t len) {
+    if (kv->window <= 0 || len - kv->window + 1 <= 0) {
+        return 0;
+    }
+    int32_t dead = (len - kv->window + 1) / kv->pool->block_tokens;
+    return dead < kv->n_blocks ? dead : kv->n_blocks;
+}
+
+/* Gives the ring's dead blocks back to the pool. */
+static void drop_dead(attn_kv *kv) {
+    attn_kv_pool *pool = kv->pool;
+    int32_t dead = dead_blocks(kv, kv->len);
+    for (; kv->n_dropped < dead; kv->n_dropped++) {
+        pool->free_stack[pool->n_free++] = kv->blocks[kv->n_dropped];
+        kv->blocks[kv->n_dropped] = -1;
+    }
+}
+
+/* Gives back the blocks past the first `keep` (dropped ones have none to give). */
 static void release_blocks(attn_kv *kv, int32_t keep) {
     attn_kv_pool *pool = kv->pool;
     while (kv->n_blocks > keep) {
-        pool->free_stack[pool->n_free++] = kv->blocks[--kv->n_blocks];
+        int32_t id = kv->blocks[--kv->n_blocks];
+        if (id >= 0) {
+            pool->free_stack[pool->n_free++] = id;
+        }
+    }
+    if (kv->n_dropped > kv->n_blocks) {
+        kv->n_dropped = kv->n_blocks;
     }
 }
 
@@ -126,8 +170,17 @@ int32_t attn_kv_len(const attn_kv *kv) {
     return kv->len;
 }
 
+int32_t attn_kv_first_held(const attn_kv *kv) {
+    int32_t first = kv->n_dropped * kv->pool->block_tokens;
+    return first < kv->len ? first : kv->len;
+}
+
+int32_t attn_kv_window(const attn_kv *kv) {
+    return kv->window;
+}
+
 size_t attn_kv_bytes(const attn_kv *kv) {
-    return (size_t)kv->n_blocks * attn_kv_pool_block_bytes(kv->pool);
+    return (size_t)(kv->n_blocks - kv->n_dropped) * attn_kv_pool_block_bytes(kv->pool);
 }
 
 int32_t attn_kv_blocks_needed(const attn_kv *kv, int32_t n_new) {
@@ -135,7 +188,14 @@ int32_t attn_kv_blocks_needed(const attn_kv *kv, int32_t n_new) {
         return 0;
     }
     int64_t want = ((int64_t)kv->len + n_new + kv->pool->block_tokens - 1) / kv->pool->block_tokens;
-    return want > kv->n_blocks ? (int32_t)(want - kv->n_blocks) : 0;
+    int64_t droppable = dead_blocks(kv, kv->len) - kv->n_dropped;
+    int64_t need = want - kv->n_blocks - (droppable > 0 ? droppable : 0);
+    return need > 0 ? (int32_t)need : 0;
+}
+
+int32_t attn_kv_truncate_min(const attn_kv *kv) {
+    /* The next query, at index n_tokens, sees keys from n_tokens - window + 1 on. */
+    return kv->n_dropped > 0 ? kv->n_dropped * kv->pool->block_tokens + kv->window - 1 : 0;
 }
 
 int attn_kv_truncate(attn_kv *kv, int32_t n_tokens) {
@@ -145,8 +205,12 @@ int attn_kv_truncate(attn_kv *kv, int32_t n_tokens) {
     if (n_tokens < 0 || n_tokens > kv->len) {
         return ATTN_ERANGE;
     }
+    if (n_tokens > 0 && n_tokens < attn_kv_truncate_min(kv)) {
+        return ATTN_EDROPPED;
+    }
     kv->len = n_tokens;
     release_blocks(kv, (n_tokens + kv->pool->block_tokens - 1) / kv->pool->block_tokens);
+    drop_dead(kv);
     return ATTN_OK;
 }
 
@@ -155,7 +219,7 @@ int attn_kv_fork(const attn_kv *src, attn_kv **out) {
         return ATTN_EINVAL;
     }
     attn_kv_pool *pool = src->pool;
-    if (pool->n_free < src->n_blocks) {
+    if (pool->n_free < src->n_blocks - src->n_dropped) {
         return ATTN_ENOSPC;
     }
     attn_kv *kv = NULL;
@@ -163,9 +227,17 @@ int attn_kv_fork(const attn_kv *src, attn_kv **out) {
     if (rc != ATTN_OK) {
         return rc;
     }
-    attn__kv_grow(kv, src->len);
+    kv->window = src->window;
+    kv->len = src->len;
     for (int32_t b = 0; b < src->n_blocks; b++) {
-        memcpy(pool->mem + (size_t)kv->blocks[b] * pool->block_floats,
+        if (src->blocks[b] < 0) {
+            kv->blocks[kv->n_blocks++] = -1;
+            kv->n_dropped++;
+            continue;
+        }
+        int32_t id = pool->free_stack[--pool->n_free];
+        kv->blocks[kv->n_blocks++] = id;
+        memcpy(pool->mem + (size_t)id * pool->block_floats,
                pool->mem + (size_t)src->blocks[b] * pool->block_floats,
                pool->block_floats * sizeof(float));
     }
@@ -173,10 +245,15 @@ int attn_kv_fork(const attn_kv *src, attn_kv **out) {
     return ATTN_OK;
 }
 
-/* Takes blocks until the cache can hold n_tokens; the caller checked they are free. */
+/* Takes blocks until the cache can hold n_tokens; the caller checked they are free. Only when
+ * it takes some (so the caller owns the pool's accounting) does a ring drop its dead blocks
+ * first, which then serve again. */
 static void take_blocks(attn_kv *kv, int32_t n_tokens) {
     attn_kv_pool *pool = kv->pool;
     int32_t want = (n_tokens + pool->block_tokens - 1) / pool->block_tokens;
+    if (kv->n_blocks < want) {
+        drop_dead(kv);
+    }
     while (kv->n_blocks < want) {
         kv->blocks[kv->n_blocks++] = pool->free_stack[--pool->n_free];
     }
@@ -192,6 +269,7 @@ int attn_kv_reserve(attn_kv *kv, int32_t n_new) {
     if (attn_kv_blocks_needed(kv, n_new) > kv->pool->n_free) {
         return ATTN_ENOSPC;
     }
+    drop_dead(kv);
     take_blocks(kv, kv->len + n_new);
     return ATTN_OK;
 }
@@ -233,6 +311,9 @@ int attn_kv_read(const attn_kv *kv, int32_t first, int32_t count, float *k, floa
     }
     if (first < 0 || count < 0 || first > kv->len - count) {
         return ATTN_ERANGE;
+    }
+    if (count > 0 && first < attn_kv_first_held(kv)) {
+        return ATTN_EDROPPED;
     }
     const attn_kv_pool *pool = kv->pool;
     size_t hd = (size_t)pool->head_dim;

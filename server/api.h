@@ -166,7 +166,9 @@ char *api_sdpa_response_encode(const struct api_sdpa_response *r, size_t *len);
 
 struct api_session_layer {
     int32_t layer;
-    int32_t n_tokens;
+    int32_t n_tokens; /* seen */
+    int32_t n_held;   /* whose K/V are held (a sliding layer keeps about its window) */
+    int32_t window;   /* 0: none */
     size_t bytes;
 };
 

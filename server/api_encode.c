@@ -250,8 +250,12 @@ static void put_session(struct strbuf *b, const struct api_session *s) {
                   (int)s->n_tokens, s->bytes, (long long)s->idle_ms, (int)s->pending);
     for (int32_t i = 0; i < s->n_layers; i++) {
         const struct api_session_layer *l = &s->layers[i];
-        strbuf_printf(b, "%s{\"layer\":%d,\"n_tokens\":%d,\"bytes\":%zu}", i > 0 ? "," : "",
-                      (int)l->layer, (int)l->n_tokens, l->bytes);
+        strbuf_printf(b, "%s{\"layer\":%d,\"n_tokens\":%d,\"n_held\":%d,\"bytes\":%zu",
+                      i > 0 ? "," : "", (int)l->layer, (int)l->n_tokens, (int)l->n_held, l->bytes);
+        if (l->window > 0) {
+            strbuf_printf(b, ",\"window\":%d", (int)l->window);
+        }
+        strbuf_putc(b, '}');
     }
     strbuf_puts(b, "]}");
 }

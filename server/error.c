@@ -20,6 +20,8 @@ static const struct error_info table[] = {
      "the session's cache length differs from expect_n_past"},
     {ERROR_SESSION_EXISTS, 409, "session_exists", "conflict_error",
      "a session with this id already exists"},
+    {ERROR_TOKENS_DROPPED, 409, "tokens_dropped", "conflict_error",
+     "a sliding layer's cache keeps only its window and no longer holds the tokens this needs"},
     {ERROR_SESSION_EVICTED, 410, "session_evicted", "gone_error",
      "the session was evicted or expired; its cache is gone"},
     {ERROR_PAYLOAD_TOO_LARGE, 413, "payload_too_large", "invalid_request_error",
@@ -46,6 +48,8 @@ static int map_engine_code(int code) {
         return ERROR_CONTEXT_LENGTH_EXCEEDED;
     case ATTN_ENOSPC:
         return ERROR_KV_BUDGET_EXHAUSTED;
+    case ATTN_EDROPPED:
+        return ERROR_TOKENS_DROPPED;
     default:
         return ERROR_INTERNAL;
     }

@@ -1,7 +1,7 @@
 /* server/error.h: the server's error codes and the one table that maps a code to its HTTP
  * status, type and default message (proto/openapi.yaml x-error-table, proto/errors.json).
  *
- * Server codes are negative and far from the engine's (attn_status, -1 .. -7), which pass through
+ * Server codes are negative and far from the engine's (attn_status, -1 .. -9), which pass through
  * unchanged and are mapped here too (ATTN_ENOSPC -> kv_budget_exhausted, ...).
  */
 #ifndef SERVER_ERROR_H
@@ -25,6 +25,7 @@ enum error_code {
     ERROR_DRAINING = -113,
     ERROR_KV_BUDGET_EXHAUSTED = -114,
     ERROR_TOO_MANY_CONNECTIONS = -115,
+    ERROR_TOKENS_DROPPED = -116,
     /* Not in the table: the client went away, so there is nobody to answer. */
     ERROR_CANCELLED = -199,
 };

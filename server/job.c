@@ -234,7 +234,8 @@ static int attend_prepare(struct pool_job *pj, struct pool_step *step) {
         }
     } else {
         if (job->temp_kv == NULL) {
-            int rc = attn_kv_create(session_store_kv_pool(srv->sessions), &job->temp_kv);
+            int rc = attn_kv_create_for_layer(session_store_kv_pool(srv->sessions), job->at.layer,
+                                              &job->temp_kv);
             if (rc != ATTN_OK) {
                 return rc;
             }
@@ -629,6 +630,23 @@ static int truncate_prepare(struct pool_job *pj, struct pool_step *step) {
     struct session *s = pj->session;
     int32_t layer = job->tr.has_layer ? job->tr.layer : -1;
     int rc = session_truncate(job->srv->sessions, pj->turn, layer, job->tr.n_tokens);
+    if (rc == ERROR_TOKENS_DROPPED) {
+        /* Name a ring that cannot go back that far, and how far it can. */
+        const attn_model *m = job->srv->model;
+        int32_t first = layer >= 0 ? layer : attn_model_layer_first(m);
+        int32_t last = layer >= 0 ? layer : first + attn_model_layer_count(m) - 1;
+        for (int32_t l = first; l <= last; l++) {
+            attn_kv *kv = session_kv_find(s, l);
+            if (kv != NULL && attn_kv_len(kv) > job->tr.n_tokens &&
+                job->tr.n_tokens < attn_kv_truncate_min(kv)) {
+                return set_err(job, rc, "n_tokens",
+                               "layer %d slides (window %d) and its cache no longer holds the "
+                               "tokens before %d: truncate to 0 or to at least %d",
+                               (int)l, (int)attn_kv_window(kv), (int)attn_kv_first_held(kv),
+                               (int)attn_kv_truncate_min(kv));
+            }
+        }
+    }
     if (rc != 0) {
         return set_err(job, rc, "n_tokens", "n_tokens %d exceeds the %d tokens the %s holds",
                        (int)job->tr.n_tokens,

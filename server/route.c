@@ -246,7 +246,10 @@ static int describe(struct session *s, int32_t own_pins, int64_t now, struct api
         return -1;
     }
     for (int32_t i = 0; i < n; i++) {
-        session_layer_at(s, i, &(*layers)[i].layer, &(*layers)[i].n_tokens, &(*layers)[i].bytes);
+        struct session_layer_stat st;
+        session_layer_at(s, i, &st);
+        (*layers)[i] =
+            (struct api_session_layer){st.layer, st.n_tokens, st.n_held, st.window, st.bytes};
     }
     out->session_id = session_id(s);
     out->n_tokens = session_n_tokens(s);

@@ -28,6 +28,7 @@ struct session {
     int64_t last_used_ms;
     attn_kv **kv;      /* (layer_count) by layer - layer_first; NULL = unused */
     int32_t *n_tokens; /* (layer_count) as of the last refresh */
+    int32_t *n_held;   /* (layer_count) tokens a sliding layer's ring still holds, likewise */
     size_t *bytes;     /* (layer_count) as of the last refresh */
 };
 
@@ -210,6 +211,7 @@ static void session_free(struct session_store *st, struct session *s) {
     }
     free(s->kv);
     free(s->n_tokens);
+    free(s->n_held);
     free(s->bytes);
     free(s);
 }
@@ -313,10 +315,12 @@ int session_create(struct session_store *st, const char *id, int64_t now_ms, str
     }
     s->kv = calloc((size_t)st->layer_count, sizeof *s->kv);
     s->n_tokens = calloc((size_t)st->layer_count, sizeof *s->n_tokens);
+    s->n_held = calloc((size_t)st->layer_count, sizeof *s->n_held);
     s->bytes = calloc((size_t)st->layer_count, sizeof *s->bytes);
-    if (s->kv == NULL || s->n_tokens == NULL || s->bytes == NULL) {
+    if (s->kv == NULL || s->n_tokens == NULL || s->n_held == NULL || s->bytes == NULL) {
         free(s->kv);
         free(s->n_tokens);
+        free(s->n_held);
         free(s->bytes);
         free(s);
         return ATTN_ENOMEM;
@@ -369,6 +373,7 @@ void session_clear(struct session_store *st, struct session_turn *t) {
         attn_kv_destroy(s->kv[i]);
         s->kv[i] = NULL;
         s->n_tokens[i] = 0;
+        s->n_held[i] = 0;
         s->bytes[i] = 0;
     }
 }
@@ -439,13 +444,14 @@ int32_t session_n_layers_used(const struct session *s) {
     return n;
 }
 
-void session_layer_at(const struct session *s, int32_t i, int32_t *layer, int32_t *n_tokens,
-                      size_t *bytes) {
+void session_layer_at(const struct session *s, int32_t i, struct session_layer_stat *out) {
     for (int32_t l = 0; l < s->layer_count; l++) {
         if (s->kv[l] != NULL && i-- == 0) {
-            *layer = l + s->layer_first;
-            *n_tokens = s->n_tokens[l];
-            *bytes = s->bytes[l];
+            out->layer = l + s->layer_first;
+            out->n_tokens = s->n_tokens[l];
+            out->n_held = s->n_held[l];
+            out->window = attn_kv_window(s->kv[l]); /* fixed at creation */
+            out->bytes = s->bytes[l];
             return;
         }
     }
@@ -473,11 +479,12 @@ int session_kv_get(struct session_store *st, struct session_turn *t, int32_t lay
         return ATTN_EINVAL;
     }
     if (s->kv[i] == NULL) {
-        int rc = attn_kv_create(st->kv_pool, &s->kv[i]);
+        int rc = attn_kv_create_for_layer(st->kv_pool, layer, &s->kv[i]);
         if (rc != ATTN_OK) {
             return rc;
         }
         s->n_tokens[i] = 0;
+        s->n_held[i] = 0;
         s->bytes[i] = 0;
     }
     *out = s->kv[i];
@@ -500,6 +507,7 @@ static void refresh(struct session *s) {
     for (int32_t i = 0; i < s->layer_count; i++) {
         if (s->kv[i] != NULL) {
             s->n_tokens[i] = attn_kv_len(s->kv[i]);
+            s->n_held[i] = s->n_tokens[i] - attn_kv_first_held(s->kv[i]);
             s->bytes[i] = attn_kv_bytes(s->kv[i]);
         }
     }
@@ -519,12 +527,20 @@ int session_truncate(struct session_store *st, struct session_turn *t, int32_t l
         if (n_tokens > len) {
             return ERROR_INVALID_REQUEST;
         }
-        if (kv != NULL && attn_kv_truncate(kv, n_tokens) != ATTN_OK) {
-            return ERROR_INVALID_REQUEST;
+        int rc = kv != NULL ? attn_kv_truncate(kv, n_tokens) : ATTN_OK;
+        if (rc != ATTN_OK) {
+            return rc == ATTN_EDROPPED ? ERROR_TOKENS_DROPPED : ERROR_INVALID_REQUEST;
         }
     } else {
         if (n_tokens > session_n_tokens(s)) {
             return ERROR_INVALID_REQUEST;
+        }
+        /* All layers or none: first the rings that could not go back that far. */
+        for (int32_t i = 0; i < s->layer_count; i++) {
+            if (s->kv[i] != NULL && attn_kv_len(s->kv[i]) > n_tokens && n_tokens > 0 &&
+                n_tokens < attn_kv_truncate_min(s->kv[i])) {
+                return ERROR_TOKENS_DROPPED;
+            }
         }
         for (int32_t i = 0; i < s->layer_count; i++) {
             if (s->kv[i] != NULL && attn_kv_len(s->kv[i]) > n_tokens) {

@@ -119,10 +119,17 @@ int32_t session_n_tokens(const struct session *s);                /* longest lay
 size_t session_bytes(const struct session *s);
 int32_t session_n_layers_used(const struct session *s);
 
-/* The i-th used layer (0 <= i < session_n_layers_used), by layer index: its absolute index,
- * tokens and bytes as of the last refresh. */
-void session_layer_at(const struct session *s, int32_t i, int32_t *layer, int32_t *n_tokens,
-                      size_t *bytes);
+/* One used layer's cache, as of the last refresh. */
+struct session_layer_stat {
+    int32_t layer;    /* absolute index */
+    int32_t n_tokens; /* tokens seen (appended) */
+    int32_t n_held;   /* tokens whose K/V are held: n_tokens, or fewer for a sliding layer */
+    int32_t window;   /* the sliding layer's window, or 0 (every token is kept) */
+    size_t bytes;
+};
+
+/* The i-th used layer (0 <= i < session_n_layers_used), by layer index. */
+void session_layer_at(const struct session *s, int32_t i, struct session_layer_stat *out);
 
 /* Sessions in most-recently-used order: first, then next until NULL. */
 struct session *session_store_first(struct session_store *st);

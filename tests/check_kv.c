@@ -532,6 +532,153 @@ START_TEST(test_kv_reserve_then_forward_leaves_pool_alone) {
 }
 END_TEST
 
+/* Blocks of block_tokens covering tokens [first, last). */
+static int32_t blocks_covering(int32_t first, int32_t last, int32_t block_tokens) {
+    return last <= first ? 0 : (last - 1) / block_tokens - first / block_tokens + 1;
+}
+
+/* A sliding layer's ring (window 21, blocks of 16) runs 150 tokens in a pool of 6 blocks (96
+ * tokens), in calls of many sizes: every output row equals ref's single pass, the held K/V equal
+ * ref's, it never holds more than the window and the call need, and what it dropped is refused
+ * by read, truncate (ATTN_EDROPPED, nothing changed) and a layer of another window. Truncating
+ * where it may, forking, and emptying it each continue exactly. */
+START_TEST(test_kv_ring_keeps_the_window_exactly) {
+    attn_config cfg = harness_config(4, 2, 16);
+    cfg.n_layers = 2;
+    cfg.sliding_window = 21;
+    cfg.is_full_layer[1] = true;
+    const int32_t n = 150, bt = 16, w = 21, hidden = cfg.hidden_size;
+    kv_env e;
+    env_init(&e, &cfg, 6, bt);
+    float *x = harness_random_x(31, n, hidden);
+    float *out = harness_calloc((size_t)n * hidden, sizeof(float));
+    float *out_ref = harness_calloc((size_t)n * hidden, sizeof(float));
+    size_t kv_count = (size_t)cfg.n_kv_heads * n * 16;
+    float *k_ref = harness_calloc(kv_count, sizeof(float));
+    float *v_ref = harness_calloc(kv_count, sizeof(float));
+    harness_ref_run(&e.hm, 0, x, NULL, NULL, n, out_ref, NULL, k_ref, v_ref);
+
+    attn_kv *ring = NULL;
+    ck_assert_int_eq(attn_kv_create_for_layer(e.pool, 2, &ring), ATTN_EINVAL);
+    ck_assert_int_eq(attn_kv_create_for_layer(e.pool, 1, &ring), ATTN_OK);
+    ck_assert_int_eq(attn_kv_window(ring), 0); /* the full layer keeps everything */
+    attn_kv_destroy(ring);
+    ck_assert_int_eq(attn_kv_create_for_layer(e.pool, 0, &ring), ATTN_OK);
+    ck_assert_int_eq(attn_kv_window(ring), w);
+    static const int32_t calls[] = {37, 1, 1, 1, 1, 1, 1, 1, 13, 13, 13, 5, 1, 1, 60};
+    int32_t len = 0;
+    for (size_t c = 0; c < sizeof calls / sizeof calls[0]; c++) {
+        ck_assert_int_eq(append(&e, ring, x, len, calls[c], out), ATTN_OK);
+        len += calls[c];
+        int32_t first = attn_kv_first_held(ring);
+        ck_assert_int_eq(attn_kv_len(ring), len);
+        ck_assert_msg(first <= (len - w + 1 > 0 ? len - w + 1 : 0), "dropped a visible token");
+        /* What the call's queries see, and one dead block a forward drops only when it next
+         * needs a block. */
+        int32_t most =
+            blocks_covering(len - calls[c] - w + 1 > 0 ? len - calls[c] - w + 1 : 0, len, bt) + 1;
+        ck_assert_msg(attn_kv_bytes(ring) <= (size_t)most * block_bytes(&cfg, bt),
+                      "after %d tokens: %zu bytes, more than %d blocks", (int)len,
+                      attn_kv_bytes(ring), (int)most);
+    }
+    ck_assert_int_eq(len, n);
+    harness_expect_rows(out, out_ref, 0, n, hidden, "ring: every row");
+    int32_t first = attn_kv_first_held(ring);
+    ck_assert_int_gt(first, 0);
+    /* The held K/V are ref's. */
+    int32_t held = n - first;
+    float *k = harness_calloc((size_t)cfg.n_kv_heads * held * 16, sizeof(float));
+    float *v = harness_calloc((size_t)cfg.n_kv_heads * held * 16, sizeof(float));
+    ck_assert_int_eq(attn_kv_read(ring, first, held, k, v), ATTN_OK);
+    for (int32_t h = 0; h < cfg.n_kv_heads; h++) {
+        size_t at = ((size_t)h * n + first) * 16, got = (size_t)h * held * 16;
+        harness_expect_close(k + got, k_ref + at, (size_t)held * 16, "ring: held K");
+        harness_expect_close(v + got, v_ref + at, (size_t)held * 16, "ring: held V");
+    }
+    ck_assert_int_eq(attn_kv_read(ring, first - 1, 1, k, v), ATTN_EDROPPED);
+    /* A layer whose queries would see what the ring dropped refuses it. */
+    attn_step step = {ring, x, 1, NULL, NULL, out, NULL};
+    ck_assert_int_eq(attn_forward(e.hm.model, 1, e.ws, &step, 1), ATTN_EINVAL);
+    ck_assert_int_eq(attn_kv_len(ring), n);
+
+    /* Back to the shortest length it can: the first query there sees only held tokens. */
+    int32_t min = attn_kv_truncate_min(ring);
+    ck_assert_int_eq(min, first + w - 1);
+    size_t bytes = attn_kv_bytes(ring);
+    ck_assert_int_eq(attn_kv_truncate(ring, min - 1), ATTN_EDROPPED);
+    ck_assert_int_eq(attn_kv_len(ring), n);
+    ck_assert_uint_eq(attn_kv_bytes(ring), bytes);
+    ck_assert_int_eq(attn_kv_truncate(ring, min), ATTN_OK);
+    attn_kv *copy = NULL;
+    ck_assert_int_eq(attn_kv_fork(ring, &copy), ATTN_OK);
+    ck_assert_int_eq(attn_kv_first_held(copy), attn_kv_first_held(ring));
+    memset(out, 0, (size_t)n * hidden * sizeof(float));
+    /* In calls of 8 beside the fork's blocks: each call frees what the previous one left. */
+    for (int32_t t = min; t < n; t += 8) {
+        ck_assert_int_eq(append(&e, ring, x, t, n - t < 8 ? n - t : 8, out), ATTN_OK);
+    }
+    harness_expect_rows(out, out_ref, min, n, hidden, "ring: after truncate");
+    memset(out, 0, (size_t)n * hidden * sizeof(float));
+    ck_assert_int_eq(append(&e, copy, x, min, 1, out), ATTN_OK);
+    harness_expect_rows(out, out_ref, min, min + 1, hidden, "ring: its fork");
+    attn_kv_destroy(copy);
+
+    /* Emptied, it starts over. */
+    ck_assert_int_eq(attn_kv_truncate(ring, 0), ATTN_OK);
+    ck_assert_int_eq(attn_kv_first_held(ring), 0);
+    ck_assert_uint_eq(attn_kv_bytes(ring), 0);
+    ck_assert_int_eq(append(&e, ring, x, 0, 30, out), ATTN_OK);
+    harness_expect_rows(out, out_ref, 0, 30, hidden, "ring: started over");
+    attn_kv_destroy(ring);
+    ck_assert_int_eq(attn_kv_pool_blocks_free(e.pool), 6);
+    free(v);
+    free(k);
+    free(v_ref);
+    free(k_ref);
+    free(out_ref);
+    free(out);
+    free(x);
+    env_release(&e);
+}
+END_TEST
+
+/* Reserved ahead (the daemon's way), a ring drops its dead blocks at the reservation and at the
+ * truncate that returns the unused ones, never in the forward: decoding stays within the window
+ * and a small pool. */
+START_TEST(test_kv_ring_reserved_decode_stays_small) {
+    attn_config cfg = harness_config(4, 2, 16);
+    cfg.sliding_window = 17;
+    const int32_t n = 200, bt = 16, hidden = cfg.hidden_size;
+    kv_env e;
+    env_init(&e, &cfg, 4, bt);
+    float *x = harness_random_x(32, n, hidden);
+    float *out = harness_calloc((size_t)n * hidden, sizeof(float));
+    float *out_ref = harness_calloc((size_t)n * hidden, sizeof(float));
+    harness_ref_run(&e.hm, 0, x, NULL, NULL, n, out_ref, NULL, NULL, NULL);
+    attn_kv *ring = NULL;
+    ck_assert_int_eq(attn_kv_create_for_layer(e.pool, 0, &ring), ATTN_OK);
+    ck_assert_int_eq(attn_kv_reserve(ring, 40), ATTN_OK);
+    ck_assert_int_eq(append(&e, ring, x, 0, 40, out), ATTN_OK);
+    ck_assert_int_eq(attn_kv_truncate(ring, 40), ATTN_OK);
+    for (int32_t t = 40; t < n; t++) {
+        int32_t needed = attn_kv_blocks_needed(ring, 1);
+        ck_assert_int_le(needed, attn_kv_pool_blocks_free(e.pool));
+        ck_assert_int_eq(attn_kv_reserve(ring, 1), ATTN_OK);
+        int32_t free_before = attn_kv_pool_blocks_free(e.pool);
+        ck_assert_int_eq(append(&e, ring, x, t, 1, out), ATTN_OK);
+        ck_assert_int_eq(attn_kv_pool_blocks_free(e.pool), free_before);
+        ck_assert_int_eq(attn_kv_truncate(ring, t + 1), ATTN_OK);
+        ck_assert_uint_le(attn_kv_bytes(ring), 3 * block_bytes(&cfg, bt));
+    }
+    harness_expect_rows(out, out_ref, 0, n, hidden, "reserved ring");
+    attn_kv_destroy(ring);
+    free(out_ref);
+    free(out);
+    free(x);
+    env_release(&e);
+}
+END_TEST
+
 /* `extern` keeps this prototype out of the Makefile's suite-table scan, which matches lines
  * starting with `Suite *`. */
 extern Suite *kv_suite(void);
@@ -549,6 +696,8 @@ Suite *kv_suite(void) {
     tcase_add_test(tc, test_kv_fork_without_space_is_enospc);
     tcase_add_test(tc, test_kv_pool_exhaustion_is_enospc_and_changes_nothing);
     tcase_add_test(tc, test_kv_reserve_then_forward_leaves_pool_alone);
+    tcase_add_test(tc, test_kv_ring_keeps_the_window_exactly);
+    tcase_add_test(tc, test_kv_ring_reserved_decode_stays_small);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -693,6 +693,7 @@ static const char *const provoked[] = {
     "draining",                /* test_server_sigterm_drains */
     "too_many_connections",    /* check_transport.c: test_transport_busy_connections_get_503 */
     "kv_budget_exhausted",     /* test_server_eviction_then_410_and_507 */
+    "tokens_dropped",          /* test_server_sliding_layer_keeps_its_window */
 };
 
 START_TEST(test_server_every_error_code_is_provoked) {
@@ -983,6 +984,82 @@ START_TEST(test_server_families_served_or_refused_by_name) {
         cJSON_Delete(m);
         stop_ok();
     }
+}
+END_TEST
+
+/* One layer's entry of a session's "layers", by absolute index. */
+static const cJSON *session_layer(const cJSON *session, int32_t layer) {
+    const cJSON *l;
+    cJSON_ArrayForEach(l, cJSON_GetObjectItemCaseSensitive(session, "layers")) {
+        if (cJSON_GetObjectItemCaseSensitive(l, "layer")->valueint == layer) {
+            return l;
+        }
+    }
+    ck_abort_msg("no layer %d in the session", (int)layer);
+    return NULL;
+}
+
+static int layer_field(const cJSON *session, int32_t layer, const char *name) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(session_layer(session, layer), name);
+    return cJSON_IsNumber(v) ? v->valueint : -1;
+}
+
+/* Gemma 2's layer 0 slides (window 4): with blocks of 16, its cache keeps a ring of them while
+ * the global layer 1 keeps all; the session says tokens seen and held, and a truncate the ring
+ * cannot honour is 409 tokens_dropped, naming the layer, with nothing changed. */
+START_TEST(test_server_sliding_layer_keeps_its_window) {
+    const char *args[] = {
+        "--model", "tests/data/hf_gemma2_f32", "--workers", "1",         "--kv-budget-mb",
+        "4",       "--kv-block-tokens",        "16",        "--max-seq", "128",
+        NULL};
+    start(args);
+    const int32_t n = 70, hidden = 64;
+    float *x = harness_random_x(41, n, hidden);
+    for (int32_t layer = 0; layer < 2; layer++) {
+        for (int32_t first = 0; first < n;) {
+            int32_t t = first == 0 ? 40 : 3;
+            t = n - first < t ? n - first : t;
+            char extra[32];
+            snprintf(extra, sizeof extra, ",\"layer\":%d", (int)layer);
+            char *body = http_client_attend_body("ring", x, first, t, hidden, false, extra);
+            cJSON_Delete(call_json("POST", "/v1/attend", body, 200));
+            free(body);
+            first += t;
+        }
+    }
+    cJSON *s = call_json("GET", "/v1/sessions/ring", NULL, 200);
+    ck_assert_int_eq(layer_field(s, 0, "n_tokens"), n);
+    ck_assert_int_eq(layer_field(s, 0, "window"), 4);
+    /* The blocks covering the last 3 tokens: tokens 64..69. */
+    ck_assert_int_eq(layer_field(s, 0, "n_held"), 6);
+    ck_assert_int_eq(layer_field(s, 0, "bytes"), layer_field(s, 1, "bytes") / 5);
+    ck_assert_int_eq(layer_field(s, 1, "n_tokens"), n);
+    ck_assert_int_eq(layer_field(s, 1, "n_held"), n);
+    ck_assert_int_eq(layer_field(s, 1, "window"), -1);
+    cJSON_Delete(s);
+
+    struct http_client_response r =
+        call("POST", "/v1/sessions/ring/truncate", "{\"n_tokens\":66}", NULL);
+    check_error(&r, 409, "tokens_dropped", "n_tokens");
+    ck_assert_msg(strstr(r.body, "layer 0 slides (window 4)") != NULL &&
+                      strstr(r.body, "at least 67") != NULL,
+                  "%s", r.body);
+    http_client_response_release(&r);
+    s = call_json("GET", "/v1/sessions/ring", NULL, 200);
+    ck_assert_int_eq(layer_field(s, 0, "n_tokens"), n);
+    ck_assert_int_eq(layer_field(s, 1, "n_tokens"), n);
+    cJSON_Delete(s);
+    /* The full layer alone goes anywhere; the ring down to what it holds, or to 0. */
+    cJSON_Delete(
+        call_json("POST", "/v1/sessions/ring/truncate", "{\"n_tokens\":10,\"layer\":1}", 200));
+    s = call_json("POST", "/v1/sessions/ring/truncate", "{\"n_tokens\":67,\"layer\":0}", 200);
+    ck_assert_int_eq(layer_field(s, 0, "n_tokens"), 67);
+    cJSON_Delete(s);
+    s = call_json("POST", "/v1/sessions/ring/truncate", "{\"n_tokens\":0}", 200);
+    ck_assert_int_eq(cJSON_GetObjectItemCaseSensitive(s, "n_tokens")->valueint, 0);
+    cJSON_Delete(s);
+    free(x);
+    stop_ok();
 }
 END_TEST
 
@@ -1567,6 +1644,7 @@ Suite *server_suite(void) {
     tcase_add_test(tc, test_server_blas_buffers_that_cannot_fit_refuse_the_start);
     tcase_add_test(tc, test_server_families_served_or_refused_by_name);
     tcase_add_test(tc, test_server_family_checkpoints_match_the_reference);
+    tcase_add_test(tc, test_server_sliding_layer_keeps_its_window);
     tc = daemon_case(s, "load");
     tcase_add_test(tc, test_server_concurrent_sessions_are_isolated);
     tcase_add_test(tc, test_server_batches_ready_decodes);

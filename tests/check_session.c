@@ -262,17 +262,18 @@ START_TEST(test_session_fork_and_truncate) {
     ck_assert_int_eq(session_fork(st, t, "c", 3, &c), ERROR_SESSION_EXISTS);
     /* Truncate one layer, then all of them; the copy is unaffected. */
     ck_assert_int_eq(session_truncate(st, t, 1, 7), 0);
-    int32_t layer, n;
-    size_t bytes;
-    session_layer_at(a, 1, &layer, &n, &bytes);
-    ck_assert_int_eq(layer, 1);
-    ck_assert_int_eq(n, 7);
+    struct session_layer_stat ls;
+    session_layer_at(a, 1, &ls);
+    ck_assert_int_eq(ls.layer, 1);
+    ck_assert_int_eq(ls.n_tokens, 7);
+    ck_assert_int_eq(ls.n_held, 7);
+    ck_assert_int_eq(ls.window, 0);
     ck_assert_int_eq(session_truncate(st, t, 1, 8), ERROR_INVALID_REQUEST);
     ck_assert_int_eq(session_truncate(st, t, -1, 21), ERROR_INVALID_REQUEST);
     ck_assert_int_eq(session_truncate(st, t, -1, 5), 0);
-    session_layer_at(a, 0, &layer, &n, &bytes);
-    ck_assert_int_eq(n, 5);
-    ck_assert_uint_eq(bytes, BLOCK_BYTES);
+    session_layer_at(a, 0, &ls);
+    ck_assert_int_eq(ls.n_tokens, 5);
+    ck_assert_uint_eq(ls.bytes, BLOCK_BYTES);
     ck_assert_int_eq(session_n_tokens(a), 5);
     ck_assert_int_eq(session_n_tokens(c), 20);
     let_go(t, 4);
