@@ -1,5 +1,8 @@
 /* bench/attn_bench.c: the engine benchmark (`make bench`). Times prefill, single-token decode and
- * batched decode on one random layer of the `small` and `llama8b` presets, and sets every figure
+ * batched decode on one random layer of the `small` and `llama8b` presets and of two variants of
+ * llama8b's layer with other families' attention (`qwen3`: q/k RMSNorm; `gemma2`: a local layer
+ * with soft-capped scores, its scalar and a 4096-token window in a ring cache), whose cost is
+ * then set against llama8b's, case by case. It sets every figure
  * against this machine's limits measured in the same run (cblas_sgemm peak at 2048^3, read
  * bandwidth of a sweep over a buffer far larger than the caches). Prints one table, then RESULT
  * lines for bench/compare.py. Correctness is tests/' job: this program only checks return codes.
@@ -30,7 +33,31 @@ static const int32_t decode_lens[] = {512, 2048, 8192};
 static const int32_t batch_sizes[] = {1, 8, 32};
 enum { BATCH_LEN = 2048, SGEMM_N = 2048, MAX_RESULTS = 64, MAX_BATCH = 32 };
 
-static const char *const preset_names[] = {"small", "llama8b"};
+/* The presets run: the engine's own, or llama8b's dimensions with another family's attention
+ * (so that the cost of that attention shows against the plain layer of the same size). */
+static void as_qwen3(attn_config *c) {
+    c->qk_norm = ATTN_QK_NORM_HEAD; /* Qwen3-8B has llama8b's dimensions exactly */
+    c->qk_norm_eps = 1e-6f;
+    c->rope_theta = 1e6f;
+}
+
+static void as_gemma2(attn_config *c) {
+    c->softmax_scale = 0.0625f; /* query_pre_attn_scalar 256 */
+    c->logit_softcap = 50.0f;
+    c->sliding_window = 4096; /* the local layer: its cache is a ring of the window */
+}
+
+static const struct bench_preset {
+    const char *name;
+    const char *engine_preset;
+    void (*adjust)(attn_config *c); /* NULL: the engine's preset as it is */
+} presets[] = {
+    {"small", "small", NULL},
+    {"llama8b", "llama8b", NULL},
+    {"qwen3", "llama8b", as_qwen3},
+    {"gemma2", "llama8b", as_gemma2},
+};
+#define N_PRESETS ((int32_t)(sizeof presets / sizeof presets[0]))
 
 typedef enum case_kind {
     CASE_KIND_PREFILL = 0, /* S new tokens into an empty cache */
@@ -43,7 +70,7 @@ typedef struct bench_opts {
     bool use_executor;       /* false: attention runs on the calling thread only */
     bool is_quick;           /* fewer reps, smaller bandwidth buffer: smoke runs */
     bool skip_limits;        /* do not measure the machine (compare.py only needs ms) */
-    const char *preset;      /* "small", "llama8b" or "all" */
+    const char *preset;      /* a presets[] name, or "all" */
     const char *case_filter; /* comma-separated substrings of case names; NULL = all */
     size_t bw_bytes;         /* bandwidth sweep buffer */
     int32_t block_tokens;    /* KV block size passed to the pool */
@@ -80,8 +107,10 @@ typedef struct case_result {
 typedef struct result_list {
     case_result items[MAX_RESULTS];
     int32_t n;
-    char presets[2][256]; /* one line describing each preset that ran */
+    char presets[N_PRESETS][320]; /* one line describing each preset that ran */
     int32_t n_presets;
+    char notes[N_PRESETS][256]; /* what a preset measured beyond its cases (the ring's memory) */
+    int32_t n_notes;
 } result_list;
 
 /* ---- small helpers -------------------------------------------------------------------------- */
@@ -401,7 +430,7 @@ typedef struct prefill_ctx {
 static int prefill_rep(void *p, double *seconds) {
     prefill_ctx *c = p;
     attn_kv *kv = NULL;
-    int rc = attn_kv_create(c->run->pool, &kv);
+    int rc = attn_kv_create_for_layer(c->run->pool, 0, &kv);
     if (rc != ATTN_OK) {
         return rc;
     }
@@ -597,7 +626,7 @@ static int run_decode_cases(preset_run *run) {
             continue;
         }
         if (kv == NULL) {
-            rc = attn_kv_create(run->pool, &kv);
+            rc = attn_kv_create_for_layer(run->pool, 0, &kv);
         }
         if (rc == ATTN_OK) {
             rc = fill_cache(run, kv, len);
@@ -605,6 +634,20 @@ static int run_decode_cases(preset_run *run) {
                 fprintf(stderr, "attn_bench: filling a cache to %" PRId32 ": %s\n", len,
                         attn_strerror(rc));
             }
+        }
+        if (rc == ATTN_OK && attn_kv_window(kv) > 0 &&
+            i + 1 == sizeof(decode_lens) / sizeof(decode_lens[0])) {
+            /* The ring gives back what the window left behind once its reservation is returned,
+             * as the daemon does after each request. */
+            rc = attn_kv_truncate(kv, len);
+            result_list *res = run->results;
+            double full = kv_token_bytes(run->cfg) * len / 1048576.0;
+            snprintf(res->notes[res->n_notes++], sizeof res->notes[0],
+                     "%s: at L=%" PRId32 " the local layer's ring holds %.1f MiB of KV (%" PRId32
+                     " tokens), where a full cache holds %.1f MiB: %.2fx\n",
+                     run->name, len, (double)attn_kv_bytes(kv) / 1048576.0,
+                     len - attn_kv_first_held(kv), full,
+                     (double)attn_kv_bytes(kv) / 1048576.0 / full);
         }
         if (rc == ATTN_OK && need_decode) {
             rc = time_decode(run, &kv, 1, len, &r);
@@ -688,9 +731,49 @@ static int create_pool(preset_run *run) {
     return rc;
 }
 
+/* Whether name is one of the comma-separated list's items. */
+static bool in_list(const char *list, const char *name) {
+    size_t len = strlen(name);
+    for (const char *p = list; *p != '\0';) {
+        size_t n = strcspn(p, ",");
+        if (n == len && strncmp(p, name, n) == 0) {
+            return true;
+        }
+        p += n + (p[n] == ',');
+    }
+    return false;
+}
+
+static const struct bench_preset *preset_find(const char *name) {
+    for (int32_t i = 0; i < N_PRESETS; i++) {
+        if (strcmp(presets[i].name, name) == 0) {
+            return &presets[i];
+        }
+    }
+    return NULL;
+}
+
+/* Every item of the comma-separated list names a preset. */
+static bool presets_known(const char *list) {
+    char name[32];
+    for (const char *p = list; *p != '\0';) {
+        size_t n = strcspn(p, ",");
+        if (n == 0 || n >= sizeof name) {
+            return false;
+        }
+        memcpy(name, p, n);
+        name[n] = '\0';
+        if (preset_find(name) == NULL) {
+            return false;
+        }
+        p += n + (p[n] == ',');
+    }
+    return *list != '\0';
+}
+
 static bool preset_selected(const bench_opts *o, const char *preset) {
     preset_run probe = {.opts = o, .name = preset};
-    bool is_named = strcmp(o->preset, "all") == 0 || strcmp(o->preset, preset) == 0;
+    bool is_named = strcmp(o->preset, "all") == 0 || in_list(o->preset, preset);
     return is_named && blocks_needed(&probe, 64) > 0;
 }
 
@@ -701,8 +784,12 @@ static int run_preset(const bench_opts *o, const char *preset, const attn_execut
     if (o->n_reps > 0) {
         run.policy = (rep_policy){o->n_reps, o->n_reps, 0.0};
     }
+    const struct bench_preset *bp = preset_find(preset);
     attn_config cfg;
-    int rc = attn_config_preset(preset, &cfg);
+    int rc = attn_config_preset(bp->engine_preset, &cfg);
+    if (rc == ATTN_OK && bp->adjust != NULL) {
+        bp->adjust(&cfg);
+    }
     /* The longest decode case appends one token after decode_lens' last length. */
     attn_load_params lp = {.layer_first = 0, .layer_count = 1, .max_seq = 16384};
     if (rc == ATTN_OK) {
@@ -735,11 +822,14 @@ static int run_preset(const bench_opts *o, const char *preset, const attn_execut
     } else {
         snprintf(results->presets[results->n_presets++], sizeof(results->presets[0]),
                  "%s: hidden %" PRId32 ", heads %" PRId32 "/%" PRId32 " kv, head_dim %" PRId32
-                 ", weights %.1f MiB/layer, KV %.0f KiB/token, pool %.0f MiB in %" PRId32
+                 "%s%s%s, weights %.1f MiB/layer, KV %.0f KiB/token, pool %.0f MiB in %" PRId32
                  "-token blocks\n",
                  preset, run.cfg->hidden_size, run.cfg->n_heads, run.cfg->n_kv_heads,
-                 run.cfg->head_dim, layer_weight_bytes(run.cfg) / 1048576.0,
-                 kv_token_bytes(run.cfg) / 1024.0,
+                 run.cfg->head_dim,
+                 run.cfg->qk_norm != ATTN_QK_NORM_NONE ? ", q/k RMSNorm per head" : "",
+                 run.cfg->logit_softcap > 0 ? ", scores soft-capped at 50, scale 256^-1/2" : "",
+                 run.cfg->sliding_window > 0 ? ", sliding window 4096 (a ring cache)" : "",
+                 layer_weight_bytes(run.cfg) / 1048576.0, kv_token_bytes(run.cfg) / 1024.0,
                  (double)attn_kv_pool_bytes_limit(run.pool) / 1048576.0,
                  attn_kv_pool_block_tokens(run.pool));
         rc = run_prefill_cases(&run);
@@ -762,7 +852,8 @@ static void usage(FILE *f) {
                "  --threads N       OpenBLAS and executor threads (default 2)\n"
                "  --no-executor     run attention on the calling thread only\n"
                "  --quick           fewer reps and a 1 GiB bandwidth buffer (smoke runs)\n"
-               "  --preset NAME     small, llama8b or all (default all)\n"
+               "  --preset LIST     comma-separated: small, llama8b, qwen3, gemma2; or all "
+               "(default)\n"
                "  --case LIST       comma-separated substrings of case names, e.g. decode,_B32\n"
                "  --reps N          exactly N timed reps per case (default: adaptive)\n"
                "  --block-tokens N  KV block size (default 128, the engine's)\n"
@@ -805,8 +896,7 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
             i++;
         } else if (strcmp(a, "--preset") == 0) {
             o->preset = val;
-            ok =
-                strcmp(val, "all") == 0 || strcmp(val, "small") == 0 || strcmp(val, "llama8b") == 0;
+            ok = strcmp(val, "all") == 0 || presets_known(val);
             i++;
         } else if (strcmp(a, "--case") == 0) {
             o->case_filter = val;
@@ -876,6 +966,32 @@ static void print_header(const bench_opts *o, const machine_limits *before,
            o->n_threads >= 2 ? 2 : 1);
 }
 
+/* The variants' medians over llama8b's for the same case (> 1: the family's attention costs
+ * more than the plain layer of the same size). */
+static void print_versus_llama8b(const result_list *res) {
+    bool is_first = true;
+    for (int32_t i = 0; i < res->n; i++) {
+        const case_result *r = &res->items[i];
+        const char *dot = strchr(r->name, '.');
+        if (dot == NULL || strncmp(r->name, "small.", 6) == 0 ||
+            strncmp(r->name, "llama8b.", 8) == 0) {
+            continue;
+        }
+        char base[64];
+        snprintf(base, sizeof base, "llama8b%s", dot);
+        for (int32_t j = 0; j < res->n; j++) {
+            if (strcmp(res->items[j].name, base) == 0 && res->items[j].ms > 0) {
+                if (is_first) {
+                    printf("\n%-26s %10s %10s %8s\n", "against llama8b", "ms", "llama8b", "ratio");
+                    is_first = false;
+                }
+                printf("%-26s %10.3f %10.3f %8.2f\n", r->name, r->ms, res->items[j].ms,
+                       r->ms / res->items[j].ms);
+            }
+        }
+    }
+}
+
 static int measure_limits(const bench_opts *o, machine_limits *lim) {
     int32_t n_runs = o->is_quick ? 3 : 5;
     if (measure_bandwidth(o->bw_bytes, n_runs, lim) != ATTN_OK ||
@@ -899,8 +1015,8 @@ int main(int argc, char **argv) {
         return prc > 0 ? EXIT_SUCCESS : 2;
     }
     bool any_selected = false;
-    for (size_t i = 0; i < sizeof(preset_names) / sizeof(preset_names[0]); i++) {
-        any_selected = any_selected || preset_selected(&o, preset_names[i]);
+    for (int32_t i = 0; i < N_PRESETS; i++) {
+        any_selected = any_selected || preset_selected(&o, presets[i].name);
     }
     if (!any_selected) {
         fprintf(stderr, "attn_bench: no case of preset %s matches --case %s\n", o.preset,
@@ -930,9 +1046,9 @@ int main(int argc, char **argv) {
 
     result_list results = {.n = 0};
     int rc = ATTN_OK;
-    for (size_t i = 0; i < sizeof(preset_names) / sizeof(preset_names[0]) && rc == ATTN_OK; i++) {
-        if (preset_selected(&o, preset_names[i])) {
-            rc = run_preset(&o, preset_names[i], o.use_executor ? &ex : NULL, &results);
+    for (int32_t i = 0; i < N_PRESETS && rc == ATTN_OK; i++) {
+        if (preset_selected(&o, presets[i].name)) {
+            rc = run_preset(&o, presets[i].name, o.use_executor ? &ex : NULL, &results);
         }
     }
     bench_pool_destroy(pool);
@@ -954,6 +1070,10 @@ int main(int argc, char **argv) {
            "GB/s", "machine limit");
     for (int32_t i = 0; i < results.n; i++) {
         print_row(&o, &lim, &results.items[i]);
+    }
+    print_versus_llama8b(&results);
+    for (int32_t i = 0; i < results.n_notes; i++) {
+        printf("%s", results.notes[i]);
     }
     printf("\n");
     for (int32_t i = 0; i < results.n; i++) {

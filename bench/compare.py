@@ -68,7 +68,9 @@ def main():
     if args.rounds < 1:
         sys.exit("compare: --rounds must be >= 1")
     env = dict(os.environ, OPENBLAS_NUM_THREADS=str(args.threads))
-    common = ["--threads", str(args.threads), "--preset", args.preset]
+    # The peer has the engine's own presets only, not attn_bench's family variants.
+    presets = "small,llama8b" if args.preset == "all" else args.preset
+    common = ["--threads", str(args.threads), "--preset", presets]
     if args.quick:
         common.append("--quick")
     if args.case:

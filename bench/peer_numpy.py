@@ -27,7 +27,8 @@ def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2, help="OpenBLAS threads (default 2)")
     ap.add_argument("--quick", action="store_true", help="fewer reps (smoke runs)")
-    ap.add_argument("--preset", default="all", choices=["all", "small", "llama8b"])
+    ap.add_argument("--preset", default="all",
+                    help="all, small, llama8b, or small,llama8b (attn_bench's list form)")
     ap.add_argument("--case", default=None,
                     help="comma-separated substrings of case names, e.g. decode,_B32")
     ap.add_argument("--reps", type=int, default=0, help="exactly N timed reps per case")
@@ -326,8 +327,11 @@ def main():
     print(f"peer_numpy: numpy {np.__version__}, OPENBLAS_NUM_THREADS={args.threads}; "
           "ms is the median of the timed reps after one warm-up")
     print(f"{'case':<26} {'reps':>5} {'ms':>10} {'tokens/s':>11} {'GFLOP/s':>9} {'GB/s':>8}")
+    wanted = args.preset.split(",")
+    if args.preset != "all" and not set(wanted) <= {"small", "llama8b"}:
+        sys.exit(f"peer_numpy: --preset {args.preset}: the peer has small and llama8b only")
     for name in ("small", "llama8b"):
-        if args.preset in ("all", name):
+        if args.preset == "all" or name in wanted:
             run_preset(name)
     if not results:
         sys.exit(f"peer_numpy: no case matches --case {args.case}")

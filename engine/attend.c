@@ -89,12 +89,8 @@ static void accumulate_block(const struct attn__task *t, const struct tile_ctx *
 
 /* Gemma 2's soft-capping of a block of scores: s = cap * tanh(s / cap), before the mask. */
 static void softcap_block(float *s, int32_t rows, int32_t nb, size_t lds, float cap) {
-    float inv = 1.0f / cap;
     for (int32_t r = 0; r < rows; r++) {
-        float *sr = s + (size_t)r * lds;
-        for (int32_t j = 0; j < nb; j++) {
-            sr[j] = cap * tanhf(sr[j] * inv);
-        }
+        attn__softcap(s + (size_t)r * lds, nb, cap);
     }
 }
 

@@ -153,6 +153,10 @@ typedef struct attn_config {
 /* True if layer (absolute index) attends through cfg's sliding window. */
 bool attn_config_layer_is_sliding(const attn_config *cfg, int32_t layer);
 
+/* True if layer (absolute index) applies a rotary embedding: false without one (GPT-2), and for
+ * the full layers of a rope_sliding_only config (Cohere 2's NoPE layers). */
+bool attn_config_layer_rotates(const attn_config *cfg, int32_t layer);
+
 /* Fills *out with a named preset: "tiny" (hidden 64, 4 heads, 2 kv heads, head_dim 16, 2 layers),
  * "small" (hidden 512, 8 heads, 2 kv heads, head_dim 64, 4 layers) or "llama8b" (hidden 4096,
  * 32 heads, 8 kv heads, head_dim 128, rope_theta 500000, 32 layers). Returns ATTN_EINVAL for an

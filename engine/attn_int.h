@@ -169,6 +169,10 @@ void attn__rows_dot(const float *x, int32_t m, int32_t k, const float *w, int32_
 /* s[j] = exp(s[j] - m) for j < n (-inf gives 0); returns the sum. SIMD where available. */
 float attn__exp_shift(float *s, int32_t n, float m);
 
+/* s[j] = cap tanh(s[j] / cap) for j < n (Gemma's score soft-cap), within a few ulp of tanhf.
+ * SIMD where available. */
+void attn__softcap(float *s, int32_t n, float cap);
+
 /* ---- rope.c ------------------------------------------------------------------------------ */
 
 /* The rotation of one call's tokens in one layer: a (max_seq, rotary_dim / 2) table pair, or,

@@ -262,3 +262,8 @@ bool attn_config_layer_is_sliding(const attn_config *cfg, int32_t layer) {
     return cfg->sliding_window > 0 && layer >= 0 && layer < ATTN_MAX_LAYERS &&
            !cfg->is_full_layer[layer];
 }
+
+bool attn_config_layer_rotates(const attn_config *cfg, int32_t layer) {
+    return cfg->rotary_dim > 0 &&
+           (!cfg->rope_sliding_only || attn_config_layer_is_sliding(cfg, layer));
+}

@@ -259,7 +259,7 @@ static void rope_and_append(const attn_model *m, int32_t layer, const attn_step 
     size_t k_off = (size_t)c->n_heads * hd, v_off = k_off + (size_t)c->n_kv_heads * hd;
     int32_t base = st->kv->len;
     struct attn__rope_frame frame;
-    bool rotates = c->rotary_dim > 0 && (is_local || !c->rope_sliding_only);
+    bool rotates = attn_config_layer_rotates(c, layer);
     if (rotates) {
         /* A call's rotation may depend on the whole step's reach (longrope, dynamic), not only
          * on this part's. */

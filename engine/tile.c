@@ -282,33 +282,35 @@ __attribute__((target("avx2,fma"))) static void pv_avx2(const float *p, size_t l
     }
 }
 
-/* s[j] = exp(s[j] - m) for j < n, returning the sum; -inf scores give exactly 0. Cephes' expf
- * (range reduction by ln 2 in two parts, degree-5 polynomial), within 2 ulp of expf. */
-__attribute__((target("avx2,fma"))) static float exp_shift_avx2(float *s, int32_t n, float m) {
-    const __m256 mv = _mm256_set1_ps(m), lo = _mm256_set1_ps(-87.0f);
+/* exp(x) for x in [-87, 88.7]: Cephes' expf (range reduction by ln 2 in two parts, degree-5
+ * polynomial), within 2 ulp of expf. */
+__attribute__((always_inline, target("avx2,fma"))) static inline __m256 exp_avx2(__m256 x) {
     const __m256 log2e = _mm256_set1_ps(1.44269504088896341f), half = _mm256_set1_ps(0.5f);
     const __m256 c1 = _mm256_set1_ps(0.693359375f), c2 = _mm256_set1_ps(-2.12194440e-4f);
-    const __m256 one = _mm256_set1_ps(1.0f);
+    __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, log2e, half));
+    x = _mm256_fnmadd_ps(fx, c1, x);
+    x = _mm256_fnmadd_ps(fx, c2, x);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    __m256i e =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+/* s[j] = exp(s[j] - m) for j < n, returning the sum; -inf scores give exactly 0. */
+__attribute__((target("avx2,fma"))) static float exp_shift_avx2(float *s, int32_t n, float m) {
+    const __m256 mv = _mm256_set1_ps(m), lo = _mm256_set1_ps(-87.0f);
     __m256 sum = _mm256_setzero_ps();
     int32_t j = 0;
     for (; j + 8 <= n; j += 8) {
         __m256 x = _mm256_sub_ps(_mm256_loadu_ps(s + j), mv);
         __m256 dead = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-        x = _mm256_max_ps(x, lo);
-        __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, log2e, half));
-        x = _mm256_fnmadd_ps(fx, c1, x);
-        x = _mm256_fnmadd_ps(fx, c2, x);
-        __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-        y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, one));
-        __m256i e =
-            _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
-        y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-        y = _mm256_andnot_ps(dead, y);
+        __m256 y = _mm256_andnot_ps(dead, exp_avx2(_mm256_max_ps(x, lo)));
         _mm256_storeu_ps(s + j, y);
         sum = _mm256_add_ps(sum, y);
     }
@@ -320,6 +322,37 @@ __attribute__((target("avx2,fma"))) static float exp_shift_avx2(float *s, int32_
         total += s[j];
     }
     return total;
+}
+
+/* s[j] = cap tanh(s[j] / cap) for j < n. Cephes' tanhf: an odd degree-11 polynomial below
+ * |x| = 0.625, 1 - 2 / (exp(2|x|) + 1) above, with the sign put back; within a few ulp of
+ * tanhf. */
+__attribute__((target("avx2,fma"))) static void softcap_avx2(float *s, int32_t n, float cap) {
+    const __m256 inv = _mm256_set1_ps(1.0f / cap), capv = _mm256_set1_ps(cap);
+    const __m256 sign_bit = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
+    const __m256 two = _mm256_set1_ps(2.0f), small = _mm256_set1_ps(0.625f);
+    const __m256 top = _mm256_set1_ps(44.0f); /* tanh is 1.0f from 9.01 on; exp(88) is finite */
+    int32_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        __m256 x = _mm256_mul_ps(_mm256_loadu_ps(s + j), inv);
+        __m256 sign = _mm256_and_ps(x, sign_bit);
+        __m256 z = _mm256_min_ps(_mm256_andnot_ps(sign_bit, x), top);
+        __m256 e = exp_avx2(_mm256_add_ps(z, z));
+        __m256 big = _mm256_sub_ps(one, _mm256_div_ps(two, _mm256_add_ps(e, one)));
+        __m256 x2 = _mm256_mul_ps(x, x);
+        __m256 p = _mm256_set1_ps(-5.70498872745e-3f);
+        p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(2.06390887954e-2f));
+        p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(-5.37397155531e-2f));
+        p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(1.33314422036e-1f));
+        p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(-3.33332819422e-1f));
+        __m256 near = _mm256_fmadd_ps(_mm256_mul_ps(p, x2), x, x);
+        __m256 t =
+            _mm256_blendv_ps(_mm256_or_ps(big, sign), near, _mm256_cmp_ps(z, small, _CMP_LT_OQ));
+        _mm256_storeu_ps(s + j, _mm256_mul_ps(capv, t));
+    }
+    for (; j < n; j++) {
+        s[j] = cap * tanhf(s[j] * (1.0f / cap));
+    }
 }
 
 /* y[i][j] = x_i . w_j for an MX x MW block: MX input rows against MW weight rows, each k-step
@@ -404,6 +437,18 @@ void attn__rows_dot(const float *x, int32_t m, int32_t k, const float *w, int32_
 #else
     attn__qk(x, (size_t)k, m, w, (size_t)k, n, k, y, ldy);
 #endif
+}
+
+void attn__softcap(float *s, int32_t n, float cap) {
+#ifdef TILE_HAVE_AVX2
+    if (attn__tile_is_fast()) {
+        softcap_avx2(s, n, cap);
+        return;
+    }
+#endif
+    for (int32_t j = 0; j < n; j++) {
+        s[j] = cap * tanhf(s[j] * (1.0f / cap));
+    }
 }
 
 float attn__exp_shift(float *s, int32_t n, float m) {

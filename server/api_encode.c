@@ -351,8 +351,7 @@ static void put_layer(struct strbuf *b, const attn_config *cfg, int32_t layer) {
     }
     /* Gemma 3's local layers rotate with their own theta and no scaling. */
     bool is_local_rope = is_sliding && cfg->rope_theta_local > 0;
-    /* No rotary embedding at all (GPT-2), or not on this full layer (Cohere 2's NoPE). */
-    bool rotates = cfg->rotary_dim > 0 && (is_sliding || !cfg->rope_sliding_only);
+    bool rotates = attn_config_layer_rotates(cfg, layer);
     attn_rope_scaling none = {0};
     strbuf_puts(b, ",\"rope_theta\":");
     if (rotates) {
