@@ -99,12 +99,14 @@ static void mask_row(const struct attn__task *t, int32_t row_t, int64_t j0, int3
     int64_t lo, hi;
     visible_range(&t->mask, t->kv.n_keys, row_t, &lo, &hi);
     const uint8_t *valid = t->mask.key_valid;
-    if (valid == NULL && lo <= j0 && j0 + nb - 1 <= hi) {
+    const uint8_t *own =
+        t->mask.pair_valid != NULL ? t->mask.pair_valid + (size_t)row_t * t->mask.pair_ld : NULL;
+    if (valid == NULL && own == NULL && lo <= j0 && j0 + nb - 1 <= hi) {
         return; /* the usual case away from the diagonal and the window edge */
     }
     for (int32_t jj = 0; jj < nb; jj++) {
         int64_t j = j0 + jj;
-        if (j < lo || j > hi || (valid != NULL && !valid[j])) {
+        if (j < lo || j > hi || (valid != NULL && !valid[j]) || (own != NULL && !own[j])) {
             s[jj] = -INFINITY;
         }
     }

@@ -414,17 +414,23 @@ typedef struct attn_sdpa_params {
      * attn_sdpa return ATTN_ECANCELED at once. */
     bool (*is_cancelled)(void *ctx);
     void *cancel_ctx;
+    /* NULL, or a boolean mask shared by the heads: query i sees key j only where
+     * mask[i * mask_ld + j] is nonzero (n_k bytes per row; mask_ld 0 gives every query the same
+     * row, a key padding mask). It narrows what causal and window leave visible. */
+    const uint8_t *mask;
+    size_t mask_ld;
 } attn_sdpa_params;
 
 /* Bytes of scratch attn_sdpa needs for these dimensions (the tensor pointers may still be NULL);
  * 0 when the dimensions are invalid (attn_sdpa then says why). */
 size_t attn_sdpa_scratch_bytes(const attn_sdpa_params *p);
 
-/* Computes p->out (and p->weights). scratch must hold attn_sdpa_scratch_bytes(p) bytes, aligned
+/* Computes p->out (and p->weights). A query that sees no key (all masked) gets a zero output
+ * row and zero weights, never NaN. scratch must hold attn_sdpa_scratch_bytes(p) bytes, aligned
  * for float. Returns ATTN_EINVAL (NULL tensors or scratch, a size < 1, window < -1, a negative or
- * non-finite scale), ATTN_ESHAPE (n_kv_heads not dividing n_heads), ATTN_ERANGE (sizes past
- * the engine's limits) or ATTN_ECANCELED (is_cancelled said so; out and weights are then partly
- * written). */
+ * non-finite scale, a mask_ld below n_k other than 0), ATTN_ESHAPE (n_kv_heads not dividing
+ * n_heads), ATTN_ERANGE (sizes past the engine's limits) or ATTN_ECANCELED (is_cancelled said so;
+ * out and weights are then partly written). */
 int attn_sdpa(const attn_sdpa_params *p, void *scratch);
 
 #endif /* ENGINE_ATTN_H */

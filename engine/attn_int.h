@@ -92,6 +92,10 @@ struct attn__mask {
     int32_t window_left;      /* -1 = none, else keys with qi - j > window_left are hidden */
     int32_t window_right;     /* -1 = none, else keys with j - qi > window_right are hidden */
     const uint8_t *key_valid; /* NULL or (n_keys) */
+    /* NULL, or row t's own mask: pair_valid + t * pair_ld holds one byte per key (0 hides it);
+     * pair_ld 0 gives every row the same one (key padding) */
+    const uint8_t *pair_valid;
+    size_t pair_ld;
 };
 
 /* One unit of attention work: the r query heads of one GQA group against one KV head, for n_q

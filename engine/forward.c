@@ -330,6 +330,8 @@ static int32_t part_tasks(const attn_model *m, int32_t layer, attn_workspace *ws
             t->mask.window_left = window_left;
             t->mask.window_right = -1;
             t->mask.key_valid = st->key_valid;
+            t->mask.pair_valid = NULL;
+            t->mask.pair_ld = 0;
             t->scratch = ws->scratch + *scratch_used;
             *scratch_used +=
                 attn__task_scratch_floats(r * nq, c->head_dim, c->head_dim, t->kv.block_tokens);

@@ -13,7 +13,8 @@ static int check_dims(const attn_sdpa_params *p) {
         return ATTN_EINVAL;
     }
     if (p->n_heads < 1 || p->n_kv_heads < 1 || p->n_q < 1 || p->n_k < 1 || p->d_k < 1 ||
-        p->d_v < 1 || p->window < -1 || !isfinite(p->scale) || p->scale < 0) {
+        p->d_v < 1 || p->window < -1 || !isfinite(p->scale) || p->scale < 0 ||
+        (p->mask_ld != 0 && p->mask_ld < (size_t)p->n_k)) {
         return ATTN_EINVAL;
     }
     if (p->n_heads % p->n_kv_heads != 0) {
@@ -97,6 +98,8 @@ int attn_sdpa(const attn_sdpa_params *p, void *scratch) {
             t->mask.window_left = p->window;
             t->mask.window_right = p->window;
             t->mask.key_valid = NULL;
+            t->mask.pair_valid = p->mask != NULL ? p->mask + (size_t)q0 * p->mask_ld : NULL;
+            t->mask.pair_ld = p->mask_ld;
             t->scratch = fs + used;
             used += attn__task_scratch_floats(r * nq, p->d_k, p->d_v, SDPA_BLOCK);
         }

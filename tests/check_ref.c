@@ -236,7 +236,7 @@ START_TEST(test_ref_sdpa_by_hand) {
     float v[4] = {1.0f, 10.0f, 3.0f, 30.0f}; /* d_v = 2 */
     float out[2];
     float w[2];
-    ref_sdpa_args a = {1, 1, 1, 2, 1, 2, q, k, v, false, -1, 1.0, out, w};
+    ref_sdpa_args a = {1, 1, 1, 2, 1, 2, q, k, v, false, -1, 1.0, out, w, NULL, 0};
     ref_sdpa(&a);
     ck_assert_float_eq_tol(w[0], 0.25f, 1e-7f);
     ck_assert_float_eq_tol(w[1], 0.75f, 1e-7f);

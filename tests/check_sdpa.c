@@ -12,12 +12,45 @@
 #include "check_harness.h"
 #include "ref.h"
 
+/* Masks a case may carry (the seeds' boolean convention: nonzero attends). */
+enum mask_kind {
+    MASK_NONE = 0,
+    MASK_PAIRS,       /* (Tq, Tk), each pair kept with probability 3/4 */
+    MASK_KEY_PADDING, /* one row of Tk for every query (mask_ld 0), its last keys 0 */
+    MASK_EMPTY_ROWS,  /* (Tq, Tk) with every third query's row all 0 */
+};
+
 typedef struct sdpa_case {
     int32_t n_heads, n_kv_heads, n_q, n_k, d_k, d_v;
     bool is_causal;
     int32_t window;
     float scale;
 } sdpa_case;
+
+/* The case's mask (NULL for none) and its row stride. */
+static uint8_t *make_mask(const sdpa_case *c, enum mask_kind kind, ref_rng *rng, size_t *ld) {
+    if (kind == MASK_NONE) {
+        *ld = 0;
+        return NULL;
+    }
+    *ld = kind == MASK_KEY_PADDING ? 0 : (size_t)c->n_k;
+    size_t rows = kind == MASK_KEY_PADDING ? 1 : (size_t)c->n_q;
+    uint8_t *m = harness_calloc(rows * c->n_k, 1);
+    for (size_t i = 0; i < rows; i++) {
+        for (int32_t j = 0; j < c->n_k; j++) {
+            uint8_t on = 1;
+            if (kind == MASK_PAIRS) {
+                on = ref_rng_uniform(rng, 0.0f, 1.0f) < 0.75f;
+            } else if (kind == MASK_KEY_PADDING) {
+                on = j < c->n_k - c->n_k / 3;
+            } else {
+                on = i % 3 != 1 && ref_rng_uniform(rng, 0.0f, 1.0f) < 0.75f;
+            }
+            m[i * c->n_k + j] = on;
+        }
+    }
+    return m;
+}
 
 static void describe(const sdpa_case *c, char *buf, size_t size) {
     snprintf(buf, size, "heads %d/%d n_q %d n_k %d d_k %d d_v %d causal %d window %d scale %g",
@@ -35,7 +68,7 @@ static int run_sdpa(const attn_sdpa_params *p) {
     return rc;
 }
 
-static void check_case(const sdpa_case *c, uint64_t seed) {
+static void check_masked_case(const sdpa_case *c, enum mask_kind kind, uint64_t seed) {
     const size_t q_count = (size_t)c->n_heads * c->n_q * c->d_k;
     const size_t k_count = (size_t)c->n_kv_heads * c->n_k * c->d_k;
     const size_t v_count = (size_t)c->n_kv_heads * c->n_k * c->d_v;
@@ -45,6 +78,7 @@ static void check_case(const sdpa_case *c, uint64_t seed) {
     char what[300];
     ref_rng rng;
     describe(c, desc, sizeof(desc));
+    snprintf(desc + strlen(desc), sizeof desc - strlen(desc), " mask %d", (int)kind);
     ref_rng_init(&rng, seed);
     float *q = harness_calloc(q_count, sizeof(float));
     float *k = harness_calloc(k_count, sizeof(float));
@@ -52,6 +86,8 @@ static void check_case(const sdpa_case *c, uint64_t seed) {
     ref_fill_uniform(&rng, q, q_count, -1.0f, 1.0f);
     ref_fill_uniform(&rng, k, k_count, -1.0f, 1.0f);
     ref_fill_uniform(&rng, v, v_count, -1.0f, 1.0f);
+    size_t mask_ld = 0;
+    uint8_t *mask = make_mask(c, kind, &rng, &mask_ld);
     float *out_ref = harness_calloc(o_count, sizeof(float));
     float *w_ref = harness_calloc(w_count, sizeof(float));
     ref_sdpa_args ra = {.n_heads = c->n_heads,
@@ -66,6 +102,8 @@ static void check_case(const sdpa_case *c, uint64_t seed) {
                         .is_causal = c->is_causal,
                         .window = c->window,
                         .scale = c->scale,
+                        .mask = mask,
+                        .mask_ld = mask_ld,
                         .out = out_ref,
                         .weights = w_ref};
     ref_sdpa(&ra);
@@ -87,7 +125,9 @@ static void check_case(const sdpa_case *c, uint64_t seed) {
                               .window = c->window,
                               .scale = c->scale,
                               .out = out[path],
-                              .weights = path == 0 ? w : NULL};
+                              .weights = path == 0 ? w : NULL,
+                              .mask = mask,
+                              .mask_ld = mask_ld};
         int rc = run_sdpa(&p);
         ck_assert_msg(rc == ATTN_OK, "%s: attn_sdpa = %d (%s)", desc, rc, attn_strerror(rc));
         snprintf(what, sizeof(what), "%s: out (%s) vs ref", desc,
@@ -117,6 +157,7 @@ static void check_case(const sdpa_case *c, uint64_t seed) {
             ck_assert_msg(fabs(sum - 1.0) < 1e-5, "%s: row %d sums to %.9g", desc, (int)r, sum);
         }
     }
+    free(mask);
     free(out[1]);
     free(out[0]);
     free(w);
@@ -125,6 +166,10 @@ static void check_case(const sdpa_case *c, uint64_t seed) {
     free(v);
     free(k);
     free(q);
+}
+
+static void check_case(const sdpa_case *c, uint64_t seed) {
+    check_masked_case(c, MASK_NONE, seed);
 }
 
 /* Every combination of head sharing, key dim (1 and 17 odd), value dim (equal and not), query
@@ -147,6 +192,27 @@ START_TEST(test_sdpa_sweep_small_shapes) {
                             check_case(&c, seed++);
                         }
                     }
+                }
+            }
+        }
+    }
+}
+END_TEST
+
+/* The seeds' boolean masks, alone and on top of causal and window: per pair, key padding shared
+ * by every query, and queries that see nothing (zeros, never NaN), over head sharing, Tq != Tk,
+ * and lengths spanning several query and key tiles. */
+START_TEST(test_sdpa_masks) {
+    static const int32_t shapes[][6] = {
+        {8, 2, 7, 7, 16, 16}, {4, 4, 3, 11, 8, 12}, {8, 1, 1, 9, 32, 32}, {4, 2, 70, 130, 64, 64}};
+    uint64_t seed = 5000;
+    for (int m = MASK_PAIRS; m <= MASK_EMPTY_ROWS; m++) {
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            for (int causal = 0; causal < 2; causal++) {
+                for (int wi = 0; wi < 2; wi++) {
+                    const int32_t *d = shapes[s];
+                    sdpa_case c = {d[0], d[1], d[2], d[3], d[4], d[5], causal, wi ? 3 : -1, 0.0f};
+                    check_masked_case(&c, (enum mask_kind)m, seed++);
                 }
             }
         }
@@ -195,7 +261,8 @@ START_TEST(test_sdpa_rows_before_every_key_are_zero) {
     for (int i = 0; i < 30; i++) {
         out[i] = NAN;
     }
-    attn_sdpa_params p = {2, 1, n_q, n_k, 4, 3, q, k, v, true, -1, 0.0f, out, w, NULL, NULL};
+    attn_sdpa_params p = {2,    1,  n_q,  n_k, 4, 3,    q,    k,    v,
+                          true, -1, 0.0f, out, w, NULL, NULL, NULL, 0};
     ck_assert_int_eq(run_sdpa(&p), ATTN_OK);
     for (int h = 0; h < 2; h++) {
         harness_expect_zero(out + (size_t)h * n_q * 3, 3 * 3, "queries 0-2 (before the keys)");
@@ -282,8 +349,8 @@ START_TEST(test_sdpa_bad_arguments) {
     ref_fill_uniform(&rng, q, 64, -1.0f, 1.0f);
     ref_fill_uniform(&rng, k, 48, -1.0f, 1.0f);
     ref_fill_uniform(&rng, v, 48, -1.0f, 1.0f);
-    const attn_sdpa_params good = {4, 2,     2,  3,    8,   8,    q,    k,
-                                   v, false, -1, 0.0f, out, NULL, NULL, NULL};
+    const attn_sdpa_params good = {4,     2,  2,    3,   8,    8,    q,    k,    v,
+                                   false, -1, 0.0f, out, NULL, NULL, NULL, NULL, 0};
     ck_assert_uint_le(attn_sdpa_scratch_bytes(&good), sizeof(scratch));
     ck_assert_int_eq(attn_sdpa(&good, scratch), ATTN_OK);
 
@@ -357,6 +424,7 @@ Suite *sdpa_suite(void) {
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_sdpa_sweep_small_shapes);
     tcase_add_test(tc, test_sdpa_long_sequences);
+    tcase_add_test(tc, test_sdpa_masks);
     tcase_add_test(tc, test_sdpa_custom_scale);
     tcase_add_test(tc, test_sdpa_rows_before_every_key_are_zero);
     tcase_add_test(tc, test_sdpa_bad_arguments);

@@ -332,7 +332,8 @@ void ref_sdpa(const ref_sdpa_args *a) {
             for (int32_t j = 0; j < a->n_k; j++) {
                 bool causal_ok = !a->is_causal || j <= ii;
                 bool window_ok = a->window < 0 || abs(ii - j) <= a->window;
-                visible[j] = causal_ok && window_ok;
+                bool mask_ok = a->mask == NULL || a->mask[(size_t)i * a->mask_ld + j] != 0;
+                visible[j] = causal_ok && window_ok && mask_ok;
                 for (int32_t e = 0; e < a->d_k; e++) {
                     kd[e] = a->k[((size_t)kvh * a->n_k + j) * a->d_k + e];
                 }

@@ -105,10 +105,12 @@ typedef struct ref_sdpa_args {
     const float *k; /* (n_kv_heads, n_k, d_k) */
     const float *v; /* (n_kv_heads, n_k, d_v) */
     bool is_causal;
-    int32_t window; /* -1 = none */
-    double scale;   /* 0 = 1 / sqrt(d_k) */
-    float *out;     /* (n_heads, n_q, d_v) */
-    float *weights; /* NULL, or (n_heads, n_q, n_k) */
+    int32_t window;      /* -1 = none */
+    double scale;        /* 0 = 1 / sqrt(d_k) */
+    float *out;          /* (n_heads, n_q, d_v) */
+    float *weights;      /* NULL, or (n_heads, n_q, n_k) */
+    const uint8_t *mask; /* NULL, or query i sees key j only if mask[i * mask_ld + j] != 0 */
+    size_t mask_ld;
 } ref_sdpa_args;
 
 void ref_sdpa(const ref_sdpa_args *a);
