@@ -287,9 +287,21 @@ static int get_encoding(struct json_reader *r, enum api_encoding *out, struct ap
 struct tensor_spec {
     const char *name; /* the field, for errors */
     const char *doc;  /* its shape in words, e.g. "(T, hidden_size)" */
-    int rank;         /* 1..3 */
-    int64_t want[3];  /* required size per dim, or -1 for any */
+    int rank;         /* 1..4: its rank, or the highest it may have */
+    int64_t want[4];  /* required size per dim, or -1 for any */
+    int min_rank;     /* 0, or the lowest rank it may have (a leading batch dimension is
+                       * optional); want[] then applies to the dims as read */
 };
+
+/* "rank 3" or "rank 3 or 4", for messages. */
+static const char *rank_words(const struct tensor_spec *s, char *buf, size_t size) {
+    if (s->min_rank > 0 && s->min_rank < s->rank) {
+        snprintf(buf, size, "rank %d to %d", s->min_rank, s->rank);
+    } else {
+        snprintf(buf, size, "rank %d", s->rank);
+    }
+    return buf;
+}
 
 static int check_value(double d, const struct tensor_spec *s, int64_t flat, struct api_error *err,
                        float *out) {
@@ -358,14 +370,17 @@ static float *floats_take(struct floats *f) {
 /* Nested arrays of rank s->rank, read straight into floats. Each dimension's size is fixed by
  * its first complete array and every later one must match; a row longer than that, a number
  * where an array belongs or the reverse is refused the moment it is read, so a ragged body
- * never makes the parser allocate more than what it has read. */
+ * never makes the parser allocate more than what it has read. A spec with a range of ranks
+ * takes the rank from the depth of the first number. */
 static int parse_nested(struct json_reader *r, const struct tensor_spec *s, float **out,
-                        int64_t *dims, struct api_error *err) {
-    static const char ranks[] = "nested arrays of rank";
-    int64_t count[3] = {0, 0, 0};
-    bool is_known[3] = {false, false, false};
+                        int64_t *dims, int *rank_out, struct api_error *err) {
+    char ranks[32];
+    rank_words(s, ranks, sizeof ranks);
+    int64_t count[4] = {0, 0, 0, 0};
+    bool is_known[4] = {false, false, false, false};
     struct floats f = {NULL, 0, 0};
     int depth = 0, rc = 0;
+    int rank = s->min_rank > 0 && s->min_rank < s->rank ? 0 : s->rank; /* 0: not known yet */
     if (json_array_begin(r) != 0) {
         return syntax_error(r, err);
     }
@@ -408,12 +423,16 @@ static int parse_nested(struct json_reader *r, const struct tensor_spec *s, floa
             break;
         }
         enum json_type t = json_peek(r);
-        if (depth < s->rank - 1) {
+        if (rank == 0 && t == JSON_TYPE_NUMBER && depth + 1 >= s->min_rank) {
+            rank = depth + 1;
+        }
+        if (depth < (rank != 0 ? rank : s->rank) - 1) {
             if (t != JSON_TYPE_ARRAY) {
                 rc = t == JSON_TYPE_INVALID ? wrong_type(r, s->name, "", err)
                                             : fail(err, ERROR_INVALID_REQUEST, s->name,
-                                                   "%s: expected %s %d %s, or a base64 object",
-                                                   s->name, ranks, s->rank, s->doc);
+                                                   "%s: expected nested arrays of %s %s, or a "
+                                                   "base64 object",
+                                                   s->name, ranks, s->doc);
                 break;
             }
             json_array_begin(r);
@@ -425,7 +444,7 @@ static int parse_nested(struct json_reader *r, const struct tensor_spec *s, floa
             rc = t == JSON_TYPE_INVALID ? wrong_type(r, s->name, "", err)
                  : t == JSON_TYPE_ARRAY
                      ? fail(err, ERROR_INVALID_REQUEST, s->name,
-                            "%s: expected rank %d %s, got deeper nesting", s->name, s->rank, s->doc)
+                            "%s: expected %s %s, got deeper nesting", s->name, ranks, s->doc)
                      : fail(err, ERROR_INVALID_REQUEST, s->name,
                             "%s: value %lld (row-major) is not a number", s->name, (long long)f.n);
             break;
@@ -453,18 +472,20 @@ static int parse_nested(struct json_reader *r, const struct tensor_spec *s, floa
         return rc;
     }
     *out = floats_take(&f);
+    *rank_out = rank;
     return 0;
 }
 
 /* {"shape": [...], "b64": "..."}: little-endian float32 bytes. The base64 text is decoded
  * straight from the body (it holds no escapes unless a client wrote some). */
 static int parse_b64(struct json_reader *r, const struct tensor_spec *s, float **out, int64_t *dims,
-                     struct api_error *err) {
+                     int *rank_out, struct api_error *err) {
     static const char *const names[] = {"shape", "b64"};
-    char shape_doc[160];
+    char shape_doc[200], ranks[32];
     snprintf(shape_doc, sizeof shape_doc,
-             "%s: a base64 tensor is {\"shape\": [%d positive integers %s], \"b64\": \"...\"}",
-             s->name, s->rank, s->doc);
+             "%s: a base64 tensor is {\"shape\": [the %s sizes %s], \"b64\": \"...\"}", s->name,
+             rank_words(s, ranks, sizeof ranks), s->doc);
+    int rank = s->rank;
     struct json_span text = {NULL, 0, false};
     bool has_shape = false;
     uint32_t seen = 0;
@@ -508,9 +529,11 @@ static int parse_b64(struct json_reader *r, const struct tensor_spec *s, float *
         if (more < 0) {
             return syntax_error(r, err);
         }
-        if (d != s->rank) {
+        int min = s->min_rank > 0 ? s->min_rank : s->rank;
+        if (d < min || d > s->rank) {
             return fail(err, ERROR_INVALID_REQUEST, s->name, "%s", shape_doc);
         }
+        rank = d;
         has_shape = true;
     }
     if (rc != 0) {
@@ -525,7 +548,7 @@ static int parse_b64(struct json_reader *r, const struct tensor_spec *s, float *
         return fail(err, ERROR_INVALID_REQUEST, s->name, "%s", shape_doc);
     }
     int64_t total = 1;
-    for (int d = 0; d < s->rank; d++) {
+    for (int d = 0; d < rank; d++) {
         total *= dims[d];
     }
     size_t bytes = (size_t)total * 4;
@@ -570,25 +593,35 @@ static int parse_b64(struct json_reader *r, const struct tensor_spec *s, float *
         return rc;
     }
     *out = data;
+    *rank_out = rank;
     return 0;
 }
 
 /* Parses a tensor field (nested arrays or a base64 object) into a malloc'd array; dims gets its
  * shape. */
 static int parse_tensor(struct json_reader *r, const struct tensor_spec *s, float **out,
-                        int64_t *dims, struct api_error *err) {
+                        int64_t *dims, int *rank_out, struct api_error *err) {
+    char ranks[32];
+    int rank = 0;
+    int rc;
     switch (json_peek(r)) {
     case JSON_TYPE_OBJECT:
-        return parse_b64(r, s, out, dims, err);
+        rc = parse_b64(r, s, out, dims, &rank, err);
+        break;
     case JSON_TYPE_ARRAY:
-        return parse_nested(r, s, out, dims, err);
+        rc = parse_nested(r, s, out, dims, &rank, err);
+        break;
     case JSON_TYPE_INVALID:
         return wrong_type(r, s->name, "", err);
     default:
         return fail(err, ERROR_INVALID_REQUEST, s->name,
-                    "%s: expected nested arrays of rank %d %s, or a base64 object", s->name,
-                    s->rank, s->doc);
+                    "%s: expected nested arrays of %s %s, or a base64 object", s->name,
+                    rank_words(s, ranks, sizeof ranks), s->doc);
     }
+    if (rc == 0 && rank_out != NULL) {
+        *rank_out = rank;
+    }
+    return rc;
 }
 
 /* ---- POST /v1/attend ------------------------------------------------------------------------ */
@@ -689,9 +722,9 @@ static int attend_field(struct json_reader *jr, int index, const struct api_limi
     int rc;
     switch (index) {
     case ATTEND_X: {
-        struct tensor_spec spec = {"x", "(T, hidden_size)", 2, {-1, lim->hidden_size, -1}};
+        struct tensor_spec spec = {"x", "(T, hidden_size)", 2, {-1, lim->hidden_size, -1, -1}, 0};
         int64_t dims[3];
-        rc = parse_tensor(jr, &spec, &r->x, dims, err);
+        rc = parse_tensor(jr, &spec, &r->x, dims, NULL, err);
         if (rc == 0 && dims[0] > lim->max_seq) {
             rc = fail(err, ERROR_CONTEXT_LENGTH_EXCEEDED, "x",
                       "x: %lld tokens exceed the model's maximum sequence length %d",
@@ -766,6 +799,7 @@ void api_sdpa_request_release(struct api_sdpa_request *r) {
     free(r->q);
     free(r->k);
     free(r->v);
+    free(r->mask);
     memset(r, 0, sizeof *r);
 }
 
@@ -778,15 +812,18 @@ enum sdpa_field {
     SDPA_SCALE,
     SDPA_RETURN_WEIGHTS,
     SDPA_ENCODING,
+    SDPA_MASK,
     SDPA_N_FIELDS,
 };
 
 static const char *const sdpa_names[SDPA_N_FIELDS] = {
-    "q", "k", "v", "causal", "window", "scale", "return_weights", "encoding_format"};
+    "q", "k", "v", "causal", "window", "scale", "return_weights", "encoding_format", "mask"};
 
-/* The shapes read for q, k and v, checked against each other once all three are in. */
+/* The shapes read for q, k, v and mask, checked against each other once all are in. */
 struct sdpa_dims {
-    int64_t q[3], k[3], v[3];
+    int64_t q[4], k[4], v[4], m[4];
+    int q_rank, k_rank, v_rank, mask_rank;
+    float *mask; /* as parsed, until it is checked and made bytes */
 };
 
 static int get_scale(struct json_reader *jr, float *out, struct api_error *err) {
@@ -809,10 +846,15 @@ static int get_scale(struct json_reader *jr, float *out, struct api_error *err) 
 
 static int sdpa_field(struct json_reader *jr, int index, struct api_sdpa_request *r,
                       struct sdpa_dims *dims, struct api_error *err) {
-    static const struct tensor_spec specs[3] = {
-        {"q", "(H, Tq, dk)", 3, {-1, -1, -1}},
-        {"k", "(Hkv, Tk, dk)", 3, {-1, -1, -1}},
-        {"v", "(Hkv, Tk, dv)", 3, {-1, -1, -1}},
+    static const struct tensor_spec specs[4] = {
+        {"q", "(H, Tq, dk) or (B, H, Tq, dk)", 4, {-1, -1, -1, -1}, 3},
+        {"k", "(Hkv, Tk, dk) or (B, Hkv, Tk, dk)", 4, {-1, -1, -1, -1}, 3},
+        {"v", "(Hkv, Tk, dv) or (B, Hkv, Tk, dv)", 4, {-1, -1, -1, -1}, 3},
+        {"mask",
+         "(Tq, Tk) or (B, Tq, Tk), 1 = attend, 0 = masked, a dimension of 1 broadcast",
+         3,
+         {-1, -1, -1, -1},
+         2},
     };
     if (index > SDPA_V && take_null(jr)) {
         return 0;
@@ -821,11 +863,13 @@ static int sdpa_field(struct json_reader *jr, int index, struct api_sdpa_request
     int rc;
     switch (index) {
     case SDPA_Q:
-        return parse_tensor(jr, &specs[0], &r->q, dims->q, err);
+        return parse_tensor(jr, &specs[0], &r->q, dims->q, &dims->q_rank, err);
     case SDPA_K:
-        return parse_tensor(jr, &specs[1], &r->k, dims->k, err);
+        return parse_tensor(jr, &specs[1], &r->k, dims->k, &dims->k_rank, err);
     case SDPA_V:
-        return parse_tensor(jr, &specs[2], &r->v, dims->v, err);
+        return parse_tensor(jr, &specs[2], &r->v, dims->v, &dims->v_rank, err);
+    case SDPA_MASK:
+        return parse_tensor(jr, &specs[3], &dims->mask, dims->m, &dims->mask_rank, err);
     case SDPA_CAUSAL:
         return get_bool(jr, "causal", &r->causal, err);
     case SDPA_WINDOW:
@@ -841,35 +885,90 @@ static int sdpa_field(struct json_reader *jr, int index, struct api_sdpa_request
     }
 }
 
-/* q, k and v against each other, in the order a reader of the shapes would check them. */
-static int sdpa_shapes(struct api_sdpa_request *r, const struct sdpa_dims *d,
-                       struct api_error *err) {
+/* mask (as floats, the seeds' booleans) against the shapes: each dimension the batch, query or
+ * key count, or 1 to broadcast (the key one never), every value 0 or 1; made bytes in r. */
+static int sdpa_mask(struct api_sdpa_request *r, struct sdpa_dims *d, struct api_error *err) {
+    int rank = d->mask_rank;
+    int64_t b = rank == 3 ? d->m[0] : 1, tq = d->m[rank - 2], tk = d->m[rank - 1];
+    if (rank == 3 && b != 1 && b != r->n_batch) {
+        return fail(err, ERROR_INVALID_REQUEST, "mask",
+                    "mask: dimension 0 is %lld, expected the batch %d or 1 for shape (B, Tq, Tk)",
+                    (long long)b, (int)r->n_batch);
+    }
+    if (tq != 1 && tq != r->n_q) {
+        return fail(err, ERROR_INVALID_REQUEST, "mask",
+                    "mask: dimension %d is %lld, expected Tq = %d or 1", rank - 2, (long long)tq,
+                    (int)r->n_q);
+    }
+    if (tk != r->n_k) {
+        return fail(err, ERROR_INVALID_REQUEST, "mask",
+                    "mask: dimension %d is %lld, expected Tk = %d", rank - 1, (long long)tk,
+                    (int)r->n_k);
+    }
+    size_t n = (size_t)(b * tq * tk);
+    r->mask = malloc(n);
+    if (r->mask == NULL) {
+        return out_of_memory(err, "mask");
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (d->mask[i] != 0.0f && d->mask[i] != 1.0f) {
+            return fail(err, ERROR_INVALID_REQUEST, "mask",
+                        "mask: value %zu (row-major) is %.9g; 1 attends, 0 masks", i,
+                        (double)d->mask[i]);
+        }
+        r->mask[i] = d->mask[i] != 0.0f;
+    }
+    r->mask_batch_stride = b == 1 ? 0 : (size_t)(tq * tk);
+    r->mask_ld = tq == 1 ? 0 : (size_t)tk;
+    return 0;
+}
+
+/* q, k and v against each other, in the order a reader of the shapes would check them; then
+ * the mask against them. */
+static int sdpa_shapes(struct api_sdpa_request *r, struct sdpa_dims *d, struct api_error *err) {
     if (r->q == NULL || r->k == NULL || r->v == NULL) {
         const char *missing = r->q == NULL ? "q" : r->k == NULL ? "k" : "v";
         return fail(err, ERROR_INVALID_REQUEST, missing, "%s: required tensor", missing);
     }
-    if (d->k[2] != d->q[2]) {
-        return fail(err, ERROR_INVALID_REQUEST, "k",
-                    "k: dimension 2 is %lld, expected %lld (q's dk) for shape (Hkv, Tk, dk)",
-                    (long long)d->k[2], (long long)d->q[2]);
+    if (d->k_rank != d->q_rank || d->v_rank != d->q_rank) {
+        const char *which = d->k_rank != d->q_rank ? "k" : "v";
+        return fail(err, ERROR_INVALID_REQUEST, which,
+                    "%s: rank %d, but q has rank %d: q, k and v are all batched (B, H, T, D) or "
+                    "none is",
+                    which, which[0] == 'k' ? d->k_rank : d->v_rank, d->q_rank);
     }
-    if (d->q[0] % d->k[0] != 0) {
-        return fail(err, ERROR_INVALID_REQUEST, "k",
-                    "k: %lld kv heads do not divide the %lld query heads", (long long)d->k[0],
-                    (long long)d->q[0]);
+    /* Past an optional leading batch, each is (heads, length, dim). */
+    int o = d->q_rank - 3;
+    if (o == 1 && (d->k[0] != d->q[0] || d->v[0] != d->q[0])) {
+        const char *which = d->k[0] != d->q[0] ? "k" : "v";
+        return fail(err, ERROR_INVALID_REQUEST, which, "%s: batch %lld, expected q's %lld", which,
+                    (long long)(which[0] == 'k' ? d->k[0] : d->v[0]), (long long)d->q[0]);
     }
-    if (d->v[0] != d->k[0] || d->v[1] != d->k[1]) {
+    if (d->k[o + 2] != d->q[o + 2]) {
+        return fail(err, ERROR_INVALID_REQUEST, "k",
+                    "k: dimension %d is %lld, expected %lld (q's dk) for shape (Hkv, Tk, dk)",
+                    o + 2, (long long)d->k[o + 2], (long long)d->q[o + 2]);
+    }
+    if (d->q[o] % d->k[o] != 0) {
+        return fail(err, ERROR_INVALID_REQUEST, "k",
+                    "k: %lld kv heads do not divide the %lld query heads", (long long)d->k[o],
+                    (long long)d->q[o]);
+    }
+    if (d->v[o] != d->k[o] || d->v[o + 1] != d->k[o + 1]) {
         return fail(err, ERROR_INVALID_REQUEST, "v",
                     "v: shape (%lld, %lld, dv) must match k's (Hkv, Tk) = (%lld, %lld)",
-                    (long long)d->v[0], (long long)d->v[1], (long long)d->k[0], (long long)d->k[1]);
+                    (long long)d->v[o], (long long)d->v[o + 1], (long long)d->k[o],
+                    (long long)d->k[o + 1]);
     }
-    r->n_heads = (int32_t)d->q[0];
-    r->n_q = (int32_t)d->q[1];
-    r->d_k = (int32_t)d->q[2];
-    r->n_kv_heads = (int32_t)d->k[0];
-    r->n_k = (int32_t)d->k[1];
-    r->d_v = (int32_t)d->v[2];
-    return 0;
+    r->is_batched = o == 1;
+    r->n_batch = o == 1 ? (int32_t)d->q[0] : 1;
+    r->n_heads = (int32_t)d->q[o];
+    r->n_q = (int32_t)d->q[o + 1];
+    r->d_k = (int32_t)d->q[o + 2];
+    r->n_kv_heads = (int32_t)d->k[o];
+    r->n_k = (int32_t)d->k[o + 1];
+    r->d_v = (int32_t)d->v[o + 2];
+    return d->mask_rank > 0 ? sdpa_mask(r, d, err) : 0;
 }
 
 int api_sdpa_request_parse(const char *body, size_t len, struct api_sdpa_request *out,
@@ -893,21 +992,23 @@ int api_sdpa_request_parse(const char *body, size_t len, struct api_sdpa_request
     if (rc == 0) {
         rc = sdpa_shapes(&r, &dims, err);
     }
-    if (rc == 0 && (int64_t)r.n_heads * r.n_q * r.n_k > API_SDPA_MAX_SCORES) {
+    free(dims.mask);
+    int64_t bh = (int64_t)r.n_batch * r.n_heads;
+    if (rc == 0 && bh * r.n_q * r.n_k > API_SDPA_MAX_SCORES) {
         rc = fail(err, ERROR_INVALID_REQUEST, "k",
-                  "k: H x Tq x Tk = %lld attention scores exceed the limit of %lld per request",
-                  (long long)r.n_heads * r.n_q * r.n_k, (long long)API_SDPA_MAX_SCORES);
+                  "k: B x H x Tq x Tk = %lld attention scores exceed the limit of %lld per "
+                  "request",
+                  (long long)(bh * r.n_q * r.n_k), (long long)API_SDPA_MAX_SCORES);
     }
-    if (rc == 0 && (int64_t)r.n_heads * r.n_q * r.d_v > API_OUTPUT_MAX_VALUES) {
+    if (rc == 0 && bh * r.n_q * r.d_v > API_OUTPUT_MAX_VALUES) {
         rc = fail(err, ERROR_INVALID_REQUEST, "v",
-                  "v: the output H x Tq x dv = %lld values exceeds the limit of %d",
-                  (long long)r.n_heads * r.n_q * r.d_v, API_OUTPUT_MAX_VALUES);
+                  "v: the output B x H x Tq x dv = %lld values exceeds the limit of %d",
+                  (long long)(bh * r.n_q * r.d_v), API_OUTPUT_MAX_VALUES);
     }
-    if (rc == 0 && r.return_weights &&
-        (int64_t)r.n_heads * r.n_q * r.n_k > API_WEIGHTS_MAX_VALUES) {
+    if (rc == 0 && r.return_weights && bh * r.n_q * r.n_k > API_WEIGHTS_MAX_VALUES) {
         rc = fail(err, ERROR_INVALID_REQUEST, "return_weights",
-                  "return_weights: H x Tq x Tk = %lld values exceed the limit of %d",
-                  (long long)r.n_heads * r.n_q * r.n_k, API_WEIGHTS_MAX_VALUES);
+                  "return_weights: B x H x Tq x Tk = %lld values exceed the limit of %d",
+                  (long long)(bh * r.n_q * r.n_k), API_WEIGHTS_MAX_VALUES);
     }
     if (rc != 0) {
         api_sdpa_request_release(&r);

@@ -78,10 +78,16 @@ int api_attend_request_parse(const char *body, size_t len, const struct api_limi
 void api_attend_request_release(struct api_attend_request *r);
 
 struct api_sdpa_request {
-    float *q; /* (n_heads, n_q, d_k), owned */
-    float *k; /* (n_kv_heads, n_k, d_k), owned */
-    float *v; /* (n_kv_heads, n_k, d_v), owned */
+    float *q;        /* (n_batch, n_heads, n_q, d_k), owned */
+    float *k;        /* (n_batch, n_kv_heads, n_k, d_k), owned */
+    float *v;        /* (n_batch, n_kv_heads, n_k, d_v), owned */
+    int32_t n_batch; /* 1 when the tensors came without a batch dimension */
+    bool is_batched; /* they came with one: the answer has it too */
     int32_t n_heads, n_kv_heads, n_q, n_k, d_k, d_v;
+    /* NULL, or the boolean mask, owned: batch b, query i, key j at
+     * mask[b * mask_batch_stride + i * mask_ld + j] (a stride 0 broadcasts) */
+    uint8_t *mask;
+    size_t mask_batch_stride, mask_ld;
     bool causal;
     int32_t window; /* -1 = none */
     float scale;    /* 0 = 1/sqrt(d_k) */
@@ -156,9 +162,11 @@ void api_stream_usage_encode(struct strbuf *out, const struct api_attend_respons
 void api_stream_error_encode(struct strbuf *out, int code, const char *message, const char *param);
 
 struct api_sdpa_response {
+    int32_t n_batch;
+    bool is_batched; /* the tensors carry the batch dimension */
     int32_t n_heads, n_q, n_k, d_v;
-    const float *output;  /* (n_heads, n_q, d_v) */
-    const float *weights; /* NULL, or (n_heads, n_q, n_k) */
+    const float *output;  /* (n_batch, n_heads, n_q, d_v) */
+    const float *weights; /* NULL, or (n_batch, n_heads, n_q, n_k) */
     struct api_timing timing;
     enum api_encoding encoding;
 };

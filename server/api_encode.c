@@ -229,14 +229,17 @@ char *api_error_encode(int code, const char *message, const char *param, size_t 
 char *api_sdpa_response_encode(const struct api_sdpa_response *r, size_t *len) {
     struct strbuf b;
     strbuf_init(&b);
-    strbuf_reserve(&b, (size_t)r->n_heads * (size_t)r->n_q * (size_t)r->d_v * 14 + 256);
+    strbuf_reserve(&b,
+                   (size_t)r->n_batch * r->n_heads * (size_t)r->n_q * (size_t)r->d_v * 14 + 256);
     strbuf_putc(&b, '{');
-    int64_t od[3] = {r->n_heads, r->n_q, r->d_v};
-    put_tensor(&b, "output", r->output, 3, od, r->encoding);
+    /* The batch dimension leads when the request had one. */
+    int o = r->is_batched ? 0 : 1;
+    int64_t od[4] = {r->n_batch, r->n_heads, r->n_q, r->d_v};
+    put_tensor(&b, "output", r->output, 4 - o, od + o, r->encoding);
     if (r->weights != NULL) {
-        int64_t wd[3] = {r->n_heads, r->n_q, r->n_k};
+        int64_t wd[4] = {r->n_batch, r->n_heads, r->n_q, r->n_k};
         strbuf_putc(&b, ',');
-        put_tensor(&b, "weights", r->weights, 3, wd, r->encoding);
+        put_tensor(&b, "weights", r->weights, 4 - o, wd + o, r->encoding);
     }
     put_timing(&b, &r->timing);
     strbuf_puts(&b, "}\n");

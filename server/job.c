@@ -526,6 +526,20 @@ static void sdpa_params(const struct api_sdpa_request *sd, attn_sdpa_params *p) 
     p->is_causal = sd->causal;
     p->window = sd->window;
     p->scale = sd->scale;
+    p->mask = sd->mask;
+    p->mask_ld = sd->mask_ld;
+}
+
+/* Points p's tensors at batch b of sd's (and of out and weights). */
+static void sdpa_params_at(const struct api_sdpa_request *sd, int32_t b, float *out, float *weights,
+                           attn_sdpa_params *p) {
+    size_t hq = (size_t)sd->n_heads * sd->n_q, hk = (size_t)sd->n_kv_heads * sd->n_k;
+    p->q = sd->q + (size_t)b * hq * sd->d_k;
+    p->k = sd->k + (size_t)b * hk * sd->d_k;
+    p->v = sd->v + (size_t)b * hk * sd->d_v;
+    p->out = out + (size_t)b * hq * sd->d_v;
+    p->weights = weights != NULL ? weights + (size_t)b * hq * sd->n_k : NULL;
+    p->mask = sd->mask != NULL ? sd->mask + (size_t)b * sd->mask_batch_stride : NULL;
 }
 
 /* The engine's cancel check: polled by the worker between tiles. */
@@ -544,22 +558,29 @@ static int sdpa_run(struct pool_job *pj, int status) {
     const struct api_sdpa_request *sd = &job->sd;
     attn_sdpa_params p;
     sdpa_params(sd, &p);
-    size_t n_out = (size_t)sd->n_heads * sd->n_q * sd->d_v;
-    size_t n_w = (size_t)sd->n_heads * sd->n_q * sd->n_k;
+    size_t n_out = (size_t)sd->n_batch * sd->n_heads * sd->n_q * sd->d_v;
+    size_t n_w = (size_t)sd->n_batch * sd->n_heads * sd->n_q * sd->n_k;
     float *out = malloc(n_out * sizeof(float));
     float *weights = sd->return_weights ? malloc(n_w * sizeof(float)) : NULL;
     p.out = out;
     p.weights = weights;
     p.is_cancelled = sdpa_is_cancelled;
     p.cancel_ctx = job;
+    /* Every batch has the same dimensions, so one scratch serves them in turn. */
     void *scratch = out != NULL ? malloc(attn_sdpa_scratch_bytes(&p) + 64) : NULL;
     int rc = set_err(job, ERROR_INTERNAL, NULL, "out of memory for the computation");
     if (out != NULL && scratch != NULL && (weights != NULL || !sd->return_weights)) {
         double t0 = (double)uv_hrtime() / 1e6;
-        rc = attn_sdpa(&p, scratch);
+        rc = ATTN_OK;
+        for (int32_t b = 0; b < sd->n_batch && rc == ATTN_OK; b++) {
+            sdpa_params_at(sd, b, out, weights, &p);
+            rc = attn_sdpa(&p, scratch);
+        }
         double ms = (double)uv_hrtime() / 1e6 - t0;
         if (rc == ATTN_OK) {
             struct api_sdpa_response r = {
+                .n_batch = sd->n_batch,
+                .is_batched = sd->is_batched,
                 .n_heads = sd->n_heads,
                 .n_q = sd->n_q,
                 .n_k = sd->n_k,

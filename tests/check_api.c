@@ -206,8 +206,8 @@ static void sdpa_golden(const char *req_name, const char *resp_name) {
     p.weights = w;
     void *scratch = malloc(attn_sdpa_scratch_bytes(&p) + 64);
     ck_assert_int_eq(attn_sdpa(&p, scratch), ATTN_OK);
-    struct api_sdpa_response resp = {r.n_heads, r.n_q, r.n_k,       r.d_v,
-                                     out,       w,     {0.5, 0.25}, r.encoding};
+    struct api_sdpa_response resp = {1,     false, r.n_heads, r.n_q,       r.n_k,
+                                     r.d_v, out,   w,         {0.5, 0.25}, r.encoding};
     char *got_text = api_sdpa_response_encode(&resp, NULL);
     cJSON *got = cJSON_Parse(got_text);
     char *want_text = http_client_read_file(resp_name, NULL);

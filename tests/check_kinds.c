@@ -1,0 +1,279 @@
+/* tests/check_kinds.c: the seeds' other attention kinds through a real daemon, against tests/ref.c:
+ * POST /v1/sdpa with a batch dimension and boolean masks (seeds 000, 001: 1 attends, 0 masks;
+ * (B, Tq, Tk), (B, 1, Tk) key padding, (Tq, Tk), any dimension of 1 broadcast), and the refusals
+ * of masks and batches that do not fit. */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "check_harness.h"
+#include "http_client.h"
+#include "ref.h"
+
+static struct http_client_daemon daemon_;
+
+static void start_tiny(void) {
+    const char *args[] = {"--preset", "tiny", "--workers", "1", NULL};
+    http_client_daemon_start(&daemon_, args);
+}
+
+static void stop(void) {
+    ck_assert_int_eq(http_client_daemon_stop(&daemon_, 20000), 0);
+}
+
+static void teardown(void) {
+    http_client_daemon_kill(&daemon_);
+}
+
+/* POSTs body to path; the answer must have `status`. Returns the parsed body. */
+static cJSON *post(const char *path, const char *body, long status) {
+    char url[512];
+    snprintf(url, sizeof url, "%s%s", daemon_.base, path);
+    struct http_client_response r;
+    http_client_request("POST", url, body, strlen(body), NULL, &r);
+    ck_assert_msg(r.status == status, "POST %s: %ld, want %ld: %.600s", path, r.status, status,
+                  r.body);
+    cJSON *j = http_client_json(&r);
+    http_client_response_release(&r);
+    return j;
+}
+
+/* A 400 whose error names `param` and whose message holds `says`. */
+static void post_refused(const char *body, const char *param, const char *says) {
+    cJSON *j = post("/v1/sdpa", body, 400);
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(j, "error");
+    const char *p = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(e, "param"));
+    const char *m = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(e, "message"));
+    ck_assert_msg(p != NULL && strcmp(p, param) == 0 && m != NULL && strstr(m, says) != NULL,
+                  "want param %s saying '%s': %s / %s", param, says, p ? p : "(none)",
+                  m ? m : "(none)");
+    cJSON_Delete(j);
+}
+
+/* Nested arrays of x with the given shape. */
+static cJSON *tensor_json(const float *x, const int64_t *dims, int rank) {
+    if (rank == 1) {
+        cJSON *a = cJSON_CreateArray();
+        for (int64_t i = 0; i < dims[0]; i++) {
+            cJSON_AddItemToArray(a, cJSON_CreateNumber((double)x[i]));
+        }
+        return a;
+    }
+    int64_t inner = 1;
+    for (int d = 1; d < rank; d++) {
+        inner *= dims[d];
+    }
+    cJSON *a = cJSON_CreateArray();
+    for (int64_t i = 0; i < dims[0]; i++) {
+        cJSON_AddItemToArray(a, tensor_json(x + i * inner, dims + 1, rank - 1));
+    }
+    return a;
+}
+
+static float *random_floats(ref_rng *rng, size_t n) {
+    float *x = harness_calloc(n, sizeof(float));
+    ref_fill_uniform(rng, x, n, -1.0f, 1.0f);
+    return x;
+}
+
+/* One batched SDPA problem and the masks tried on it. */
+enum { B = 2, H = 4, HKV = 2, TQ = 3, TK = 5, DK = 8, DV = 6 };
+
+struct masked_case {
+    const char *what;
+    int rank; /* 0: no mask */
+    int64_t dims[3];
+    bool is_causal;
+};
+
+/* Runs one case over HTTP and against ref_sdpa per batch, mask included. */
+static void check_masked(const struct masked_case *c, const float *q, const float *k,
+                         const float *v, ref_rng *rng) {
+    int64_t mn = 1;
+    for (int d = 0; d < c->rank; d++) {
+        mn *= c->dims[d];
+    }
+    float *mask = harness_calloc((size_t)mn, sizeof(float));
+    uint8_t *mask8 = harness_calloc((size_t)mn, 1);
+    for (int64_t i = 0; i < mn; i++) {
+        mask8[i] = ref_rng_uniform(rng, 0.0f, 1.0f) < 0.7f;
+        mask[i] = mask8[i];
+    }
+    if (c->rank >= 2 && c->dims[c->rank - 2] == TQ) {
+        /* the last batch's query 2 sees nothing: zeros, not NaN */
+        int64_t last = c->rank == 3 ? (c->dims[0] - 1) * TQ * TK : 0;
+        for (int j = 0; j < TK; j++) {
+            mask8[last + 2 * TK + j] = 0;
+            mask[last + 2 * TK + j] = 0.0f;
+        }
+    }
+    cJSON *body = cJSON_CreateObject();
+    int64_t qd[4] = {B, H, TQ, DK}, kd[4] = {B, HKV, TK, DK}, vd[4] = {B, HKV, TK, DV};
+    cJSON_AddItemToObject(body, "q", tensor_json(q, qd, 4));
+    cJSON_AddItemToObject(body, "k", tensor_json(k, kd, 4));
+    cJSON_AddItemToObject(body, "v", tensor_json(v, vd, 4));
+    if (c->rank > 0) {
+        cJSON_AddItemToObject(body, "mask", tensor_json(mask, c->dims, c->rank));
+    }
+    cJSON_AddBoolToObject(body, "causal", c->is_causal);
+    cJSON_AddBoolToObject(body, "return_weights", true);
+    char *text = cJSON_PrintUnformatted(body);
+    cJSON *j = post("/v1/sdpa", text, 200);
+    size_t n_out = 0, n_w = 0;
+    float *out = http_client_json_floats(cJSON_GetObjectItemCaseSensitive(j, "output"), &n_out);
+    float *w = http_client_json_floats(cJSON_GetObjectItemCaseSensitive(j, "weights"), &n_w);
+    ck_assert_uint_eq(n_out, (size_t)B * H * TQ * DV);
+    ck_assert_uint_eq(n_w, (size_t)B * H * TQ * TK);
+    ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(j, "output")), B);
+
+    float *want = harness_calloc(n_out, sizeof(float));
+    float *want_w = harness_calloc(n_w, sizeof(float));
+    for (int b = 0; b < B; b++) {
+        const uint8_t *mb = NULL;
+        size_t ld = 0;
+        if (c->rank > 0) {
+            int64_t tq = c->dims[c->rank - 2], bs = c->rank == 3 ? c->dims[0] : 1;
+            mb = mask8 + (bs == 1 ? 0 : (size_t)b * tq * TK);
+            ld = tq == 1 ? 0 : TK;
+        }
+        ref_sdpa_args a = {.n_heads = H,
+                           .n_kv_heads = HKV,
+                           .n_q = TQ,
+                           .n_k = TK,
+                           .d_k = DK,
+                           .d_v = DV,
+                           .q = q + (size_t)b * H * TQ * DK,
+                           .k = k + (size_t)b * HKV * TK * DK,
+                           .v = v + (size_t)b * HKV * TK * DV,
+                           .is_causal = c->is_causal,
+                           .window = -1,
+                           .out = want + (size_t)b * H * TQ * DV,
+                           .weights = want_w + (size_t)b * H * TQ * TK,
+                           .mask = mb,
+                           .mask_ld = ld};
+        ref_sdpa(&a);
+    }
+    char what[128];
+    snprintf(what, sizeof what, "%s: output", c->what);
+    harness_expect_close(out, want, n_out, what);
+    snprintf(what, sizeof what, "%s: weights", c->what);
+    harness_expect_close(w, want_w, n_w, what);
+    /* A masked pair's weight is exactly 0 (seed 001: mask (0, 1) gives weights[0, :, 0, 1] = 0). */
+    for (int b = 0; b < B && c->rank > 0; b++) {
+        for (int h = 0; h < H; h++) {
+            for (int i = 0; i < TQ; i++) {
+                for (int jj = 0; jj < TK; jj++) {
+                    size_t at = (((size_t)b * H + h) * TQ + i) * TK + jj;
+                    if (want_w[at] == 0.0f) {
+                        ck_assert_msg(w[at] == 0.0f, "%s: masked weight %zu is %g", c->what, at,
+                                      (double)w[at]);
+                    }
+                }
+            }
+        }
+    }
+    free(want_w);
+    free(want);
+    free(w);
+    free(out);
+    cJSON_Delete(j);
+    free(text);
+    cJSON_Delete(body);
+    free(mask8);
+    free(mask);
+}
+
+START_TEST(test_kinds_sdpa_batches_and_masks_match_ref) {
+    start_tiny();
+    ref_rng rng;
+    ref_rng_init(&rng, 9100);
+    float *q = random_floats(&rng, (size_t)B * H * TQ * DK);
+    float *k = random_floats(&rng, (size_t)B * HKV * TK * DK);
+    float *v = random_floats(&rng, (size_t)B * HKV * TK * DV);
+    static const struct masked_case cases[] = {
+        {"no mask", 0, {0, 0, 0}, false},
+        {"(B, Tq, Tk)", 3, {B, TQ, TK}, false},
+        {"(B, 1, Tk) key padding", 3, {B, 1, TK}, false},
+        {"(Tq, Tk)", 2, {TQ, TK}, false},
+        {"(1, Tq, Tk)", 3, {1, TQ, TK}, false},
+        {"(1, Tk)", 2, {1, TK}, false},
+        {"(B, Tq, Tk) and causal", 3, {B, TQ, TK}, true},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        check_masked(&cases[i], q, k, v, &rng);
+    }
+    free(v);
+    free(k);
+    free(q);
+    stop();
+}
+END_TEST
+
+/* Unbatched tensors stay unbatched, with a (Tq, Tk) mask; masks and batches that do not fit,
+ * and mask values other than 0 and 1, are a 400 naming the field. */
+START_TEST(test_kinds_sdpa_mask_and_batch_refusals) {
+    start_tiny();
+    const char *q3 = "[[[1,0],[0,1]]]", *k3 = "[[[1,0],[0,1],[1,1]]]";
+    const char *q4 = "[[[[1,0],[0,1]]],[[[1,0],[0,1]]]]", *k4 = "[[[[1,0],[0,1],[1,1]]],"
+                                                                "[[[1,0],[0,1],[1,1]]]]";
+    char body[1024];
+    snprintf(body, sizeof body,
+             "{\"q\":%s,\"k\":%s,\"v\":%s,\"mask\":[[1,0,1],[0,0,0]],\"return_weights\":true}", q3,
+             k3, k3);
+    cJSON *j = post("/v1/sdpa", body, 200);
+    size_t n = 0;
+    float *w = http_client_json_floats(cJSON_GetObjectItemCaseSensitive(j, "weights"), &n);
+    ck_assert_uint_eq(n, 6);
+    ck_assert(w[1] == 0.0f && w[0] > 0.0f && w[2] > 0.0f);
+    ck_assert(w[3] == 0.0f && w[4] == 0.0f && w[5] == 0.0f); /* nothing visible: zeros */
+    const cJSON *o = cJSON_GetObjectItemCaseSensitive(j, "output");
+    ck_assert_int_eq(cJSON_GetArraySize(o), 1); /* (H, Tq, dv): no batch dimension */
+    free(w);
+    cJSON_Delete(j);
+
+    static const struct {
+        const char *q, *k, *mask, *param, *says;
+    } bad[] = {
+        {"q3", "k3", "[[1,2,1],[1,1,1]]", "mask", "1 attends, 0 masks"},
+        {"q3", "k3", "[[1,1],[1,1]]", "mask", "expected Tk = 3"},
+        {"q3", "k3", "[[1,1,1],[1,1,1],[1,1,1]]", "mask", "expected Tq = 2 or 1"},
+        {"q3", "k3", "[[[1,1,1]],[[1,1,1]]]", "mask", "expected the batch 1 or 1"},
+        {"q4", "k4", "[[[1,1,1]],[[1,1,1]],[[1,1,1]]]", "mask", "expected the batch 2 or 1"},
+        {"q4", "k4", "[1,1,1]", "mask", "rank 2 to 3"},
+        {"q4", "k3", NULL, "k", "all batched (B, H, T, D) or none is"},
+        {"q4", "k4x", NULL, "k", "batch 1, expected q's 2"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const char *q = strcmp(bad[i].q, "q4") == 0 ? q4 : q3;
+        const char *k = strcmp(bad[i].k, "k4") == 0    ? k4
+                        : strcmp(bad[i].k, "k4x") == 0 ? "[[[[1,0],[0,1],[1,1]]]]"
+                                                       : k3;
+        int len = snprintf(body, sizeof body, "{\"q\":%s,\"k\":%s,\"v\":%s", q, k, k);
+        if (bad[i].mask != NULL) {
+            len += snprintf(body + len, sizeof body - (size_t)len, ",\"mask\":%s", bad[i].mask);
+        }
+        snprintf(body + len, sizeof body - (size_t)len, "}");
+        post_refused(body, bad[i].param, bad[i].says);
+    }
+    stop();
+}
+END_TEST
+
+/* `extern` keeps this prototype out of the Makefile's suite-table scan, which matches lines
+ * starting with `Suite *`. */
+extern Suite *kinds_suite(void);
+
+Suite *kinds_suite(void) {
+    Suite *s = suite_create("kinds");
+    TCase *tc = tcase_create("kinds");
+    tcase_set_timeout(tc, 60);
+    tcase_add_checked_fixture(tc, NULL, teardown);
+    tcase_add_test(tc, test_kinds_sdpa_batches_and_masks_match_ref);
+    tcase_add_test(tc, test_kinds_sdpa_mask_and_batch_refusals);
+    suite_add_tcase(s, tc);
+    return s;
+}
