@@ -629,6 +629,7 @@ static int parse_tensor(struct json_reader *r, const struct tensor_spec *s, floa
 void api_attend_request_release(struct api_attend_request *r) {
     free(r->x);
     free(r->positions);
+    free(r->key_mask);
     memset(r, 0, sizeof *r);
 }
 
@@ -705,14 +706,49 @@ enum attend_field {
     ATTEND_RETURN_WEIGHTS,
     ATTEND_STREAM,
     ATTEND_ENCODING,
+    ATTEND_KEY_MASK,
     ATTEND_N_FIELDS,
 };
 
 static const char *const attend_names[ATTEND_N_FIELDS] = {
-    "x",      "session_id",     "layer", "positions", "expect_n_past", "return_weights",
-    "stream", "encoding_format"};
+    "x",      "session_id",      "layer",   "positions", "expect_n_past", "return_weights",
+    "stream", "encoding_format", "key_mask"};
 
 /* One member of an attend body into r. */
+/* key_mask: one 0 or 1 per key of the session after this request (its length is checked when
+ * the request runs, against the cache it meets), made bytes. */
+static int parse_key_mask(struct json_reader *jr, const struct api_limits *lim,
+                          struct api_attend_request *r, struct api_error *err) {
+    struct tensor_spec spec = {"key_mask",
+                               "(n_past + T): 1 = attend, 0 = never attend to that token",
+                               1,
+                               {-1, -1, -1, -1},
+                               0};
+    float *values = NULL;
+    int64_t dims[4];
+    int rc = parse_tensor(jr, &spec, &values, dims, NULL, err);
+    if (rc == 0 && dims[0] > lim->max_seq) {
+        rc = fail(err, ERROR_CONTEXT_LENGTH_EXCEEDED, "key_mask",
+                  "key_mask: %lld keys exceed the model's maximum sequence length %d",
+                  (long long)dims[0], (int)lim->max_seq);
+    }
+    if (rc == 0 && (r->key_mask = malloc((size_t)dims[0])) == NULL) {
+        rc = out_of_memory(err, "key_mask");
+    }
+    for (int64_t i = 0; rc == 0 && i < dims[0]; i++) {
+        if (values[i] != 0.0f && values[i] != 1.0f) {
+            rc =
+                fail(err, ERROR_INVALID_REQUEST, "key_mask",
+                     "key_mask[%lld] is %.9g; 1 attends, 0 masks", (long long)i, (double)values[i]);
+            break;
+        }
+        r->key_mask[i] = values[i] != 0.0f;
+    }
+    r->n_key_mask = rc == 0 ? (int32_t)dims[0] : 0;
+    free(values);
+    return rc;
+}
+
 static int attend_field(struct json_reader *jr, int index, const struct api_limits *lim,
                         struct api_attend_request *r, int32_t *n_positions, struct api_error *err) {
     if (index != ATTEND_X && take_null(jr)) {
@@ -723,7 +759,7 @@ static int attend_field(struct json_reader *jr, int index, const struct api_limi
     switch (index) {
     case ATTEND_X: {
         struct tensor_spec spec = {"x", "(T, hidden_size)", 2, {-1, lim->hidden_size, -1, -1}, 0};
-        int64_t dims[3];
+        int64_t dims[4];
         rc = parse_tensor(jr, &spec, &r->x, dims, NULL, err);
         if (rc == 0 && dims[0] > lim->max_seq) {
             rc = fail(err, ERROR_CONTEXT_LENGTH_EXCEEDED, "x",
@@ -748,6 +784,8 @@ static int attend_field(struct json_reader *jr, int index, const struct api_limi
         return get_bool(jr, "return_weights", &r->return_weights, err);
     case ATTEND_STREAM:
         return get_bool(jr, "stream", &r->stream, err);
+    case ATTEND_KEY_MASK:
+        return parse_key_mask(jr, lim, r, err);
     default:
         return get_encoding(jr, &r->encoding, err);
     }

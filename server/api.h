@@ -65,6 +65,10 @@ struct api_attend_request {
     bool return_weights;
     bool stream;
     enum api_encoding encoding;
+    /* NULL, or (n_key_mask) bytes, owned: 0 hides that key (cached or new) from every query of
+     * this request; its length must be n_past + n_tokens, checked when the request runs */
+    uint8_t *key_mask;
+    int32_t n_key_mask;
 };
 
 /* Parses a POST /v1/attend body. On success returns 0 and fills *out (release it with

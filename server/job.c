@@ -191,6 +191,12 @@ static int attend_size(struct job *job, int32_t n_past) {
                        "expect_n_past is %d but the cache holds %d tokens",
                        (int)job->at.expect_n_past, (int)n_past);
     }
+    if (job->at.key_mask != NULL && job->at.n_key_mask != (int64_t)n_past + t) {
+        return set_err(job, ERROR_INVALID_REQUEST, "key_mask",
+                       "key_mask has %d values; the cache holds %d tokens and x brings %d, so it "
+                       "needs %d",
+                       (int)job->at.n_key_mask, (int)n_past, (int)t, (int)(n_past + t));
+    }
     if ((int64_t)n_past + t > lim->max_seq) {
         return set_err(job, ERROR_CONTEXT_LENGTH_EXCEEDED, "x",
                        "the cache holds %d tokens; %d more exceed the model's maximum sequence "
@@ -252,6 +258,7 @@ static int attend_prepare(struct pool_job *pj, struct pool_step *step) {
     step->kv = kv;
     step->layer = job->at.layer;
     step->weights = job->weights;
+    step->key_valid = job->at.key_mask; /* the engine reads the step's first P + T */
     if (!job->at.stream) {
         step->x = job->at.x;
         step->n_tokens = job->at.n_tokens;

@@ -248,6 +248,7 @@ static void start(struct pool *pool, struct worker *w, enum pool_job_kind kind) 
         s->x = j->step.x;
         s->n_tokens = j->step.n_tokens;
         s->positions = j->step.positions;
+        s->key_valid = j->step.key_valid;
         s->out = j->step.out;
         s->weights = j->step.weights;
         w->status[i] = 0;

@@ -45,6 +45,7 @@ struct pool_step {
     const float *x;           /* (n_tokens, hidden_size) */
     int32_t n_tokens;         /* >= 1 */
     const int32_t *positions; /* (n_tokens) or NULL */
+    const uint8_t *key_valid; /* NULL, or (len(kv) + n_tokens): 0 hides that key */
     float *out;               /* (n_tokens, hidden_size) */
     float *weights;           /* NULL, or (n_heads, n_tokens, len(kv) + n_tokens) */
 };

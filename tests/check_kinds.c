@@ -263,6 +263,84 @@ START_TEST(test_kinds_sdpa_mask_and_batch_refusals) {
 }
 END_TEST
 
+/* POST /v1/attend's key_mask hides keys (cached or new) for that request only: a session's
+ * prefill and decodes with and without it equal the engine run in-process with the same
+ * key_valid, and a later request without it sees every key again. */
+START_TEST(test_kinds_attend_key_mask_is_per_request) {
+    const char *args[] = {"--preset", "tiny", "--seed", "3", "--workers", "1", NULL};
+    http_client_daemon_start(&daemon_, args);
+    attn_config cfg;
+    ck_assert_int_eq(attn_config_preset("tiny", &cfg), ATTN_OK);
+    attn_model *m = NULL;
+    attn_kv_pool *pool = NULL;
+    attn_workspace *ws = NULL;
+    attn_kv *kv = NULL;
+    ck_assert_int_eq(attn_model_create_random(&cfg, 3, NULL, &m), ATTN_OK);
+    ck_assert_int_eq(attn_kv_pool_create(m, 16 << 20, 0, &pool), ATTN_OK);
+    ck_assert_int_eq(attn_workspace_create(m, 64, NULL, &ws), ATTN_OK);
+    ck_assert_int_eq(attn_kv_create(pool, &kv), ATTN_OK);
+    const int32_t hidden = attn_model_config(m)->hidden_size, n = 9;
+    float *x = http_client_random_rows(77, n, hidden);
+    float *want = harness_calloc((size_t)n * hidden, sizeof(float));
+    /* prefill 6 hiding token 2; a decode hiding 2 and 4; a decode hiding nothing */
+    static const int32_t calls[][2] = {{0, 6}, {6, 1}, {7, 1}, {8, 1}};
+    static const char *const masks[] = {"[1,1,0,1,1,1]", "[1,1,0,1,0,1,1]", NULL,
+                                        "[0,1,1,1,1,1,1,1,1]"};
+    static const uint8_t valid[][9] = {
+        {1, 1, 0, 1, 1, 1}, {1, 1, 0, 1, 0, 1, 1}, {0}, {0, 1, 1, 1, 1, 1, 1, 1, 1}};
+    for (int c = 0; c < 4; c++) {
+        int32_t first = calls[c][0], t = calls[c][1];
+        attn_step step = {.kv = kv,
+                          .x = x + (size_t)first * hidden,
+                          .n_tokens = t,
+                          .key_valid = masks[c] != NULL ? valid[c] : NULL,
+                          .out = want + (size_t)first * hidden};
+        ck_assert_int_eq(attn_forward(m, 0, ws, &step, 1), ATTN_OK);
+        char extra[96] = "";
+        if (masks[c] != NULL) {
+            snprintf(extra, sizeof extra, ",\"key_mask\":%s", masks[c]);
+        }
+        char *body = http_client_attend_body("km", x, first, t, hidden, c % 2 == 1, extra);
+        cJSON *j = post("/v1/attend", body, 200);
+        size_t got_n = 0;
+        float *got = http_client_json_floats(cJSON_GetObjectItemCaseSensitive(j, "output"), &got_n);
+        ck_assert_uint_eq(got_n, (size_t)t * hidden);
+        char what[64];
+        snprintf(what, sizeof what, "call %d (%s)", c, masks[c] != NULL ? masks[c] : "no mask");
+        harness_expect_close(got, want + (size_t)first * hidden, got_n, what);
+        free(got);
+        cJSON_Delete(j);
+        free(body);
+    }
+    /* The mask covers the cache and the new tokens exactly; 0 or 1 only. */
+    static const struct {
+        const char *mask, *says;
+    } bad[] = {{"[1,1,1]", "needs 10"},
+               {"[1,1,1,1,1,1,1,1,1,2]", "1 attends, 0 masks"},
+               {"[[1,1]]", "rank 1"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char extra[96];
+        snprintf(extra, sizeof extra, ",\"key_mask\":%s", bad[i].mask);
+        char *body = http_client_attend_body("km", x, 0, 1, hidden, false, extra);
+        cJSON *j = post("/v1/attend", body, 400);
+        const cJSON *e = cJSON_GetObjectItemCaseSensitive(j, "error");
+        ck_assert_str_eq(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(e, "param")),
+                         "key_mask");
+        const char *msg = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(e, "message"));
+        ck_assert_msg(strstr(msg, bad[i].says) != NULL, "%s: %s", bad[i].mask, msg);
+        cJSON_Delete(j);
+        free(body);
+    }
+    free(want);
+    free(x);
+    attn_kv_destroy(kv);
+    attn_workspace_destroy(ws);
+    attn_kv_pool_destroy(pool);
+    attn_model_destroy(m);
+    stop();
+}
+END_TEST
+
 /* `extern` keeps this prototype out of the Makefile's suite-table scan, which matches lines
  * starting with `Suite *`. */
 extern Suite *kinds_suite(void);
@@ -274,6 +352,7 @@ Suite *kinds_suite(void) {
     tcase_add_checked_fixture(tc, NULL, teardown);
     tcase_add_test(tc, test_kinds_sdpa_batches_and_masks_match_ref);
     tcase_add_test(tc, test_kinds_sdpa_mask_and_batch_refusals);
+    tcase_add_test(tc, test_kinds_attend_key_mask_is_per_request);
     suite_add_tcase(s, tc);
     return s;
 }
