@@ -263,6 +263,93 @@ START_TEST(test_kinds_sdpa_mask_and_batch_refusals) {
 }
 END_TEST
 
+/* POSTs q, k, v (each (B, H, T, D), given as dims) with `extra` fields; returns the output. */
+static float *sdpa_output(const float *q, const int64_t *qd, const float *k, const int64_t *kd,
+                          const float *v, const int64_t *vd, const char *extra, size_t *n) {
+    cJSON *body = cJSON_CreateObject();
+    cJSON_AddItemToObject(body, "q", tensor_json(q, qd, 4));
+    cJSON_AddItemToObject(body, "k", tensor_json(k, kd, 4));
+    cJSON_AddItemToObject(body, "v", tensor_json(v, vd, 4));
+    char *text = cJSON_PrintUnformatted(body);
+    size_t len = strlen(text);
+    char *spliced = harness_calloc(len + strlen(extra) + 2, 1);
+    memcpy(spliced, text, len - 1); /* without the closing brace */
+    strcat(spliced, extra);
+    strcat(spliced, "}");
+    cJSON *j = post("/v1/sdpa", spliced, 200);
+    float *out = http_client_json_floats(cJSON_GetObjectItemCaseSensitive(j, "output"), n);
+    cJSON_Delete(j);
+    free(spliced);
+    free(text);
+    cJSON_Delete(body);
+    return out;
+}
+
+/* The seeds' own checks, over HTTP: seed 004 3.2 (causal: position 0 sees only itself, so its
+ * output is V[0]), 3.6 (window 0: the output is V), 3.5 (GQA, 8 query heads over 2 KV heads,
+ * batch 2, 6 tokens, d_model 32) and 3.4 (cross-attention, 6 queries over 10 keys, batch 2),
+ * each also against tests/ref.c. */
+START_TEST(test_kinds_seed_cases) {
+    start_tiny();
+    ref_rng rng;
+    ref_rng_init(&rng, 9200);
+    size_t n = 0;
+    /* 3.2: Q = K = V = randn(1, 4, 8), causal */
+    float *x = random_floats(&rng, 4 * 8);
+    int64_t d1[4] = {1, 1, 4, 8};
+    float *out = sdpa_output(x, d1, x, d1, x, d1, ",\"causal\":true", &n);
+    ck_assert_uint_eq(n, 32);
+    harness_expect_close_tol(out, x, 8, 1e-5, 0, "seed 3.2: out[:, 0] == V[:, 0]");
+    free(out);
+    free(x);
+    /* 3.6: Q = K = V = randn(1, 8, 16), window 0 */
+    x = random_floats(&rng, 8 * 16);
+    int64_t d2[4] = {1, 1, 8, 16};
+    out = sdpa_output(x, d2, x, d2, x, d2, ",\"window\":0", &n);
+    ck_assert_uint_eq(n, 8 * 16);
+    harness_expect_close_tol(out, x, n, 1e-5, 0, "seed 3.6: window 0 gives V");
+    free(out);
+    free(x);
+    /* 3.5 GQA (B 2, 8 heads over 2, S 6, head dim 32 / 8 = 4) and 3.4 cross-attention (B 2, S_q
+     * 6 over S_kv 10, 8 heads of 8: d_model 64) */
+    static const int64_t shapes[2][3][4] = {{{2, 8, 6, 4}, {2, 2, 6, 4}, {2, 2, 6, 4}},
+                                            {{2, 8, 6, 8}, {2, 8, 10, 8}, {2, 8, 10, 8}}};
+    for (int c = 0; c < 2; c++) {
+        const int64_t *qd = shapes[c][0], *kd = shapes[c][1], *vd = shapes[c][2];
+        size_t nq = (size_t)(qd[0] * qd[1] * qd[2] * qd[3]);
+        size_t nk = (size_t)(kd[0] * kd[1] * kd[2] * kd[3]);
+        float *q = random_floats(&rng, nq), *k = random_floats(&rng, nk);
+        float *v = random_floats(&rng, nk);
+        out = sdpa_output(q, qd, k, kd, v, vd, c == 0 ? ",\"causal\":true" : "", &n);
+        ck_assert_uint_eq(n, nq); /* (B, H, S_q, D): the seeds' (2, 6, 32) and (2, 6, 64) */
+        float *want = harness_calloc(nq, sizeof(float));
+        size_t per_q = nq / 2, per_k = nk / 2;
+        for (int b = 0; b < 2; b++) {
+            ref_sdpa_args a = {.n_heads = (int32_t)qd[1],
+                               .n_kv_heads = (int32_t)kd[1],
+                               .n_q = (int32_t)qd[2],
+                               .n_k = (int32_t)kd[2],
+                               .d_k = (int32_t)qd[3],
+                               .d_v = (int32_t)vd[3],
+                               .q = q + b * per_q,
+                               .k = k + b * per_k,
+                               .v = v + b * per_k,
+                               .is_causal = c == 0,
+                               .window = -1,
+                               .out = want + b * per_q};
+            ref_sdpa(&a);
+        }
+        harness_expect_close(out, want, nq, c == 0 ? "seed 3.5 GQA" : "seed 3.4 cross");
+        free(want);
+        free(out);
+        free(v);
+        free(k);
+        free(q);
+    }
+    stop();
+}
+END_TEST
+
 /* POST /v1/attend's key_mask hides keys (cached or new) for that request only: a session's
  * prefill and decodes with and without it equal the engine run in-process with the same
  * key_valid, and a later request without it sees every key again. */
@@ -353,6 +440,7 @@ Suite *kinds_suite(void) {
     tcase_add_test(tc, test_kinds_sdpa_batches_and_masks_match_ref);
     tcase_add_test(tc, test_kinds_sdpa_mask_and_batch_refusals);
     tcase_add_test(tc, test_kinds_attend_key_mask_is_per_request);
+    tcase_add_test(tc, test_kinds_seed_cases);
     suite_add_tcase(s, tc);
     return s;
 }
