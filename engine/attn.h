@@ -394,6 +394,16 @@ int attn_forward(const attn_model *m, int32_t layer, attn_workspace *ws, const a
  * n_kv_heads). Query i sits at key index i + (n_k - n_q) (bottom-right alignment), and key j is
  * visible iff (!is_causal || j <= i') and (window < 0 || |i' - j| <= window), with
  * i' = i + n_k - n_q. */
+/* What attn_sdpa computes. */
+typedef enum attn_sdpa_kind {
+    ATTN_SDPA_SOFTMAX = 0, /* softmax(scale q k^T + mask) v */
+    /* Linear attention (seed 004 3.7): with phi(x) = elu(x) + 1 elementwise, query i gets
+     * phi(q_i) S / (phi(q_i) . z + 1e-6), S = sum_j phi(k_j)^T v_j and z = sum_j phi(k_j) over
+     * the keys it sees (all of them, or with is_causal those up to i' = i + n_k - n_q: prefix
+     * sums). No scale; window, mask and weights are not defined for it. */
+    ATTN_SDPA_LINEAR = 1,
+} attn_sdpa_kind;
+
 typedef struct attn_sdpa_params {
     int32_t n_heads;    /* query heads */
     int32_t n_kv_heads; /* divides n_heads */
@@ -419,6 +429,7 @@ typedef struct attn_sdpa_params {
      * row, a key padding mask). It narrows what causal and window leave visible. */
     const uint8_t *mask;
     size_t mask_ld;
+    attn_sdpa_kind kind;
 } attn_sdpa_params;
 
 /* Bytes of scratch attn_sdpa needs for these dimensions (the tensor pointers may still be NULL);
@@ -428,7 +439,8 @@ size_t attn_sdpa_scratch_bytes(const attn_sdpa_params *p);
 /* Computes p->out (and p->weights). A query that sees no key (all masked) gets a zero output
  * row and zero weights, never NaN. scratch must hold attn_sdpa_scratch_bytes(p) bytes, aligned
  * for float. Returns ATTN_EINVAL (NULL tensors or scratch, a size < 1, window < -1, a negative or
- * non-finite scale, a mask_ld below n_k other than 0), ATTN_ESHAPE (n_kv_heads not dividing
+ * non-finite scale, a mask_ld below n_k other than 0; for ATTN_SDPA_LINEAR a window, a mask, a
+ * scale or weights; an unknown kind), ATTN_ESHAPE (n_kv_heads not dividing
  * n_heads), ATTN_ERANGE (sizes past the engine's limits) or ATTN_ECANCELED (is_cancelled said so;
  * out and weights are then partly written). */
 int attn_sdpa(const attn_sdpa_params *p, void *scratch);

@@ -124,6 +124,11 @@ struct attn__task {
 /* Floats of scratch one task with these dimensions needs. */
 size_t attn__task_scratch_floats(int32_t n_rows, int32_t d_k, int32_t d_v, int32_t block_tokens);
 
+/* ---- linear.c: linear attention for attn_sdpa (p checked by it) ---------------------------- */
+
+size_t attn__linear_scratch_bytes(const attn_sdpa_params *p);
+int attn__linear_sdpa(const attn_sdpa_params *p, void *scratch);
+
 /* Runs one attention task (attend.c). Never allocates. */
 void attn__task_run(const struct attn__task *t);
 

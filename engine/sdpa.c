@@ -1,6 +1,6 @@
 /* engine/sdpa.c: stateless scaled-dot-product attention over caller tensors (seed notes
  * 3.1-3.6), run through the same tasks as the layer forward, with contiguous K/V viewed as
- * blocks of SDPA_BLOCK keys. */
+ * blocks of SDPA_BLOCK keys; linear attention (3.7) is linear.c's. */
 #include "attn_int.h"
 
 #include <math.h>
@@ -15,6 +15,14 @@ static int check_dims(const attn_sdpa_params *p) {
     if (p->n_heads < 1 || p->n_kv_heads < 1 || p->n_q < 1 || p->n_k < 1 || p->d_k < 1 ||
         p->d_v < 1 || p->window < -1 || !isfinite(p->scale) || p->scale < 0 ||
         (p->mask_ld != 0 && p->mask_ld < (size_t)p->n_k)) {
+        return ATTN_EINVAL;
+    }
+    if (p->kind != ATTN_SDPA_SOFTMAX && p->kind != ATTN_SDPA_LINEAR) {
+        return ATTN_EINVAL;
+    }
+    /* Linear attention has no scale, window or mask, and no weights to return. */
+    if (p->kind == ATTN_SDPA_LINEAR &&
+        (p->window >= 0 || p->scale != 0.0f || p->mask != NULL || p->weights != NULL)) {
         return ATTN_EINVAL;
     }
     if (p->n_heads % p->n_kv_heads != 0) {
@@ -36,6 +44,9 @@ size_t attn_sdpa_scratch_bytes(const attn_sdpa_params *p) {
     if (check_dims(p) != ATTN_OK) {
         return 0;
     }
+    if (p->kind == ATTN_SDPA_LINEAR) {
+        return attn__linear_scratch_bytes(p);
+    }
     int32_t r = p->n_heads / p->n_kv_heads;
     size_t n_tasks = (size_t)p->n_kv_heads * n_q_tiles(p);
     /* Per-row scratch for all rows, plus the per-task key-packing area. */
@@ -54,6 +65,9 @@ int attn_sdpa(const attn_sdpa_params *p, void *scratch) {
     }
     if (p->q == NULL || p->k == NULL || p->v == NULL || p->out == NULL || scratch == NULL) {
         return ATTN_EINVAL;
+    }
+    if (p->kind == ATTN_SDPA_LINEAR) {
+        return attn__linear_sdpa(p, scratch);
     }
     int32_t r = p->n_heads / p->n_kv_heads;
     size_t n_tasks = (size_t)p->n_kv_heads * n_q_tiles(p);

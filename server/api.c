@@ -851,11 +851,13 @@ enum sdpa_field {
     SDPA_RETURN_WEIGHTS,
     SDPA_ENCODING,
     SDPA_MASK,
+    SDPA_KIND,
     SDPA_N_FIELDS,
 };
 
 static const char *const sdpa_names[SDPA_N_FIELDS] = {
-    "q", "k", "v", "causal", "window", "scale", "return_weights", "encoding_format", "mask"};
+    "q",    "k",   "v", "causal", "window", "scale", "return_weights", "encoding_format",
+    "mask", "kind"};
 
 /* The shapes read for q, k, v and mask, checked against each other once all are in. */
 struct sdpa_dims {
@@ -880,6 +882,23 @@ static int get_scale(struct json_reader *jr, float *out, struct api_error *err) 
         return fail(err, ERROR_INVALID_REQUEST, "scale", "scale: too small for float32");
     }
     return 0;
+}
+
+/* "softmax" (the default) or "linear". */
+static int get_kind(struct json_reader *r, bool *is_linear, struct api_error *err) {
+    static const char what[] = "\"softmax\" or \"linear\"";
+    char text[8];
+    size_t len;
+    int rc = get_short_string(r, "kind", text, sizeof text, &len, what, err);
+    if (rc != 0) {
+        return rc;
+    }
+    if ((len == 7 && memcmp(text, "softmax", 7) == 0) ||
+        (len == 6 && memcmp(text, "linear", 6) == 0)) {
+        *is_linear = len == 6;
+        return 0;
+    }
+    return fail(err, ERROR_INVALID_REQUEST, "kind", "kind: expected %s", what);
 }
 
 static int sdpa_field(struct json_reader *jr, int index, struct api_sdpa_request *r,
@@ -908,6 +927,8 @@ static int sdpa_field(struct json_reader *jr, int index, struct api_sdpa_request
         return parse_tensor(jr, &specs[2], &r->v, dims->v, &dims->v_rank, err);
     case SDPA_MASK:
         return parse_tensor(jr, &specs[3], &dims->mask, dims->m, &dims->mask_rank, err);
+    case SDPA_KIND:
+        return get_kind(jr, &r->is_linear, err);
     case SDPA_CAUSAL:
         return get_bool(jr, "causal", &r->causal, err);
     case SDPA_WINDOW:
@@ -1031,6 +1052,19 @@ int api_sdpa_request_parse(const char *body, size_t len, struct api_sdpa_request
         rc = sdpa_shapes(&r, &dims, err);
     }
     free(dims.mask);
+    if (rc == 0 && r.is_linear) {
+        /* Linear attention has no scores: nothing to scale, mask or return. */
+        static const char *const names[] = {"window", "scale", "mask", "return_weights"};
+        bool given[] = {r.window >= 0, r.scale != 0.0f, r.mask != NULL, r.return_weights};
+        for (int i = 0; i < 4 && rc == 0; i++) {
+            if (given[i]) {
+                rc = fail(err, ERROR_INVALID_REQUEST, names[i],
+                          "%s: not defined for kind linear (phi(q) S / (phi(q) . z + 1e-6) has "
+                          "no scores to scale, mask or return)",
+                          names[i]);
+            }
+        }
+    }
     int64_t bh = (int64_t)r.n_batch * r.n_heads;
     if (rc == 0 && bh * r.n_q * r.n_k > API_SDPA_MAX_SCORES) {
         rc = fail(err, ERROR_INVALID_REQUEST, "k",

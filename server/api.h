@@ -97,6 +97,7 @@ struct api_sdpa_request {
     float scale;    /* 0 = 1/sqrt(d_k) */
     bool return_weights;
     enum api_encoding encoding;
+    bool is_linear; /* "kind": "linear" (seed 004 3.7) rather than softmax */
 };
 
 /* Parses a POST /v1/sdpa body; same contract as api_attend_request_parse. */

@@ -535,6 +535,7 @@ static void sdpa_params(const struct api_sdpa_request *sd, attn_sdpa_params *p) 
     p->scale = sd->scale;
     p->mask = sd->mask;
     p->mask_ld = sd->mask_ld;
+    p->kind = sd->is_linear ? ATTN_SDPA_LINEAR : ATTN_SDPA_SOFTMAX;
 }
 
 /* Points p's tensors at batch b of sd's (and of out and weights). */

@@ -350,6 +350,64 @@ START_TEST(test_kinds_seed_cases) {
 }
 END_TEST
 
+/* "kind": "linear" (seed 004 3.7) over HTTP against ref's quadratic form, batched, with head
+ * sharing, causal and not; what it does not have is a 400 naming the field. */
+START_TEST(test_kinds_sdpa_linear) {
+    start_tiny();
+    ref_rng rng;
+    ref_rng_init(&rng, 9300);
+    int64_t qd[4] = {2, 8, 5, 16}, kd[4] = {2, 2, 9, 16}, vd[4] = {2, 2, 9, 12};
+    size_t nq = 2 * 8 * 5 * 16, nk = 2 * 2 * 9 * 16, nv = 2 * 2 * 9 * 12, no = 2 * 8 * 5 * 12;
+    float *q = random_floats(&rng, nq), *k = random_floats(&rng, nk), *v = random_floats(&rng, nv);
+    for (int causal = 0; causal < 2; causal++) {
+        size_t n = 0;
+        float *out = sdpa_output(
+            q, qd, k, kd, v, vd,
+            causal ? ",\"kind\":\"linear\",\"causal\":true" : ",\"kind\":\"linear\"", &n);
+        ck_assert_uint_eq(n, no);
+        float *want = harness_calloc(no, sizeof(float));
+        for (int b = 0; b < 2; b++) {
+            ref_sdpa_args a = {.n_heads = 8,
+                               .n_kv_heads = 2,
+                               .n_q = 5,
+                               .n_k = 9,
+                               .d_k = 16,
+                               .d_v = 12,
+                               .q = q + b * nq / 2,
+                               .k = k + b * nk / 2,
+                               .v = v + b * nv / 2,
+                               .is_causal = causal,
+                               .window = -1,
+                               .out = want + b * no / 2};
+            ref_linear_sdpa(&a);
+        }
+        harness_expect_close(out, want, no, causal ? "linear, causal" : "linear");
+        free(want);
+        free(out);
+    }
+    free(v);
+    free(k);
+    free(q);
+    static const struct {
+        const char *extra, *param;
+    } bad[] = {{",\"return_weights\":true", "return_weights"},
+               {",\"window\":2", "window"},
+               {",\"scale\":0.5", "scale"},
+               {",\"mask\":[[1,1]]", "mask"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char body[256];
+        snprintf(body, sizeof body,
+                 "{\"q\":[[[1,0],[0,1]]],\"k\":[[[1,0],[0,1]]],\"v\":[[[1,0],[0,1]]],"
+                 "\"kind\":\"linear\"%s}",
+                 bad[i].extra);
+        post_refused(body, bad[i].param, "not defined for kind linear");
+    }
+    post_refused("{\"q\":[[[1]]],\"k\":[[[1]]],\"v\":[[[1]]],\"kind\":\"cosine\"}", "kind",
+                 "expected \"softmax\" or \"linear\"");
+    stop();
+}
+END_TEST
+
 /* POST /v1/attend's key_mask hides keys (cached or new) for that request only: a session's
  * prefill and decodes with and without it equal the engine run in-process with the same
  * key_valid, and a later request without it sees every key again. */
@@ -441,6 +499,7 @@ Suite *kinds_suite(void) {
     tcase_add_test(tc, test_kinds_sdpa_mask_and_batch_refusals);
     tcase_add_test(tc, test_kinds_attend_key_mask_is_per_request);
     tcase_add_test(tc, test_kinds_seed_cases);
+    tcase_add_test(tc, test_kinds_sdpa_linear);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -220,6 +220,102 @@ START_TEST(test_sdpa_masks) {
 }
 END_TEST
 
+/* Linear attention (seed 004 3.7) against ref's quadratic form: causal (prefix sums, with
+ * bottom-right alignment and queries before every key at zero) and not, head sharing, odd and
+ * unequal dims, the seed's own shape (1024 tokens of 64), and inputs up to +-4 so that both
+ * branches of elu + 1 and large prefix sums count. */
+START_TEST(test_sdpa_linear_matches_quadratic_form) {
+    static const int32_t shapes[][6] = {
+        {8, 8, 7, 7, 16, 16}, {8, 2, 3, 11, 16, 24},   {4, 1, 9, 4, 1, 5},
+        {3, 3, 1, 1, 64, 64}, {4, 2, 70, 130, 32, 32}, {1, 1, 1024, 1024, 64, 64},
+    };
+    uint64_t seed = 7000;
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        for (int causal = 0; causal < 2; causal++) {
+            const int32_t *d = shapes[i];
+            size_t nq = (size_t)d[0] * d[2] * d[4], nk = (size_t)d[1] * d[3] * d[4];
+            size_t nv = (size_t)d[1] * d[3] * d[5], no = (size_t)d[0] * d[2] * d[5];
+            ref_rng rng;
+            ref_rng_init(&rng, seed++);
+            float range = causal ? 4.0f : 1.0f;
+            float *q = harness_calloc(nq, sizeof(float)), *k = harness_calloc(nk, sizeof(float));
+            float *v = harness_calloc(nv, sizeof(float));
+            ref_fill_uniform(&rng, q, nq, -range, range);
+            ref_fill_uniform(&rng, k, nk, -range, range);
+            ref_fill_uniform(&rng, v, nv, -1.0f, 1.0f);
+            float *want = harness_calloc(no, sizeof(float)),
+                  *got = harness_calloc(no, sizeof(float));
+            ref_sdpa_args a = {.n_heads = d[0],
+                               .n_kv_heads = d[1],
+                               .n_q = d[2],
+                               .n_k = d[3],
+                               .d_k = d[4],
+                               .d_v = d[5],
+                               .q = q,
+                               .k = k,
+                               .v = v,
+                               .is_causal = causal,
+                               .window = -1,
+                               .out = want};
+            ref_linear_sdpa(&a);
+            attn_sdpa_params p = {.n_heads = d[0],
+                                  .n_kv_heads = d[1],
+                                  .n_q = d[2],
+                                  .n_k = d[3],
+                                  .d_k = d[4],
+                                  .d_v = d[5],
+                                  .q = q,
+                                  .k = k,
+                                  .v = v,
+                                  .is_causal = causal,
+                                  .window = -1,
+                                  .out = got,
+                                  .kind = ATTN_SDPA_LINEAR};
+            ck_assert_int_eq(run_sdpa(&p), ATTN_OK);
+            char what[128];
+            snprintf(what, sizeof what, "linear %d/%d heads, %d over %d, dk %d dv %d, causal %d",
+                     (int)d[0], (int)d[1], (int)d[2], (int)d[3], (int)d[4], (int)d[5], causal);
+            harness_expect_close(got, want, no, what);
+            free(got);
+            free(want);
+            free(v);
+            free(k);
+            free(q);
+        }
+    }
+    /* What linear attention does not have is refused. */
+    float q[4] = {1, 2, 3, 4}, out[4];
+    uint8_t mask[2] = {1, 1};
+    attn_sdpa_params p = {.n_heads = 1,
+                          .n_kv_heads = 1,
+                          .n_q = 2,
+                          .n_k = 2,
+                          .d_k = 2,
+                          .d_v = 2,
+                          .q = q,
+                          .k = q,
+                          .v = q,
+                          .window = -1,
+                          .out = out,
+                          .kind = ATTN_SDPA_LINEAR};
+    ck_assert_int_eq(run_sdpa(&p), ATTN_OK);
+    p.weights = out;
+    ck_assert_int_eq(attn_sdpa_scratch_bytes(&p), 0);
+    p.weights = NULL;
+    p.window = 0;
+    ck_assert_int_eq(attn_sdpa_scratch_bytes(&p), 0);
+    p.window = -1;
+    p.scale = 0.5f;
+    ck_assert_int_eq(attn_sdpa_scratch_bytes(&p), 0);
+    p.scale = 0.0f;
+    p.mask = mask;
+    ck_assert_int_eq(attn_sdpa_scratch_bytes(&p), 0);
+    p.mask = NULL;
+    p.kind = (attn_sdpa_kind)7;
+    ck_assert_int_eq(attn_sdpa_scratch_bytes(&p), 0);
+}
+END_TEST
+
 /* Longer sequences so that the tiled path runs over several query and key tiles. */
 START_TEST(test_sdpa_long_sequences) {
     static const sdpa_case cases[] = {
@@ -261,8 +357,25 @@ START_TEST(test_sdpa_rows_before_every_key_are_zero) {
     for (int i = 0; i < 30; i++) {
         out[i] = NAN;
     }
-    attn_sdpa_params p = {2,    1,  n_q,  n_k, 4, 3,    q,    k,    v,
-                          true, -1, 0.0f, out, w, NULL, NULL, NULL, 0};
+    attn_sdpa_params p = {2,
+                          1,
+                          n_q,
+                          n_k,
+                          4,
+                          3,
+                          q,
+                          k,
+                          v,
+                          true,
+                          -1,
+                          0.0f,
+                          out,
+                          w,
+                          NULL,
+                          NULL,
+                          NULL,
+                          0,
+                          ATTN_SDPA_SOFTMAX};
     ck_assert_int_eq(run_sdpa(&p), ATTN_OK);
     for (int h = 0; h < 2; h++) {
         harness_expect_zero(out + (size_t)h * n_q * 3, 3 * 3, "queries 0-2 (before the keys)");
@@ -349,8 +462,25 @@ START_TEST(test_sdpa_bad_arguments) {
     ref_fill_uniform(&rng, q, 64, -1.0f, 1.0f);
     ref_fill_uniform(&rng, k, 48, -1.0f, 1.0f);
     ref_fill_uniform(&rng, v, 48, -1.0f, 1.0f);
-    const attn_sdpa_params good = {4,     2,  2,    3,   8,    8,    q,    k,    v,
-                                   false, -1, 0.0f, out, NULL, NULL, NULL, NULL, 0};
+    const attn_sdpa_params good = {4,
+                                   2,
+                                   2,
+                                   3,
+                                   8,
+                                   8,
+                                   q,
+                                   k,
+                                   v,
+                                   false,
+                                   -1,
+                                   0.0f,
+                                   out,
+                                   NULL,
+                                   NULL,
+                                   NULL,
+                                   NULL,
+                                   0,
+                                   ATTN_SDPA_SOFTMAX};
     ck_assert_uint_le(attn_sdpa_scratch_bytes(&good), sizeof(scratch));
     ck_assert_int_eq(attn_sdpa(&good, scratch), ATTN_OK);
 
@@ -425,6 +555,7 @@ Suite *sdpa_suite(void) {
     tcase_add_test(tc, test_sdpa_sweep_small_shapes);
     tcase_add_test(tc, test_sdpa_long_sequences);
     tcase_add_test(tc, test_sdpa_masks);
+    tcase_add_test(tc, test_sdpa_linear_matches_quadratic_form);
     tcase_add_test(tc, test_sdpa_custom_scale);
     tcase_add_test(tc, test_sdpa_rows_before_every_key_are_zero);
     tcase_add_test(tc, test_sdpa_bad_arguments);

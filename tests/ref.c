@@ -312,6 +312,40 @@ void ref_layer_forward(const attn_config *cfg, const ref_layer *w, const ref_for
 
 /* ---- stateless SDPA ------------------------------------------------------------------------ */
 
+static double elu_plus_one(double x) {
+    return x > 0.0 ? x + 1.0 : exp(x);
+}
+
+void ref_linear_sdpa(const ref_sdpa_args *a) {
+    const int32_t group = a->n_heads / a->n_kv_heads;
+    const int32_t shift = a->n_k - a->n_q;
+    double *acc = xcalloc((size_t)a->d_v, sizeof(double));
+    for (int32_t h = 0; h < a->n_heads; h++) {
+        int32_t kvh = h / group;
+        for (int32_t i = 0; i < a->n_q; i++) {
+            const float *q = a->q + ((size_t)h * a->n_q + i) * a->d_k;
+            double den = 0.0;
+            memset(acc, 0, (size_t)a->d_v * sizeof(double));
+            for (int32_t j = 0; j < a->n_k && (!a->is_causal || j <= i + shift); j++) {
+                const float *k = a->k + ((size_t)kvh * a->n_k + j) * a->d_k;
+                const float *v = a->v + ((size_t)kvh * a->n_k + j) * a->d_v;
+                double w = 0.0;
+                for (int32_t e = 0; e < a->d_k; e++) {
+                    w += elu_plus_one(q[e]) * elu_plus_one(k[e]);
+                }
+                den += w;
+                for (int32_t e = 0; e < a->d_v; e++) {
+                    acc[e] += w * v[e];
+                }
+            }
+            for (int32_t e = 0; e < a->d_v; e++) {
+                a->out[((size_t)h * a->n_q + i) * a->d_v + e] = (float)(acc[e] / (den + 1e-6));
+            }
+        }
+    }
+    free(acc);
+}
+
 void ref_sdpa(const ref_sdpa_args *a) {
     const int32_t group = a->n_heads / a->n_kv_heads;
     const int32_t shift = a->n_k - a->n_q; /* bottom-right alignment */

@@ -115,4 +115,10 @@ typedef struct ref_sdpa_args {
 
 void ref_sdpa(const ref_sdpa_args *a);
 
+/* Linear attention, seed 004 3.7, in its quadratic form: with phi(x) = elu(x) + 1, query i gets
+ * sum_j w_ij v_j / (sum_j w_ij + 1e-6), w_ij = phi(q_i) . phi(k_j), over the keys it sees (all,
+ * or with is_causal j <= i + n_k - n_q); head h reads kv head h / (n_heads / n_kv_heads). Reads
+ * the dims, q, k, v, is_causal and out of a. */
+void ref_linear_sdpa(const ref_sdpa_args *a);
+
 #endif /* TESTS_REF_H */
