@@ -373,6 +373,16 @@ typedef struct attn_step {
                                  attention probabilities; asking for them selects the
                                  materialized-scores path, otherwise the tiled online-softmax
                                  path runs and never holds a full score matrix */
+    /* Cross-attention (seeds 000, 001, 004 3.4) when not NULL: the step's n_context context rows
+     * (n_context, hidden_size) are first projected through the layer's K and V (biases and k
+     * norm as the layer has them, no RoPE) and appended to `cross`, a cache from
+     * attn_kv_create (n_context may be 0: the context it holds serves again); then the step's
+     * queries (projected from x, no RoPE) attend to every token of `cross`, with no causal mask
+     * or window. kv is then not used (may be NULL), positions and key_valid must be NULL, and
+     * weights are (n_heads, n_tokens, len(cross) after the append). */
+    attn_kv *cross;
+    const float *context;
+    int32_t n_context;
 } attn_step;
 
 /* Advances n_steps caches (distinct caches of one pool) by their new tokens through layer
@@ -381,8 +391,9 @@ typedef struct attn_step {
  * is: on any error no cache changes length. Total tokens may exceed the workspace's max_tokens:
  * the work is then split into chunks (chunked prefill), with identical results.
  * Returns ATTN_EINVAL (NULL pointers, n_steps < 1, n_tokens < 1, layer not loaded, a workspace
- * made for another model, caches from different pools, one cache in two steps, or a ring
- * cache (attn_kv_create_for_layer) of a layer with another window), ATTN_ESHAPE
+ * made for another model, caches from different pools, one cache in two steps, a ring
+ * cache (attn_kv_create_for_layer) of a layer with another window, a cross step with positions,
+ * key_valid, a ring cross cache or a negative n_context), ATTN_ESHAPE
  * (a cache from another model's pool), ATTN_ERANGE (a position outside [0, max_seq) or a cache
  * that would exceed max_seq), ATTN_ENOSPC (not enough free blocks for all the appends). */
 int attn_forward(const attn_model *m, int32_t layer, attn_workspace *ws, const attn_step *steps,

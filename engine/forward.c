@@ -115,28 +115,36 @@ static int validate(const attn_model *m, int32_t layer, const attn_workspace *ws
     int64_t blocks = 0;
     for (int32_t s = 0; s < n_steps; s++) {
         const attn_step *st = &steps[s];
-        if (st->kv == NULL || st->x == NULL || st->out == NULL || st->n_tokens < 1) {
+        /* A cross step appends its context to `cross`; a self step its tokens to kv. */
+        attn_kv *cache = st->cross != NULL ? st->cross : st->kv;
+        int32_t n_new = st->cross != NULL ? st->n_context : st->n_tokens;
+        if (cache == NULL || st->x == NULL || st->out == NULL || st->n_tokens < 1) {
             return ATTN_EINVAL;
         }
-        if (st->kv->pool->model != m) {
+        if (st->cross != NULL &&
+            (st->positions != NULL || st->key_valid != NULL || st->n_context < 0 ||
+             (st->n_context > 0 && st->context == NULL) || st->cross->window > 0)) {
+            return ATTN_EINVAL;
+        }
+        if (cache->pool->model != m) {
             return ATTN_ESHAPE;
         }
         /* A ring dropped what other layers' queries would see. */
-        if (st->kv->window > 0 && !(attn_config_layer_is_sliding(&m->cfg, layer) &&
-                                    m->cfg.sliding_window == st->kv->window)) {
+        if (cache->window > 0 && !(attn_config_layer_is_sliding(&m->cfg, layer) &&
+                                   m->cfg.sliding_window == cache->window)) {
             return ATTN_EINVAL;
         }
         if (pool == NULL) {
-            pool = st->kv->pool;
-        } else if (st->kv->pool != pool) {
+            pool = cache->pool;
+        } else if (cache->pool != pool) {
             return ATTN_EINVAL;
         }
         for (int32_t u = 0; u < s; u++) {
-            if (steps[u].kv == st->kv) {
+            if ((steps[u].cross != NULL ? steps[u].cross : steps[u].kv) == cache) {
                 return ATTN_EINVAL;
             }
         }
-        if ((int64_t)st->kv->len + st->n_tokens > m->cfg.max_seq) {
+        if ((int64_t)cache->len + n_new > m->cfg.max_seq) {
             return ATTN_ERANGE;
         }
         for (int32_t i = 0; st->positions != NULL && i < st->n_tokens; i++) {
@@ -144,7 +152,7 @@ static int validate(const attn_model *m, int32_t layer, const attn_workspace *ws
                 return ATTN_ERANGE;
             }
         }
-        blocks += attn_kv_blocks_needed(st->kv, st->n_tokens);
+        blocks += attn_kv_blocks_needed(cache, n_new);
     }
     /* Reserved caches need no blocks, and then the pool's accounting is not even read. */
     if (blocks > 0 && blocks > pool->n_free) {
@@ -283,18 +291,49 @@ static void rope_and_append(const attn_model *m, int32_t layer, const attn_step 
     }
 }
 
+/* Projects a cross step's context through the layer's K and V (in chunks of the workspace's
+ * rows), normalizes k where the layer does, and appends them to the cross cache, unrotated. */
+static void append_context(const attn_model *m, int32_t layer, attn_workspace *ws,
+                           const attn_step *st) {
+    const attn_config *c = &m->cfg;
+    const struct attn__layer *l = &m->layers[layer - m->layer_first];
+    size_t n_qkv = n_qkv_of(c), hd = (size_t)c->head_dim;
+    size_t k_off = (size_t)c->n_heads * hd, v_off = k_off + (size_t)c->n_kv_heads * hd;
+    for (int32_t first = 0; first < st->n_context; first += ws->max_tokens) {
+        int32_t n = st->n_context - first < ws->max_tokens ? st->n_context - first : ws->max_tokens;
+        linear(ws, st->context + (size_t)first * c->hidden_size, n, c->hidden_size, l->w_qkv,
+               l->b_qkv, (int32_t)n_qkv, ws->qkv);
+        int32_t base = st->cross->len;
+        attn__kv_grow(st->cross, n);
+        for (int32_t i = 0; i < n; i++) {
+            float *row = ws->qkv + (size_t)i * n_qkv;
+            attn__qk_norm_apply(c, l, row);
+            for (int32_t h = 0; h < c->n_kv_heads; h++) {
+                memcpy(attn__kv_row_k(st->cross, h, base + i), row + k_off + h * hd,
+                       hd * sizeof(float));
+                memcpy(attn__kv_row_v(st->cross, h, base + i), row + v_off + h * hd,
+                       hd * sizeof(float));
+            }
+        }
+    }
+}
+
 /* Builds the attention tasks of one part: per KV head, query tiles of ATTN__Q_TILE tokens. */
 static int32_t part_tasks(const attn_model *m, int32_t layer, attn_workspace *ws,
                           const attn_step *st, const struct chunk_part *p, struct attn__task *tasks,
                           size_t *scratch_used) {
     const attn_config *c = &m->cfg;
     const struct attn__layer *l = &m->layers[layer - m->layer_first];
-    int32_t window_left = attn_config_layer_is_sliding(c, layer) ? c->sliding_window - 1 : -1;
+    bool is_cross = st->cross != NULL;
+    int32_t window_left =
+        !is_cross && attn_config_layer_is_sliding(c, layer) ? c->sliding_window - 1 : -1;
     int32_t r = c->n_heads / c->n_kv_heads;
     size_t n_qkv = n_qkv_of(c), hd = (size_t)c->head_dim, hd_all = (size_t)c->n_heads * hd;
-    int32_t n_keys = st->kv->len;    /* this part's tokens are appended already */
-    int32_t p_start = n_keys - p->n; /* cache index of the part's first token */
-    int32_t total_keys = st->kv->len - p->first - p->n + st->n_tokens; /* after the whole step */
+    const attn_kv *cache = is_cross ? st->cross : st->kv;
+    int32_t n_keys = cache->len;     /* a self part's tokens are appended already */
+    int32_t p_start = n_keys - p->n; /* cache index of a self part's first token */
+    /* Columns of the weights: the keys after the whole step. */
+    int32_t total_keys = is_cross ? n_keys : st->kv->len - p->first - p->n + st->n_tokens;
     int32_t n_tasks = 0;
     for (int32_t q0 = 0; q0 < p->n; q0 += ATTN__Q_TILE) {
         int32_t nq = p->n - q0 < ATTN__Q_TILE ? p->n - q0 : ATTN__Q_TILE;
@@ -324,9 +363,9 @@ static int32_t part_tasks(const attn_model *m, int32_t layer, attn_workspace *ws
             t->scale = c->softmax_scale;
             t->softcap = c->logit_softcap;
             t->sinks = l->sinks != NULL ? l->sinks + (size_t)g * r : NULL;
-            t->kv = attn__kv_view_of(st->kv, g, n_keys);
+            t->kv = attn__kv_view_of(cache, g, n_keys);
             t->mask.q_index0 = p_start + q0;
-            t->mask.is_causal = true;
+            t->mask.is_causal = !is_cross; /* every query sees the whole context */
             t->mask.window_left = window_left;
             t->mask.window_right = -1;
             t->mask.key_valid = st->key_valid;
@@ -362,7 +401,14 @@ static void run_chunk(const attn_model *m, int32_t layer, attn_workspace *ws,
     size_t scratch_used = 0;
     for (int32_t i = 0; i < n_parts; i++) {
         const attn_step *st = &steps[parts[i].step];
-        rope_and_append(m, layer, st, &parts[i], ws->qkv);
+        if (st->cross != NULL) {
+            /* Queries only: no RoPE, and nothing appended (x's own k and v go unused). */
+            for (int32_t r = 0; r < parts[i].n; r++) {
+                attn__qk_norm_apply(c, l, ws->qkv + (size_t)(parts[i].row + r) * n_qkv_of(c));
+            }
+        } else {
+            rope_and_append(m, layer, st, &parts[i], ws->qkv);
+        }
         n_tasks += part_tasks(m, layer, ws, st, &parts[i], ws->tasks + n_tasks, &scratch_used);
     }
     attn__tasks_run(ws->has_ex ? &ws->ex : NULL, ws->tasks, n_tasks);
@@ -382,6 +428,12 @@ int attn_forward(const attn_model *m, int32_t layer, attn_workspace *ws, const a
     int rc = validate(m, layer, ws, steps, n_steps);
     if (rc != ATTN_OK) {
         return rc;
+    }
+    /* Contexts first, so that each cross step's queries see all of theirs. */
+    for (int32_t s = 0; s < n_steps; s++) {
+        if (steps[s].cross != NULL) {
+            append_context(m, layer, ws, &steps[s]);
+        }
     }
     int32_t step = 0, first = 0;
     while (step < n_steps) {

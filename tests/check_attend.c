@@ -310,7 +310,7 @@ START_TEST(test_attend_fully_masked_rows_are_zero) {
             w[i] = NAN;
         }
         ck_assert_int_eq(attn_kv_create(pool, &kv), ATTN_OK);
-        attn_step step = {kv, x, 6, NULL, valid, out, path == 0 ? w : NULL};
+        attn_step step = {kv, x, 6, NULL, valid, out, path == 0 ? w : NULL, NULL, NULL, 0};
         ck_assert_int_eq(attn_forward(hm.model, 0, ws, &step, 1), ATTN_OK);
         harness_expect_zero(out, 2 * 64, path == 0 ? "rows 0-1, materialized" : "rows 0-1, tiled");
         for (int i = 2; i < 6 * 64; i++) {
@@ -471,19 +471,19 @@ START_TEST(test_attend_positions_and_capacity) {
     float *out = harness_calloc((size_t)41 * cfg.hidden_size, sizeof(float));
     int32_t bad_pos[2][1] = {{40}, {-1}};
     for (int b = 0; b < 2; b++) {
-        attn_step step = {kv, x, 1, bad_pos[b], NULL, out, NULL};
+        attn_step step = {kv, x, 1, bad_pos[b], NULL, out, NULL, NULL, NULL, 0};
         ck_assert_int_eq(attn_forward(hm.model, 0, ws, &step, 1), ATTN_ERANGE);
         ck_assert_int_eq(attn_kv_len(kv), 0);
     }
-    attn_step fill = {kv, x, 38, NULL, NULL, out, NULL};
+    attn_step fill = {kv, x, 38, NULL, NULL, out, NULL, NULL, NULL, 0};
     ck_assert_int_eq(attn_forward(hm.model, 0, ws, &fill, 1), ATTN_OK);
-    attn_step over = {kv, x, 3, NULL, NULL, out, NULL}; /* 38 + 3 > 40 */
+    attn_step over = {kv, x, 3, NULL, NULL, out, NULL, NULL, NULL, 0}; /* 38 + 3 > 40 */
     ck_assert_int_eq(attn_forward(hm.model, 0, ws, &over, 1), ATTN_ERANGE);
     ck_assert_int_eq(attn_kv_len(kv), 38);
-    attn_step last = {kv, x, 2, NULL, NULL, out, NULL}; /* exactly to 40 */
+    attn_step last = {kv, x, 2, NULL, NULL, out, NULL, NULL, NULL, 0}; /* exactly to 40 */
     ck_assert_int_eq(attn_forward(hm.model, 0, ws, &last, 1), ATTN_OK);
     ck_assert_int_eq(attn_kv_len(kv), 40);
-    attn_step past = {kv, x, 1, NULL, NULL, out, NULL};
+    attn_step past = {kv, x, 1, NULL, NULL, out, NULL, NULL, NULL, 0};
     ck_assert_int_eq(attn_forward(hm.model, 0, ws, &past, 1), ATTN_ERANGE);
     ck_assert_int_eq(attn_kv_len(kv), 40);
     free(out);
@@ -539,6 +539,165 @@ START_TEST(test_attend_thread_executor) {
 }
 END_TEST
 
+/* rows (n, in) times W^T (out, in) plus b (when the config has biases), in double. */
+static double *project(const float *x, int32_t n, int32_t in, const float *w, const float *b,
+                       int32_t out) {
+    double *y = harness_calloc((size_t)n * out, sizeof(double));
+    for (int32_t i = 0; i < n; i++) {
+        for (int32_t o = 0; o < out; o++) {
+            double acc = b != NULL ? b[o] : 0.0;
+            for (int32_t e = 0; e < in; e++) {
+                acc += (double)x[(size_t)i * in + e] * w[(size_t)o * in + e];
+            }
+            y[(size_t)i * out + o] = acc;
+        }
+    }
+    return y;
+}
+
+/* (n, heads * d) rows to (heads, n, d) floats. */
+static float *heads_first(const double *y, int32_t n, int32_t heads, int32_t d) {
+    float *t = harness_calloc((size_t)n * heads * d, sizeof(float));
+    for (int32_t i = 0; i < n; i++) {
+        for (int32_t h = 0; h < heads; h++) {
+            for (int32_t e = 0; e < d; e++) {
+                t[((size_t)h * n + i) * d + e] = (float)y[(size_t)i * heads * d + h * d + e];
+            }
+        }
+    }
+    return t;
+}
+
+/* Cross-attention steps (seed 004 3.4) against a reference written here: q from x, k and v from
+ * the context through the same weights, no RoPE, no causal mask, then o. A context of S = 10
+ * filled in one step and two (chunked past the workspace's rows), decodes that reuse it, weights,
+ * GQA and MHA, with a self-attention step in the same call; refusals. */
+START_TEST(test_attend_cross_steps_match_reference) {
+    static const int32_t heads[][2] = {{4, 2}, {4, 4}};
+    for (int hi = 0; hi < 2; hi++) {
+        attn_config cfg = harness_config(heads[hi][0], heads[hi][1], 16);
+        cfg.n_layers = 1;
+        harness_model hm;
+        harness_model_init(&hm, &cfg, 61 + hi);
+        const ref_layer *w = &hm.layers[0];
+        const int32_t hidden = cfg.hidden_size, h = cfg.n_heads, hkv = cfg.n_kv_heads, d = 16;
+        const int32_t s = 10, t = 6;
+        float *ctx = harness_random_x(62, s, hidden), *x = harness_random_x(63, t, hidden);
+        /* The reference: projections in double, attention by ref_sdpa, o in double. */
+        double *qd = project(x, t, hidden, w->wq, w->bq, h * d);
+        double *kd = project(ctx, s, hidden, w->wk, w->bk, hkv * d);
+        double *vd = project(ctx, s, hidden, w->wv, w->bv, hkv * d);
+        float *q = heads_first(qd, t, h, d), *k = heads_first(kd, s, hkv, d);
+        float *v = heads_first(vd, s, hkv, d);
+        float *att = harness_calloc((size_t)h * t * d, sizeof(float));
+        float *w_ref = harness_calloc((size_t)h * t * s, sizeof(float));
+        ref_sdpa_args a = {.n_heads = h,
+                           .n_kv_heads = hkv,
+                           .n_q = t,
+                           .n_k = s,
+                           .d_k = d,
+                           .d_v = d,
+                           .q = q,
+                           .k = k,
+                           .v = v,
+                           .window = -1,
+                           .out = att,
+                           .weights = w_ref};
+        ref_sdpa(&a);
+        float *merged = harness_calloc((size_t)t * h * d, sizeof(float));
+        for (int32_t i = 0; i < t; i++) {
+            for (int32_t hh = 0; hh < h; hh++) {
+                memcpy(merged + (size_t)i * h * d + hh * d, att + ((size_t)hh * t + i) * d,
+                       d * sizeof(float));
+            }
+        }
+        double *od = project(merged, t, h * d, w->wo, w->bo, hidden);
+        float *want = harness_calloc((size_t)t * hidden, sizeof(float));
+        for (size_t i = 0; i < (size_t)t * hidden; i++) {
+            want[i] = (float)od[i];
+        }
+
+        attn_kv_pool *pool = NULL;
+        attn_workspace *ws = NULL;
+        attn_kv *cross = NULL, *self = NULL;
+        ck_assert_int_eq(attn_kv_pool_create(hm.model, 1 << 20, 16, &pool), ATTN_OK);
+        ck_assert_int_eq(attn_workspace_create(hm.model, 4, NULL, &ws), ATTN_OK);
+        ck_assert_int_eq(attn_kv_create(pool, &cross), ATTN_OK);
+        ck_assert_int_eq(attn_kv_create(pool, &self), ATTN_OK);
+        float *out = harness_calloc((size_t)t * hidden, sizeof(float));
+        float *wts = harness_calloc((size_t)h * t * s, sizeof(float));
+        float *self_out = harness_calloc((size_t)3 * hidden, sizeof(float));
+        /* the context in two steps (4 + 6 rows, the second chunked), 2 queries with weights */
+        attn_step st = {
+            .cross = cross, .context = ctx, .n_context = 4, .x = x, .n_tokens = 1, .out = out};
+        ck_assert_int_eq(attn_forward(hm.model, 0, ws, &st, 1), ATTN_OK);
+        ck_assert_int_eq(attn_kv_len(cross), 4);
+        float *w2 = harness_calloc((size_t)h * 2 * s, sizeof(float));
+        attn_step both[2] = {
+            {.cross = cross,
+             .context = ctx + 4 * hidden,
+             .n_context = 6,
+             .x = x,
+             .n_tokens = 2,
+             .out = out,
+             .weights = w2},
+            {.kv = self, .x = x, .n_tokens = 3, .out = self_out},
+        };
+        ck_assert_int_eq(attn_forward(hm.model, 0, ws, both, 2), ATTN_OK);
+        ck_assert_int_eq(attn_kv_len(cross), s);
+        ck_assert_int_eq(attn_kv_len(self), 3);
+        for (int32_t hh = 0; hh < h; hh++) {
+            memcpy(wts + (size_t)hh * t * s, w2 + (size_t)hh * 2 * s, 2 * s * sizeof(float));
+        }
+        /* decodes reusing the context: rows 2..5, one call of 4 rows past the workspace's */
+        attn_step more = {
+            .cross = cross, .x = x + 2 * hidden, .n_tokens = 4, .out = out + 2 * hidden};
+        ck_assert_int_eq(attn_forward(hm.model, 0, ws, &more, 1), ATTN_OK);
+        ck_assert_int_eq(attn_kv_len(cross), s);
+        harness_expect_close(out, want, (size_t)t * hidden, "cross: every query");
+        for (int32_t hh = 0; hh < h; hh++) {
+            harness_expect_close(wts + (size_t)hh * t * s, w_ref + (size_t)hh * t * s, 2 * s,
+                                 "cross: weights");
+        }
+        /* Refused: positions, key_valid, a ring as the cross cache, a negative context. */
+        int32_t pos[1] = {0};
+        uint8_t valid[11] = {1};
+        attn_step bad = more;
+        bad.positions = pos;
+        ck_assert_int_eq(attn_forward(hm.model, 0, ws, &bad, 1), ATTN_EINVAL);
+        bad = more;
+        bad.key_valid = valid;
+        ck_assert_int_eq(attn_forward(hm.model, 0, ws, &bad, 1), ATTN_EINVAL);
+        bad = more;
+        bad.n_context = -1;
+        ck_assert_int_eq(attn_forward(hm.model, 0, ws, &bad, 1), ATTN_EINVAL);
+        ck_assert_int_eq(attn_kv_len(cross), s);
+        free(w2);
+        free(self_out);
+        free(wts);
+        free(out);
+        attn_kv_destroy(self);
+        attn_kv_destroy(cross);
+        attn_workspace_destroy(ws);
+        attn_kv_pool_destroy(pool);
+        free(want);
+        free(od);
+        free(merged);
+        free(w_ref);
+        free(att);
+        free(v);
+        free(k);
+        free(q);
+        free(vd);
+        free(kd);
+        free(qd);
+        free(x);
+        free(ctx);
+        harness_model_release(&hm);
+    }
+}
+END_TEST
+
 /* The soft-cap kernel (SIMD where the machine has it) against tanh in double: scores across
  * both of its branches (|s / cap| below and above 0.625), saturation, zero and tiny values, at
  * every offset of a vector, within 4 float ulp of the result or 1e-37. */
@@ -584,6 +743,7 @@ Suite *attend_suite(void) {
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_attend_gqa_ratios_and_head_dims);
     tcase_add_test(tc, test_attend_softcap_kernel_matches_tanh);
+    tcase_add_test(tc, test_attend_cross_steps_match_reference);
     tcase_add_test(tc, test_attend_large_past_then_decode);
     tcase_add_test(tc, test_attend_prefill_then_decode_equals_one_pass);
     tcase_add_test(tc, test_attend_sinks);
