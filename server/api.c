@@ -630,6 +630,7 @@ void api_attend_request_release(struct api_attend_request *r) {
     free(r->x);
     free(r->positions);
     free(r->key_mask);
+    free(r->context);
     memset(r, 0, sizeof *r);
 }
 
@@ -707,12 +708,15 @@ enum attend_field {
     ATTEND_STREAM,
     ATTEND_ENCODING,
     ATTEND_KEY_MASK,
+    ATTEND_CONTEXT,
+    ATTEND_CROSS,
+    ATTEND_REPLACE_CONTEXT,
     ATTEND_N_FIELDS,
 };
 
 static const char *const attend_names[ATTEND_N_FIELDS] = {
-    "x",      "session_id",      "layer",   "positions", "expect_n_past", "return_weights",
-    "stream", "encoding_format", "key_mask"};
+    "x",      "session_id",      "layer",    "positions", "expect_n_past", "return_weights",
+    "stream", "encoding_format", "key_mask", "context",   "cross",         "replace_context"};
 
 /* One member of an attend body into r. */
 /* key_mask: one 0 or 1 per key of the session after this request (its length is checked when
@@ -786,9 +790,59 @@ static int attend_field(struct json_reader *jr, int index, const struct api_limi
         return get_bool(jr, "stream", &r->stream, err);
     case ATTEND_KEY_MASK:
         return parse_key_mask(jr, lim, r, err);
+    case ATTEND_CONTEXT: {
+        struct tensor_spec spec = {"context",
+                                   "(S, hidden_size): the encoder states",
+                                   2,
+                                   {-1, lim->hidden_size, -1, -1},
+                                   0};
+        int64_t dims[4];
+        rc = parse_tensor(jr, &spec, &r->context, dims, NULL, err);
+        if (rc == 0 && dims[0] > lim->max_seq) {
+            rc = fail(err, ERROR_CONTEXT_LENGTH_EXCEEDED, "context",
+                      "context: %lld tokens exceed the model's maximum sequence length %d",
+                      (long long)dims[0], (int)lim->max_seq);
+        }
+        r->n_context = rc == 0 ? (int32_t)dims[0] : 0;
+        return rc;
+    }
+    case ATTEND_CROSS:
+        return get_bool(jr, "cross", &r->is_cross, err);
+    case ATTEND_REPLACE_CONTEXT:
+        return get_bool(jr, "replace_context", &r->replace_context, err);
     default:
         return get_encoding(jr, &r->encoding, err);
     }
+}
+
+/* A cross-attention request: context means cross (and "cross": false with it contradicts), and
+ * what belongs to the session's own tokens (positions, key_mask, expect_n_past) or to a token
+ * at a time (stream) is refused with it; replace_context needs a context. */
+static int check_cross(struct api_attend_request *r, uint32_t seen, struct api_error *err) {
+    bool said_cross = (seen >> ATTEND_CROSS) & 1u;
+    if (r->context != NULL && said_cross && !r->is_cross) {
+        return fail(err, ERROR_INVALID_REQUEST, "cross",
+                    "cross: false contradicts context (a context is attended across)");
+    }
+    r->is_cross = r->is_cross || r->context != NULL;
+    if (r->replace_context && r->context == NULL) {
+        return fail(err, ERROR_INVALID_REQUEST, "replace_context",
+                    "replace_context: true needs the context that replaces the stored one");
+    }
+    if (!r->is_cross) {
+        return 0;
+    }
+    static const char *const names[] = {"positions", "key_mask", "expect_n_past", "stream"};
+    bool given[] = {r->positions != NULL, r->key_mask != NULL, r->has_expect_n_past, r->stream};
+    for (int i = 0; i < 4; i++) {
+        if (given[i]) {
+            return fail(err, ERROR_INVALID_REQUEST, names[i],
+                        "%s: not part of cross-attention (the queries see the whole context, "
+                        "unrotated, and the session's own tokens are not touched)",
+                        names[i]);
+        }
+    }
+    return 0;
 }
 
 int api_attend_request_parse(const char *body, size_t len, const struct api_limits *lim,
@@ -817,7 +871,10 @@ int api_attend_request_parse(const char *body, size_t len, const struct api_limi
                   "positions: has %d values, expected %d (one per token of x)", (int)n_positions,
                   (int)r.n_tokens);
     }
-    if (rc == 0 && r.return_weights &&
+    if (rc == 0) {
+        rc = check_cross(&r, seen, err);
+    }
+    if (rc == 0 && r.return_weights && !r.is_cross &&
         (int64_t)lim->n_heads * r.n_tokens * r.n_tokens > API_WEIGHTS_MAX_VALUES) {
         rc = fail(err, ERROR_INVALID_REQUEST, "return_weights",
                   "return_weights: n_heads x T x T = %lld values exceed the limit of %d",

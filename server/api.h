@@ -69,6 +69,12 @@ struct api_attend_request {
      * this request; its length must be n_past + n_tokens, checked when the request runs */
     uint8_t *key_mask;
     int32_t n_key_mask;
+    /* Cross-attention (seeds 000, 001, 004 3.4): the queries of x attend to a context's keys
+     * and values instead of the session's own tokens. */
+    bool is_cross;  /* context given, or "cross": true (reuse the session's) */
+    float *context; /* NULL, or (n_context, hidden_size), owned */
+    int32_t n_context;
+    bool replace_context; /* a session layer's stored context may be replaced by this one */
 };
 
 /* Parses a POST /v1/attend body. On success returns 0 and fills *out (release it with
@@ -137,9 +143,12 @@ struct api_attend_response {
     int32_t hidden_size;
     int32_t n_heads;
     const float *output;  /* (n_new, hidden_size) */
-    const float *weights; /* NULL, or (n_heads, n_new, n_tokens) */
+    const float *weights; /* NULL, or (n_heads, n_new, n_tokens), or when is_cross
+                             (n_heads, n_new, context_tokens) */
     struct api_timing timing;
     enum api_encoding encoding;
+    bool is_cross;          /* a cross-attention answer, */
+    int32_t context_tokens; /* over a context of this many tokens */
 };
 
 /* Encodes an AttendResponse. Returns a malloc'd NUL-terminated string (*len its length), or
@@ -179,9 +188,10 @@ char *api_sdpa_response_encode(const struct api_sdpa_response *r, size_t *len);
 
 struct api_session_layer {
     int32_t layer;
-    int32_t n_tokens; /* seen */
-    int32_t n_held;   /* whose K/V are held (a sliding layer keeps about its window) */
-    int32_t window;   /* 0: none */
+    int32_t n_tokens;       /* seen */
+    int32_t n_held;         /* whose K/V are held (a sliding layer keeps about its window) */
+    int32_t window;         /* 0: none */
+    int32_t context_tokens; /* the stored cross-attention context, or -1 for none */
     size_t bytes;
 };
 

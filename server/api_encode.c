@@ -163,11 +163,14 @@ char *api_attend_response_encode(const struct api_attend_response *r, size_t *le
     put_string_or_null(&b, r->session_id);
     strbuf_printf(&b, ",\"layer\":%d,\"n_past\":%d,\"n_tokens\":%d", (int)r->layer, (int)r->n_past,
                   (int)r->n_tokens);
+    if (r->is_cross) {
+        strbuf_printf(&b, ",\"context_tokens\":%d", (int)r->context_tokens);
+    }
     int64_t od[2] = {r->n_new, r->hidden_size};
     strbuf_putc(&b, ',');
     put_tensor(&b, "output", r->output, 2, od, r->encoding);
     if (r->weights != NULL) {
-        int64_t wd[3] = {r->n_heads, r->n_new, r->n_tokens};
+        int64_t wd[3] = {r->n_heads, r->n_new, r->is_cross ? r->context_tokens : r->n_tokens};
         strbuf_putc(&b, ',');
         put_tensor(&b, "weights", r->weights, 3, wd, r->encoding);
     }
@@ -257,6 +260,9 @@ static void put_session(struct strbuf *b, const struct api_session *s) {
                       i > 0 ? "," : "", (int)l->layer, (int)l->n_tokens, (int)l->n_held, l->bytes);
         if (l->window > 0) {
             strbuf_printf(b, ",\"window\":%d", (int)l->window);
+        }
+        if (l->context_tokens >= 0) {
+            strbuf_printf(b, ",\"context_tokens\":%d", (int)l->context_tokens);
         }
         strbuf_putc(b, '}');
     }

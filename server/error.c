@@ -22,6 +22,8 @@ static const struct error_info table[] = {
      "a session with this id already exists"},
     {ERROR_TOKENS_DROPPED, 409, "tokens_dropped", "conflict_error",
      "a sliding layer's cache keeps only its window and no longer holds the tokens this needs"},
+    {ERROR_CONTEXT_EXISTS, 409, "context_exists", "conflict_error",
+     "the session's layer holds a context already; replace_context: true replaces it"},
     {ERROR_SESSION_EVICTED, 410, "session_evicted", "gone_error",
      "the session was evicted or expired; its cache is gone"},
     {ERROR_PAYLOAD_TOO_LARGE, 413, "payload_too_large", "invalid_request_error",

@@ -26,6 +26,7 @@ enum error_code {
     ERROR_KV_BUDGET_EXHAUSTED = -114,
     ERROR_TOO_MANY_CONNECTIONS = -115,
     ERROR_TOKENS_DROPPED = -116,
+    ERROR_CONTEXT_EXISTS = -117,
     /* Not in the table: the client went away, so there is nobody to answer. */
     ERROR_CANCELLED = -199,
 };

@@ -55,12 +55,16 @@ struct job {
     int response_status;
     /* attend */
     struct api_attend_request at;
-    float *out;         /* (T, hidden_size) */
-    float *weights;     /* (n_heads, T, n_past + T), or per stream step (n_heads, n_past + i + 1) */
-    attn_kv *temp_kv;   /* a stateless call's cache */
-    int32_t n_past0;    /* cache length before the request */
-    int32_t next_index; /* stream: the next token to compute */
-    bool is_sized;      /* n_past0 known, buffers allocated */
+    float *out;       /* (T, hidden_size) */
+    float *weights;   /* (n_heads, T, n_past + T), or per stream step (n_heads, n_past + i + 1) */
+    attn_kv *temp_kv; /* a stateless call's cache */
+    /* Cross-attention: the cache a context is projected into (a stateless call's, or a
+     * session's new context, which done installs when the call succeeds) */
+    attn_kv *temp_cross;
+    int32_t n_keys;      /* keys the queries see: n_past + T, or the context's tokens */
+    int32_t n_past0;     /* cache length before the request */
+    int32_t next_index;  /* stream: the next token to compute */
+    bool is_sized;       /* n_past0 known, buffers allocated */
     struct strbuf event; /* stream: the event run() encoded */
     /* sdpa */
     struct api_sdpa_request sd;
@@ -102,6 +106,9 @@ static struct job *job_new(struct route_req *rq, enum job_kind kind) {
 }
 
 static void job_free(struct job *job) {
+    /* Loop thread, with no worker on the job: its own caches go back to the pool. */
+    attn_kv_destroy(job->temp_kv);
+    attn_kv_destroy(job->temp_cross);
     api_attend_request_release(&job->at);
     api_sdpa_request_release(&job->sd);
     free(job->out);
@@ -176,14 +183,23 @@ static void submit(struct job *job) {
 static void attend_finish(struct job *job, bool ok) {
     attn_kv_destroy(job->temp_kv); /* no worker uses it: the job is not running */
     job->temp_kv = NULL;
+    if (ok && job->pj.turn != NULL && job->temp_cross != NULL) {
+        /* The new context is in: it replaces the stored one only now, so a failed call loses
+         * nothing. */
+        session_cross_install(job->pj.turn, job->at.layer, job->temp_cross);
+        job->temp_cross = NULL;
+    }
+    attn_kv_destroy(job->temp_cross);
+    job->temp_cross = NULL;
     if (job->pj.turn != NULL && !ok) {
         session_drop_empty_layers(job->srv->sessions, job->pj.turn);
     }
     unpin(job);
 }
 
-/* Allocates the output buffers once n_past is known, after the length checks. */
-static int attend_size(struct job *job, int32_t n_past) {
+/* Allocates the output buffers once n_past (the self cache's length) and n_keys (the keys the
+ * queries see: n_past + T, or a context's tokens) are known, after the length checks. */
+static int attend_size(struct job *job, int32_t n_past, int32_t n_keys) {
     const struct api_limits *lim = &job->srv->limits;
     int32_t t = job->at.n_tokens;
     if (job->at.has_expect_n_past && job->at.expect_n_past != n_past) {
@@ -197,19 +213,18 @@ static int attend_size(struct job *job, int32_t n_past) {
                        "needs %d",
                        (int)job->at.n_key_mask, (int)n_past, (int)t, (int)(n_past + t));
     }
-    if ((int64_t)n_past + t > lim->max_seq) {
+    if (!job->at.is_cross && (int64_t)n_past + t > lim->max_seq) {
         return set_err(job, ERROR_CONTEXT_LENGTH_EXCEEDED, "x",
                        "the cache holds %d tokens; %d more exceed the model's maximum sequence "
                        "length %d",
                        (int)n_past, (int)t, (int)lim->max_seq);
     }
-    int64_t n_weights = (int64_t)lim->n_heads * (job->at.stream ? 1 : t) * (n_past + t);
-    if (job->at.return_weights &&
-        (int64_t)lim->n_heads * t * (n_past + t) > API_WEIGHTS_MAX_VALUES) {
+    int64_t n_weights = (int64_t)lim->n_heads * (job->at.stream ? 1 : t) * n_keys;
+    if (job->at.return_weights && (int64_t)lim->n_heads * t * n_keys > API_WEIGHTS_MAX_VALUES) {
         return set_err(job, ERROR_INVALID_REQUEST, "return_weights",
-                       "return_weights: n_heads x T x (n_past + T) = %lld values exceed the "
-                       "limit of %d",
-                       (long long)lim->n_heads * t * (n_past + t), API_WEIGHTS_MAX_VALUES);
+                       "return_weights: n_heads x T x %s = %lld values exceed the limit of %d",
+                       job->at.is_cross ? "context tokens" : "(n_past + T)",
+                       (long long)lim->n_heads * t * n_keys, API_WEIGHTS_MAX_VALUES);
     }
     job->out = malloc((size_t)t * (size_t)lim->hidden_size * sizeof(float));
     if (job->at.return_weights) {
@@ -219,7 +234,61 @@ static int attend_size(struct job *job, int32_t n_past) {
         return set_err(job, ERROR_INTERNAL, NULL, "out of memory for the output");
     }
     job->n_past0 = n_past;
+    job->n_keys = n_keys;
     job->is_sized = true;
+    return 0;
+}
+
+/* A cross-attention step: the context this call brings (into a cache of the job's own) or the
+ * one the session's layer holds. */
+static int cross_prepare(struct job *job, struct pool_step *step) {
+    struct pool_job *pj = &job->pj;
+    struct session *s = pj->turn != NULL ? session_turn_session(pj->turn) : NULL;
+    attn_kv *stored = s != NULL ? session_cross_find(s, job->at.layer) : NULL;
+    if (job->at.context == NULL && stored == NULL) {
+        return s != NULL ? set_err(job, ERROR_INVALID_REQUEST, "cross",
+                                   "cross: session %s holds no context at layer %d; send it in "
+                                   "context",
+                                   job->at.session_id, (int)job->at.layer)
+                         : set_err(job, ERROR_INVALID_REQUEST, "cross",
+                                   "cross: a call without a session must bring its context");
+    }
+    if (job->at.context != NULL && stored != NULL && !job->at.replace_context) {
+        return set_err(job, ERROR_CONTEXT_EXISTS, "context",
+                       "context: session %s holds a context of %d tokens at layer %d; send "
+                       "replace_context: true to replace it, or cross: true without context to "
+                       "attend to it",
+                       job->at.session_id, (int)attn_kv_len(stored), (int)job->at.layer);
+    }
+    attn_kv *cross = stored;
+    if (job->at.context != NULL) {
+        if (job->temp_cross == NULL) {
+            int rc = attn_kv_create(session_store_kv_pool(job->srv->sessions), &job->temp_cross);
+            if (rc != ATTN_OK) {
+                return rc;
+            }
+        }
+        cross = job->temp_cross; /* empty until the forward: prepare may run again */
+    }
+    if (!job->is_sized) {
+        attn_kv *self = s != NULL ? session_kv_find(s, job->at.layer) : NULL;
+        int32_t n_keys = job->at.context != NULL ? job->at.n_context : attn_kv_len(stored);
+        int rc = attend_size(job, self != NULL ? attn_kv_len(self) : 0, n_keys);
+        if (rc != 0) {
+            return rc;
+        }
+    }
+    step->kv = NULL;
+    step->cross = cross;
+    step->context = job->at.context;
+    step->n_context = job->at.context != NULL ? job->at.n_context : 0;
+    step->layer = job->at.layer;
+    step->weights = job->weights;
+    step->key_valid = NULL;
+    step->x = job->at.x;
+    step->n_tokens = job->at.n_tokens;
+    step->positions = NULL;
+    step->out = job->out;
     return 0;
 }
 
@@ -231,6 +300,9 @@ static int attend_prepare(struct pool_job *pj, struct pool_step *step) {
     }
     if (job->next_index > 0 && http_request_peer_closed(job->rq->http)) {
         return ERROR_CANCELLED;
+    }
+    if (job->at.is_cross) {
+        return cross_prepare(job, step);
     }
     attn_kv *kv;
     if (pj->turn != NULL) {
@@ -249,13 +321,14 @@ static int attend_prepare(struct pool_job *pj, struct pool_step *step) {
         kv = job->temp_kv;
     }
     if (!job->is_sized) {
-        int rc = attend_size(job, attn_kv_len(kv));
+        int rc = attend_size(job, attn_kv_len(kv), attn_kv_len(kv) + job->at.n_tokens);
         if (rc != 0) {
             return rc;
         }
     }
     int32_t hidden = srv->limits.hidden_size;
     step->kv = kv;
+    step->cross = NULL;
     step->layer = job->at.layer;
     step->weights = job->weights;
     step->key_valid = job->at.key_mask; /* the engine reads the step's first P + T */
@@ -286,7 +359,9 @@ static int attend_run(struct pool_job *pj, int status) {
             .session_id = job->at.session_id[0] ? job->at.session_id : NULL,
             .layer = job->at.layer,
             .n_past = job->n_past0,
-            .n_tokens = job->n_past0 + job->at.n_tokens,
+            .n_tokens = job->n_past0 + (job->at.is_cross ? 0 : job->at.n_tokens),
+            .is_cross = job->at.is_cross,
+            .context_tokens = job->n_keys,
             .n_new = job->at.n_tokens,
             .hidden_size = lim->hidden_size,
             .n_heads = lim->n_heads,

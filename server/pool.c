@@ -192,6 +192,15 @@ static void work_cb(uv_work_t *req) {
     }
 }
 
+/* The cache a step appends to, and how many tokens: a cross step's context, else its own. */
+static attn_kv *step_cache(const struct pool_step *s) {
+    return s->cross != NULL ? s->cross : s->kv;
+}
+
+static int32_t step_appends(const struct pool_step *s) {
+    return s->cross != NULL ? s->n_context : s->n_tokens;
+}
+
 /* Returns the blocks reserved for w's steps that their forwards did not fill (all of them when
  * a step failed: the engine leaves a failed step's cache length unchanged). Loop thread, before
  * the jobs' done callbacks may free the caches. */
@@ -200,7 +209,7 @@ static void unreserve(struct worker *w) {
         return;
     }
     for (int32_t i = 0; i < w->n; i++) {
-        session_kv_unreserve(w->steps[i].kv);
+        session_kv_unreserve(w->steps[i].cross != NULL ? w->steps[i].cross : w->steps[i].kv);
     }
 }
 
@@ -249,6 +258,9 @@ static void start(struct pool *pool, struct worker *w, enum pool_job_kind kind) 
         s->n_tokens = j->step.n_tokens;
         s->positions = j->step.positions;
         s->key_valid = j->step.key_valid;
+        s->cross = j->step.cross;
+        s->context = j->step.context;
+        s->n_context = j->step.n_context;
         s->out = j->step.out;
         s->weights = j->step.weights;
         w->status[i] = 0;
@@ -285,7 +297,7 @@ static void gather(struct pool *pool, struct worker *w, int32_t from, int32_t n,
             continue;
         }
         if (*tokens + k->step.n_tokens > pool->max_batch_tokens ||
-            session_kv_reserve(pool->sessions, k->step.kv, k->step.n_tokens) != 0) {
+            session_kv_reserve(pool->sessions, step_cache(&k->step), step_appends(&k->step)) != 0) {
             continue; /* it runs (or fails) on its own turn */
         }
         *tokens += k->step.n_tokens;
@@ -302,7 +314,7 @@ static void dispatch_one(struct pool *pool, int32_t i, int32_t n_cand) {
     }
     int rc = j->ops->prepare(j, &j->step);
     if (rc == 0 && j->kind == POOL_JOB_FORWARD) {
-        rc = session_kv_reserve(pool->sessions, j->step.kv, j->step.n_tokens);
+        rc = session_kv_reserve(pool->sessions, step_cache(&j->step), step_appends(&j->step));
     }
     if (rc != 0 || j->kind == POOL_JOB_CONTROL) {
         pool->cand[i] = NULL; /* complete() may hand the job back to its owner */

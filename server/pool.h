@@ -46,8 +46,11 @@ struct pool_step {
     int32_t n_tokens;         /* >= 1 */
     const int32_t *positions; /* (n_tokens) or NULL */
     const uint8_t *key_valid; /* NULL, or (len(kv) + n_tokens): 0 hides that key */
-    float *out;               /* (n_tokens, hidden_size) */
-    float *weights;           /* NULL, or (n_heads, n_tokens, len(kv) + n_tokens) */
+    attn_kv *cross;           /* a cross-attention step (attn_step.cross): kv unused */
+    const float *context;     /* (n_context, hidden_size) appended to cross first, or NULL */
+    int32_t n_context;
+    float *out;     /* (n_tokens, hidden_size) */
+    float *weights; /* NULL, or (n_heads, n_tokens, len(kv) + n_tokens) */
 };
 
 enum pool_after {

@@ -29,7 +29,8 @@ struct session {
     attn_kv **kv;      /* (layer_count) by layer - layer_first; NULL = unused */
     int32_t *n_tokens; /* (layer_count) as of the last refresh */
     int32_t *n_held;   /* (layer_count) tokens a sliding layer's ring still holds, likewise */
-    size_t *bytes;     /* (layer_count) as of the last refresh */
+    size_t *bytes;     /* (layer_count) self and cross caches, as of the last refresh */
+    attn_kv **cross;   /* (layer_count) the context cross-attention reads; NULL = none */
 };
 
 struct tombstone {
@@ -208,8 +209,10 @@ int session_store_create(const struct session_store_params *p, struct session_st
 static void session_free(struct session_store *st, struct session *s) {
     for (int32_t i = 0; i < st->layer_count; i++) {
         attn_kv_destroy(s->kv[i]);
+        attn_kv_destroy(s->cross[i]);
     }
     free(s->kv);
+    free(s->cross);
     free(s->n_tokens);
     free(s->n_held);
     free(s->bytes);
@@ -317,8 +320,11 @@ int session_create(struct session_store *st, const char *id, int64_t now_ms, str
     s->n_tokens = calloc((size_t)st->layer_count, sizeof *s->n_tokens);
     s->n_held = calloc((size_t)st->layer_count, sizeof *s->n_held);
     s->bytes = calloc((size_t)st->layer_count, sizeof *s->bytes);
-    if (s->kv == NULL || s->n_tokens == NULL || s->n_held == NULL || s->bytes == NULL) {
+    s->cross = calloc((size_t)st->layer_count, sizeof *s->cross);
+    if (s->kv == NULL || s->n_tokens == NULL || s->n_held == NULL || s->bytes == NULL ||
+        s->cross == NULL) {
         free(s->kv);
+        free(s->cross);
         free(s->n_tokens);
         free(s->n_held);
         free(s->bytes);
@@ -371,7 +377,9 @@ void session_clear(struct session_store *st, struct session_turn *t) {
     struct session *s = t->s;
     for (int32_t i = 0; i < st->layer_count; i++) {
         attn_kv_destroy(s->kv[i]);
+        attn_kv_destroy(s->cross[i]);
         s->kv[i] = NULL;
+        s->cross[i] = NULL;
         s->n_tokens[i] = 0;
         s->n_held[i] = 0;
         s->bytes[i] = 0;
@@ -439,18 +447,20 @@ size_t session_bytes(const struct session *s) {
 int32_t session_n_layers_used(const struct session *s) {
     int32_t n = 0;
     for (int32_t i = 0; i < s->layer_count; i++) {
-        n += s->kv[i] != NULL;
+        n += s->kv[i] != NULL || s->cross[i] != NULL;
     }
     return n;
 }
 
 void session_layer_at(const struct session *s, int32_t i, struct session_layer_stat *out) {
     for (int32_t l = 0; l < s->layer_count; l++) {
-        if (s->kv[l] != NULL && i-- == 0) {
+        if ((s->kv[l] != NULL || s->cross[l] != NULL) && i-- == 0) {
             out->layer = l + s->layer_first;
             out->n_tokens = s->n_tokens[l];
             out->n_held = s->n_held[l];
-            out->window = attn_kv_window(s->kv[l]); /* fixed at creation */
+            /* fixed at creation, and a cross cache changes only with the turn's session */
+            out->window = s->kv[l] != NULL ? attn_kv_window(s->kv[l]) : 0;
+            out->context_tokens = s->cross[l] != NULL ? attn_kv_len(s->cross[l]) : -1;
             out->bytes = s->bytes[l];
             return;
         }
@@ -491,6 +501,21 @@ int session_kv_get(struct session_store *st, struct session_turn *t, int32_t lay
     return 0;
 }
 
+static void refresh(struct session *s);
+
+attn_kv *session_cross_find(struct session *s, int32_t layer) {
+    int32_t i = layer - s->layer_first;
+    return i >= 0 && i < s->layer_count ? s->cross[i] : NULL;
+}
+
+void session_cross_install(struct session_turn *t, int32_t layer, attn_kv *cross) {
+    struct session *s = t->s;
+    int32_t i = layer - s->layer_first;
+    attn_kv_destroy(s->cross[i]);
+    s->cross[i] = cross;
+    refresh(s);
+}
+
 void session_drop_empty_layers(struct session_store *st, struct session_turn *t) {
     struct session *s = t->s;
     for (int32_t i = 0; i < s->layer_count; i++) {
@@ -508,8 +533,9 @@ static void refresh(struct session *s) {
         if (s->kv[i] != NULL) {
             s->n_tokens[i] = attn_kv_len(s->kv[i]);
             s->n_held[i] = s->n_tokens[i] - attn_kv_first_held(s->kv[i]);
-            s->bytes[i] = attn_kv_bytes(s->kv[i]);
         }
+        s->bytes[i] = (s->kv[i] != NULL ? attn_kv_bytes(s->kv[i]) : 0) +
+                      (s->cross[i] != NULL ? attn_kv_bytes(s->cross[i]) : 0);
     }
 }
 
@@ -559,6 +585,9 @@ static int32_t blocks_held(const struct session_store *st, const struct session 
     for (int32_t i = 0; i < s->layer_count; i++) {
         if (s->kv[i] != NULL) {
             total += attn_kv_bytes(s->kv[i]);
+        }
+        if (s->cross[i] != NULL) {
+            total += attn_kv_bytes(s->cross[i]);
         }
     }
     return (int32_t)(total / bb);
@@ -616,12 +645,11 @@ int session_fork(struct session_store *st, struct session_turn *t, const char *n
         return rc;
     }
     for (int32_t i = 0; i < s->layer_count; i++) {
-        if (s->kv[i] == NULL) {
-            continue;
+        rc = s->kv[i] != NULL ? attn_kv_fork(s->kv[i], &c->kv[i]) : ATTN_OK;
+        if (rc == ATTN_OK && s->cross[i] != NULL) {
+            rc = attn_kv_fork(s->cross[i], &c->cross[i]);
         }
-        rc = attn_kv_fork(s->kv[i], &c->kv[i]);
         if (rc != ATTN_OK) {
-            c->kv[i] = NULL;
             unlink_session(st, c);
             session_free(st, c);
             return rc;

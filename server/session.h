@@ -121,11 +121,12 @@ int32_t session_n_layers_used(const struct session *s);
 
 /* One used layer's cache, as of the last refresh. */
 struct session_layer_stat {
-    int32_t layer;    /* absolute index */
-    int32_t n_tokens; /* tokens seen (appended) */
-    int32_t n_held;   /* tokens whose K/V are held: n_tokens, or fewer for a sliding layer */
-    int32_t window;   /* the sliding layer's window, or 0 (every token is kept) */
-    size_t bytes;
+    int32_t layer;          /* absolute index */
+    int32_t n_tokens;       /* tokens seen (appended) */
+    int32_t n_held;         /* tokens whose K/V are held: n_tokens, or fewer for a sliding layer */
+    int32_t window;         /* the sliding layer's window, or 0 (every token is kept) */
+    int32_t context_tokens; /* the stored context cross-attention reads, or -1 for none */
+    size_t bytes;           /* self and cross caches */
 };
 
 /* The i-th used layer (0 <= i < session_n_layers_used), by layer index. */
@@ -143,6 +144,13 @@ attn_kv *session_kv_find(struct session *s, int32_t layer);
 /* The turn's session's cache for `layer`, created empty on first use. Returns 0 or ATTN_ENOMEM /
  * ATTN_EINVAL (layer not loaded). */
 int session_kv_get(struct session_store *st, struct session_turn *t, int32_t layer, attn_kv **out);
+
+/* The context layer (absolute index) of s holds for cross-attention, or NULL. */
+attn_kv *session_cross_find(struct session *s, int32_t layer);
+
+/* Makes cross (a cache from the store's pool, filled) the context of the turn's session at
+ * layer, freeing the one it replaces. */
+void session_cross_install(struct session_turn *t, int32_t layer, attn_kv *cross);
 
 /* Drops layer caches that hold no tokens (after a failed first call on a layer). */
 void session_drop_empty_layers(struct session_store *st, struct session_turn *t);

@@ -483,8 +483,8 @@ START_TEST(test_api_attend_response_roundtrip) {
     for (int i = 0; i < 4 * 3 * 5; i++) {
         w[i] = (float)(i % 5) / 10.0f;
     }
-    struct api_attend_response r = {"chat-42",         0, 2, 5, 3, 64, 4, out, w, {1.5, 2.25},
-                                    API_ENCODING_FLOAT};
+    struct api_attend_response r = {"chat-42",          0,     2, 5, 3, 64, 4, out, w, {1.5, 2.25},
+                                    API_ENCODING_FLOAT, false, 0};
     char *text = api_attend_response_encode(&r, NULL);
     cJSON *got = cJSON_Parse(text);
     char *ex = http_client_read_file(EX "attend_prefill.response.json", NULL);
@@ -539,8 +539,8 @@ START_TEST(test_api_stream_framing) {
     strbuf_init(&b);
     struct api_stream_event e = {0, 2, 2, 64, 4, out, NULL, API_ENCODING_FLOAT};
     api_stream_event_encode(&b, &e);
-    struct api_attend_response u = {"chat-stream",     0, 2, 3, 1, 64, 4, NULL, NULL, {1, 2},
-                                    API_ENCODING_FLOAT};
+    struct api_attend_response u = {"chat-stream",      0,     2, 3, 1, 64, 4, NULL, NULL, {1, 2},
+                                    API_ENCODING_FLOAT, false, 0};
     api_stream_usage_encode(&b, &u);
     char *ex = http_client_read_file(EX "attend_stream.response.txt", NULL);
     /* Split both into events and compare them one by one. */
@@ -611,7 +611,7 @@ START_TEST(test_api_session_shapes) {
     int64_t idle = (int64_t)cJSON_GetObjectItemCaseSensitive(j, "idle_ms")->valuedouble;
     cJSON_Delete(j);
     /* tiny: 2 kv heads x head_dim 16 x 128-token blocks x K and V x 4 bytes = 32768 per block */
-    struct api_session_layer layers[1] = {{0, 4, 4, 0, 32768}};
+    struct api_session_layer layers[1] = {{0, 4, 4, 0, -1, 32768}};
     struct api_session s = {"chat-42", 4, 32768, idle, 0, layers, 1};
     char *text = api_session_encode(&s, NULL);
     ck_assert_str_eq(text, ex);

@@ -486,6 +486,210 @@ START_TEST(test_kinds_attend_key_mask_is_per_request) {
 }
 END_TEST
 
+/* GET base + path, which must answer 200; the parsed body. */
+static cJSON *get_json(const char *path) {
+    char url[512];
+    snprintf(url, sizeof url, "%s%s", daemon_.base, path);
+    struct http_client_response r;
+    http_client_request("GET", url, NULL, 0, NULL, &r);
+    ck_assert_msg(r.status == 200, "GET %s: %ld: %.300s", path, r.status, r.body);
+    cJSON *j = http_client_json(&r);
+    http_client_response_release(&r);
+    return j;
+}
+
+/* The context_tokens of a session's layer in GET /v1/sessions/{id}, or -1. */
+static int context_tokens(const char *session, int32_t layer) {
+    char path[128];
+    snprintf(path, sizeof path, "/v1/sessions/%s", session);
+    cJSON *j = get_json(path);
+    int n = -1;
+    const cJSON *l;
+    cJSON_ArrayForEach(l, cJSON_GetObjectItemCaseSensitive(j, "layers")) {
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(l, "context_tokens");
+        if (cJSON_GetObjectItemCaseSensitive(l, "layer")->valueint == layer && c != NULL) {
+            n = c->valueint;
+        }
+    }
+    cJSON_Delete(j);
+    return n;
+}
+
+/* The engine in-process (the daemon's tiny preset, seed 3) as the reference of one cross call:
+ * the context (n_context rows, 0 = reuse) appended to cross, then x's t queries. */
+struct cross_ref {
+    attn_model *m;
+    attn_kv_pool *pool;
+    attn_workspace *ws;
+    int32_t hidden, n_heads;
+};
+
+static void cross_expect(struct cross_ref *r, attn_kv *cross, const float *ctx, int32_t n_ctx,
+                         const float *x, int32_t t, const cJSON *got, const char *what) {
+    float *out = harness_calloc((size_t)t * r->hidden, sizeof(float));
+    int32_t keys = attn_kv_len(cross) + n_ctx;
+    float *w = harness_calloc((size_t)r->n_heads * t * keys, sizeof(float));
+    attn_step st = {.cross = cross,
+                    .context = ctx,
+                    .n_context = n_ctx,
+                    .x = x,
+                    .n_tokens = t,
+                    .out = out,
+                    .weights = w};
+    ck_assert_int_eq(attn_forward(r->m, 0, r->ws, &st, 1), ATTN_OK);
+    size_t n = 0;
+    float *o = http_client_json_floats(cJSON_GetObjectItemCaseSensitive(got, "output"), &n);
+    ck_assert_uint_eq(n, (size_t)t * r->hidden);
+    harness_expect_close(o, out, n, what);
+    const cJSON *wj = cJSON_GetObjectItemCaseSensitive(got, "weights");
+    if (wj != NULL) {
+        float *gw = http_client_json_floats(wj, &n);
+        ck_assert_uint_eq(n, (size_t)r->n_heads * t * keys);
+        harness_expect_close(gw, w, n, what);
+        free(gw);
+    }
+    ck_assert_int_eq(cJSON_GetObjectItemCaseSensitive(got, "context_tokens")->valueint, keys);
+    free(o);
+    free(w);
+    free(out);
+}
+
+/* A body for session (NULL: stateless) with x rows and, when n_ctx > 0, a context; extra is
+ * spliced in. malloc'd. */
+static char *cross_body(const char *session, const float *x, int32_t t, const float *ctx,
+                        int32_t n_ctx, int32_t hidden, const char *extra) {
+    char *xs = http_client_matrix_json(x, t, hidden);
+    char *cs = n_ctx > 0 ? http_client_matrix_json(ctx, n_ctx, hidden) : NULL;
+    size_t size = strlen(xs) + (cs ? strlen(cs) : 0) + strlen(extra) + 256;
+    char *b = harness_calloc(size, 1);
+    int len = snprintf(b, size, "{\"x\":%s", xs);
+    if (session != NULL) {
+        len += snprintf(b + len, size - (size_t)len, ",\"session_id\":\"%s\"", session);
+    }
+    if (cs != NULL) {
+        len += snprintf(b + len, size - (size_t)len, ",\"context\":%s", cs);
+    }
+    snprintf(b + len, size - (size_t)len, "%s}", extra);
+    free(cs);
+    free(xs);
+    return b;
+}
+
+/* Cross-attention through /v1/attend (seed 004 3.4 with the layer's projections): stateless with
+ * a context; a session storing one per layer, reused by later calls without resending it,
+ * beside the layer's own self-attention cache; 409 context_exists unless replace_context; the
+ * replacement; a fork carrying it; and the refusals. Against the engine in-process. */
+START_TEST(test_kinds_attend_cross_attention) {
+    const char *args[] = {"--preset", "tiny", "--seed", "3", "--workers", "1", NULL};
+    http_client_daemon_start(&daemon_, args);
+    attn_config cfg;
+    ck_assert_int_eq(attn_config_preset("tiny", &cfg), ATTN_OK);
+    struct cross_ref r = {0};
+    ck_assert_int_eq(attn_model_create_random(&cfg, 3, NULL, &r.m), ATTN_OK);
+    ck_assert_int_eq(attn_kv_pool_create(r.m, 16 << 20, 0, &r.pool), ATTN_OK);
+    ck_assert_int_eq(attn_workspace_create(r.m, 64, NULL, &r.ws), ATTN_OK);
+    r.hidden = attn_model_config(r.m)->hidden_size;
+    r.n_heads = attn_model_config(r.m)->n_heads;
+    float *x = http_client_random_rows(81, 4, r.hidden);
+    float *ctx = http_client_random_rows(82, 7, r.hidden);
+    float *ctx2 = http_client_random_rows(83, 3, r.hidden);
+    attn_kv *stateless = NULL, *stored = NULL, *stored2 = NULL;
+    ck_assert_int_eq(attn_kv_create(r.pool, &stateless), ATTN_OK);
+    ck_assert_int_eq(attn_kv_create(r.pool, &stored), ATTN_OK);
+    ck_assert_int_eq(attn_kv_create(r.pool, &stored2), ATTN_OK);
+
+    char *b = cross_body(NULL, x, 2, ctx, 5, r.hidden, ",\"return_weights\":true");
+    cJSON *j = post("/v1/attend", b, 200);
+    cross_expect(&r, stateless, ctx, 5, x, 2, j, "stateless cross");
+    ck_assert_int_eq(cJSON_GetObjectItemCaseSensitive(j, "n_tokens")->valueint, 0);
+    cJSON_Delete(j);
+    free(b);
+
+    b = cross_body("enc", x, 1, ctx, 7, r.hidden, ",\"return_weights\":true");
+    j = post("/v1/attend", b, 200);
+    cross_expect(&r, stored, ctx, 7, x, 1, j, "the session's context, stored");
+    cJSON_Delete(j);
+    free(b);
+    ck_assert_int_eq(context_tokens("enc", 0), 7);
+    b = cross_body("enc", x + r.hidden, 2, NULL, 0, r.hidden, ",\"cross\":true");
+    j = post("/v1/attend", b, 200);
+    cross_expect(&r, stored, NULL, 0, x + r.hidden, 2, j, "the stored context, reused");
+    cJSON_Delete(j);
+    free(b);
+    /* A new context without replace_context: 409, nothing changes. */
+    b = cross_body("enc", x, 1, ctx2, 3, r.hidden, "");
+    j = post("/v1/attend", b, 409);
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(j, "error");
+    ck_assert_str_eq(cJSON_GetObjectItemCaseSensitive(e, "code")->valuestring, "context_exists");
+    ck_assert_str_eq(cJSON_GetObjectItemCaseSensitive(e, "param")->valuestring, "context");
+    cJSON_Delete(j);
+    free(b);
+    ck_assert_int_eq(context_tokens("enc", 0), 7);
+    /* The layer's own self-attention cache lives beside it. */
+    b = cross_body("enc", x, 3, NULL, 0, r.hidden, "");
+    j = post("/v1/attend", b, 200);
+    ck_assert_int_eq(cJSON_GetObjectItemCaseSensitive(j, "n_tokens")->valueint, 3);
+    ck_assert_ptr_null(cJSON_GetObjectItemCaseSensitive(j, "context_tokens"));
+    cJSON_Delete(j);
+    free(b);
+    b = cross_body("enc", x + 3 * r.hidden, 1, NULL, 0, r.hidden, ",\"cross\":true");
+    j = post("/v1/attend", b, 200);
+    cross_expect(&r, stored, NULL, 0, x + 3 * r.hidden, 1, j, "reused after self calls");
+    ck_assert_int_eq(cJSON_GetObjectItemCaseSensitive(j, "n_past")->valueint, 3);
+    ck_assert_int_eq(cJSON_GetObjectItemCaseSensitive(j, "n_tokens")->valueint, 3);
+    cJSON_Delete(j);
+    free(b);
+    /* Replaced explicitly; a fork carries the new one. */
+    b = cross_body("enc", x, 2, ctx2, 3, r.hidden, ",\"replace_context\":true");
+    j = post("/v1/attend", b, 200);
+    cross_expect(&r, stored2, ctx2, 3, x, 2, j, "the replaced context");
+    cJSON_Delete(j);
+    free(b);
+    ck_assert_int_eq(context_tokens("enc", 0), 3);
+    cJSON_Delete(post("/v1/sessions/enc/fork", "{\"new_id\":\"enc2\"}", 201));
+    ck_assert_int_eq(context_tokens("enc2", 0), 3);
+    b = cross_body("enc2", x + r.hidden, 1, NULL, 0, r.hidden, ",\"cross\":true");
+    j = post("/v1/attend", b, 200);
+    cross_expect(&r, stored2, NULL, 0, x + r.hidden, 1, j, "the fork's context");
+    cJSON_Delete(j);
+    free(b);
+
+    static const struct {
+        const char *session, *extra, *param;
+        bool has_context;
+    } bad[] = {
+        {"enc", ",\"cross\":true,\"layer\":1", "cross", false},
+        {NULL, ",\"cross\":true", "cross", false},
+        {"enc", ",\"positions\":[0]", "positions", true},
+        {"enc", ",\"stream\":true", "stream", true},
+        {"enc", ",\"cross\":false", "cross", true},
+        {"enc", ",\"replace_context\":true", "replace_context", false},
+        {"enc", ",\"expect_n_past\":3", "expect_n_past", true},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        b = cross_body(bad[i].session, x, 1, ctx, bad[i].has_context ? 2 : 0, r.hidden,
+                       bad[i].extra);
+        j = post("/v1/attend", b, 400);
+        e = cJSON_GetObjectItemCaseSensitive(j, "error");
+        ck_assert_msg(
+            strcmp(cJSON_GetObjectItemCaseSensitive(e, "param")->valuestring, bad[i].param) == 0,
+            "%s: %s", bad[i].extra, cJSON_GetObjectItemCaseSensitive(e, "message")->valuestring);
+        cJSON_Delete(j);
+        free(b);
+    }
+    attn_kv_destroy(stored2);
+    attn_kv_destroy(stored);
+    attn_kv_destroy(stateless);
+    free(ctx2);
+    free(ctx);
+    free(x);
+    attn_workspace_destroy(r.ws);
+    attn_kv_pool_destroy(r.pool);
+    attn_model_destroy(r.m);
+    stop();
+}
+END_TEST
+
 /* `extern` keeps this prototype out of the Makefile's suite-table scan, which matches lines
  * starting with `Suite *`. */
 extern Suite *kinds_suite(void);
@@ -500,6 +704,7 @@ Suite *kinds_suite(void) {
     tcase_add_test(tc, test_kinds_attend_key_mask_is_per_request);
     tcase_add_test(tc, test_kinds_seed_cases);
     tcase_add_test(tc, test_kinds_sdpa_linear);
+    tcase_add_test(tc, test_kinds_attend_cross_attention);
     suite_add_tcase(s, tc);
     return s;
 }

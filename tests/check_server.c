@@ -694,6 +694,7 @@ static const char *const provoked[] = {
     "too_many_connections",    /* check_transport.c: test_transport_busy_connections_get_503 */
     "kv_budget_exhausted",     /* test_server_eviction_then_410_and_507 */
     "tokens_dropped",          /* test_server_sliding_layer_keeps_its_window */
+    "context_exists",          /* check_kinds.c: test_kinds_attend_cross_attention */
 };
 
 START_TEST(test_server_every_error_code_is_provoked) {
