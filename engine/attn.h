@@ -111,6 +111,16 @@ typedef enum attn_qk_norm {
     ATTN_QK_NORM_HEAD_LAYERNORM = 3,
 } attn_qk_norm;
 
+/* What a layer's attention computes. */
+typedef enum attn_layer_kind {
+    ATTN_LAYER_SOFTMAX = 0, /* softmax attention over a KV cache */
+    /* Linear attention (seed 004 3.7): phi = elu + 1, causal, no RoPE, no scale: token i gets
+     * phi(q_i) S_i / (phi(q_i) . z_i + 1e-6), S_i = sum_{j <= i} phi(k_j)^T v_j and z_i = sum
+     * phi(k_j), per KV head. Its cache is that running state, O(1) in the length; it has no
+     * weights to return, and cannot forget tokens. No window, soft-cap or sinks. */
+    ATTN_LAYER_LINEAR = 1,
+} attn_layer_kind;
+
 /* The geometry shared by every layer of a model. Zero-valued optional fields take the defaults
  * noted below when the config is passed through attn_config_check(). */
 typedef struct attn_config {
@@ -148,7 +158,12 @@ typedef struct attn_config {
      * (the global layers of Gemma 2 / 3, Qwen2's layers below max_window_layers); false, the
      * default, lets sliding_window apply. Unused past n_layers. */
     bool is_full_layer[ATTN_MAX_LAYERS];
+    /* Per absolute layer: what its attention computes (ATTN_LAYER_SOFTMAX by default). */
+    attn_layer_kind layer_kind[ATTN_MAX_LAYERS];
 } attn_config;
+
+/* True if layer (absolute index) is a linear-attention layer. */
+bool attn_config_layer_is_linear(const attn_config *cfg, int32_t layer);
 
 /* True if layer (absolute index) attends through cfg's sliding window. */
 bool attn_config_layer_is_sliding(const attn_config *cfg, int32_t layer);
@@ -158,9 +173,10 @@ bool attn_config_layer_is_sliding(const attn_config *cfg, int32_t layer);
 bool attn_config_layer_rotates(const attn_config *cfg, int32_t layer);
 
 /* Fills *out with a named preset: "tiny" (hidden 64, 4 heads, 2 kv heads, head_dim 16, 2 layers),
- * "small" (hidden 512, 8 heads, 2 kv heads, head_dim 64, 4 layers) or "llama8b" (hidden 4096,
- * 32 heads, 8 kv heads, head_dim 128, rope_theta 500000, 32 layers). Returns ATTN_EINVAL for an
- * unknown name. */
+ * "small" (hidden 512, 8 heads, 2 kv heads, head_dim 64, 4 layers), "llama8b" (hidden 4096,
+ * 32 heads, 8 kv heads, head_dim 128, rope_theta 500000, 32 layers) or "small-linear" (small's
+ * geometry, every layer ATTN_LAYER_LINEAR, max_seq 131072). Returns ATTN_EINVAL for an unknown
+ * name. */
 int attn_config_preset(const char *name, attn_config *out);
 
 /* Validates *cfg and replaces zero defaults by their values (head_dim, rotary_dim, rope_theta,

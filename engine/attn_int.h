@@ -70,6 +70,9 @@ struct attn_kv {
      * first n_dropped blocks, whose tokens no later query can see, went back to the pool. */
     int32_t window;
     int32_t n_dropped;
+    /* A linear-attention layer's cache: no rows, but each KV head's running state (S, d_k x
+     * d_v, then z, d_k, in double) in its blocks, heads_per_block to a block. */
+    bool is_state;
 };
 
 /* Where a task's keys and values live: block b (of block_tokens keys each, the last possibly
@@ -217,6 +220,23 @@ void attn__rope_apply(const attn_config *cfg, struct attn__rope_frame *f, float 
 /* Grows kv by n_new tokens' blocks (the caller checked there are enough free) and sets its
  * length; the K/V rows are written afterwards with attn__kv_row_k / attn__kv_row_v. */
 void attn__kv_grow(attn_kv *kv, int32_t n_new);
+
+/* The running state of kv head g of a linear-attention cache (its blocks taken): S (d_k x d_v)
+ * then z (d_k), in double. */
+double *attn__kv_state(const attn_kv *kv, int32_t g);
+
+/* Doubles of one KV head's linear-attention state, and how many fit in one of pool's blocks. */
+size_t attn__kv_state_doubles(const attn_kv_pool *pool);
+int32_t attn__kv_states_per_block(const attn_kv_pool *pool);
+
+/* ---- linear.c: a linear-attention layer's tokens (forward.c) ------------------------------- */
+
+/* Advances state (a cache of a linear layer, its blocks taken) by n tokens whose projected q, k
+ * and v are rows of qkv (ld floats apart, q | k | v as the forward lays them), writing each
+ * token's attention output, n_heads x head_dim, to out (out_ld floats apart). scratch holds
+ * head_dim x 2 doubles. */
+void attn__linear_advance(const attn_config *c, attn_kv *state, const float *qkv, size_t ld,
+                          int32_t n, float *out, size_t out_ld, double *scratch);
 
 /* Address of key (or value) row for kv head h at cache index idx. */
 float *attn__kv_row_k(const attn_kv *kv, int32_t h, int32_t idx);

@@ -19,10 +19,13 @@ static const struct preset {
     const char *name;
     int32_t n_layers, hidden_size, n_heads, n_kv_heads, head_dim, max_seq;
     float rope_theta;
+    bool is_linear; /* every layer linear attention */
 } presets[] = {
-    {"tiny", 2, 64, 4, 2, 16, 1024, 10000.0f},
-    {"small", 4, 512, 8, 2, 64, 8192, 10000.0f},
-    {"llama8b", 32, 4096, 32, 8, 128, 8192, 500000.0f},
+    {"tiny", 2, 64, 4, 2, 16, 1024, 10000.0f, false},
+    {"small", 4, 512, 8, 2, 64, 8192, 10000.0f, false},
+    {"llama8b", 32, 4096, 32, 8, 128, 8192, 500000.0f, false},
+    /* small's geometry with linear attention, and the context of a long document */
+    {"small-linear", 4, 512, 8, 2, 64, 1 << 17, 10000.0f, true},
 };
 
 int attn_config_preset(const char *name, attn_config *out) {
@@ -46,6 +49,9 @@ int attn_config_preset(const char *name, attn_config *out) {
     c.head_dim = p->head_dim;
     c.max_seq = p->max_seq;
     c.rope_theta = p->rope_theta;
+    for (int32_t l = 0; l < c.n_layers; l++) {
+        c.layer_kind[l] = p->is_linear ? ATTN_LAYER_LINEAR : ATTN_LAYER_SOFTMAX;
+    }
     int rc = attn_config_check(&c);
     if (rc == ATTN_OK) {
         *out = c;
@@ -241,6 +247,18 @@ int attn__config_check_why(attn_config *cfg, const char **why) {
         return refuse(ATTN_EINVAL, "attn_logit_softcapping (logit_softcap) must be finite and >= 0",
                       why);
     }
+    for (int32_t l = 0; l < c.n_layers; l++) {
+        if (c.layer_kind[l] != ATTN_LAYER_SOFTMAX && c.layer_kind[l] != ATTN_LAYER_LINEAR) {
+            return refuse(ATTN_EINVAL, "layer_kind must be softmax or linear", why);
+        }
+        if (c.layer_kind[l] == ATTN_LAYER_LINEAR &&
+            (c.logit_softcap > 0 || c.has_sinks || (c.sliding_window > 0 && !c.is_full_layer[l]))) {
+            return refuse(ATTN_EUNSUPPORTED,
+                          "a linear-attention layer has no scores and no window: "
+                          "attn_logit_softcapping, sinks and sliding_window cannot apply to it",
+                          why);
+        }
+    }
     if (c.softmax_scale == 0) {
         c.softmax_scale = 1.0f / sqrtf((float)c.head_dim);
     }
@@ -258,12 +276,16 @@ int attn_config_check(attn_config *cfg) {
     return attn__config_check_why(cfg, NULL);
 }
 
+bool attn_config_layer_is_linear(const attn_config *cfg, int32_t layer) {
+    return layer >= 0 && layer < ATTN_MAX_LAYERS && cfg->layer_kind[layer] == ATTN_LAYER_LINEAR;
+}
+
 bool attn_config_layer_is_sliding(const attn_config *cfg, int32_t layer) {
     return cfg->sliding_window > 0 && layer >= 0 && layer < ATTN_MAX_LAYERS &&
            !cfg->is_full_layer[layer];
 }
 
 bool attn_config_layer_rotates(const attn_config *cfg, int32_t layer) {
-    return cfg->rotary_dim > 0 &&
+    return cfg->rotary_dim > 0 && !attn_config_layer_is_linear(cfg, layer) &&
            (!cfg->rope_sliding_only || attn_config_layer_is_sliding(cfg, layer));
 }

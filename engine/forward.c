@@ -129,6 +129,15 @@ static int validate(const attn_model *m, int32_t layer, const attn_workspace *ws
         if (cache->pool->model != m) {
             return ATTN_ESHAPE;
         }
+        /* A linear layer's cache is its state (attn_kv_create_for_layer), and nothing of a
+         * score's (weights, masks, positions, a context) applies to it; a state serves no
+         * other layer. */
+        bool is_linear = attn_config_layer_is_linear(&m->cfg, layer);
+        if (cache->is_state != is_linear ||
+            (is_linear && (st->cross != NULL || st->weights != NULL || st->key_valid != NULL ||
+                           st->positions != NULL))) {
+            return ATTN_EINVAL;
+        }
         /* A ring dropped what other layers' queries would see. */
         if (cache->window > 0 && !(attn_config_layer_is_sliding(&m->cfg, layer) &&
                                    m->cfg.sliding_window == cache->window)) {
@@ -399,7 +408,20 @@ static void run_chunk(const attn_model *m, int32_t layer, attn_workspace *ws,
     linear(ws, x, rows, hidden, l->w_qkv, l->b_qkv, (int32_t)n_qkv_of(c), ws->qkv);
     int32_t n_tasks = 0;
     size_t scratch_used = 0;
-    for (int32_t i = 0; i < n_parts; i++) {
+    bool is_linear = attn_config_layer_is_linear(c, layer);
+    for (int32_t i = 0; i < n_parts && is_linear; i++) {
+        /* Linear attention: each token updates its state and reads it, in order. */
+        const struct chunk_part *p = &parts[i];
+        float *rows_qkv = ws->qkv + (size_t)p->row * n_qkv_of(c);
+        for (int32_t r = 0; r < p->n; r++) {
+            attn__qk_norm_apply(c, l, rows_qkv + (size_t)r * n_qkv_of(c));
+        }
+        attn__kv_grow(steps[p->step].kv, p->n);
+        attn__linear_advance(c, steps[p->step].kv, rows_qkv, n_qkv_of(c), p->n,
+                             ws->attn + (size_t)p->row * hd_all, (size_t)hd_all,
+                             (double *)ws->scratch);
+    }
+    for (int32_t i = 0; i < n_parts && !is_linear; i++) {
         const attn_step *st = &steps[parts[i].step];
         if (st->cross != NULL) {
             /* Queries only: no RoPE, and nothing appended (x's own k and v go unused). */

@@ -87,6 +87,8 @@ size_t attn_kv_pool_bytes_limit(const attn_kv_pool *pool) {
     return (size_t)pool->n_blocks * attn_kv_pool_block_bytes(pool);
 }
 
+static int32_t state_blocks(const attn_kv_pool *pool);
+
 int attn_kv_create(attn_kv_pool *pool, attn_kv **out) {
     if (pool == NULL || out == NULL) {
         return ATTN_EINVAL;
@@ -97,6 +99,9 @@ int attn_kv_create(attn_kv_pool *pool, attn_kv **out) {
     }
     kv->pool = pool;
     kv->max_blocks = (pool->max_seq + pool->block_tokens - 1) / pool->block_tokens;
+    if (attn__kv_states_per_block(pool) >= 1 && kv->max_blocks < state_blocks(pool)) {
+        kv->max_blocks = state_blocks(pool); /* a linear layer's state may need more */
+    }
     kv->blocks = malloc((size_t)kv->max_blocks * sizeof *kv->blocks);
     if (kv->blocks == NULL) {
         free(kv);
@@ -107,6 +112,28 @@ int attn_kv_create(attn_kv_pool *pool, attn_kv **out) {
     return ATTN_OK;
 }
 
+size_t attn__kv_state_doubles(const attn_kv_pool *pool) {
+    return (size_t)pool->head_dim * pool->head_dim + (size_t)pool->head_dim;
+}
+
+int32_t attn__kv_states_per_block(const attn_kv_pool *pool) {
+    return (int32_t)(pool->block_floats * sizeof(float) /
+                     (attn__kv_state_doubles(pool) * sizeof(double)));
+}
+
+/* Blocks a linear-attention cache holds once it has seen a token. */
+static int32_t state_blocks(const attn_kv_pool *pool) {
+    int32_t per = attn__kv_states_per_block(pool);
+    return (pool->n_kv_heads + per - 1) / per;
+}
+
+double *attn__kv_state(const attn_kv *kv, int32_t g) {
+    const attn_kv_pool *pool = kv->pool;
+    int32_t per = attn__kv_states_per_block(pool);
+    double *block = (double *)(pool->mem + (size_t)kv->blocks[g / per] * pool->block_floats);
+    return block + (size_t)(g % per) * attn__kv_state_doubles(pool);
+}
+
 int attn_kv_create_for_layer(attn_kv_pool *pool, int32_t layer, attn_kv **out) {
     if (pool == NULL || out == NULL) {
         return ATTN_EINVAL;
@@ -115,9 +142,16 @@ int attn_kv_create_for_layer(attn_kv_pool *pool, int32_t layer, attn_kv **out) {
     if (layer < 0 || layer >= c->n_layers) {
         return ATTN_EINVAL;
     }
+    bool is_linear = attn_config_layer_is_linear(c, layer);
+    if (is_linear && attn__kv_states_per_block(pool) < 1) {
+        return ATTN_EINVAL; /* one KV head's state must fit in a block */
+    }
     int rc = attn_kv_create(pool, out);
     if (rc == ATTN_OK && attn_config_layer_is_sliding(c, layer)) {
         (*out)->window = c->sliding_window;
+    }
+    if (rc == ATTN_OK) {
+        (*out)->is_state = is_linear;
     }
     return rc;
 }
@@ -171,6 +205,9 @@ int32_t attn_kv_len(const attn_kv *kv) {
 }
 
 int32_t attn_kv_first_held(const attn_kv *kv) {
+    if (kv->is_state) {
+        return kv->len; /* a state, no token's K/V */
+    }
     int32_t first = kv->n_dropped * kv->pool->block_tokens;
     return first < kv->len ? first : kv->len;
 }
@@ -187,6 +224,9 @@ int32_t attn_kv_blocks_needed(const attn_kv *kv, int32_t n_new) {
     if (n_new <= 0) {
         return 0;
     }
+    if (kv->is_state) {
+        return kv->n_blocks == 0 ? state_blocks(kv->pool) : 0;
+    }
     int64_t want = ((int64_t)kv->len + n_new + kv->pool->block_tokens - 1) / kv->pool->block_tokens;
     int64_t droppable = dead_blocks(kv, kv->len) - kv->n_dropped;
     int64_t need = want - kv->n_blocks - (droppable > 0 ? droppable : 0);
@@ -194,6 +234,9 @@ int32_t attn_kv_blocks_needed(const attn_kv *kv, int32_t n_new) {
 }
 
 int32_t attn_kv_truncate_min(const attn_kv *kv) {
+    if (kv->is_state) {
+        return kv->len; /* a state cannot forget: its length, or 0 */
+    }
     /* The next query, at index n_tokens, sees keys from n_tokens - window + 1 on. */
     return kv->n_dropped > 0 ? kv->n_dropped * kv->pool->block_tokens + kv->window - 1 : 0;
 }
@@ -209,6 +252,10 @@ int attn_kv_truncate(attn_kv *kv, int32_t n_tokens) {
         return ATTN_EDROPPED;
     }
     kv->len = n_tokens;
+    if (kv->is_state) {
+        release_blocks(kv, n_tokens > 0 ? kv->n_blocks : 0); /* 0 starts over */
+        return ATTN_OK;
+    }
     release_blocks(kv, (n_tokens + kv->pool->block_tokens - 1) / kv->pool->block_tokens);
     drop_dead(kv);
     return ATTN_OK;
@@ -228,6 +275,7 @@ int attn_kv_fork(const attn_kv *src, attn_kv **out) {
         return rc;
     }
     kv->window = src->window;
+    kv->is_state = src->is_state;
     kv->len = src->len;
     for (int32_t b = 0; b < src->n_blocks; b++) {
         if (src->blocks[b] < 0) {
@@ -250,6 +298,16 @@ int attn_kv_fork(const attn_kv *src, attn_kv **out) {
  * first, which then serve again. */
 static void take_blocks(attn_kv *kv, int32_t n_tokens) {
     attn_kv_pool *pool = kv->pool;
+    if (kv->is_state) {
+        /* All of the state at once, starting from zero. */
+        while (n_tokens > 0 && kv->n_blocks < state_blocks(pool)) {
+            int32_t id = pool->free_stack[--pool->n_free];
+            kv->blocks[kv->n_blocks++] = id;
+            memset(pool->mem + (size_t)id * pool->block_floats, 0,
+                   pool->block_floats * sizeof(float));
+        }
+        return;
+    }
     int32_t want = (n_tokens + pool->block_tokens - 1) / pool->block_tokens;
     if (kv->n_blocks < want) {
         drop_dead(kv);

@@ -58,6 +58,25 @@ static void read_query(struct linear_state *st, const float *q, float *out) {
     }
 }
 
+void attn__linear_advance(const attn_config *c, attn_kv *state, const float *qkv, size_t ld,
+                          int32_t n, float *out, size_t out_ld, double *scratch) {
+    int32_t hd = c->head_dim, r = c->n_heads / c->n_kv_heads;
+    size_t k_off = (size_t)c->n_heads * hd, v_off = k_off + (size_t)c->n_kv_heads * hd;
+    struct linear_state st = {.d_k = hd, .d_v = hd, .f = scratch, .acc = scratch + hd};
+    for (int32_t g = 0; g < c->n_kv_heads; g++) {
+        st.s = attn__kv_state(state, g);
+        st.z = st.s + (size_t)hd * hd;
+        for (int32_t i = 0; i < n; i++) {
+            const float *row = qkv + (size_t)i * ld;
+            /* causal: token i sees itself, so its key joins the state first */
+            add_key(&st, row + k_off + (size_t)g * hd, row + v_off + (size_t)g * hd);
+            for (int32_t h = g * r; h < (g + 1) * r; h++) {
+                read_query(&st, row + (size_t)h * hd, out + (size_t)i * out_ld + (size_t)h * hd);
+            }
+        }
+    }
+}
+
 int attn__linear_sdpa(const attn_sdpa_params *p, void *scratch) {
     int32_t r = p->n_heads / p->n_kv_heads;
     int64_t shift = (int64_t)p->n_k - p->n_q; /* query i sits at key index i + shift */

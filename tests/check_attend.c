@@ -698,6 +698,140 @@ START_TEST(test_attend_cross_steps_match_reference) {
 }
 END_TEST
 
+/* A linear-attention layer against a reference written here: projections in double, then
+ * ref_linear_sdpa's quadratic form (causal, no RoPE), then o. The layer runs as a session would:
+ * a prefill, decodes, calls longer than the workspace (chunked), two sessions in one forward, a
+ * fork, a reservation; its cache stays one state whatever the length, cannot forget (truncate
+ * is ATTN_EDROPPED but for 0 and its length), and refuses weights, masks and positions. */
+START_TEST(test_attend_linear_layer_matches_reference) {
+    attn_config cfg = harness_config(4, 2, 16);
+    cfg.n_layers = 2;
+    cfg.layer_kind[0] = ATTN_LAYER_LINEAR; /* layer 1 stays softmax */
+    harness_model hm;
+    harness_model_init(&hm, &cfg, 71);
+    const ref_layer *w = &hm.layers[0];
+    const int32_t hidden = cfg.hidden_size, h = cfg.n_heads, hkv = cfg.n_kv_heads, d = 16, n = 40;
+    float *x = harness_random_x(72, n, hidden);
+    double *qd = project(x, n, hidden, w->wq, w->bq, h * d);
+    double *kd = project(x, n, hidden, w->wk, w->bk, hkv * d);
+    double *vd = project(x, n, hidden, w->wv, w->bv, hkv * d);
+    float *q = heads_first(qd, n, h, d), *k = heads_first(kd, n, hkv, d);
+    float *v = heads_first(vd, n, hkv, d), *att = harness_calloc((size_t)h * n * d, 4);
+    ref_sdpa_args a = {.n_heads = h,
+                       .n_kv_heads = hkv,
+                       .n_q = n,
+                       .n_k = n,
+                       .d_k = d,
+                       .d_v = d,
+                       .q = q,
+                       .k = k,
+                       .v = v,
+                       .is_causal = true,
+                       .window = -1,
+                       .out = att};
+    ref_linear_sdpa(&a);
+    float *merged = harness_calloc((size_t)n * h * d, sizeof(float));
+    for (int32_t i = 0; i < n; i++) {
+        for (int32_t hh = 0; hh < h; hh++) {
+            memcpy(merged + (size_t)i * h * d + hh * d, att + ((size_t)hh * n + i) * d,
+                   d * sizeof(float));
+        }
+    }
+    double *od = project(merged, n, h * d, w->wo, w->bo, hidden);
+    float *want = harness_calloc((size_t)n * hidden, sizeof(float));
+    for (size_t i = 0; i < (size_t)n * hidden; i++) {
+        want[i] = (float)od[i];
+    }
+
+    attn_kv_pool *pool = NULL;
+    attn_workspace *ws = NULL;
+    attn_kv *a1 = NULL, *a2 = NULL, *plain = NULL;
+    ck_assert_int_eq(attn_kv_pool_create(hm.model, 1 << 20, 16, &pool), ATTN_OK);
+    ck_assert_int_eq(attn_workspace_create(hm.model, 8, NULL, &ws), ATTN_OK);
+    ck_assert_int_eq(attn_kv_create_for_layer(pool, 0, &a1), ATTN_OK);
+    ck_assert_int_eq(attn_kv_create_for_layer(pool, 0, &a2), ATTN_OK);
+    ck_assert_int_eq(attn_kv_create(pool, &plain), ATTN_OK);
+    float *out1 = harness_calloc((size_t)n * hidden, sizeof(float));
+    float *out2 = harness_calloc((size_t)n * hidden, sizeof(float));
+    /* a plain cache, or weights, on the linear layer; the state on the softmax layer */
+    attn_step bad = {.kv = plain, .x = x, .n_tokens = 1, .out = out1};
+    ck_assert_int_eq(attn_forward(hm.model, 0, ws, &bad, 1), ATTN_EINVAL);
+    bad.kv = a1;
+    bad.weights = out2;
+    ck_assert_int_eq(attn_forward(hm.model, 0, ws, &bad, 1), ATTN_EINVAL);
+    bad.weights = NULL;
+    ck_assert_int_eq(attn_forward(hm.model, 1, ws, &bad, 1), ATTN_EINVAL);
+    /* a1: 17 (chunked by 8), then decodes; a2 alongside in the same calls, other chunkings */
+    static const int32_t calls[][2] = {{17, 3}, {1, 14}, {1, 1}, {13, 2}, {1, 1}, {7, 19}};
+    int32_t at1 = 0, at2 = 0;
+    size_t bytes = 0;
+    for (size_t c = 0; c < sizeof calls / sizeof calls[0]; c++) {
+        attn_step st[2] = {
+            {.kv = a1,
+             .x = x + (size_t)at1 * hidden,
+             .n_tokens = calls[c][0],
+             .out = out1 + (size_t)at1 * hidden},
+            {.kv = a2,
+             .x = x + (size_t)at2 * hidden,
+             .n_tokens = calls[c][1],
+             .out = out2 + (size_t)at2 * hidden},
+        };
+        ck_assert_int_eq(attn_forward(hm.model, 0, ws, st, 2), ATTN_OK);
+        at1 += calls[c][0];
+        at2 += calls[c][1];
+        bytes = bytes == 0 ? attn_kv_bytes(a1) : bytes;
+        ck_assert_uint_eq(attn_kv_bytes(a1), bytes); /* O(1) in the length */
+    }
+    ck_assert_int_eq(at1, n);
+    ck_assert_int_eq(at2, n);
+    harness_expect_close(out1, want, (size_t)n * hidden, "linear layer, session 1");
+    harness_expect_close(out2, want, (size_t)n * hidden, "linear layer, session 2");
+    /* It cannot forget; a fork continues alike; 0 starts over. */
+    ck_assert_int_eq(attn_kv_truncate(a1, n - 1), ATTN_EDROPPED);
+    ck_assert_int_eq(attn_kv_truncate_min(a1), n);
+    ck_assert_int_eq(attn_kv_truncate(a1, n), ATTN_OK);
+    ck_assert_int_eq(attn_kv_truncate(a2, 0), ATTN_OK);
+    ck_assert_uint_eq(attn_kv_bytes(a2), 0);
+    attn_kv *copy = NULL;
+    ck_assert_int_eq(attn_kv_truncate(a1, 0), ATTN_OK);
+    ck_assert_int_eq(attn_kv_reserve(a1, 30), ATTN_OK); /* the daemon's way */
+    int32_t free_now = attn_kv_pool_blocks_free(pool);
+    attn_step st = {.kv = a1, .x = x, .n_tokens = 30, .out = out1};
+    ck_assert_int_eq(attn_forward(hm.model, 0, ws, &st, 1), ATTN_OK);
+    ck_assert_int_eq(attn_kv_pool_blocks_free(pool), free_now);
+    ck_assert_int_eq(attn_kv_fork(a1, &copy), ATTN_OK);
+    attn_step rest[2] = {
+        {.kv = a1, .x = x + 30 * hidden, .n_tokens = 10, .out = out1 + 30 * hidden},
+        {.kv = copy, .x = x + 30 * hidden, .n_tokens = 10, .out = out2 + 30 * hidden},
+    };
+    ck_assert_int_eq(attn_forward(hm.model, 0, ws, rest, 2), ATTN_OK);
+    harness_expect_close(out1, want, (size_t)n * hidden, "linear layer, reserved, restarted");
+    harness_expect_close(out2 + 30 * hidden, want + 30 * hidden, (size_t)10 * hidden,
+                         "linear layer, its fork");
+    attn_kv_destroy(copy);
+    attn_kv_destroy(plain);
+    attn_kv_destroy(a2);
+    attn_kv_destroy(a1);
+    ck_assert_int_eq(attn_kv_pool_blocks_free(pool), attn_kv_pool_blocks_total(pool));
+    attn_workspace_destroy(ws);
+    attn_kv_pool_destroy(pool);
+    free(out2);
+    free(out1);
+    free(want);
+    free(od);
+    free(merged);
+    free(att);
+    free(v);
+    free(k);
+    free(q);
+    free(vd);
+    free(kd);
+    free(qd);
+    free(x);
+    harness_model_release(&hm);
+}
+END_TEST
+
 /* The soft-cap kernel (SIMD where the machine has it) against tanh in double: scores across
  * both of its branches (|s / cap| below and above 0.625), saturation, zero and tiny values, at
  * every offset of a vector, within 4 float ulp of the result or 1e-37. */
@@ -744,6 +878,7 @@ Suite *attend_suite(void) {
     tcase_add_test(tc, test_attend_gqa_ratios_and_head_dims);
     tcase_add_test(tc, test_attend_softcap_kernel_matches_tanh);
     tcase_add_test(tc, test_attend_cross_steps_match_reference);
+    tcase_add_test(tc, test_attend_linear_layer_matches_reference);
     tcase_add_test(tc, test_attend_large_past_then_decode);
     tcase_add_test(tc, test_attend_prefill_then_decode_equals_one_pass);
     tcase_add_test(tc, test_attend_sinks);
