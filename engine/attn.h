@@ -314,6 +314,9 @@ int32_t attn_kv_first_held(const attn_kv *kv);
 /* The ring's window (tokens a query sees, itself included), or 0 for a cache that keeps all. */
 int32_t attn_kv_window(const attn_kv *kv);
 
+/* True for a linear-attention layer's cache: a running state, not tokens' K/V. */
+bool attn_kv_is_state(const attn_kv *kv);
+
 /* Bytes of the blocks the cache holds (a partly filled block counts whole). */
 size_t attn_kv_bytes(const attn_kv *kv);
 

@@ -216,6 +216,10 @@ int32_t attn_kv_window(const attn_kv *kv) {
     return kv->window;
 }
 
+bool attn_kv_is_state(const attn_kv *kv) {
+    return kv->is_state;
+}
+
 size_t attn_kv_bytes(const attn_kv *kv) {
     return (size_t)(kv->n_blocks - kv->n_dropped) * attn_kv_pool_block_bytes(kv->pool);
 }

@@ -193,6 +193,7 @@ struct api_session_layer {
     int32_t window;         /* 0: none */
     int32_t context_tokens; /* the stored cross-attention context, or -1 for none */
     size_t bytes;
+    bool is_linear; /* a linear-attention layer: a state, not tokens */
 };
 
 struct api_session {

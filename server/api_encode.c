@@ -264,6 +264,9 @@ static void put_session(struct strbuf *b, const struct api_session *s) {
         if (l->context_tokens >= 0) {
             strbuf_printf(b, ",\"context_tokens\":%d", (int)l->context_tokens);
         }
+        if (l->is_linear) {
+            strbuf_puts(b, ",\"attention\":\"linear\"");
+        }
         strbuf_putc(b, '}');
     }
     strbuf_puts(b, "]}");
@@ -352,7 +355,9 @@ static void put_rope_scaling(struct strbuf *b, const attn_rope_scaling *rs, int3
 static void put_layer(struct strbuf *b, const attn_config *cfg, int32_t layer) {
     bool is_sliding = attn_config_layer_is_sliding(cfg, layer);
     strbuf_printf(b, "{\"layer\":%d,\"attention\":\"%s\",\"sliding_window\":", (int)layer,
-                  is_sliding ? "sliding" : "full");
+                  attn_config_layer_is_linear(cfg, layer) ? "linear"
+                  : is_sliding                            ? "sliding"
+                                                          : "full");
     if (is_sliding) {
         strbuf_printf(b, "%d", (int)cfg->sliding_window);
     } else {

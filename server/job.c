@@ -523,6 +523,25 @@ static void attend_admit(struct job *job) {
         session_pin(srv->sessions, s, now_ms());
         job->pj.session = s;
     }
+    if (attn_config_layer_is_linear(attn_model_config(srv->model), job->at.layer)) {
+        /* Linear attention has no scores, positions or context. */
+        static const char *const names[] = {"return_weights", "key_mask", "positions", "cross"};
+        bool given[] = {job->at.return_weights, job->at.key_mask != NULL, job->at.positions != NULL,
+                        job->at.is_cross};
+        for (int i = 0; i < 4; i++) {
+            if (given[i]) {
+                char msg[200];
+                snprintf(msg, sizeof msg,
+                         "%s: layer %d is linear attention, which has no scores, positions or "
+                         "context",
+                         names[i], (int)job->at.layer);
+                route_reply_error(rq, ERROR_INVALID_REQUEST, msg, names[i]);
+                unpin(job);
+                job_free(job);
+                return;
+            }
+        }
+    }
     job->pj.kind = POOL_JOB_FORWARD;
     job->pj.ops = &attend_ops;
     job->pj.is_batchable = job->at.stream || job->at.n_tokens <= POOL_BATCH_STEP_MAX_TOKENS;
@@ -741,6 +760,14 @@ static int truncate_prepare(struct pool_job *pj, struct pool_step *step) {
         int32_t last = layer >= 0 ? layer : first + attn_model_layer_count(m) - 1;
         for (int32_t l = first; l <= last; l++) {
             attn_kv *kv = session_kv_find(s, l);
+            if (kv != NULL && attn_kv_len(kv) > job->tr.n_tokens &&
+                job->tr.n_tokens < attn_kv_truncate_min(kv) &&
+                attn_config_layer_is_linear(attn_model_config(m), l)) {
+                return set_err(job, rc, "n_tokens",
+                               "layer %d is linear attention: its state cannot forget tokens, so "
+                               "it goes back to 0 or stays at its %d",
+                               (int)l, (int)attn_kv_len(kv));
+            }
             if (kv != NULL && attn_kv_len(kv) > job->tr.n_tokens &&
                 job->tr.n_tokens < attn_kv_truncate_min(kv)) {
                 return set_err(job, rc, "n_tokens",

@@ -248,8 +248,8 @@ static int describe(struct session *s, int32_t own_pins, int64_t now, struct api
     for (int32_t i = 0; i < n; i++) {
         struct session_layer_stat st;
         session_layer_at(s, i, &st);
-        (*layers)[i] = (struct api_session_layer){st.layer,  st.n_tokens,       st.n_held,
-                                                  st.window, st.context_tokens, st.bytes};
+        (*layers)[i] = (struct api_session_layer){
+            st.layer, st.n_tokens, st.n_held, st.window, st.context_tokens, st.bytes, st.is_linear};
     }
     out->session_id = session_id(s);
     out->n_tokens = session_n_tokens(s);

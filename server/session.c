@@ -461,6 +461,7 @@ void session_layer_at(const struct session *s, int32_t i, struct session_layer_s
             /* fixed at creation, and a cross cache changes only with the turn's session */
             out->window = s->kv[l] != NULL ? attn_kv_window(s->kv[l]) : 0;
             out->context_tokens = s->cross[l] != NULL ? attn_kv_len(s->cross[l]) : -1;
+            out->is_linear = s->kv[l] != NULL && attn_kv_is_state(s->kv[l]);
             out->bytes = s->bytes[l];
             return;
         }

@@ -126,6 +126,7 @@ struct session_layer_stat {
     int32_t n_held;         /* tokens whose K/V are held: n_tokens, or fewer for a sliding layer */
     int32_t window;         /* the sliding layer's window, or 0 (every token is kept) */
     int32_t context_tokens; /* the stored context cross-attention reads, or -1 for none */
+    bool is_linear;         /* a linear-attention layer: its cache is a state (n_held 0) */
     size_t bytes;           /* self and cross caches */
 };
 

@@ -611,7 +611,7 @@ START_TEST(test_api_session_shapes) {
     int64_t idle = (int64_t)cJSON_GetObjectItemCaseSensitive(j, "idle_ms")->valuedouble;
     cJSON_Delete(j);
     /* tiny: 2 kv heads x head_dim 16 x 128-token blocks x K and V x 4 bytes = 32768 per block */
-    struct api_session_layer layers[1] = {{0, 4, 4, 0, -1, 32768}};
+    struct api_session_layer layers[1] = {{0, 4, 4, 0, -1, 32768, false}};
     struct api_session s = {"chat-42", 4, 32768, idle, 0, layers, 1};
     char *text = api_session_encode(&s, NULL);
     ck_assert_str_eq(text, ex);

@@ -690,6 +690,109 @@ START_TEST(test_kinds_attend_cross_attention) {
 }
 END_TEST
 
+/* A linear-attention session (preset small-linear, seed 5): a prefill and decodes equal the
+ * engine in-process over one pass, the session's bytes stay those of one state as it grows
+ * (n_held 0, "attention": "linear"), GET /v1/model says linear, a truncate it cannot do is 409
+ * tokens_dropped naming the layer, a fork continues alike, and what linear attention does not
+ * have (weights, key_mask, positions, a context) is a 400 naming the field. */
+START_TEST(test_kinds_linear_session) {
+    const char *args[] = {"--preset", "small-linear", "--seed", "5", "--workers", "1", NULL};
+    http_client_daemon_start(&daemon_, args);
+    attn_config cfg;
+    ck_assert_int_eq(attn_config_preset("small-linear", &cfg), ATTN_OK);
+    attn_model *m = NULL;
+    attn_kv_pool *pool = NULL;
+    attn_workspace *ws = NULL;
+    attn_kv *kv = NULL;
+    ck_assert_int_eq(attn_model_create_random(&cfg, 5, NULL, &m), ATTN_OK);
+    ck_assert_int_eq(attn_kv_pool_create(m, 16 << 20, 0, &pool), ATTN_OK);
+    ck_assert_int_eq(attn_workspace_create(m, 256, NULL, &ws), ATTN_OK);
+    ck_assert_int_eq(attn_kv_create_for_layer(pool, 1, &kv), ATTN_OK);
+    const int32_t hidden = cfg.hidden_size, n = 70;
+    float *x = http_client_random_rows(91, n, hidden);
+    float *want = harness_calloc((size_t)n * hidden, sizeof(float));
+    attn_step one = {.kv = kv, .x = x, .n_tokens = n, .out = want};
+    ck_assert_int_eq(attn_forward(m, 1, ws, &one, 1), ATTN_OK);
+
+    cJSON *model = get_json("/v1/model");
+    const cJSON *l0 =
+        cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(
+                               cJSON_GetObjectItemCaseSensitive(model, "attnd"), "layers"),
+                           1);
+    ck_assert_str_eq(cJSON_GetObjectItemCaseSensitive(l0, "attention")->valuestring, "linear");
+    cJSON_Delete(model);
+    int bytes = -1;
+    for (int32_t first = 0; first < n;) {
+        int32_t t = first == 0 ? 64 : 1;
+        char *body =
+            http_client_attend_body("lin", x, first, t, hidden, first % 2 == 1, ",\"layer\":1");
+        cJSON *j = post("/v1/attend", body, 200);
+        size_t got_n = 0;
+        float *got = http_client_json_floats(cJSON_GetObjectItemCaseSensitive(j, "output"), &got_n);
+        harness_expect_close(got, want + (size_t)first * hidden, got_n, "linear session");
+        free(got);
+        cJSON_Delete(j);
+        free(body);
+        first += t;
+        cJSON *sj = get_json("/v1/sessions/lin");
+        const cJSON *layer = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(sj, "layers"), 0);
+        ck_assert_int_eq(cJSON_GetObjectItemCaseSensitive(layer, "n_tokens")->valueint, first);
+        ck_assert_int_eq(cJSON_GetObjectItemCaseSensitive(layer, "n_held")->valueint, 0);
+        ck_assert_str_eq(cJSON_GetObjectItemCaseSensitive(layer, "attention")->valuestring,
+                         "linear");
+        int b = cJSON_GetObjectItemCaseSensitive(layer, "bytes")->valueint;
+        ck_assert(bytes < 0 || b == bytes); /* one state, whatever the length */
+        bytes = b;
+        cJSON_Delete(sj);
+    }
+    cJSON *j = post("/v1/sessions/lin/truncate", "{\"n_tokens\":10}", 409);
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(j, "error");
+    ck_assert_str_eq(cJSON_GetObjectItemCaseSensitive(e, "code")->valuestring, "tokens_dropped");
+    ck_assert(strstr(cJSON_GetObjectItemCaseSensitive(e, "message")->valuestring,
+                     "layer 1 is linear attention") != NULL);
+    cJSON_Delete(j);
+    cJSON_Delete(post("/v1/sessions/lin/fork", "{\"new_id\":\"lin2\"}", 201));
+    float *more = http_client_random_rows(92, 1, hidden);
+    float *next = harness_calloc((size_t)hidden, sizeof(float));
+    attn_step step = {.kv = kv, .x = more, .n_tokens = 1, .out = next};
+    ck_assert_int_eq(attn_forward(m, 1, ws, &step, 1), ATTN_OK);
+    for (int c = 0; c < 2; c++) {
+        char *body = http_client_attend_body(c == 0 ? "lin" : "lin2", more, 0, 1, hidden, false,
+                                             ",\"layer\":1");
+        j = post("/v1/attend", body, 200);
+        size_t got_n = 0;
+        float *got = http_client_json_floats(cJSON_GetObjectItemCaseSensitive(j, "output"), &got_n);
+        harness_expect_close(got, next, got_n, c == 0 ? "after the 409" : "the fork");
+        free(got);
+        cJSON_Delete(j);
+        free(body);
+    }
+    static const char *const bad[][2] = {{",\"return_weights\":true", "return_weights"},
+                                         {",\"key_mask\":[1]", "key_mask"},
+                                         {",\"positions\":[0]", "positions"},
+                                         {",\"cross\":true", "cross"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char extra[64];
+        snprintf(extra, sizeof extra, ",\"layer\":1%s", bad[i][0]);
+        char *body = http_client_attend_body(NULL, x, 0, 1, hidden, false, extra);
+        j = post("/v1/attend", body, 400);
+        e = cJSON_GetObjectItemCaseSensitive(j, "error");
+        ck_assert_str_eq(cJSON_GetObjectItemCaseSensitive(e, "param")->valuestring, bad[i][1]);
+        cJSON_Delete(j);
+        free(body);
+    }
+    free(next);
+    free(more);
+    free(want);
+    free(x);
+    attn_kv_destroy(kv);
+    attn_workspace_destroy(ws);
+    attn_kv_pool_destroy(pool);
+    attn_model_destroy(m);
+    stop();
+}
+END_TEST
+
 /* `extern` keeps this prototype out of the Makefile's suite-table scan, which matches lines
  * starting with `Suite *`. */
 extern Suite *kinds_suite(void);
@@ -705,6 +808,7 @@ Suite *kinds_suite(void) {
     tcase_add_test(tc, test_kinds_seed_cases);
     tcase_add_test(tc, test_kinds_sdpa_linear);
     tcase_add_test(tc, test_kinds_attend_cross_attention);
+    tcase_add_test(tc, test_kinds_linear_session);
     suite_add_tcase(s, tc);
     return s;
 }
