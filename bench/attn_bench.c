@@ -30,6 +30,8 @@ static const int32_t prefill_lens[] = {128, 512, 2048};
 /* Decode cache lengths, ascending: one cache is grown from stop to stop. BATCH_LEN is one of them,
  * so the batched cases fork that cache when it passes through. */
 static const int32_t decode_lens[] = {512, 2048, 8192};
+/* The long-context presets' (small's geometry, softmax or linear): where a state pays off. */
+static const int32_t long_decode_lens[] = {512, 8192, 65536};
 static const int32_t batch_sizes[] = {1, 8, 32};
 enum { BATCH_LEN = 2048, SGEMM_N = 2048, MAX_RESULTS = 64, MAX_BATCH = 32 };
 
@@ -51,11 +53,15 @@ static const struct bench_preset {
     const char *name;
     const char *engine_preset;
     void (*adjust)(attn_config *c); /* NULL: the engine's preset as it is */
+    bool is_long;                   /* decodes at long_decode_lens, no batch */
 } presets[] = {
-    {"small", "small", NULL},
-    {"llama8b", "llama8b", NULL},
-    {"qwen3", "llama8b", as_qwen3},
-    {"gemma2", "llama8b", as_gemma2},
+    {"small", "small", NULL, false},
+    {"llama8b", "llama8b", NULL, false},
+    {"qwen3", "llama8b", as_qwen3, false},
+    {"gemma2", "llama8b", as_gemma2, false},
+    /* linear attention's state against softmax's cache, both with small's geometry */
+    {"small-long", "small", NULL, true},
+    {"small-linear", "small-linear", NULL, true},
 };
 #define N_PRESETS ((int32_t)(sizeof presets / sizeof presets[0]))
 
@@ -372,8 +378,15 @@ static void step_cost(const attn_config *c, int32_t n_seq, int32_t n_past, int32
     double d_kv = (double)c->n_kv_heads * c->head_dim;
     double proj = 2.0 * m * (d_q + 2 * d_kv) * c->hidden_size + 2.0 * m * c->hidden_size * d_q;
     double attn = 4.0 * c->n_heads * c->head_dim * visible_keys(c, n_past, n_new) * n_seq;
-    *flops = proj + attn;
     double kv = kv_token_bytes(c) * n_seq * (keys_read(c, n_past, n_new) + n_new);
+    if (attn_config_layer_is_linear(c, 0)) {
+        /* Per token: the state update (2 Hkv D^2) and each head's read of it (2 H D^2); the
+         * state (Hkv (D^2 + D) doubles) read and written once per call. */
+        double d2 = (double)c->head_dim * c->head_dim;
+        attn = 2.0 * m * (c->n_kv_heads + c->n_heads) * d2;
+        kv = 2.0 * n_seq * c->n_kv_heads * (d2 + c->head_dim) * 8.0;
+    }
+    *flops = proj + attn;
     double act = 2.0 * m * c->hidden_size * 4.0;
     *bytes = layer_weight_bytes(c) + kv + act;
 }
@@ -410,6 +423,9 @@ static int measure(const rep_policy *pol, rep_fn fn, void *ctx, case_result *res
 /* Everything one preset's cases share. */
 typedef struct preset_run {
     const bench_opts *opts;
+    const int32_t *decode_lens; /* ascending */
+    int32_t n_decode_lens;
+    bool has_batch;
     rep_policy policy;
     const char *name;
     attn_model *model;
@@ -451,8 +467,33 @@ typedef struct decode_ctx {
     attn_step steps[MAX_BATCH];
 } decode_ctx;
 
+/* A linear layer's state cannot forget the new token: each rep advances a copy (made and freed
+ * outside the timing) instead. */
+static int decode_rep_on_copies(decode_ctx *c, double *seconds) {
+    attn_kv *copies[MAX_BATCH] = {NULL};
+    attn_step steps[MAX_BATCH];
+    int rc = ATTN_OK;
+    for (int32_t i = 0; i < c->n_seq && rc == ATTN_OK; i++) {
+        rc = attn_kv_fork(c->kvs[i], &copies[i]);
+        steps[i] = c->steps[i];
+        steps[i].kv = copies[i];
+    }
+    if (rc == ATTN_OK) {
+        double t0 = now_seconds();
+        rc = attn_forward(c->run->model, 0, c->run->ws, steps, c->n_seq);
+        *seconds = now_seconds() - t0;
+    }
+    for (int32_t i = 0; i < c->n_seq; i++) {
+        attn_kv_destroy(copies[i]);
+    }
+    return rc;
+}
+
 static int decode_rep(void *p, double *seconds) {
     decode_ctx *c = p;
+    if (attn_kv_is_state(c->kvs[0])) {
+        return decode_rep_on_copies(c, seconds);
+    }
     double t0 = now_seconds();
     int rc = attn_forward(c->run->model, 0, c->run->ws, c->steps, c->n_seq);
     *seconds = now_seconds() - t0;
@@ -613,11 +654,12 @@ static bool any_batch_selected(const preset_run *run) {
 /* One cache grows through the decode lengths; each decode case times steps at a fixed length by
  * truncating the new token away after every rep. */
 static int run_decode_cases(preset_run *run) {
-    bool need_batch = any_batch_selected(run);
+    bool need_batch = run->has_batch && any_batch_selected(run);
     attn_kv *kv = NULL;
     int rc = ATTN_OK;
-    for (size_t i = 0; i < sizeof(decode_lens) / sizeof(decode_lens[0]) && rc == ATTN_OK; i++) {
-        int32_t len = decode_lens[i];
+    char sizes[160] = "";
+    for (int32_t i = 0; i < run->n_decode_lens && rc == ATTN_OK; i++) {
+        int32_t len = run->decode_lens[i];
         case_result r = {.kind = CASE_KIND_DECODE};
         case_name(r.name, sizeof(r.name), run->name, r.kind, len);
         bool need_decode = case_selected(run->opts, r.name);
@@ -635,8 +677,12 @@ static int run_decode_cases(preset_run *run) {
                         attn_strerror(rc));
             }
         }
-        if (rc == ATTN_OK && attn_kv_window(kv) > 0 &&
-            i + 1 == sizeof(decode_lens) / sizeof(decode_lens[0])) {
+        if (rc == ATTN_OK) {
+            size_t at = strlen(sizes);
+            snprintf(sizes + at, sizeof sizes - at, "%s%" PRId32 ": %.2f MiB", at ? ", " : "", len,
+                     (double)attn_kv_bytes(kv) / 1048576.0);
+        }
+        if (rc == ATTN_OK && attn_kv_window(kv) > 0 && i + 1 == run->n_decode_lens) {
             /* The ring gives back what the window left behind once its reservation is returned,
              * as the daemon does after each request. */
             rc = attn_kv_truncate(kv, len);
@@ -656,6 +702,12 @@ static int run_decode_cases(preset_run *run) {
             rc = run_batch_cases(run, kv);
         }
     }
+    if (rc == ATTN_OK && sizes[0] != '\0' && run->n_decode_lens == 3 &&
+        run->decode_lens == long_decode_lens) {
+        result_list *res = run->results;
+        snprintf(res->notes[res->n_notes++], sizeof res->notes[0],
+                 "%s: one session's cache of the layer at L = %s\n", run->name, sizes);
+    }
     attn_kv_destroy(kv);
     return rc;
 }
@@ -669,7 +721,7 @@ static int warm_pool(preset_run *run) {
     attn_kv **forks = calloc((size_t)total, sizeof(attn_kv *));
     attn_kv *seed = NULL;
     int32_t n = 0;
-    int rc = forks == NULL ? ATTN_ENOMEM : attn_kv_create(run->pool, &seed);
+    int rc = forks == NULL ? ATTN_ENOMEM : attn_kv_create_for_layer(run->pool, 0, &seed);
     if (rc == ATTN_OK) {
         rc = fill_cache(run, seed, attn_kv_pool_block_tokens(run->pool));
     }
@@ -702,10 +754,10 @@ static int32_t max_selected(const preset_run *run, case_kind kind, const int32_t
 static int32_t blocks_needed(const preset_run *run, int32_t block_tokens) {
     int32_t s = max_selected(run, CASE_KIND_PREFILL, prefill_lens,
                              sizeof(prefill_lens) / sizeof(prefill_lens[0]));
-    int32_t l = max_selected(run, CASE_KIND_DECODE, decode_lens,
-                             sizeof(decode_lens) / sizeof(decode_lens[0]));
-    int32_t b = max_selected(run, CASE_KIND_BATCH, batch_sizes,
-                             sizeof(batch_sizes) / sizeof(batch_sizes[0]));
+    int32_t l = max_selected(run, CASE_KIND_DECODE, run->decode_lens, (size_t)run->n_decode_lens);
+    int32_t b = run->has_batch ? max_selected(run, CASE_KIND_BATCH, batch_sizes,
+                                              sizeof(batch_sizes) / sizeof(batch_sizes[0]))
+                               : 0;
     int32_t need = (s + block_tokens - 1) / block_tokens;
     int32_t dec = l > 0 ? (l + 1 + block_tokens - 1) / block_tokens : 0;
     int32_t bat = b * ((BATCH_LEN + 1 + block_tokens - 1) / block_tokens);
@@ -771,8 +823,15 @@ static bool presets_known(const char *list) {
     return *list != '\0';
 }
 
+static void preset_set_lens(preset_run *run, const struct bench_preset *bp) {
+    run->decode_lens = bp->is_long ? long_decode_lens : decode_lens;
+    run->n_decode_lens = bp->is_long ? 3 : (int32_t)(sizeof decode_lens / sizeof decode_lens[0]);
+    run->has_batch = !bp->is_long;
+}
+
 static bool preset_selected(const bench_opts *o, const char *preset) {
     preset_run probe = {.opts = o, .name = preset};
+    preset_set_lens(&probe, preset_find(preset));
     bool is_named = strcmp(o->preset, "all") == 0 || in_list(o->preset, preset);
     return is_named && blocks_needed(&probe, 64) > 0;
 }
@@ -785,13 +844,16 @@ static int run_preset(const bench_opts *o, const char *preset, const attn_execut
         run.policy = (rep_policy){o->n_reps, o->n_reps, 0.0};
     }
     const struct bench_preset *bp = preset_find(preset);
+    preset_set_lens(&run, bp);
     attn_config cfg;
     int rc = attn_config_preset(bp->engine_preset, &cfg);
     if (rc == ATTN_OK && bp->adjust != NULL) {
         bp->adjust(&cfg);
     }
-    /* The longest decode case appends one token after decode_lens' last length. */
-    attn_load_params lp = {.layer_first = 0, .layer_count = 1, .max_seq = 16384};
+    /* The longest decode case appends one token after the last decode length. */
+    int32_t longest = run.decode_lens[run.n_decode_lens - 1];
+    attn_load_params lp = {
+        .layer_first = 0, .layer_count = 1, .max_seq = longest >= 16384 ? longest + 1 : 16384};
     if (rc == ATTN_OK) {
         rc = attn_model_create_random(&cfg, o->seed, &lp, &run.model);
     }
@@ -852,8 +914,8 @@ static void usage(FILE *f) {
                "  --threads N       OpenBLAS and executor threads (default 2)\n"
                "  --no-executor     run attention on the calling thread only\n"
                "  --quick           fewer reps and a 1 GiB bandwidth buffer (smoke runs)\n"
-               "  --preset LIST     comma-separated: small, llama8b, qwen3, gemma2; or all "
-               "(default)\n"
+               "  --preset LIST     comma-separated: small, llama8b, qwen3, gemma2, small-long, "
+               "small-linear; or all (default)\n"
                "  --case LIST       comma-separated substrings of case names, e.g. decode,_B32\n"
                "  --reps N          exactly N timed reps per case (default: adaptive)\n"
                "  --block-tokens N  KV block size (default 128, the engine's)\n"
