@@ -75,14 +75,14 @@ static void accumulate_block(const struct attn__task *t, const struct tile_ctx *
                              size_t ldp, int32_t rows, const float *v, int32_t nb, float *o) {
     switch (tc->mode) {
     case TILE_MODE_FAST:
-        attn__tile_pv(p, ldp, rows, v, nb, t->d_v, o, (size_t)t->d_v);
+        attn__tile_pv(p, ldp, rows, v, t->kv.v_ld, nb, t->d_v, o, (size_t)t->d_v);
         break;
     case TILE_MODE_BLAS:
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, t->d_v, nb, 1.0f, p, (int)ldp,
-                    v, t->d_v, 1.0f, o, t->d_v);
+                    v, (int)t->kv.v_ld, 1.0f, o, t->d_v);
         break;
     case TILE_MODE_SMALL:
-        attn__small_pv(p, ldp, rows, v, nb, t->d_v, o, (size_t)t->d_v);
+        attn__small_pv(p, ldp, rows, v, t->kv.v_ld, nb, t->d_v, o, (size_t)t->d_v);
         break;
     }
 }

@@ -160,6 +160,23 @@ typedef struct attn_config {
     bool is_full_layer[ATTN_MAX_LAYERS];
     /* Per absolute layer: what its attention computes (ATTN_LAYER_SOFTMAX by default). */
     attn_layer_kind layer_kind[ATTN_MAX_LAYERS];
+    /* Multi-head latent attention (seed 003; DeepSeek-V2 / V3) on every layer when
+     * kv_lora_rank > 0. A token's latent is c = RMSNorm(x W_kva)[:kv_lora_rank] (weight
+     * kv_a_norm, eps mla_norm_eps) and its shared rotated key k_rot = RoPE((x W_kva)[kv_lora:]);
+     * head h's key is [W_UK_h c | k_rot] and its value W_UV_h c, W_UK_h and W_UV_h being head
+     * h's qk_nope_head_dim and v_head_dim rows of W_kvb; its query [q_nope | RoPE(q_rot)] comes
+     * from x W_q, or with q_lora_rank > 0 from RMSNorm(x W_qa) W_qb. Then head_dim (the score's
+     * dims, whose -1/2 power is the default softmax_scale) must be qk_nope_head_dim +
+     * qk_rope_head_dim (0 fills it), rotary_dim qk_rope_head_dim (0 fills it), n_kv_heads 1, and
+     * attention runs in the absorbed form: q_nope W_UK_h against the cached c, W_UV_h after.
+     * The cache holds per token c and k_rot: kv_lora_rank + qk_rope_head_dim floats.
+     * has_qkv_bias means biases on W_qa (or W_q) and W_kva, has_o_bias on W_o. */
+    int32_t q_lora_rank;
+    int32_t kv_lora_rank;
+    int32_t qk_nope_head_dim;
+    int32_t qk_rope_head_dim;
+    int32_t v_head_dim;
+    float mla_norm_eps; /* 0 = 1e-6 */
 } attn_config;
 
 /* True if layer (absolute index) is a linear-attention layer. */
@@ -215,6 +232,17 @@ typedef struct attn_layer_weights {
     const float *q_norm; /* ATTN_QK_NORM_HEAD: (head_dim); WIDTH: (n_heads * head_dim) */
     const float *k_norm; /* ATTN_QK_NORM_HEAD: (head_dim); WIDTH: (n_kv_heads * head_dim) */
     const float *sinks;  /* (n_heads) when has_sinks */
+    /* Multi-head latent attention (kv_lora_rank > 0): wq is then W_q (n_heads * head_dim,
+     * hidden_size) when q_lora_rank is 0, bq its bias; wk and wv are not read; wo is
+     * (hidden_size, n_heads * v_head_dim). */
+    const float *wq_a;      /* (q_lora_rank, hidden_size) */
+    const float *bq_a;      /* (q_lora_rank) when has_qkv_bias */
+    const float *q_a_norm;  /* (q_lora_rank) */
+    const float *wq_b;      /* (n_heads * head_dim, q_lora_rank) */
+    const float *wkv_a;     /* (kv_lora_rank + qk_rope_head_dim, hidden_size) */
+    const float *bkv_a;     /* (kv_lora_rank + qk_rope_head_dim) when has_qkv_bias */
+    const float *kv_a_norm; /* (kv_lora_rank) */
+    const float *wkv_b;     /* (n_heads * (qk_nope_head_dim + v_head_dim), kv_lora_rank) */
 } attn_layer_weights;
 
 /* Creates a model from caller tensors: layers[i] holds layer (p->layer_first + i), for
@@ -348,7 +376,9 @@ int32_t attn_kv_truncate_min(const attn_kv *kv);
 int attn_kv_fork(const attn_kv *src, attn_kv **out);
 
 /* Copies tokens [first, first + count) of the cache into k and v, each laid out
- * (n_kv_heads, count, head_dim) row-major, post-RoPE as stored. ATTN_ERANGE if out of bounds,
+ * (n_kv_heads, count, head_dim) row-major, post-RoPE as stored; for multi-head latent
+ * attention k gets (1, count, kv_lora_rank + qk_rope_head_dim) latent rows [c | k_rot] and v
+ * (1, count, kv_lora_rank), their c. ATTN_ERANGE if out of bounds,
  * ATTN_EDROPPED if first < attn_kv_first_held(kv). For tests and inspection; not a hot path. */
 int attn_kv_read(const attn_kv *kv, int32_t first, int32_t count, float *k, float *v);
 

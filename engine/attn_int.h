@@ -26,6 +26,18 @@ struct attn__layer {
     float *q_norm; /* NULL, or (attn__qk_norm_len(cfg, false)) */
     float *k_norm; /* NULL, or (attn__qk_norm_len(cfg, true)) */
     float *sinks;  /* NULL, or (n_heads): each query head's sink logit */
+    /* Multi-head latent attention (attn_config.kv_lora_rank > 0; w_qkv is then NULL): */
+    float *w_q;       /* (n_heads * head_dim, hidden) when q_lora_rank is 0, else NULL */
+    float *b_q;       /* its bias, or NULL */
+    float *w_qa;      /* (q_lora_rank, hidden) when q_lora_rank > 0 */
+    float *b_qa;      /* (q_lora_rank) or NULL */
+    float *q_a_norm;  /* (q_lora_rank) */
+    float *w_qb;      /* (n_heads * head_dim, q_lora_rank) */
+    float *w_kva;     /* (kv_lora_rank + qk_rope_head_dim, hidden) */
+    float *b_kva;     /* or NULL */
+    float *kv_a_norm; /* (kv_lora_rank) */
+    float *w_kvb;     /* (n_heads * (qk_nope_head_dim + v_head_dim), kv_lora_rank): head h's
+                         W_UK_h rows, then its W_UV_h rows */
 };
 
 /* Immutable after create. */
@@ -49,9 +61,14 @@ struct attn_kv_pool {
     const attn_model *model;
     int32_t n_kv_heads;
     int32_t head_dim;
+    /* A token's key and value row per KV head: head_dim each, or for multi-head latent attention
+     * one latent row of k_dim = kv_lora_rank + qk_rope_head_dim whose first v_dim =
+     * kv_lora_rank floats are also the value (v_in_k: no value rows of their own). */
+    int32_t k_dim, v_dim;
+    bool v_in_k;
     int32_t block_tokens;
     int32_t max_seq;
-    size_t block_floats; /* 2 * n_kv_heads * block_tokens * head_dim */
+    size_t block_floats; /* n_kv_heads * block_tokens * (k_dim + v_dim, or k_dim if v_in_k) */
     int32_t n_blocks;
     int32_t n_free;
     float *mem;          /* (n_blocks, block_floats) */
@@ -77,13 +94,15 @@ struct attn_kv {
 
 /* Where a task's keys and values live: block b (of block_tokens keys each, the last possibly
  * partial) starts at k_base + id(b) * k_block_stride, with id(b) = block_ids ? block_ids[b] : b,
- * and holds rows of d_k floats (values: d_v floats) contiguously. */
+ * and holds rows of d_k floats contiguously, and value rows of d_v floats v_ld floats apart
+ * (v_ld > d_v when the values are the leading part of each key row: a latent cache). */
 struct attn__kv_view {
     const float *k_base;
     const float *v_base;
     const int32_t *block_ids;
     size_t k_block_stride;
     size_t v_block_stride;
+    size_t v_ld;
     int32_t block_tokens;
     int32_t n_keys; /* keys that exist; later ones are never read */
 };
@@ -132,6 +151,64 @@ size_t attn__task_scratch_floats(int32_t n_rows, int32_t d_k, int32_t d_v, int32
 size_t attn__linear_scratch_bytes(const attn_sdpa_params *p);
 int attn__linear_sdpa(const attn_sdpa_params *p, void *scratch);
 
+/* ---- forward.c's workspace, shared with mla.c ----------------------------------------------- */
+
+/* A contiguous run of one step's tokens inside a chunk. */
+struct chunk_part {
+    int32_t step;
+    int32_t first; /* first token of the step in this part */
+    int32_t n;     /* tokens in this part */
+    int32_t row;   /* row of the part's first token in the chunk buffers */
+};
+
+/* One thread at a time. Every buffer is sized for max_tokens new tokens in one chunk. */
+struct attn_workspace {
+    const attn_model *model;
+    int32_t max_tokens;
+    attn_executor ex;
+    bool has_ex;
+    float *x;       /* (max_tokens, hidden): gathered inputs of a multi-step chunk */
+    float *qkv;     /* (max_tokens, n_qkv): projected q | k | v per token (MLA: q alone) */
+    float *attn;    /* (max_tokens, n_heads * head_dim, or MLA's n_heads * v_head_dim): the
+                       attention output per token, the output projection's input */
+    float *y;       /* (max_tokens, hidden): output projection of a multi-step chunk */
+    float *scratch; /* the tasks' scratch: one row per query head and token */
+    struct attn__task *tasks;
+    int32_t max_tasks;
+    struct chunk_part *parts; /* (max_tokens) */
+    /* Multi-head latent attention only (else NULL): */
+    float *mla_qa;  /* (max_tokens, q_lora_rank): x W_qa, normalized */
+    float *mla_ckv; /* (max_tokens, kv_lora_rank + qk_rope_head_dim): x W_kva, c normalized */
+    float *mla_q;   /* (max_tokens, n_heads, kv_lora_rank + qk_rope_head_dim): absorbed queries */
+    float *mla_lat; /* (max_tokens, n_heads, kv_lora_rank): attention over the latent */
+};
+
+/* y (n x out_dim) = x (n x in_dim) W^T (+ b) for W (out_dim x in_dim), on the workspace's
+ * executor when it has one (forward.c). */
+void attn__project(const attn_workspace *ws, const float *x, int32_t n, int32_t in_dim,
+                   const float *w, const float *b, int32_t out_dim, float *y);
+
+/* The highest position among a step's tokens, the first of which goes to cache index first
+ * (forward.c). */
+int32_t attn__step_max_position(const attn_step *st, int32_t first);
+
+/* ---- mla.c: a multi-head latent attention layer's chunk ------------------------------------- */
+
+/* Query heads per MLA attention task: the latent is one KV head, so a query tile is split into
+ * head groups to spread over the executor. */
+#define ATTN__MLA_HEADS_PER_TASK 16
+
+/* Projects a chunk's rows (x, rows x hidden), normalizes, rotates and appends each part's latent
+ * rows to its step's cache, absorbs W_UK into the queries and builds the attention tasks into
+ * ws->tasks; returns their count. */
+int32_t attn__mla_begin(const attn_model *m, int32_t layer, attn_workspace *ws,
+                        const attn_step *steps, const struct chunk_part *parts, int32_t n_parts,
+                        const float *x, int32_t rows);
+
+/* After the tasks: each head's value, W_UV_h times its attention over the latent, into
+ * ws->attn. */
+void attn__mla_end(const attn_model *m, int32_t layer, attn_workspace *ws, int32_t rows);
+
 /* Runs one attention task (attend.c). Never allocates. */
 void attn__task_run(const struct attn__task *t);
 
@@ -161,17 +238,17 @@ size_t attn__tile_pack_floats(int32_t n_keys, int32_t d_k);
 void attn__tile_qk(const float *q, size_t ldq, int32_t m, const float *k, int32_t n, int32_t d,
                    float *s, size_t lds, float *pack);
 
-/* o (m x d, ld ldo) += p (m x n, ld ldp) v with v (n x d) contiguous. Only when
- * attn__tile_is_fast(). */
-void attn__tile_pv(const float *p, size_t ldp, int32_t m, const float *v, int32_t n, int32_t d,
-                   float *o, size_t ldo);
+/* o (m x d, ld ldo) += p (m x n, ld ldp) v with v (n x d, rows ldv >= d floats apart). Only
+ * when attn__tile_is_fast(). */
+void attn__tile_pv(const float *p, size_t ldp, int32_t m, const float *v, size_t ldv, int32_t n,
+                   int32_t d, float *o, size_t ldo);
 
 /* The same products for a few rows (decode), dispatched to AVX2 or to simd.c's portable loops:
  * s = q k^T in dot-product form (no packing), o += p v. */
 void attn__small_qk(const float *q, size_t ldq, int32_t m, const float *k, size_t ldk, int32_t n,
                     int32_t d, float *s, size_t lds);
-void attn__small_pv(const float *p, size_t ldp, int32_t m, const float *v, int32_t n, int32_t d,
-                    float *o, size_t ldo);
+void attn__small_pv(const float *p, size_t ldp, int32_t m, const float *v, size_t ldv, int32_t n,
+                    int32_t d, float *o, size_t ldo);
 
 /* y (m x n, ld ldy) = x (m x k) w^T for w (n x k), both row-major: the projection of a few
  * tokens, streaming each weight row from memory once. Only when attn__tile_is_fast(). */

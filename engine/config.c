@@ -156,6 +156,53 @@ static int check_rope_scaling(attn_rope_scaling *s, int32_t rotary_dim, const ch
     return refuse(ATTN_EINVAL, "unknown rope_scaling type", why);
 }
 
+/* Multi-head latent attention's dimensions, and what does not combine with it; fills head_dim,
+ * rotary_dim and the norm's eps. */
+static int check_mla(attn_config *c, const char **why) {
+    if (c->kv_lora_rank < 0 || c->q_lora_rank < 0 || c->qk_nope_head_dim < 0 ||
+        c->qk_rope_head_dim <= 0 || c->qk_rope_head_dim % 2 != 0 || c->v_head_dim <= 0 ||
+        c->kv_lora_rank > (1 << 16) || c->q_lora_rank > (1 << 16) ||
+        c->qk_nope_head_dim > (1 << 16) || c->qk_rope_head_dim > (1 << 16) ||
+        c->v_head_dim > (1 << 16)) {
+        return refuse(ATTN_EINVAL,
+                      "kv_lora_rank, q_lora_rank, qk_nope_head_dim, qk_rope_head_dim (even, > 0) "
+                      "and v_head_dim must be in range",
+                      why);
+    }
+    if (c->n_kv_heads != 1) {
+        return refuse(ATTN_ESHAPE,
+                      "multi-head latent attention caches one latent: n_kv_heads must be 1", why);
+    }
+    int32_t qk = c->qk_nope_head_dim + c->qk_rope_head_dim;
+    if ((c->head_dim != 0 && c->head_dim != qk) ||
+        (c->rotary_dim != 0 && c->rotary_dim != c->qk_rope_head_dim)) {
+        return refuse(ATTN_ESHAPE,
+                      "multi-head latent attention: head_dim must be qk_nope_head_dim + "
+                      "qk_rope_head_dim and rotary_dim qk_rope_head_dim",
+                      why);
+    }
+    c->head_dim = qk;
+    c->rotary_dim = c->qk_rope_head_dim;
+    bool has_linear = false;
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        has_linear |= c->layer_kind[l] != ATTN_LAYER_SOFTMAX;
+    }
+    if (c->sliding_window > 0 || c->qk_norm != ATTN_QK_NORM_NONE || c->logit_softcap > 0 ||
+        c->has_sinks || c->rope_sliding_only || c->rope_theta_local > 0 || has_linear) {
+        return refuse(ATTN_EUNSUPPORTED,
+                      "multi-head latent attention does not combine with sliding_window, q/k "
+                      "norms, soft-capping, sinks, layers without RoPE or linear layers",
+                      why);
+    }
+    if (c->mla_norm_eps == 0) {
+        c->mla_norm_eps = 1e-6f;
+    }
+    if (!isfinite(c->mla_norm_eps) || c->mla_norm_eps < 0) {
+        return refuse(ATTN_EINVAL, "rms_norm_eps (mla_norm_eps) must be finite and >= 0", why);
+    }
+    return ATTN_OK;
+}
+
 int attn__config_check_why(attn_config *cfg, const char **why) {
     if (cfg == NULL) {
         return refuse(ATTN_EINVAL, "no config", why);
@@ -190,6 +237,12 @@ int attn__config_check_why(attn_config *cfg, const char **why) {
                       "num_attention_heads (n_heads) must be a multiple of num_key_value_heads "
                       "(n_kv_heads)",
                       why);
+    }
+    if (c.kv_lora_rank != 0) {
+        int rc = check_mla(&c, why);
+        if (rc != ATTN_OK) {
+            return rc;
+        }
     }
     if (c.head_dim == 0) {
         if (c.hidden_size % c.n_heads != 0) {

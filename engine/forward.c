@@ -9,38 +9,21 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* One thread at a time. Every buffer is sized for max_tokens new tokens in one chunk. */
-struct attn_workspace {
-    const attn_model *model;
-    int32_t max_tokens;
-    attn_executor ex;
-    bool has_ex;
-    float *x;       /* (max_tokens, hidden): gathered inputs of a multi-step chunk */
-    float *qkv;     /* (max_tokens, n_qkv): projected q | k | v per token */
-    float *attn;    /* (max_tokens, n_heads * head_dim): attention output per token */
-    float *y;       /* (max_tokens, hidden): output projection of a multi-step chunk */
-    float *scratch; /* n_heads * max_tokens rows of task scratch */
-    struct attn__task *tasks;
-    int32_t max_tasks;
-    struct chunk_part *parts; /* (max_tokens) */
-};
-
-/* A contiguous run of one step's tokens inside a chunk. */
-struct chunk_part {
-    int32_t step;
-    int32_t first; /* first token of the step in this part */
-    int32_t n;     /* tokens in this part */
-    int32_t row;   /* row of the part's first token in the chunk buffers */
-};
-
 static size_t n_qkv_of(const attn_config *c) {
     return (size_t)(c->n_heads + 2 * c->n_kv_heads) * c->head_dim;
 }
 
+/* Attention tasks per query tile: one per KV head, or per MLA head group. */
+static int32_t tasks_per_tile(const attn_config *c) {
+    return c->kv_lora_rank > 0
+               ? (c->n_heads + ATTN__MLA_HEADS_PER_TASK - 1) / ATTN__MLA_HEADS_PER_TASK
+               : c->n_kv_heads;
+}
+
 static int32_t max_tasks_for(const attn_config *c, int32_t max_tokens) {
     /* A chunk has at most max_tokens parts, and a part of n tokens makes ceil(n / Q_TILE) tiles,
-     * so tiles <= max_tokens + max_tokens / Q_TILE; each tile makes one task per KV head. */
-    return c->n_kv_heads * (max_tokens + max_tokens / ATTN__Q_TILE + 1);
+     * so tiles <= max_tokens + max_tokens / Q_TILE. */
+    return tasks_per_tile(c) * (max_tokens + max_tokens / ATTN__Q_TILE + 1);
 }
 
 void attn_workspace_destroy(attn_workspace *ws) {
@@ -54,6 +37,10 @@ void attn_workspace_destroy(attn_workspace *ws) {
     free(ws->scratch);
     free(ws->tasks);
     free(ws->parts);
+    free(ws->mla_qa);
+    free(ws->mla_ckv);
+    free(ws->mla_q);
+    free(ws->mla_lat);
     free(ws);
 }
 
@@ -74,8 +61,13 @@ int attn_workspace_create(const attn_model *m, int32_t max_tokens, const attn_ex
         ws->has_ex = true;
     }
     size_t t = (size_t)max_tokens;
-    size_t hd_all = (size_t)c->n_heads * c->head_dim;
-    /* The largest KV block a pool of this model may use is 256 tokens. */
+    bool is_mla = c->kv_lora_rank > 0;
+    int32_t v_dim = is_mla ? c->v_head_dim : c->head_dim;
+    size_t hd_all = (size_t)c->n_heads * (v_dim > c->head_dim ? v_dim : c->head_dim);
+    /* What a task's rows hold: head_dim keys and values, or MLA's latent against the absorbed
+     * queries. The largest KV block a pool of this model may use is 256 tokens. */
+    int32_t d_k = is_mla ? c->kv_lora_rank + c->qk_rope_head_dim : c->head_dim;
+    int32_t d_v = is_mla ? c->kv_lora_rank : c->head_dim;
     size_t rows = (size_t)c->n_heads * t;
     ws->x = attn__alloc_floats(t * c->hidden_size);
     ws->qkv = attn__alloc_floats(t * n_qkv_of(c));
@@ -83,14 +75,22 @@ int attn_workspace_create(const attn_model *m, int32_t max_tokens, const attn_ex
     ws->y = attn__alloc_floats(t * c->hidden_size);
     ws->max_tasks = max_tasks_for(c, max_tokens);
     /* Per-row scratch for every query row, plus one key-packing area per task. */
-    size_t pack = attn__task_scratch_floats(0, c->head_dim, c->head_dim, 256);
-    ws->scratch =
-        attn__alloc_floats(attn__task_scratch_floats((int32_t)rows, c->head_dim, c->head_dim, 256) +
-                           (size_t)ws->max_tasks * pack);
+    size_t pack = attn__task_scratch_floats(0, d_k, d_v, 256);
+    ws->scratch = attn__alloc_floats(attn__task_scratch_floats((int32_t)rows, d_k, d_v, 256) +
+                                     (size_t)ws->max_tasks * pack);
     ws->tasks = calloc((size_t)ws->max_tasks, sizeof *ws->tasks);
     ws->parts = calloc(t, sizeof *ws->parts);
+    bool mla_ok = true;
+    if (is_mla) {
+        ws->mla_qa = c->q_lora_rank > 0 ? attn__alloc_floats(t * c->q_lora_rank) : NULL;
+        ws->mla_ckv = attn__alloc_floats(t * (size_t)d_k);
+        ws->mla_q = attn__alloc_floats(rows * (size_t)d_k);
+        ws->mla_lat = attn__alloc_floats(rows * (size_t)d_v);
+        mla_ok = (c->q_lora_rank == 0 || ws->mla_qa != NULL) && ws->mla_ckv != NULL &&
+                 ws->mla_q != NULL && ws->mla_lat != NULL;
+    }
     if (ws->x == NULL || ws->qkv == NULL || ws->attn == NULL || ws->y == NULL ||
-        ws->scratch == NULL || ws->tasks == NULL || ws->parts == NULL) {
+        ws->scratch == NULL || ws->tasks == NULL || ws->parts == NULL || !mla_ok) {
         attn_workspace_destroy(ws);
         return ATTN_ENOMEM;
     }
@@ -133,6 +133,9 @@ static int validate(const attn_model *m, int32_t layer, const attn_workspace *ws
          * score's (weights, masks, positions, a context) applies to it; a state serves no
          * other layer. */
         bool is_linear = attn_config_layer_is_linear(&m->cfg, layer);
+        if (m->cfg.kv_lora_rank > 0 && st->cross != NULL) {
+            return ATTN_EINVAL; /* a latent cache has no context form */
+        }
         if (cache->is_state != is_linear ||
             (is_linear && (st->cross != NULL || st->weights != NULL || st->key_valid != NULL ||
                            st->positions != NULL))) {
@@ -232,6 +235,11 @@ static void linear(const attn_workspace *ws, const float *x, int32_t n, int32_t 
     }
 }
 
+void attn__project(const attn_workspace *ws, const float *x, int32_t n, int32_t in_dim,
+                   const float *w, const float *b, int32_t out_dim, float *y) {
+    linear(ws, x, n, in_dim, w, b, out_dim, y);
+}
+
 /* Splits the steps' tokens, starting at (*step, *first), into parts that fill one chunk of at
  * most max_tokens rows. Returns the number of parts and advances the cursor. */
 static int32_t next_chunk(const attn_step *steps, int32_t n_steps, int32_t max_tokens,
@@ -253,8 +261,7 @@ static int32_t next_chunk(const attn_step *steps, int32_t n_steps, int32_t max_t
     return n_parts;
 }
 
-/* The highest position among a step's tokens, the first of which goes to cache index first. */
-static int32_t step_max_position(const attn_step *st, int32_t first) {
+int32_t attn__step_max_position(const attn_step *st, int32_t first) {
     if (st->positions == NULL) {
         return first + st->n_tokens - 1;
     }
@@ -281,7 +288,7 @@ static void rope_and_append(const attn_model *m, int32_t layer, const attn_step 
         /* A call's rotation may depend on the whole step's reach (longrope, dynamic), not only
          * on this part's. */
         int32_t max_pos =
-            attn__rope_depends_on_call(c) ? step_max_position(st, base - p->first) : 0;
+            attn__rope_depends_on_call(c) ? attn__step_max_position(st, base - p->first) : 0;
         attn__rope_frame_init(m, is_local, max_pos, &frame);
     }
     attn__kv_grow(st->kv, p->n);
@@ -394,6 +401,8 @@ static void run_chunk(const attn_model *m, int32_t layer, attn_workspace *ws,
     const attn_config *c = &m->cfg;
     const struct attn__layer *l = &m->layers[layer - m->layer_first];
     int32_t hidden = c->hidden_size, hd_all = c->n_heads * c->head_dim;
+    bool is_mla = c->kv_lora_rank > 0;
+    int32_t hd_out = is_mla ? c->n_heads * c->v_head_dim : hd_all; /* o's inputs per token */
     bool single = n_parts == 1;
     const float *x = ws->x;
     if (single) {
@@ -405,9 +414,13 @@ static void run_chunk(const attn_model *m, int32_t layer, attn_workspace *ws,
                    (size_t)p->n * hidden * sizeof(float));
         }
     }
-    linear(ws, x, rows, hidden, l->w_qkv, l->b_qkv, (int32_t)n_qkv_of(c), ws->qkv);
     int32_t n_tasks = 0;
     size_t scratch_used = 0;
+    if (is_mla) {
+        n_tasks = attn__mla_begin(m, layer, ws, steps, parts, n_parts, x, rows);
+    } else {
+        linear(ws, x, rows, hidden, l->w_qkv, l->b_qkv, (int32_t)n_qkv_of(c), ws->qkv);
+    }
     bool is_linear = attn_config_layer_is_linear(c, layer);
     for (int32_t i = 0; i < n_parts && is_linear; i++) {
         /* Linear attention: each token updates its state and reads it, in order. */
@@ -421,7 +434,7 @@ static void run_chunk(const attn_model *m, int32_t layer, attn_workspace *ws,
                              ws->attn + (size_t)p->row * hd_all, (size_t)hd_all,
                              (double *)ws->scratch);
     }
-    for (int32_t i = 0; i < n_parts && !is_linear; i++) {
+    for (int32_t i = 0; i < n_parts && !is_linear && !is_mla; i++) {
         const attn_step *st = &steps[parts[i].step];
         if (st->cross != NULL) {
             /* Queries only: no RoPE, and nothing appended (x's own k and v go unused). */
@@ -434,8 +447,11 @@ static void run_chunk(const attn_model *m, int32_t layer, attn_workspace *ws,
         n_tasks += part_tasks(m, layer, ws, st, &parts[i], ws->tasks + n_tasks, &scratch_used);
     }
     attn__tasks_run(ws->has_ex ? &ws->ex : NULL, ws->tasks, n_tasks);
+    if (is_mla) {
+        attn__mla_end(m, layer, ws, rows);
+    }
     float *y = single ? steps[parts[0].step].out + (size_t)parts[0].first * hidden : ws->y;
-    linear(ws, ws->attn, rows, hd_all, l->w_o, l->b_o, hidden, y);
+    linear(ws, ws->attn, rows, hd_out, l->w_o, l->b_o, hidden, y);
     if (!single) {
         for (int32_t i = 0; i < n_parts; i++) {
             const struct chunk_part *p = &parts[i];

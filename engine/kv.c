@@ -18,7 +18,11 @@ int attn_kv_pool_create(const attn_model *m, size_t budget_bytes, int32_t block_
         block_tokens = 128; /* decode measured ~8% faster than with 64 (llama8b, L = 8192) */
     }
     const attn_config *c = &m->cfg;
-    size_t block_floats = 2 * (size_t)c->n_kv_heads * block_tokens * c->head_dim;
+    bool is_latent = c->kv_lora_rank > 0;
+    int32_t k_dim = is_latent ? c->kv_lora_rank + c->qk_rope_head_dim : c->head_dim;
+    int32_t v_dim = is_latent ? c->kv_lora_rank : c->head_dim;
+    size_t block_floats =
+        (size_t)c->n_kv_heads * block_tokens * (size_t)(k_dim + (is_latent ? 0 : v_dim));
     size_t block_bytes = block_floats * sizeof(float);
     size_t n_blocks = budget_bytes / block_bytes;
     if (n_blocks < 1) {
@@ -34,6 +38,9 @@ int attn_kv_pool_create(const attn_model *m, size_t budget_bytes, int32_t block_
     pool->model = m;
     pool->n_kv_heads = c->n_kv_heads;
     pool->head_dim = c->head_dim;
+    pool->k_dim = k_dim;
+    pool->v_dim = v_dim;
+    pool->v_in_k = is_latent;
     pool->block_tokens = block_tokens;
     pool->max_seq = c->max_seq;
     pool->block_floats = block_floats;
@@ -341,27 +348,38 @@ void attn__kv_grow(attn_kv *kv, int32_t n_new) {
     kv->len += n_new;
 }
 
-/* Within a block: K (n_kv_heads, block_tokens, head_dim), then V of the same shape. */
+/* Within a block: K (n_kv_heads, block_tokens, k_dim), then V (n_kv_heads, block_tokens,
+ * v_dim), or for a latent cache K alone, whose rows begin with the value. */
 float *attn__kv_row_k(const attn_kv *kv, int32_t h, int32_t idx) {
     const attn_kv_pool *pool = kv->pool;
     int32_t b = idx / pool->block_tokens, off = idx % pool->block_tokens;
     return pool->mem + (size_t)kv->blocks[b] * pool->block_floats +
-           ((size_t)h * pool->block_tokens + off) * pool->head_dim;
+           ((size_t)h * pool->block_tokens + off) * pool->k_dim;
 }
 
 float *attn__kv_row_v(const attn_kv *kv, int32_t h, int32_t idx) {
     const attn_kv_pool *pool = kv->pool;
-    return attn__kv_row_k(kv, h, idx) + pool->block_floats / 2;
+    if (pool->v_in_k) {
+        return attn__kv_row_k(kv, h, idx);
+    }
+    int32_t b = idx / pool->block_tokens, off = idx % pool->block_tokens;
+    return pool->mem + (size_t)kv->blocks[b] * pool->block_floats +
+           (size_t)pool->n_kv_heads * pool->block_tokens * pool->k_dim +
+           ((size_t)h * pool->block_tokens + off) * pool->v_dim;
 }
 
 struct attn__kv_view attn__kv_view_of(const attn_kv *kv, int32_t h, int32_t n_keys) {
     const attn_kv_pool *pool = kv->pool;
     struct attn__kv_view v;
-    v.k_base = pool->mem + (size_t)h * pool->block_tokens * pool->head_dim;
-    v.v_base = v.k_base + pool->block_floats / 2;
+    v.k_base = pool->mem + (size_t)h * pool->block_tokens * pool->k_dim;
+    v.v_base = pool->v_in_k
+                   ? v.k_base
+                   : pool->mem + (size_t)pool->n_kv_heads * pool->block_tokens * pool->k_dim +
+                         (size_t)h * pool->block_tokens * pool->v_dim;
     v.block_ids = kv->blocks;
     v.k_block_stride = pool->block_floats;
     v.v_block_stride = pool->block_floats;
+    v.v_ld = (size_t)(pool->v_in_k ? pool->k_dim : pool->v_dim);
     v.block_tokens = pool->block_tokens;
     v.n_keys = n_keys;
     return v;
@@ -378,12 +396,13 @@ int attn_kv_read(const attn_kv *kv, int32_t first, int32_t count, float *k, floa
         return ATTN_EDROPPED;
     }
     const attn_kv_pool *pool = kv->pool;
-    size_t hd = (size_t)pool->head_dim;
+    size_t kd = (size_t)pool->k_dim, vd = (size_t)pool->v_dim;
     for (int32_t h = 0; h < pool->n_kv_heads; h++) {
         for (int32_t t = 0; t < count; t++) {
-            size_t dst = ((size_t)h * count + t) * hd;
-            memcpy(k + dst, attn__kv_row_k(kv, h, first + t), hd * sizeof(float));
-            memcpy(v + dst, attn__kv_row_v(kv, h, first + t), hd * sizeof(float));
+            memcpy(k + ((size_t)h * count + t) * kd, attn__kv_row_k(kv, h, first + t),
+                   kd * sizeof(float));
+            memcpy(v + ((size_t)h * count + t) * vd, attn__kv_row_v(kv, h, first + t),
+                   vd * sizeof(float));
         }
     }
     return ATTN_OK;

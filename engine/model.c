@@ -64,6 +64,13 @@ void attn_model_destroy(attn_model *m) {
         free(m->layers[i].q_norm);
         free(m->layers[i].k_norm);
         free(m->layers[i].sinks);
+        float *mla[] = {m->layers[i].w_q,   m->layers[i].b_q,      m->layers[i].w_qa,
+                        m->layers[i].b_qa,  m->layers[i].q_a_norm, m->layers[i].w_qb,
+                        m->layers[i].w_kva, m->layers[i].b_kva,    m->layers[i].kv_a_norm,
+                        m->layers[i].w_kvb};
+        for (size_t t = 0; t < sizeof mla / sizeof mla[0]; t++) {
+            free(mla[t]);
+        }
     }
     free(m->layers);
     free(m->rope_cos);
@@ -87,6 +94,42 @@ static int rope_table_pair(attn_model *m, const attn_config *cfg, bool long_fact
     attn__rope_tables(cfg, long_factors, *cos_out, *sin_out);
     m->bytes += 2 * n * sizeof(float);
     return ATTN_OK;
+}
+
+/* The tensors of a multi-head latent attention layer: where each lives in the layer, its
+ * shape (rows x cols, cols 0 for a vector), and whether this config has it. */
+struct mla_tensor {
+    float **dst;
+    size_t rows, cols;
+    bool is_present;
+};
+
+static int32_t mla_tensors(const attn_config *c, struct attn__layer *l, struct mla_tensor *t) {
+    size_t hidden = (size_t)c->hidden_size, qk = (size_t)c->n_heads * c->head_dim;
+    size_t kva = (size_t)c->kv_lora_rank + c->qk_rope_head_dim;
+    size_t kvb = (size_t)c->n_heads * (c->qk_nope_head_dim + c->v_head_dim);
+    bool lora = c->q_lora_rank > 0;
+    size_t qr = (size_t)c->q_lora_rank;
+    struct mla_tensor all[] = {
+        {&l->w_q, qk, hidden, !lora},
+        {&l->b_q, qk, 0, !lora && c->has_qkv_bias},
+        {&l->w_qa, qr, hidden, lora},
+        {&l->b_qa, qr, 0, lora && c->has_qkv_bias},
+        {&l->q_a_norm, qr, 0, lora},
+        {&l->w_qb, qk, qr, lora},
+        {&l->w_kva, kva, hidden, true},
+        {&l->b_kva, kva, 0, c->has_qkv_bias},
+        {&l->kv_a_norm, (size_t)c->kv_lora_rank, 0, true},
+        {&l->w_kvb, kvb, (size_t)c->kv_lora_rank, true},
+    };
+    memcpy(t, all, sizeof all);
+    return (int32_t)(sizeof all / sizeof all[0]);
+}
+
+#define MLA_TENSORS 10
+
+static size_t tensor_floats(const struct mla_tensor *t) {
+    return t->rows * (t->cols > 0 ? t->cols : 1);
 }
 
 /* Allocates a model with uninitialized weights for cfg (checked here) and the layer range of p.
@@ -123,16 +166,33 @@ int attn__model_alloc(const attn_config *cfg_in, const attn_load_params *p, attn
     if (m->layers == NULL) {
         goto fail;
     }
-    size_t hd_all = (size_t)cfg.n_heads * cfg.head_dim;
-    size_t per_layer = n_qkv_rows(&cfg) * cfg.hidden_size + (size_t)cfg.hidden_size * hd_all;
+    bool is_mla = cfg.kv_lora_rank > 0;
+    /* The output projection reads each head's value: head_dim of them, or MLA's v_head_dim. */
+    size_t hd_all = (size_t)cfg.n_heads * (is_mla ? cfg.v_head_dim : cfg.head_dim);
+    size_t per_layer =
+        (is_mla ? 0 : n_qkv_rows(&cfg) * cfg.hidden_size) + (size_t)cfg.hidden_size * hd_all;
     for (int32_t i = 0; i < count; i++) {
         struct attn__layer *l = &m->layers[i];
-        l->w_qkv = attn__alloc_floats(n_qkv_rows(&cfg) * cfg.hidden_size);
-        l->w_o = attn__alloc_floats((size_t)cfg.hidden_size * hd_all);
-        if (l->w_qkv == NULL || l->w_o == NULL) {
+        if (is_mla) {
+            struct mla_tensor t[MLA_TENSORS];
+            int32_t n = mla_tensors(&cfg, l, t);
+            for (int32_t k = 0; k < n; k++) {
+                if (!t[k].is_present) {
+                    continue;
+                }
+                if ((*t[k].dst = attn__alloc_floats(tensor_floats(&t[k]))) == NULL) {
+                    goto fail;
+                }
+                per_layer += i == 0 ? tensor_floats(&t[k]) : 0;
+            }
+        } else if ((l->w_qkv = attn__alloc_floats(n_qkv_rows(&cfg) * cfg.hidden_size)) == NULL) {
             goto fail;
         }
-        if (cfg.has_qkv_bias) {
+        l->w_o = attn__alloc_floats((size_t)cfg.hidden_size * hd_all);
+        if (l->w_o == NULL) {
+            goto fail;
+        }
+        if (cfg.has_qkv_bias && !is_mla) {
             l->b_qkv = attn__alloc_floats(n_qkv_rows(&cfg));
             if (l->b_qkv == NULL) {
                 goto fail;
@@ -180,6 +240,31 @@ fail:
     return ATTN_ENOMEM;
 }
 
+/* Copies an MLA layer's tensors from the caller's; ATTN_EINVAL when one it needs is NULL. */
+static int copy_mla(const attn_config *c, const attn_layer_weights *w, struct attn__layer *l) {
+    const float *src[MLA_TENSORS] = {w->wq,   w->bq,    w->wq_a,  w->bq_a,      w->q_a_norm,
+                                     w->wq_b, w->wkv_a, w->bkv_a, w->kv_a_norm, w->wkv_b};
+    struct mla_tensor t[MLA_TENSORS];
+    int32_t n = mla_tensors(c, l, t);
+    if (w->wo == NULL || (c->has_o_bias && w->bo == NULL)) {
+        return ATTN_EINVAL;
+    }
+    for (int32_t k = 0; k < n; k++) {
+        if (t[k].is_present && src[k] == NULL) {
+            return ATTN_EINVAL;
+        }
+        if (t[k].is_present) {
+            memcpy(*t[k].dst, src[k], tensor_floats(&t[k]) * sizeof(float));
+        }
+    }
+    size_t o = (size_t)c->hidden_size * c->n_heads * c->v_head_dim;
+    memcpy(l->w_o, w->wo, o * sizeof(float));
+    if (c->has_o_bias) {
+        memcpy(l->b_o, w->bo, (size_t)c->hidden_size * sizeof(float));
+    }
+    return ATTN_OK;
+}
+
 int attn_model_create(const attn_config *cfg, const attn_layer_weights *layers,
                       const attn_load_params *p, attn_model **out) {
     if (layers == NULL || out == NULL) {
@@ -194,7 +279,13 @@ int attn_model_create(const attn_config *cfg, const attn_layer_weights *layers,
     size_t hidden = (size_t)c->hidden_size;
     size_t q_rows = (size_t)c->n_heads * c->head_dim;
     size_t kv_rows = (size_t)c->n_kv_heads * c->head_dim;
-    for (int32_t i = 0; i < m->layer_count; i++) {
+    for (int32_t i = 0; i < m->layer_count && c->kv_lora_rank > 0; i++) {
+        if (copy_mla(c, &layers[i], &m->layers[i]) != ATTN_OK) {
+            attn_model_destroy(m);
+            return ATTN_EINVAL;
+        }
+    }
+    for (int32_t i = 0; i < m->layer_count && c->kv_lora_rank == 0; i++) {
         const attn_layer_weights *w = &layers[i];
         struct attn__layer *l = &m->layers[i];
         if (w->wq == NULL || w->wk == NULL || w->wv == NULL || w->wo == NULL ||
@@ -248,6 +339,26 @@ static void fill_uniform(float *x, size_t n, float bound, uint64_t seed, int32_t
     }
 }
 
+/* An MLA layer's tensors as nn.Linear would start them (norm weights around 1), one stream each
+ * (tensors 16..). */
+static void fill_mla(const attn_config *c, struct attn__layer *l, uint64_t seed, int32_t layer) {
+    struct mla_tensor t[MLA_TENSORS];
+    int32_t n = mla_tensors(c, l, t);
+    for (int32_t k = 0; k < n; k++) {
+        if (!t[k].is_present) {
+            continue;
+        }
+        /* a bias takes its weight's in_features: the tensor before it */
+        size_t in = t[k].cols > 0 ? t[k].cols : k > 0 ? t[k - 1].cols : 1;
+        bool is_norm = t[k].dst == &l->q_a_norm || t[k].dst == &l->kv_a_norm;
+        float bound = is_norm ? 0.5f : 1.0f / sqrtf((float)(in > 0 ? in : 1));
+        fill_uniform(*t[k].dst, tensor_floats(&t[k]), bound, seed, layer, 16 + k);
+        for (size_t j = 0; is_norm && j < tensor_floats(&t[k]); j++) {
+            (*t[k].dst)[j] += 1.0f;
+        }
+    }
+}
+
 int attn_model_create_random(const attn_config *cfg, uint64_t seed, const attn_load_params *p,
                              attn_model **out) {
     if (out == NULL) {
@@ -260,13 +371,17 @@ int attn_model_create_random(const attn_config *cfg, uint64_t seed, const attn_l
     }
     const attn_config *c = &m->cfg;
     size_t hidden = (size_t)c->hidden_size;
-    size_t hd_all = (size_t)c->n_heads * c->head_dim;
+    size_t hd_all = (size_t)c->n_heads * (c->kv_lora_rank > 0 ? c->v_head_dim : c->head_dim);
     float in_bound = 1.0f / sqrtf((float)hidden);
     float o_bound = 1.0f / sqrtf((float)hd_all);
     for (int32_t i = 0; i < m->layer_count; i++) {
         struct attn__layer *l = &m->layers[i];
         int32_t layer = m->layer_first + i;
-        fill_uniform(l->w_qkv, n_qkv_rows(c) * hidden, in_bound, seed, layer, 1);
+        if (c->kv_lora_rank > 0) {
+            fill_mla(c, l, seed, layer);
+        } else {
+            fill_uniform(l->w_qkv, n_qkv_rows(c) * hidden, in_bound, seed, layer, 1);
+        }
         fill_uniform(l->w_o, hidden * hd_all, o_bound, seed, layer, 2);
         if (l->b_qkv != NULL) {
             fill_uniform(l->b_qkv, n_qkv_rows(c), in_bound, seed, layer, 3);

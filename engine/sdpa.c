@@ -105,6 +105,7 @@ int attn_sdpa(const attn_sdpa_params *p, void *scratch) {
             t->kv.block_ids = NULL;
             t->kv.k_block_stride = (size_t)SDPA_BLOCK * p->d_k;
             t->kv.v_block_stride = (size_t)SDPA_BLOCK * p->d_v;
+            t->kv.v_ld = (size_t)p->d_v;
             t->kv.block_tokens = SDPA_BLOCK;
             t->kv.n_keys = p->n_k;
             t->mask.q_index0 = p->n_k - p->n_q + q0;

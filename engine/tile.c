@@ -187,18 +187,18 @@ __attribute__((target("avx2,fma"))) static void qk_dot_avx2(const float *q, size
 
 /* o[:, 0..c_fast) += p v over n keys, register block by register block. */
 __attribute__((target("avx2,fma"))) static void pv_columns(const float *p, size_t ldp, int32_t m,
-                                                           const float *v, int32_t n, int32_t d,
+                                                           const float *v, size_t ldv, int32_t n,
                                                            int32_t c_fast, float *o, size_t ldo) {
     for (int32_t c0 = 0; c0 < c_fast; c0 += NR) {
         int32_t i = 0;
         for (; i + MR <= m; i += MR) {
-            pv_block(MR, p + i * ldp, ldp, v + c0, (size_t)d, n, o + i * ldo + c0, ldo);
+            pv_block(MR, p + i * ldp, ldp, v + c0, ldv, n, o + i * ldo + c0, ldo);
         }
         for (; i + 4 <= m; i += 4) {
-            pv_block(4, p + i * ldp, ldp, v + c0, (size_t)d, n, o + i * ldo + c0, ldo);
+            pv_block(4, p + i * ldp, ldp, v + c0, ldv, n, o + i * ldo + c0, ldo);
         }
         for (; i < m; i++) {
-            pv_block(1, p + i * ldp, ldp, v + c0, (size_t)d, n, o + i * ldo + c0, ldo);
+            pv_block(1, p + i * ldp, ldp, v + c0, ldv, n, o + i * ldo + c0, ldo);
         }
     }
 }
@@ -207,12 +207,12 @@ __attribute__((target("avx2,fma"))) static void pv_columns(const float *p, size_
  * time: the 2 * MX weights stay in registers and each output vector is loaded and stored once
  * per key pair. Used for decode, where the value block is read once from memory. */
 __attribute__((always_inline, target("avx2,fma"))) static inline void
-pv_stream(const int MX, const float *p, size_t ldp, const float *v, int32_t n, int32_t d, float *o,
-          size_t ldo) {
+pv_stream(const int MX, const float *p, size_t ldp, const float *v, size_t ldv, int32_t n,
+          int32_t d, float *o, size_t ldo) {
     int32_t j = 0;
     for (; j + 2 <= n; j += 2) {
-        const float *v0 = v + (size_t)j * d, *v1 = v0 + d;
-        _mm_prefetch((const char *)(v0 + 8 * (size_t)d), _MM_HINT_T0);
+        const float *v0 = v + (size_t)j * ldv, *v1 = v0 + ldv;
+        _mm_prefetch((const char *)(v0 + 8 * ldv), _MM_HINT_T0);
         __m256 w0[4], w1[4];
 #pragma GCC unroll 4
         for (int i = 0; i < MX; i++) {
@@ -231,7 +231,7 @@ pv_stream(const int MX, const float *p, size_t ldp, const float *v, int32_t n, i
         }
     }
     for (; j < n; j++) {
-        const float *v0 = v + (size_t)j * d;
+        const float *v0 = v + (size_t)j * ldv;
         for (int i = 0; i < MX; i++) {
             __m256 w = _mm256_broadcast_ss(p + i * ldp + j);
             for (int32_t c = 0; c < d; c += 8) {
@@ -243,21 +243,21 @@ pv_stream(const int MX, const float *p, size_t ldp, const float *v, int32_t n, i
 }
 
 __attribute__((target("avx2,fma"))) static void pv_avx2(const float *p, size_t ldp, int32_t m,
-                                                        const float *v, int32_t n, int32_t d,
-                                                        float *o, size_t ldo) {
+                                                        const float *v, size_t ldv, int32_t n,
+                                                        int32_t d, float *o, size_t ldo) {
     if (m <= 4 && d % 8 == 0) {
         switch (m) {
         case 4:
-            pv_stream(4, p, ldp, v, n, d, o, ldo);
+            pv_stream(4, p, ldp, v, ldv, n, d, o, ldo);
             return;
         case 3:
-            pv_stream(3, p, ldp, v, n, d, o, ldo);
+            pv_stream(3, p, ldp, v, ldv, n, d, o, ldo);
             return;
         case 2:
-            pv_stream(2, p, ldp, v, n, d, o, ldo);
+            pv_stream(2, p, ldp, v, ldv, n, d, o, ldo);
             return;
         default:
-            pv_stream(1, p, ldp, v, n, d, o, ldo);
+            pv_stream(1, p, ldp, v, ldv, n, d, o, ldo);
             return;
         }
     }
@@ -267,7 +267,7 @@ __attribute__((target("avx2,fma"))) static void pv_avx2(const float *p, size_t l
     for (int32_t j0 = 0; j0 < n; j0 += 16) {
         int32_t nj = n - j0 < 16 ? n - j0 : 16;
 
-        pv_columns(p + j0, ldp, m, v + (size_t)j0 * d, nj, d, c_fast, o, ldo);
+        pv_columns(p + j0, ldp, m, v + (size_t)j0 * ldv, ldv, nj, c_fast, o, ldo);
     }
     if (c_fast < d) {
         /* The few columns past the last full register block. */
@@ -275,7 +275,7 @@ __attribute__((target("avx2,fma"))) static void pv_avx2(const float *p, size_t l
             for (int32_t j = 0; j < n; j++) {
                 float w = p[i * ldp + j];
                 for (int32_t c = c_fast; c < d; c++) {
-                    o[i * ldo + c] += w * v[(size_t)j * d + c];
+                    o[i * ldo + c] += w * v[(size_t)j * ldv + c];
                 }
             }
         }
@@ -476,15 +476,15 @@ void attn__small_qk(const float *q, size_t ldq, int32_t m, const float *k, size_
     attn__qk(q, ldq, m, k, ldk, n, d, s, lds);
 }
 
-void attn__small_pv(const float *p, size_t ldp, int32_t m, const float *v, int32_t n, int32_t d,
-                    float *o, size_t ldo) {
+void attn__small_pv(const float *p, size_t ldp, int32_t m, const float *v, size_t ldv, int32_t n,
+                    int32_t d, float *o, size_t ldo) {
 #ifdef TILE_HAVE_AVX2
     if (attn__tile_is_fast()) {
-        pv_avx2(p, ldp, m, v, n, d, o, ldo);
+        pv_avx2(p, ldp, m, v, ldv, n, d, o, ldo);
         return;
     }
 #endif
-    attn__pv(p, ldp, m, v, (size_t)d, n, d, o, ldo);
+    attn__pv(p, ldp, m, v, ldv, n, d, o, ldo);
 }
 
 void attn__tile_qk(const float *q, size_t ldq, int32_t m, const float *k, int32_t n, int32_t d,
@@ -497,11 +497,11 @@ void attn__tile_qk(const float *q, size_t ldq, int32_t m, const float *k, int32_
 #endif
 }
 
-void attn__tile_pv(const float *p, size_t ldp, int32_t m, const float *v, int32_t n, int32_t d,
-                   float *o, size_t ldo) {
+void attn__tile_pv(const float *p, size_t ldp, int32_t m, const float *v, size_t ldv, int32_t n,
+                   int32_t d, float *o, size_t ldo) {
 #ifdef TILE_HAVE_AVX2
-    pv_avx2(p, ldp, m, v, n, d, o, ldo);
+    pv_avx2(p, ldp, m, v, ldv, n, d, o, ldo);
 #else
-    attn__pv(p, ldp, m, v, (size_t)d, n, d, o, ldo);
+    attn__pv(p, ldp, m, v, ldv, n, d, o, ldo);
 #endif
 }

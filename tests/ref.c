@@ -312,6 +312,120 @@ void ref_layer_forward(const attn_config *cfg, const ref_layer *w, const ref_for
 
 /* ---- stateless SDPA ------------------------------------------------------------------------ */
 
+/* y (out) = W (out x in) x + b, in double. */
+static void affine(const float *w, const float *b, const double *x, int32_t in, int32_t out,
+                   double *y) {
+    for (int32_t o = 0; o < out; o++) {
+        double acc = b != NULL ? b[o] : 0.0;
+        for (int32_t e = 0; e < in; e++) {
+            acc += (double)w[(size_t)o * in + e] * x[e];
+        }
+        y[o] = acc;
+    }
+}
+
+static void rms_norm(double *x, int32_t n, const float *w, double eps) {
+    double ss = 0.0;
+    for (int32_t i = 0; i < n; i++) {
+        ss += x[i] * x[i];
+    }
+    double inv = 1.0 / sqrt(ss / n + eps);
+    for (int32_t i = 0; i < n; i++) {
+        x[i] = w[i] * x[i] * inv;
+    }
+}
+
+void ref_mla_forward(const attn_config *cfg, const ref_mla_layer *w, const float *x,
+                     int32_t n_tokens, float *out, float *weights) {
+    const int32_t n = n_tokens, h_n = cfg->n_heads, hidden = cfg->hidden_size;
+    const int32_t nope = cfg->qk_nope_head_dim, rope = cfg->qk_rope_head_dim;
+    const int32_t kvl = cfg->kv_lora_rank, vd = cfg->v_head_dim, qk = nope + rope;
+    const int32_t qlr = cfg->q_lora_rank;
+    const double eps = cfg->mla_norm_eps > 0 ? cfg->mla_norm_eps : 1e-6;
+    const double scale =
+        cfg->softmax_scale > 0 ? (double)cfg->softmax_scale : 1.0 / sqrt((double)qk);
+    attn_config rc = *cfg; /* RoPE over the rope dims alone */
+    rc.head_dim = rope;
+    rc.rotary_dim = rope;
+    double *inv_freq = xcalloc((size_t)rope, sizeof(double));
+    ref_rope_inv_freq(&rc, inv_freq);
+    double *q = xcalloc((size_t)n * h_n * qk, sizeof(double));
+    double *k = xcalloc((size_t)n * h_n * qk, sizeof(double));
+    double *v = xcalloc((size_t)n * h_n * vd, sizeof(double));
+    double *xd = xcalloc((size_t)hidden, sizeof(double));
+    double *qa = xcalloc((size_t)(qlr > 0 ? qlr : 1), sizeof(double));
+    double *ckv = xcalloc((size_t)kvl + rope, sizeof(double));
+    double *kvb = xcalloc((size_t)h_n * (nope + vd), sizeof(double));
+    for (int32_t i = 0; i < n; i++) {
+        for (int32_t e = 0; e < hidden; e++) {
+            xd[e] = x[(size_t)i * hidden + e];
+        }
+        double *qi = q + (size_t)i * h_n * qk;
+        if (qlr > 0) {
+            affine(w->wq_a, cfg->has_qkv_bias ? w->bq_a : NULL, xd, hidden, qlr, qa);
+            rms_norm(qa, qlr, w->q_a_norm, eps);
+            affine(w->wq_b, NULL, qa, qlr, h_n * qk, qi);
+        } else {
+            affine(w->wq, cfg->has_qkv_bias ? w->bq : NULL, xd, hidden, h_n * qk, qi);
+        }
+        affine(w->wkv_a, cfg->has_qkv_bias ? w->bkv_a : NULL, xd, hidden, kvl + rope, ckv);
+        rms_norm(ckv, kvl, w->kv_a_norm, eps);
+        affine(w->wkv_b, NULL, ckv, kvl, h_n * (nope + vd), kvb);
+        ref_rope_rotate(&rc, inv_freq, i, ckv + kvl);
+        for (int32_t h = 0; h < h_n; h++) {
+            ref_rope_rotate(&rc, inv_freq, i, qi + (size_t)h * qk + nope);
+            double *kh = k + ((size_t)i * h_n + h) * qk;
+            memcpy(kh, kvb + (size_t)h * (nope + vd), (size_t)nope * sizeof(double));
+            memcpy(kh + nope, ckv + kvl, (size_t)rope * sizeof(double));
+            memcpy(v + ((size_t)i * h_n + h) * vd, kvb + (size_t)h * (nope + vd) + nope,
+                   (size_t)vd * sizeof(double));
+        }
+    }
+    double *s = xcalloc((size_t)n, sizeof(double)), *p = xcalloc((size_t)n, sizeof(double));
+    bool *visible = xcalloc((size_t)n, sizeof(bool));
+    double *ctx = xcalloc((size_t)n * h_n * vd, sizeof(double));
+    for (int32_t h = 0; h < h_n; h++) {
+        for (int32_t i = 0; i < n; i++) {
+            for (int32_t j = 0; j < n; j++) {
+                visible[j] = j <= i;
+                s[j] = visible[j] ? scale * dot(q + ((size_t)i * h_n + h) * qk,
+                                                k + ((size_t)j * h_n + h) * qk, qk)
+                                  : 0.0;
+            }
+            softmax_row(s, visible, n, -INFINITY, p);
+            for (int32_t j = 0; j < n; j++) {
+                for (int32_t e = 0; e < vd; e++) {
+                    ctx[((size_t)i * h_n + h) * vd + e] += p[j] * v[((size_t)j * h_n + h) * vd + e];
+                }
+                if (weights != NULL) {
+                    weights[((size_t)h * n + i) * n + j] = (float)p[j];
+                }
+            }
+        }
+    }
+    double *o = xcalloc((size_t)hidden, sizeof(double));
+    for (int32_t i = 0; i < n; i++) {
+        affine(w->wo, cfg->has_o_bias ? w->bo : NULL, ctx + (size_t)i * h_n * vd, h_n * vd, hidden,
+               o);
+        for (int32_t e = 0; e < hidden; e++) {
+            out[(size_t)i * hidden + e] = (float)o[e];
+        }
+    }
+    free(o);
+    free(ctx);
+    free(visible);
+    free(p);
+    free(s);
+    free(kvb);
+    free(ckv);
+    free(qa);
+    free(xd);
+    free(v);
+    free(k);
+    free(q);
+    free(inv_freq);
+}
+
 static double elu_plus_one(double x) {
     return x > 0.0 ? x + 1.0 : exp(x);
 }

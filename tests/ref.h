@@ -115,6 +115,22 @@ typedef struct ref_sdpa_args {
 
 void ref_sdpa(const ref_sdpa_args *a);
 
+/* ---- multi-head latent attention ------------------------------------------------------------- */
+
+/* One MLA layer (attn_config.kv_lora_rank > 0), the tensors of attn_layer_weights' MLA part: wq
+ * and bq (when q_lora_rank is 0) or wq_a, bq_a, q_a_norm and wq_b; wkv_a, bkv_a, kv_a_norm,
+ * wkv_b; wo (hidden, n_heads * v_head_dim) and bo. Biases are read as the config says. */
+typedef struct ref_mla_layer {
+    const float *wq, *bq, *wq_a, *bq_a, *q_a_norm, *wq_b;
+    const float *wkv_a, *bkv_a, *kv_a_norm, *wkv_b, *wo, *bo;
+} ref_mla_layer;
+
+/* The layer over x (n_tokens, hidden) at positions 0.. in the expanded form of the modeling
+ * code: per head k = [W_UK_h c | k_rot] and v = W_UV_h c, causal softmax with the config's
+ * scale, then o. out (n_tokens, hidden); weights (n_heads, n, n) or NULL. */
+void ref_mla_forward(const attn_config *cfg, const ref_mla_layer *w, const float *x,
+                     int32_t n_tokens, float *out, float *weights);
+
 /* Linear attention, seed 004 3.7, in its quadratic form: with phi(x) = elu(x) + 1, query i gets
  * sum_j w_ij v_j / (sum_j w_ij + 1e-6), w_ij = phi(q_i) . phi(k_j), over the keys it sees (all,
  * or with is_causal j <= i + n_k - n_q); head h reads kv head h / (n_heads / n_kv_heads). Reads
