@@ -366,6 +366,8 @@ enum attn__hf_tensors {
     ATTN__HF_NEOX,      /* query_key_value rows head by head [q_h | k_h | v_h], dense (GPT-NeoX) */
     ATTN__HF_FALCON, /* query_key_value rows group by group [q_g.. | k_g | v_g], dense (Falcon) */
     ATTN__HF_GPT2,   /* Conv1D c_attn (in, q | k | v) and c_proj (in, out), transposed (GPT-2) */
+    ATTN__HF_MLA,    /* DeepSeek: q_proj or q_a_proj / q_a_layernorm / q_b_proj, kv_a_proj_with_mqa,
+                        kv_a_layernorm, kv_b_proj, o_proj */
 };
 
 /* How a family stores its q/k norm weights (when the config applies a norm). */

@@ -92,12 +92,14 @@ static int granite_extra(const struct attn__reason *why, const cJSON *j, attn_co
 static int gemma3_extra(const struct attn__reason *why, const cJSON *j, attn_config *c);
 static int gpt2_extra(const struct attn__reason *why, const cJSON *j, attn_config *c);
 static int falcon_extra(const struct attn__reason *why, const cJSON *j, attn_config *c);
+static int deepseek_extra(const struct attn__reason *why, const cJSON *j, attn_config *c);
 
 static const char *const gpt2_keys[] = {"n_embd", "n_head", "n_layer", "n_positions"};
 static const char *const stablelm_reads[] = {"qk_layernorm", NULL};
 static const char *const cohere_reads[] = {"use_qk_norm", NULL};
 static const char *const cohere2_reads[] = {"layer_types", "sliding_window_pattern", NULL};
 static const char *const neox_reads[] = {"rotary_pct", NULL};
+static const char *const deepseek_v3_reads[] = {"rope_interleave", NULL};
 /* FalconConfig.attribute_map: the original checkpoints' n_head / n_layer. */
 static const char *const falcon_aliases[] = {NULL, "n_head", "n_layer", NULL};
 
@@ -282,6 +284,23 @@ static const struct family families[] = {
      .default_rope_scaling = "{\"rope_type\":\"yarn\",\"factor\":32.0,\"beta_fast\":32.0,"
                              "\"beta_slow\":1.0,\"truncate\":false,"
                              "\"original_max_position_embeddings\":4096}"},
+    /* DeepSeek-V2 / V3 (and Kimi-K2): multi-head latent attention, RoPE on qk_rope_head_dim
+     * dims in interleaved pairs (V2's complex rotary; V3's rope_interleave, true when absent),
+     * biases on q_a_proj / kv_a_proj_with_mqa / o_proj iff attention_bias; the softmax scale
+     * grows by yarn's mscale(factor, mscale_all_dim)^2. The MoE experts are not read. */
+    {.model_type = "deepseek_v2",
+     .bias = BIAS_IF_ATTENTION_BIAS,
+     .window = WINDOW_NOT_READ,
+     .tensors = ATTN__HF_MLA,
+     .rope_style = ATTN_ROPE_STYLE_INTERLEAVED,
+     .read_extra = deepseek_extra},
+    {.model_type = "deepseek_v3",
+     .bias = BIAS_IF_ATTENTION_BIAS,
+     .window = WINDOW_NOT_READ,
+     .tensors = ATTN__HF_MLA,
+     .rope_style = ATTN_ROPE_STYLE_INTERLEAVED,
+     .reads = deepseek_v3_reads,
+     .read_extra = deepseek_extra},
     /* attnd's own layout: the engine's generic attention with every field explicit. */
     {.model_type = "attnd",
      .bias = BIAS_AS_THE_TENSORS_SAY,
@@ -302,15 +321,13 @@ static const struct {
     {"granitemoe", "attention_multiplier as the softmax scale"},
     {"phi", "partial rotary and a dense output projection"},
     {"starcoder2", "its attention has not been validated"},
-    {"deepseek_v2", "multi-head latent attention"},
-    {"deepseek_v3", "multi-head latent attention"},
     {"llama4", "chunked attention and layers without RoPE"},
     {"smollm3", "layers without RoPE (no_rope_layers)"},
 };
 
 #define SERVED_LIST                                                                                \
     "llama, mistral, qwen2, qwen3, olmo2, granite, gemma2, gemma3, phi3, gpt_neox, falcon, "       \
-    "gpt2, stablelm, cohere, cohere2, glm, glm4, gpt_oss, attnd"
+    "gpt2, stablelm, cohere, cohere2, glm, glm4, gpt_oss, deepseek_v2, deepseek_v3, attnd"
 
 /* Fields that change attention, which none of the served families computes: refused unless they
  * hold their neutral value (absent, null, false, 0, or what is named). */
@@ -755,8 +772,12 @@ static int parse_rope(const struct attn__reason *why, const cJSON *j, const stru
     if ((rc = parse_partial(why, j, rp, f, &partial)) != ATTN_OK) {
         return rc;
     }
-    /* int(head_dim * partial_rotary_factor), as the modeling code computes it. */
+    /* int(head_dim * partial_rotary_factor), as the modeling code computes it; multi-head latent
+     * attention rotates its qk_rope_head_dim dims. */
     c->rotary_dim = (int32_t)floor(c->head_dim * partial);
+    if (c->kv_lora_rank > 0) {
+        c->rotary_dim = c->qk_rope_head_dim;
+    }
     if (c->rotary_dim % 2 != 0 || c->rotary_dim == 0) {
         return attn__fail(why, ATTN_EUNSUPPORTED,
                           "config.json: rotary dim %d (head_dim x the rotary fraction) must be "
@@ -978,6 +999,59 @@ static int falcon_extra(const struct attn__reason *why, const cJSON *j, attn_con
                           "config.json: num_kv_heads (%d) must divide num_attention_heads (%d)",
                           c->n_kv_heads, c->n_heads);
     }
+    return ATTN_OK;
+}
+
+/* configuration_deepseek_v3.py (V2's alike): the MLA dimensions, q_lora_rank null for a plain
+ * q_proj, one latent instead of KV heads, head_dim the score's (its config field is the rotary
+ * dims, which qk_rope_head_dim restates). */
+static int deepseek_extra(const struct attn__reason *why, const cJSON *j, attn_config *c) {
+    int rc;
+    c->q_lora_rank = 1536;
+    c->kv_lora_rank = 512;
+    c->qk_nope_head_dim = 128;
+    c->qk_rope_head_dim = 64;
+    c->v_head_dim = 128;
+    c->mla_norm_eps = 1e-6f;
+    const cJSON *ql = cJSON_GetObjectItemCaseSensitive(j, "q_lora_rank");
+    if (ql != NULL && cJSON_IsNull(ql)) {
+        c->q_lora_rank = 0;
+    } else if ((rc = get_int(why, j, "q_lora_rank", &c->q_lora_rank)) != ATTN_OK) {
+        return rc;
+    }
+    if ((rc = get_int(why, j, "kv_lora_rank", &c->kv_lora_rank)) != ATTN_OK ||
+        (rc = get_int(why, j, "qk_nope_head_dim", &c->qk_nope_head_dim)) != ATTN_OK ||
+        (rc = get_int(why, j, "qk_rope_head_dim", &c->qk_rope_head_dim)) != ATTN_OK ||
+        (rc = get_int(why, j, "v_head_dim", &c->v_head_dim)) != ATTN_OK ||
+        (rc = get_float(why, j, "rms_norm_eps", &c->mla_norm_eps)) != ATTN_OK) {
+        return rc;
+    }
+    if (c->kv_lora_rank <= 0) {
+        return attn__fail(why, ATTN_EIO, "config.json: kv_lora_rank must be > 0");
+    }
+    c->n_kv_heads = 1;
+    c->head_dim = c->qk_nope_head_dim + c->qk_rope_head_dim;
+    return ATTN_OK;
+}
+
+/* After the rotary embedding is read: V3's rope_interleave false rotates halves, and yarn's
+ * mscale_all_dim grows the softmax scale by its mscale squared (modeling_deepseek_v3). */
+static int deepseek_finish(const struct attn__reason *why, const cJSON *j, const struct family *f,
+                           attn_config *c) {
+    bool interleave = true;
+    int rc =
+        f->reads == deepseek_v3_reads ? get_bool(why, j, "rope_interleave", &interleave) : ATTN_OK;
+    if (rc != ATTN_OK) {
+        return rc;
+    }
+    c->rope_style = interleave ? ATTN_ROPE_STYLE_INTERLEAVED : ATTN_ROPE_STYLE_HALF;
+    double scale = 1.0 / sqrt((double)c->head_dim);
+    const attn_rope_scaling *rs = &c->rope_scaling;
+    if (rs->type != ATTN_ROPE_SCALING_NONE && rs->mscale_all_dim > 0 && rs->factor > 1) {
+        double m = 0.1 * rs->mscale_all_dim * log((double)rs->factor) + 1.0;
+        scale *= m * m;
+    }
+    c->softmax_scale = (float)scale;
     return ATTN_OK;
 }
 
@@ -1231,7 +1305,10 @@ static int parse_config(const struct attn__reason *why, const cJSON *j, const ch
         (f->read_extra != NULL && (rc = f->read_extra(why, j, c)) != ATTN_OK)) {
         return rc;
     }
-    return parse_rope(why, j, f, c);
+    if ((rc = parse_rope(why, j, f, c)) != ATTN_OK) {
+        return rc;
+    }
+    return f->tensors == ATTN__HF_MLA ? deepseek_finish(why, j, f, c) : ATTN_OK;
 }
 
 /* Parses config.json text; see attn_int.h. */

@@ -41,6 +41,7 @@ static const struct names layouts[] = {
                          {"query_key_value.bias"},
                          "dense.bias",
                          {"rotary_emb.inv_freq", "maybe_rotary.inv_freq"}},
+    [ATTN__HF_MLA] = {{NULL}, {NULL}, NULL, {NULL}}, /* mla_names() */
     [ATTN__HF_GPT2] = {{"c_attn.weight", "c_proj.weight"},
                        {"c_attn.bias"},
                        "c_proj.bias",
@@ -56,8 +57,52 @@ static bool in_list(const char *const *list, size_t n, const char *s) {
     return false;
 }
 
+/* Multi-head latent attention's tensors (DeepSeek-V2 / V3), each with whether the config has it,
+ * where the layer keeps it and its shape (cols 0: a vector). */
+struct mla_name {
+    const char *name;
+    bool is_present;
+    float *dst;
+    int32_t rows, cols;
+};
+
+static int32_t mla_names(const attn_config *c, struct attn__layer *l, struct mla_name *out) {
+    bool lora = c->q_lora_rank > 0, bias = c->has_qkv_bias;
+    int32_t hidden = c->hidden_size, qk = c->n_heads * c->head_dim;
+    int32_t kva = c->kv_lora_rank + c->qk_rope_head_dim;
+    int32_t kvb = c->n_heads * (c->qk_nope_head_dim + c->v_head_dim);
+    struct mla_name all[] = {
+        {"q_proj.weight", !lora, l ? l->w_q : NULL, qk, hidden},
+        {"q_a_proj.weight", lora, l ? l->w_qa : NULL, c->q_lora_rank, hidden},
+        {"q_a_proj.bias", lora && bias, l ? l->b_qa : NULL, c->q_lora_rank, 0},
+        {"q_a_layernorm.weight", lora, l ? l->q_a_norm : NULL, c->q_lora_rank, 0},
+        {"q_b_proj.weight", lora, l ? l->w_qb : NULL, qk, c->q_lora_rank},
+        {"kv_a_proj_with_mqa.weight", true, l ? l->w_kva : NULL, kva, hidden},
+        {"kv_a_proj_with_mqa.bias", bias, l ? l->b_kva : NULL, kva, 0},
+        {"kv_a_layernorm.weight", true, l ? l->kv_a_norm : NULL, c->kv_lora_rank, 0},
+        {"kv_b_proj.weight", true, l ? l->w_kvb : NULL, kvb, c->kv_lora_rank},
+        {"o_proj.weight", true, l ? l->w_o : NULL, hidden, c->n_heads * c->v_head_dim},
+        {"o_proj.bias", c->has_o_bias, l ? l->b_o : NULL, hidden, 0},
+    };
+    memcpy(out, all, sizeof all);
+    return (int32_t)(sizeof all / sizeof all[0]);
+}
+
+#define MLA_NAMES 11
+
 bool attn__hf_tensor_is_consumed(const attn_config *c, const struct attn__hf_layout *lay,
                                  const char *suffix) {
+    if (lay->tensors == ATTN__HF_MLA) {
+        struct mla_name n[MLA_NAMES];
+        int32_t count = mla_names(c, NULL, n);
+        for (int32_t i = 0; i < count; i++) {
+            if (strcmp(n[i].name, suffix) == 0) {
+                return n[i].is_present;
+            }
+        }
+        /* a buffer old checkpoints saved, which the config restates */
+        return strcmp(suffix, "rotary_emb.inv_freq") == 0;
+    }
     const struct names *n = &layouts[lay->tensors];
     if (in_list(n->weights, 4, suffix) || in_list(n->ignored, 3, suffix) ||
         (c->has_qkv_bias && in_list(n->qkv_biases, 3, suffix)) ||
@@ -93,7 +138,8 @@ bool attn__hf_tensor_is_consumed(const attn_config *c, const struct attn__hf_lay
 }
 
 const char *attn__hf_layout_first_tensor(const struct attn__hf_layout *lay) {
-    return layouts[lay->tensors].weights[0];
+    return lay->tensors == ATTN__HF_MLA ? "kv_a_proj_with_mqa.weight"
+                                        : layouts[lay->tensors].weights[0];
 }
 
 /* ---- reading ----------------------------------------------------------------------------------
@@ -265,6 +311,28 @@ static int read_norms(const struct attn__hf_reader *rd, const attn_config *c,
     return ATTN_OK;
 }
 
+/* DeepSeek's tensors as they are (nn.Linear layout). Its q_proj has no bias even with
+ * attention_bias, which the engine's optional b_q then holds as zeros. */
+static int read_mla(const struct attn__hf_reader *rd, const attn_config *c,
+                    const struct attn__hf_layout *lay, const char *prefix, int32_t layer,
+                    struct attn__layer *l) {
+    struct mla_name n[MLA_NAMES];
+    int32_t count = mla_names(c, l, n);
+    for (int32_t i = 0; i < count; i++) {
+        if (!n[i].is_present) {
+            continue;
+        }
+        int rc = read_named(rd, prefix, layer, lay, n[i].name, n[i].rows, n[i].cols, n[i].dst);
+        if (rc != ATTN_OK) {
+            return rc;
+        }
+    }
+    if (l->b_q != NULL) {
+        memset(l->b_q, 0, (size_t)c->n_heads * c->head_dim * sizeof(float));
+    }
+    return ATTN_OK;
+}
+
 int attn__hf_layer_read(const struct attn__hf_reader *rd, const attn_config *c,
                         const struct attn__hf_layout *lay, const char *prefix, int32_t layer,
                         struct attn__layer *l) {
@@ -291,6 +359,9 @@ int attn__hf_layer_read(const struct attn__hf_reader *rd, const attn_config *c,
         break;
     case ATTN__HF_GPT2:
         rc = read_gpt2(rd, c, lay, prefix, layer, l, tmp);
+        break;
+    case ATTN__HF_MLA:
+        rc = read_mla(rd, c, lay, prefix, layer, l);
         break;
     }
     free(tmp);

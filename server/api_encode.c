@@ -435,6 +435,15 @@ char *api_model_encode(const attn_config *cfg, const struct api_model_info *info
                                                                    : "half",
                   cfg->has_o_bias ? "true" : "false");
     put_float(&b, cfg->softmax_scale);
+    if (cfg->kv_lora_rank > 0) {
+        /* multi-head latent attention: what the cache holds per token */
+        strbuf_printf(&b,
+                      ",\"mla\":{\"q_lora_rank\":%d,\"kv_lora_rank\":%d,\"qk_nope_head_dim\":%d,"
+                      "\"qk_rope_head_dim\":%d,\"v_head_dim\":%d,\"cache_floats_per_token\":%d}",
+                      (int)cfg->q_lora_rank, (int)cfg->kv_lora_rank, (int)cfg->qk_nope_head_dim,
+                      (int)cfg->qk_rope_head_dim, (int)cfg->v_head_dim,
+                      (int)(cfg->kv_lora_rank + cfg->qk_rope_head_dim));
+    }
     strbuf_printf(&b, ",\"weights_bytes\":%zu,\"layers\":[", info->weights_bytes);
     for (int32_t i = 0; i < info->layer_count; i++) {
         if (i > 0) {

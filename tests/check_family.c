@@ -75,7 +75,7 @@ START_TEST(test_family_model_type_decides) {
 
     /* Known and not served: refused with what it needs, trusted or not. */ static const char
         *const unserved[] = {"qwen3_moe", "gemma",  "mixtral",    "olmo",
-                             "phi",       "llama4", "starcoder2", "deepseek_v3"};
+                             "phi",       "llama4", "starcoder2", "smollm3"};
     for (size_t i = 0; i < sizeof unserved / sizeof unserved[0]; i++) {
         p = parse(unserved[i], "", "llama");
         expect_refused(&p, ATTN_EUNSUPPORTED, unserved[i], unserved[i]);

@@ -48,6 +48,9 @@ static const fixture cohere2 = {"cohere2", 64, 4, 2, 16, 8, 3};
 static const fixture falcon_mq = {"falcon_mq", 64, 4, 1, 16, 7, 3};
 static const fixture falcon_new = {"falcon_new", 64, 8, 2, 8, 7, 3};
 static const fixture falcon_mha = {"falcon_mha", 64, 4, 4, 16, 7, 3};
+/* multi-head latent attention: n_kv_heads 0, its cache being the latent (not compared here) */
+static const fixture dsv3 = {"dsv3", 64, 4, 0, 12, 8, 3};
+static const fixture dsv2 = {"dsv2", 64, 4, 0, 16, 8, 3};
 
 static attn_model *load_ok(const char *dir, const attn_load_params *p) {
     attn_model *m = NULL;
@@ -80,10 +83,13 @@ static void check_layer(const attn_model *m, int32_t layer, const fixture *f,
     float *out_want = read_expected(name, (size_t)n * f->hidden);
     snprintf(name, sizeof(name), "%s_l%d_weights", expected, (int)layer);
     float *w_want = read_expected(name, (size_t)f->n_heads * n * n);
-    snprintf(name, sizeof(name), "%s_l%d_k", expected, (int)layer);
-    float *k_want = read_expected(name, kv_count);
-    snprintf(name, sizeof(name), "%s_l%d_v", expected, (int)layer);
-    float *v_want = read_expected(name, kv_count);
+    float *k_want = NULL, *v_want = NULL;
+    if (f->n_kv_heads > 0) {
+        snprintf(name, sizeof(name), "%s_l%d_k", expected, (int)layer);
+        k_want = read_expected(name, kv_count);
+        snprintf(name, sizeof(name), "%s_l%d_v", expected, (int)layer);
+        v_want = read_expected(name, kv_count);
+    }
 
     attn_kv_pool *pool = NULL;
     attn_workspace *ws = NULL;
@@ -105,12 +111,14 @@ static void check_layer(const attn_model *m, int32_t layer, const fixture *f,
     harness_expect_close(out, out_want, (size_t)n * f->hidden, what);
     snprintf(what, sizeof(what), "%s layer %d: weights", expected, (int)layer);
     harness_expect_weight_rows(w, w_want, f->n_heads, 0, n, what);
-    attn_config kv_cfg;
-    memset(&kv_cfg, 0, sizeof(kv_cfg));
-    kv_cfg.n_kv_heads = f->n_kv_heads;
-    kv_cfg.head_dim = f->head_dim;
-    snprintf(what, sizeof(what), "%s layer %d", expected, (int)layer);
-    harness_expect_kv(kv, &kv_cfg, k_want, v_want, n, what);
+    if (f->n_kv_heads > 0) {
+        attn_config kv_cfg;
+        memset(&kv_cfg, 0, sizeof(kv_cfg));
+        kv_cfg.n_kv_heads = f->n_kv_heads;
+        kv_cfg.head_dim = f->head_dim;
+        snprintf(what, sizeof(what), "%s layer %d", expected, (int)layer);
+        harness_expect_kv(kv, &kv_cfg, k_want, v_want, n, what);
+    }
 
     free(w);
     free(out);
@@ -350,6 +358,32 @@ START_TEST(test_load_falcon_layouts_match_numpy) {
         check_layer(m, 1, cases[i].f, cases[i].expected);
         attn_model_destroy(m);
     }
+}
+END_TEST
+
+/* DeepSeek-V3 (q_lora_rank, rope_interleave, BF16, 2 layers) and V2 (q_proj, attention_bias,
+ * yarn with mscale_all_dim at positions 100..): multi-head latent attention against the
+ * expanded numpy reference of modeling_deepseek_v3, prefill then decodes, weights included. */
+START_TEST(test_load_deepseek_matches_numpy) {
+    attn_model *m = load_ok(DATA "hf_deepseek_v3_bf16", NULL);
+    const attn_config *c = attn_model_config(m);
+    ck_assert_str_eq(attn_model_family(m), "deepseek_v3");
+    ck_assert(c->kv_lora_rank == 16 && c->q_lora_rank == 24 && c->head_dim == 12 &&
+              c->rotary_dim == 4 && c->n_kv_heads == 1);
+    ck_assert_int_eq(c->rope_style, ATTN_ROPE_STYLE_INTERLEAVED);
+    check_layer(m, 0, &dsv3, "dsv3_bf16");
+    check_layer(m, 1, &dsv3, "dsv3_bf16");
+    attn_model_destroy(m);
+    attn_load_params lp = {0, 0, 4096, NULL};
+    m = load_ok(DATA "hf_deepseek_v2_f32", &lp);
+    c = attn_model_config(m);
+    ck_assert_str_eq(attn_model_family(m), "deepseek_v2");
+    ck_assert(c->q_lora_rank == 0 && c->has_qkv_bias && c->has_o_bias);
+    ck_assert_int_eq(c->rope_scaling.type, ATTN_ROPE_SCALING_YARN);
+    double mscale = 0.1 * 0.707 * log(40.0) + 1.0;
+    ck_assert_float_eq_tol(c->softmax_scale, (float)(mscale * mscale / 4.0), 1e-6f);
+    check_layer(m, 0, &dsv2, "dsv2_f32");
+    attn_model_destroy(m);
 }
 END_TEST
 
@@ -614,6 +648,7 @@ Suite *load_suite(void) {
     tcase_add_test(tc, test_load_rope_scalings_match_numpy);
     tcase_add_test(tc, test_load_gpt_neox_f16_matches_numpy);
     tcase_add_test(tc, test_load_falcon_layouts_match_numpy);
+    tcase_add_test(tc, test_load_deepseek_matches_numpy);
     tcase_add_test(tc, test_load_gpt2_f32_matches_numpy);
     tcase_add_test(tc, test_load_norm_and_rotary_families_match_numpy);
     tcase_add_test(tc, test_load_gpt_oss_bf16_matches_numpy);

@@ -1083,6 +1083,8 @@ START_TEST(test_server_family_checkpoints_match_the_reference) {
         {"tests/data/hf_gpt_oss_bf16", "gptoss", "gpt_oss_bf16_l2", 64, 2, 8, 3, 100},
         /* Falcon's KV groups in one fused query_key_value, with biases */
         {"tests/data/hf_falcon_new_f32", "falcon_new", "falcon_new_f32_l1", 64, 1, 7, 3, 0},
+        /* multi-head latent attention: the latent cache, absorbed form */
+        {"tests/data/hf_deepseek_v3_bf16", "dsv3", "dsv3_bf16_l1", 64, 1, 8, 3, 0},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const char *args[] = {"--model", cases[c].dir, "--workers", "1", "--kv-budget-mb",

@@ -1050,6 +1050,141 @@ def falcon_as_projections(w, cfg):
     return out
 
 
+# deepseek: multi-head latent attention as modeling_deepseek_v3 computes it (V2's alike). V3:
+# q_lora_rank 24 (q_a_proj, q_a_layernorm, q_b_proj), kv_lora_rank 16, qk_nope 8 + qk_rope 4, v 12,
+# rope_interleave, no biases, 2 layers, BF16, the real config's head_dim (= qk_rope_head_dim) and
+# MoE fields. V2 (Lite's shape): q_lora_rank null (q_proj), rope 8, v 8, attention_bias (kv_a and
+# o biases; q_proj has none), yarn 40 over 64 with mscale = mscale_all_dim = 0.707 (the softmax
+# scale grows by mscale(40, 0.707)^2), F32, 1 layer, positions 100..
+DSV3 = {"hidden": 64, "n_heads": 4, "q_lora": 24, "kv_lora": 16, "nope": 8, "rope": 4, "v": 12,
+        "bias": False, "interleave": True, "rope_theta": 10000.0, "eps": 1e-6, "n_layers": 2,
+        "rope_scaling": None}
+DSV3_CONFIG = {
+    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+    "torch_dtype": "bfloat16", "hidden_size": 64, "num_attention_heads": 4,
+    "num_key_value_heads": 4, "num_hidden_layers": 2, "q_lora_rank": 24, "kv_lora_rank": 16,
+    "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 12, "head_dim": 4,
+    "rope_interleave": True, "attention_bias": False, "rms_norm_eps": 1e-06, "rope_theta": 10000.0,
+    "rope_scaling": None, "max_position_embeddings": 128, "n_routed_experts": 8,
+    "n_shared_experts": 1, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+    "first_k_dense_replace": 1, "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.5,
+    "norm_topk_prob": True, "intermediate_size": 128, "vocab_size": 8,
+}
+DSV2 = {"hidden": 64, "n_heads": 4, "q_lora": 0, "kv_lora": 16, "nope": 8, "rope": 8, "v": 8,
+        "bias": True, "interleave": True, "rope_theta": 10000.0, "eps": 1e-6, "n_layers": 1,
+        "rope_scaling": {"type": "yarn", "factor": 40.0, "original": 64, "beta_fast": 32,
+                         "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707}}
+DSV2_CONFIG = {
+    "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
+    "torch_dtype": "float32", "hidden_size": 64, "num_attention_heads": 4,
+    "num_key_value_heads": 4, "num_hidden_layers": 1, "q_lora_rank": None, "kv_lora_rank": 16,
+    "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 8, "attention_bias": True,
+    "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "max_position_embeddings": 2560,
+    "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 64,
+                     "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707},
+    "vocab_size": 8,
+}
+DS_T, DS_DECODE, DSV2_POS0 = 8, 3, 100
+
+
+def deepseek_layer(w, x, positions, cfg):
+    """modeling_deepseek_v3 DeepseekV3Attention.forward, expanded (k and v per head), float64.
+    Returns out (T, hidden) and probs (H, T, T)."""
+    t, h = x.shape[0], cfg["n_heads"]
+    nope, rope, kvl, vd = cfg["nope"], cfg["rope"], cfg["kv_lora"], cfg["v"]
+    x = x.astype(np.float64)
+
+    def lin(name, y):
+        out = y @ w[name + ".weight"].astype(np.float64).T
+        if name + ".bias" in w:
+            out = out + w[name + ".bias"].astype(np.float64)
+        return out
+
+    def rms(y, weight):  # DeepseekV3RMSNorm
+        return weight.astype(np.float64) * y / np.sqrt((y * y).mean(-1, keepdims=True) + cfg["eps"])
+
+    if cfg["q_lora"]:
+        q = lin("q_b_proj", rms(lin("q_a_proj", x), w["q_a_layernorm.weight"]))
+    else:
+        q = lin("q_proj", x)
+    q = q.reshape(t, h, nope + rope)
+    q_pass, q_rot = q[..., :nope], q[..., nope:]
+    ckv = lin("kv_a_proj_with_mqa", x)
+    k_pass = lin("kv_b_proj", rms(ckv[:, :kvl], w["kv_a_layernorm.weight"]))
+    k_pass = k_pass.reshape(t, h, nope + vd)
+    k_nope, v = k_pass[..., :nope], k_pass[..., nope:]
+    k_rot = ckv[:, None, kvl:]  # (T, 1, rope)
+    # the rotary embedding: cos = cat(freqs, freqs) times the attention factor
+    f, att = rope_freqs(dict(rotary_dim=rope, rope_theta=cfg["rope_theta"],
+                             rope_scaling=cfg["rope_scaling"]))
+    ang = np.asarray(positions, np.float64)[:, None] * f[None]
+    cos = (att * np.cos(np.concatenate([ang, ang], -1)))[:, None, :]
+    sin = (att * np.sin(np.concatenate([ang, ang], -1)))[:, None, :]
+
+    def rotate_half(y):
+        return np.concatenate([-y[..., rope // 2:], y[..., :rope // 2]], -1)
+
+    def deinterleave(y):  # apply_rotary_pos_emb_interleave's view(d // 2, 2).transpose
+        return np.concatenate([y[..., 0::2], y[..., 1::2]], -1)
+
+    if cfg["interleave"]:
+        q_rot, k_rot = deinterleave(q_rot), deinterleave(k_rot)
+    q_rot = q_rot * cos + rotate_half(q_rot) * sin
+    k_rot = k_rot * cos + rotate_half(k_rot) * sin
+    query = np.concatenate([q_pass, q_rot], -1)
+    key = np.concatenate([k_nope, np.broadcast_to(k_rot, (t, h, rope))], -1)
+    scale = (nope + rope) ** -0.5
+    sc = cfg["rope_scaling"]
+    if sc is not None and sc.get("mscale_all_dim"):
+        m = yarn_mscale(sc["factor"], sc["mscale_all_dim"])
+        scale = scale * m * m
+    scores = np.einsum("ihd,jhd->hij", query, key) * scale
+    i, j = np.arange(t)[:, None], np.arange(t)[None, :]
+    scores = np.where((j <= i)[None], scores, -np.inf)
+    scores -= scores.max(-1, keepdims=True)
+    probs = np.exp(scores)
+    probs /= probs.sum(-1, keepdims=True)
+    ctx = np.einsum("hij,jhd->ihd", probs, v).reshape(t, h * vd)
+    return lin("o_proj", ctx), probs
+
+
+def gen_deepseek(out, exp):
+    """deepseek_v3 and deepseek_v2 checkpoints in their own layout, and the expanded reference."""
+    rng = np.random.default_rng(50)
+    cases = [("dsv3", "hf_deepseek_v3_bf16", DSV3, DSV3_CONFIG, "BF16", bf16_round, 0),
+             ("dsv2", "hf_deepseek_v2_f32", DSV2, DSV2_CONFIG, "F32", None, DSV2_POS0)]
+    for name, folder, cfg, config, dtype, rounding, pos0 in cases:
+        hid, h = cfg["hidden"], cfg["n_heads"]
+        qk, kva = cfg["nope"] + cfg["rope"], cfg["kv_lora"] + cfg["rope"]
+        layers = []
+        for _ in range(cfg["n_layers"]):
+            w = {}
+            if cfg["q_lora"]:
+                w["q_a_proj.weight"] = uniform(rng, (cfg["q_lora"], hid), hid)
+                w["q_a_layernorm.weight"] = rng.uniform(0.5, 1.5, cfg["q_lora"]).astype(np.float32)
+                w["q_b_proj.weight"] = uniform(rng, (h * qk, cfg["q_lora"]), cfg["q_lora"])
+            else:
+                w["q_proj.weight"] = uniform(rng, (h * qk, hid), hid)
+            w["kv_a_proj_with_mqa.weight"] = uniform(rng, (kva, hid), hid)
+            w["kv_a_layernorm.weight"] = rng.uniform(0.5, 1.5, cfg["kv_lora"]).astype(np.float32)
+            w["kv_b_proj.weight"] = uniform(rng, (h * (cfg["nope"] + cfg["v"]), cfg["kv_lora"]),
+                                            cfg["kv_lora"])
+            w["o_proj.weight"] = uniform(rng, (hid, h * cfg["v"]), h * cfg["v"])
+            if cfg["bias"]:
+                w["kv_a_proj_with_mqa.bias"] = uniform(rng, (kva,), hid)
+                w["o_proj.bias"] = uniform(rng, (hid,), h * cfg["v"])
+            layers.append(w)
+        x, pos = gen_inputs(exp, name, rng, DS_T + DS_DECODE, hid, pos0)
+        extra = [("model.embed_tokens.weight", np.zeros((8, hid), np.float32))]
+        write_folder(os.path.join(out, folder), config,
+                     extra + stored_tensors(layers, "model.layers", "self_attn"), dtype)
+        stored = rounded(layers, rounding) if rounding else layers
+        for li, w in enumerate(stored):
+            o, probs = deepseek_layer(w, x, pos, cfg)
+            write_bin(os.path.join(exp, f"{name}_{dtype.lower()}_l{li}_out.bin"), o)
+            write_bin(os.path.join(exp, f"{name}_{dtype.lower()}_l{li}_weights.bin"), probs)
+
+
 def gen_falcon(out, exp):
     """falcon's three query_key_value layouts; the reference splits them as _split_heads does."""
     rng = np.random.default_rng(49)
@@ -1185,6 +1320,7 @@ def main():
     gen_norms_and_rotary(out, exp)
     gen_rope_scalings(out, exp)
     gen_falcon(out, exp)
+    gen_deepseek(out, exp)
     gen_bad(out)
 
 
