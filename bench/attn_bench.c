@@ -43,6 +43,23 @@ static void as_qwen3(attn_config *c) {
     c->rope_theta = 1e6f;
 }
 
+/* DeepSeek-V3's attention layer: hidden 7168, 128 heads, q_lora 1536, the latent 512 + 64. */
+static void as_deepseek_v3(attn_config *c) {
+    c->hidden_size = 7168;
+    c->n_heads = 128;
+    c->n_kv_heads = 1;
+    c->head_dim = 0; /* the config check fills MLA's */
+    c->rotary_dim = 0;
+    c->softmax_scale = 0.0f;
+    c->q_lora_rank = 1536;
+    c->kv_lora_rank = 512;
+    c->qk_nope_head_dim = 128;
+    c->qk_rope_head_dim = 64;
+    c->v_head_dim = 128;
+    c->rope_theta = 10000.0f;
+    c->rope_style = ATTN_ROPE_STYLE_INTERLEAVED;
+}
+
 static void as_gemma2(attn_config *c) {
     c->softmax_scale = 0.0625f; /* query_pre_attn_scalar 256 */
     c->logit_softcap = 50.0f;
@@ -62,6 +79,8 @@ static const struct bench_preset {
     /* linear attention's state against softmax's cache, both with small's geometry */
     {"small-long", "small", NULL, true},
     {"small-linear", "small-linear", NULL, true},
+    /* multi-head latent attention at DeepSeek-V3's size: its decode reads the latent */
+    {"deepseek-v3", "llama8b", as_deepseek_v3, false},
 };
 #define N_PRESETS ((int32_t)(sizeof presets / sizeof presets[0]))
 
@@ -331,6 +350,15 @@ static int measure_sgemm(int32_t n_runs, uint64_t seed, double *gflops) {
 
 /* Float weights one layer reads per call: QKV (H + 2 Hkv) D x hidden, O hidden x H D, biases. */
 static double layer_weight_bytes(const attn_config *c) {
+    if (c->kv_lora_rank > 0) {
+        /* MLA: W_qa and W_qb (or W_q), W_kva, W_kvb, W_o, their norms */
+        double h = c->n_heads, qk = c->head_dim, hid = c->hidden_size, ql = c->q_lora_rank;
+        double kva = c->kv_lora_rank + c->qk_rope_head_dim;
+        double q = ql > 0 ? hid * ql + ql + ql * h * qk : hid * h * qk;
+        double kv = hid * kva + c->kv_lora_rank +
+                    (double)c->kv_lora_rank * h * (c->qk_nope_head_dim + c->v_head_dim);
+        return 4.0 * (q + kv + h * c->v_head_dim * hid);
+    }
     double d_q = (double)c->n_heads * c->head_dim;
     double d_kv = (double)c->n_kv_heads * c->head_dim;
     double n = (double)c->hidden_size * (d_q + 2 * d_kv) + d_q * c->hidden_size;
@@ -345,6 +373,9 @@ static double layer_weight_bytes(const attn_config *c) {
 
 /* Bytes of K and V for one token (all kv heads). */
 static double kv_token_bytes(const attn_config *c) {
+    if (c->kv_lora_rank > 0) {
+        return 4.0 * (c->kv_lora_rank + c->qk_rope_head_dim); /* the latent and k_rot */
+    }
     return 2.0 * c->n_kv_heads * c->head_dim * 4.0;
 }
 
@@ -379,6 +410,16 @@ static void step_cost(const attn_config *c, int32_t n_seq, int32_t n_past, int32
     double proj = 2.0 * m * (d_q + 2 * d_kv) * c->hidden_size + 2.0 * m * c->hidden_size * d_q;
     double attn = 4.0 * c->n_heads * c->head_dim * visible_keys(c, n_past, n_new) * n_seq;
     double kv = kv_token_bytes(c) * n_seq * (keys_read(c, n_past, n_new) + n_new);
+    if (c->kv_lora_rank > 0) {
+        /* MLA: the projections, absorbing W_UK and applying W_UV per token, and per visible key
+         * a score over kv_lora + rope dims and a PV over kv_lora. */
+        double h = c->n_heads, hid = c->hidden_size, ql = c->q_lora_rank, qk = c->head_dim;
+        double kvl = c->kv_lora_rank, kva = kvl + c->qk_rope_head_dim;
+        proj = 2.0 * m *
+               ((ql > 0 ? hid * ql + ql * h * qk : hid * h * qk) + hid * kva +
+                h * (c->qk_nope_head_dim + c->v_head_dim) * kvl + h * c->v_head_dim * hid);
+        attn = 2.0 * h * (kva + kvl) * visible_keys(c, n_past, n_new) * n_seq;
+    }
     if (attn_config_layer_is_linear(c, 0)) {
         /* Per token: the state update (2 Hkv D^2) and each head's read of it (2 H D^2); the
          * state (Hkv (D^2 + D) doubles) read and written once per call. */
@@ -894,6 +935,18 @@ static int run_preset(const bench_opts *o, const char *preset, const attn_execut
                  layer_weight_bytes(run.cfg) / 1048576.0, kv_token_bytes(run.cfg) / 1024.0,
                  (double)attn_kv_pool_bytes_limit(run.pool) / 1048576.0,
                  attn_kv_pool_block_tokens(run.pool));
+        if (run.cfg->kv_lora_rank > 0) {
+            /* the latent against what expanded heads, or GQA with 8 KV heads of 128, would hold */
+            double mla = kv_token_bytes(run.cfg);
+            double expanded = 2.0 * run.cfg->n_heads * run.cfg->head_dim * 4.0;
+            double gqa = 2.0 * 8 * 128 * 4.0;
+            snprintf(results->notes[results->n_notes++], sizeof results->notes[0],
+                     "%s: the cache holds %.0f bytes a token (latent %d + k_rot %d floats); "
+                     "expanded heads would hold %.0f (%.0fx), GQA with 8 KV heads of 128 %.0f "
+                     "(%.1fx)\n",
+                     preset, mla, (int)run.cfg->kv_lora_rank, (int)run.cfg->qk_rope_head_dim,
+                     expanded, expanded / mla, gqa, gqa / mla);
+        }
         rc = run_prefill_cases(&run);
     }
     if (rc == ATTN_OK) {
@@ -915,7 +968,7 @@ static void usage(FILE *f) {
                "  --no-executor     run attention on the calling thread only\n"
                "  --quick           fewer reps and a 1 GiB bandwidth buffer (smoke runs)\n"
                "  --preset LIST     comma-separated: small, llama8b, qwen3, gemma2, small-long, "
-               "small-linear; or all (default)\n"
+               "small-linear, deepseek-v3; or all (default)\n"
                "  --case LIST       comma-separated substrings of case names, e.g. decode,_B32\n"
                "  --reps N          exactly N timed reps per case (default: adaptive)\n"
                "  --block-tokens N  KV block size (default 128, the engine's)\n"
