@@ -1,6 +1,7 @@
 /* tests/fuzz/fuzz_attend.c: POST /v1/attend bodies (api_attend_request_parse) against the tiny
  * preset's limits. Accepted: the tensor has the checked shape and finite values, positions are in
- * range. Refused: a valid error body. */
+ * range, a key_mask is 0/1, a context finite and alone with what cross-attention allows. Refused:
+ * a valid error body. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,6 +28,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (r.positions[i] < 0 || r.positions[i] >= lim.max_seq)
             abort();
     if (r.session_id[0] && !api_session_id_is_valid(r.session_id, strlen(r.session_id)))
+        abort();
+    /* key_mask: 0/1 within max_seq; a context: finite, within max_seq, and a cross request
+     * carries none of what belongs to the session's own tokens. */
+    if (r.key_mask != NULL && (r.n_key_mask < 1 || r.n_key_mask > lim.max_seq))
+        abort();
+    for (int32_t i = 0; r.key_mask != NULL && i < r.n_key_mask; i++)
+        if (r.key_mask[i] > 1)
+            abort();
+    if (r.context != NULL) {
+        if (r.n_context < 1 || r.n_context > lim.max_seq || !r.is_cross)
+            abort();
+        fuzz_check_finite(r.context, (size_t)r.n_context * (size_t)lim.hidden_size);
+    }
+    if (r.is_cross && (r.positions != NULL || r.key_mask != NULL || r.stream))
+        abort();
+    if (r.replace_context && r.context == NULL)
         abort();
     api_attend_request_release(&r);
     return 0;

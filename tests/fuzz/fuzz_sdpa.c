@@ -1,5 +1,6 @@
 /* tests/fuzz/fuzz_sdpa.c: POST /v1/sdpa bodies (api_sdpa_request_parse). Accepted: consistent
- * shapes (GQA divides), finite tensors, work within API_SDPA_MAX_SCORES. Refused: a valid error
+ * shapes (GQA divides, one batch), finite tensors, work within API_SDPA_MAX_SCORES, a 0/1 mask
+ * whose strides stay inside it, linear attention without scores' options. Refused: a valid error
  * body. */
 #include <stdlib.h>
 
@@ -19,11 +20,28 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         abort();
     if (r.n_q < 1 || r.n_k < 1 || r.d_k < 1 || r.d_v < 1)
         abort();
-    if ((int64_t)r.n_heads * r.n_q * r.n_k > API_SDPA_MAX_SCORES)
+    if (r.n_batch < 1 || (!r.is_batched && r.n_batch != 1))
         abort();
-    fuzz_check_finite(r.q, (size_t)r.n_heads * (size_t)r.n_q * (size_t)r.d_k);
-    fuzz_check_finite(r.k, (size_t)r.n_kv_heads * (size_t)r.n_k * (size_t)r.d_k);
-    fuzz_check_finite(r.v, (size_t)r.n_kv_heads * (size_t)r.n_k * (size_t)r.d_v);
+    if ((int64_t)r.n_batch * r.n_heads * r.n_q * r.n_k > API_SDPA_MAX_SCORES)
+        abort();
+    size_t b = (size_t)r.n_batch;
+    fuzz_check_finite(r.q, b * (size_t)r.n_heads * (size_t)r.n_q * (size_t)r.d_k);
+    fuzz_check_finite(r.k, b * (size_t)r.n_kv_heads * (size_t)r.n_k * (size_t)r.d_k);
+    fuzz_check_finite(r.v, b * (size_t)r.n_kv_heads * (size_t)r.n_k * (size_t)r.d_v);
+    /* a mask: strides that stay inside it, 0/1 values; linear attention has none */
+    if (r.mask != NULL) {
+        if ((r.mask_ld != 0 && r.mask_ld != (size_t)r.n_k) || r.is_linear)
+            abort();
+        size_t rows = r.mask_ld == 0 ? 1 : (size_t)r.n_q;
+        size_t n = (r.mask_batch_stride == 0 ? 1 : b) * rows * (size_t)r.n_k;
+        if (r.mask_batch_stride != 0 && r.mask_batch_stride != rows * (size_t)r.n_k)
+            abort();
+        for (size_t i = 0; i < n; i++)
+            if (r.mask[i] > 1)
+                abort();
+    }
+    if (r.is_linear && (r.return_weights || r.window >= 0 || r.scale != 0.0f))
+        abort();
     api_sdpa_request_release(&r);
     return 0;
 }
