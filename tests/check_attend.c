@@ -568,6 +568,27 @@ static float *heads_first(const double *y, int32_t n, int32_t heads, int32_t d) 
     return t;
 }
 
+/* The layer's output from per-head attention att (heads, t, d): heads merged per token, then o
+ * (with its bias), in double; malloc'd (t, hidden) floats. */
+static float *output_projection(const float *att, int32_t t, int32_t h, int32_t d,
+                                const ref_layer *w, int32_t hidden) {
+    float *merged = harness_calloc((size_t)t * h * d, sizeof(float));
+    for (int32_t i = 0; i < t; i++) {
+        for (int32_t hh = 0; hh < h; hh++) {
+            memcpy(merged + (size_t)i * h * d + hh * d, att + ((size_t)hh * t + i) * d,
+                   d * sizeof(float));
+        }
+    }
+    double *od = project(merged, t, h * d, w->wo, w->bo, hidden);
+    float *want = harness_calloc((size_t)t * hidden, sizeof(float));
+    for (size_t i = 0; i < (size_t)t * hidden; i++) {
+        want[i] = (float)od[i];
+    }
+    free(od);
+    free(merged);
+    return want;
+}
+
 /* Cross-attention steps (seed 004 3.4) against a reference written here: q from x, k and v from
  * the context through the same weights, no RoPE, no causal mask, then o. A context of S = 10
  * filled in one step and two (chunked past the workspace's rows), decodes that reuse it, weights,
@@ -604,18 +625,7 @@ START_TEST(test_attend_cross_steps_match_reference) {
                            .out = att,
                            .weights = w_ref};
         ref_sdpa(&a);
-        float *merged = harness_calloc((size_t)t * h * d, sizeof(float));
-        for (int32_t i = 0; i < t; i++) {
-            for (int32_t hh = 0; hh < h; hh++) {
-                memcpy(merged + (size_t)i * h * d + hh * d, att + ((size_t)hh * t + i) * d,
-                       d * sizeof(float));
-            }
-        }
-        double *od = project(merged, t, h * d, w->wo, w->bo, hidden);
-        float *want = harness_calloc((size_t)t * hidden, sizeof(float));
-        for (size_t i = 0; i < (size_t)t * hidden; i++) {
-            want[i] = (float)od[i];
-        }
+        float *want = output_projection(att, t, h, d, w, hidden);
 
         attn_kv_pool *pool = NULL;
         attn_workspace *ws = NULL;
@@ -681,8 +691,6 @@ START_TEST(test_attend_cross_steps_match_reference) {
         attn_workspace_destroy(ws);
         attn_kv_pool_destroy(pool);
         free(want);
-        free(od);
-        free(merged);
         free(w_ref);
         free(att);
         free(v);
@@ -730,18 +738,7 @@ START_TEST(test_attend_linear_layer_matches_reference) {
                        .window = -1,
                        .out = att};
     ref_linear_sdpa(&a);
-    float *merged = harness_calloc((size_t)n * h * d, sizeof(float));
-    for (int32_t i = 0; i < n; i++) {
-        for (int32_t hh = 0; hh < h; hh++) {
-            memcpy(merged + (size_t)i * h * d + hh * d, att + ((size_t)hh * n + i) * d,
-                   d * sizeof(float));
-        }
-    }
-    double *od = project(merged, n, h * d, w->wo, w->bo, hidden);
-    float *want = harness_calloc((size_t)n * hidden, sizeof(float));
-    for (size_t i = 0; i < (size_t)n * hidden; i++) {
-        want[i] = (float)od[i];
-    }
+    float *want = output_projection(att, n, h, d, w, hidden);
 
     attn_kv_pool *pool = NULL;
     attn_workspace *ws = NULL;
@@ -818,8 +815,6 @@ START_TEST(test_attend_linear_layer_matches_reference) {
     free(out2);
     free(out1);
     free(want);
-    free(od);
-    free(merged);
     free(att);
     free(v);
     free(k);

@@ -408,23 +408,44 @@ START_TEST(test_kinds_sdpa_linear) {
 }
 END_TEST
 
+/* The engine in-process, built as the daemon builds a preset (the reference its answers are
+ * checked against: the engine itself is checked against tests/ref.c elsewhere). */
+struct local_engine {
+    attn_model *m;
+    attn_kv_pool *pool;
+    attn_workspace *ws;
+    int32_t hidden, n_heads;
+};
+
+static void local_engine_init(struct local_engine *e, const char *preset, uint64_t seed,
+                              int32_t ws_tokens) {
+    attn_config cfg;
+    ck_assert_int_eq(attn_config_preset(preset, &cfg), ATTN_OK);
+    memset(e, 0, sizeof *e);
+    ck_assert_int_eq(attn_model_create_random(&cfg, seed, NULL, &e->m), ATTN_OK);
+    ck_assert_int_eq(attn_kv_pool_create(e->m, 16 << 20, 0, &e->pool), ATTN_OK);
+    ck_assert_int_eq(attn_workspace_create(e->m, ws_tokens, NULL, &e->ws), ATTN_OK);
+    e->hidden = attn_model_config(e->m)->hidden_size;
+    e->n_heads = attn_model_config(e->m)->n_heads;
+}
+
+static void local_engine_release(struct local_engine *e) {
+    attn_workspace_destroy(e->ws);
+    attn_kv_pool_destroy(e->pool);
+    attn_model_destroy(e->m);
+}
+
 /* POST /v1/attend's key_mask hides keys (cached or new) for that request only: a session's
  * prefill and decodes with and without it equal the engine run in-process with the same
  * key_valid, and a later request without it sees every key again. */
 START_TEST(test_kinds_attend_key_mask_is_per_request) {
     const char *args[] = {"--preset", "tiny", "--seed", "3", "--workers", "1", NULL};
     http_client_daemon_start(&daemon_, args);
-    attn_config cfg;
-    ck_assert_int_eq(attn_config_preset("tiny", &cfg), ATTN_OK);
-    attn_model *m = NULL;
-    attn_kv_pool *pool = NULL;
-    attn_workspace *ws = NULL;
+    struct local_engine eng;
+    local_engine_init(&eng, "tiny", 3, 64);
     attn_kv *kv = NULL;
-    ck_assert_int_eq(attn_model_create_random(&cfg, 3, NULL, &m), ATTN_OK);
-    ck_assert_int_eq(attn_kv_pool_create(m, 16 << 20, 0, &pool), ATTN_OK);
-    ck_assert_int_eq(attn_workspace_create(m, 64, NULL, &ws), ATTN_OK);
-    ck_assert_int_eq(attn_kv_create(pool, &kv), ATTN_OK);
-    const int32_t hidden = attn_model_config(m)->hidden_size, n = 9;
+    ck_assert_int_eq(attn_kv_create(eng.pool, &kv), ATTN_OK);
+    const int32_t hidden = eng.hidden, n = 9;
     float *x = http_client_random_rows(77, n, hidden);
     float *want = harness_calloc((size_t)n * hidden, sizeof(float));
     /* prefill 6 hiding token 2; a decode hiding 2 and 4; a decode hiding nothing */
@@ -440,7 +461,7 @@ START_TEST(test_kinds_attend_key_mask_is_per_request) {
                           .n_tokens = t,
                           .key_valid = masks[c] != NULL ? valid[c] : NULL,
                           .out = want + (size_t)first * hidden};
-        ck_assert_int_eq(attn_forward(m, 0, ws, &step, 1), ATTN_OK);
+        ck_assert_int_eq(attn_forward(eng.m, 0, eng.ws, &step, 1), ATTN_OK);
         char extra[96] = "";
         if (masks[c] != NULL) {
             snprintf(extra, sizeof extra, ",\"key_mask\":%s", masks[c]);
@@ -479,9 +500,7 @@ START_TEST(test_kinds_attend_key_mask_is_per_request) {
     free(want);
     free(x);
     attn_kv_destroy(kv);
-    attn_workspace_destroy(ws);
-    attn_kv_pool_destroy(pool);
-    attn_model_destroy(m);
+    local_engine_release(&eng);
     stop();
 }
 END_TEST
@@ -515,16 +534,9 @@ static int context_tokens(const char *session, int32_t layer) {
     return n;
 }
 
-/* The engine in-process (the daemon's tiny preset, seed 3) as the reference of one cross call:
- * the context (n_context rows, 0 = reuse) appended to cross, then x's t queries. */
-struct cross_ref {
-    attn_model *m;
-    attn_kv_pool *pool;
-    attn_workspace *ws;
-    int32_t hidden, n_heads;
-};
-
-static void cross_expect(struct cross_ref *r, attn_kv *cross, const float *ctx, int32_t n_ctx,
+/* The engine in-process as the reference of one cross call: the context (n_context rows, 0 =
+ * reuse) appended to cross, then x's t queries. */
+static void cross_expect(struct local_engine *r, attn_kv *cross, const float *ctx, int32_t n_ctx,
                          const float *x, int32_t t, const cJSON *got, const char *what) {
     float *out = harness_calloc((size_t)t * r->hidden, sizeof(float));
     int32_t keys = attn_kv_len(cross) + n_ctx;
@@ -582,14 +594,8 @@ static char *cross_body(const char *session, const float *x, int32_t t, const fl
 START_TEST(test_kinds_attend_cross_attention) {
     const char *args[] = {"--preset", "tiny", "--seed", "3", "--workers", "1", NULL};
     http_client_daemon_start(&daemon_, args);
-    attn_config cfg;
-    ck_assert_int_eq(attn_config_preset("tiny", &cfg), ATTN_OK);
-    struct cross_ref r = {0};
-    ck_assert_int_eq(attn_model_create_random(&cfg, 3, NULL, &r.m), ATTN_OK);
-    ck_assert_int_eq(attn_kv_pool_create(r.m, 16 << 20, 0, &r.pool), ATTN_OK);
-    ck_assert_int_eq(attn_workspace_create(r.m, 64, NULL, &r.ws), ATTN_OK);
-    r.hidden = attn_model_config(r.m)->hidden_size;
-    r.n_heads = attn_model_config(r.m)->n_heads;
+    struct local_engine r;
+    local_engine_init(&r, "tiny", 3, 64);
     float *x = http_client_random_rows(81, 4, r.hidden);
     float *ctx = http_client_random_rows(82, 7, r.hidden);
     float *ctx2 = http_client_random_rows(83, 3, r.hidden);
@@ -683,9 +689,7 @@ START_TEST(test_kinds_attend_cross_attention) {
     free(ctx2);
     free(ctx);
     free(x);
-    attn_workspace_destroy(r.ws);
-    attn_kv_pool_destroy(r.pool);
-    attn_model_destroy(r.m);
+    local_engine_release(&r);
     stop();
 }
 END_TEST
@@ -698,21 +702,15 @@ END_TEST
 START_TEST(test_kinds_linear_session) {
     const char *args[] = {"--preset", "small-linear", "--seed", "5", "--workers", "1", NULL};
     http_client_daemon_start(&daemon_, args);
-    attn_config cfg;
-    ck_assert_int_eq(attn_config_preset("small-linear", &cfg), ATTN_OK);
-    attn_model *m = NULL;
-    attn_kv_pool *pool = NULL;
-    attn_workspace *ws = NULL;
+    struct local_engine eng;
+    local_engine_init(&eng, "small-linear", 5, 256);
     attn_kv *kv = NULL;
-    ck_assert_int_eq(attn_model_create_random(&cfg, 5, NULL, &m), ATTN_OK);
-    ck_assert_int_eq(attn_kv_pool_create(m, 16 << 20, 0, &pool), ATTN_OK);
-    ck_assert_int_eq(attn_workspace_create(m, 256, NULL, &ws), ATTN_OK);
-    ck_assert_int_eq(attn_kv_create_for_layer(pool, 1, &kv), ATTN_OK);
-    const int32_t hidden = cfg.hidden_size, n = 70;
+    ck_assert_int_eq(attn_kv_create_for_layer(eng.pool, 1, &kv), ATTN_OK);
+    const int32_t hidden = eng.hidden, n = 70;
     float *x = http_client_random_rows(91, n, hidden);
     float *want = harness_calloc((size_t)n * hidden, sizeof(float));
     attn_step one = {.kv = kv, .x = x, .n_tokens = n, .out = want};
-    ck_assert_int_eq(attn_forward(m, 1, ws, &one, 1), ATTN_OK);
+    ck_assert_int_eq(attn_forward(eng.m, 1, eng.ws, &one, 1), ATTN_OK);
 
     cJSON *model = get_json("/v1/model");
     const cJSON *l0 =
@@ -755,7 +753,7 @@ START_TEST(test_kinds_linear_session) {
     float *more = http_client_random_rows(92, 1, hidden);
     float *next = harness_calloc((size_t)hidden, sizeof(float));
     attn_step step = {.kv = kv, .x = more, .n_tokens = 1, .out = next};
-    ck_assert_int_eq(attn_forward(m, 1, ws, &step, 1), ATTN_OK);
+    ck_assert_int_eq(attn_forward(eng.m, 1, eng.ws, &step, 1), ATTN_OK);
     for (int c = 0; c < 2; c++) {
         char *body = http_client_attend_body(c == 0 ? "lin" : "lin2", more, 0, 1, hidden, false,
                                              ",\"layer\":1");
@@ -786,9 +784,7 @@ START_TEST(test_kinds_linear_session) {
     free(want);
     free(x);
     attn_kv_destroy(kv);
-    attn_workspace_destroy(ws);
-    attn_kv_pool_destroy(pool);
-    attn_model_destroy(m);
+    local_engine_release(&eng);
     stop();
 }
 END_TEST
