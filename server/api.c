@@ -719,6 +719,21 @@ static const char *const attend_names[ATTEND_N_FIELDS] = {
     "stream", "encoding_format", "key_mask", "context",   "cross",         "replace_context"};
 
 /* One member of an attend body into r. */
+/* A (tokens, hidden_size) tensor field of at most max_seq rows (x, a context). */
+static int parse_token_rows(struct json_reader *jr, const struct api_limits *lim, const char *name,
+                            const char *doc, float **out, int32_t *n_rows, struct api_error *err) {
+    struct tensor_spec spec = {name, doc, 2, {-1, lim->hidden_size, -1, -1}, 0};
+    int64_t dims[4];
+    int rc = parse_tensor(jr, &spec, out, dims, NULL, err);
+    if (rc == 0 && dims[0] > lim->max_seq) {
+        rc = fail(err, ERROR_CONTEXT_LENGTH_EXCEEDED, name,
+                  "%s: %lld tokens exceed the model's maximum sequence length %d", name,
+                  (long long)dims[0], (int)lim->max_seq);
+    }
+    *n_rows = rc == 0 ? (int32_t)dims[0] : 0;
+    return rc;
+}
+
 /* key_mask: one 0 or 1 per key of the session after this request (its length is checked when
  * the request runs, against the cache it meets), made bytes. */
 static int parse_key_mask(struct json_reader *jr, const struct api_limits *lim,
@@ -761,18 +776,8 @@ static int attend_field(struct json_reader *jr, int index, const struct api_limi
     int64_t v;
     int rc;
     switch (index) {
-    case ATTEND_X: {
-        struct tensor_spec spec = {"x", "(T, hidden_size)", 2, {-1, lim->hidden_size, -1, -1}, 0};
-        int64_t dims[4];
-        rc = parse_tensor(jr, &spec, &r->x, dims, NULL, err);
-        if (rc == 0 && dims[0] > lim->max_seq) {
-            rc = fail(err, ERROR_CONTEXT_LENGTH_EXCEEDED, "x",
-                      "x: %lld tokens exceed the model's maximum sequence length %d",
-                      (long long)dims[0], (int)lim->max_seq);
-        }
-        r->n_tokens = rc == 0 ? (int32_t)dims[0] : 0;
-        return rc;
-    }
+    case ATTEND_X:
+        return parse_token_rows(jr, lim, "x", "(T, hidden_size)", &r->x, &r->n_tokens, err);
     case ATTEND_SESSION_ID:
         return get_session_id(jr, "session_id", r->session_id, err);
     case ATTEND_LAYER:
@@ -790,22 +795,9 @@ static int attend_field(struct json_reader *jr, int index, const struct api_limi
         return get_bool(jr, "stream", &r->stream, err);
     case ATTEND_KEY_MASK:
         return parse_key_mask(jr, lim, r, err);
-    case ATTEND_CONTEXT: {
-        struct tensor_spec spec = {"context",
-                                   "(S, hidden_size): the encoder states",
-                                   2,
-                                   {-1, lim->hidden_size, -1, -1},
-                                   0};
-        int64_t dims[4];
-        rc = parse_tensor(jr, &spec, &r->context, dims, NULL, err);
-        if (rc == 0 && dims[0] > lim->max_seq) {
-            rc = fail(err, ERROR_CONTEXT_LENGTH_EXCEEDED, "context",
-                      "context: %lld tokens exceed the model's maximum sequence length %d",
-                      (long long)dims[0], (int)lim->max_seq);
-        }
-        r->n_context = rc == 0 ? (int32_t)dims[0] : 0;
-        return rc;
-    }
+    case ATTEND_CONTEXT:
+        return parse_token_rows(jr, lim, "context", "(S, hidden_size): the encoder states",
+                                &r->context, &r->n_context, err);
     case ATTEND_CROSS:
         return get_bool(jr, "cross", &r->is_cross, err);
     case ATTEND_REPLACE_CONTEXT:

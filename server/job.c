@@ -523,6 +523,15 @@ static void attend_admit(struct job *job) {
         session_pin(srv->sessions, s, now_ms());
         job->pj.session = s;
     }
+    if (job->at.is_cross && attn_model_config(srv->model)->kv_lora_rank > 0) {
+        route_reply_error(rq, ERROR_INVALID_REQUEST,
+                          "cross: the model's multi-head latent attention caches a latent, which "
+                          "has no context form",
+                          "cross");
+        unpin(job);
+        job_free(job);
+        return;
+    }
     if (attn_config_layer_is_linear(attn_model_config(srv->model), job->at.layer)) {
         /* Linear attention has no scores, positions or context. */
         static const char *const names[] = {"return_weights", "key_mask", "positions", "cross"};
