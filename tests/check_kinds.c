@@ -54,6 +54,14 @@ static void post_refused(const char *body, const char *param, const char *says) 
     cJSON_Delete(j);
 }
 
+/* A POST /v1/attend answered 400 naming param. */
+static void post_refused_attend(const char *body, const char *param) {
+    cJSON *j = post("/v1/attend", body, 400);
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(j, "error");
+    ck_assert_str_eq(cJSON_GetObjectItemCaseSensitive(e, "param")->valuestring, param);
+    cJSON_Delete(j);
+}
+
 /* Nested arrays of x with the given shape. */
 static cJSON *tensor_json(const float *x, const int64_t *dims, int rank) {
     if (rank == 1) {
@@ -789,6 +797,45 @@ START_TEST(test_kinds_linear_session) {
 }
 END_TEST
 
+/* A DeepSeek-V3 checkpoint: GET /v1/model shows its latent (kv_lora 16 + rope 4 floats a token),
+ * its weights come back per head over the tokens, and a context (cross-attention) is refused by
+ * name: the latent cache has no context form. */
+START_TEST(test_kinds_mla_model) {
+    const char *args[] = {
+        "--model", "tests/data/hf_deepseek_v3_bf16", "--workers", "1", "--max-seq", "128", NULL};
+    http_client_daemon_start(&daemon_, args);
+    cJSON *model = get_json("/v1/model");
+    const cJSON *mla =
+        cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(model, "attnd"), "mla");
+    ck_assert_int_eq(cJSON_GetObjectItemCaseSensitive(mla, "cache_floats_per_token")->valueint, 20);
+    cJSON_Delete(model);
+    float *x = http_client_random_rows(95, 5, 64);
+    char *b = cross_body("ds", x, 5, NULL, 0, 64, ",\"return_weights\":true");
+    cJSON *j = post("/v1/attend", b, 200);
+    size_t n = 0;
+    float *w = http_client_json_floats(cJSON_GetObjectItemCaseSensitive(j, "weights"), &n);
+    ck_assert_uint_eq(n, 4 * 5 * 5); /* (heads, T, n_tokens) */
+    for (int32_t hh = 0; hh < 4; hh++) {
+        for (int32_t i = 0; i < 5; i++) {
+            double sum = 0.0;
+            for (int32_t k = 0; k < 5; k++) {
+                sum += w[(hh * 5 + i) * 5 + k];
+                ck_assert(k <= i || w[(hh * 5 + i) * 5 + k] == 0.0f); /* causal */
+            }
+            ck_assert_msg(fabs(sum - 1.0) < 1e-5, "head %d row %d sums to %g", hh, i, sum);
+        }
+    }
+    free(w);
+    cJSON_Delete(j);
+    free(b);
+    b = cross_body("ds", x, 1, x, 2, 64, "");
+    post_refused_attend(b, "cross");
+    free(b);
+    free(x);
+    stop();
+}
+END_TEST
+
 /* `extern` keeps this prototype out of the Makefile's suite-table scan, which matches lines
  * starting with `Suite *`. */
 extern Suite *kinds_suite(void);
@@ -805,6 +852,7 @@ Suite *kinds_suite(void) {
     tcase_add_test(tc, test_kinds_sdpa_linear);
     tcase_add_test(tc, test_kinds_attend_cross_attention);
     tcase_add_test(tc, test_kinds_linear_session);
+    tcase_add_test(tc, test_kinds_mla_model);
     suite_add_tcase(s, tc);
     return s;
 }
