@@ -91,15 +91,16 @@ typedef enum case_kind {
 } case_kind;
 
 typedef struct bench_opts {
-    int32_t n_threads;       /* OpenBLAS threads and executor threads */
-    bool use_executor;       /* false: attention runs on the calling thread only */
-    bool is_quick;           /* fewer reps, smaller bandwidth buffer: smoke runs */
-    bool skip_limits;        /* do not measure the machine (compare.py only needs ms) */
-    const char *preset;      /* a presets[] name, or "all" */
-    const char *case_filter; /* comma-separated substrings of case names; NULL = all */
-    size_t bw_bytes;         /* bandwidth sweep buffer */
-    int32_t block_tokens;    /* KV block size passed to the pool */
-    int32_t n_reps;          /* 0 = adaptive (see rep_policy) */
+    int32_t n_threads;        /* OpenBLAS threads and executor threads */
+    bool use_executor;        /* false: attention runs on the calling thread only */
+    bool is_quick;            /* fewer reps, smaller bandwidth buffer: smoke runs */
+    bool skip_limits;         /* do not measure the machine (compare.py only needs ms) */
+    const char *preset;       /* a presets[] name, or "all" */
+    const char *case_filter;  /* comma-separated substrings of case names; NULL = all */
+    size_t bw_bytes;          /* bandwidth sweep buffer */
+    int32_t block_tokens;     /* KV block size passed to the pool */
+    attn_dtype weights_dtype; /* how the projections are held (MLA's tensors stay f32) */
+    int32_t n_reps;           /* 0 = adaptive (see rep_policy) */
     uint64_t seed;
 } bench_opts;
 
@@ -349,7 +350,12 @@ static int measure_sgemm(int32_t n_runs, uint64_t seed, double *gflops) {
 /* ---- cost model ----------------------------------------------------------------------------- */
 
 /* Float weights one layer reads per call: QKV (H + 2 Hkv) D x hidden, O hidden x H D, biases. */
-static double layer_weight_bytes(const attn_config *c) {
+/* Bytes of one weight of the q/k/v and o projections as held. */
+static double projection_weight_bytes(const attn_config *c, attn_dtype dt) {
+    return c->kv_lora_rank > 0 || dt == ATTN_DTYPE_F32 ? 4.0 : 2.0;
+}
+
+static double layer_weight_bytes(const attn_config *c, attn_dtype dt) {
     if (c->kv_lora_rank > 0) {
         /* MLA: W_qa and W_qb (or W_q), W_kva, W_kvb, W_o, their norms */
         double h = c->n_heads, qk = c->head_dim, hid = c->hidden_size, ql = c->q_lora_rank;
@@ -362,13 +368,8 @@ static double layer_weight_bytes(const attn_config *c) {
     double d_q = (double)c->n_heads * c->head_dim;
     double d_kv = (double)c->n_kv_heads * c->head_dim;
     double n = (double)c->hidden_size * (d_q + 2 * d_kv) + d_q * c->hidden_size;
-    if (c->has_qkv_bias) {
-        n += d_q + 2 * d_kv;
-    }
-    if (c->has_o_bias) {
-        n += c->hidden_size;
-    }
-    return 4.0 * n;
+    double biases = (c->has_qkv_bias ? d_q + 2 * d_kv : 0) + (c->has_o_bias ? c->hidden_size : 0);
+    return projection_weight_bytes(c, dt) * n + 4.0 * biases;
 }
 
 /* Bytes of K and V for one token (all kv heads). */
@@ -402,8 +403,8 @@ static double keys_read(const attn_config *c, int32_t n_past, int32_t n_new) {
 }
 
 /* FLOPs and bytes of one forward of n_seq sequences, each with n_new tokens after n_past. */
-static void step_cost(const attn_config *c, int32_t n_seq, int32_t n_past, int32_t n_new,
-                      double *flops, double *bytes) {
+static void step_cost(const attn_config *c, attn_dtype dt, int32_t n_seq, int32_t n_past,
+                      int32_t n_new, double *flops, double *bytes) {
     double m = (double)n_seq * n_new;
     double d_q = (double)c->n_heads * c->head_dim;
     double d_kv = (double)c->n_kv_heads * c->head_dim;
@@ -429,7 +430,7 @@ static void step_cost(const attn_config *c, int32_t n_seq, int32_t n_past, int32
     }
     *flops = proj + attn;
     double act = 2.0 * m * c->hidden_size * 4.0;
-    *bytes = layer_weight_bytes(c) + kv + act;
+    *bytes = layer_weight_bytes(c, dt) + kv + act;
 }
 
 /* ---- timing loop ---------------------------------------------------------------------------- */
@@ -609,7 +610,7 @@ static int run_prefill_cases(preset_run *run) {
             fprintf(stderr, "attn_bench: %s: %s\n", r.name, attn_strerror(rc));
             return rc;
         }
-        step_cost(run->cfg, 1, 0, prefill_lens[i], &r.flops, &r.bytes);
+        step_cost(run->cfg, run->opts->weights_dtype, 1, 0, prefill_lens[i], &r.flops, &r.bytes);
         rc = add_result(run, &r);
         if (rc != ATTN_OK) {
             return rc;
@@ -648,7 +649,7 @@ static int time_decode(preset_run *run, attn_kv *const *kvs, int32_t n_seq, int3
         return rc;
     }
     r->n_new = n_seq;
-    step_cost(run->cfg, n_seq, n_past, 1, &r->flops, &r->bytes);
+    step_cost(run->cfg, run->opts->weights_dtype, n_seq, n_past, 1, &r->flops, &r->bytes);
     return add_result(run, r);
 }
 
@@ -893,8 +894,10 @@ static int run_preset(const bench_opts *o, const char *preset, const attn_execut
     }
     /* The longest decode case appends one token after the last decode length. */
     int32_t longest = run.decode_lens[run.n_decode_lens - 1];
-    attn_load_params lp = {
-        .layer_first = 0, .layer_count = 1, .max_seq = longest >= 16384 ? longest + 1 : 16384};
+    attn_load_params lp = {.layer_first = 0,
+                           .layer_count = 1,
+                           .max_seq = longest >= 16384 ? longest + 1 : 16384,
+                           .weights_dtype = o->weights_dtype};
     if (rc == ATTN_OK) {
         rc = attn_model_create_random(&cfg, o->seed, &lp, &run.model);
     }
@@ -932,7 +935,8 @@ static int run_preset(const bench_opts *o, const char *preset, const attn_execut
                  run.cfg->qk_norm != ATTN_QK_NORM_NONE ? ", q/k RMSNorm per head" : "",
                  run.cfg->logit_softcap > 0 ? ", scores soft-capped at 50, scale 256^-1/2" : "",
                  run.cfg->sliding_window > 0 ? ", sliding window 4096 (a ring cache)" : "",
-                 layer_weight_bytes(run.cfg) / 1048576.0, kv_token_bytes(run.cfg) / 1024.0,
+                 layer_weight_bytes(run.cfg, o->weights_dtype) / 1048576.0,
+                 kv_token_bytes(run.cfg) / 1024.0,
                  (double)attn_kv_pool_bytes_limit(run.pool) / 1048576.0,
                  attn_kv_pool_block_tokens(run.pool));
         if (run.cfg->kv_lora_rank > 0) {
@@ -972,6 +976,7 @@ static void usage(FILE *f) {
                "  --case LIST       comma-separated substrings of case names, e.g. decode,_B32\n"
                "  --reps N          exactly N timed reps per case (default: adaptive)\n"
                "  --block-tokens N  KV block size (default 128, the engine's)\n"
+               "  --weights-dtype D f32 (default), bf16 or f16: how the projections are held\n"
                "  --bw-mib N        bandwidth sweep buffer in MiB (default 2048)\n"
                "  --skip-limits     do not measure sgemm peak and bandwidth\n"
                "  --seed N          weights and inputs seed (default 1)\n");
@@ -1018,6 +1023,17 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
             i++;
         } else if (strcmp(a, "--reps") == 0 && (ok = parse_int(val, 1, 100000, &v))) {
             o->n_reps = (int32_t)v;
+            i++;
+        } else if (strcmp(a, "--weights-dtype") == 0) {
+            static const char *const names[] = {"f32", "bf16", "f16"};
+            static const attn_dtype dts[] = {ATTN_DTYPE_F32, ATTN_DTYPE_BF16, ATTN_DTYPE_F16};
+            ok = false;
+            for (int k = 0; k < 3; k++) {
+                if (strcmp(val, names[k]) == 0) {
+                    o->weights_dtype = dts[k];
+                    ok = true;
+                }
+            }
             i++;
         } else if (strcmp(a, "--block-tokens") == 0 && (ok = parse_int(val, 16, 256, &v))) {
             o->block_tokens = (int32_t)v;
@@ -1123,8 +1139,12 @@ static double max_of(double a, double b) {
 }
 
 int main(int argc, char **argv) {
-    bench_opts o = {
-        .n_threads = 2, .use_executor = true, .preset = "all", .block_tokens = 128, .seed = 1};
+    bench_opts o = {.n_threads = 2,
+                    .use_executor = true,
+                    .preset = "all",
+                    .block_tokens = 128,
+                    .weights_dtype = ATTN_DTYPE_F32,
+                    .seed = 1};
     int prc = parse_args(argc, argv, &o);
     if (prc != 0) {
         return prc > 0 ? EXIT_SUCCESS : 2;

@@ -209,6 +209,14 @@ int attn_config_check(attn_config *cfg);
 typedef struct attn_model attn_model; /* immutable after create; share freely across threads */
 
 /* Which layers to materialize, and an optional cap on positions. */
+/* How the projections' weights are held in memory. */
+typedef enum attn_dtype {
+    ATTN_DTYPE_AUTO = 0, /* a checkpoint's own dtype (attn_model_load_hf), else F32 */
+    ATTN_DTYPE_F32 = 1,
+    ATTN_DTYPE_BF16 = 2, /* bfloat16: half the bytes, the dtype most checkpoints ship in */
+    ATTN_DTYPE_F16 = 3,
+} attn_dtype;
+
 typedef struct attn_load_params {
     int32_t layer_first; /* first layer to load, >= 0 */
     int32_t layer_count; /* 0 = every layer from layer_first to the end */
@@ -217,6 +225,11 @@ typedef struct attn_load_params {
      * none) as Llama attention, its user vouching for it. Families known and not served, and
      * fields or tensors that change attention, are refused all the same. */
     const char *trust_layout;
+    /* How the q/k/v and o projections' weights are held: AUTO keeps a checkpoint's BF16 or F16
+     * as it is (bit-exact: no rounding at load) and F32 as F32; F32 widens exactly; BF16 and
+     * F16 round an F32 source to nearest even. The projections read the held dtype directly.
+     * Multi-head latent attention's tensors stay F32. */
+    attn_dtype weights_dtype;
 } attn_load_params;
 
 /* One layer's weights in Hugging Face nn.Linear layout (out_features, in_features), row-major. */
@@ -291,6 +304,9 @@ size_t attn_model_bytes(const attn_model *m);
  * (trusted layout of X)" under trust_layout, or "attnd" (the engine's own layout: presets,
  * attn_model_create). Borrowed, valid until attn_model_destroy. */
 const char *attn_model_family(const attn_model *m);
+
+/* The dtype the model's q/k/v and o projections are held in (never ATTN_DTYPE_AUTO). */
+attn_dtype attn_model_weights_dtype(const attn_model *m);
 
 /* ---- paged KV cache ------------------------------------------------------------------------ */
 

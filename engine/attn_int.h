@@ -19,13 +19,16 @@
 
 /* One layer's weights, immutable after load. */
 struct attn__layer {
-    float *w_qkv;  /* (n_qkv, hidden_size): rows of Wq, then Wk, then Wv; n_qkv = (H + 2 Hkv) hd */
-    float *b_qkv;  /* (n_qkv) or NULL */
-    float *w_o;    /* (hidden_size, n_heads * head_dim) */
-    float *b_o;    /* (hidden_size) or NULL */
-    float *q_norm; /* NULL, or (attn__qk_norm_len(cfg, false)) */
-    float *k_norm; /* NULL, or (attn__qk_norm_len(cfg, true)) */
-    float *sinks;  /* NULL, or (n_heads): each query head's sink logit */
+    float *w_qkv; /* (n_qkv, hidden_size): rows of Wq, then Wk, then Wv; n_qkv = (H + 2 Hkv) hd;
+                     NULL when the model holds them in half precision (w_qkv_h) */
+    uint16_t *w_qkv_h; /* the same in attn_model.weights_dtype (BF16 or F16), else NULL */
+    uint16_t *w_o_h;   /* w_o likewise (w_o NULL then) */
+    float *b_qkv;      /* (n_qkv) or NULL */
+    float *w_o;        /* (hidden_size, n_heads * head_dim) */
+    float *b_o;        /* (hidden_size) or NULL */
+    float *q_norm;     /* NULL, or (attn__qk_norm_len(cfg, false)) */
+    float *k_norm;     /* NULL, or (attn__qk_norm_len(cfg, true)) */
+    float *sinks;      /* NULL, or (n_heads): each query head's sink logit */
     /* Multi-head latent attention (attn_config.kv_lora_rank > 0; w_qkv is then NULL): */
     float *w_q;       /* (n_heads * head_dim, hidden) when q_lora_rank is 0, else NULL */
     float *b_q;       /* its bias, or NULL */
@@ -54,6 +57,7 @@ struct attn_model {
     float *rope_cos_long; /* LongRoPE: the tables with long_factor; else NULL */
     float *rope_sin_long;
     size_t bytes;
+    attn_dtype weights_dtype; /* F32, BF16 or F16: how w_qkv and w_o are held */
 };
 
 /* One thread at a time, together with all of its caches. */
@@ -181,6 +185,7 @@ struct attn_workspace {
     float *mla_ckv; /* (max_tokens, kv_lora_rank + qk_rope_head_dim): x W_kva, c normalized */
     float *mla_q;   /* (max_tokens, n_heads, kv_lora_rank + qk_rope_head_dim): absorbed queries */
     float *mla_lat; /* (max_tokens, n_heads, kv_lora_rank): attention over the latent */
+    float *panels;  /* half-precision weights only: each projection slice's widened rows */
 };
 
 /* y (n x out_dim) = x (n x in_dim) W^T (+ b) for W (out_dim x in_dim), on the workspace's
@@ -254,6 +259,30 @@ void attn__small_pv(const float *p, size_t ldp, int32_t m, const float *v, size_
  * tokens, streaming each weight row from memory once. Only when attn__tile_is_fast(). */
 void attn__rows_dot(const float *x, int32_t m, int32_t k, const float *w, int32_t n, float *y,
                     size_t ldy);
+
+/* attn__rows_dot against weight rows held in half precision (bfloat16 when is_bf16, else
+ * binary16), widened in registers: AVX2 + F16C, else half.c's portable loop. */
+void attn__rows_dot_half(const float *x, int32_t m, int32_t k, const uint16_t *w, bool is_bf16,
+                         int32_t n, float *y, size_t ldy);
+
+/* ---- half.c: half-precision weights ------------------------------------------------------- */
+
+/* Round to nearest even (NaN stays NaN, past binary16's range infinity), and back, exactly. */
+uint16_t attn__f32_to_bf16(float f);
+float attn__bf16_to_f32(uint16_t h);
+uint16_t attn__f32_to_f16(float f);
+float attn__f16_to_f32(uint16_t h);
+
+/* dst[i] = src[i] widened, for i < n. */
+void attn__half_to_f32(const uint16_t *src, bool is_bf16, size_t n, float *dst);
+
+/* The portable attn__rows_dot_half. */
+void attn__rows_dot_half_portable(const float *x, int32_t m, int32_t k, const uint16_t *w,
+                                  bool is_bf16, int32_t n, float *y, size_t ldy);
+
+/* Holds m's q/k/v and o projections in dtype (F32 is a no-op): converts each layer's and frees
+ * its float copy. ATTN_ENOMEM leaves m as it was. */
+int attn__model_hold_weights(attn_model *m, attn_dtype dtype);
 
 /* s[j] = exp(s[j] - m) for j < n (-inf gives 0); returns the sum. SIMD where available. */
 float attn__exp_shift(float *s, int32_t n, float m);

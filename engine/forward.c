@@ -9,6 +9,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Output rows (weight rows) per projection task when an executor spreads the work. */
+#define LINEAR_SLICE 256
+
+/* Half-precision weights for many input rows: LINEAR_PANEL weight rows at a time widened into
+ * the slice's panel and multiplied by sgemm, so each weight is converted once per call and the
+ * product runs at sgemm's speed. */
+#define LINEAR_PANEL 64
+
 static size_t n_qkv_of(const attn_config *c) {
     return (size_t)(c->n_heads + 2 * c->n_kv_heads) * c->head_dim;
 }
@@ -41,6 +49,7 @@ void attn_workspace_destroy(attn_workspace *ws) {
     free(ws->mla_ckv);
     free(ws->mla_q);
     free(ws->mla_lat);
+    free(ws->panels);
     free(ws);
 }
 
@@ -80,6 +89,16 @@ int attn_workspace_create(const attn_model *m, int32_t max_tokens, const attn_ex
                                      (size_t)ws->max_tasks * pack);
     ws->tasks = calloc((size_t)ws->max_tasks, sizeof *ws->tasks);
     ws->parts = calloc(t, sizeof *ws->parts);
+    bool panels_ok = true;
+    if (m->weights_dtype != ATTN_DTYPE_F32) {
+        /* one panel per slice of the widest projection, as wide as its widest input */
+        size_t out_max =
+            n_qkv_of(c) > (size_t)c->hidden_size ? n_qkv_of(c) : (size_t)c->hidden_size;
+        size_t in_max = hd_all > (size_t)c->hidden_size ? hd_all : (size_t)c->hidden_size;
+        size_t slices = (out_max + LINEAR_SLICE - 1) / LINEAR_SLICE;
+        ws->panels = attn__alloc_floats(slices * LINEAR_PANEL * in_max);
+        panels_ok = ws->panels != NULL;
+    }
     bool mla_ok = true;
     if (is_mla) {
         ws->mla_qa = c->q_lora_rank > 0 ? attn__alloc_floats(t * c->q_lora_rank) : NULL;
@@ -90,7 +109,7 @@ int attn_workspace_create(const attn_model *m, int32_t max_tokens, const attn_ex
                  ws->mla_q != NULL && ws->mla_lat != NULL;
     }
     if (ws->x == NULL || ws->qkv == NULL || ws->attn == NULL || ws->y == NULL ||
-        ws->scratch == NULL || ws->tasks == NULL || ws->parts == NULL || !mla_ok) {
+        ws->scratch == NULL || ws->tasks == NULL || ws->parts == NULL || !mla_ok || !panels_ok) {
         attn_workspace_destroy(ws);
         return ATTN_ENOMEM;
     }
@@ -179,23 +198,41 @@ static int validate(const attn_model *m, int32_t layer, const attn_workspace *ws
  * matrix-vector product). */
 #define LINEAR_SMALL_ROWS 32
 
-/* Output rows (weight rows) per projection task when an executor spreads the work. */
-#define LINEAR_SLICE 256
-
 /* y (n x out_dim) = x (n x in_dim) W^T (+ b), W (out_dim x in_dim) row-major, computed for the
  * weight rows [first, first + count). */
 struct linear_job {
     const float *x;
     int32_t n, in_dim;
     const float *w, *b;
+    const uint16_t *wh; /* the weights in half precision instead of w, or NULL */
+    bool is_bf16;       /* wh's kind: bfloat16, else binary16 */
+    float *panels;      /* wh with many rows: per slice, LINEAR_PANEL rows widened */
     int32_t out_dim;
     float *y;
 };
 
-static void linear_rows(const struct linear_job *j, int32_t first, int32_t count) {
-    const float *w = j->w + (size_t)first * j->in_dim;
+static void linear_rows_half(const struct linear_job *j, int32_t first, int32_t count, float *y,
+                             float *panel) {
+    const uint16_t *w = j->wh + (size_t)first * j->in_dim;
+    if (j->n <= LINEAR_SMALL_ROWS) {
+        attn__rows_dot_half(j->x, j->n, j->in_dim, w, j->is_bf16, count, y, (size_t)j->out_dim);
+        return;
+    }
+    for (int32_t r = 0; r < count; r += LINEAR_PANEL) {
+        int32_t rows = count - r < LINEAR_PANEL ? count - r : LINEAR_PANEL;
+        attn__half_to_f32(w + (size_t)r * j->in_dim, j->is_bf16, (size_t)rows * j->in_dim, panel);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->n, rows, j->in_dim, 1.0f, j->x,
+                    j->in_dim, panel, j->in_dim, 0.0f, y + r, j->out_dim);
+    }
+}
+
+static void linear_rows(const struct linear_job *j, int32_t first, int32_t count, float *panel) {
     float *y = j->y + first;
-    if (j->n <= LINEAR_SMALL_ROWS && attn__tile_is_fast() && (j->n > 1 || count < j->out_dim)) {
+    const float *w = j->w != NULL ? j->w + (size_t)first * j->in_dim : NULL;
+    if (j->wh != NULL) {
+        linear_rows_half(j, first, count, y, panel);
+    } else if (j->n <= LINEAR_SMALL_ROWS && attn__tile_is_fast() &&
+               (j->n > 1 || count < j->out_dim)) {
         attn__rows_dot(j->x, j->n, j->in_dim, w, count, y, (size_t)j->out_dim);
     } else if (j->n == 1) {
         cblas_sgemv(CblasRowMajor, CblasNoTrans, count, j->in_dim, 1.0f, w, j->in_dim, j->x, 1,
@@ -218,21 +255,38 @@ static void linear_task(void *arg, int32_t i) {
     const struct linear_job *j = arg;
     int32_t first = i * LINEAR_SLICE;
     int32_t count = j->out_dim - first < LINEAR_SLICE ? j->out_dim - first : LINEAR_SLICE;
-    linear_rows(j, first, count);
+    float *panel = j->panels != NULL ? j->panels + (size_t)i * LINEAR_PANEL * j->in_dim : NULL;
+    linear_rows(j, first, count, panel);
 }
 
 /* With an executor the weight rows are cut into slices run on its threads (BLAS is then expected
  * to be single-threaded); without one, a single call uses BLAS's own threads. A lone token on
- * the calling thread uses sgemv, which OpenBLAS threads well. */
-static void linear(const attn_workspace *ws, const float *x, int32_t n, int32_t in_dim,
-                   const float *w, const float *b, int32_t out_dim, float *y) {
-    struct linear_job j = {x, n, in_dim, w, b, out_dim, y};
+ * the calling thread uses sgemv, which OpenBLAS threads well. Weights are w (float), or wh
+ * (half precision, of the model's weights_dtype) when w is NULL. */
+static void linear_held(const attn_workspace *ws, const float *x, int32_t n, int32_t in_dim,
+                        const float *w, const uint16_t *wh, const float *b, int32_t out_dim,
+                        float *y) {
+    struct linear_job j = {x,
+                           n,
+                           in_dim,
+                           w,
+                           b,
+                           w == NULL ? wh : NULL,
+                           ws->model->weights_dtype == ATTN_DTYPE_BF16,
+                           ws->panels,
+                           out_dim,
+                           y};
     int32_t n_slices = (out_dim + LINEAR_SLICE - 1) / LINEAR_SLICE;
     if (ws->has_ex && n_slices > 1) {
         ws->ex.run(ws->ex.ctx, linear_task, &j, n_slices);
     } else {
-        linear_rows(&j, 0, out_dim);
+        linear_rows(&j, 0, out_dim, ws->panels);
     }
+}
+
+static void linear(const attn_workspace *ws, const float *x, int32_t n, int32_t in_dim,
+                   const float *w, const float *b, int32_t out_dim, float *y) {
+    linear_held(ws, x, n, in_dim, w, NULL, b, out_dim, y);
 }
 
 void attn__project(const attn_workspace *ws, const float *x, int32_t n, int32_t in_dim,
@@ -317,8 +371,8 @@ static void append_context(const attn_model *m, int32_t layer, attn_workspace *w
     size_t k_off = (size_t)c->n_heads * hd, v_off = k_off + (size_t)c->n_kv_heads * hd;
     for (int32_t first = 0; first < st->n_context; first += ws->max_tokens) {
         int32_t n = st->n_context - first < ws->max_tokens ? st->n_context - first : ws->max_tokens;
-        linear(ws, st->context + (size_t)first * c->hidden_size, n, c->hidden_size, l->w_qkv,
-               l->b_qkv, (int32_t)n_qkv, ws->qkv);
+        linear_held(ws, st->context + (size_t)first * c->hidden_size, n, c->hidden_size, l->w_qkv,
+                    l->w_qkv_h, l->b_qkv, (int32_t)n_qkv, ws->qkv);
         int32_t base = st->cross->len;
         attn__kv_grow(st->cross, n);
         for (int32_t i = 0; i < n; i++) {
@@ -419,7 +473,8 @@ static void run_chunk(const attn_model *m, int32_t layer, attn_workspace *ws,
     if (is_mla) {
         n_tasks = attn__mla_begin(m, layer, ws, steps, parts, n_parts, x, rows);
     } else {
-        linear(ws, x, rows, hidden, l->w_qkv, l->b_qkv, (int32_t)n_qkv_of(c), ws->qkv);
+        linear_held(ws, x, rows, hidden, l->w_qkv, l->w_qkv_h, l->b_qkv, (int32_t)n_qkv_of(c),
+                    ws->qkv);
     }
     bool is_linear = attn_config_layer_is_linear(c, layer);
     for (int32_t i = 0; i < n_parts && is_linear; i++) {
@@ -451,7 +506,7 @@ static void run_chunk(const attn_model *m, int32_t layer, attn_workspace *ws,
         attn__mla_end(m, layer, ws, rows);
     }
     float *y = single ? steps[parts[0].step].out + (size_t)parts[0].first * hidden : ws->y;
-    linear(ws, ws->attn, rows, hd_out, l->w_o, l->b_o, hidden, y);
+    linear_held(ws, ws->attn, rows, hd_out, l->w_o, l->w_o_h, l->b_o, hidden, y);
     if (!single) {
         for (int32_t i = 0; i < n_parts; i++) {
             const struct chunk_part *p = &parts[i];

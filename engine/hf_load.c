@@ -37,6 +37,9 @@ struct loader {
     const struct attn__hf_layout *layout;
     void *convert_buf; /* reused buffer for F16/BF16 bytes */
     size_t convert_cap;
+    /* The dtype of the projection weights read (ATTN_DTYPE_AUTO before the first, F32 once two
+     * differ): what ATTN_DTYPE_AUTO holds them in. */
+    attn_dtype weights_dtype;
 };
 
 static int path_join(struct loader *ld, const char *name, char *out, size_t size) {
@@ -440,6 +443,14 @@ static int tensor_read(struct loader *ld, const char *name, int32_t rows, int32_
     if ((rc = parse_dtype(ld, t, &dt, &elem)) != ATTN_OK) {
         return rc;
     }
+    if (cols > 0) { /* a matrix: a projection's weights */
+        attn_dtype held = dt == DTYPE_BF16  ? ATTN_DTYPE_BF16
+                          : dt == DTYPE_F16 ? ATTN_DTYPE_F16
+                                            : ATTN_DTYPE_F32;
+        ld->weights_dtype = ld->weights_dtype == ATTN_DTYPE_AUTO || ld->weights_dtype == held
+                                ? held
+                                : ATTN_DTYPE_F32; /* mixed: float holds them all exactly */
+    }
     if ((rc = check_shape(ld, t, rows, cols)) != ATTN_OK) {
         return rc;
     }
@@ -683,6 +694,12 @@ int attn_model_load_hf(const char *dir, const attn_load_params *p, attn_model **
         if ((rc = read_layer(&ld, &m->cfg, m->layer_first + i, &m->layers[i])) != ATTN_OK) {
             goto out;
         }
+    }
+    attn_dtype held =
+        p != NULL && p->weights_dtype != ATTN_DTYPE_AUTO ? p->weights_dtype : ld.weights_dtype;
+    if ((rc = attn__model_hold_weights(m, held)) != ATTN_OK) {
+        attn__fail(&ld.why, rc, "cannot hold the weights in half precision: %s", attn_strerror(rc));
+        goto out;
     }
     snprintf(m->family, sizeof m->family, "%s", lay.family);
     *out = m;

@@ -58,6 +58,8 @@ void attn_model_destroy(attn_model *m) {
     }
     for (int32_t i = 0; m->layers != NULL && i < m->layer_count; i++) {
         free(m->layers[i].w_qkv);
+        free(m->layers[i].w_qkv_h);
+        free(m->layers[i].w_o_h);
         free(m->layers[i].b_qkv);
         free(m->layers[i].w_o);
         free(m->layers[i].b_o);
@@ -139,7 +141,8 @@ int attn__model_alloc(const attn_config *cfg_in, const attn_load_params *p, attn
         return ATTN_EINVAL;
     }
     attn_config cfg = *cfg_in;
-    if (p != NULL && p->max_seq < 0) {
+    if (p != NULL && (p->max_seq < 0 || p->weights_dtype < ATTN_DTYPE_AUTO ||
+                      p->weights_dtype > ATTN_DTYPE_F16)) {
         return ATTN_EINVAL;
     }
     if (p != NULL && p->max_seq > 0) {
@@ -159,6 +162,7 @@ int attn__model_alloc(const attn_config *cfg_in, const attn_load_params *p, attn
         return ATTN_ENOMEM;
     }
     m->cfg = cfg;
+    m->weights_dtype = ATTN_DTYPE_F32; /* constructors convert once the weights are in */
     memcpy(m->family, "attnd", sizeof "attnd");
     m->layer_first = first;
     m->layer_count = count;
@@ -316,6 +320,11 @@ int attn_model_create(const attn_config *cfg, const attn_layer_weights *layers,
             memcpy(l->sinks, w->sinks, (size_t)c->n_heads * sizeof(float));
         }
     }
+    if ((rc = attn__model_hold_weights(m, p != NULL ? p->weights_dtype : ATTN_DTYPE_F32)) !=
+        ATTN_OK) {
+        attn_model_destroy(m);
+        return rc;
+    }
     *out = m;
     return ATTN_OK;
 }
@@ -406,6 +415,11 @@ int attn_model_create_random(const attn_config *cfg, uint64_t seed, const attn_l
             }
         }
     }
+    if ((rc = attn__model_hold_weights(m, p != NULL ? p->weights_dtype : ATTN_DTYPE_F32)) !=
+        ATTN_OK) {
+        attn_model_destroy(m);
+        return rc;
+    }
     *out = m;
     return ATTN_OK;
 }
@@ -424,6 +438,51 @@ int32_t attn_model_layer_count(const attn_model *m) {
 
 size_t attn_model_bytes(const attn_model *m) {
     return m->bytes;
+}
+
+attn_dtype attn_model_weights_dtype(const attn_model *m) {
+    return m->weights_dtype;
+}
+
+/* n floats to half precision (bfloat16, else binary16), rounding to nearest even; NULL on ENOMEM.
+ */
+static uint16_t *to_half(const float *src, size_t n, bool is_bf16) {
+    uint16_t *h = malloc(n * sizeof *h);
+    for (size_t i = 0; h != NULL && i < n; i++) {
+        h[i] = is_bf16 ? attn__f32_to_bf16(src[i]) : attn__f32_to_f16(src[i]);
+    }
+    return h;
+}
+
+int attn__model_hold_weights(attn_model *m, attn_dtype dtype) {
+    if (dtype == ATTN_DTYPE_AUTO || dtype == ATTN_DTYPE_F32 || m->cfg.kv_lora_rank > 0) {
+        return ATTN_OK; /* multi-head latent attention's tensors stay float */
+    }
+    const attn_config *c = &m->cfg;
+    bool is_bf16 = dtype == ATTN_DTYPE_BF16;
+    size_t n_qkv = n_qkv_rows(c) * c->hidden_size;
+    size_t n_o = (size_t)c->hidden_size * c->n_heads * c->head_dim;
+    for (int32_t i = 0; i < m->layer_count; i++) {
+        struct attn__layer *l = &m->layers[i];
+        l->w_qkv_h = to_half(l->w_qkv, n_qkv, is_bf16);
+        l->w_o_h = to_half(l->w_o, n_o, is_bf16);
+        if (l->w_qkv_h == NULL || l->w_o_h == NULL) {
+            for (int32_t k = 0; k <= i; k++) { /* back to float everywhere */
+                free(m->layers[k].w_qkv_h);
+                free(m->layers[k].w_o_h);
+                m->layers[k].w_qkv_h = m->layers[k].w_o_h = NULL;
+            }
+            return ATTN_ENOMEM;
+        }
+    }
+    for (int32_t i = 0; i < m->layer_count; i++) {
+        free(m->layers[i].w_qkv);
+        free(m->layers[i].w_o);
+        m->layers[i].w_qkv = m->layers[i].w_o = NULL;
+    }
+    m->bytes -= (size_t)m->layer_count * (n_qkv + n_o) * (sizeof(float) - sizeof(uint16_t));
+    m->weights_dtype = dtype;
+    return ATTN_OK;
 }
 
 const char *attn_model_family(const attn_model *m) {

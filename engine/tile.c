@@ -20,7 +20,8 @@
 
 bool attn__tile_is_fast(void) {
 #ifdef TILE_HAVE_AVX2
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
 #else
     return false;
 #endif
@@ -355,12 +356,35 @@ __attribute__((target("avx2,fma"))) static void softcap_avx2(float *s, int32_t n
     }
 }
 
+/* Weights as they are held: float (DT 0), bfloat16 (1) or binary16 (2). Eight from w + i, and
+ * one. Always inlined with a constant DT so each kernel is specialized. */
+__attribute__((always_inline, target("avx2,fma,f16c"))) static inline __m256
+load_w8(const int DT, const void *w, size_t i) {
+    if (DT == 0) {
+        return _mm256_loadu_ps((const float *)w + i);
+    }
+    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)w + i));
+    if (DT == 1) {
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+    return _mm256_cvtph_ps(h);
+}
+
+__attribute__((always_inline, target("avx2,fma,f16c"))) static inline float
+load_w1(const int DT, const void *w, size_t i) {
+    if (DT == 0) {
+        return ((const float *)w)[i];
+    }
+    uint16_t h = ((const uint16_t *)w)[i];
+    return DT == 1 ? attn__bf16_to_f32(h) : _cvtsh_ss(h);
+}
+
 /* y[i][j] = x_i . w_j for an MX x MW block: MX input rows against MW weight rows, each k-step
- * loading MX + MW vectors for MX * MW FMAs. Always inlined with constant MX, MW so the
+ * loading MX + MW vectors for MX * MW FMAs. Always inlined with constant MX, MW and DT so the
  * accumulators live in registers. */
-__attribute__((always_inline, target("avx2,fma"))) static inline void
-dot_block(const int MX, const int MW, const float *x, size_t ldx, const float *w, size_t ldw,
-          int32_t k, float *y, size_t ldy) {
+__attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
+dot_block(const int DT, const int MX, const int MW, const float *x, size_t ldx, const void *w,
+          size_t ldw, int32_t k, float *y, size_t ldy) {
     __m256 acc[4][3];
 #pragma GCC unroll 4
     for (int a = 0; a < MX; a++) {
@@ -374,7 +398,7 @@ dot_block(const int MX, const int MW, const float *x, size_t ldx, const float *w
         __m256 wv[3];
 #pragma GCC unroll 3
         for (int b = 0; b < MW; b++) {
-            wv[b] = _mm256_loadu_ps(w + b * ldw + c);
+            wv[b] = load_w8(DT, w, (size_t)b * ldw + c);
         }
 #pragma GCC unroll 4
         for (int a = 0; a < MX; a++) {
@@ -393,38 +417,60 @@ dot_block(const int MX, const int MW, const float *x, size_t ldx, const float *w
             _mm256_storeu_ps(t, acc[a][b]);
             float sum = ((t[0] + t[4]) + (t[1] + t[5])) + ((t[2] + t[6]) + (t[3] + t[7]));
             for (int32_t r = c; r < k; r++) {
-                sum += x[a * ldx + r] * w[b * ldw + r];
+                sum += x[a * ldx + r] * load_w1(DT, w, (size_t)b * ldw + r);
             }
             y[a * ldy + b] = sum;
         }
     }
 }
 
-__attribute__((target("avx2,fma"))) static void rows_dot_avx2(const float *x, int32_t m, int32_t k,
-                                                              const float *w, int32_t n, float *y,
-                                                              size_t ldy) {
-    /* Weight rows outer: each group of three is streamed from memory once and reused from L1
-     * for every input row. */
+/* Weight rows outer: each group of three is streamed from memory once and reused from L1 for
+ * every input row. */
+__attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
+rows_dot_t(const int DT, const float *x, int32_t m, int32_t k, const void *w, int32_t n, float *y,
+           size_t ldy) {
+    size_t es = DT == 0 ? sizeof(float) : sizeof(uint16_t);
     int32_t j = 0;
     for (; j + 3 <= n; j += 3) {
-        const float *wj = w + (size_t)j * k;
+        const void *wj = (const char *)w + (size_t)j * k * es;
         int32_t i = 0;
         for (; i + 4 <= m; i += 4) {
-            dot_block(4, 3, x + (size_t)i * k, (size_t)k, wj, (size_t)k, k, y + i * ldy + j, ldy);
+            dot_block(DT, 4, 3, x + (size_t)i * k, (size_t)k, wj, (size_t)k, k, y + i * ldy + j,
+                      ldy);
         }
         for (; i < m; i++) {
-            dot_block(1, 3, x + (size_t)i * k, (size_t)k, wj, (size_t)k, k, y + i * ldy + j, ldy);
+            dot_block(DT, 1, 3, x + (size_t)i * k, (size_t)k, wj, (size_t)k, k, y + i * ldy + j,
+                      ldy);
         }
     }
     for (; j < n; j++) {
-        const float *wj = w + (size_t)j * k;
+        const void *wj = (const char *)w + (size_t)j * k * es;
         int32_t i = 0;
         for (; i + 4 <= m; i += 4) {
-            dot_block(4, 1, x + (size_t)i * k, (size_t)k, wj, (size_t)k, k, y + i * ldy + j, ldy);
+            dot_block(DT, 4, 1, x + (size_t)i * k, (size_t)k, wj, (size_t)k, k, y + i * ldy + j,
+                      ldy);
         }
         for (; i < m; i++) {
-            dot_block(1, 1, x + (size_t)i * k, (size_t)k, wj, (size_t)k, k, y + i * ldy + j, ldy);
+            dot_block(DT, 1, 1, x + (size_t)i * k, (size_t)k, wj, (size_t)k, k, y + i * ldy + j,
+                      ldy);
         }
+    }
+}
+
+__attribute__((target("avx2,fma,f16c"))) static void rows_dot_avx2(const float *x, int32_t m,
+                                                                   int32_t k, const float *w,
+                                                                   int32_t n, float *y,
+                                                                   size_t ldy) {
+    rows_dot_t(0, x, m, k, w, n, y, ldy);
+}
+
+__attribute__((target("avx2,fma,f16c"))) static void
+rows_dot_half_avx2(const float *x, int32_t m, int32_t k, const uint16_t *w, bool is_bf16, int32_t n,
+                   float *y, size_t ldy) {
+    if (is_bf16) {
+        rows_dot_t(1, x, m, k, w, n, y, ldy);
+    } else {
+        rows_dot_t(2, x, m, k, w, n, y, ldy);
     }
 }
 
@@ -449,6 +495,17 @@ void attn__softcap(float *s, int32_t n, float cap) {
     for (int32_t j = 0; j < n; j++) {
         s[j] = cap * tanhf(s[j] * (1.0f / cap));
     }
+}
+
+void attn__rows_dot_half(const float *x, int32_t m, int32_t k, const uint16_t *w, bool is_bf16,
+                         int32_t n, float *y, size_t ldy) {
+#ifdef TILE_HAVE_AVX2
+    if (attn__tile_is_fast()) {
+        rows_dot_half_avx2(x, m, k, w, is_bf16, n, y, ldy);
+        return;
+    }
+#endif
+    attn__rows_dot_half_portable(x, m, k, w, is_bf16, n, y, ldy);
 }
 
 float attn__exp_shift(float *s, int32_t n, float m) {

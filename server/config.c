@@ -43,6 +43,10 @@ static const struct option options[] = {
     {"model", "ATTND_MODEL", OPTION_STRING, offsetof(struct config, model), "", 0, 0,
      "Hugging Face style folder (config.json + model.safetensors); empty = the built-in preset "
      "with seeded random weights"},
+    {"weights-dtype", "ATTND_WEIGHTS_DTYPE", OPTION_STRING, offsetof(struct config, weights_dtype),
+     "auto", 0, 0,
+     "how the q/k/v and o projections are held: auto (a checkpoint's own BF16, F16 or F32, "
+     "bit-exact; a preset's f32), f32, bf16 or f16 (an F32 source rounded to nearest even)"},
     {"trust-layout", "ATTND_TRUST_LAYOUT", OPTION_STRING, offsetof(struct config, trust_layout), "",
      0, 0,
      "empty, or llama: serve a --model whose model_type attnd does not know (or that has none) as "
@@ -264,6 +268,12 @@ static const struct option *find_option(const char *name, size_t len) {
 static int resolve(struct config *cfg, int32_t cores, char *err, size_t err_size) {
     if (cfg->host[0] == '\0') {
         set_err(err, err_size, "--host: must not be empty");
+        return -1;
+    }
+    if (strcmp(cfg->weights_dtype, "auto") != 0 && strcmp(cfg->weights_dtype, "f32") != 0 &&
+        strcmp(cfg->weights_dtype, "bf16") != 0 && strcmp(cfg->weights_dtype, "f16") != 0) {
+        set_err(err, err_size, "--weights-dtype: '%s' is not a dtype (auto, f32, bf16, f16)",
+                cfg->weights_dtype);
         return -1;
     }
     if (cfg->trust_layout[0] != '\0' && strcmp(cfg->trust_layout, "llama") != 0) {

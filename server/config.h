@@ -15,25 +15,26 @@
 /* Immutable after config_parse. String fields point into argv, the environment or string
  * literals, all of which outlive the process's use of the config. */
 struct config {
-    const char *host;         /* address to bind */
-    int32_t port;             /* TCP port; 0 = an ephemeral port (logged as port=) */
-    const char *model;        /* HF-style model folder, or "" for the built-in preset */
-    const char *trust_layout; /* "" or "llama": how to read an unknown model_type */
-    const char *preset;       /* built-in preset when model is "" */
-    uint64_t seed;            /* seed of the preset's random weights */
-    const char *layers;       /* "all", "N" or "A-B" as given */
-    int32_t layer_first;      /* parsed from layers */
-    int32_t layer_count;      /* parsed from layers; 0 = to the last layer */
-    int64_t kv_budget_mb;     /* KV pool budget, MiB */
-    int32_t kv_block_tokens;  /* tokens per KV block (0 = the engine's default) */
-    int32_t max_sessions;     /* live sessions at most */
-    int32_t max_seq;          /* 0 = the model's max positions */
-    int32_t workers;          /* engine worker threads (resolved: never 0 after parse) */
-    int32_t blas_threads;     /* OpenBLAS threads (resolved: never 0 after parse) */
-    int32_t max_batch_tokens; /* tokens per engine call (batch cap, prefill chunk) */
-    int64_t max_body_mb;      /* largest request body, MiB */
-    int32_t queue_depth;      /* accepted requests waiting at most */
-    int32_t max_connections;  /* open connections at most (before the RLIMIT_NOFILE fit) */
+    const char *host;          /* address to bind */
+    int32_t port;              /* TCP port; 0 = an ephemeral port (logged as port=) */
+    const char *model;         /* HF-style model folder, or "" for the built-in preset */
+    const char *trust_layout;  /* "" or "llama": how to read an unknown model_type */
+    const char *weights_dtype; /* auto, f32, bf16 or f16: how the projections are held */
+    const char *preset;        /* built-in preset when model is "" */
+    uint64_t seed;             /* seed of the preset's random weights */
+    const char *layers;        /* "all", "N" or "A-B" as given */
+    int32_t layer_first;       /* parsed from layers */
+    int32_t layer_count;       /* parsed from layers; 0 = to the last layer */
+    int64_t kv_budget_mb;      /* KV pool budget, MiB */
+    int32_t kv_block_tokens;   /* tokens per KV block (0 = the engine's default) */
+    int32_t max_sessions;      /* live sessions at most */
+    int32_t max_seq;           /* 0 = the model's max positions */
+    int32_t workers;           /* engine worker threads (resolved: never 0 after parse) */
+    int32_t blas_threads;      /* OpenBLAS threads (resolved: never 0 after parse) */
+    int32_t max_batch_tokens;  /* tokens per engine call (batch cap, prefill chunk) */
+    int64_t max_body_mb;       /* largest request body, MiB */
+    int32_t queue_depth;       /* accepted requests waiting at most */
+    int32_t max_connections;   /* open connections at most (before the RLIMIT_NOFILE fit) */
     /* connections from one client address at most; 0 = no limit */
     int32_t max_connections_per_ip;
     int32_t idle_timeout_s;   /* seconds a connection may move no byte (not while suspended) */

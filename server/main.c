@@ -103,8 +103,13 @@ static void on_tick(uv_timer_t *t) {
 /* Builds the model from --model or the preset. Returns 0 or prints why and returns -1. */
 static int load_model(const struct config *cfg, attn_model **model, char *source,
                       size_t source_size) {
+    static const char *const dtypes[] = {"auto", "f32", "bf16", "f16"};
+    attn_dtype held = ATTN_DTYPE_AUTO;
+    for (int i = 0; i < 4; i++) {
+        held = strcmp(cfg->weights_dtype, dtypes[i]) == 0 ? (attn_dtype)i : held;
+    }
     attn_load_params lp = {cfg->layer_first, cfg->layer_count, cfg->max_seq,
-                           cfg->trust_layout[0] != '\0' ? cfg->trust_layout : NULL};
+                           cfg->trust_layout[0] != '\0' ? cfg->trust_layout : NULL, held};
     char err[512] = "";
     if (cfg->model[0] != '\0') {
         int rc = attn_model_load_hf(cfg->model, &lp, model, err, sizeof err);

@@ -592,7 +592,7 @@ START_TEST(test_family_unconsumed_tensors_are_refused) {
                       cases[i].named);
         ck_assert_ptr_null(m);
         /* Trusting the layout does not serve what is known to be wrong. */
-        attn_load_params lp = {0, 0, 0, "llama"};
+        attn_load_params lp = {0, 0, 0, "llama", ATTN_DTYPE_AUTO};
         ck_assert_int_eq(attn_model_load_hf(cases[i].dir, &lp, &m, err, sizeof err),
                          ATTN_EUNSUPPORTED);
     }

@@ -1,0 +1,191 @@
+/* tests/check_dtype.c: projections held in half precision. The conversions (round to nearest
+ * even, subnormals, overflow, NaN); the kernels against the portable loop; a model holding BF16
+ * or F16 weights against tests/ref.c over the same (rounded) weights, through decode (a few
+ * rows) and prefill (many rows: widened panels and sgemm); checkpoints held in their own dtype
+ * or the one asked for. Tolerances: check_harness.h's, the weights being the reference's own. */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../engine/attn_int.h"
+#include "check_harness.h"
+#include "ref.h"
+
+#define DATA "tests/data/"
+
+static float f32_of(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+START_TEST(test_dtype_conversions_round_to_nearest_even) {
+    ck_assert_uint_eq(attn__f32_to_bf16(1.0f), 0x3f80);
+    ck_assert_uint_eq(attn__f32_to_bf16(f32_of(0x3f808000u)), 0x3f80); /* tie: to even */
+    ck_assert_uint_eq(attn__f32_to_bf16(f32_of(0x3f818000u)), 0x3f82); /* tie: to even, up */
+    ck_assert_uint_eq(attn__f32_to_bf16(f32_of(0x3f808001u)), 0x3f81);
+    ck_assert(isnan(attn__bf16_to_f32(attn__f32_to_bf16(NAN))));
+    ck_assert_uint_eq(attn__f32_to_f16(1.0f), 0x3c00);
+    ck_assert_uint_eq(attn__f32_to_f16(-2.0f), 0xc000);
+    ck_assert_uint_eq(attn__f32_to_f16(65504.0f), 0x7bff);
+    ck_assert_uint_eq(attn__f32_to_f16(65519.0f), 0x7bff);
+    ck_assert_uint_eq(attn__f32_to_f16(65520.0f), 0x7c00); /* past the largest: infinity */
+    ck_assert_uint_eq(attn__f32_to_f16(ldexpf(1.0f, -24)), 0x0001);
+    ck_assert_uint_eq(attn__f32_to_f16(ldexpf(3.0f, -25)), 0x0002); /* 1.5 ulp: to even */
+    ck_assert_uint_eq(attn__f32_to_f16(ldexpf(1.0f, -26)), 0x0000);
+    ck_assert_uint_eq(attn__f32_to_f16(-0.0f), 0x8000);
+    ck_assert_uint_eq(attn__f32_to_f16(1.0f + ldexpf(1.0f, -11)), 0x3c00); /* tie: to even */
+    ck_assert(isnan(attn__f16_to_f32(attn__f32_to_f16(NAN))));
+    /* every binary16 value comes back exactly */
+    for (uint32_t h = 0; h < 0x10000u; h++) {
+        float f = attn__f16_to_f32((uint16_t)h);
+        if (!isnan(f)) {
+            ck_assert_msg(attn__f32_to_f16(f) == h, "f16 %04x -> %g -> %04x", h, (double)f,
+                          attn__f32_to_f16(f));
+        }
+    }
+}
+END_TEST
+
+/* The AVX2 kernel and the portable loop agree, for both kinds, many shapes (odd k included). */
+START_TEST(test_dtype_rows_dot_half_kernels_agree) {
+    static const int32_t shapes[][3] = {{1, 64, 7}, {3, 65, 5}, {4, 128, 9}, {9, 37, 3}};
+    ref_rng rng;
+    ref_rng_init(&rng, 6100);
+    for (int bf = 0; bf < 2; bf++) {
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            int32_t m = shapes[s][0], k = shapes[s][1], n = shapes[s][2];
+            float *x = harness_calloc((size_t)m * k, sizeof(float));
+            float *wf = harness_calloc((size_t)n * k, sizeof(float));
+            uint16_t *w = harness_calloc((size_t)n * k, sizeof(uint16_t));
+            float *y = harness_calloc((size_t)m * n, sizeof(float));
+            float *want = harness_calloc((size_t)m * n, sizeof(float));
+            ref_fill_uniform(&rng, x, (size_t)m * k, -1.0f, 1.0f);
+            ref_fill_uniform(&rng, wf, (size_t)n * k, -1.0f, 1.0f);
+            for (size_t i = 0; i < (size_t)n * k; i++) {
+                w[i] = bf ? attn__f32_to_bf16(wf[i]) : attn__f32_to_f16(wf[i]);
+            }
+            attn__rows_dot_half(x, m, k, w, bf, n, y, (size_t)n);
+            attn__rows_dot_half_portable(x, m, k, w, bf, n, want, (size_t)n);
+            harness_expect_close_tol(y, want, (size_t)m * n, 1e-5, 1e-5, "rows_dot_half");
+            free(want);
+            free(y);
+            free(w);
+            free(wf);
+            free(x);
+        }
+    }
+}
+END_TEST
+
+/* Rounds a ref layer's projection weights to the dtype, in place: the model and the reference
+ * then hold the same values. */
+static void round_layer(const attn_config *c, ref_layer *w, attn_dtype dt) {
+    size_t q = (size_t)c->n_heads * c->head_dim * c->hidden_size;
+    size_t kv = (size_t)c->n_kv_heads * c->head_dim * c->hidden_size;
+    float *t[] = {w->wq, w->wk, w->wv, w->wo};
+    size_t n[] = {q, kv, kv, q};
+    for (int i = 0; i < 4; i++) {
+        for (size_t j = 0; j < n[i]; j++) {
+            t[i][j] = dt == ATTN_DTYPE_BF16 ? attn__bf16_to_f32(attn__f32_to_bf16(t[i][j]))
+                                            : attn__f16_to_f32(attn__f32_to_f16(t[i][j]));
+        }
+    }
+}
+
+/* A model holding BF16 (or F16) projections answers as ref.c over the same weights: a prefill of
+ * 50 tokens (past the few-rows kernel: widened panels and sgemm), decodes (the few-rows kernel),
+ * with an executor and without; it holds half the projections' bytes. */
+START_TEST(test_dtype_half_model_matches_ref) {
+    static const attn_dtype dts[] = {ATTN_DTYPE_BF16, ATTN_DTYPE_F16};
+    for (int d = 0; d < 2; d++) {
+        attn_config cfg = harness_config(4, 2, 16);
+        harness_model hm;
+        harness_model_init(&hm, &cfg, 6200 + d);
+        round_layer(&cfg, &hm.layers[0], dts[d]);
+        attn_layer_weights lw = harness_weights(&cfg, &hm.layers[0]);
+        attn_load_params p = {0, 0, 0, NULL, dts[d]};
+        attn_model *half = NULL, *f32 = NULL;
+        ck_assert_int_eq(attn_model_create(&cfg, &lw, &p, &half), ATTN_OK);
+        p.weights_dtype = ATTN_DTYPE_F32;
+        ck_assert_int_eq(attn_model_create(&cfg, &lw, &p, &f32), ATTN_OK);
+        ck_assert_int_eq(attn_model_weights_dtype(half), dts[d]);
+        ck_assert_int_eq(attn_model_weights_dtype(f32), ATTN_DTYPE_F32);
+        /* q, k, v and o: (4 + 2 + 2 + 4) heads of 16 x hidden 64, two bytes saved on each */
+        size_t proj = (size_t)(4 + 2 + 2 + 4) * 16 * 64 * (sizeof(float) - sizeof(uint16_t));
+        ck_assert_uint_eq(attn_model_bytes(f32) - attn_model_bytes(half), proj);
+        attn_model_destroy(hm.model);
+        hm.model = half; /* the harness runs ref.c on hm.layers and the engine on this */
+        const int32_t n = 54, hidden = cfg.hidden_size;
+        float *x = harness_random_x(6300 + d, n, hidden);
+        float *want = harness_calloc((size_t)n * hidden, sizeof(float));
+        harness_ref_run(&hm, 0, x, NULL, NULL, n, want, NULL, NULL, NULL);
+        attn_kv_pool *pool = NULL;
+        attn_workspace *ws = NULL;
+        attn_kv *kv = NULL;
+        ck_assert_int_eq(attn_kv_pool_create(half, 1 << 20, 0, &pool), ATTN_OK);
+        ck_assert_int_eq(attn_workspace_create(half, 64, NULL, &ws), ATTN_OK);
+        ck_assert_int_eq(attn_kv_create(pool, &kv), ATTN_OK);
+        float *out = harness_calloc((size_t)n * hidden, sizeof(float));
+        int32_t chunks[] = {50, 1, 1, 2};
+        harness_run r = {half, 0, ws, kv, x, NULL, NULL, n, 0, chunks, 4, out, NULL};
+        ck_assert_int_eq(harness_run_chunks(&r), ATTN_OK);
+        harness_expect_rows(out, want, 0, n, hidden, dts[d] == ATTN_DTYPE_BF16 ? "bf16" : "f16");
+        free(out);
+        attn_kv_destroy(kv);
+        attn_workspace_destroy(ws);
+        attn_kv_pool_destroy(pool);
+        attn_model_destroy(f32);
+        free(want);
+        free(x);
+        harness_model_release(&hm);
+    }
+}
+END_TEST
+
+/* A checkpoint's projections are held in its own dtype (BF16 bit-exact), or in the one asked
+ * for; a dtype outside the enum is refused. */
+START_TEST(test_dtype_checkpoints_held_as_shipped) {
+    attn_model *m = NULL;
+    char err[256] = "";
+    ck_assert_int_eq(attn_model_load_hf(DATA "hf_tiny_bf16", NULL, &m, err, sizeof err), ATTN_OK);
+    ck_assert_int_eq(attn_model_weights_dtype(m), ATTN_DTYPE_BF16);
+    attn_model_destroy(m);
+    ck_assert_int_eq(attn_model_load_hf(DATA "hf_alt_f16", NULL, &m, err, sizeof err), ATTN_OK);
+    ck_assert_int_eq(attn_model_weights_dtype(m), ATTN_DTYPE_F16);
+    attn_model_destroy(m);
+    ck_assert_int_eq(attn_model_load_hf(DATA "hf_tiny_f32", NULL, &m, err, sizeof err), ATTN_OK);
+    ck_assert_int_eq(attn_model_weights_dtype(m), ATTN_DTYPE_F32);
+    attn_model_destroy(m);
+    attn_load_params p = {0, 0, 0, NULL, ATTN_DTYPE_F32};
+    ck_assert_int_eq(attn_model_load_hf(DATA "hf_tiny_bf16", &p, &m, err, sizeof err), ATTN_OK);
+    ck_assert_int_eq(attn_model_weights_dtype(m), ATTN_DTYPE_F32);
+    attn_model_destroy(m);
+    p.weights_dtype = ATTN_DTYPE_BF16;
+    ck_assert_int_eq(attn_model_load_hf(DATA "hf_tiny_f32", &p, &m, err, sizeof err), ATTN_OK);
+    ck_assert_int_eq(attn_model_weights_dtype(m), ATTN_DTYPE_BF16);
+    attn_model_destroy(m);
+    p.weights_dtype = (attn_dtype)7;
+    m = NULL;
+    ck_assert_int_lt(attn_model_load_hf(DATA "hf_tiny_f32", &p, &m, err, sizeof err), 0);
+    ck_assert_ptr_null(m);
+}
+END_TEST
+
+/* `extern` keeps this prototype out of the Makefile's suite-table scan, which matches lines
+ * starting with `Suite *`. */
+extern Suite *dtype_suite(void);
+
+Suite *dtype_suite(void) {
+    Suite *s = suite_create("dtype");
+    TCase *tc = tcase_create("dtype");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_dtype_conversions_round_to_nearest_even);
+    tcase_add_test(tc, test_dtype_rows_dot_half_kernels_agree);
+    tcase_add_test(tc, test_dtype_half_model_matches_ref);
+    tcase_add_test(tc, test_dtype_checkpoints_held_as_shipped);
+    suite_add_tcase(s, tc);
+    return s;
+}
