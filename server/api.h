@@ -225,6 +225,7 @@ struct api_model_info {
     int32_t layer_first;
     int32_t layer_count;
     size_t weights_bytes;
+    const char *weights_dtype; /* how the projections are held: "f32", "bf16" or "f16" */
 };
 char *api_model_encode(const attn_config *cfg, const struct api_model_info *info, size_t *len);
 

@@ -444,7 +444,9 @@ char *api_model_encode(const attn_config *cfg, const struct api_model_info *info
                       (int)cfg->qk_rope_head_dim, (int)cfg->v_head_dim,
                       (int)(cfg->kv_lora_rank + cfg->qk_rope_head_dim));
     }
-    strbuf_printf(&b, ",\"weights_bytes\":%zu,\"layers\":[", info->weights_bytes);
+    strbuf_printf(&b, ",\"weights_bytes\":%zu,\"weights_dtype\":", info->weights_bytes);
+    put_string(&b, info->weights_dtype);
+    strbuf_puts(&b, ",\"layers\":[");
     for (int32_t i = 0; i < info->layer_count; i++) {
         if (i > 0) {
             strbuf_putc(&b, ',');

@@ -230,6 +230,9 @@ static void handle_model(struct route_req *rq) {
         .layer_first = attn_model_layer_first(srv->model),
         .layer_count = attn_model_layer_count(srv->model),
         .weights_bytes = attn_model_bytes(srv->model),
+        .weights_dtype = attn_model_weights_dtype(srv->model) == ATTN_DTYPE_BF16  ? "bf16"
+                         : attn_model_weights_dtype(srv->model) == ATTN_DTYPE_F16 ? "f16"
+                                                                                  : "f32",
     };
     size_t len = 0;
     char *body = api_model_encode(attn_model_config(srv->model), &info, &len);

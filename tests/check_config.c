@@ -120,6 +120,7 @@ START_TEST(test_config_bad_values_are_named) {
         {{"attnd", "--workers", "-1", NULL}, NULL, "--workers: -1 is out of range"},
         {{"attnd", "--kv-budget-mb", "0", NULL}, NULL, "--kv-budget-mb: 0 is out of range"},
         {{"attnd", "--kv-block-tokens", "8", NULL}, NULL, "--kv-block-tokens: 8"},
+        {{"attnd", "--weights-dtype", "fp8", NULL}, NULL, "--weights-dtype: 'fp8' is not a dtype"},
         {{"attnd", "--layers", "3-1", NULL}, NULL, "--layers: '3-1' is not a layer range"},
         {{"attnd", "--log-level", "loud", NULL}, NULL, "--log-level: 'loud' is not a log level"},
         {{"attnd", "--preset", "gpt5", NULL}, NULL, "--preset: unknown preset 'gpt5'"},
