@@ -9,6 +9,7 @@
 #include <string.h>
 
 #if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define TILE_HAVE_AVX2 1
 #endif
@@ -20,8 +21,10 @@
 
 bool attn__tile_is_fast(void) {
 #ifdef TILE_HAVE_AVX2
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
+    /* F16C (half-precision weights) by cpuid: clang's __builtin_cpu_supports does not know it */
+    unsigned int a = 0, b = 0, c = 0, d = 0;
+    bool has_f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c;
 #else
     return false;
 #endif
