@@ -6,6 +6,7 @@
  * config fields with a non-neutral value, attnd-only fields in a real family, and attention
  * tensors nobody consumes (fixture folders tests/data/refuse_*). */
 #include <check.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -231,6 +232,34 @@ START_TEST(test_family_layout_rules) {
     p.rc = attn__hf_config_parse(rw, strlen(rw), NULL, &p.cfg, &p.lay, p.err, sizeof p.err);
     expect_ok(&p, "falcon's original names");
     ck_assert(p.cfg.n_heads == 4 && p.cfg.n_layers == 3 && p.cfg.head_dim == 16);
+
+    /* DeepSeek: the MLA dims (V3's defaults when absent), q_lora_rank null for q_proj, one
+     * latent, head_dim the score's whatever the config's head_dim says, rope_interleave false
+     * rotating halves, the yarn mscale_all_dim correction; a zero kv_lora_rank is refused. */
+    p = parse("deepseek_v3", ",\"head_dim\":64,\"num_key_value_heads\":4", NULL);
+    expect_ok(&p, "deepseek_v3 defaults");
+    ck_assert(p.cfg.q_lora_rank == 1536 && p.cfg.kv_lora_rank == 512 &&
+              p.cfg.qk_nope_head_dim == 128 && p.cfg.qk_rope_head_dim == 64 &&
+              p.cfg.v_head_dim == 128 && p.cfg.n_kv_heads == 1 && p.cfg.head_dim == 192 &&
+              p.cfg.rotary_dim == 64);
+    ck_assert_int_eq(p.cfg.rope_style, ATTN_ROPE_STYLE_INTERLEAVED);
+    ck_assert_int_eq(p.lay.tensors, ATTN__HF_MLA);
+    p = parse("deepseek_v3", ",\"q_lora_rank\":null,\"rope_interleave\":false", NULL);
+    expect_ok(&p, "deepseek_v3 q_proj, halves");
+    ck_assert_int_eq(p.cfg.q_lora_rank, 0);
+    ck_assert_int_eq(p.cfg.rope_style, ATTN_ROPE_STYLE_HALF);
+    p = parse("deepseek_v2", ",\"rope_interleave\":false", NULL);
+    expect_ok(&p, "deepseek_v2 does not read rope_interleave");
+    ck_assert_int_eq(p.cfg.rope_style, ATTN_ROPE_STYLE_INTERLEAVED);
+    p = parse("deepseek_v3", ",\"kv_lora_rank\":0", NULL);
+    expect_refused(&p, ATTN_EIO, "kv_lora_rank must be > 0", "deepseek kv_lora_rank 0");
+    p = parse("deepseek_v3",
+              ",\"max_position_embeddings\":2560,\"rope_scaling\":{\"type\":\"yarn\",\"factor\":40,"
+              "\"original_max_position_embeddings\":64,\"mscale\":1.0,\"mscale_all_dim\":1.0}",
+              NULL);
+    expect_ok(&p, "deepseek yarn");
+    double ms = 0.1 * log(40.0) + 1.0;
+    ck_assert_float_eq_tol(p.cfg.softmax_scale, (float)(ms * ms / sqrt(192.0)), 1e-6f);
 
     /* GPT-2: its own config names, no rotary embedding, both biases, the scale rule. */
     const char *gpt2 = "{\"model_type\":\"gpt2\",\"n_embd\":64,\"n_head\":4,\"n_layer\":3,"
