@@ -193,6 +193,14 @@ struct attn_workspace {
 void attn__project(const attn_workspace *ws, const float *x, int32_t n, int32_t in_dim,
                    const float *w, const float *b, int32_t out_dim, float *y);
 
+/* Binds task t (its n_group, n_q, d_k, d_v and kv set) to step st's part p: the weight rows of
+ * heads h0.. for the part's tokens from q0 on (when the step asks for weights, total_keys
+ * columns), its scratch out of ws (advancing *scratch_used), and the step's key mask; the
+ * caller sets q_index0, is_causal and window_left (forward.c). */
+void attn__task_bind(struct attn__task *t, attn_workspace *ws, const attn_step *st,
+                     const struct chunk_part *p, int32_t h0, int32_t q0, int32_t total_keys,
+                     size_t *scratch_used);
+
 /* The highest position among a step's tokens, the first of which goes to cache index first
  * (forward.c). */
 int32_t attn__step_max_position(const attn_step *st, int32_t first);

@@ -388,6 +388,28 @@ static void append_context(const attn_model *m, int32_t layer, attn_workspace *w
     }
 }
 
+void attn__task_bind(struct attn__task *t, attn_workspace *ws, const attn_step *st,
+                     const struct chunk_part *p, int32_t h0, int32_t q0, int32_t total_keys,
+                     size_t *scratch_used) {
+    t->w = NULL;
+    if (st->weights != NULL) {
+        /* weights (n_heads, n_tokens, total_keys); this tile's first row is token
+         * p->first + q0 of head h0. */
+        size_t ld = (size_t)total_keys;
+        t->w = st->weights + ((size_t)h0 * st->n_tokens + p->first + q0) * ld;
+        t->w_head_stride = (size_t)st->n_tokens * ld;
+        t->w_ld = ld;
+        t->w_cols = total_keys;
+    }
+    t->mask.window_right = -1;
+    t->mask.key_valid = st->key_valid;
+    t->mask.pair_valid = NULL;
+    t->mask.pair_ld = 0;
+    t->scratch = ws->scratch + *scratch_used;
+    *scratch_used +=
+        attn__task_scratch_floats(t->n_group * t->n_q, t->d_k, t->d_v, t->kv.block_tokens);
+}
+
 /* Builds the attention tasks of one part: per KV head, query tiles of ATTN__Q_TILE tokens. */
 static int32_t part_tasks(const attn_model *m, int32_t layer, attn_workspace *ws,
                           const attn_step *st, const struct chunk_part *p, struct attn__task *tasks,
@@ -416,16 +438,6 @@ static int32_t part_tasks(const attn_model *m, int32_t layer, attn_workspace *ws
             t->out = ws->attn + (size_t)row * hd_all + (size_t)g * r * hd;
             t->out_head_stride = hd;
             t->out_ld = hd_all;
-            t->w = NULL;
-            if (st->weights != NULL) {
-                /* weights (n_heads, n_tokens, total_keys); this tile's first row is token
-                 * p->first + q0 of head g * r. */
-                size_t ld = (size_t)total_keys;
-                t->w = st->weights + ((size_t)g * r * st->n_tokens + p->first + q0) * ld;
-                t->w_head_stride = (size_t)st->n_tokens * ld;
-                t->w_ld = ld;
-                t->w_cols = total_keys;
-            }
             t->n_group = r;
             t->n_q = nq;
             t->d_k = c->head_dim;
@@ -434,16 +446,10 @@ static int32_t part_tasks(const attn_model *m, int32_t layer, attn_workspace *ws
             t->softcap = c->logit_softcap;
             t->sinks = l->sinks != NULL ? l->sinks + (size_t)g * r : NULL;
             t->kv = attn__kv_view_of(cache, g, n_keys);
+            attn__task_bind(t, ws, st, p, g * r, q0, total_keys, scratch_used);
             t->mask.q_index0 = p_start + q0;
             t->mask.is_causal = !is_cross; /* every query sees the whole context */
             t->mask.window_left = window_left;
-            t->mask.window_right = -1;
-            t->mask.key_valid = st->key_valid;
-            t->mask.pair_valid = NULL;
-            t->mask.pair_ld = 0;
-            t->scratch = ws->scratch + *scratch_used;
-            *scratch_used +=
-                attn__task_scratch_floats(r * nq, c->head_dim, c->head_dim, t->kv.block_tokens);
         }
     }
     return n_tasks;

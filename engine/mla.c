@@ -113,14 +113,6 @@ static int32_t part_tasks(const attn_config *c, attn_workspace *ws, const attn_s
             t->out = ws->mla_lat + (row * h_n + h0) * kvl;
             t->out_head_stride = (size_t)kvl;
             t->out_ld = (size_t)h_n * kvl;
-            t->w = NULL;
-            if (st->weights != NULL) {
-                size_t ld = (size_t)total_keys;
-                t->w = st->weights + ((size_t)h0 * st->n_tokens + p->first + q0) * ld;
-                t->w_head_stride = (size_t)st->n_tokens * ld;
-                t->w_ld = ld;
-                t->w_cols = total_keys;
-            }
             t->n_group = g;
             t->n_q = nq;
             t->d_k = d_k;
@@ -129,15 +121,10 @@ static int32_t part_tasks(const attn_config *c, attn_workspace *ws, const attn_s
             t->softcap = 0.0f;
             t->sinks = NULL;
             t->kv = attn__kv_view_of(st->kv, 0, n_keys);
+            attn__task_bind(t, ws, st, p, h0, q0, total_keys, scratch_used);
             t->mask.q_index0 = p_start + q0;
             t->mask.is_causal = true;
             t->mask.window_left = -1;
-            t->mask.window_right = -1;
-            t->mask.key_valid = st->key_valid;
-            t->mask.pair_valid = NULL;
-            t->mask.pair_ld = 0;
-            t->scratch = ws->scratch + *scratch_used;
-            *scratch_used += attn__task_scratch_floats(g * nq, d_k, kvl, t->kv.block_tokens);
         }
     }
     return n_tasks;
