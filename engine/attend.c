@@ -10,10 +10,12 @@
 #include <string.h>
 
 /* Scratch layout: q (rows x d_k), o (rows x d_v), s (rows x block_tokens), m (rows), l (rows),
- * then the transposed key block of the tile kernels. */
+ * then the transposed key block of the tile kernels, then a block of keys or values widened from
+ * a KV dtype (block_tokens x max(d_k, d_v)). */
 size_t attn__task_scratch_floats(int32_t n_rows, int32_t d_k, int32_t d_v, int32_t block_tokens) {
     return (size_t)n_rows * ((size_t)d_k + d_v + block_tokens + 2) +
-           attn__tile_pack_floats(block_tokens, d_k);
+           attn__tile_pack_floats(block_tokens, d_k) +
+           (size_t)block_tokens * (size_t)(d_k > d_v ? d_k : d_v);
 }
 
 /* How a task multiplies its tiles: SIMD dot loops for a few rows (decode), register-blocked
@@ -23,6 +25,7 @@ typedef enum tile_mode { TILE_MODE_SMALL, TILE_MODE_FAST, TILE_MODE_BLAS } tile_
 struct tile_ctx {
     tile_mode mode;
     float *pack;
+    float *widen; /* a block of keys or values widened from the cache's dtype */
 };
 
 /* Keys [lo, hi] visible to row t by position; key_valid is applied per key. Empty when hi < lo. */
@@ -43,19 +46,31 @@ static void visible_range(const struct attn__mask *mk, int32_t n_keys, int32_t t
     *hi = h;
 }
 
-static const float *block_k(const struct attn__kv_view *v, int64_t b) {
+static const uint8_t *block_k(const struct attn__kv_view *v, int64_t b) {
     int64_t id = v->block_ids ? v->block_ids[b] : b;
     return v->k_base + (size_t)id * v->k_block_stride;
 }
 
-static const float *block_v(const struct attn__kv_view *v, int64_t b) {
+static const uint8_t *block_v(const struct attn__kv_view *v, int64_t b) {
     int64_t id = v->block_ids ? v->block_ids[b] : b;
     return v->v_base + (size_t)id * v->v_block_stride;
 }
 
-/* s (rows x nb, ld lds) = q (rows x d_k) k_block^T. */
+/* s (rows x nb, ld lds) = q (rows x d_k) k_block^T. Keys held in a narrower dtype stream through
+ * the decode kernels as they are, and are widened a block at a time for the prefill kernels,
+ * whose arithmetic per key dwarfs the widening. */
 static void scores_block(const struct attn__task *t, const struct tile_ctx *tc, const float *q,
-                         int32_t rows, const float *k, int32_t nb, float *s, size_t lds) {
+                         int32_t rows, const uint8_t *kb, int32_t nb, float *s, size_t lds) {
+    const float *k = (const float *)(const void *)kb;
+    if (t->kv.dtype != ATTN_DTYPE_F32) {
+        if (tc->mode == TILE_MODE_SMALL) {
+            attn__small_qk_kv(t->kv.dtype, q, (size_t)t->d_k, rows, kb, t->kv.k_row_bytes, nb,
+                              t->d_k, s, lds, tc->widen);
+            return;
+        }
+        attn__kv_widen(t->kv.dtype, kb, t->kv.k_row_bytes, nb, t->d_k, tc->widen, (size_t)t->d_k);
+        k = tc->widen;
+    }
     switch (tc->mode) {
     case TILE_MODE_FAST:
         attn__tile_qk(q, (size_t)t->d_k, rows, k, nb, t->d_k, s, lds, tc->pack);
@@ -70,19 +85,31 @@ static void scores_block(const struct attn__task *t, const struct tile_ctx *tc, 
     }
 }
 
-/* o (rows x d_v) += p (rows x nb, ld ldp) v_block. */
+/* o (rows x d_v) += p (rows x nb, ld ldp) v_block; a narrower dtype as in scores_block. */
 static void accumulate_block(const struct attn__task *t, const struct tile_ctx *tc, const float *p,
-                             size_t ldp, int32_t rows, const float *v, int32_t nb, float *o) {
+                             size_t ldp, int32_t rows, const uint8_t *vb, int32_t nb, float *o) {
+    const float *v = (const float *)(const void *)vb;
+    size_t ldv = t->kv.v_row_bytes / sizeof(float);
+    if (t->kv.dtype != ATTN_DTYPE_F32) {
+        if (tc->mode == TILE_MODE_SMALL) {
+            attn__small_pv_kv(t->kv.dtype, p, ldp, rows, vb, t->kv.v_row_bytes, nb, t->d_v, o,
+                              (size_t)t->d_v, tc->widen);
+            return;
+        }
+        attn__kv_widen(t->kv.dtype, vb, t->kv.v_row_bytes, nb, t->d_v, tc->widen, (size_t)t->d_v);
+        v = tc->widen;
+        ldv = (size_t)t->d_v;
+    }
     switch (tc->mode) {
     case TILE_MODE_FAST:
-        attn__tile_pv(p, ldp, rows, v, t->kv.v_ld, nb, t->d_v, o, (size_t)t->d_v);
+        attn__tile_pv(p, ldp, rows, v, ldv, nb, t->d_v, o, (size_t)t->d_v);
         break;
     case TILE_MODE_BLAS:
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, t->d_v, nb, 1.0f, p, (int)ldp,
-                    v, (int)t->kv.v_ld, 1.0f, o, t->d_v);
+                    v, (int)ldv, 1.0f, o, t->d_v);
         break;
     case TILE_MODE_SMALL:
-        attn__small_pv(p, ldp, rows, v, t->kv.v_ld, nb, t->d_v, o, (size_t)t->d_v);
+        attn__small_pv(p, ldp, rows, v, ldv, nb, t->d_v, o, (size_t)t->d_v);
         break;
     }
 }
@@ -236,7 +263,8 @@ void attn__task_run(const struct attn__task *t) {
     float *s = o + (size_t)rows * t->d_v;
     float *m = s + (size_t)rows * t->kv.block_tokens;
     float *l = m + rows;
-    struct tile_ctx tc = {TILE_MODE_SMALL, l + rows};
+    struct tile_ctx tc = {TILE_MODE_SMALL, l + rows,
+                          l + rows + attn__tile_pack_floats(t->kv.block_tokens, t->d_k)};
     if (rows >= ATTN__BLAS_MIN_ROWS) {
         tc.mode = attn__tile_is_fast() ? TILE_MODE_FAST : TILE_MODE_BLAS;
     }

@@ -208,14 +208,25 @@ int attn_config_check(attn_config *cfg);
 
 typedef struct attn_model attn_model; /* immutable after create; share freely across threads */
 
-/* Which layers to materialize, and an optional cap on positions. */
-/* How the projections' weights are held in memory. */
+/* How numbers are held in memory: the projections' weights (AUTO, F32, BF16, F16) and the KV
+ * cache (any). */
 typedef enum attn_dtype {
-    ATTN_DTYPE_AUTO = 0, /* a checkpoint's own dtype (attn_model_load_hf), else F32 */
+    ATTN_DTYPE_AUTO = 0, /* weights: a checkpoint's own dtype, else F32; KV: the weights' dtype */
     ATTN_DTYPE_F32 = 1,
     ATTN_DTYPE_BF16 = 2, /* bfloat16: half the bytes, the dtype most checkpoints ship in */
     ATTN_DTYPE_F16 = 3,
+    /* KV only: llama.cpp's block_q8_0, 32 values as int8 times one binary16 scale (34 bytes),
+     * a row's last block zero-padded */
+    ATTN_DTYPE_Q8_0 = 4,
 } attn_dtype;
+
+/* "auto", "f32", "bf16", "f16", "q8_0"; "?" for any other value. Static. */
+const char *attn_dtype_name(attn_dtype dt);
+
+/* The dtype attn_dtype_name calls name: ATTN_OK, or ATTN_EINVAL (*out untouched). */
+int attn_dtype_parse(const char *name, attn_dtype *out);
+
+/* Which layers to materialize, and an optional cap on positions. */
 
 typedef struct attn_load_params {
     int32_t layer_first; /* first layer to load, >= 0 */
@@ -315,11 +326,29 @@ typedef struct attn_kv attn_kv;           /* one layer's K/V for one sequence */
 
 /* Creates a pool of KV blocks for model m: budget_bytes / block_bytes blocks, each holding
  * block_tokens tokens of K and V for all kv heads of one layer, laid out as
- * K (n_kv_heads, block_tokens, head_dim) then V (n_kv_heads, block_tokens, head_dim).
- * block_tokens is 16..256 (0 = 128). The memory is reserved at once and touched only when blocks
- * are first used. Returns ATTN_EINVAL (budget smaller than one block) or ATTN_ENOMEM. */
+ * K (n_kv_heads, block_tokens, head_dim) then V (n_kv_heads, block_tokens, head_dim), each row
+ * in the pool's dtype, the block rounded up to 64 bytes. block_tokens is 16..256 (0 = 128).
+ * The memory is reserved at once and touched only when blocks are first used. The dtype is
+ * ATTN_DTYPE_AUTO here: the model's weights' dtype (F32 stays exact end to end). Returns
+ * ATTN_EINVAL (budget smaller than one block) or ATTN_ENOMEM. */
 int attn_kv_pool_create(const attn_model *m, size_t budget_bytes, int32_t block_tokens,
                         attn_kv_pool **out);
+
+/* The same with the dtype the cache holds K and V in: AUTO, F32 (exact), BF16 or F16 (each value
+ * rounded to nearest even when appended), or Q8_0 (each 32 values of a row scaled to int8 by
+ * their largest magnitude). Attention reads every dtype directly. Multi-head latent attention's
+ * latent takes any (Q8_0 when kv_lora_rank is a multiple of 32, else ATTN_EUNSUPPORTED);
+ * linear-attention layers' states are double whatever the dtype. ATTN_EINVAL for another
+ * value. */
+int attn_kv_pool_create_typed(const attn_model *m, size_t budget_bytes, int32_t block_tokens,
+                              attn_dtype dtype, attn_kv_pool **out);
+
+/* The block_bytes attn_kv_pool_create_typed would give these arguments, or 0 where it would
+ * refuse them (for a message before the budget is chosen). */
+size_t attn_kv_block_bytes_for(const attn_model *m, int32_t block_tokens, attn_dtype dtype);
+
+/* The dtype the pool holds K and V in (never AUTO). */
+attn_dtype attn_kv_pool_dtype(const attn_kv_pool *pool);
 
 /* Frees the pool and its memory. NULL is a no-op. Every cache of the pool must be destroyed
  * before. */
@@ -394,7 +423,8 @@ int attn_kv_fork(const attn_kv *src, attn_kv **out);
 /* Copies tokens [first, first + count) of the cache into k and v, each laid out
  * (n_kv_heads, count, head_dim) row-major, post-RoPE as stored; for multi-head latent
  * attention k gets (1, count, kv_lora_rank + qk_rope_head_dim) latent rows [c | k_rot] and v
- * (1, count, kv_lora_rank), their c. ATTN_ERANGE if out of bounds,
+ * (1, count, kv_lora_rank), their c; each value as the pool's dtype holds it, widened to float.
+ * ATTN_ERANGE if out of bounds,
  * ATTN_EDROPPED if first < attn_kv_first_held(kv). For tests and inspection; not a hot path. */
 int attn_kv_read(const attn_kv *kv, int32_t first, int32_t count, float *k, float *v);
 

@@ -72,10 +72,14 @@ struct attn_kv_pool {
     bool v_in_k;
     int32_t block_tokens;
     int32_t max_seq;
-    size_t block_floats; /* n_kv_heads * block_tokens * (k_dim + v_dim, or k_dim if v_in_k) */
+    attn_dtype dtype;   /* how each K and V row is held (never AUTO) */
+    size_t k_row_bytes; /* attn__kv_row_bytes(dtype, k_dim), and for v_dim */
+    size_t v_row_bytes;
+    size_t block_bytes; /* n_kv_heads * block_tokens * (k_row_bytes + v_row_bytes, or k_row_bytes
+                           if v_in_k), rounded up to ATTN__ALIGN */
     int32_t n_blocks;
     int32_t n_free;
-    float *mem;          /* (n_blocks, block_floats) */
+    uint8_t *mem;        /* (n_blocks, block_bytes) */
     int32_t *free_stack; /* (n_blocks): ids of free blocks; the top is reused first (warm pages) */
     int32_t n_caches;
 };
@@ -97,16 +101,20 @@ struct attn_kv {
 };
 
 /* Where a task's keys and values live: block b (of block_tokens keys each, the last possibly
- * partial) starts at k_base + id(b) * k_block_stride, with id(b) = block_ids ? block_ids[b] : b,
- * and holds rows of d_k floats contiguously, and value rows of d_v floats v_ld floats apart
- * (v_ld > d_v when the values are the leading part of each key row: a latent cache). */
+ * partial) starts k_block_stride bytes times id(b) past k_base, with id(b) = block_ids ?
+ * block_ids[b] : b, and holds key rows of d_k values, k_row_bytes apart, in dtype; value rows of
+ * d_v values likewise, v_row_bytes apart (more than d_v values' bytes when the values are the
+ * leading part of each key row: a latent cache). Float keys' rows are contiguous (k_row_bytes is
+ * d_k floats). */
 struct attn__kv_view {
-    const float *k_base;
-    const float *v_base;
+    const uint8_t *k_base;
+    const uint8_t *v_base;
     const int32_t *block_ids;
-    size_t k_block_stride;
+    size_t k_block_stride; /* bytes, as every stride here */
     size_t v_block_stride;
-    size_t v_ld;
+    size_t k_row_bytes;
+    size_t v_row_bytes;
+    attn_dtype dtype; /* F32, BF16, F16 or Q8_0 */
     int32_t block_tokens;
     int32_t n_keys; /* keys that exist; later ones are never read */
 };
@@ -263,6 +271,19 @@ void attn__small_qk(const float *q, size_t ldq, int32_t m, const float *k, size_
 void attn__small_pv(const float *p, size_t ldp, int32_t m, const float *v, size_t ldv, int32_t n,
                     int32_t d, float *o, size_t ldo);
 
+/* attn__small_qk / attn__small_pv against key or value rows held in a KV dtype (BF16, F16,
+ * Q8_0), row_bytes apart: widened in registers as they stream (AVX2 + F16C), else into widen
+ * (n x d floats) for the portable loops. */
+void attn__small_qk_kv(attn_dtype dt, const float *q, size_t ldq, int32_t m, const uint8_t *k,
+                       size_t row_bytes, int32_t n, int32_t d, float *s, size_t lds, float *widen);
+void attn__small_pv_kv(attn_dtype dt, const float *p, size_t ldp, int32_t m, const uint8_t *v,
+                       size_t row_bytes, int32_t n, int32_t d, float *o, size_t ldo, float *widen);
+
+/* dst row j (d floats, ld apart) = the n rows of d values at src (row_bytes apart) held as dt,
+ * widened: AVX2 + F16C where available. */
+void attn__kv_widen(attn_dtype dt, const uint8_t *src, size_t row_bytes, int32_t n, int32_t d,
+                    float *dst, size_t ld);
+
 /* y (m x n, ld ldy) = x (m x k) w^T for w (n x k), both row-major: the projection of a few
  * tokens, streaming each weight row from memory once. Only when attn__tile_is_fast(). */
 void attn__rows_dot(const float *x, int32_t m, int32_t k, const float *w, int32_t n, float *y,
@@ -352,9 +373,30 @@ int32_t attn__kv_states_per_block(const attn_kv_pool *pool);
 void attn__linear_advance(const attn_config *c, attn_kv *state, const float *qkv, size_t ld,
                           int32_t n, float *out, size_t out_ld, double *scratch);
 
-/* Address of key (or value) row for kv head h at cache index idx. */
-float *attn__kv_row_k(const attn_kv *kv, int32_t h, int32_t idx);
-float *attn__kv_row_v(const attn_kv *kv, int32_t h, int32_t idx);
+/* Writes kv head h's key (or value) row at cache index idx (taken by attn__kv_grow) from src,
+ * k_dim (v_dim) floats, in the pool's dtype. A latent cache has key rows only. */
+void attn__kv_put_k(const attn_kv *kv, int32_t h, int32_t idx, const float *src);
+void attn__kv_put_v(const attn_kv *kv, int32_t h, int32_t idx, const float *src);
+
+/* ---- kv_dtype.c: how a KV row is held in each dtype ----------------------------------------- */
+
+/* Values per Q8_0 block, and its bytes: a binary16 scale, then QK8_0 int8. */
+#define ATTN__QK8_0      32
+#define ATTN__Q8_0_BYTES (2 + ATTN__QK8_0)
+
+/* Bytes of one row of d values held as dt (F32, BF16, F16 or Q8_0). */
+size_t attn__kv_row_bytes(attn_dtype dt, int32_t d);
+
+/* dst (attn__kv_row_bytes(dt, d) bytes) = the d floats at src held as dt: BF16 and F16 round to
+ * nearest even; Q8_0 scales each block by s, the smallest binary16 >= max|x| / 127, and rounds
+ * x * (1 / s) to the nearest integer, half away from zero. Unlike llama.cpp (s rounded to
+ * nearest, quantized by the unrounded scale) every value read back is then within half a step
+ * of x; the layout is the same. */
+void attn__kv_encode(attn_dtype dt, const float *src, int32_t d, uint8_t *dst);
+
+/* The portable attn__kv_widen. */
+void attn__kv_widen_portable(attn_dtype dt, const uint8_t *src, size_t row_bytes, int32_t n,
+                             int32_t d, float *dst, size_t ld);
 
 /* The view of kv head h over the first n_keys tokens of kv. */
 struct attn__kv_view attn__kv_view_of(const attn_kv *kv, int32_t h, int32_t n_keys);

@@ -355,8 +355,8 @@ static void rope_and_append(const attn_model *m, int32_t layer, const attn_step 
             attn__rope_apply(c, &frame, row, c->n_heads, row + k_off, c->n_kv_heads, pos);
         }
         for (int32_t h = 0; h < c->n_kv_heads; h++) {
-            memcpy(attn__kv_row_k(st->kv, h, idx), row + k_off + h * hd, hd * sizeof(float));
-            memcpy(attn__kv_row_v(st->kv, h, idx), row + v_off + h * hd, hd * sizeof(float));
+            attn__kv_put_k(st->kv, h, idx, row + k_off + h * hd);
+            attn__kv_put_v(st->kv, h, idx, row + v_off + h * hd);
         }
     }
 }
@@ -379,10 +379,8 @@ static void append_context(const attn_model *m, int32_t layer, attn_workspace *w
             float *row = ws->qkv + (size_t)i * n_qkv;
             attn__qk_norm_apply(c, l, row);
             for (int32_t h = 0; h < c->n_kv_heads; h++) {
-                memcpy(attn__kv_row_k(st->cross, h, base + i), row + k_off + h * hd,
-                       hd * sizeof(float));
-                memcpy(attn__kv_row_v(st->cross, h, base + i), row + v_off + h * hd,
-                       hd * sizeof(float));
+                attn__kv_put_k(st->cross, h, base + i, row + k_off + h * hd);
+                attn__kv_put_v(st->cross, h, base + i, row + v_off + h * hd);
             }
         }
     }

@@ -10,20 +10,58 @@
 
 int attn_kv_pool_create(const attn_model *m, size_t budget_bytes, int32_t block_tokens,
                         attn_kv_pool **out) {
-    if (m == NULL || out == NULL || block_tokens < 0 || (block_tokens != 0 && block_tokens < 16) ||
-        block_tokens > 256) {
+    return attn_kv_pool_create_typed(m, budget_bytes, block_tokens, ATTN_DTYPE_AUTO, out);
+}
+
+/* A pool's shape for m: what attn_kv_pool_create_typed checks and derives, in *g. */
+static int pool_geometry(const attn_model *m, int32_t block_tokens, attn_dtype dtype,
+                         attn_kv_pool *g) {
+    if (m == NULL || block_tokens < 0 || (block_tokens != 0 && block_tokens < 16) ||
+        block_tokens > 256 || dtype < ATTN_DTYPE_AUTO || dtype > ATTN_DTYPE_Q8_0) {
         return ATTN_EINVAL;
+    }
+    if (dtype == ATTN_DTYPE_AUTO) {
+        dtype = m->weights_dtype; /* vLLM's rule: the cache holds what the model computes in */
     }
     if (block_tokens == 0) {
         block_tokens = 128; /* decode measured ~8% faster than with 64 (llama8b, L = 8192) */
     }
     const attn_config *c = &m->cfg;
     bool is_latent = c->kv_lora_rank > 0;
-    int32_t k_dim = is_latent ? c->kv_lora_rank + c->qk_rope_head_dim : c->head_dim;
-    int32_t v_dim = is_latent ? c->kv_lora_rank : c->head_dim;
-    size_t block_floats =
-        (size_t)c->n_kv_heads * block_tokens * (size_t)(k_dim + (is_latent ? 0 : v_dim));
-    size_t block_bytes = block_floats * sizeof(float);
+    g->model = m;
+    g->n_kv_heads = c->n_kv_heads;
+    g->head_dim = c->head_dim;
+    g->k_dim = is_latent ? c->kv_lora_rank + c->qk_rope_head_dim : c->head_dim;
+    g->v_dim = is_latent ? c->kv_lora_rank : c->head_dim;
+    g->v_in_k = is_latent;
+    if (is_latent && dtype == ATTN_DTYPE_Q8_0 && g->v_dim % ATTN__QK8_0 != 0) {
+        return ATTN_EUNSUPPORTED; /* the value, a row's leading v_dim values, must be whole blocks
+                                   */
+    }
+    g->block_tokens = block_tokens;
+    g->max_seq = c->max_seq;
+    g->dtype = dtype;
+    g->k_row_bytes = attn__kv_row_bytes(dtype, g->k_dim);
+    g->v_row_bytes = is_latent ? g->k_row_bytes : attn__kv_row_bytes(dtype, g->v_dim);
+    size_t block_bytes =
+        (size_t)c->n_kv_heads * block_tokens * (g->k_row_bytes + (is_latent ? 0 : g->v_row_bytes));
+    g->block_bytes = (block_bytes + ATTN__ALIGN - 1) / ATTN__ALIGN * ATTN__ALIGN;
+    return ATTN_OK;
+}
+
+size_t attn_kv_block_bytes_for(const attn_model *m, int32_t block_tokens, attn_dtype dtype) {
+    attn_kv_pool g;
+    return pool_geometry(m, block_tokens, dtype, &g) == ATTN_OK ? g.block_bytes : 0;
+}
+
+int attn_kv_pool_create_typed(const attn_model *m, size_t budget_bytes, int32_t block_tokens,
+                              attn_dtype dtype, attn_kv_pool **out) {
+    attn_kv_pool g = {0};
+    int rc = out == NULL ? ATTN_EINVAL : pool_geometry(m, block_tokens, dtype, &g);
+    if (rc != ATTN_OK) {
+        return rc;
+    }
+    size_t block_bytes = g.block_bytes;
     size_t n_blocks = budget_bytes / block_bytes;
     if (n_blocks < 1) {
         return ATTN_EINVAL;
@@ -35,19 +73,11 @@ int attn_kv_pool_create(const attn_model *m, size_t budget_bytes, int32_t block_
     if (pool == NULL) {
         return ATTN_ENOMEM;
     }
-    pool->model = m;
-    pool->n_kv_heads = c->n_kv_heads;
-    pool->head_dim = c->head_dim;
-    pool->k_dim = k_dim;
-    pool->v_dim = v_dim;
-    pool->v_in_k = is_latent;
-    pool->block_tokens = block_tokens;
-    pool->max_seq = c->max_seq;
-    pool->block_floats = block_floats;
+    *pool = g;
     pool->n_blocks = (int32_t)n_blocks;
     pool->n_free = pool->n_blocks;
     /* A large aligned allocation is mapped lazily, so the budget costs nothing until used. */
-    pool->mem = attn__alloc_floats(n_blocks * block_floats);
+    pool->mem = (uint8_t *)attn__alloc_floats(n_blocks * block_bytes / sizeof(float));
     pool->free_stack = malloc(n_blocks * sizeof *pool->free_stack);
     if (pool->mem == NULL || pool->free_stack == NULL) {
         attn_kv_pool_destroy(pool);
@@ -71,7 +101,11 @@ void attn_kv_pool_destroy(attn_kv_pool *pool) {
 }
 
 size_t attn_kv_pool_block_bytes(const attn_kv_pool *pool) {
-    return pool->block_floats * sizeof(float);
+    return pool->block_bytes;
+}
+
+attn_dtype attn_kv_pool_dtype(const attn_kv_pool *pool) {
+    return pool->dtype;
 }
 
 int32_t attn_kv_pool_block_tokens(const attn_kv_pool *pool) {
@@ -124,8 +158,7 @@ size_t attn__kv_state_doubles(const attn_kv_pool *pool) {
 }
 
 int32_t attn__kv_states_per_block(const attn_kv_pool *pool) {
-    return (int32_t)(pool->block_floats * sizeof(float) /
-                     (attn__kv_state_doubles(pool) * sizeof(double)));
+    return (int32_t)(pool->block_bytes / (attn__kv_state_doubles(pool) * sizeof(double)));
 }
 
 /* Blocks a linear-attention cache holds once it has seen a token. */
@@ -137,7 +170,7 @@ static int32_t state_blocks(const attn_kv_pool *pool) {
 double *attn__kv_state(const attn_kv *kv, int32_t g) {
     const attn_kv_pool *pool = kv->pool;
     int32_t per = attn__kv_states_per_block(pool);
-    double *block = (double *)(pool->mem + (size_t)kv->blocks[g / per] * pool->block_floats);
+    double *block = (double *)(pool->mem + (size_t)kv->blocks[g / per] * pool->block_bytes);
     return block + (size_t)(g % per) * attn__kv_state_doubles(pool);
 }
 
@@ -296,9 +329,8 @@ int attn_kv_fork(const attn_kv *src, attn_kv **out) {
         }
         int32_t id = pool->free_stack[--pool->n_free];
         kv->blocks[kv->n_blocks++] = id;
-        memcpy(pool->mem + (size_t)id * pool->block_floats,
-               pool->mem + (size_t)src->blocks[b] * pool->block_floats,
-               pool->block_floats * sizeof(float));
+        memcpy(pool->mem + (size_t)id * pool->block_bytes,
+               pool->mem + (size_t)src->blocks[b] * pool->block_bytes, pool->block_bytes);
     }
     *out = kv;
     return ATTN_OK;
@@ -314,8 +346,7 @@ static void take_blocks(attn_kv *kv, int32_t n_tokens) {
         while (n_tokens > 0 && kv->n_blocks < state_blocks(pool)) {
             int32_t id = pool->free_stack[--pool->n_free];
             kv->blocks[kv->n_blocks++] = id;
-            memset(pool->mem + (size_t)id * pool->block_floats, 0,
-                   pool->block_floats * sizeof(float));
+            memset(pool->mem + (size_t)id * pool->block_bytes, 0, pool->block_bytes);
         }
         return;
     }
@@ -348,38 +379,48 @@ void attn__kv_grow(attn_kv *kv, int32_t n_new) {
     kv->len += n_new;
 }
 
-/* Within a block: K (n_kv_heads, block_tokens, k_dim), then V (n_kv_heads, block_tokens,
- * v_dim), or for a latent cache K alone, whose rows begin with the value. */
-float *attn__kv_row_k(const attn_kv *kv, int32_t h, int32_t idx) {
+/* Within a block: K (n_kv_heads, block_tokens, k_row_bytes), then V (n_kv_heads, block_tokens,
+ * v_row_bytes), or for a latent cache K alone, whose rows begin with the value. */
+static uint8_t *row_k(const attn_kv *kv, int32_t h, int32_t idx) {
     const attn_kv_pool *pool = kv->pool;
     int32_t b = idx / pool->block_tokens, off = idx % pool->block_tokens;
-    return pool->mem + (size_t)kv->blocks[b] * pool->block_floats +
-           ((size_t)h * pool->block_tokens + off) * pool->k_dim;
+    return pool->mem + (size_t)kv->blocks[b] * pool->block_bytes +
+           ((size_t)h * pool->block_tokens + off) * pool->k_row_bytes;
 }
 
-float *attn__kv_row_v(const attn_kv *kv, int32_t h, int32_t idx) {
+static uint8_t *row_v(const attn_kv *kv, int32_t h, int32_t idx) {
     const attn_kv_pool *pool = kv->pool;
     if (pool->v_in_k) {
-        return attn__kv_row_k(kv, h, idx);
+        return row_k(kv, h, idx);
     }
     int32_t b = idx / pool->block_tokens, off = idx % pool->block_tokens;
-    return pool->mem + (size_t)kv->blocks[b] * pool->block_floats +
-           (size_t)pool->n_kv_heads * pool->block_tokens * pool->k_dim +
-           ((size_t)h * pool->block_tokens + off) * pool->v_dim;
+    return pool->mem + (size_t)kv->blocks[b] * pool->block_bytes +
+           (size_t)pool->n_kv_heads * pool->block_tokens * pool->k_row_bytes +
+           ((size_t)h * pool->block_tokens + off) * pool->v_row_bytes;
+}
+
+void attn__kv_put_k(const attn_kv *kv, int32_t h, int32_t idx, const float *src) {
+    attn__kv_encode(kv->pool->dtype, src, kv->pool->k_dim, row_k(kv, h, idx));
+}
+
+void attn__kv_put_v(const attn_kv *kv, int32_t h, int32_t idx, const float *src) {
+    attn__kv_encode(kv->pool->dtype, src, kv->pool->v_dim, row_v(kv, h, idx));
 }
 
 struct attn__kv_view attn__kv_view_of(const attn_kv *kv, int32_t h, int32_t n_keys) {
     const attn_kv_pool *pool = kv->pool;
     struct attn__kv_view v;
-    v.k_base = pool->mem + (size_t)h * pool->block_tokens * pool->k_dim;
+    v.k_base = pool->mem + (size_t)h * pool->block_tokens * pool->k_row_bytes;
     v.v_base = pool->v_in_k
                    ? v.k_base
-                   : pool->mem + (size_t)pool->n_kv_heads * pool->block_tokens * pool->k_dim +
-                         (size_t)h * pool->block_tokens * pool->v_dim;
+                   : pool->mem + (size_t)pool->n_kv_heads * pool->block_tokens * pool->k_row_bytes +
+                         (size_t)h * pool->block_tokens * pool->v_row_bytes;
     v.block_ids = kv->blocks;
-    v.k_block_stride = pool->block_floats;
-    v.v_block_stride = pool->block_floats;
-    v.v_ld = (size_t)(pool->v_in_k ? pool->k_dim : pool->v_dim);
+    v.k_block_stride = pool->block_bytes;
+    v.v_block_stride = pool->block_bytes;
+    v.k_row_bytes = pool->k_row_bytes;
+    v.v_row_bytes = pool->v_row_bytes;
+    v.dtype = pool->dtype;
     v.block_tokens = pool->block_tokens;
     v.n_keys = n_keys;
     return v;
@@ -399,10 +440,10 @@ int attn_kv_read(const attn_kv *kv, int32_t first, int32_t count, float *k, floa
     size_t kd = (size_t)pool->k_dim, vd = (size_t)pool->v_dim;
     for (int32_t h = 0; h < pool->n_kv_heads; h++) {
         for (int32_t t = 0; t < count; t++) {
-            memcpy(k + ((size_t)h * count + t) * kd, attn__kv_row_k(kv, h, first + t),
-                   kd * sizeof(float));
-            memcpy(v + ((size_t)h * count + t) * vd, attn__kv_row_v(kv, h, first + t),
-                   vd * sizeof(float));
+            attn__kv_widen_portable(pool->dtype, row_k(kv, h, first + t), 0, 1, (int32_t)kd,
+                                    k + ((size_t)h * count + t) * kd, 0);
+            attn__kv_widen_portable(pool->dtype, row_v(kv, h, first + t), 0, 1, (int32_t)vd,
+                                    v + ((size_t)h * count + t) * vd, 0);
         }
     }
     return ATTN_OK;

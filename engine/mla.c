@@ -61,7 +61,7 @@ static void rotate_and_append(const attn_model *m, const attn_step *steps,
             int32_t pos = st->positions ? st->positions[p->first + t] : base + t;
             /* every head's rotated part (head_dim apart), and the one shared k_rot */
             attn__rope_apply(c, &frame, q + nope, c->n_heads, ckv + kvl, 1, pos);
-            memcpy(attn__kv_row_k(st->kv, 0, base + t), ckv, d_k * sizeof(float));
+            attn__kv_put_k(st->kv, 0, base + t, ckv);
         }
     }
 }

@@ -359,12 +359,21 @@ __attribute__((target("avx2,fma"))) static void softcap_avx2(float *s, int32_t n
     }
 }
 
-/* Weights as they are held: float (DT 0), bfloat16 (1) or binary16 (2). Eight from w + i, and
- * one. Always inlined with a constant DT so each kernel is specialized. */
+/* Values as they are held: float (DT 0), bfloat16 (1), binary16 (2), or Q8_0 (3: blocks of a
+ * binary16 scale and 32 int8, KV rows only). Eight from value i of w (for Q8_0 a multiple of 8
+ * within one row), and one. Always inlined with a constant DT so each kernel is specialized. */
 __attribute__((always_inline, target("avx2,fma,f16c"))) static inline __m256
 load_w8(const int DT, const void *w, size_t i) {
     if (DT == 0) {
         return _mm256_loadu_ps((const float *)w + i);
+    }
+    if (DT == 3) {
+        const uint8_t *blk = (const uint8_t *)w + i / ATTN__QK8_0 * ATTN__Q8_0_BYTES;
+        uint16_t h;
+        memcpy(&h, blk, sizeof h);
+        __m128i q = _mm_loadl_epi64((const __m128i *)(blk + 2 + i % ATTN__QK8_0));
+        return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)),
+                             _mm256_set1_ps(_cvtsh_ss(h)));
     }
     __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)w + i));
     if (DT == 1) {
@@ -377,6 +386,12 @@ __attribute__((always_inline, target("avx2,fma,f16c"))) static inline float
 load_w1(const int DT, const void *w, size_t i) {
     if (DT == 0) {
         return ((const float *)w)[i];
+    }
+    if (DT == 3) {
+        const uint8_t *blk = (const uint8_t *)w + i / ATTN__QK8_0 * ATTN__Q8_0_BYTES;
+        uint16_t h;
+        memcpy(&h, blk, sizeof h);
+        return _cvtsh_ss(h) * (float)(int8_t)blk[2 + i % ATTN__QK8_0];
     }
     uint16_t h = ((const uint16_t *)w)[i];
     return DT == 1 ? attn__bf16_to_f32(h) : _cvtsh_ss(h);
@@ -477,6 +492,224 @@ rows_dot_half_avx2(const float *x, int32_t m, int32_t k, const uint16_t *w, bool
     }
 }
 
+/* ---- decode attention against K/V held in a narrower dtype --------------------------------- */
+
+/* The byte offset of value c in a row held as DT (Q8_0: within a few bytes), for prefetching. */
+#define KV_BYTE_OF(DT, c)                                                                          \
+    ((DT) == 0 ? (size_t)(c)*4 : (DT) < 3 ? (size_t)(c)*2 : (size_t)(c)*17 / 16)
+
+/* s[a * lds + b] = q_a . k_b for MX <= 4 query rows and NK <= 2 keys held as DT, rb bytes apart:
+ * each key vector is widened once and used for every row. */
+__attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
+qk_kv_block(const int DT, const int MX, const int NK, const float *q, size_t ldq, const uint8_t *k,
+            size_t rb, int32_t d, float *s, size_t lds) {
+    __m256 acc[8];
+    for (int a = 0; a < 8; a++) {
+        acc[a] = _mm256_setzero_ps();
+    }
+    int32_t c = 0;
+    for (; c + 8 <= d; c += 8) {
+        /* The hardware prefetcher stops at page boundaries; a block spans several pages. */
+        _mm_prefetch((const char *)(k + 8 * rb + KV_BYTE_OF(DT, c)), _MM_HINT_T0);
+        __m256 kv[2];
+#pragma GCC unroll 2
+        for (int b = 0; b < NK; b++) {
+            kv[b] = load_w8(DT, k + b * rb, (size_t)c);
+        }
+#pragma GCC unroll 4
+        for (int a = 0; a < MX; a++) {
+            __m256 qv = _mm256_loadu_ps(q + a * ldq + c);
+#pragma GCC unroll 2
+            for (int b = 0; b < NK; b++) {
+                acc[b * 4 + a] = _mm256_fmadd_ps(qv, kv[b], acc[b * 4 + a]);
+            }
+        }
+    }
+    float t[8];
+    _mm256_storeu_ps(t, hsum8x8(acc)); /* lane b * 4 + a: row a against key b */
+#pragma GCC unroll 4
+    for (int a = 0; a < MX; a++) {
+#pragma GCC unroll 2
+        for (int b = 0; b < NK; b++) {
+            float sum = t[b * 4 + a];
+            for (int32_t r = c; r < d; r++) {
+                sum += q[a * ldq + r] * load_w1(DT, k + b * rb, (size_t)r);
+            }
+            s[a * lds + b] = sum;
+        }
+    }
+}
+
+/* One group of MX query rows against n keys, two at a time. */
+__attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
+qk_kv_rows(const int DT, const int MX, const float *q, size_t ldq, const uint8_t *k, size_t rb,
+           int32_t n, int32_t d, float *s, size_t lds) {
+    int32_t j = 0;
+    for (; j + 2 <= n; j += 2) {
+        qk_kv_block(DT, MX, 2, q, ldq, k + (size_t)j * rb, rb, d, s + j, lds);
+    }
+    if (j < n) {
+        qk_kv_block(DT, MX, 1, q, ldq, k + (size_t)j * rb, rb, d, s + j, lds);
+    }
+}
+
+__attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
+qk_kv_t(const int DT, const float *q, size_t ldq, int32_t m, const uint8_t *k, size_t rb, int32_t n,
+        int32_t d, float *s, size_t lds) {
+    int32_t i = 0;
+    for (; i + 4 <= m; i += 4) {
+        qk_kv_rows(DT, 4, q + i * ldq, ldq, k, rb, n, d, s + i * lds, lds);
+    }
+    switch (m - i) {
+    case 3:
+        qk_kv_rows(DT, 3, q + i * ldq, ldq, k, rb, n, d, s + i * lds, lds);
+        break;
+    case 2:
+        qk_kv_rows(DT, 2, q + i * ldq, ldq, k, rb, n, d, s + i * lds, lds);
+        break;
+    case 1:
+        qk_kv_rows(DT, 1, q + i * ldq, ldq, k, rb, n, d, s + i * lds, lds);
+        break;
+    default:
+        break;
+    }
+}
+
+/* o (MX <= 4 rows, d columns) += p v for value rows held as DT, rb bytes apart, two keys at a
+ * time: each value vector is widened once, as pv_stream does for floats. */
+__attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
+pv_kv_rows(const int DT, const int MX, const float *p, size_t ldp, const uint8_t *v, size_t rb,
+           int32_t n, int32_t d, float *o, size_t ldo) {
+    int32_t j = 0;
+    for (; j + 2 <= n; j += 2) {
+        const uint8_t *v0 = v + (size_t)j * rb, *v1 = v0 + rb;
+        _mm_prefetch((const char *)(v0 + 8 * rb), _MM_HINT_T0);
+        __m256 w0[4], w1[4];
+#pragma GCC unroll 4
+        for (int i = 0; i < MX; i++) {
+            w0[i] = _mm256_broadcast_ss(p + i * ldp + j);
+            w1[i] = _mm256_broadcast_ss(p + i * ldp + j + 1);
+        }
+        int32_t c = 0;
+        for (; c + 8 <= d; c += 8) {
+            _mm_prefetch((const char *)(v0 + 8 * rb + KV_BYTE_OF(DT, c)), _MM_HINT_T0);
+            __m256 a = load_w8(DT, v0, (size_t)c), b = load_w8(DT, v1, (size_t)c);
+#pragma GCC unroll 4
+            for (int i = 0; i < MX; i++) {
+                __m256 acc = _mm256_loadu_ps(o + i * ldo + c);
+                acc = _mm256_fmadd_ps(w0[i], a, acc);
+                acc = _mm256_fmadd_ps(w1[i], b, acc);
+                _mm256_storeu_ps(o + i * ldo + c, acc);
+            }
+        }
+        for (; c < d; c++) {
+            float a = load_w1(DT, v0, (size_t)c), b = load_w1(DT, v1, (size_t)c);
+            for (int i = 0; i < MX; i++) {
+                o[i * ldo + c] += p[i * ldp + j] * a + p[i * ldp + j + 1] * b;
+            }
+        }
+    }
+    for (; j < n; j++) {
+        const uint8_t *v0 = v + (size_t)j * rb;
+        int32_t c = 0;
+        for (; c + 8 <= d; c += 8) {
+            __m256 a = load_w8(DT, v0, (size_t)c);
+#pragma GCC unroll 4
+            for (int i = 0; i < MX; i++) {
+                __m256 w = _mm256_broadcast_ss(p + i * ldp + j);
+                _mm256_storeu_ps(o + i * ldo + c,
+                                 _mm256_fmadd_ps(w, a, _mm256_loadu_ps(o + i * ldo + c)));
+            }
+        }
+        for (; c < d; c++) {
+            float a = load_w1(DT, v0, (size_t)c);
+            for (int i = 0; i < MX; i++) {
+                o[i * ldo + c] += p[i * ldp + j] * a;
+            }
+        }
+    }
+}
+
+__attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
+pv_kv_t(const int DT, const float *p, size_t ldp, int32_t m, const uint8_t *v, size_t rb, int32_t n,
+        int32_t d, float *o, size_t ldo) {
+    int32_t i = 0;
+    for (; i + 4 <= m; i += 4) {
+        pv_kv_rows(DT, 4, p + i * ldp, ldp, v, rb, n, d, o + i * ldo, ldo);
+    }
+    switch (m - i) {
+    case 3:
+        pv_kv_rows(DT, 3, p + i * ldp, ldp, v, rb, n, d, o + i * ldo, ldo);
+        break;
+    case 2:
+        pv_kv_rows(DT, 2, p + i * ldp, ldp, v, rb, n, d, o + i * ldo, ldo);
+        break;
+    case 1:
+        pv_kv_rows(DT, 1, p + i * ldp, ldp, v, rb, n, d, o + i * ldo, ldo);
+        break;
+    default:
+        break;
+    }
+}
+
+__attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
+widen_t(const int DT, const uint8_t *src, size_t rb, int32_t n, int32_t d, float *dst, size_t ld) {
+    for (int32_t j = 0; j < n; j++) {
+        const uint8_t *row = src + (size_t)j * rb;
+        float *out = dst + (size_t)j * ld;
+        int32_t c = 0;
+        for (; c + 8 <= d; c += 8) {
+            _mm256_storeu_ps(out + c, load_w8(DT, row, (size_t)c));
+        }
+        for (; c < d; c++) {
+            out[c] = load_w1(DT, row, (size_t)c);
+        }
+    }
+}
+
+/* Each entry point below dispatches a KV dtype to its specialized kernel. */
+#define KV_DISPATCH(dt, CALL)                                                                      \
+    do {                                                                                           \
+        switch (dt) {                                                                              \
+        case ATTN_DTYPE_BF16:                                                                      \
+            CALL(1);                                                                               \
+            break;                                                                                 \
+        case ATTN_DTYPE_F16:                                                                       \
+            CALL(2);                                                                               \
+            break;                                                                                 \
+        case ATTN_DTYPE_Q8_0:                                                                      \
+            CALL(3);                                                                               \
+            break;                                                                                 \
+        default:                                                                                   \
+            CALL(0);                                                                               \
+            break;                                                                                 \
+        }                                                                                          \
+    } while (0)
+
+__attribute__((target("avx2,fma,f16c"))) static void
+qk_kv_avx2(attn_dtype dt, const float *q, size_t ldq, int32_t m, const uint8_t *k, size_t rb,
+           int32_t n, int32_t d, float *s, size_t lds) {
+#define QK_KV(DT) qk_kv_t(DT, q, ldq, m, k, rb, n, d, s, lds)
+    KV_DISPATCH(dt, QK_KV);
+#undef QK_KV
+}
+
+__attribute__((target("avx2,fma,f16c"))) static void
+pv_kv_avx2(attn_dtype dt, const float *p, size_t ldp, int32_t m, const uint8_t *v, size_t rb,
+           int32_t n, int32_t d, float *o, size_t ldo) {
+#define PV_KV(DT) pv_kv_t(DT, p, ldp, m, v, rb, n, d, o, ldo)
+    KV_DISPATCH(dt, PV_KV);
+#undef PV_KV
+}
+
+__attribute__((target("avx2,fma,f16c"))) static void widen_avx2(attn_dtype dt, const uint8_t *src,
+                                                                size_t rb, int32_t n, int32_t d,
+                                                                float *dst, size_t ld) {
+#define WIDEN(DT) widen_t(DT, src, rb, n, d, dst, ld)
+    KV_DISPATCH(dt, WIDEN);
+#undef WIDEN
+}
+
 #endif /* TILE_HAVE_AVX2 */
 
 void attn__rows_dot(const float *x, int32_t m, int32_t k, const float *w, int32_t n, float *y,
@@ -564,4 +797,39 @@ void attn__tile_pv(const float *p, size_t ldp, int32_t m, const float *v, size_t
 #else
     attn__pv(p, ldp, m, v, ldv, n, d, o, ldo);
 #endif
+}
+
+void attn__small_qk_kv(attn_dtype dt, const float *q, size_t ldq, int32_t m, const uint8_t *k,
+                       size_t row_bytes, int32_t n, int32_t d, float *s, size_t lds, float *widen) {
+#ifdef TILE_HAVE_AVX2
+    if (attn__tile_is_fast()) {
+        qk_kv_avx2(dt, q, ldq, m, k, row_bytes, n, d, s, lds);
+        return;
+    }
+#endif
+    attn__kv_widen_portable(dt, k, row_bytes, n, d, widen, (size_t)d);
+    attn__qk(q, ldq, m, widen, (size_t)d, n, d, s, lds);
+}
+
+void attn__small_pv_kv(attn_dtype dt, const float *p, size_t ldp, int32_t m, const uint8_t *v,
+                       size_t row_bytes, int32_t n, int32_t d, float *o, size_t ldo, float *widen) {
+#ifdef TILE_HAVE_AVX2
+    if (attn__tile_is_fast()) {
+        pv_kv_avx2(dt, p, ldp, m, v, row_bytes, n, d, o, ldo);
+        return;
+    }
+#endif
+    attn__kv_widen_portable(dt, v, row_bytes, n, d, widen, (size_t)d);
+    attn__pv(p, ldp, m, widen, (size_t)d, n, d, o, ldo);
+}
+
+void attn__kv_widen(attn_dtype dt, const uint8_t *src, size_t row_bytes, int32_t n, int32_t d,
+                    float *dst, size_t ld) {
+#ifdef TILE_HAVE_AVX2
+    if (attn__tile_is_fast()) {
+        widen_avx2(dt, src, row_bytes, n, d, dst, ld);
+        return;
+    }
+#endif
+    attn__kv_widen_portable(dt, src, row_bytes, n, d, dst, ld);
 }

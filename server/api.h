@@ -212,6 +212,7 @@ struct api_pool {
     int32_t block_tokens;
     int32_t blocks_used;
     int32_t blocks_total;
+    const char *dtype; /* how the pool holds K/V: attn_dtype_name */
 };
 
 char *api_session_encode(const struct api_session *s, size_t *len);
@@ -226,6 +227,8 @@ struct api_model_info {
     int32_t layer_count;
     size_t weights_bytes;
     const char *weights_dtype; /* how the projections are held: "f32", "bf16" or "f16" */
+    const char *kv_dtype;      /* how the KV cache holds K/V: "f32", "bf16", "f16" or "q8_0" */
+    size_t kv_bytes_per_token; /* one layer's cache per token, all KV heads, in that dtype */
 };
 char *api_model_encode(const attn_config *cfg, const struct api_model_info *info, size_t *len);
 

@@ -293,9 +293,11 @@ char *api_session_list_encode(const struct api_session *sessions, int32_t n_sess
     }
     strbuf_printf(&b,
                   "],\"pool\":{\"bytes_used\":%zu,\"bytes_limit\":%zu,\"block_tokens\":%d,"
-                  "\"blocks_used\":%d,\"blocks_total\":%d}}\n",
+                  "\"blocks_used\":%d,\"blocks_total\":%d,\"dtype\":",
                   pool->bytes_used, pool->bytes_limit, (int)pool->block_tokens,
                   (int)pool->blocks_used, (int)pool->blocks_total);
+    put_string(&b, pool->dtype);
+    strbuf_puts(&b, "}}\n");
     return strbuf_detach(&b, len);
 }
 
@@ -446,6 +448,9 @@ char *api_model_encode(const attn_config *cfg, const struct api_model_info *info
     }
     strbuf_printf(&b, ",\"weights_bytes\":%zu,\"weights_dtype\":", info->weights_bytes);
     put_string(&b, info->weights_dtype);
+    strbuf_puts(&b, ",\"kv_dtype\":");
+    put_string(&b, info->kv_dtype);
+    strbuf_printf(&b, ",\"kv_bytes_per_token\":%zu", info->kv_bytes_per_token);
     strbuf_puts(&b, ",\"layers\":[");
     for (int32_t i = 0; i < info->layer_count; i++) {
         if (i > 0) {

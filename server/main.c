@@ -103,11 +103,8 @@ static void on_tick(uv_timer_t *t) {
 /* Builds the model from --model or the preset. Returns 0 or prints why and returns -1. */
 static int load_model(const struct config *cfg, attn_model **model, char *source,
                       size_t source_size) {
-    static const char *const dtypes[] = {"auto", "f32", "bf16", "f16"};
     attn_dtype held = ATTN_DTYPE_AUTO;
-    for (int i = 0; i < 4; i++) {
-        held = strcmp(cfg->weights_dtype, dtypes[i]) == 0 ? (attn_dtype)i : held;
-    }
+    (void)attn_dtype_parse(cfg->weights_dtype, &held); /* config_parse checked it */
     attn_load_params lp = {cfg->layer_first, cfg->layer_count, cfg->max_seq,
                            cfg->trust_layout[0] != '\0' ? cfg->trust_layout : NULL, held};
     char err[512] = "";
@@ -152,13 +149,22 @@ static int build_server(struct daemon *d, const struct config *cfg, attn_model *
         .model = model,
         .budget_bytes = (size_t)cfg->kv_budget_mb << 20,
         .block_tokens = cfg->kv_block_tokens,
+        .kv_dtype = ATTN_DTYPE_AUTO,
         .max_sessions = cfg->max_sessions,
         .max_tombstones = MAX_TOMBSTONES,
     };
+    (void)attn_dtype_parse(cfg->kv_dtype, &sp.kv_dtype); /* config_parse checked it */
     int rc = session_store_create(&sp, &srv->sessions);
     if (rc != 0) {
-        size_t block = (size_t)2 * mc->n_kv_heads * mc->head_dim * sizeof(float) *
-                       (size_t)(cfg->kv_block_tokens ? cfg->kv_block_tokens : 64);
+        size_t block = attn_kv_block_bytes_for(model, cfg->kv_block_tokens, sp.kv_dtype);
+        if (block == 0) {
+            /* the one shape a pool refuses: Q8_0 blocks must tile a latent's value part */
+            fprintf(stderr,
+                    "attnd: --kv-dtype %s: this model's cache cannot hold it: a latent cache "
+                    "needs kv_lora_rank (%d) a multiple of 32 for q8_0 (%s)\n",
+                    cfg->kv_dtype, (int)mc->kv_lora_rank, attn_strerror(rc));
+            return -1;
+        }
         fprintf(stderr,
                 "attnd: --kv-budget-mb %lld: cannot make a KV pool of that size with blocks of "
                 "%zu bytes (%s)\n",

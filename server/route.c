@@ -230,10 +230,12 @@ static void handle_model(struct route_req *rq) {
         .layer_first = attn_model_layer_first(srv->model),
         .layer_count = attn_model_layer_count(srv->model),
         .weights_bytes = attn_model_bytes(srv->model),
-        .weights_dtype = attn_model_weights_dtype(srv->model) == ATTN_DTYPE_BF16  ? "bf16"
-                         : attn_model_weights_dtype(srv->model) == ATTN_DTYPE_F16 ? "f16"
-                                                                                  : "f32",
+        .weights_dtype = attn_dtype_name(attn_model_weights_dtype(srv->model)),
     };
+    struct session_store_stats st;
+    session_store_get_stats(srv->sessions, &st);
+    info.kv_dtype = attn_dtype_name(st.kv_dtype);
+    info.kv_bytes_per_token = st.block_bytes / (size_t)st.block_tokens;
     size_t len = 0;
     char *body = api_model_encode(attn_model_config(srv->model), &info, &len);
     route_reply(rq, 200, body, len);
@@ -299,6 +301,7 @@ static void handle_sessions(struct route_req *rq) {
             .block_tokens = st.block_tokens,
             .blocks_used = st.blocks_used,
             .blocks_total = st.blocks_total,
+            .dtype = attn_dtype_name(st.kv_dtype),
         };
         if (n == st.n_sessions) {
             body = api_session_list_encode(all, n, &pool, &len);

@@ -197,7 +197,8 @@ int session_store_create(const struct session_store_params *p, struct session_st
         session_store_destroy(st);
         return ATTN_ENOMEM;
     }
-    int rc = attn_kv_pool_create(p->model, p->budget_bytes, p->block_tokens, &st->kv_pool);
+    int rc = attn_kv_pool_create_typed(p->model, p->budget_bytes, p->block_tokens, p->kv_dtype,
+                                       &st->kv_pool);
     if (rc != ATTN_OK) {
         session_store_destroy(st);
         return rc;
@@ -256,6 +257,8 @@ void session_store_get_stats(const struct session_store *st, struct session_stor
     out->bytes_used = attn_kv_pool_bytes_used(st->kv_pool);
     out->bytes_limit = attn_kv_pool_bytes_limit(st->kv_pool);
     out->block_tokens = attn_kv_pool_block_tokens(st->kv_pool);
+    out->kv_dtype = attn_kv_pool_dtype(st->kv_pool);
+    out->block_bytes = attn_kv_pool_block_bytes(st->kv_pool);
     memcpy(out->evictions, st->evictions, sizeof out->evictions);
 }
 

@@ -37,6 +37,7 @@ struct session_store_params {
     const attn_model *model;
     size_t budget_bytes;    /* the KV pool's size */
     int32_t block_tokens;   /* 0 = the engine's default */
+    attn_dtype kv_dtype;    /* how the pool holds K/V (AUTO: the model's weights' dtype) */
     int32_t max_sessions;   /* >= 1 */
     int32_t max_tombstones; /* >= 1: evicted/expired ids remembered, oldest forgotten first */
 };
@@ -54,6 +55,8 @@ struct session_store_stats {
     int32_t blocks_used;
     int32_t blocks_total;
     int32_t block_tokens;
+    size_t block_bytes;
+    attn_dtype kv_dtype;
     uint64_t evictions[3]; /* by session_evict_reason */
 };
 

@@ -590,7 +590,7 @@ START_TEST(test_api_model_and_status_shapes) {
     attn_config cfg;
     ck_assert_int_eq(attn_config_preset("tiny", &cfg), ATTN_OK);
     ck_assert_int_eq(attn_config_check(&cfg), ATTN_OK);
-    struct api_model_info info = {"preset:tiny seed=0", "attnd", 0, 2, 163840, "f32"};
+    struct api_model_info info = {"preset:tiny seed=0", "attnd", 0, 2, 163840, "f32", "f32", 256};
     char *text = api_model_encode(&cfg, &info, NULL);
     char *ex = http_client_read_file(EX "model.response.json", NULL);
     ck_assert_str_eq(text, ex); /* the captured example is exactly this model */
@@ -617,7 +617,7 @@ START_TEST(test_api_session_shapes) {
     ck_assert_str_eq(text, ex);
     free(ex);
     free(text);
-    struct api_pool pool = {131072, 1073741824, 128, 4, 32768};
+    struct api_pool pool = {131072, 1073741824, 128, 4, 32768, "f32"};
     text = api_session_list_encode(&s, 1, &pool, NULL);
     ex = http_client_read_file(EX "sessions_list.response.json", NULL);
     cJSON *g = cJSON_Parse(text), *w = cJSON_Parse(ex);

@@ -97,7 +97,8 @@ static void round_layer(const attn_config *c, ref_layer *w, attn_dtype dt) {
 
 /* A model holding BF16 (or F16) projections answers as ref.c over the same weights: a prefill of
  * 50 tokens (past the few-rows kernel: widened panels and sgemm), decodes (the few-rows kernel),
- * with an executor and without; it holds half the projections' bytes. */
+ * with an executor and without; it holds half the projections' bytes. A default pool of it
+ * holds K/V in the weights' dtype. */
 START_TEST(test_dtype_half_model_matches_ref) {
     static const attn_dtype dts[] = {ATTN_DTYPE_BF16, ATTN_DTYPE_F16};
     for (int d = 0; d < 2; d++) {
@@ -126,6 +127,11 @@ START_TEST(test_dtype_half_model_matches_ref) {
         attn_workspace *ws = NULL;
         attn_kv *kv = NULL;
         ck_assert_int_eq(attn_kv_pool_create(half, 1 << 20, 0, &pool), ATTN_OK);
+        ck_assert_int_eq(attn_kv_pool_dtype(pool), dts[d]);
+        attn_kv_pool_destroy(pool);
+        /* a float cache, so that the weights' dtype alone differs from the reference */
+        ck_assert_int_eq(attn_kv_pool_create_typed(half, 1 << 20, 0, ATTN_DTYPE_F32, &pool),
+                         ATTN_OK);
         ck_assert_int_eq(attn_workspace_create(half, 64, NULL, &ws), ATTN_OK);
         ck_assert_int_eq(attn_kv_create(pool, &kv), ATTN_OK);
         float *out = harness_calloc((size_t)n * hidden, sizeof(float));

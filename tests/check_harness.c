@@ -243,6 +243,20 @@ void harness_ref_run(const harness_model *hm, int32_t layer, const float *x,
     ref_layer_forward(&hm->cfg, &hm->layers[layer], &a);
 }
 
+void harness_ref_run_kv(const harness_model *hm, int32_t layer, const float *x, int32_t n_tokens,
+                        attn_dtype kv_dtype, float *out, float *weights, float *k, float *v) {
+    ref_forward_args a;
+    memset(&a, 0, sizeof(a));
+    a.n_tokens = n_tokens;
+    a.x = x;
+    a.out = out;
+    a.weights = weights;
+    a.k = k;
+    a.v = v;
+    a.kv_dtype = kv_dtype;
+    ref_layer_forward(&hm->cfg, &hm->layers[layer], &a);
+}
+
 /* ---- executors ----------------------------------------------------------------------------- */
 
 static void serial_run(void *ctx, attn_task_fn task, void *arg, int32_t n) {

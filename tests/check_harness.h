@@ -87,6 +87,10 @@ void harness_ref_run(const harness_model *hm, int32_t layer, const float *x,
                      const int32_t *positions, const uint8_t *key_valid, int32_t n_tokens,
                      float *out, float *weights, float *k, float *v);
 
+/* The same, the reference rounding K and V to what a cache of kv_dtype holds (ref_kv_round). */
+void harness_ref_run_kv(const harness_model *hm, int32_t layer, const float *x, int32_t n_tokens,
+                        attn_dtype kv_dtype, float *out, float *weights, float *k, float *v);
+
 /* Checks rows [first, n) of an engine (n, hidden) output against ref's. */
 void harness_expect_rows(const float *got, const float *want, int32_t first, int32_t n,
                          int32_t hidden, const char *what);

@@ -94,7 +94,8 @@ static void check_layer(const attn_model *m, int32_t layer, const fixture *f,
     attn_kv_pool *pool = NULL;
     attn_workspace *ws = NULL;
     attn_kv *kv = NULL;
-    ck_assert_int_eq(attn_kv_pool_create(m, (size_t)1 << 20, 16, &pool), ATTN_OK);
+    ck_assert_int_eq(attn_kv_pool_create_typed(m, (size_t)1 << 20, 16, ATTN_DTYPE_F32, &pool),
+                     ATTN_OK);
     ck_assert_int_eq(attn_workspace_create(m, 16, NULL, &ws), ATTN_OK);
     ck_assert_int_eq(attn_kv_create(pool, &kv), ATTN_OK);
     float *out = harness_calloc((size_t)n * f->hidden, sizeof(float));
@@ -497,7 +498,8 @@ START_TEST(test_load_layer_subset) {
         attn_kv *kv = NULL;
         float x[64] = {0};
         float out[64];
-        ck_assert_int_eq(attn_kv_pool_create(m, (size_t)1 << 20, 16, &pool), ATTN_OK);
+        ck_assert_int_eq(attn_kv_pool_create_typed(m, (size_t)1 << 20, 16, ATTN_DTYPE_F32, &pool),
+                         ATTN_OK);
         ck_assert_int_eq(attn_workspace_create(m, 4, NULL, &ws), ATTN_OK);
         ck_assert_int_eq(attn_kv_create(pool, &kv), ATTN_OK);
         attn_step step = {kv, x, 1, NULL, NULL, out, NULL, NULL, NULL, 0};

@@ -231,7 +231,7 @@ START_TEST(test_model_create_layer_range) {
     float *out = harness_calloc((size_t)7 * 64, sizeof(float));
     float *out_ref = harness_calloc((size_t)7 * 64, sizeof(float));
     for (int32_t l = 1; l <= 2; l++) {
-        ref_forward_args a = {7, x, NULL, NULL, out_ref, NULL, NULL, NULL};
+        ref_forward_args a = {7, x, NULL, NULL, out_ref, NULL, NULL, NULL, ATTN_DTYPE_AUTO};
         ref_layer_forward(&cfg, &layers[l], &a);
         ck_assert_int_eq(forward_once(m, l, x, 7, out), ATTN_OK);
         harness_expect_close(out, out_ref, (size_t)7 * 64, l == 1 ? "layer 1" : "layer 2");

@@ -456,7 +456,7 @@ START_TEST(test_sdpa_bad_arguments) {
     float k[2 * 3 * 8];
     float v[2 * 3 * 8];
     float out[4 * 2 * 8];
-    float scratch[4096];
+    float scratch[8192];
     ref_rng rng;
     ref_rng_init(&rng, 3200);
     ref_fill_uniform(&rng, q, 64, -1.0f, 1.0f);

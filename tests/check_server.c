@@ -1064,13 +1064,58 @@ START_TEST(test_server_sliding_layer_keeps_its_window) {
 }
 END_TEST
 
-/* The daemon serving real family checkpoints gives the fixtures' fp64 answers over HTTP: a
- * session's prefill, then one-token decode steps, on a chosen layer. */
+/* One fixture through the running daemon: a session's prefill, then one-token decode steps, on
+ * the case's layer, each answer against the fixture's fp64 output within atol + rtol |want|;
+ * returns the largest |got - want| / max |want| seen (the relative error the README reports). */
+struct family_case {
+    const char *dir, *input, *expected;
+    int32_t hidden, layer, prefill, decode, pos0;
+};
+
+static double attend_fixture(const struct family_case *fc, double atol, double rtol) {
+    int32_t n = fc->prefill + fc->decode, hidden = fc->hidden;
+    char path[256], extra[512];
+    snprintf(path, sizeof path, "tests/data/expected/%s_x.bin", fc->input);
+    float *x = harness_read_file(path, (size_t)n * hidden * sizeof(float));
+    snprintf(path, sizeof path, "tests/data/expected/%s_out.bin", fc->expected);
+    float *want = harness_read_file(path, (size_t)n * hidden * sizeof(float));
+    double scale = 0.0, worst = 0.0;
+    for (size_t i = 0; i < (size_t)n * hidden; i++) {
+        scale = fabs(want[i]) > scale ? fabs(want[i]) : scale;
+    }
+    for (int32_t first = 0; first < n;) {
+        int32_t t = first == 0 ? fc->prefill : 1;
+        int len = snprintf(extra, sizeof extra, ",\"layer\":%d", (int)fc->layer);
+        for (int32_t i = 0; fc->pos0 > 0 && i < t; i++) {
+            len += snprintf(extra + len, sizeof extra - (size_t)len, "%s%d",
+                            i == 0 ? ",\"positions\":[" : ",", (int)(fc->pos0 + first + i));
+        }
+        if (fc->pos0 > 0) {
+            snprintf(extra + len, sizeof extra - (size_t)len, "]");
+        }
+        char *body = http_client_attend_body("family", x, first, t, hidden, first % 2, extra);
+        cJSON *j = call_json("POST", "/v1/attend", body, 200);
+        size_t got_n = 0;
+        float *got = http_client_json_floats(cJSON_GetObjectItemCaseSensitive(j, "output"), &got_n);
+        ck_assert_uint_eq(got_n, (size_t)t * hidden);
+        for (size_t i = 0; i < got_n; i++) {
+            double e = fabs((double)got[i] - want[(size_t)first * hidden + i]) / scale;
+            worst = e > worst ? e : worst;
+        }
+        harness_expect_close_tol(got, want + (size_t)first * hidden, got_n, atol, rtol, fc->dir);
+        free(got);
+        cJSON_Delete(j);
+        free(body);
+        first += t;
+    }
+    free(want);
+    free(x);
+    return worst;
+}
+
+/* The daemon serving real family checkpoints gives the fixtures' fp64 answers over HTTP. */
 START_TEST(test_server_family_checkpoints_match_the_reference) {
-    static const struct {
-        const char *dir, *input, *expected;
-        int32_t hidden, layer, prefill, decode, pos0;
-    } cases[] = {
+    static const struct family_case cases[] = {
         {"tests/data/hf_qwen3_bf16", "qwen3", "qwen3_bf16_l1", 64, 1, 8, 3, 0},
         {"tests/data/hf_qwen2_f16", "alt", "qwen2_f16_l0", 32, 0, 9, 3, 0},
         {"tests/data/hf_gemma2_f32", "gemma2", "gemma2_f32_l2", 64, 2, 11, 3, 0},
@@ -1087,42 +1132,81 @@ START_TEST(test_server_family_checkpoints_match_the_reference) {
         {"tests/data/hf_deepseek_v3_bf16", "dsv3", "dsv3_bf16_l1", 64, 1, 8, 3, 0},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        const char *args[] = {"--model", cases[c].dir, "--workers", "1", "--kv-budget-mb",
-                              "4",       "--max-seq",  "128",       NULL};
+        /* a float cache: the families' own arithmetic, at the float tolerance */
+        const char *args[] = {"--model",        cases[c].dir, "--workers", "1",
+                              "--kv-budget-mb", "4",          "--max-seq", "128",
+                              "--kv-dtype",     "f32",        NULL};
         start(args);
-        int32_t n = cases[c].prefill + cases[c].decode, hidden = cases[c].hidden;
-        char path[256], extra[512];
-        snprintf(path, sizeof path, "tests/data/expected/%s_x.bin", cases[c].input);
-        float *x = harness_read_file(path, (size_t)n * hidden * sizeof(float));
-        snprintf(path, sizeof path, "tests/data/expected/%s_out.bin", cases[c].expected);
-        float *want = harness_read_file(path, (size_t)n * hidden * sizeof(float));
-        for (int32_t first = 0; first < n;) {
-            int32_t t = first == 0 ? cases[c].prefill : 1;
-            int len = snprintf(extra, sizeof extra, ",\"layer\":%d", (int)cases[c].layer);
-            for (int32_t i = 0; cases[c].pos0 > 0 && i < t; i++) {
-                len +=
-                    snprintf(extra + len, sizeof extra - (size_t)len, "%s%d",
-                             i == 0 ? ",\"positions\":[" : ",", (int)(cases[c].pos0 + first + i));
-            }
-            if (cases[c].pos0 > 0) {
-                snprintf(extra + len, sizeof extra - (size_t)len, "]");
-            }
-            char *body = http_client_attend_body("family", x, first, t, hidden, first % 2, extra);
-            cJSON *j = call_json("POST", "/v1/attend", body, 200);
-            size_t got_n = 0;
-            float *got =
-                http_client_json_floats(cJSON_GetObjectItemCaseSensitive(j, "output"), &got_n);
-            ck_assert_uint_eq(got_n, (size_t)t * hidden);
-            harness_expect_close(got, want + (size_t)first * hidden, got_n, cases[c].dir);
-            free(got);
-            cJSON_Delete(j);
-            free(body);
-            first += t;
-        }
-        free(want);
-        free(x);
+        attend_fixture(&cases[c], HARNESS_ATOL, HARNESS_RTOL);
         stop_ok();
     }
+}
+END_TEST
+
+/* The cache's dtype: by default the checkpoint's (a BF16 one holds BF16 K/V), or --kv-dtype's;
+ * GET /v1/model and /v1/sessions say which and what a token costs; answers stay within each
+ * dtype's stated error of the fixtures' fp64 outputs (README: Precision; the bounds are about
+ * three times the largest error measured over these fixtures, relative to the largest output). */
+#define KV_REL_BF16 6e-3   /* measured 1.9e-3 (qwen3), 1.3e-3 (gpt-oss) */
+#define KV_REL_F16  6e-4   /* measured 2.0e-4 */
+#define KV_REL_Q8_0 1.5e-2 /* measured 5.2e-3 (qwen3), 4.9e-3 (gpt-oss) */
+START_TEST(test_server_kv_dtypes) {
+    static const struct family_case cases[] = {
+        {"tests/data/hf_qwen3_bf16", "qwen3", "qwen3_bf16_l1", 64, 1, 8, 3, 0},
+        {"tests/data/hf_gpt_oss_bf16", "gptoss", "gpt_oss_bf16_l2", 64, 2, 8, 3, 100},
+        {"tests/data/hf_deepseek_v3_bf16", "dsv3", "dsv3_bf16_l1", 64, 1, 8, 3, 0},
+        {"tests/data/hf_qwen2_f16", "alt", "qwen2_f16_l0", 32, 0, 9, 3, 0},
+    };
+    static const struct {
+        const char *flag, *held;
+        double rel; /* allowed error relative to the largest output */
+    } kinds[] = {
+        {"auto", NULL, KV_REL_BF16}, {"f16", "f16", KV_REL_F16}, {"q8_0", "q8_0", KV_REL_Q8_0}};
+    size_t per_token[3][4] = {{0}};
+    for (size_t k = 0; k < 3; k++) {
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+            const char *args[] = {"--model",        cases[c].dir,  "--workers", "1",
+                                  "--kv-budget-mb", "4",           "--max-seq", "128",
+                                  "--kv-dtype",     kinds[k].flag, NULL};
+            if (strstr(cases[c].dir, "deepseek") != NULL && strcmp(kinds[k].flag, "q8_0") == 0) {
+                /* kv_lora_rank 16: the latent's value part is not whole Q8_0 blocks */
+                char *log = NULL;
+                int rc = http_client_daemon_run(args, 10000, &log);
+                ck_assert_msg(rc == 1 && strstr(log, "--kv-dtype q8_0") != NULL, "exit %d: %s", rc,
+                              log);
+                free(log);
+                continue;
+            }
+            start(args);
+            cJSON *m = call_json("GET", "/v1/model", NULL, 200);
+            const cJSON *a = cJSON_GetObjectItemCaseSensitive(m, "attnd");
+            const char *held =
+                cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(a, "kv_dtype"));
+            const char *weights =
+                cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(a, "weights_dtype"));
+            ck_assert_ptr_nonnull(held);
+            /* auto: the weights' dtype */
+            ck_assert_str_eq(held, kinds[k].held != NULL ? kinds[k].held : weights);
+            char held_name[16];
+            snprintf(held_name, sizeof held_name, "%s", held);
+            per_token[k][c] = (size_t)cJSON_GetNumberValue(
+                cJSON_GetObjectItemCaseSensitive(a, "kv_bytes_per_token"));
+            cJSON_Delete(m);
+            double worst = attend_fixture(&cases[c], 1.0, 0.0);
+            ck_assert_msg(worst <= kinds[k].rel,
+                          "%s with --kv-dtype %s: error %.3g of the largest "
+                          "output, more than %.3g",
+                          cases[c].dir, kinds[k].flag, worst, kinds[k].rel);
+            cJSON *l = call_json("GET", "/v1/sessions", NULL, 200);
+            const cJSON *pool = cJSON_GetObjectItemCaseSensitive(l, "pool");
+            ck_assert_str_eq(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(pool, "dtype")),
+                             held_name);
+            cJSON_Delete(l);
+            stop_ok();
+        }
+    }
+    /* qwen3 (head_dim 16): f16 2 bytes a value, q8_0 one 34-byte block per 16-value row */
+    ck_assert_uint_lt(per_token[2][0], per_token[1][0]);
 }
 END_TEST
 
@@ -1647,6 +1731,7 @@ Suite *server_suite(void) {
     tcase_add_test(tc, test_server_blas_buffers_that_cannot_fit_refuse_the_start);
     tcase_add_test(tc, test_server_families_served_or_refused_by_name);
     tcase_add_test(tc, test_server_family_checkpoints_match_the_reference);
+    tcase_add_test(tc, test_server_kv_dtypes);
     tcase_add_test(tc, test_server_sliding_layer_keeps_its_window);
     tc = daemon_case(s, "load");
     tcase_add_test(tc, test_server_concurrent_sessions_are_isolated);

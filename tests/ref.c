@@ -199,6 +199,50 @@ static bool softmax_row(const double *s, const bool *visible, int32_t n, double 
     return true;
 }
 
+/* ---- what a KV cache of each dtype holds ----------------------------------------------------- */
+
+static double bf16_round(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u; /* to nearest, ties to even */
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+void ref_kv_round(attn_dtype dt, double *row, int32_t d) {
+    if (dt == ATTN_DTYPE_BF16 || dt == ATTN_DTYPE_F16) {
+        for (int32_t i = 0; i < d; i++) {
+            float f = (float)row[i];
+            row[i] = dt == ATTN_DTYPE_BF16 ? bf16_round(f) : (double)(_Float16)f;
+        }
+        return;
+    }
+    if (dt != ATTN_DTYPE_Q8_0) {
+        return;
+    }
+    for (int32_t b = 0; b < d; b += 32) {
+        int32_t n = d - b < 32 ? d - b : 32;
+        float amax = 0.0f;
+        for (int32_t i = 0; i < n; i++) {
+            float a = fabsf((float)row[b + i]);
+            amax = a > amax ? a : amax;
+        }
+        float want = amax / 127.0f;
+        float scale = (float)(_Float16)want;
+        if (scale < want) {
+            int e;
+            frexpf(scale, &e); /* scale = m 2^e, m in [0.5, 1): its binary16 ulp is 2^(e - 11) */
+            scale += ldexpf(1.0f, e - 1 >= -14 ? e - 11 : -24);
+        }
+        float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+        for (int32_t i = 0; i < n; i++) {
+            float q = roundf((float)row[b + i] * inv);
+            q = q > 127.0f ? 127.0f : q < -127.0f ? -127.0f : q;
+            row[b + i] = (double)q * scale;
+        }
+    }
+}
+
 /* ---- the layer forward --------------------------------------------------------------------- */
 
 void ref_layer_forward(const attn_config *cfg, const ref_layer *w, const ref_forward_args *a) {
@@ -242,6 +286,16 @@ void ref_layer_forward(const attn_config *cfg, const ref_layer *w, const ref_for
         }
         for (int32_t h = 0; h < n_kv; h++) {
             ref_rope_rotate(cfg, inv_freq, pos, k + (size_t)t * kv_dim + (size_t)h * d);
+        }
+    }
+
+    /* What the engine's cache holds of them. */
+    if (a->kv_dtype != ATTN_DTYPE_AUTO && a->kv_dtype != ATTN_DTYPE_F32) {
+        for (int32_t t = 0; t < n; t++) {
+            for (int32_t h = 0; h < n_kv; h++) {
+                ref_kv_round(a->kv_dtype, k + (size_t)t * kv_dim + (size_t)h * d, d);
+                ref_kv_round(a->kv_dtype, v + (size_t)t * kv_dim + (size_t)h * d, d);
+            }
         }
     }
 

@@ -84,7 +84,18 @@ typedef struct ref_forward_args {
     float *weights;           /* NULL, or (n_heads, N, N): probabilities, 0 where masked */
     float *k;                 /* NULL, or (n_kv_heads, N, head_dim): post-RoPE keys */
     float *v;                 /* NULL, or (n_kv_heads, N, head_dim): values */
+    /* AUTO or F32: K and V exact (double); BF16, F16, Q8_0: each post-RoPE key row and value
+     * row is rounded to float, then to what that dtype holds (ref_kv_round), before attention
+     * reads it: the answer of an engine whose cache holds that dtype */
+    attn_dtype kv_dtype;
 } ref_forward_args;
+
+/* row[0..d) = the values a KV cache of dtype dt holds for it, computed here from the formats'
+ * definitions: bfloat16 and binary16 rounded to nearest even from float; Q8_0 (ggml's
+ * block_q8_0) per 32 values: scale = the smallest binary16 >= max |x| / 127, q = round(x * (1 /
+ * scale)) (half
+ * away from zero) in [-127, 127], value = q * scale; a partial last block as if zero-padded. */
+void ref_kv_round(attn_dtype dt, double *row, int32_t d);
 
 /* q/k/v = x W^T (+ b); RoPE on q and k; for query head h (kv head h / (n_heads / n_kv_heads)),
  * query i sees key j iff j <= i, (W == 0 || i - j < W) and key_valid[j]; softmax(scale q.k) with
