@@ -33,7 +33,7 @@ static const int32_t decode_lens[] = {512, 2048, 8192};
 /* The long-context presets' (small's geometry, softmax or linear): where a state pays off. */
 static const int32_t long_decode_lens[] = {512, 8192, 65536};
 static const int32_t batch_sizes[] = {1, 8, 32};
-enum { BATCH_LEN = 2048, SGEMM_N = 2048, MAX_RESULTS = 64, MAX_BATCH = 32 };
+enum { BATCH_LEN = 2048, SGEMM_N = 2048, MAX_RESULTS = 256, MAX_BATCH = 32, MAX_DTYPE_PAIRS = 8 };
 
 /* The presets run: the engine's own, or llama8b's dimensions with another family's attention
  * (so that the cost of that attention shows against the plain layer of the same size). */
@@ -91,16 +91,20 @@ typedef enum case_kind {
 } case_kind;
 
 typedef struct bench_opts {
-    int32_t n_threads;        /* OpenBLAS threads and executor threads */
-    bool use_executor;        /* false: attention runs on the calling thread only */
-    bool is_quick;            /* fewer reps, smaller bandwidth buffer: smoke runs */
-    bool skip_limits;         /* do not measure the machine (compare.py only needs ms) */
-    const char *preset;       /* a presets[] name, or "all" */
-    const char *case_filter;  /* comma-separated substrings of case names; NULL = all */
-    size_t bw_bytes;          /* bandwidth sweep buffer */
-    int32_t block_tokens;     /* KV block size passed to the pool */
-    attn_dtype weights_dtype; /* how the projections are held (MLA's tensors stay f32) */
-    int32_t n_reps;           /* 0 = adaptive (see rep_policy) */
+    int32_t n_threads;       /* OpenBLAS threads and executor threads */
+    bool use_executor;       /* false: attention runs on the calling thread only */
+    bool is_quick;           /* fewer reps, smaller bandwidth buffer: smoke runs */
+    bool skip_limits;        /* do not measure the machine (compare.py only needs ms) */
+    const char *preset;      /* a presets[] name, or "all" */
+    const char *case_filter; /* comma-separated substrings of case names; NULL = all */
+    size_t bw_bytes;         /* bandwidth sweep buffer */
+    int32_t block_tokens;    /* KV block size passed to the pool */
+    /* The dtype pairs to run every case in: how the projections are held (MLA's tensors stay
+     * f32) and how the KV cache holds K/V (AUTO: the weights'). */
+    attn_dtype weights_dtypes[MAX_DTYPE_PAIRS];
+    attn_dtype kv_dtypes[MAX_DTYPE_PAIRS];
+    int32_t n_dtype_pairs;
+    int32_t n_reps; /* 0 = adaptive (see rep_policy) */
     uint64_t seed;
 } bench_opts;
 
@@ -133,9 +137,10 @@ typedef struct case_result {
 typedef struct result_list {
     case_result items[MAX_RESULTS];
     int32_t n;
-    char presets[N_PRESETS][320]; /* one line describing each preset that ran */
+    char presets[N_PRESETS * MAX_DTYPE_PAIRS][320]; /* a line describing each preset run */
     int32_t n_presets;
-    char notes[N_PRESETS][256]; /* what a preset measured beyond its cases (the ring's memory) */
+    /* what a preset measured beyond its cases (the ring's memory, KV capacity) */
+    char notes[N_PRESETS * MAX_DTYPE_PAIRS * 2][256];
     int32_t n_notes;
 } result_list;
 
@@ -176,16 +181,18 @@ static bool case_selected(const bench_opts *o, const char *name) {
     return false;
 }
 
-static void case_name(char *buf, size_t size, const char *preset, case_kind kind, int32_t n) {
+/* <preset>.<case>@<weights dtype>/<KV dtype>, e.g. llama8b.decode_L2048@bf16/q8_0. */
+static void case_name(char *buf, size_t size, const char *preset, const char *dtypes,
+                      case_kind kind, int32_t n) {
     switch (kind) {
     case CASE_KIND_PREFILL:
-        snprintf(buf, size, "%s.prefill_S%" PRId32, preset, n);
+        snprintf(buf, size, "%s.prefill_S%" PRId32 "@%s", preset, n, dtypes);
         break;
     case CASE_KIND_DECODE:
-        snprintf(buf, size, "%s.decode_L%" PRId32, preset, n);
+        snprintf(buf, size, "%s.decode_L%" PRId32 "@%s", preset, n, dtypes);
         break;
     case CASE_KIND_BATCH:
-        snprintf(buf, size, "%s.batch_B%" PRId32 "_L%d", preset, n, BATCH_LEN);
+        snprintf(buf, size, "%s.batch_B%" PRId32 "_L%d@%s", preset, n, BATCH_LEN, dtypes);
         break;
     }
 }
@@ -349,7 +356,6 @@ static int measure_sgemm(int32_t n_runs, uint64_t seed, double *gflops) {
 
 /* ---- cost model ----------------------------------------------------------------------------- */
 
-/* Float weights one layer reads per call: QKV (H + 2 Hkv) D x hidden, O hidden x H D, biases. */
 /* Bytes of one weight of the q/k/v and o projections as held. */
 static double projection_weight_bytes(const attn_config *c, attn_dtype dt) {
     return c->kv_lora_rank > 0 || dt == ATTN_DTYPE_F32 ? 4.0 : 2.0;
@@ -372,12 +378,10 @@ static double layer_weight_bytes(const attn_config *c, attn_dtype dt) {
     return projection_weight_bytes(c, dt) * n + 4.0 * biases;
 }
 
-/* Bytes of K and V for one token (all kv heads). */
-static double kv_token_bytes(const attn_config *c) {
-    if (c->kv_lora_rank > 0) {
-        return 4.0 * (c->kv_lora_rank + c->qk_rope_head_dim); /* the latent and k_rot */
-    }
-    return 2.0 * c->n_kv_heads * c->head_dim * 4.0;
+/* Bytes of K and V for one token (all kv heads; MLA: the latent and k_rot) as a pool of this
+ * dtype holds them, from its blocks of 128 tokens. */
+static double kv_token_bytes(const attn_model *m, attn_dtype kv_dt) {
+    return (double)attn_kv_block_bytes_for(m, 128, kv_dt) / 128.0;
 }
 
 /* Keys visible to query i, summed over T new tokens after P cached ones (causal, window). */
@@ -403,14 +407,15 @@ static double keys_read(const attn_config *c, int32_t n_past, int32_t n_new) {
 }
 
 /* FLOPs and bytes of one forward of n_seq sequences, each with n_new tokens after n_past. */
-static void step_cost(const attn_config *c, attn_dtype dt, int32_t n_seq, int32_t n_past,
-                      int32_t n_new, double *flops, double *bytes) {
+static void step_cost(const attn_model *model, attn_dtype dt, attn_dtype kv_dt, int32_t n_seq,
+                      int32_t n_past, int32_t n_new, double *flops, double *bytes) {
+    const attn_config *c = attn_model_config(model);
     double m = (double)n_seq * n_new;
     double d_q = (double)c->n_heads * c->head_dim;
     double d_kv = (double)c->n_kv_heads * c->head_dim;
     double proj = 2.0 * m * (d_q + 2 * d_kv) * c->hidden_size + 2.0 * m * c->hidden_size * d_q;
     double attn = 4.0 * c->n_heads * c->head_dim * visible_keys(c, n_past, n_new) * n_seq;
-    double kv = kv_token_bytes(c) * n_seq * (keys_read(c, n_past, n_new) + n_new);
+    double kv = kv_token_bytes(model, kv_dt) * n_seq * (keys_read(c, n_past, n_new) + n_new);
     if (c->kv_lora_rank > 0) {
         /* MLA: the projections, absorbing W_UK and applying W_UV per token, and per visible key
          * a score over kv_lora + rope dims and a PV over kv_lora. */
@@ -470,6 +475,10 @@ typedef struct preset_run {
     bool has_batch;
     rep_policy policy;
     const char *name;
+    char dtypes[16];      /* "<weights>/<kv>", the case names' suffix */
+    char name_dtypes[48]; /* "<preset>@<dtypes>" */
+    attn_dtype weights_dtype;
+    attn_dtype kv_dtype; /* as the pool holds it (never AUTO) */
     attn_model *model;
     const attn_config *cfg;
     attn_kv_pool *pool;
@@ -562,7 +571,7 @@ static void print_row(const bench_opts *o, const machine_limits *lim, const case
         snprintf(limit, sizeof(limit), "%4.2f of roofline (roof %.3f ms, %.2fx)", roof_ms / r->ms,
                  roof_ms, r->ms / roof_ms);
     }
-    printf("%-26s %5" PRId32 " %10.3f %11.1f %9.1f %8.2f  %s\n", r->name, r->reps, r->ms,
+    printf("%-36s %5" PRId32 " %10.3f %11.1f %9.1f %8.2f  %s\n", r->name, r->reps, r->ms,
            r->n_new / s, r->flops / s * 1e-9, r->bytes / s * 1e-9, limit);
     fflush(stdout);
 }
@@ -591,7 +600,7 @@ static int add_result(preset_run *run, const case_result *r) {
         return ATTN_ERANGE;
     }
     run->results->items[run->results->n++] = *r;
-    fprintf(stderr, "attn_bench: %-26s %10.3f ms (%" PRId32 " reps)\n", r->name, r->ms, r->reps);
+    fprintf(stderr, "attn_bench: %-36s %10.3f ms (%" PRId32 " reps)\n", r->name, r->ms, r->reps);
     return ATTN_OK;
 }
 
@@ -600,7 +609,7 @@ static int add_result(preset_run *run, const case_result *r) {
 static int run_prefill_cases(preset_run *run) {
     for (size_t i = 0; i < sizeof(prefill_lens) / sizeof(prefill_lens[0]); i++) {
         case_result r = {.kind = CASE_KIND_PREFILL, .n_new = prefill_lens[i]};
-        case_name(r.name, sizeof(r.name), run->name, r.kind, prefill_lens[i]);
+        case_name(r.name, sizeof(r.name), run->name, run->dtypes, r.kind, prefill_lens[i]);
         if (!case_selected(run->opts, r.name)) {
             continue;
         }
@@ -610,7 +619,8 @@ static int run_prefill_cases(preset_run *run) {
             fprintf(stderr, "attn_bench: %s: %s\n", r.name, attn_strerror(rc));
             return rc;
         }
-        step_cost(run->cfg, run->opts->weights_dtype, 1, 0, prefill_lens[i], &r.flops, &r.bytes);
+        step_cost(run->model, run->weights_dtype, run->kv_dtype, 1, 0, prefill_lens[i], &r.flops,
+                  &r.bytes);
         rc = add_result(run, &r);
         if (rc != ATTN_OK) {
             return rc;
@@ -649,7 +659,8 @@ static int time_decode(preset_run *run, attn_kv *const *kvs, int32_t n_seq, int3
         return rc;
     }
     r->n_new = n_seq;
-    step_cost(run->cfg, run->opts->weights_dtype, n_seq, n_past, 1, &r->flops, &r->bytes);
+    step_cost(run->model, run->weights_dtype, run->kv_dtype, n_seq, n_past, 1, &r->flops,
+              &r->bytes);
     return add_result(run, r);
 }
 
@@ -662,7 +673,7 @@ static int run_batch_cases(preset_run *run, attn_kv *kv0) {
     for (size_t i = 0; i < sizeof(batch_sizes) / sizeof(batch_sizes[0]) && rc == ATTN_OK; i++) {
         int32_t b = batch_sizes[i];
         case_result r = {.kind = CASE_KIND_BATCH};
-        case_name(r.name, sizeof(r.name), run->name, r.kind, b);
+        case_name(r.name, sizeof(r.name), run->name, run->dtypes, r.kind, b);
         if (!case_selected(run->opts, r.name)) {
             continue;
         }
@@ -685,7 +696,7 @@ static int run_batch_cases(preset_run *run, attn_kv *kv0) {
 static bool any_batch_selected(const preset_run *run) {
     for (size_t i = 0; i < sizeof(batch_sizes) / sizeof(batch_sizes[0]); i++) {
         char name[64];
-        case_name(name, sizeof(name), run->name, CASE_KIND_BATCH, batch_sizes[i]);
+        case_name(name, sizeof(name), run->name, run->dtypes, CASE_KIND_BATCH, batch_sizes[i]);
         if (case_selected(run->opts, name)) {
             return true;
         }
@@ -703,7 +714,7 @@ static int run_decode_cases(preset_run *run) {
     for (int32_t i = 0; i < run->n_decode_lens && rc == ATTN_OK; i++) {
         int32_t len = run->decode_lens[i];
         case_result r = {.kind = CASE_KIND_DECODE};
-        case_name(r.name, sizeof(r.name), run->name, r.kind, len);
+        case_name(r.name, sizeof(r.name), run->name, run->dtypes, r.kind, len);
         bool need_decode = case_selected(run->opts, r.name);
         bool at_batch = need_batch && len == BATCH_LEN;
         if (!need_decode && !at_batch) {
@@ -729,7 +740,7 @@ static int run_decode_cases(preset_run *run) {
              * as the daemon does after each request. */
             rc = attn_kv_truncate(kv, len);
             result_list *res = run->results;
-            double full = kv_token_bytes(run->cfg) * len / 1048576.0;
+            double full = kv_token_bytes(run->model, run->kv_dtype) * len / 1048576.0;
             snprintf(res->notes[res->n_notes++], sizeof res->notes[0],
                      "%s: at L=%" PRId32 " the local layer's ring holds %.1f MiB of KV (%" PRId32
                      " tokens), where a full cache holds %.1f MiB: %.2fx\n",
@@ -783,7 +794,7 @@ static int32_t max_selected(const preset_run *run, case_kind kind, const int32_t
     int32_t best = 0;
     for (size_t i = 0; i < n; i++) {
         char name[64];
-        case_name(name, sizeof(name), run->name, kind, vals[i]);
+        case_name(name, sizeof(name), run->name, run->dtypes, kind, vals[i]);
         if (case_selected(run->opts, name) && vals[i] > best) {
             best = vals[i];
         }
@@ -808,21 +819,14 @@ static int32_t blocks_needed(const preset_run *run, int32_t block_tokens) {
     return need;
 }
 
-/* Creates the pool with room for blocks_needed plus slack. The budget is computed from the
- * documented block layout; if the engine pads its blocks, the pool is made again at its size. */
+/* Creates the pool, in the run's KV dtype, with room for blocks_needed plus slack. */
 static int create_pool(preset_run *run) {
     int32_t bt = run->opts->block_tokens;
     int32_t need = blocks_needed(run, bt);
     need += 8 + need / 16;
-    size_t block_bytes = (size_t)kv_token_bytes(run->cfg) * (size_t)bt;
-    int rc = attn_kv_pool_create(run->model, (size_t)need * block_bytes, bt, &run->pool);
-    if (rc == ATTN_OK && attn_kv_pool_blocks_total(run->pool) < need) {
-        block_bytes = attn_kv_pool_block_bytes(run->pool);
-        attn_kv_pool_destroy(run->pool);
-        run->pool = NULL;
-        rc = attn_kv_pool_create(run->model, (size_t)need * block_bytes, bt, &run->pool);
-    }
-    return rc;
+    size_t block_bytes = attn_kv_block_bytes_for(run->model, bt, run->kv_dtype);
+    return attn_kv_pool_create_typed(run->model, (size_t)need * block_bytes, bt, run->kv_dtype,
+                                     &run->pool);
 }
 
 /* Whether name is one of the comma-separated list's items. */
@@ -871,16 +875,21 @@ static void preset_set_lens(preset_run *run, const struct bench_preset *bp) {
     run->has_batch = !bp->is_long;
 }
 
-static bool preset_selected(const bench_opts *o, const char *preset) {
+/* Whether the preset, in dtype pair d, has a case the filters select. */
+static bool preset_selected(const bench_opts *o, const char *preset, int32_t d) {
     preset_run probe = {.opts = o, .name = preset};
+    attn_dtype kv = o->kv_dtypes[d] != ATTN_DTYPE_AUTO ? o->kv_dtypes[d] : o->weights_dtypes[d];
+    snprintf(probe.dtypes, sizeof probe.dtypes, "%s/%s", attn_dtype_name(o->weights_dtypes[d]),
+             attn_dtype_name(kv));
     preset_set_lens(&probe, preset_find(preset));
     bool is_named = strcmp(o->preset, "all") == 0 || in_list(o->preset, preset);
     return is_named && blocks_needed(&probe, 64) > 0;
 }
 
-static int run_preset(const bench_opts *o, const char *preset, const attn_executor *ex,
-                      result_list *results) {
+static int run_preset(const bench_opts *o, const char *preset, attn_dtype weights_dtype,
+                      attn_dtype kv_dtype, const attn_executor *ex, result_list *results) {
     preset_run run = {.opts = o, .name = preset, .results = results};
+    run.weights_dtype = weights_dtype;
     run.policy = o->is_quick ? (rep_policy){3, 20, 0.05} : (rep_policy){5, 200, 1.0};
     if (o->n_reps > 0) {
         run.policy = (rep_policy){o->n_reps, o->n_reps, 0.0};
@@ -897,7 +906,7 @@ static int run_preset(const bench_opts *o, const char *preset, const attn_execut
     attn_load_params lp = {.layer_first = 0,
                            .layer_count = 1,
                            .max_seq = longest >= 16384 ? longest + 1 : 16384,
-                           .weights_dtype = o->weights_dtype};
+                           .weights_dtype = weights_dtype};
     if (rc == ATTN_OK) {
         rc = attn_model_create_random(&cfg, o->seed, &lp, &run.model);
     }
@@ -906,6 +915,12 @@ static int run_preset(const bench_opts *o, const char *preset, const attn_execut
         return rc;
     }
     run.cfg = attn_model_config(run.model);
+    /* what AUTO holds: the weights' dtype, which MLA keeps f32 */
+    run.kv_dtype = kv_dtype != ATTN_DTYPE_AUTO ? kv_dtype : attn_model_weights_dtype(run.model);
+    run.weights_dtype = attn_model_weights_dtype(run.model);
+    snprintf(run.dtypes, sizeof run.dtypes, "%s/%s", attn_dtype_name(run.weights_dtype),
+             attn_dtype_name(run.kv_dtype));
+    snprintf(run.name_dtypes, sizeof run.name_dtypes, "%s@%s", preset, run.dtypes);
     run.max_tokens = prefill_lens[sizeof(prefill_lens) / sizeof(prefill_lens[0]) - 1];
     size_t rows = (size_t)(run.max_tokens > MAX_BATCH ? run.max_tokens : MAX_BATCH);
     size_t n_x = rows * (size_t)run.cfg->hidden_size;
@@ -928,20 +943,20 @@ static int run_preset(const bench_opts *o, const char *preset, const attn_execut
     } else {
         snprintf(results->presets[results->n_presets++], sizeof(results->presets[0]),
                  "%s: hidden %" PRId32 ", heads %" PRId32 "/%" PRId32 " kv, head_dim %" PRId32
-                 "%s%s%s, weights %.1f MiB/layer, KV %.0f KiB/token, pool %.0f MiB in %" PRId32
+                 "%s%s%s, weights %.1f MiB/layer, KV %.1f KiB/token, pool %.0f MiB in %" PRId32
                  "-token blocks\n",
-                 preset, run.cfg->hidden_size, run.cfg->n_heads, run.cfg->n_kv_heads,
+                 run.name_dtypes, run.cfg->hidden_size, run.cfg->n_heads, run.cfg->n_kv_heads,
                  run.cfg->head_dim,
                  run.cfg->qk_norm != ATTN_QK_NORM_NONE ? ", q/k RMSNorm per head" : "",
                  run.cfg->logit_softcap > 0 ? ", scores soft-capped at 50, scale 256^-1/2" : "",
                  run.cfg->sliding_window > 0 ? ", sliding window 4096 (a ring cache)" : "",
-                 layer_weight_bytes(run.cfg, o->weights_dtype) / 1048576.0,
-                 kv_token_bytes(run.cfg) / 1024.0,
+                 layer_weight_bytes(run.cfg, run.weights_dtype) / 1048576.0,
+                 kv_token_bytes(run.model, run.kv_dtype) / 1024.0,
                  (double)attn_kv_pool_bytes_limit(run.pool) / 1048576.0,
                  attn_kv_pool_block_tokens(run.pool));
         if (run.cfg->kv_lora_rank > 0) {
             /* the latent against what expanded heads, or GQA with 8 KV heads of 128, would hold */
-            double mla = kv_token_bytes(run.cfg);
+            double mla = kv_token_bytes(run.model, ATTN_DTYPE_F32);
             double expanded = 2.0 * run.cfg->n_heads * run.cfg->head_dim * 4.0;
             double gqa = 2.0 * 8 * 128 * 4.0;
             snprintf(results->notes[results->n_notes++], sizeof results->notes[0],
@@ -951,6 +966,15 @@ static int run_preset(const bench_opts *o, const char *preset, const attn_execut
                      preset, mla, (int)run.cfg->kv_lora_rank, (int)run.cfg->qk_rope_head_dim,
                      expanded, expanded / mla, gqa, gqa / mla);
         }
+        /* Sessions a GiB of --kv-budget-mb holds, at the batch cases' length, across all of a
+         * model's layers as this one: the capacity each KV dtype buys. */
+        double f32_tok = kv_token_bytes(run.model, ATTN_DTYPE_F32);
+        double tok = kv_token_bytes(run.model, run.kv_dtype);
+        double per_gib = 1073741824.0 / (tok * BATCH_LEN * run.cfg->n_layers);
+        snprintf(results->notes[results->n_notes++], sizeof results->notes[0],
+                 "%s: KV capacity: %.0f bytes/token/layer, %.2f sessions of %d tokens x %d layers "
+                 "per GiB of --kv-budget-mb, %.2fx f32's\n",
+                 run.name_dtypes, tok, per_gib, BATCH_LEN, (int)run.cfg->n_layers, f32_tok / tok);
         rc = run_prefill_cases(&run);
     }
     if (rc == ATTN_OK) {
@@ -976,7 +1000,13 @@ static void usage(FILE *f) {
                "  --case LIST       comma-separated substrings of case names, e.g. decode,_B32\n"
                "  --reps N          exactly N timed reps per case (default: adaptive)\n"
                "  --block-tokens N  KV block size (default 128, the engine's)\n"
-               "  --weights-dtype D f32 (default), bf16 or f16: how the projections are held\n"
+               "  --dtypes LIST     weights/KV dtype pairs to run every case in (default "
+               "f32/f32,bf16/bf16,bf16/f16,bf16/q8_0);\n"
+               "                    weights f32, bf16 or f16; KV auto (the weights'), f32, bf16, "
+               "f16 or q8_0\n"
+               "  --weights-dtype D one pair: the projections' dtype (KV: --kv-dtype, or auto)\n"
+               "  --kv-dtype D      one pair: the KV cache's dtype (weights: --weights-dtype, or "
+               "f32)\n"
                "  --bw-mib N        bandwidth sweep buffer in MiB (default 2048)\n"
                "  --skip-limits     do not measure sgemm peak and bandwidth\n"
                "  --seed N          weights and inputs seed (default 1)\n");
@@ -992,9 +1022,35 @@ static bool parse_int(const char *s, long lo, long hi, long *out) {
     return true;
 }
 
+/* --dtypes W/KV,...: weights f32, bf16 or f16; KV auto, f32, bf16, f16 or q8_0. */
+static bool parse_dtype_pairs(const char *list, bench_opts *o) {
+    int32_t n = 0;
+    for (const char *p = list; *p != '\0' && n < MAX_DTYPE_PAIRS;) {
+        char w[8], kv[8];
+        int used = 0;
+        if (sscanf(p, "%7[^/,]/%7[^,]%n", w, kv, &used) != 2 ||
+            attn_dtype_parse(w, &o->weights_dtypes[n]) != ATTN_OK ||
+            attn_dtype_parse(kv, &o->kv_dtypes[n]) != ATTN_OK ||
+            o->weights_dtypes[n] == ATTN_DTYPE_AUTO || o->weights_dtypes[n] == ATTN_DTYPE_Q8_0) {
+            return false;
+        }
+        n++;
+        p += used;
+        if (*p == ',') {
+            p++;
+        } else if (*p != '\0') {
+            return false;
+        }
+    }
+    o->n_dtype_pairs = n;
+    return n > 0;
+}
+
 /* Returns 0 when the flags are valid, 1 after --help, -1 after printing what is wrong. */
 static int parse_args(int argc, char **argv, bench_opts *o) {
     size_t bw_mib = 0;
+    attn_dtype one_w = ATTN_DTYPE_F32, one_kv = ATTN_DTYPE_AUTO;
+    bool has_one = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -1024,16 +1080,20 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
         } else if (strcmp(a, "--reps") == 0 && (ok = parse_int(val, 1, 100000, &v))) {
             o->n_reps = (int32_t)v;
             i++;
-        } else if (strcmp(a, "--weights-dtype") == 0) {
-            static const char *const names[] = {"f32", "bf16", "f16"};
-            static const attn_dtype dts[] = {ATTN_DTYPE_F32, ATTN_DTYPE_BF16, ATTN_DTYPE_F16};
-            ok = false;
-            for (int k = 0; k < 3; k++) {
-                if (strcmp(val, names[k]) == 0) {
-                    o->weights_dtype = dts[k];
-                    ok = true;
-                }
+        } else if (strcmp(a, "--weights-dtype") == 0 || strcmp(a, "--kv-dtype") == 0) {
+            /* one pair: the other half as given before, or its default */
+            attn_dtype dt = ATTN_DTYPE_AUTO;
+            bool is_w = strcmp(a, "--weights-dtype") == 0;
+            ok = attn_dtype_parse(val, &dt) == ATTN_OK &&
+                 (is_w ? dt != ATTN_DTYPE_AUTO && dt != ATTN_DTYPE_Q8_0 : true);
+            if (ok) {
+                one_w = is_w ? dt : one_w;
+                one_kv = is_w ? one_kv : dt;
+                has_one = true;
             }
+            i++;
+        } else if (strcmp(a, "--dtypes") == 0) {
+            ok = parse_dtype_pairs(val, o);
             i++;
         } else if (strcmp(a, "--block-tokens") == 0 && (ok = parse_int(val, 16, 256, &v))) {
             o->block_tokens = (int32_t)v;
@@ -1052,6 +1112,11 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
                     val != NULL ? " " : "", val != NULL ? val : "");
             return -1;
         }
+    }
+    if (has_one) {
+        o->weights_dtypes[0] = one_w;
+        o->kv_dtypes[0] = one_kv;
+        o->n_dtype_pairs = 1;
     }
     if (bw_mib == 0) {
         bw_mib = o->is_quick ? 1024 : 2048;
@@ -1113,10 +1178,10 @@ static void print_versus_llama8b(const result_list *res) {
         for (int32_t j = 0; j < res->n; j++) {
             if (strcmp(res->items[j].name, base) == 0 && res->items[j].ms > 0) {
                 if (is_first) {
-                    printf("\n%-26s %10s %10s %8s\n", "against llama8b", "ms", "llama8b", "ratio");
+                    printf("\n%-36s %10s %10s %8s\n", "against llama8b", "ms", "llama8b", "ratio");
                     is_first = false;
                 }
-                printf("%-26s %10.3f %10.3f %8.2f\n", r->name, r->ms, res->items[j].ms,
+                printf("%-36s %10.3f %10.3f %8.2f\n", r->name, r->ms, res->items[j].ms,
                        r->ms / res->items[j].ms);
             }
         }
@@ -1139,19 +1204,24 @@ static double max_of(double a, double b) {
 }
 
 int main(int argc, char **argv) {
-    bench_opts o = {.n_threads = 2,
-                    .use_executor = true,
-                    .preset = "all",
-                    .block_tokens = 128,
-                    .weights_dtype = ATTN_DTYPE_F32,
-                    .seed = 1};
+    bench_opts o = {
+        .n_threads = 2,
+        .use_executor = true,
+        .preset = "all",
+        .block_tokens = 128,
+        .weights_dtypes = {ATTN_DTYPE_F32, ATTN_DTYPE_BF16, ATTN_DTYPE_BF16, ATTN_DTYPE_BF16},
+        .kv_dtypes = {ATTN_DTYPE_F32, ATTN_DTYPE_BF16, ATTN_DTYPE_F16, ATTN_DTYPE_Q8_0},
+        .n_dtype_pairs = 4,
+        .seed = 1};
     int prc = parse_args(argc, argv, &o);
     if (prc != 0) {
         return prc > 0 ? EXIT_SUCCESS : 2;
     }
     bool any_selected = false;
     for (int32_t i = 0; i < N_PRESETS; i++) {
-        any_selected = any_selected || preset_selected(&o, presets[i].name);
+        for (int32_t d = 0; d < o.n_dtype_pairs; d++) {
+            any_selected = any_selected || preset_selected(&o, presets[i].name, d);
+        }
     }
     if (!any_selected) {
         fprintf(stderr, "attn_bench: no case of preset %s matches --case %s\n", o.preset,
@@ -1182,8 +1252,11 @@ int main(int argc, char **argv) {
     result_list results = {.n = 0};
     int rc = ATTN_OK;
     for (int32_t i = 0; i < N_PRESETS && rc == ATTN_OK; i++) {
-        if (preset_selected(&o, presets[i].name)) {
-            rc = run_preset(&o, presets[i].name, o.use_executor ? &ex : NULL, &results);
+        for (int32_t d = 0; d < o.n_dtype_pairs && rc == ATTN_OK; d++) {
+            if (preset_selected(&o, presets[i].name, d)) {
+                rc = run_preset(&o, presets[i].name, o.weights_dtypes[d], o.kv_dtypes[d],
+                                o.use_executor ? &ex : NULL, &results);
+            }
         }
     }
     bench_pool_destroy(pool);
@@ -1201,7 +1274,7 @@ int main(int argc, char **argv) {
     for (int32_t i = 0; i < results.n_presets; i++) {
         printf("%s", results.presets[i]);
     }
-    printf("\n%-26s %5s %10s %11s %9s %8s  %s\n", "case", "reps", "ms", "tokens/s", "GFLOP/s",
+    printf("\n%-36s %5s %10s %11s %9s %8s  %s\n", "case", "reps", "ms", "tokens/s", "GFLOP/s",
            "GB/s", "machine limit");
     for (int32_t i = 0; i < results.n; i++) {
         print_row(&o, &lim, &results.items[i]);

@@ -2,6 +2,7 @@
 """bench/compare.py: attnd's engine against the plain numpy peer, case by case.
 
 Usage: compare.py ./build/attn_bench [--rounds N] [--quick] [--preset P] [--case LIST] [--threads T]
+                  [--dtypes W/KV,...]
 
 Runs build/attn_bench and bench/peer_numpy.py as whole runs, alternating them in ABBA order for
 --rounds rounds (attnd first in even rounds, numpy first in odd ones) so that slow drifts of a shared
@@ -28,6 +29,8 @@ def parse_args():
     ap.add_argument("--preset", default="all", choices=["all", "small", "llama8b"])
     ap.add_argument("--case", default=None, help="comma-separated substrings of case names")
     ap.add_argument("--reps", type=int, default=0, help="exactly N timed reps per case")
+    ap.add_argument("--dtypes", default=None,
+                    help="attn_bench's weights/KV dtype pairs (default: its own list)")
     ap.add_argument("--python", default="/usr/bin/python3",
                     help="interpreter with Debian's numpy (default /usr/bin/python3)")
     return ap.parse_args()
@@ -77,9 +80,10 @@ def main():
         common += ["--case", args.case]
     if args.reps > 0:
         common += ["--reps", str(args.reps)]
+    dtypes = ["--dtypes", args.dtypes] if args.dtypes else []
     peer = os.path.join(HERE, "peer_numpy.py")
     cmds = {
-        "attnd": [args.bench, "--skip-limits"] + common,
+        "attnd": [args.bench, "--skip-limits"] + common + dtypes,
         "numpy": [args.python, peer] + common,
     }
 
@@ -93,19 +97,23 @@ def main():
         for impl in order:
             runs[impl].append(run(f"round {r + 1}/{args.rounds} {impl}", cmds[impl], env))
 
-    cases = [c for c in runs["attnd"][0] if all(c in run_ for run_ in runs["numpy"])]
-    missing = sorted(set(runs["attnd"][0]) ^ set(runs["numpy"][0]))
-    print(f"\nattnd engine vs plain numpy, OPENBLAS_NUM_THREADS={args.threads}, {args.rounds} "
-          f"round(s) alternated ABBA; ms = median over rounds of each run's median")
-    print(f"{'case':<26} {'attnd ms':>11} {'numpy ms':>11} {'attnd/numpy':>12}")
-    logs = []
+    # attnd names each case <case>@<weights dtype>/<KV dtype>; the peer computes in float32, so
+    # every dtype's row is set against the same numpy case.
+    def base(c):
+        return c.split("@")[0]
+    cases = [c for c in runs["attnd"][0] if all(base(c) in run_ for run_ in runs["numpy"])]
+    missing = sorted(set(map(base, runs["attnd"][0])) ^ set(runs["numpy"][0]))
+    print(f"\nattnd engine vs plain numpy (float32), OPENBLAS_NUM_THREADS={args.threads}, "
+          f"{args.rounds} round(s) alternated ABBA; ms = median over rounds of each run's median")
+    print(f"{'case @ weights/KV dtype':<36} {'attnd ms':>11} {'numpy ms':>11} {'attnd/numpy':>12}")
+    logs = {}
     for c in cases:
         a = statistics.median(run_[c] for run_ in runs["attnd"] if c in run_)
-        n = statistics.median(run_[c] for run_ in runs["numpy"])
-        logs.append(math.log(a / n))
-        print(f"{c:<26} {a:11.3f} {n:11.3f} {a / n:12.3f}")
-    if logs:
-        print(f"{'geometric mean':<26} {'':>11} {'':>11} {math.exp(sum(logs) / len(logs)):12.3f}")
+        n = statistics.median(run_[base(c)] for run_ in runs["numpy"])
+        logs.setdefault(c.partition("@")[2], []).append(math.log(a / n))
+        print(f"{c:<36} {a:11.3f} {n:11.3f} {a / n:12.3f}")
+    for dt, lg in logs.items():
+        print(f"{'geometric mean @' + dt:<36} {'':>11} {'':>11} {math.exp(sum(lg) / len(lg)):12.3f}")
     if missing:
         print(f"cases only one side ran: {', '.join(missing)}")
         sys.exit(1)
