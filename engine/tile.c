@@ -514,8 +514,9 @@ __attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
 qk_kv_block(const int DT, const int MX, const int NK, const float *q, size_t ldq, const uint8_t *k,
             size_t rb, int32_t d, float *s, size_t lds) {
     __m256 acc[8];
+#pragma GCC unroll 8
     for (int a = 0; a < 8; a++) {
-        acc[a] = _mm256_setzero_ps();
+        acc[a] = _mm256_setzero_ps(); /* unrolled: a loop here became a rep stos per call */
     }
     int32_t c = 0;
     for (; c + 8 <= d; c += 8) {
