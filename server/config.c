@@ -76,10 +76,13 @@ static const struct option options[] = {
      "cap on positions and tokens per session cache; 0 = the model's own"},
     {"workers", "ATTND_WORKERS", OPTION_I32, offsetof(struct config, workers), "0", 0, 256,
      "engine worker threads (libuv pool); 0 = one per online core"},
-    {"blas-threads", "ATTND_BLAS_THREADS", OPTION_I32, offsetof(struct config, blas_threads), "0",
-     0, 256,
-     "OpenBLAS threads per GEMM; 0 = max(1, cores / workers), so the two pools never "
-     "oversubscribe the cores"},
+    {"threads", "ATTND_THREADS", OPTION_I32, offsetof(struct config, threads), "0", 0, 256,
+     "threads computing forwards at once, workers and their shared helpers together: a request "
+     "alone uses them all, a full server never more; 0 = one per online core"},
+    {"blas-threads", "ATTND_BLAS_THREADS", OPTION_I32, offsetof(struct config, blas_threads), "1",
+     1, 256,
+     "OpenBLAS threads per GEMM call; the engine already spreads a forward over --threads, so "
+     "more oversubscribe the cores"},
     {"max-batch-tokens", "ATTND_MAX_BATCH_TOKENS", OPTION_I32,
      offsetof(struct config, max_batch_tokens), "256", 16, 65536,
      "tokens per engine call: the cap of a batch of decode steps and the prefill chunk size"},
@@ -302,8 +305,8 @@ static int resolve(struct config *cfg, int32_t cores, char *err, size_t err_size
     if (cfg->workers == 0) {
         cfg->workers = cores;
     }
-    if (cfg->blas_threads == 0) {
-        cfg->blas_threads = cores / cfg->workers > 1 ? cores / cfg->workers : 1;
+    if (cfg->threads == 0) {
+        cfg->threads = cores;
     }
     return 0;
 }

@@ -31,7 +31,8 @@ struct config {
     int32_t max_sessions;      /* live sessions at most */
     int32_t max_seq;           /* 0 = the model's max positions */
     int32_t workers;           /* engine worker threads (resolved: never 0 after parse) */
-    int32_t blas_threads;      /* OpenBLAS threads (resolved: never 0 after parse) */
+    int32_t threads;           /* computing threads, workers and helpers (never 0 after parse) */
+    int32_t blas_threads;      /* OpenBLAS threads per call */
     int32_t max_batch_tokens;  /* tokens per engine call (batch cap, prefill chunk) */
     int64_t max_body_mb;       /* largest request body, MiB */
     int32_t queue_depth;       /* accepted requests waiting at most */
@@ -53,8 +54,8 @@ enum config_result {
 };
 
 /* Fills *cfg from defaults, then envp (NULL-terminated "NAME=value" strings, e.g. environ),
- * then argv[1..argc-1] (`--name value` or `--name=value`). Resolves workers 0 to the number of
- * online cores and blas_threads 0 to max(1, cores / workers). cores is the machine's core count
+ * then argv[1..argc-1] (`--name value` or `--name=value`). Resolves workers 0 and threads 0 to
+ * the number of online cores. cores is the machine's core count
  * (pass sysconf(_SC_NPROCESSORS_ONLN)); taking it as an argument keeps tests deterministic.
  * On CONFIG_ERROR, err (err_size bytes) gets a one-line reason. */
 enum config_result config_parse(struct config *cfg, int argc, char *const *argv, char *const *envp,

@@ -59,6 +59,8 @@ static void on_shutdown(uv_timer_t *t) {
     d->srv.http = NULL;
     pool_destroy(d->srv.pool);
     d->srv.pool = NULL;
+    team_destroy(d->srv.team); /* after the pool: no forward runs any more */
+    d->srv.team = NULL;
 }
 
 static void on_drained(struct server *srv) {
@@ -171,7 +173,13 @@ static int build_server(struct daemon *d, const struct config *cfg, attn_model *
                 (long long)cfg->kv_budget_mb, block, attn_strerror(rc));
         return -1;
     }
+    if (team_create(cfg->threads, &srv->team) != 0) {
+        fprintf(stderr, "attnd: cannot start %d computing threads\n", (int)cfg->threads);
+        session_store_destroy(srv->sessions);
+        return -1;
+    }
     struct pool_params pp = {
+        .team = srv->team,
         .loop = &d->loop,
         .model = model,
         .sessions = srv->sessions,
@@ -183,6 +191,7 @@ static int build_server(struct daemon *d, const struct config *cfg, attn_model *
     if (rc != 0) {
         fprintf(stderr, "attnd: cannot create %d engine workspaces: %s\n", (int)cfg->workers,
                 attn_strerror(rc));
+        team_destroy(srv->team);
         session_store_destroy(srv->sessions);
         return -1;
     }
@@ -343,8 +352,9 @@ int main(int argc, char **argv) {
         return 1;
     }
     start_handles(&d);
-    LOG_INFO("main", "listening host=%s port=%d workers=%d blas_threads=%d", cfg.host,
-             (int)http_server_port(srv->http), (int)cfg.workers, (int)cfg.blas_threads);
+    LOG_INFO("main", "listening host=%s port=%d workers=%d threads=%d blas_threads=%d", cfg.host,
+             (int)http_server_port(srv->http), (int)cfg.workers, (int)cfg.threads,
+             (int)cfg.blas_threads);
     uv_run(&d.loop, UV_RUN_DEFAULT);
 
     /* Every handle is closed (on_shutdown): nothing runs any more. */

@@ -40,6 +40,7 @@ struct worker {
 struct pool {
     uv_loop_t *loop;
     const attn_model *model;
+    struct team *team; /* or NULL */
     struct session_store *sessions;
     struct worker *workers; /* (n_workers) */
     int32_t n_workers;
@@ -156,8 +157,8 @@ static bool seen_add(struct pool *pool, const void *p) {
 
 /* ---- workers -------------------------------------------------------------------------------- */
 
-static void work_cb(uv_work_t *req) {
-    struct worker *w = req->data;
+/* A worker's batch: the engine call (or the job's own work), its time, each job's status. */
+static void work_run(struct worker *w) {
     double t0 = now_ms();
     w->n_engine_calls = 0;
     if (w->kind == POOL_JOB_SDPA) {
@@ -189,6 +190,17 @@ static void work_cb(uv_work_t *req) {
         if (w->jobs[i]->ops->run != NULL) {
             w->status[i] = w->jobs[i]->ops->run(w->jobs[i], w->status[i]);
         }
+    }
+}
+
+static void work_cb(uv_work_t *req) {
+    struct worker *w = req->data;
+    if (w->pool->team != NULL) {
+        team_enter(w->pool->team); /* this thread computes: a core the helpers leave alone */
+    }
+    work_run(w);
+    if (w->pool->team != NULL) {
+        team_leave(w->pool->team);
     }
 }
 
@@ -399,6 +411,8 @@ int pool_create(const struct pool_params *p, struct pool **out) {
     pool->model = p->model;
     pool->sessions = p->sessions;
     pool->n_workers = p->n_workers;
+    pool->team = p->team;
+    attn_executor ex = p->team != NULL ? team_executor(p->team) : (attn_executor){0};
     pool->max_batch_tokens = p->max_batch_tokens;
     pool->queue_depth = p->queue_depth;
     pool->workers = calloc((size_t)p->n_workers, sizeof *pool->workers);
@@ -408,7 +422,8 @@ int pool_create(const struct pool_params *p, struct pool **out) {
     }
     for (int32_t i = 0; i < p->n_workers; i++) {
         pool->workers[i].pool = pool;
-        int rc = attn_workspace_create(p->model, p->max_batch_tokens, NULL, &pool->workers[i].ws);
+        int rc = attn_workspace_create(p->model, p->max_batch_tokens, p->team ? &ex : NULL,
+                                       &pool->workers[i].ws);
         if (rc != ATTN_OK) {
             for (int32_t k = 0; k < i; k++) {
                 attn_workspace_destroy(pool->workers[k].ws);

@@ -25,6 +25,7 @@
 
 #include "../engine/attn.h"
 #include "session.h"
+#include "team.h"
 
 /* Steps of at most this many tokens are decode steps that may be batched together. */
 #define POOL_BATCH_STEP_MAX_TOKENS 16
@@ -111,6 +112,7 @@ struct pool_params {
     int32_t n_workers;        /* worker threads (the libuv pool must have at least this many) */
     int32_t max_batch_tokens; /* tokens per engine call: batch cap and workspace size */
     int32_t queue_depth;      /* waiting (never started) jobs at most */
+    struct team *team;        /* the helpers the workers' forwards share; NULL: each alone */
 };
 
 /* Creates the pool and one engine workspace per worker. Returns 0, or ATTN_ENOMEM / ATTN_EINVAL.

@@ -29,6 +29,7 @@ struct server {
     struct api_limits limits;
     struct session_store *sessions;
     struct pool *pool;
+    struct team *team; /* the computing threads the workers share */
     struct http_server *http;
     struct metrics metrics;
     bool is_draining;

@@ -33,8 +33,9 @@ START_TEST(test_config_defaults) {
     ck_assert_int_eq(cfg.max_body_mb, 64);
     ck_assert_str_eq(cfg.api_key, "");
     ck_assert_int_eq(cfg.log_level, LOG_LEVEL_INFO);
-    /* workers default to the cores, and BLAS to what is left per worker (at least 1). */
+    /* workers and computing threads default to the cores, BLAS to one thread a call. */
     ck_assert_int_eq(cfg.workers, 2);
+    ck_assert_int_eq(cfg.threads, 2);
     ck_assert_int_eq(cfg.blas_threads, 1);
 }
 END_TEST
@@ -45,10 +46,11 @@ START_TEST(test_config_derived_threads) {
     const char *one_worker[] = {"attnd", "--workers", "1", NULL};
     ck_assert_int_eq(parse(&cfg, one_worker, NULL, 8, err), CONFIG_OK);
     ck_assert_int_eq(cfg.workers, 1);
-    ck_assert_int_eq(cfg.blas_threads, 8);
-    const char *four[] = {"attnd", "--workers=4", NULL};
+    ck_assert_int_eq(cfg.threads, 8); /* one worker, seven helpers */
+    ck_assert_int_eq(cfg.blas_threads, 1);
+    const char *four[] = {"attnd", "--workers=4", "--threads", "3", NULL};
     ck_assert_int_eq(parse(&cfg, four, NULL, 8, err), CONFIG_OK);
-    ck_assert_int_eq(cfg.blas_threads, 2);
+    ck_assert_int_eq(cfg.threads, 3);
     const char *explicit_blas[] = {"attnd", "--workers=4", "--blas-threads", "3", NULL};
     ck_assert_int_eq(parse(&cfg, explicit_blas, NULL, 8, err), CONFIG_OK);
     ck_assert_int_eq(cfg.blas_threads, 3);
