@@ -47,8 +47,8 @@ endif
 ENGINE_SRCS := $(wildcard engine/*.c)
 SERVER_SRCS := $(wildcard server/*.c)
 TEST_SRCS   := $(wildcard tests/check_*.c) $(wildcard tests/ref.c) $(wildcard tests/http_client.c)
-# bench/load.c is its own program (attn_load), not part of attn_bench.
-BENCH_SRCS  := $(filter-out bench/load.c,$(wildcard bench/*.c))
+# bench/load.c (attn_load) and bench/kv_accuracy.c are their own programs, not part of attn_bench.
+BENCH_SRCS  := $(filter-out bench/load.c bench/kv_accuracy.c,$(wildcard bench/*.c))
 
 ENGINE_OBJS := $(ENGINE_SRCS:%.c=$(BUILD)/%.o)
 SERVER_OBJS := $(SERVER_SRCS:%.c=$(BUILD)/%.o)
@@ -59,10 +59,11 @@ ATTND       := $(BUILD)/attnd
 CHECK       := $(BUILD)/check
 BENCH       := $(BUILD)/attn_bench
 LOAD        := $(BUILD)/attn_load
+ACCURACY    := $(BUILD)/kv_accuracy
 FUZZ_TARGETS := $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_SECONDS ?= 60
 
-.PHONY: all engine server test asan valgrind debug bench bench-compare load run deps docker \
+.PHONY: all engine server test asan valgrind debug bench bench-compare accuracy load run deps docker \
         docker-test topology-test clean format lint layering check-format fuzz fuzz-run
 
 # all: the engine library and the daemon (default).
@@ -166,6 +167,14 @@ bench-compare: $(BENCH)
 	$(Q)$(PYTHON) bench/compare.py ./$(BENCH) $(BENCH_ARGS)
 
 # load: decode clients against a freshly spawned attnd; LOAD_ARGS go to attn_load (see --help).
+# accuracy: each KV cache dtype's error against fp64, on the fixtures and on long contexts.
+accuracy: $(ACCURACY)
+	$(Q)./$(ACCURACY)
+
+$(ACCURACY): $(BUILD)/bench/kv_accuracy.o $(BUILD)/tests/ref.o $(LIBATTN)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(BLAS_LIBS) $(CJSON_LIBS) -lpthread -lm
+
 load: $(LOAD) $(ATTND)
 	$(Q)./$(LOAD) --spawn ./$(ATTND) $(LOAD_ARGS)
 
