@@ -46,7 +46,7 @@ static const struct option options[] = {
     {"weights-dtype", "ATTND_WEIGHTS_DTYPE", OPTION_STRING, offsetof(struct config, weights_dtype),
      "auto", 0, 0,
      "how the q/k/v and o projections are held: auto (a checkpoint's own BF16, F16 or F32, "
-     "bit-exact; a preset's f32), f32, bf16 or f16 (an F32 source rounded to nearest even)"},
+     "bit-exact; a preset's bf16), f32, bf16 or f16 (an F32 source rounded to nearest even)"},
     {"kv-dtype", "ATTND_KV_DTYPE", OPTION_STRING, offsetof(struct config, kv_dtype), "auto", 0, 0,
      "how the KV cache holds keys and values: auto (the projections' dtype, so an F32 model stays "
      "exact), f32, bf16, f16 (rounded to nearest even) or q8_0 (32 values as int8 with one f16 "

@@ -107,6 +107,9 @@ static int load_model(const struct config *cfg, attn_model **model, char *source
                       size_t source_size) {
     attn_dtype held = ATTN_DTYPE_AUTO;
     (void)attn_dtype_parse(cfg->weights_dtype, &held); /* config_parse checked it */
+    if (held == ATTN_DTYPE_AUTO && cfg->model[0] == '\0') {
+        held = ATTN_DTYPE_BF16; /* a preset's random weights: the dtype checkpoints ship in */
+    }
     attn_load_params lp = {cfg->layer_first, cfg->layer_count, cfg->max_seq,
                            cfg->trust_layout[0] != '\0' ? cfg->trust_layout : NULL, held};
     char err[512] = "";

@@ -590,7 +590,7 @@ START_TEST(test_api_model_and_status_shapes) {
     attn_config cfg;
     ck_assert_int_eq(attn_config_preset("tiny", &cfg), ATTN_OK);
     ck_assert_int_eq(attn_config_check(&cfg), ATTN_OK);
-    struct api_model_info info = {"preset:tiny seed=0", "attnd", 0, 2, 163840, "f32", "f32", 256};
+    struct api_model_info info = {"preset:tiny seed=0", "attnd", 0, 2, 114688, "bf16", "bf16", 128};
     char *text = api_model_encode(&cfg, &info, NULL);
     char *ex = http_client_read_file(EX "model.response.json", NULL);
     ck_assert_str_eq(text, ex); /* the captured example is exactly this model */
@@ -610,14 +610,15 @@ START_TEST(test_api_session_shapes) {
     /* idle_ms is whatever the capture measured; everything else is fixed by the requests. */
     int64_t idle = (int64_t)cJSON_GetObjectItemCaseSensitive(j, "idle_ms")->valuedouble;
     cJSON_Delete(j);
-    /* tiny: 2 kv heads x head_dim 16 x 128-token blocks x K and V x 4 bytes = 32768 per block */
-    struct api_session_layer layers[1] = {{0, 4, 4, 0, -1, 32768, false}};
-    struct api_session s = {"chat-42", 4, 32768, idle, 0, layers, 1};
+    /* tiny: 2 kv heads x head_dim 16 x 128-token blocks x K and V x 2 bytes (bf16) = 16384 per
+     * block */
+    struct api_session_layer layers[1] = {{0, 4, 4, 0, -1, 16384, false}};
+    struct api_session s = {"chat-42", 4, 16384, idle, 0, layers, 1};
     char *text = api_session_encode(&s, NULL);
     ck_assert_str_eq(text, ex);
     free(ex);
     free(text);
-    struct api_pool pool = {131072, 1073741824, 128, 4, 32768, "f32"};
+    struct api_pool pool = {65536, 1073741824, 128, 4, 65536, "bf16"};
     text = api_session_list_encode(&s, 1, &pool, NULL);
     ex = http_client_read_file(EX "sessions_list.response.json", NULL);
     cJSON *g = cJSON_Parse(text), *w = cJSON_Parse(ex);

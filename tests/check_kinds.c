@@ -430,7 +430,8 @@ static void local_engine_init(struct local_engine *e, const char *preset, uint64
     attn_config cfg;
     ck_assert_int_eq(attn_config_preset(preset, &cfg), ATTN_OK);
     memset(e, 0, sizeof *e);
-    ck_assert_int_eq(attn_model_create_random(&cfg, seed, NULL, &e->m), ATTN_OK);
+    attn_load_params lp = {.weights_dtype = ATTN_DTYPE_BF16}; /* a preset's default */
+    ck_assert_int_eq(attn_model_create_random(&cfg, seed, &lp, &e->m), ATTN_OK);
     ck_assert_int_eq(attn_kv_pool_create(e->m, 16 << 20, 0, &e->pool), ATTN_OK);
     ck_assert_int_eq(attn_workspace_create(e->m, ws_tokens, NULL, &e->ws), ATTN_OK);
     e->hidden = attn_model_config(e->m)->hidden_size;

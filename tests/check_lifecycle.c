@@ -166,11 +166,12 @@ END_TEST
  * one is skipped, a DELETE deletes what the prefill made, and TTL expiry and eviction (a fork
  * that needs A's blocks) never touch a session with work queued. */
 START_TEST(test_lifecycle_queued_requests_wait_for_the_running_cache) {
-    /* 20 MiB of KV: A's prefill reserves 12 MiB and the idle session holds 2, so a fork of A
-     * (12 MiB more) cannot fit even once every idle session is evicted. */
+    /* 20 MiB of f32 KV: A's prefill reserves 12 MiB and the idle session holds 2, so a fork of
+     * A (12 MiB more) cannot fit even once every idle session is evicted. */
     const char *args[] = {
-        "--preset",    "llama8b", "--layers",        "0", "--workers", "1", "--kv-budget-mb", "20",
-        "--log-level", "info",    "--session-ttl-s", "1", NULL};
+        "--preset",       "llama8b", "--layers",    "0",    "--workers",       "1",
+        "--kv-budget-mb", "20",      "--log-level", "info", "--session-ttl-s", "1",
+        "--kv-dtype",     "f32",     NULL};
     http_client_daemon_start(&daemon_, args);
     float *x = http_client_random_rows(8, PREFILL, HIDDEN);
     char *one = http_client_attend_body("idle", x, 0, 200, HIDDEN, false, NULL);

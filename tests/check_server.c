@@ -129,19 +129,26 @@ static void expect_error(const char *method, const char *path, const char *body,
 
 /* ---- inputs and the engine as a reference ---------------------------------------------------- */
 
-/* The engine in-process, built exactly as attnd builds its preset model. */
+/* The engine in-process, built exactly as attnd builds its preset model: BF16 projections and
+ * (auto) a BF16 KV cache. */
 struct ref {
     attn_model *model;
     attn_kv_pool *pool;
     attn_workspace *ws;
 };
 
-static void ref_init(struct ref *r, const char *preset, uint64_t seed) {
+/* ... with the daemon's --kv-dtype (AUTO: its default). */
+static void ref_init_kv(struct ref *r, const char *preset, uint64_t seed, attn_dtype kv_dtype) {
     attn_config cfg;
     ck_assert_int_eq(attn_config_preset(preset, &cfg), ATTN_OK);
-    ck_assert_int_eq(attn_model_create_random(&cfg, seed, NULL, &r->model), ATTN_OK);
-    ck_assert_int_eq(attn_kv_pool_create(r->model, 64 << 20, 0, &r->pool), ATTN_OK);
+    attn_load_params lp = {.weights_dtype = ATTN_DTYPE_BF16};
+    ck_assert_int_eq(attn_model_create_random(&cfg, seed, &lp, &r->model), ATTN_OK);
+    ck_assert_int_eq(attn_kv_pool_create_typed(r->model, 64 << 20, 0, kv_dtype, &r->pool), ATTN_OK);
     ck_assert_int_eq(attn_workspace_create(r->model, 256, NULL, &r->ws), ATTN_OK);
+}
+
+static void ref_init(struct ref *r, const char *preset, uint64_t seed) {
+    ref_init_kv(r, preset, seed, ATTN_DTYPE_AUTO);
 }
 
 static void ref_release(struct ref *r) {
@@ -483,10 +490,22 @@ static void prefill(const char *id, const float *x, int32_t t, const char *extra
 }
 
 START_TEST(test_server_eviction_then_410_and_507) {
-    /* tiny KV: 16-token blocks of 4 KiB; 1 MiB = 256 blocks; 1000 tokens take 63. */
-    const char *args[] = {
-        "--preset",          "tiny", "--seed",    "2",    "--workers", "1", "--kv-budget-mb", "1",
-        "--kv-block-tokens", "16",   "--max-seq", "8192", NULL};
+    /* tiny KV in f32: 16-token blocks of 4 KiB; 1 MiB = 256 blocks; 1000 tokens take 63. */
+    const char *args[] = {"--preset",
+                          "tiny",
+                          "--seed",
+                          "2",
+                          "--workers",
+                          "1",
+                          "--kv-budget-mb",
+                          "1",
+                          "--kv-block-tokens",
+                          "16",
+                          "--max-seq",
+                          "8192",
+                          "--kv-dtype",
+                          "f32",
+                          NULL};
     start(args);
     float *x = http_client_random_rows(51, 4200, TINY_HIDDEN);
     const char *ids[] = {"e0", "e1", "e2", "e3", "e4"};
@@ -528,10 +547,22 @@ END_TEST
 /* One KV pool for both workers: eviction takes the least recently used idle session of the whole
  * pool, and one session may hold more than half of the budget. */
 START_TEST(test_server_one_pool_global_lru) {
-    /* tiny KV: 16-token blocks of 4 KiB; 1 MiB = 256 blocks; 1000 tokens take 63. */
-    const char *args[] = {
-        "--preset",          "tiny", "--seed",    "2",    "--workers", "2", "--kv-budget-mb", "1",
-        "--kv-block-tokens", "16",   "--max-seq", "8192", NULL};
+    /* tiny KV in f32: 16-token blocks of 4 KiB; 1 MiB = 256 blocks; 1000 tokens take 63. */
+    const char *args[] = {"--preset",
+                          "tiny",
+                          "--seed",
+                          "2",
+                          "--workers",
+                          "2",
+                          "--kv-budget-mb",
+                          "1",
+                          "--kv-block-tokens",
+                          "16",
+                          "--max-seq",
+                          "8192",
+                          "--kv-dtype",
+                          "f32",
+                          NULL};
     start(args);
     float *x = http_client_random_rows(52, 3000, TINY_HIDDEN);
     const char *ids[] = {"g0", "g1", "g2", "g3"};
@@ -1326,10 +1357,11 @@ static void *churn_main(void *arg) {
  * and a churn thread forks, deletes and runs stateless calls meanwhile. Every result is right,
  * and only pads are evicted. */
 START_TEST(test_server_concurrent_sessions_are_isolated) {
-    /* tiny KV: 16-token blocks of 4 KiB, 1 MiB = 256 blocks: 64 pads of 4 blocks fill it. */
+    /* tiny KV in f32: 16-token blocks of 4 KiB, 1 MiB = 256 blocks: 64 pads of 4 blocks fill
+     * it. */
     const char *args[] = {
-        "--preset",          "tiny", "--seed", "8", "--workers", "2", "--kv-budget-mb", "1",
-        "--kv-block-tokens", "16",   NULL};
+        "--preset",          "tiny", "--seed",     "8",   "--workers", "2", "--kv-budget-mb", "1",
+        "--kv-block-tokens", "16",   "--kv-dtype", "f32", NULL};
     start(args);
     enum { N_PADS = 64, PAD_TOKENS = 64 };
     float *pad_x = http_client_random_rows(99, PAD_TOKENS, TINY_HIDDEN);
@@ -1341,9 +1373,9 @@ START_TEST(test_server_concurrent_sessions_are_isolated) {
         free(body);
     }
     free(pad_x);
-    ck_assert_int_eq((int)metric("attnd_kv_bytes_used"), 256 * 4096);
+    ck_assert_int_eq((int)metric("attnd_kv_bytes_used"), 256 * 4096); /* full */
     struct ref r;
-    ref_init(&r, "tiny", 8);
+    ref_init_kv(&r, "tiny", 8, ATTN_DTYPE_F32);
     /* The churn session comes after the pads, so it is always more recent than every pad. */
     float *churn_x = http_client_random_rows(98, 16, TINY_HIDDEN);
     float *churn_want = malloc(8 * TINY_HIDDEN * sizeof(float));
