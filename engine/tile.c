@@ -452,13 +452,59 @@ dot_block(const int DT, const int MX, const int MW, const float *x, size_t ldx, 
     }
 }
 
+/* y[b] = x . w_b for one input row and four weight rows, two accumulators a row (even and odd
+ * chunks of 8): a lone token's projection is otherwise bound by the FMA latency, not by the
+ * weights' bandwidth, once they sit in the last-level cache. */
+__attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
+dot_rows1(const int DT, const float *x, const void *w, size_t ldw, int32_t k, float *y) {
+    __m256 acc[8];
+#pragma GCC unroll 8
+    for (int a = 0; a < 8; a++) {
+        acc[a] = _mm256_setzero_ps();
+    }
+    int32_t c = 0;
+    for (; c + 16 <= k; c += 16) {
+        __m256 x0 = _mm256_loadu_ps(x + c), x1 = _mm256_loadu_ps(x + c + 8);
+#pragma GCC unroll 4
+        for (int b = 0; b < 4; b++) {
+            acc[b] = _mm256_fmadd_ps(x0, load_w8(DT, w, (size_t)b * ldw + c), acc[b]);
+            acc[4 + b] = _mm256_fmadd_ps(x1, load_w8(DT, w, (size_t)b * ldw + c + 8), acc[4 + b]);
+        }
+    }
+    for (; c + 8 <= k; c += 8) {
+        __m256 x0 = _mm256_loadu_ps(x + c);
+#pragma GCC unroll 4
+        for (int b = 0; b < 4; b++) {
+            acc[b] = _mm256_fmadd_ps(x0, load_w8(DT, w, (size_t)b * ldw + c), acc[b]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int b = 0; b < 4; b++) {
+        float t[8];
+        _mm256_storeu_ps(t, _mm256_add_ps(acc[b], acc[4 + b]));
+        float sum = ((t[0] + t[4]) + (t[1] + t[5])) + ((t[2] + t[6]) + (t[3] + t[7]));
+        for (int32_t r = c; r < k; r++) {
+            sum += x[r] * load_w1(DT, w, (size_t)b * ldw + r);
+        }
+        y[b] = sum;
+    }
+}
+
 /* Weight rows outer: each group of three is streamed from memory once and reused from L1 for
- * every input row. */
+ * every input row. Fewer than four input rows (decode) take dot_rows1 row by row instead. */
 __attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
 rows_dot_t(const int DT, const float *x, int32_t m, int32_t k, const void *w, int32_t n, float *y,
            size_t ldy) {
     size_t es = DT == 0 ? sizeof(float) : sizeof(uint16_t);
     int32_t j = 0;
+    if (m < 4) {
+        for (; j + 4 <= n; j += 4) {
+            const void *wj = (const char *)w + (size_t)j * k * es;
+            for (int32_t i = 0; i < m; i++) {
+                dot_rows1(DT, x + (size_t)i * k, wj, (size_t)k, k, y + i * ldy + j);
+            }
+        }
+    }
     for (; j + 3 <= n; j += 3) {
         const void *wj = (const char *)w + (size_t)j * k * es;
         int32_t i = 0;
