@@ -180,6 +180,9 @@ static void run_tiled(const struct attn__task *t, const struct tile_ctx *tc, con
         }
         accumulate_block(t, tc, s, (size_t)bt, rows, block_v(&t->kv, b), nb, o);
     }
+    if (t->is_partial) {
+        return; /* o, m and l stay in the scratch for attn__tasks_merge */
+    }
     for (int32_t r = 0; r < rows; r++) {
         float *orow = o + (size_t)r * t->d_v;
         if (t->sinks != NULL) {
@@ -285,6 +288,12 @@ void attn__task_run(const struct attn__task *t) {
     int64_t lo = lo0, hi = hi1;
     int64_t bt = t->kv.block_tokens;
     int64_t b_lo = lo / bt, b_hi = hi < lo ? b_lo - 1 : hi / bt;
+    if (t->is_partial) {
+        b_lo = b_lo > t->block_lo ? b_lo : t->block_lo;
+        b_hi = b_hi < t->block_hi ? b_hi : t->block_hi;
+        run_tiled(t, &tc, q, o, s, m, l, b_lo, b_hi);
+        return;
+    }
     if (t->w != NULL) {
         run_materialized(t, &tc, q, o, s, b_lo, b_hi);
     } else {
@@ -309,5 +318,44 @@ void attn__tasks_run(const attn_executor *ex, const struct attn__task *tasks, in
     }
     for (int32_t i = 0; i < n; i++) {
         attn__task_run(&tasks[i]);
+    }
+}
+
+void attn__tasks_merge(const struct attn__task *parts, int32_t n) {
+    const struct attn__task *t = &parts[0];
+    int32_t rows = t->n_group * t->n_q;
+    for (int32_t r = 0; r < rows; r++) {
+        /* Scratch layout (attn__task_scratch_floats): q, o, s, then m and l. */
+        float mx = t->sinks != NULL ? t->sinks[r / t->n_q] : -INFINITY;
+        for (int32_t i = 0; i < n; i++) {
+            const float *m =
+                parts[i].scratch + (size_t)rows * (t->d_k + t->d_v + t->kv.block_tokens);
+            mx = m[r] > mx ? m[r] : mx;
+        }
+        float *dst =
+            t->out + (size_t)(r / t->n_q) * t->out_head_stride + (size_t)(r % t->n_q) * t->out_ld;
+        memset(dst, 0, (size_t)t->d_v * sizeof(float));
+        if (mx == -INFINITY) {
+            continue; /* no key visible, and no sink: a zero row, as the whole task gives */
+        }
+        float sum = t->sinks != NULL ? expf(t->sinks[r / t->n_q] - mx) : 0.0f;
+        for (int32_t i = 0; i < n; i++) {
+            const float *o = parts[i].scratch + (size_t)rows * t->d_k + (size_t)r * t->d_v;
+            const float *m =
+                parts[i].scratch + (size_t)rows * (t->d_k + t->d_v + t->kv.block_tokens);
+            const float *l = m + rows;
+            if (m[r] == -INFINITY) {
+                continue;
+            }
+            float w = expf(m[r] - mx);
+            sum += l[r] * w;
+            for (int32_t c = 0; c < t->d_v; c++) {
+                dst[c] += w * o[c];
+            }
+        }
+        float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+        for (int32_t c = 0; c < t->d_v; c++) {
+            dst[c] *= inv;
+        }
     }
 }

@@ -153,6 +153,11 @@ struct attn__task {
     struct attn__kv_view kv;
     struct attn__mask mask;
     float *scratch; /* attn__task_scratch_floats(...) floats */
+    /* Split-K: a part of the keys only, blocks [block_lo, block_hi] of the view (the tiled path,
+     * w NULL); the task then leaves its unnormalized output, running max and sum in its scratch
+     * for attn__tasks_merge, and writes nothing to out. */
+    bool is_partial;
+    int32_t block_lo, block_hi;
 };
 
 /* Floats of scratch one task with these dimensions needs. */
@@ -173,6 +178,11 @@ struct chunk_part {
     int32_t row;   /* row of the part's first token in the chunk buffers */
 };
 
+/* Tasks [first, first + n) of a chunk are one task's key range split n ways (split-K). */
+struct attn__split {
+    int32_t first, n;
+};
+
 /* One thread at a time. Every buffer is sized for max_tokens new tokens in one chunk. */
 struct attn_workspace {
     const attn_model *model;
@@ -187,6 +197,8 @@ struct attn_workspace {
     float *scratch; /* the tasks' scratch: one row per query head and token */
     struct attn__task *tasks;
     int32_t max_tasks;
+    struct attn__split *splits; /* (max_tasks): the chunk's split-K groups, merged after */
+    int32_t n_splits;
     struct chunk_part *parts; /* (max_tokens) */
     /* Multi-head latent attention only (else NULL): */
     float *mla_qa;  /* (max_tokens, q_lora_rank): x W_qa, normalized */
@@ -235,6 +247,10 @@ void attn__task_run(const struct attn__task *t);
 
 /* Runs tasks[0..n) on ex (NULL: the calling thread). */
 void attn__tasks_run(const attn_executor *ex, const struct attn__task *tasks, int32_t n);
+
+/* Combines the n partial tasks of one split (the same rows, disjoint key blocks, run) by their
+ * log-sum-exp, adds the sinks, normalizes and writes the rows to out. */
+void attn__tasks_merge(const struct attn__task *parts, int32_t n);
 
 /* ---- simd.c: portable versions of the small kernels (used without AVX2/FMA) ---------------- */
 

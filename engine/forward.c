@@ -43,6 +43,7 @@ void attn_workspace_destroy(attn_workspace *ws) {
     free(ws->attn);
     free(ws->y);
     free(ws->scratch);
+    free(ws->splits);
     free(ws->tasks);
     free(ws->parts);
     free(ws->mla_qa);
@@ -88,6 +89,7 @@ int attn_workspace_create(const attn_model *m, int32_t max_tokens, const attn_ex
     ws->scratch = attn__alloc_floats(attn__task_scratch_floats((int32_t)rows, d_k, d_v, 256) +
                                      (size_t)ws->max_tasks * pack);
     ws->tasks = calloc((size_t)ws->max_tasks, sizeof *ws->tasks);
+    ws->splits = calloc((size_t)ws->max_tasks, sizeof *ws->splits);
     ws->parts = calloc(t, sizeof *ws->parts);
     bool panels_ok = true;
     if (m->weights_dtype != ATTN_DTYPE_F32) {
@@ -109,7 +111,8 @@ int attn_workspace_create(const attn_model *m, int32_t max_tokens, const attn_ex
                  ws->mla_q != NULL && ws->mla_lat != NULL;
     }
     if (ws->x == NULL || ws->qkv == NULL || ws->attn == NULL || ws->y == NULL ||
-        ws->scratch == NULL || ws->tasks == NULL || ws->parts == NULL || !mla_ok || !panels_ok) {
+        ws->scratch == NULL || ws->tasks == NULL || ws->splits == NULL || ws->parts == NULL ||
+        !mla_ok || !panels_ok) {
         attn_workspace_destroy(ws);
         return ATTN_ENOMEM;
     }
@@ -403,15 +406,57 @@ void attn__task_bind(struct attn__task *t, attn_workspace *ws, const attn_step *
     t->mask.key_valid = st->key_valid;
     t->mask.pair_valid = NULL;
     t->mask.pair_ld = 0;
+    t->is_partial = false; /* split_task makes it partial */
     t->scratch = ws->scratch + *scratch_used;
     *scratch_used +=
         attn__task_scratch_floats(t->n_group * t->n_q, t->d_k, t->d_v, t->kv.block_tokens);
 }
 
-/* Builds the attention tasks of one part: per KV head, query tiles of ATTN__Q_TILE tokens. */
+/* Split-K: a part of at most SPLIT_MAX_Q tokens (decode, a few speculative ones) whose keys
+ * reach 2 * SPLIT_KEYS has each task's keys cut in ranges of about SPLIT_KEYS, so that a long
+ * context keeps every thread busy even with fewer KV heads than threads (MQA, a small model). */
+#define SPLIT_MAX_Q 8
+#define SPLIT_KEYS  1024
+
+/* Ways to split the tasks of a part with n_keys keys, at most max_ways. */
+static int32_t split_ways(const attn_workspace *ws, const attn_step *st, const struct chunk_part *p,
+                          int32_t n_keys, int32_t max_ways) {
+    if (!ws->has_ex || st->weights != NULL || p->n > SPLIT_MAX_Q || n_keys < 2 * SPLIT_KEYS) {
+        return 1;
+    }
+    int32_t ways = n_keys / SPLIT_KEYS;
+    return ways < max_ways ? ways : max_ways;
+}
+
+/* Replaces task t (bound, is_partial false) by `ways` partial tasks over consecutive block
+ * ranges, t and the ones after it, each with its own scratch; records the split. */
+static int32_t split_task(attn_workspace *ws, struct attn__task *t, int32_t ways,
+                          size_t *scratch_used) {
+    int32_t n_blocks = (t->kv.n_keys + t->kv.block_tokens - 1) / t->kv.block_tokens;
+    int32_t per = (n_blocks + ways - 1) / ways;
+    ways = (n_blocks + per - 1) / per;
+    size_t floats =
+        attn__task_scratch_floats(t->n_group * t->n_q, t->d_k, t->d_v, t->kv.block_tokens);
+    for (int32_t i = 0; i < ways; i++) {
+        struct attn__task *u = t + i;
+        if (i > 0) {
+            *u = *t;
+            u->scratch = ws->scratch + *scratch_used;
+            *scratch_used += floats;
+        }
+        u->is_partial = true;
+        u->block_lo = i * per;
+        u->block_hi = (i + 1) * per - 1;
+    }
+    ws->splits[ws->n_splits++] = (struct attn__split){(int32_t)(t - ws->tasks), ways};
+    return ways;
+}
+
+/* Builds the attention tasks of one part: per KV head, query tiles of ATTN__Q_TILE tokens (each
+ * task split `max_ways` ways at most, see split_ways). */
 static int32_t part_tasks(const attn_model *m, int32_t layer, attn_workspace *ws,
                           const attn_step *st, const struct chunk_part *p, struct attn__task *tasks,
-                          size_t *scratch_used) {
+                          size_t *scratch_used, int32_t max_ways) {
     const attn_config *c = &m->cfg;
     const struct attn__layer *l = &m->layers[layer - m->layer_first];
     bool is_cross = st->cross != NULL;
@@ -424,6 +469,7 @@ static int32_t part_tasks(const attn_model *m, int32_t layer, attn_workspace *ws
     int32_t p_start = n_keys - p->n; /* cache index of a self part's first token */
     /* Columns of the weights: the keys after the whole step. */
     int32_t total_keys = is_cross ? n_keys : st->kv->len - p->first - p->n + st->n_tokens;
+    int32_t ways = split_ways(ws, st, p, n_keys, max_ways);
     int32_t n_tasks = 0;
     for (int32_t q0 = 0; q0 < p->n; q0 += ATTN__Q_TILE) {
         int32_t nq = p->n - q0 < ATTN__Q_TILE ? p->n - q0 : ATTN__Q_TILE;
@@ -448,6 +494,9 @@ static int32_t part_tasks(const attn_model *m, int32_t layer, attn_workspace *ws
             t->mask.q_index0 = p_start + q0;
             t->mask.is_causal = !is_cross; /* every query sees the whole context */
             t->mask.window_left = window_left;
+            if (ways > 1) {
+                n_tasks += split_task(ws, t, ways, scratch_used) - 1;
+            }
         }
     }
     return n_tasks;
@@ -474,6 +523,10 @@ static void run_chunk(const attn_model *m, int32_t layer, attn_workspace *ws,
     }
     int32_t n_tasks = 0;
     size_t scratch_used = 0;
+    /* The workspace holds tasks and row scratch for max_tokens tokens: a chunk of `rows` may
+     * split each task that many times over. */
+    int32_t max_ways = ws->max_tokens / (rows > 0 ? rows : 1);
+    ws->n_splits = 0;
     if (is_mla) {
         n_tasks = attn__mla_begin(m, layer, ws, steps, parts, n_parts, x, rows);
     } else {
@@ -503,9 +556,13 @@ static void run_chunk(const attn_model *m, int32_t layer, attn_workspace *ws,
         } else {
             rope_and_append(m, layer, st, &parts[i], ws->qkv);
         }
-        n_tasks += part_tasks(m, layer, ws, st, &parts[i], ws->tasks + n_tasks, &scratch_used);
+        n_tasks +=
+            part_tasks(m, layer, ws, st, &parts[i], ws->tasks + n_tasks, &scratch_used, max_ways);
     }
     attn__tasks_run(ws->has_ex ? &ws->ex : NULL, ws->tasks, n_tasks);
+    for (int32_t i = 0; i < ws->n_splits; i++) {
+        attn__tasks_merge(ws->tasks + ws->splits[i].first, ws->splits[i].n);
+    }
     if (is_mla) {
         attn__mla_end(m, layer, ws, rows);
     }

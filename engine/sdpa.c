@@ -108,6 +108,7 @@ int attn_sdpa(const attn_sdpa_params *p, void *scratch) {
             t->kv.k_block_stride = SDPA_BLOCK * t->kv.k_row_bytes;
             t->kv.v_block_stride = SDPA_BLOCK * t->kv.v_row_bytes;
             t->kv.dtype = ATTN_DTYPE_F32;
+            t->is_partial = false;
             t->kv.block_tokens = SDPA_BLOCK;
             t->kv.n_keys = p->n_k;
             t->mask.q_index0 = p->n_k - p->n_q + q0;

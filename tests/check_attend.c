@@ -74,7 +74,8 @@ static void expect_rows_normalized(const float *w, const float *w_ref, int32_t n
                          (int)h, (int)i);
                 harness_expect_zero(row, (size_t)n, label);
             } else if (has_sinks) {
-                ck_assert_msg(fabs(sum - sum_ref) < 1e-5 && sum_ref < 1.0 - 1e-3,
+                /* the sink takes a share (small over a long context: 1e-3 over 2155 keys) */
+                ck_assert_msg(fabs(sum - sum_ref) < 1e-5 && sum_ref < 1.0 - 1e-6,
                               "%s: head %d query %d sums to %.9g, ref %.9g", what, (int)h, (int)i,
                               sum, sum_ref);
             } else {
@@ -539,6 +540,34 @@ START_TEST(test_attend_thread_executor) {
 }
 END_TEST
 
+/* Split-K: decode steps over more than 2 x 1024 keys with an executor have each task's keys cut
+ * in ranges merged by their log-sum-exp. MQA with sinks (one KV head: every query head in one
+ * task, now two), and GQA with a window and a padding mask (a split whose keys are all hidden
+ * for some rows); a 4-token step splits too. Against ref.c, and the tiled chunks (split) against
+ * the one pass (not split). */
+START_TEST(test_attend_split_k_long_decode) {
+    static const int32_t chunks[] = {512, 512, 512, 512, 100, 1, 1, 4, 1};
+    harness_threads state;
+    attn_executor ex = harness_thread_executor(&state);
+    for (int variant = 0; variant < 2; variant++) {
+        attn_config cfg = harness_config(4, variant == 0 ? 1 : 2, 16);
+        cfg.max_seq = 4096;
+        cfg.has_sinks = variant == 0;
+        cfg.sliding_window = variant == 1 ? 1500 : 0;
+        static uint8_t valid[2155];
+        for (int i = 0; i < 2155; i++) {
+            valid[i] = variant == 0 || i % 7 != 3;
+        }
+        scenario sc = scenario_default(&cfg, 2155, chunks, 9);
+        sc.ex = &ex;
+        sc.key_valid = valid;
+        sc.block_tokens = 64;
+        sc.seed = (uint64_t)(900 + variant);
+        check_scenario(&sc);
+    }
+}
+END_TEST
+
 /* rows (n, in) times W^T (out, in) plus b (when the config has biases), in double. */
 static double *project(const float *x, int32_t n, int32_t in, const float *w, const float *b,
                        int32_t out) {
@@ -889,6 +918,7 @@ Suite *attend_suite(void) {
     tcase_add_test(tc, test_attend_chunked_prefill_small_workspace);
     tcase_add_test(tc, test_attend_serial_executor);
     tcase_add_test(tc, test_attend_thread_executor);
+    tcase_add_test(tc, test_attend_split_k_long_decode);
     suite_add_tcase(s, tc);
     return s;
 }
