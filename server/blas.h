@@ -14,9 +14,9 @@
 #include <stdint.h>
 
 /* Makes OpenBLAS allocate n_buffers work buffers now (one per thread that may run a BLAS call
- * at the same time: workers x BLAS threads) and keep them for later calls. First checks with
- * plain allocations that the address space is there, so that a cap makes this fail instead of
- * hang. Returns 0, or -1 with a one-line reason in err. */
+ * at the same time: max(workers, computing threads) x BLAS threads) and keep them for later calls.
+ * First checks with plain allocations that the address space is there, so that a cap makes this
+ * fail instead of hang. Returns 0, or -1 with a one-line reason in err. */
 int blas_reserve(int32_t n_buffers, char *err, size_t err_size);
 
 #endif /* SERVER_BLAS_H */

@@ -289,15 +289,18 @@ int main(int argc, char **argv) {
     config_log(&cfg);
 
     /* Both pools are sized before any thread exists: libuv reads UV_THREADPOOL_SIZE at its
-     * first uv_queue_work, and one BLAS thread per worker keeps workers x BLAS threads within
-     * the cores (see --blas-threads). The libuv pool has one thread more than --workers: the
+     * first uv_queue_work, and one BLAS thread per call keeps the computing threads within the
+     * cores (see --blas-threads). The libuv pool has one thread more than --workers: the
      * scheduler never runs more than --workers engine jobs, so large request bodies always find
      * a thread to be parsed on (job.c) even while every worker is busy. */
     char n_threads[16];
     snprintf(n_threads, sizeof n_threads, "%d", (int)cfg.workers + 1);
     setenv("UV_THREADPOOL_SIZE", n_threads, 1);
     openblas_set_num_threads(cfg.blas_threads);
-    if (blas_reserve(cfg.workers * cfg.blas_threads, err, sizeof err) != 0) {
+    /* BLAS calls run at once on the workers and on the team's helpers, which join only while
+     * fewer than --threads threads compute: at most max(workers, threads) callers. */
+    int32_t callers = cfg.workers > cfg.threads ? cfg.workers : cfg.threads;
+    if (blas_reserve(callers * cfg.blas_threads, err, sizeof err) != 0) {
         /* _exit, not return: under the same cap, OpenBLAS's own threads (started when the
          * library loaded) may still be retrying their first buffer, and exit's handlers would
          * wait for them forever. */

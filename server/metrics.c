@@ -142,8 +142,19 @@ void metrics_render(const struct metrics *m, const struct metrics_gauges *g, str
                   "# TYPE attnd_jobs_in_flight gauge\nattnd_jobs_in_flight %" PRId64 "\n"
                   "# HELP attnd_workers Engine worker threads.\n"
                   "# TYPE attnd_workers gauge\nattnd_workers %" PRId64 "\n"
+                  "# HELP attnd_threads Threads computing forwards at once, workers and helpers "
+                  "(--threads).\n"
+                  "# TYPE attnd_threads gauge\nattnd_threads %" PRId64 "\n"
+                  "# HELP attnd_team_tasks_total Parallel tasks (projection slices, attention "
+                  "tasks) of the forwards' shared executor calls.\n"
+                  "# TYPE attnd_team_tasks_total counter\nattnd_team_tasks_total %" PRIu64 "\n"
+                  "# HELP attnd_team_helped_tasks_total Of those, the tasks helper threads ran "
+                  "(a core a worker left idle).\n"
+                  "# TYPE attnd_team_helped_tasks_total counter\n"
+                  "attnd_team_helped_tasks_total %" PRIu64 "\n"
                   "# HELP attnd_draining 1 once shutdown has begun.\n"
                   "# TYPE attnd_draining gauge\nattnd_draining %d\n",
                   g->sessions, g->kv_bytes_used, g->kv_bytes_limit, g->queue_depth,
-                  g->jobs_in_flight, g->workers, g->draining);
+                  g->jobs_in_flight, g->workers, g->threads, g->team_tasks, g->team_helped,
+                  g->draining);
 }

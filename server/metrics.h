@@ -57,7 +57,10 @@ struct metrics_gauges {
     int64_t queue_depth;
     int64_t jobs_in_flight;
     int64_t workers;
-    int draining; /* 0 or 1 */
+    int64_t threads;      /* --threads: computing threads, workers and helpers */
+    uint64_t team_tasks;  /* tasks of the executor calls the team shared */
+    uint64_t team_helped; /* of which its helpers ran */
+    int draining;         /* 0 or 1 */
 };
 
 void metrics_init(struct metrics *m);

@@ -196,6 +196,10 @@ static void handle_metrics(struct route_req *rq) {
     struct server *srv = rq->srv;
     struct session_store_stats st;
     session_store_get_stats(srv->sessions, &st);
+    struct team_stats ts = {0, 0, 0};
+    if (srv->team != NULL) {
+        team_get_stats(srv->team, &ts);
+    }
     struct metrics_gauges g = {
         .evictions = {st.evictions[SESSION_EVICT_BUDGET], st.evictions[SESSION_EVICT_MAX_SESSIONS],
                       st.evictions[SESSION_EVICT_TTL]},
@@ -207,6 +211,9 @@ static void handle_metrics(struct route_req *rq) {
         .queue_depth = pool_queue_depth(srv->pool),
         .jobs_in_flight = pool_n_running(srv->pool),
         .workers = srv->cfg->workers,
+        .threads = srv->cfg->threads,
+        .team_tasks = ts.tasks,
+        .team_helped = ts.helped_tasks,
         .draining = srv->is_draining,
     };
     struct strbuf b;
