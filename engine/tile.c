@@ -658,26 +658,35 @@ qk_kv_rows(const int DT, const int MX, const float *q, size_t ldq, const uint8_t
     }
 }
 
+/* CALL(MX, i) for the query rows of a task in groups of MX <= 4 from row i: the decode kernels
+ * are specialized per group size. */
+#define FOR_ROW_GROUPS(m, CALL)                                                                    \
+    do {                                                                                           \
+        int32_t i_ = 0;                                                                            \
+        for (; i_ + 4 <= (m); i_ += 4) {                                                           \
+            CALL(4, i_);                                                                           \
+        }                                                                                          \
+        switch ((m)-i_) {                                                                          \
+        case 3:                                                                                    \
+            CALL(3, i_);                                                                           \
+            break;                                                                                 \
+        case 2:                                                                                    \
+            CALL(2, i_);                                                                           \
+            break;                                                                                 \
+        case 1:                                                                                    \
+            CALL(1, i_);                                                                           \
+            break;                                                                                 \
+        default:                                                                                   \
+            break;                                                                                 \
+        }                                                                                          \
+    } while (0)
+
 __attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
 qk_kv_t(const int DT, const float *q, size_t ldq, int32_t m, const uint8_t *k, size_t rb, int32_t n,
         int32_t d, float *s, size_t lds) {
-    int32_t i = 0;
-    for (; i + 4 <= m; i += 4) {
-        qk_kv_rows(DT, 4, q + i * ldq, ldq, k, rb, n, d, s + i * lds, lds);
-    }
-    switch (m - i) {
-    case 3:
-        qk_kv_rows(DT, 3, q + i * ldq, ldq, k, rb, n, d, s + i * lds, lds);
-        break;
-    case 2:
-        qk_kv_rows(DT, 2, q + i * ldq, ldq, k, rb, n, d, s + i * lds, lds);
-        break;
-    case 1:
-        qk_kv_rows(DT, 1, q + i * ldq, ldq, k, rb, n, d, s + i * lds, lds);
-        break;
-    default:
-        break;
-    }
+#define QK_ROWS(MX, i) qk_kv_rows(DT, MX, q + (i)*ldq, ldq, k, rb, n, d, s + (i)*lds, lds)
+    FOR_ROW_GROUPS(m, QK_ROWS);
+#undef QK_ROWS
 }
 
 /* o (MX <= 4 rows, d columns) += p v for value rows held as DT, rb bytes apart, two keys at a
@@ -738,23 +747,9 @@ pv_kv_rows(const int DT, const int MX, const float *p, size_t ldp, const uint8_t
 __attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
 pv_kv_t(const int DT, const float *p, size_t ldp, int32_t m, const uint8_t *v, size_t rb, int32_t n,
         int32_t d, float *o, size_t ldo) {
-    int32_t i = 0;
-    for (; i + 4 <= m; i += 4) {
-        pv_kv_rows(DT, 4, p + i * ldp, ldp, v, rb, n, d, o + i * ldo, ldo);
-    }
-    switch (m - i) {
-    case 3:
-        pv_kv_rows(DT, 3, p + i * ldp, ldp, v, rb, n, d, o + i * ldo, ldo);
-        break;
-    case 2:
-        pv_kv_rows(DT, 2, p + i * ldp, ldp, v, rb, n, d, o + i * ldo, ldo);
-        break;
-    case 1:
-        pv_kv_rows(DT, 1, p + i * ldp, ldp, v, rb, n, d, o + i * ldo, ldo);
-        break;
-    default:
-        break;
-    }
+#define PV_ROWS(MX, i) pv_kv_rows(DT, MX, p + (i)*ldp, ldp, v, rb, n, d, o + (i)*ldo, ldo)
+    FOR_ROW_GROUPS(m, PV_ROWS);
+#undef PV_ROWS
 }
 
 __attribute__((always_inline, target("avx2,fma,f16c"))) static inline void

@@ -227,9 +227,9 @@ int harness_run_chunks(const harness_run *r) {
     return rc;
 }
 
-void harness_ref_run(const harness_model *hm, int32_t layer, const float *x,
-                     const int32_t *positions, const uint8_t *key_valid, int32_t n_tokens,
-                     float *out, float *weights, float *k, float *v) {
+static void ref_run(const harness_model *hm, int32_t layer, const float *x,
+                    const int32_t *positions, const uint8_t *key_valid, int32_t n_tokens,
+                    attn_dtype kv_dtype, float *out, float *weights, float *k, float *v) {
     ref_forward_args a;
     memset(&a, 0, sizeof(a));
     a.n_tokens = n_tokens;
@@ -240,21 +240,19 @@ void harness_ref_run(const harness_model *hm, int32_t layer, const float *x,
     a.weights = weights;
     a.k = k;
     a.v = v;
+    a.kv_dtype = kv_dtype;
     ref_layer_forward(&hm->cfg, &hm->layers[layer], &a);
+}
+
+void harness_ref_run(const harness_model *hm, int32_t layer, const float *x,
+                     const int32_t *positions, const uint8_t *key_valid, int32_t n_tokens,
+                     float *out, float *weights, float *k, float *v) {
+    ref_run(hm, layer, x, positions, key_valid, n_tokens, ATTN_DTYPE_AUTO, out, weights, k, v);
 }
 
 void harness_ref_run_kv(const harness_model *hm, int32_t layer, const float *x, int32_t n_tokens,
                         attn_dtype kv_dtype, float *out, float *weights, float *k, float *v) {
-    ref_forward_args a;
-    memset(&a, 0, sizeof(a));
-    a.n_tokens = n_tokens;
-    a.x = x;
-    a.out = out;
-    a.weights = weights;
-    a.k = k;
-    a.v = v;
-    a.kv_dtype = kv_dtype;
-    ref_layer_forward(&hm->cfg, &hm->layers[layer], &a);
+    ref_run(hm, layer, x, NULL, NULL, n_tokens, kv_dtype, out, weights, k, v);
 }
 
 /* ---- executors ----------------------------------------------------------------------------- */
