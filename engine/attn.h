@@ -319,6 +319,15 @@ const char *attn_model_family(const attn_model *m);
 /* The dtype the model's q/k/v and o projections are held in (never ATTN_DTYPE_AUTO). */
 attn_dtype attn_model_weights_dtype(const attn_model *m);
 
+#define ATTN_FINGERPRINT_BYTES 32
+
+/* What the model computes, in 32 bytes, computed once when it was made: a digest of its
+ * attention config and of every loaded layer's index and tensors as held (so BF16 and F32
+ * holdings of one checkpoint differ, as their answers do). Two loads of the same checkpoint with
+ * the same parameters agree. Not cryptographic: it tells models apart, it does not resist a
+ * forger. */
+void attn_model_fingerprint(const attn_model *m, uint8_t out[ATTN_FINGERPRINT_BYTES]);
+
 /* ---- paged KV cache ------------------------------------------------------------------------ */
 
 typedef struct attn_kv_pool attn_kv_pool; /* one thread at a time, with all its caches */

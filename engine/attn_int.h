@@ -57,7 +57,8 @@ struct attn_model {
     float *rope_cos_long; /* LongRoPE: the tables with long_factor; else NULL */
     float *rope_sin_long;
     size_t bytes;
-    attn_dtype weights_dtype; /* F32, BF16 or F16: how w_qkv and w_o are held */
+    attn_dtype weights_dtype;                    /* F32, BF16 or F16: how w_qkv and w_o are held */
+    uint8_t fingerprint[ATTN_FINGERPRINT_BYTES]; /* attn__model_fingerprint_compute, once made */
 };
 
 /* One thread at a time, together with all of its caches. */
@@ -429,6 +430,10 @@ size_t attn__qk_norm_len(const attn_config *cfg, bool is_k);
  * head_dim values at row + n_heads * head_dim) in place, by cfg's qk_norm with layer l's
  * weights. A no-op for ATTN_QK_NORM_NONE. */
 void attn__qk_norm_apply(const attn_config *cfg, const struct attn__layer *l, float *row);
+
+/* Sets m->fingerprint from its config and tensors as held (fingerprint.c): the last step of
+ * every constructor. */
+void attn__model_fingerprint_compute(attn_model *m);
 
 /* Allocates a model for cfg (checked, max_seq overridden by p) with the layer range of p and
  * uninitialized weights; computes the RoPE tables. Shared by every constructor. */

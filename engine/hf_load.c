@@ -701,6 +701,7 @@ int attn_model_load_hf(const char *dir, const attn_load_params *p, attn_model **
         attn__fail(&ld.why, rc, "cannot hold the weights in half precision: %s", attn_strerror(rc));
         goto out;
     }
+    attn__model_fingerprint_compute(m);
     snprintf(m->family, sizeof m->family, "%s", lay.family);
     *out = m;
     m = NULL;

@@ -325,6 +325,7 @@ int attn_model_create(const attn_config *cfg, const attn_layer_weights *layers,
         attn_model_destroy(m);
         return rc;
     }
+    attn__model_fingerprint_compute(m);
     *out = m;
     return ATTN_OK;
 }
@@ -420,6 +421,7 @@ int attn_model_create_random(const attn_config *cfg, uint64_t seed, const attn_l
         attn_model_destroy(m);
         return rc;
     }
+    attn__model_fingerprint_compute(m);
     *out = m;
     return ATTN_OK;
 }

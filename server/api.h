@@ -229,6 +229,7 @@ struct api_model_info {
     const char *weights_dtype; /* how the projections are held: "f32", "bf16" or "f16" */
     const char *kv_dtype;      /* how the KV cache holds K/V: "f32", "bf16", "f16" or "q8_0" */
     size_t kv_bytes_per_token; /* one layer's cache per token, all KV heads, in that dtype */
+    const char *fingerprint;   /* attn_model_fingerprint in lowercase hex */
 };
 char *api_model_encode(const attn_config *cfg, const struct api_model_info *info, size_t *len);
 

@@ -450,7 +450,8 @@ char *api_model_encode(const attn_config *cfg, const struct api_model_info *info
     put_string(&b, info->weights_dtype);
     strbuf_puts(&b, ",\"kv_dtype\":");
     put_string(&b, info->kv_dtype);
-    strbuf_printf(&b, ",\"kv_bytes_per_token\":%zu", info->kv_bytes_per_token);
+    strbuf_printf(&b, ",\"kv_bytes_per_token\":%zu,\"fingerprint\":", info->kv_bytes_per_token);
+    put_string(&b, info->fingerprint);
     strbuf_puts(&b, ",\"layers\":[");
     for (int32_t i = 0; i < info->layer_count; i++) {
         if (i > 0) {

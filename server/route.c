@@ -242,6 +242,13 @@ static void handle_model(struct route_req *rq) {
     struct session_store_stats st;
     session_store_get_stats(srv->sessions, &st);
     info.kv_dtype = attn_dtype_name(st.kv_dtype);
+    uint8_t fp[ATTN_FINGERPRINT_BYTES];
+    char hex[2 * ATTN_FINGERPRINT_BYTES + 1];
+    attn_model_fingerprint(srv->model, fp);
+    for (int i = 0; i < ATTN_FINGERPRINT_BYTES; i++) {
+        snprintf(hex + 2 * i, 3, "%02x", fp[i]);
+    }
+    info.fingerprint = hex;
     info.kv_bytes_per_token = st.block_bytes / (size_t)st.block_tokens;
     size_t len = 0;
     char *body = api_model_encode(attn_model_config(srv->model), &info, &len);

@@ -586,11 +586,15 @@ START_TEST(test_api_stream_framing) {
 }
 END_TEST
 
+/* GET /v1/model's fingerprint for preset tiny, seed 0, as the daemon holds it (BF16) */
+#define FP_EXAMPLE "642ed3acfb2a825d5825bc1e1c992b3dcc6b93b3b68dc5fa6f8076256c652b56"
+
 START_TEST(test_api_model_and_status_shapes) {
     attn_config cfg;
     ck_assert_int_eq(attn_config_preset("tiny", &cfg), ATTN_OK);
     ck_assert_int_eq(attn_config_check(&cfg), ATTN_OK);
-    struct api_model_info info = {"preset:tiny seed=0", "attnd", 0, 2, 114688, "bf16", "bf16", 128};
+    struct api_model_info info = {
+        "preset:tiny seed=0", "attnd", 0, 2, 114688, "bf16", "bf16", 128, FP_EXAMPLE};
     char *text = api_model_encode(&cfg, &info, NULL);
     char *ex = http_client_read_file(EX "model.response.json", NULL);
     ck_assert_str_eq(text, ex); /* the captured example is exactly this model */

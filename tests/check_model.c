@@ -11,6 +11,9 @@
 #include "check_harness.h"
 #include "ref.h"
 
+/* tiny, seed 0, F32: pinned (saved sessions carry it; a change here is a format change) */
+#define FP_TINY_SEED0_F32 "09ae46f782366e354498ed4487dd8fb37af9cef5cbf588beee2b8754d53b7938"
+
 /* Runs n tokens of x through `layer` of m on a fresh cache; returns the forward's code. */
 static int forward_once(const attn_model *m, int32_t layer, const float *x, int32_t n, float *out) {
     attn_kv_pool *pool = NULL;
@@ -380,6 +383,66 @@ START_TEST(test_model_random_deterministic) {
 }
 END_TEST
 
+/* The fingerprint names what a model computes: equal for the same model made twice (random or
+ * from a checkpoint), different for another seed, another holding of the same weights, another
+ * config field, another layer range; and its value for one model is pinned, since saved
+ * sessions will carry it. */
+static void fp_of(const attn_config *cfg, uint64_t seed, attn_dtype dt, int32_t layers,
+                  uint8_t out[ATTN_FINGERPRINT_BYTES]) {
+    attn_load_params p = {.layer_count = layers, .weights_dtype = dt};
+    attn_model *m = NULL;
+    ck_assert_int_eq(attn_model_create_random(cfg, seed, &p, &m), ATTN_OK);
+    attn_model_fingerprint(m, out);
+    attn_model_destroy(m);
+}
+
+START_TEST(test_model_fingerprint) {
+    attn_config cfg;
+    ck_assert_int_eq(attn_config_preset("tiny", &cfg), ATTN_OK);
+    uint8_t a[ATTN_FINGERPRINT_BYTES], b[ATTN_FINGERPRINT_BYTES];
+    fp_of(&cfg, 0, ATTN_DTYPE_F32, 0, a);
+    fp_of(&cfg, 0, ATTN_DTYPE_F32, 0, b);
+    ck_assert_mem_eq(a, b, sizeof a);
+    char hex[2 * ATTN_FINGERPRINT_BYTES + 1];
+    for (int i = 0; i < ATTN_FINGERPRINT_BYTES; i++) {
+        snprintf(hex + 2 * i, 3, "%02x", a[i]);
+    }
+    ck_assert_str_eq(hex, FP_TINY_SEED0_F32);
+    fp_of(&cfg, 1, ATTN_DTYPE_F32, 0, b);
+    ck_assert_mem_ne(a, b, sizeof a);
+    fp_of(&cfg, 0, ATTN_DTYPE_BF16, 0, b);
+    ck_assert_mem_ne(a, b, sizeof a);
+    fp_of(&cfg, 0, ATTN_DTYPE_F32, 1, b); /* layer 0 alone */
+    ck_assert_mem_ne(a, b, sizeof a);
+    attn_config other = cfg;
+    other.rope_theta = 10001.0f;
+    fp_of(&other, 0, ATTN_DTYPE_F32, 0, b);
+    ck_assert_mem_ne(a, b, sizeof a);
+    other = cfg;
+    other.sliding_window = 64;
+    fp_of(&other, 0, ATTN_DTYPE_F32, 0, b);
+    ck_assert_mem_ne(a, b, sizeof a);
+    /* a checkpoint loaded twice agrees; held in F32 instead of its BF16 it differs */
+    attn_model *m = NULL;
+    char err[256] = "";
+    ck_assert_int_eq(attn_model_load_hf("tests/data/hf_tiny_bf16", NULL, &m, err, sizeof err),
+                     ATTN_OK);
+    attn_model_fingerprint(m, a);
+    attn_model_destroy(m);
+    ck_assert_int_eq(attn_model_load_hf("tests/data/hf_tiny_bf16", NULL, &m, err, sizeof err),
+                     ATTN_OK);
+    attn_model_fingerprint(m, b);
+    attn_model_destroy(m);
+    ck_assert_mem_eq(a, b, sizeof a);
+    attn_load_params f32 = {.weights_dtype = ATTN_DTYPE_F32};
+    ck_assert_int_eq(attn_model_load_hf("tests/data/hf_tiny_bf16", &f32, &m, err, sizeof err),
+                     ATTN_OK);
+    attn_model_fingerprint(m, b);
+    attn_model_destroy(m);
+    ck_assert_mem_ne(a, b, sizeof a);
+}
+END_TEST
+
 /* `extern` keeps this prototype out of the Makefile's suite-table scan, which matches lines
  * starting with `Suite *`. */
 extern Suite *model_suite(void);
@@ -395,6 +458,7 @@ Suite *model_suite(void) {
     tcase_add_test(tc, test_model_layer_range_past_config_is_einval);
     tcase_add_test(tc, test_model_bytes);
     tcase_add_test(tc, test_model_random_deterministic);
+    tcase_add_test(tc, test_model_fingerprint);
     suite_add_tcase(s, tc);
     /* Their own case, so that CK_RUN_CASE=model can run the rest without fork (valgrind) even
      * while an engine that dereferences a NULL out-param crashes these. */
