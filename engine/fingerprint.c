@@ -31,10 +31,11 @@ static uint64_t round64(uint64_t acc, uint64_t v) {
 }
 
 static uint64_t read64(const uint8_t *p) {
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) {
-        v = v << 8 | p[i]; /* little-endian, whatever the host */
-    }
+    uint64_t v;
+    memcpy(&v, p, sizeof v);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    v = __builtin_bswap64(v); /* little-endian, whatever the host */
+#endif
     return v;
 }
 
