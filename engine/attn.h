@@ -437,6 +437,21 @@ int attn_kv_fork(const attn_kv *src, attn_kv **out);
  * ATTN_EDROPPED if first < attn_kv_first_held(kv). For tests and inspection; not a hot path. */
 int attn_kv_read(const attn_kv *kv, int32_t first, int32_t count, float *k, float *v);
 
+/* A cache as bytes, for saving a session (layout in engine/kv_io.c): its shape, length and first
+ * token held, then the held tokens' rows exactly as the pool holds them (or a linear layer's
+ * state). Tokens, not blocks: a pool with another block size reads them. Loop thread rule as
+ * for every attn_kv_* call. attn_kv_export: ATTN_ERANGE when size < attn_kv_export_bytes. */
+size_t attn_kv_export_bytes(const attn_kv *kv);
+int attn_kv_export(const attn_kv *kv, uint8_t *out, size_t size);
+
+/* Recreates in pool, for layer, the cache attn_kv_export wrote (*out, new). ATTN_EUNSUPPORTED
+ * when the bytes describe another shape, dtype, window or kind of layer than this pool holds for
+ * this layer (or a ring's first held token that does not start one of this pool's blocks);
+ * ATTN_EIO when they are inconsistent or of the wrong size; ATTN_ENOSPC when the pool lacks the
+ * blocks; ATTN_EINVAL for a layer the model does not have. Nothing is created on failure. */
+int attn_kv_import(attn_kv_pool *pool, int32_t layer, const uint8_t *data, size_t size,
+                   attn_kv **out);
+
 /* ---- forward ------------------------------------------------------------------------------- */
 
 /* Runs task(arg, i) for every i in [0, n) and returns when all have finished. The engine uses

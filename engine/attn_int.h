@@ -390,6 +390,15 @@ int32_t attn__kv_states_per_block(const attn_kv_pool *pool);
 void attn__linear_advance(const attn_config *c, attn_kv *state, const float *qkv, size_t ld,
                           int32_t n, float *out, size_t out_ld, double *scratch);
 
+/* The bytes of kv head h's key (value) row at cache index idx, in the pool's dtype; a latent
+ * cache's value row is its key row. */
+uint8_t *attn__kv_row_bytes_k(const attn_kv *kv, int32_t h, int32_t idx);
+uint8_t *attn__kv_row_bytes_v(const attn_kv *kv, int32_t h, int32_t idx);
+
+/* Gives an empty row cache n_blocks blocks (the first n_dropped dropped, the rest taken from the
+ * pool, which the caller checked holds them) and length len; rows are written afterwards. */
+void attn__kv_adopt(attn_kv *kv, int32_t n_dropped, int32_t n_blocks, int32_t len);
+
 /* Writes kv head h's key (or value) row at cache index idx (taken by attn__kv_grow) from src,
  * k_dim (v_dim) floats, in the pool's dtype. A latent cache has key rows only. */
 void attn__kv_put_k(const attn_kv *kv, int32_t h, int32_t idx, const float *src);

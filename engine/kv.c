@@ -374,6 +374,16 @@ int attn_kv_reserve(attn_kv *kv, int32_t n_new) {
     return ATTN_OK;
 }
 
+void attn__kv_adopt(attn_kv *kv, int32_t n_dropped, int32_t n_blocks, int32_t len) {
+    attn_kv_pool *pool = kv->pool;
+    for (int32_t b = 0; b < n_blocks; b++) {
+        kv->blocks[b] = b < n_dropped ? -1 : pool->free_stack[--pool->n_free];
+    }
+    kv->n_blocks = n_blocks;
+    kv->n_dropped = n_dropped;
+    kv->len = len;
+}
+
 void attn__kv_grow(attn_kv *kv, int32_t n_new) {
     take_blocks(kv, kv->len + n_new); /* a no-op for reserved blocks: the pool is not touched */
     kv->len += n_new;
@@ -381,17 +391,17 @@ void attn__kv_grow(attn_kv *kv, int32_t n_new) {
 
 /* Within a block: K (n_kv_heads, block_tokens, k_row_bytes), then V (n_kv_heads, block_tokens,
  * v_row_bytes), or for a latent cache K alone, whose rows begin with the value. */
-static uint8_t *row_k(const attn_kv *kv, int32_t h, int32_t idx) {
+uint8_t *attn__kv_row_bytes_k(const attn_kv *kv, int32_t h, int32_t idx) {
     const attn_kv_pool *pool = kv->pool;
     int32_t b = idx / pool->block_tokens, off = idx % pool->block_tokens;
     return pool->mem + (size_t)kv->blocks[b] * pool->block_bytes +
            ((size_t)h * pool->block_tokens + off) * pool->k_row_bytes;
 }
 
-static uint8_t *row_v(const attn_kv *kv, int32_t h, int32_t idx) {
+uint8_t *attn__kv_row_bytes_v(const attn_kv *kv, int32_t h, int32_t idx) {
     const attn_kv_pool *pool = kv->pool;
     if (pool->v_in_k) {
-        return row_k(kv, h, idx);
+        return attn__kv_row_bytes_k(kv, h, idx);
     }
     int32_t b = idx / pool->block_tokens, off = idx % pool->block_tokens;
     return pool->mem + (size_t)kv->blocks[b] * pool->block_bytes +
@@ -400,11 +410,11 @@ static uint8_t *row_v(const attn_kv *kv, int32_t h, int32_t idx) {
 }
 
 void attn__kv_put_k(const attn_kv *kv, int32_t h, int32_t idx, const float *src) {
-    attn__kv_encode(kv->pool->dtype, src, kv->pool->k_dim, row_k(kv, h, idx));
+    attn__kv_encode(kv->pool->dtype, src, kv->pool->k_dim, attn__kv_row_bytes_k(kv, h, idx));
 }
 
 void attn__kv_put_v(const attn_kv *kv, int32_t h, int32_t idx, const float *src) {
-    attn__kv_encode(kv->pool->dtype, src, kv->pool->v_dim, row_v(kv, h, idx));
+    attn__kv_encode(kv->pool->dtype, src, kv->pool->v_dim, attn__kv_row_bytes_v(kv, h, idx));
 }
 
 struct attn__kv_view attn__kv_view_of(const attn_kv *kv, int32_t h, int32_t n_keys) {
@@ -440,10 +450,10 @@ int attn_kv_read(const attn_kv *kv, int32_t first, int32_t count, float *k, floa
     size_t kd = (size_t)pool->k_dim, vd = (size_t)pool->v_dim;
     for (int32_t h = 0; h < pool->n_kv_heads; h++) {
         for (int32_t t = 0; t < count; t++) {
-            attn__kv_widen_portable(pool->dtype, row_k(kv, h, first + t), 0, 1, (int32_t)kd,
-                                    k + ((size_t)h * count + t) * kd, 0);
-            attn__kv_widen_portable(pool->dtype, row_v(kv, h, first + t), 0, 1, (int32_t)vd,
-                                    v + ((size_t)h * count + t) * vd, 0);
+            attn__kv_widen_portable(pool->dtype, attn__kv_row_bytes_k(kv, h, first + t), 0, 1,
+                                    (int32_t)kd, k + ((size_t)h * count + t) * kd, 0);
+            attn__kv_widen_portable(pool->dtype, attn__kv_row_bytes_v(kv, h, first + t), 0, 1,
+                                    (int32_t)vd, v + ((size_t)h * count + t) * vd, 0);
         }
     }
     return ATTN_OK;

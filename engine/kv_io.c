@@ -1,0 +1,173 @@
+/* engine/kv_io.c: one cache as bytes, and back, for saving a session. The bytes hold tokens, not
+ * blocks, so a pool of another block size reads them; each row as the pool holds it (the dtype
+ * must match: no rounding happens on the way); all integers little-endian. Layout:
+ *
+ *   int32 x 8: kind (0 rows, 1 linear state), dtype, n_kv_heads, k_dim, v_dim (0: the values
+ *              are the leading part of each key row, a latent), window, len (tokens seen),
+ *              first (first token held)
+ *   rows:      for each KV head, the key rows of tokens [first, len), then for each KV head the
+ *              value rows (none for a latent); k_row_bytes / v_row_bytes each
+ *   state:     for each KV head, its state's doubles (S then z)
+ */
+#include "attn_int.h"
+
+#include <string.h>
+
+#define KV_IO_HEADER_INTS 8
+
+enum { KV_IO_ROWS = 0, KV_IO_STATE = 1 };
+
+static void put_i32(uint8_t *p, int32_t v) {
+    uint32_t u = (uint32_t)v;
+    for (int i = 0; i < 4; i++) {
+        p[i] = (uint8_t)(u >> (8 * i));
+    }
+}
+
+static int32_t get_i32(const uint8_t *p) {
+    uint32_t u = 0;
+    for (int i = 3; i >= 0; i--) {
+        u = u << 8 | p[i];
+    }
+    return (int32_t)u;
+}
+
+static size_t payload_bytes(const attn_kv_pool *pool, bool is_state, int32_t n_tokens) {
+    if (is_state) {
+        return (size_t)pool->n_kv_heads * attn__kv_state_doubles(pool) * sizeof(double);
+    }
+    size_t row = pool->k_row_bytes + (pool->v_in_k ? 0 : pool->v_row_bytes);
+    return (size_t)pool->n_kv_heads * (size_t)n_tokens * row;
+}
+
+size_t attn_kv_export_bytes(const attn_kv *kv) {
+    int32_t held = kv->len - attn_kv_first_held(kv);
+    bool has_state = kv->is_state && kv->n_blocks > 0;
+    return KV_IO_HEADER_INTS * 4 + (kv->is_state
+                                        ? (has_state ? payload_bytes(kv->pool, true, 0) : 0)
+                                        : payload_bytes(kv->pool, false, held));
+}
+
+int attn_kv_export(const attn_kv *kv, uint8_t *out, size_t size) {
+    if (kv == NULL || out == NULL) {
+        return ATTN_EINVAL;
+    }
+    if (size < attn_kv_export_bytes(kv)) {
+        return ATTN_ERANGE;
+    }
+    const attn_kv_pool *pool = kv->pool;
+    int32_t first = attn_kv_first_held(kv);
+    int32_t header[KV_IO_HEADER_INTS] = {kv->is_state ? KV_IO_STATE : KV_IO_ROWS,
+                                         (int32_t)pool->dtype,
+                                         pool->n_kv_heads,
+                                         pool->k_dim,
+                                         pool->v_in_k ? 0 : pool->v_dim,
+                                         kv->window,
+                                         kv->len,
+                                         first};
+    for (int i = 0; i < KV_IO_HEADER_INTS; i++) {
+        put_i32(out + 4 * i, header[i]);
+    }
+    uint8_t *p = out + KV_IO_HEADER_INTS * 4;
+    if (kv->is_state) {
+        size_t bytes = attn__kv_state_doubles(pool) * sizeof(double);
+        for (int32_t g = 0; kv->n_blocks > 0 && g < pool->n_kv_heads; g++, p += bytes) {
+            memcpy(p, attn__kv_state(kv, g), bytes);
+        }
+        return ATTN_OK;
+    }
+    for (int32_t h = 0; h < pool->n_kv_heads; h++) {
+        for (int32_t t = first; t < kv->len; t++, p += pool->k_row_bytes) {
+            memcpy(p, attn__kv_row_bytes_k(kv, h, t), pool->k_row_bytes);
+        }
+    }
+    for (int32_t h = 0; !pool->v_in_k && h < pool->n_kv_heads; h++) {
+        for (int32_t t = first; t < kv->len; t++, p += pool->v_row_bytes) {
+            memcpy(p, attn__kv_row_bytes_v(kv, h, t), pool->v_row_bytes);
+        }
+    }
+    return ATTN_OK;
+}
+
+int attn_kv_import(attn_kv_pool *pool, int32_t layer, const uint8_t *data, size_t size,
+                   attn_kv **out) {
+    if (pool == NULL || data == NULL || out == NULL) {
+        return ATTN_EINVAL;
+    }
+    if (size < KV_IO_HEADER_INTS * 4) {
+        return ATTN_EIO;
+    }
+    int32_t h[KV_IO_HEADER_INTS];
+    for (int i = 0; i < KV_IO_HEADER_INTS; i++) {
+        h[i] = get_i32(data + 4 * i);
+    }
+    int32_t kind = h[0], dtype = h[1], n_kv = h[2], k_dim = h[3], v_dim = h[4], window = h[5];
+    int32_t len = h[6], first = h[7];
+    const attn_config *c = &pool->model->cfg;
+    if (layer < 0 || layer >= c->n_layers) {
+        return ATTN_EINVAL;
+    }
+    bool is_state = attn_config_layer_is_linear(c, layer);
+    int32_t want_window = attn_config_layer_is_sliding(c, layer) ? c->sliding_window : 0;
+    /* What the bytes say must be what this pool holds for this layer: anything else is another
+     * model, dtype or layer, refused whole. */
+    if (kind != (is_state ? KV_IO_STATE : KV_IO_ROWS) || dtype != (int32_t)pool->dtype ||
+        n_kv != pool->n_kv_heads || k_dim != pool->k_dim ||
+        v_dim != (pool->v_in_k ? 0 : pool->v_dim) || window != want_window) {
+        return ATTN_EUNSUPPORTED;
+    }
+    if (len < 0 || len > pool->max_seq || first < 0 || first > len || (is_state && first != len)) {
+        return ATTN_EIO;
+    }
+    bool has_state = is_state && len > 0;
+    size_t want = KV_IO_HEADER_INTS * 4 + (is_state ? (has_state ? payload_bytes(pool, true, 0) : 0)
+                                                    : payload_bytes(pool, false, len - first));
+    if (size != want) {
+        return ATTN_EIO;
+    }
+    attn_kv *kv = NULL;
+    int rc = attn_kv_create_for_layer(pool, layer, &kv);
+    if (rc != ATTN_OK) {
+        return rc;
+    }
+    /* A ring drops whole blocks: the first one held must start a block of this pool, or tokens
+     * this pool would keep are missing from the bytes. */
+    if (!is_state && first > 0 && (window == 0 || first % pool->block_tokens != 0)) {
+        attn_kv_destroy(kv);
+        return window == 0 ? ATTN_EIO : ATTN_EUNSUPPORTED;
+    }
+    int32_t n_dropped = is_state ? 0 : first / pool->block_tokens;
+    int32_t n_blocks = is_state ? 0 : (len + pool->block_tokens - 1) / pool->block_tokens;
+    if (!is_state && n_blocks - n_dropped > pool->n_free) {
+        attn_kv_destroy(kv);
+        return ATTN_ENOSPC;
+    }
+    if (has_state) {
+        if ((rc = attn_kv_reserve(kv, 1)) != ATTN_OK) {
+            attn_kv_destroy(kv);
+            return rc;
+        }
+        const uint8_t *p = data + KV_IO_HEADER_INTS * 4;
+        size_t bytes = attn__kv_state_doubles(pool) * sizeof(double);
+        for (int32_t g = 0; g < pool->n_kv_heads; g++, p += bytes) {
+            memcpy(attn__kv_state(kv, g), p, bytes);
+        }
+        kv->len = len;
+        *out = kv;
+        return ATTN_OK;
+    }
+    attn__kv_adopt(kv, n_dropped, n_blocks, len);
+    const uint8_t *p = data + KV_IO_HEADER_INTS * 4;
+    for (int32_t g = 0; g < pool->n_kv_heads; g++) {
+        for (int32_t t = first; t < len; t++, p += pool->k_row_bytes) {
+            memcpy(attn__kv_row_bytes_k(kv, g, t), p, pool->k_row_bytes);
+        }
+    }
+    for (int32_t g = 0; !pool->v_in_k && g < pool->n_kv_heads; g++) {
+        for (int32_t t = first; t < len; t++, p += pool->v_row_bytes) {
+            memcpy(attn__kv_row_bytes_v(kv, g, t), p, pool->v_row_bytes);
+        }
+    }
+    *out = kv;
+    return ATTN_OK;
+}
