@@ -40,6 +40,33 @@ static size_t payload_bytes(const attn_kv_pool *pool, bool is_state, int32_t n_t
     return (size_t)pool->n_kv_heads * (size_t)n_tokens * row;
 }
 
+/* Copies the payload from the bytes at `in` into kv, or (in NULL) from kv to the bytes at `out`:
+ * each KV head's state, or the key rows of tokens [first, len) head by head, then the value
+ * rows. */
+static void copy_payload(const attn_kv *kv, int32_t first, const uint8_t *in, uint8_t *out) {
+    bool to_cache = in != NULL;
+    size_t at = 0;
+    const attn_kv_pool *pool = kv->pool;
+    if (kv->is_state) {
+        size_t bytes = attn__kv_state_doubles(pool) * sizeof(double);
+        for (int32_t g = 0; kv->n_blocks > 0 && g < pool->n_kv_heads; g++, at += bytes) {
+            double *state = attn__kv_state(kv, g);
+            memcpy(to_cache ? (void *)state : out + at, to_cache ? in + at : (void *)state, bytes);
+        }
+        return;
+    }
+    for (int kind = 0; kind < (pool->v_in_k ? 1 : 2); kind++) {
+        size_t rb = kind == 0 ? pool->k_row_bytes : pool->v_row_bytes;
+        for (int32_t g = 0; g < pool->n_kv_heads; g++) {
+            for (int32_t t = first; t < kv->len; t++, at += rb) {
+                uint8_t *row =
+                    kind == 0 ? attn__kv_row_bytes_k(kv, g, t) : attn__kv_row_bytes_v(kv, g, t);
+                memcpy(to_cache ? row : out + at, to_cache ? in + at : row, rb);
+            }
+        }
+    }
+}
+
 size_t attn_kv_export_bytes(const attn_kv *kv) {
     int32_t held = kv->len - attn_kv_first_held(kv);
     bool has_state = kv->is_state && kv->n_blocks > 0;
@@ -68,24 +95,7 @@ int attn_kv_export(const attn_kv *kv, uint8_t *out, size_t size) {
     for (int i = 0; i < KV_IO_HEADER_INTS; i++) {
         put_i32(out + 4 * i, header[i]);
     }
-    uint8_t *p = out + KV_IO_HEADER_INTS * 4;
-    if (kv->is_state) {
-        size_t bytes = attn__kv_state_doubles(pool) * sizeof(double);
-        for (int32_t g = 0; kv->n_blocks > 0 && g < pool->n_kv_heads; g++, p += bytes) {
-            memcpy(p, attn__kv_state(kv, g), bytes);
-        }
-        return ATTN_OK;
-    }
-    for (int32_t h = 0; h < pool->n_kv_heads; h++) {
-        for (int32_t t = first; t < kv->len; t++, p += pool->k_row_bytes) {
-            memcpy(p, attn__kv_row_bytes_k(kv, h, t), pool->k_row_bytes);
-        }
-    }
-    for (int32_t h = 0; !pool->v_in_k && h < pool->n_kv_heads; h++) {
-        for (int32_t t = first; t < kv->len; t++, p += pool->v_row_bytes) {
-            memcpy(p, attn__kv_row_bytes_v(kv, h, t), pool->v_row_bytes);
-        }
-    }
+    copy_payload(kv, first, NULL, out + KV_IO_HEADER_INTS * 4);
     return ATTN_OK;
 }
 
@@ -125,49 +135,31 @@ int attn_kv_import(attn_kv_pool *pool, int32_t layer, const uint8_t *data, size_
     if (size != want) {
         return ATTN_EIO;
     }
-    attn_kv *kv = NULL;
-    int rc = attn_kv_create_for_layer(pool, layer, &kv);
-    if (rc != ATTN_OK) {
-        return rc;
-    }
     /* A ring drops whole blocks: the first one held must start a block of this pool, or tokens
-     * this pool would keep are missing from the bytes. */
+     * this pool would keep are missing from the bytes. Anything else starts at token 0. */
     if (!is_state && first > 0 && (window == 0 || first % pool->block_tokens != 0)) {
-        attn_kv_destroy(kv);
         return window == 0 ? ATTN_EIO : ATTN_EUNSUPPORTED;
     }
     int32_t n_dropped = is_state ? 0 : first / pool->block_tokens;
     int32_t n_blocks = is_state ? 0 : (len + pool->block_tokens - 1) / pool->block_tokens;
     if (!is_state && n_blocks - n_dropped > pool->n_free) {
-        attn_kv_destroy(kv);
         return ATTN_ENOSPC;
     }
-    if (has_state) {
-        if ((rc = attn_kv_reserve(kv, 1)) != ATTN_OK) {
-            attn_kv_destroy(kv);
-            return rc;
-        }
-        const uint8_t *p = data + KV_IO_HEADER_INTS * 4;
-        size_t bytes = attn__kv_state_doubles(pool) * sizeof(double);
-        for (int32_t g = 0; g < pool->n_kv_heads; g++, p += bytes) {
-            memcpy(attn__kv_state(kv, g), p, bytes);
-        }
+    attn_kv *kv = NULL;
+    int rc = attn_kv_create_for_layer(pool, layer, &kv);
+    if (rc == ATTN_OK && has_state) {
+        rc = attn_kv_reserve(kv, 1); /* the state's blocks, zeroed, then overwritten */
+    }
+    if (rc != ATTN_OK) {
+        attn_kv_destroy(kv);
+        return rc;
+    }
+    if (is_state) {
         kv->len = len;
-        *out = kv;
-        return ATTN_OK;
+    } else {
+        attn__kv_adopt(kv, n_dropped, n_blocks, len);
     }
-    attn__kv_adopt(kv, n_dropped, n_blocks, len);
-    const uint8_t *p = data + KV_IO_HEADER_INTS * 4;
-    for (int32_t g = 0; g < pool->n_kv_heads; g++) {
-        for (int32_t t = first; t < len; t++, p += pool->k_row_bytes) {
-            memcpy(attn__kv_row_bytes_k(kv, g, t), p, pool->k_row_bytes);
-        }
-    }
-    for (int32_t g = 0; !pool->v_in_k && g < pool->n_kv_heads; g++) {
-        for (int32_t t = first; t < len; t++, p += pool->v_row_bytes) {
-            memcpy(attn__kv_row_bytes_v(kv, g, t), p, pool->v_row_bytes);
-        }
-    }
+    copy_payload(kv, first, data + KV_IO_HEADER_INTS * 4, NULL);
     *out = kv;
     return ATTN_OK;
 }
