@@ -328,6 +328,11 @@ attn_dtype attn_model_weights_dtype(const attn_model *m);
  * forger. */
 void attn_model_fingerprint(const attn_model *m, uint8_t out[ATTN_FINGERPRINT_BYTES]);
 
+/* The fingerprint's digest of n bytes, as one 64-bit word: a checksum for saved sessions (it
+ * catches torn and flipped bytes at memory speed; like the fingerprint, it is not
+ * cryptographic). */
+uint64_t attn_checksum64(const void *data, size_t n);
+
 /* ---- paged KV cache ------------------------------------------------------------------------ */
 
 typedef struct attn_kv_pool attn_kv_pool; /* one thread at a time, with all its caches */
@@ -451,6 +456,10 @@ int attn_kv_export(const attn_kv *kv, uint8_t *out, size_t size);
  * blocks; ATTN_EINVAL for a layer the model does not have. Nothing is created on failure. */
 int attn_kv_import(attn_kv_pool *pool, int32_t layer, const uint8_t *data, size_t size,
                    attn_kv **out);
+
+/* Blocks attn_kv_import of these bytes would take from pool (so the caller can free them
+ * first), or one of attn_kv_import's codes (negative) for bytes it would refuse. */
+int32_t attn_kv_import_blocks(attn_kv_pool *pool, int32_t layer, const uint8_t *data, size_t size);
 
 /* ---- forward ------------------------------------------------------------------------------- */
 

@@ -96,6 +96,15 @@ static void digest_final(struct digest *d, uint8_t out[ATTN_FINGERPRINT_BYTES]) 
     }
 }
 
+uint64_t attn_checksum64(const void *data, size_t n) {
+    struct digest d;
+    digest_init(&d);
+    digest_update(&d, data, n);
+    uint8_t out[ATTN_FINGERPRINT_BYTES];
+    digest_final(&d, out);
+    return read64(out);
+}
+
 static void put_i32(struct digest *d, int32_t v) {
     uint8_t b[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};
     digest_update(d, b, 4);

@@ -99,9 +99,18 @@ int attn_kv_export(const attn_kv *kv, uint8_t *out, size_t size) {
     return ATTN_OK;
 }
 
-int attn_kv_import(attn_kv_pool *pool, int32_t layer, const uint8_t *data, size_t size,
-                   attn_kv **out) {
-    if (pool == NULL || data == NULL || out == NULL) {
+/* What import bytes describe, once checked against the pool (kv_io_check). */
+struct kv_io_plan {
+    bool is_state, has_state;
+    int32_t len, first;
+    int32_t n_dropped, n_blocks; /* rows: blocks dropped before first, blocks covering [0, len) */
+};
+
+/* Checks the bytes' header and size against what pool holds for layer (see attn_kv_import's
+ * codes), and plans the cache. */
+static int kv_io_check(const attn_kv_pool *pool, int32_t layer, const uint8_t *data, size_t size,
+                       struct kv_io_plan *plan) {
+    if (pool == NULL || data == NULL) {
         return ATTN_EINVAL;
     }
     if (size < KV_IO_HEADER_INTS * 4) {
@@ -140,26 +149,57 @@ int attn_kv_import(attn_kv_pool *pool, int32_t layer, const uint8_t *data, size_
     if (!is_state && first > 0 && (window == 0 || first % pool->block_tokens != 0)) {
         return window == 0 ? ATTN_EIO : ATTN_EUNSUPPORTED;
     }
-    int32_t n_dropped = is_state ? 0 : first / pool->block_tokens;
-    int32_t n_blocks = is_state ? 0 : (len + pool->block_tokens - 1) / pool->block_tokens;
-    if (!is_state && n_blocks - n_dropped > pool->n_free) {
+    plan->is_state = is_state;
+    plan->has_state = has_state;
+    plan->len = len;
+    plan->first = first;
+    plan->n_dropped = is_state ? 0 : first / pool->block_tokens;
+    plan->n_blocks = is_state ? 0 : (len + pool->block_tokens - 1) / pool->block_tokens;
+    return ATTN_OK;
+}
+
+int32_t attn_kv_import_blocks(attn_kv_pool *pool, int32_t layer, const uint8_t *data, size_t size) {
+    struct kv_io_plan plan;
+    int rc = kv_io_check(pool, layer, data, size, &plan);
+    if (rc != ATTN_OK) {
+        return rc;
+    }
+    if (!plan.has_state) {
+        return plan.n_blocks - plan.n_dropped;
+    }
+    attn_kv *kv =
+        NULL; /* a state's blocks: what an empty cache of this layer takes for one token */
+    rc = attn_kv_create_for_layer(pool, layer, &kv);
+    int32_t n = rc == ATTN_OK ? attn_kv_blocks_needed(kv, 1) : rc;
+    attn_kv_destroy(kv);
+    return n;
+}
+
+int attn_kv_import(attn_kv_pool *pool, int32_t layer, const uint8_t *data, size_t size,
+                   attn_kv **out) {
+    struct kv_io_plan plan;
+    int rc = out == NULL ? ATTN_EINVAL : kv_io_check(pool, layer, data, size, &plan);
+    if (rc != ATTN_OK) {
+        return rc;
+    }
+    if (!plan.is_state && plan.n_blocks - plan.n_dropped > pool->n_free) {
         return ATTN_ENOSPC;
     }
     attn_kv *kv = NULL;
-    int rc = attn_kv_create_for_layer(pool, layer, &kv);
-    if (rc == ATTN_OK && has_state) {
+    rc = attn_kv_create_for_layer(pool, layer, &kv);
+    if (rc == ATTN_OK && plan.has_state) {
         rc = attn_kv_reserve(kv, 1); /* the state's blocks, zeroed, then overwritten */
     }
     if (rc != ATTN_OK) {
         attn_kv_destroy(kv);
         return rc;
     }
-    if (is_state) {
-        kv->len = len;
+    if (plan.is_state) {
+        kv->len = plan.len;
     } else {
-        attn__kv_adopt(kv, n_dropped, n_blocks, len);
+        attn__kv_adopt(kv, plan.n_dropped, plan.n_blocks, plan.len);
     }
-    copy_payload(kv, first, data + KV_IO_HEADER_INTS * 4, NULL);
+    copy_payload(kv, plan.first, data + KV_IO_HEADER_INTS * 4, NULL);
     *out = kv;
     return ATTN_OK;
 }

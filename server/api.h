@@ -202,6 +202,7 @@ struct api_session {
     size_t bytes;
     int64_t idle_ms;
     int32_t pending;
+    const char *location;                   /* "memory" or "disk" (--state-dir) */
     const struct api_session_layer *layers; /* (n_layers), by layer index */
     int32_t n_layers;
 };

@@ -252,8 +252,11 @@ char *api_sdpa_response_encode(const struct api_sdpa_response *r, size_t *len) {
 static void put_session(struct strbuf *b, const struct api_session *s) {
     strbuf_puts(b, "{\"session_id\":");
     put_string(b, s->session_id);
-    strbuf_printf(b, ",\"n_tokens\":%d,\"bytes\":%zu,\"idle_ms\":%lld,\"pending\":%d,\"layers\":[",
-                  (int)s->n_tokens, s->bytes, (long long)s->idle_ms, (int)s->pending);
+    strbuf_printf(b,
+                  ",\"n_tokens\":%d,\"bytes\":%zu,\"idle_ms\":%lld,\"pending\":%d,\"location\":"
+                  "\"%s\",\"layers\":[",
+                  (int)s->n_tokens, s->bytes, (long long)s->idle_ms, (int)s->pending,
+                  s->location != NULL ? s->location : "memory");
     for (int32_t i = 0; i < s->n_layers; i++) {
         const struct api_session_layer *l = &s->layers[i];
         strbuf_printf(b, "%s{\"layer\":%d,\"n_tokens\":%d,\"n_held\":%d,\"bytes\":%zu",

@@ -121,6 +121,15 @@ static const struct option options[] = {
      "instead of 0 if anything was cut"},
     {"session-ttl-s", "ATTND_SESSION_TTL_S", OPTION_I64, offsetof(struct config, session_ttl_s),
      "3600", 0, 31536000, "idle seconds after which a session expires (410 after); 0 = never"},
+    {"state-dir", "ATTND_STATE_DIR", OPTION_STRING, offsetof(struct config, state_dir), "", 0, 0,
+     "a directory for sessions' files (created if missing): a session evicted for memory is "
+     "written there instead of dropped and read back on its next request; on SIGTERM every "
+     "session is written, and a start with the same directory and model brings them back. "
+     "Empty: no disk tier"},
+    {"state-budget-mb", "ATTND_STATE_BUDGET_MB", OPTION_I64,
+     offsetof(struct config, state_budget_mb), "8192", 1, 1073741824,
+     "bytes of session files in --state-dir at most, MiB; the least recently used go first "
+     "(410 after)"},
     {"api-key", "ATTND_API_KEY", OPTION_STRING, offsetof(struct config, api_key), "", 0, 0,
      "when set, /v1/* requests need 'Authorization: Bearer <key>'"},
     {"log-level", "ATTND_LOG_LEVEL", OPTION_LOG_LEVEL, offsetof(struct config, log_level), "info",

@@ -43,6 +43,8 @@ struct config {
     int32_t header_timeout_s; /* seconds from a request's first byte to its last header */
     int32_t drain_timeout_s;  /* seconds a drain waits for requests still being received */
     int64_t session_ttl_s;    /* idle seconds before a session expires; 0 = never */
+    const char *state_dir;    /* the disk tier's directory, or "" for none */
+    int64_t state_budget_mb;  /* bytes of session files at most, MiB */
     const char *api_key;      /* "" = no authentication */
     enum log_level log_level;
 };

@@ -27,6 +27,10 @@ enum error_code {
     ERROR_TOO_MANY_CONNECTIONS = -115,
     ERROR_TOKENS_DROPPED = -116,
     ERROR_CONTEXT_EXISTS = -117,
+    ERROR_FINGERPRINT_MISMATCH = -118,
+    ERROR_CORRUPT_SESSION = -119,
+    ERROR_SESSION_VERSION = -120,
+    ERROR_SESSION_LOST = -121,
     /* Not in the table: the client went away, so there is nobody to answer. */
     ERROR_CANCELLED = -199,
 };

@@ -10,9 +10,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "error.h"
 #include "log.h"
+#include "snapshot.h"
 #include "utf8.h"
 
 /* The largest SDPA scratch a request may ask the engine for (bytes). */
@@ -29,6 +31,8 @@ enum job_kind {
     JOB_TRUNCATE,
     JOB_FORK,
     JOB_DELETE,
+    JOB_EXPORT,
+    JOB_IMPORT,
 };
 
 struct job {
@@ -53,6 +57,7 @@ struct job {
     char *response;
     size_t response_len;
     int response_status;
+    const char *response_type; /* NULL: JSON */
     /* attend */
     struct api_attend_request at;
     float *out;       /* (T, hidden_size) */
@@ -71,6 +76,8 @@ struct job {
     /* session operations */
     struct api_truncate_request tr;
     struct api_fork_request fk;
+    /* export */
+    attn_dtype kv_dtype;
 };
 
 static int64_t now_ms(void) {
@@ -137,7 +144,11 @@ static void answer(struct job *job, int status) {
     if (job->rq == NULL || status == ERROR_CANCELLED) {
         return;
     }
-    if (status == 0) {
+    if (status == 0 && job->response_type != NULL) {
+        route_reply_typed(job->rq, job->response_status, job->response_type, job->response,
+                          job->response_len);
+        job->response = NULL;
+    } else if (status == 0) {
         route_reply(job->rq, job->response_status, job->response, job->response_len);
         job->response = NULL;
     } else {
@@ -145,15 +156,15 @@ static void answer(struct job *job, int status) {
     }
 }
 
-/* Finds the live session named rq->session and pins it for job, or answers 404/410. */
+/* Finds the live session named rq->session (bringing it back from disk if it is there) and pins
+ * it for job, or answers 404/410 (or why it cannot come back). */
 static int pin_path_session(struct job *job) {
     struct route_req *rq = job->rq;
     enum session_state state;
-    struct session *s = session_find(job->srv->sessions, rq->session, &state);
+    int rc;
+    struct session *s = route_find_session(job->srv, rq->session, &state, &rc);
     if (s == NULL) {
-        route_reply_error(
-            rq, state == SESSION_STATE_TOMBSTONE ? ERROR_SESSION_EVICTED : ERROR_SESSION_NOT_FOUND,
-            NULL, "session_id");
+        route_reply_error(rq, rc, NULL, "session_id");
         return -1;
     }
     session_pin(job->srv->sessions, s, now_ms());
@@ -502,14 +513,15 @@ static void attend_admit(struct job *job) {
     if (job->at.session_id[0] != '\0') {
         snprintf(rq->session, sizeof rq->session, "%s", job->at.session_id);
         enum session_state state;
-        struct session *s = session_find(srv->sessions, job->at.session_id, &state);
-        if (s == NULL && state == SESSION_STATE_TOMBSTONE) {
-            route_reply_error(rq, ERROR_SESSION_EVICTED, NULL, "session_id");
+        int rc;
+        struct session *s = route_find_session(srv, job->at.session_id, &state, &rc);
+        if (s == NULL && state != SESSION_STATE_UNKNOWN) {
+            route_reply_error(rq, rc, NULL, "session_id"); /* evicted, or cannot come back */
             job_free(job);
             return;
         }
         if (s == NULL) {
-            int rc = session_create(srv->sessions, job->at.session_id, now_ms(), &s);
+            rc = session_create(srv->sessions, job->at.session_id, now_ms(), &s);
             if (rc != 0) {
                 route_reply_error(rq, rc,
                                   rc == ERROR_KV_BUDGET_EXHAUSTED
@@ -559,12 +571,19 @@ static void attend_admit(struct job *job) {
 }
 
 static void sdpa_admit(struct job *job);
+static void import_admit(struct job *job);
 
 /* Any thread: parses the body into the job (touches nothing else; limits are immutable). */
 static void parse_body(struct job *job) {
     if (job->kind == JOB_ATTEND) {
         job->parse_rc = api_attend_request_parse(job->body, job->body_len, &job->srv->limits,
                                                  &job->at, &job->parse_err);
+    } else if (job->kind == JOB_IMPORT) {
+        /* the file's framing and checksum: the part of an import that reads every byte */
+        struct snapshot_info info;
+        job->parse_rc = snapshot_check((const uint8_t *)job->body, job->body_len, &info,
+                                       job->parse_err.message, sizeof job->parse_err.message);
+        snprintf(job->parse_err.param, sizeof job->parse_err.param, "body");
     } else {
         job->parse_rc = api_sdpa_request_parse(job->body, job->body_len, &job->sd, &job->parse_err);
     }
@@ -585,6 +604,8 @@ static void admit(struct job *job) {
     }
     if (job->kind == JOB_ATTEND) {
         attend_admit(job);
+    } else if (job->kind == JOB_IMPORT) {
+        import_admit(job);
     } else {
         sdpa_admit(job);
     }
@@ -896,6 +917,116 @@ void job_submit_delete(struct route_req *rq, struct session *s) {
     job->pj.kind = POOL_JOB_CONTROL;
     job->pj.ops = &delete_ops;
     submit(job);
+}
+
+/* ---- export and import ---------------------------------------------------------------------- */
+
+static int export_prepare(struct pool_job *pj, struct pool_step *step) {
+    struct job *job = (struct job *)pj;
+    job->kv_dtype = attn_kv_pool_dtype(session_store_kv_pool(job->srv->sessions));
+    return 0;
+}
+
+/* Worker: the session's turn is this job's, so nothing changes its caches while they are read;
+ * the copy and the checksum stay off the loop. */
+static int export_run(struct pool_job *pj, int status) {
+    struct job *job = (struct job *)pj;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint8_t *file;
+    size_t len;
+    int rc = snapshot_encode(pj->session, job->srv->model, job->kv_dtype,
+                             (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000, &file, &len);
+    if (rc != 0) {
+        return rc;
+    }
+    snapshot_seal(file, len);
+    job->response = (char *)file;
+    job->response_len = len;
+    job->response_status = 200;
+    job->response_type = "application/octet-stream";
+    return 0;
+}
+
+static const struct pool_job_ops export_ops = {export_prepare, export_run, simple_done, on_release};
+
+void job_submit_export(struct route_req *rq) {
+    struct job *job = job_new(rq, JOB_EXPORT);
+    if (job == NULL || pin_path_session(job) != 0) {
+        if (job != NULL) {
+            job_free(job);
+        }
+        return;
+    }
+    job->pj.kind = POOL_JOB_SDPA; /* work on a worker, with the session's turn */
+    job->pj.ops = &export_ops;
+    submit(job);
+}
+
+/* Loop, after snapshot_check passed (parse_body): the file's model, then the id, then the
+ * caches, made all at once or not at all. */
+static void import_admit(struct job *job) {
+    struct route_req *rq = job->rq;
+    struct server *srv = job->srv;
+    const uint8_t *file = (const uint8_t *)http_request_body(rq->http, &job->body_len);
+    struct snapshot_info info;
+    char msg[256];
+    int rc = snapshot_read_header(file, job->body_len, &info, msg, sizeof msg);
+    if (rc == 0) {
+        rc = snapshot_match(&info, srv->model,
+                            attn_kv_pool_dtype(session_store_kv_pool(srv->sessions)), msg,
+                            sizeof msg);
+    }
+    if (rc != 0) {
+        route_reply_error(rq, rc, msg, "body");
+        job_free(job);
+        return;
+    }
+    enum session_state state;
+    session_find(srv->sessions, rq->session, &state);
+    if (state == SESSION_STATE_TOMBSTONE) {
+        session_tombstone_forget(srv->sessions, rq->session); /* a PUT brings the id back */
+    }
+    struct session *s;
+    rc = session_create(srv->sessions, rq->session, now_ms(), &s);
+    if (rc != 0) {
+        route_reply_error(rq, rc,
+                          rc == ERROR_SESSION_EXISTS
+                              ? "a session with this id exists (in memory or on disk); DELETE it "
+                                "first to replace it"
+                              : NULL,
+                          "session_id");
+        job_free(job);
+        return;
+    }
+    session_pin(srv->sessions, s, now_ms());
+    job->pj.session = s;
+    struct session_turn *t = session_turn_take(srv->sessions, s); /* new: nobody else has it */
+    rc = snapshot_restore(srv->sessions, t, file, job->body_len, msg, sizeof msg);
+    session_turn_give(srv->sessions, t);
+    if (rc != 0) {
+        route_reply_error(rq, rc, msg, rc == ERROR_KV_BUDGET_EXHAUSTED ? NULL : "body");
+    } else {
+        LOG_INFO("session", "imported req=%llu session=%s tokens=%d bytes=%zu",
+                 (unsigned long long)http_request_id(rq->http), rq->session,
+                 (int)session_n_tokens(s), job->body_len);
+        size_t len;
+        char *body = route_session_encode(s, 1, &len);
+        if (body != NULL) {
+            route_reply(rq, 201, body, len);
+        } else {
+            route_reply_error(rq, ERROR_INTERNAL, "out of memory", NULL);
+        }
+    }
+    unpin(job);
+    job_free(job);
+}
+
+void job_submit_import(struct route_req *rq) {
+    struct job *job = job_new(rq, JOB_IMPORT);
+    if (job != NULL) {
+        parse_then_admit(job);
+    }
 }
 
 /* ---- notifications from the request ---------------------------------------------------------- */

@@ -22,6 +22,11 @@ void job_submit_sdpa(struct route_req *rq);
 void job_submit_truncate(struct route_req *rq);
 void job_submit_fork(struct route_req *rq);
 
+/* GET /v1/sessions/{id}/export: the session as a file (snapshot.h), once its earlier requests
+ * are done. PUT /v1/sessions/{id}: recreates a session from such a file (the body). */
+void job_submit_export(struct route_req *rq);
+void job_submit_import(struct route_req *rq);
+
 /* DELETE /v1/sessions/{id} for the live session s. */
 void job_submit_delete(struct route_req *rq, struct session *s);
 

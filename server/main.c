@@ -24,6 +24,7 @@
 #include "pool.h"
 #include "route.h"
 #include "session.h"
+#include "spill.h"
 
 extern char **environ;
 
@@ -57,6 +58,12 @@ static void on_shutdown(uv_timer_t *t) {
     uv_close((uv_handle_t *)&d->drain_deadline, NULL);
     http_server_destroy(d->srv.http);
     d->srv.http = NULL;
+    if (d->srv.spill != NULL) {
+        /* every request is finished, so every session is idle: all of them go to disk */
+        spill_save_all(d->srv.spill);
+        spill_close(d->srv.spill);
+        d->srv.spill = NULL;
+    }
     pool_destroy(d->srv.pool);
     d->srv.pool = NULL;
     team_destroy(d->srv.team); /* after the pool: no forward runs any more */
@@ -197,6 +204,26 @@ static int build_server(struct daemon *d, const struct config *cfg, attn_model *
         team_destroy(srv->team);
         session_store_destroy(srv->sessions);
         return -1;
+    }
+    if (cfg->state_dir[0] != '\0') {
+        struct spill_params fp = {
+            .loop = &d->loop,
+            .dir = cfg->state_dir,
+            .budget_bytes = (size_t)cfg->state_budget_mb << 20,
+            .sessions = srv->sessions,
+            .model = model,
+            .kv_dtype = attn_kv_pool_dtype(session_store_kv_pool(srv->sessions)),
+        };
+        char err[512];
+        if (spill_open(&fp, &srv->spill, err, sizeof err) != 0) {
+            fprintf(stderr, "attnd: %s\n", err);
+            pool_destroy(srv->pool);
+            uv_run(&d->loop, UV_RUN_DEFAULT); /* lets the pool's handle close */
+            team_destroy(srv->team);
+            session_store_destroy(srv->sessions);
+            return -1;
+        }
+        spill_set_pool(srv->spill, srv->pool);
     }
     srv->cfg = cfg;
     srv->loop = &d->loop;
@@ -350,6 +377,7 @@ int main(int argc, char **argv) {
     free(refusal);
     if (rc != 0) {
         fprintf(stderr, "attnd: %s\n", err);
+        spill_close(srv->spill);
         pool_destroy(srv->pool);
         uv_run(&d.loop, UV_RUN_DEFAULT); /* lets the pool's handle close */
         uv_loop_close(&d.loop);

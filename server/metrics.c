@@ -5,8 +5,8 @@
 #include <string.h>
 
 static const char *const endpoint_names[METRICS_ENDPOINT_COUNT] = {
-    "attend", "sdpa",    "sessions", "session", "truncate", "fork",
-    "model",  "healthz", "readyz",   "metrics", "other",
+    "attend", "sdpa",  "sessions", "session", "truncate", "fork",
+    "export", "model", "healthz",  "readyz",  "metrics",  "other",
 };
 
 /* The statuses attnd answers with; anything else counts as "other" (the last slot). */
@@ -97,6 +97,53 @@ static void render_latency(const struct metrics *m, struct strbuf *out) {
     }
 }
 
+const double metrics_restore_le[METRICS_N_RESTORE_BUCKETS] = {0.001, 0.002, 0.005, 0.01, 0.02, 0.05,
+                                                              0.1,   0.2,   0.5,   1,    2,    5};
+
+static void render_disk(const struct metrics_disk *d, struct strbuf *out) {
+    strbuf_printf(out,
+                  "# HELP attnd_spills_total Sessions written to --state-dir for memory.\n"
+                  "# TYPE attnd_spills_total counter\nattnd_spills_total %" PRIu64 "\n"
+                  "# HELP attnd_spill_failures_total Session writes that failed (the session "
+                  "was dropped).\n"
+                  "# TYPE attnd_spill_failures_total counter\n"
+                  "attnd_spill_failures_total %" PRIu64 "\n"
+                  "# HELP attnd_restores_total Sessions read back from --state-dir.\n"
+                  "# TYPE attnd_restores_total counter\nattnd_restores_total %" PRIu64 "\n"
+                  "# HELP attnd_restore_failures_total Session files refused at restore.\n"
+                  "# TYPE attnd_restore_failures_total counter\n"
+                  "attnd_restore_failures_total %" PRIu64 "\n"
+                  "# HELP attnd_corrupt_sessions_total Session files refused for a failed "
+                  "checksum or framing.\n"
+                  "# TYPE attnd_corrupt_sessions_total counter\n"
+                  "attnd_corrupt_sessions_total %" PRIu64 "\n"
+                  "# HELP attnd_disk_drops_total Sessions dropped from --state-dir (its budget, "
+                  "ttl).\n"
+                  "# TYPE attnd_disk_drops_total counter\nattnd_disk_drops_total %" PRIu64 "\n"
+                  "# HELP attnd_sessions_on_disk Sessions whose caches are in --state-dir.\n"
+                  "# TYPE attnd_sessions_on_disk gauge\nattnd_sessions_on_disk %" PRId64 "\n"
+                  "# HELP attnd_disk_bytes_used Bytes of session files in --state-dir.\n"
+                  "# TYPE attnd_disk_bytes_used gauge\nattnd_disk_bytes_used %zu\n"
+                  "# HELP attnd_disk_bytes_limit --state-budget-mb in bytes.\n"
+                  "# TYPE attnd_disk_bytes_limit gauge\nattnd_disk_bytes_limit %zu\n",
+                  d->spills, d->spill_failures, d->restores, d->restore_failures, d->corrupt,
+                  d->disk_drops, d->sessions_on_disk, d->bytes_on_disk, d->bytes_limit);
+    strbuf_puts(out, "# HELP attnd_restore_duration_seconds From a request naming a session on "
+                     "disk to its caches back in memory.\n"
+                     "# TYPE attnd_restore_duration_seconds histogram\n");
+    uint64_t cum = 0;
+    for (int b = 0; b < METRICS_N_RESTORE_BUCKETS; b++) {
+        cum += d->restore_buckets[b];
+        strbuf_printf(out, "attnd_restore_duration_seconds_bucket{le=\"%g\"} %" PRIu64 "\n",
+                      metrics_restore_le[b], cum);
+    }
+    strbuf_printf(out,
+                  "attnd_restore_duration_seconds_bucket{le=\"+Inf\"} %" PRIu64 "\n"
+                  "attnd_restore_duration_seconds_sum %.6f\n"
+                  "attnd_restore_duration_seconds_count %" PRIu64 "\n",
+                  d->restores, d->restore_sum_s, d->restores);
+}
+
 void metrics_render(const struct metrics *m, const struct metrics_gauges *g, struct strbuf *out) {
     render_requests(m, out);
     render_latency(m, out);
@@ -157,4 +204,7 @@ void metrics_render(const struct metrics *m, const struct metrics_gauges *g, str
                   g->sessions, g->kv_bytes_used, g->kv_bytes_limit, g->queue_depth,
                   g->jobs_in_flight, g->workers, g->threads, g->team_tasks, g->team_helped,
                   g->draining);
+    if (g->disk != NULL) {
+        render_disk(g->disk, out);
+    }
 }

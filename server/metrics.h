@@ -17,6 +17,7 @@ enum metrics_endpoint {
     METRICS_ENDPOINT_SESSION,
     METRICS_ENDPOINT_TRUNCATE,
     METRICS_ENDPOINT_FORK,
+    METRICS_ENDPOINT_EXPORT,
     METRICS_ENDPOINT_MODEL,
     METRICS_ENDPOINT_HEALTHZ,
     METRICS_ENDPOINT_READYZ,
@@ -46,6 +47,26 @@ struct metrics {
     uint64_t jobs_cancelled; /* engine jobs stopped early because their client had gone */
 };
 
+#define METRICS_N_RESTORE_BUCKETS 12
+
+/* The disk tier's counters (spill.h), sampled at render time. */
+struct metrics_disk {
+    uint64_t spills;           /* sessions written to disk for memory */
+    uint64_t spill_failures;   /* writes that failed (the session was dropped) */
+    uint64_t restores;         /* sessions read back */
+    uint64_t restore_failures; /* reads refused: unreadable, corrupt or another model */
+    uint64_t corrupt;          /* of which the file failed its checksum or framing */
+    uint64_t disk_drops;       /* sessions dropped from disk (its budget, ttl) */
+    int64_t sessions_on_disk;
+    size_t bytes_on_disk;
+    size_t bytes_limit;
+    uint64_t restore_buckets[METRICS_N_RESTORE_BUCKETS]; /* per bucket, not cumulative */
+    double restore_sum_s;
+};
+
+/* The upper bounds (seconds) of the restore latency buckets. */
+extern const double metrics_restore_le[METRICS_N_RESTORE_BUCKETS];
+
 /* Values sampled at render time by the caller (gauges, and counters kept by other modules). */
 struct metrics_gauges {
     uint64_t evictions[METRICS_EVICTION_COUNT];
@@ -57,10 +78,11 @@ struct metrics_gauges {
     int64_t queue_depth;
     int64_t jobs_in_flight;
     int64_t workers;
-    int64_t threads;      /* --threads: computing threads, workers and helpers */
-    uint64_t team_tasks;  /* tasks of the executor calls the team shared */
-    uint64_t team_helped; /* of which its helpers ran */
-    int draining;         /* 0 or 1 */
+    int64_t threads;                 /* --threads: computing threads, workers and helpers */
+    uint64_t team_tasks;             /* tasks of the executor calls the team shared */
+    uint64_t team_helped;            /* of which its helpers ran */
+    int draining;                    /* 0 or 1 */
+    const struct metrics_disk *disk; /* NULL: no disk tier */
 };
 
 void metrics_init(struct metrics *m);

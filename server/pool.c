@@ -324,7 +324,12 @@ static void dispatch_one(struct pool *pool, int32_t i, int32_t n_cand) {
     if ((j->kind != POOL_JOB_CONTROL && pool->n_busy == pool->n_workers) || !take_turn(pool, j)) {
         return;
     }
-    int rc = j->ops->prepare(j, &j->step);
+    /* A session whose file could not be read back: every job queued on it fails the same way,
+     * rather than start from an empty cache. */
+    int rc = j->session != NULL ? session_restore_error(j->session) : 0;
+    if (rc == 0) {
+        rc = j->ops->prepare(j, &j->step);
+    }
     if (rc == 0 && j->kind == POOL_JOB_FORWARD) {
         rc = session_kv_reserve(pool->sessions, step_cache(&j->step), step_appends(&j->step));
     }
@@ -398,6 +403,10 @@ static void kick(struct pool *pool) {
 }
 
 /* ---- public --------------------------------------------------------------------------------- */
+
+void pool_wake(struct pool *pool) {
+    kick(pool);
+}
 
 int pool_create(const struct pool_params *p, struct pool **out) {
     if (p->n_workers < 1 || p->max_batch_tokens < 1 || p->queue_depth < 1) {

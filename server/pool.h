@@ -127,6 +127,10 @@ void pool_destroy(struct pool *pool);
  * pool_submit. */
 int pool_submit(struct pool *pool, struct pool_job *job);
 
+/* Looks at the queue again on the next loop turn (a session's turn was given back from outside
+ * the pool, e.g. by a restore from disk). */
+void pool_wake(struct pool *pool);
+
 /* Makes a parked job runnable again. */
 void pool_job_ready(struct pool *pool, struct pool_job *job);
 

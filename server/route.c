@@ -14,6 +14,7 @@
 #include "error.h"
 #include "job.h"
 #include "log.h"
+#include "spill.h"
 
 #define JSON_TYPE    "application/json"
 #define METRICS_TYPE "text/plain; version=0.0.4; charset=utf-8"
@@ -26,6 +27,7 @@ enum route_kind {
     ROUTE_SESSION,
     ROUTE_TRUNCATE,
     ROUTE_FORK,
+    ROUTE_EXPORT,
     ROUTE_MODEL,
     ROUTE_HEALTHZ,
     ROUTE_READYZ,
@@ -44,9 +46,10 @@ static const struct route_entry entries[] = {
     {ROUTE_ATTEND, METRICS_ENDPOINT_ATTEND, "POST", true},
     {ROUTE_SDPA, METRICS_ENDPOINT_SDPA, "POST", true},
     {ROUTE_SESSIONS, METRICS_ENDPOINT_SESSIONS, "GET", true},
-    {ROUTE_SESSION, METRICS_ENDPOINT_SESSION, "GET, DELETE", true},
+    {ROUTE_SESSION, METRICS_ENDPOINT_SESSION, "GET, PUT, DELETE", true},
     {ROUTE_TRUNCATE, METRICS_ENDPOINT_TRUNCATE, "POST", true},
     {ROUTE_FORK, METRICS_ENDPOINT_FORK, "POST", true},
+    {ROUTE_EXPORT, METRICS_ENDPOINT_EXPORT, "GET", true},
     {ROUTE_MODEL, METRICS_ENDPOINT_MODEL, "GET", true},
     {ROUTE_HEALTHZ, METRICS_ENDPOINT_HEALTHZ, "GET", false},
     {ROUTE_READYZ, METRICS_ENDPOINT_READYZ, "GET", false},
@@ -59,7 +62,7 @@ static int64_t now_ms(void) {
     return (int64_t)(uv_hrtime() / 1000000);
 }
 
-void route_reply(struct route_req *rq, int status, char *body, size_t len) {
+void route_reply_typed(struct route_req *rq, int status, const char *type, char *body, size_t len) {
     if (rq->status != 0) {
         free(body);
         return;
@@ -68,7 +71,24 @@ void route_reply(struct route_req *rq, int status, char *body, size_t len) {
     if (rq->srv->is_draining) {
         http_request_add_header(rq->http, "Connection", "close");
     }
-    http_request_reply(rq->http, status, body != NULL ? JSON_TYPE : NULL, body, len);
+    http_request_reply(rq->http, status, body != NULL ? type : NULL, body, len);
+}
+
+void route_reply(struct route_req *rq, int status, char *body, size_t len) {
+    route_reply_typed(rq, status, JSON_TYPE, body, len);
+}
+
+struct session *route_find_session(struct server *srv, const char *id, enum session_state *state,
+                                   int *rc) {
+    struct session *s = session_find(srv->sessions, id, state);
+    *rc = s != NULL                           ? 0
+          : *state == SESSION_STATE_TOMBSTONE ? ERROR_SESSION_EVICTED
+                                              : ERROR_SESSION_NOT_FOUND;
+    if (s == NULL && *state == SESSION_STATE_ON_DISK && srv->spill != NULL) {
+        *rc = spill_restore(srv->spill, id, &s);
+        *state = *rc == 0 ? SESSION_STATE_LIVE : *state;
+    }
+    return s;
 }
 
 void route_reply_error(struct route_req *rq, int code, const char *message, const char *param) {
@@ -138,6 +158,8 @@ static enum route_kind match(const char *path, char *id, size_t id_size, bool *i
             kind = ROUTE_TRUNCATE;
         } else if (strcmp(slash, "/fork") == 0) {
             kind = ROUTE_FORK;
+        } else if (strcmp(slash, "/export") == 0) {
+            kind = ROUTE_EXPORT;
         } else {
             return ROUTE_NONE;
         }
@@ -216,6 +238,11 @@ static void handle_metrics(struct route_req *rq) {
         .team_helped = ts.helped_tasks,
         .draining = srv->is_draining,
     };
+    struct metrics_disk disk;
+    if (srv->spill != NULL) {
+        spill_get_metrics(srv->spill, &disk);
+        g.disk = &disk;
+    }
     struct strbuf b;
     strbuf_init(&b);
     metrics_render(&srv->metrics, &g, &b);
@@ -275,8 +302,14 @@ static int describe(struct session *s, int32_t own_pins, int64_t now, struct api
     out->bytes = session_bytes(s);
     out->idle_ms = session_idle_ms(s, now);
     out->pending = session_pins(s) - own_pins;
+    out->location = "memory";
     out->layers = *layers;
     out->n_layers = n;
+    if (session_is_on_disk(s)) {
+        out->location = "disk";
+        out->bytes = session_disk_bytes(s);
+        out->pending = 0;
+    }
     return 0;
 }
 
@@ -295,19 +328,23 @@ static void handle_sessions(struct route_req *rq) {
     struct server *srv = rq->srv;
     struct session_store_stats st;
     session_store_get_stats(srv->sessions, &st);
-    struct api_session *all = calloc((size_t)st.n_sessions + 1, sizeof *all);
-    struct api_session_layer **layers = calloc((size_t)st.n_sessions + 1, sizeof *layers);
+    size_t n_all = (size_t)st.n_sessions + (size_t)st.n_on_disk;
+    struct api_session *all = calloc(n_all + 1, sizeof *all);
+    struct api_session_layer **layers = calloc(n_all + 1, sizeof *layers);
     int32_t n = 0;
     char *body = NULL;
     size_t len = 0;
     if (all != NULL && layers != NULL) {
         int64_t now = now_ms();
-        for (struct session *s = session_store_first(srv->sessions); s != NULL;
-             s = session_next(s)) {
-            if (describe(s, 0, now, &all[n], &layers[n]) != 0) {
-                break;
+        for (int on_disk = 0; on_disk < 2; on_disk++) {
+            struct session *s = on_disk ? session_store_first_on_disk(srv->sessions)
+                                        : session_store_first(srv->sessions);
+            for (; s != NULL && n < st.n_sessions + st.n_on_disk; s = session_next(s)) {
+                if (describe(s, 0, now, &all[n], &layers[n]) != 0) {
+                    break;
+                }
+                n++;
             }
-            n++;
         }
         struct api_pool pool = {
             .bytes_used = st.bytes_used,
@@ -317,7 +354,7 @@ static void handle_sessions(struct route_req *rq) {
             .blocks_total = st.blocks_total,
             .dtype = attn_dtype_name(st.kv_dtype),
         };
-        if (n == st.n_sessions) {
+        if (n == st.n_sessions + st.n_on_disk) {
             body = api_session_list_encode(all, n, &pool, &len);
         }
     }
@@ -333,10 +370,12 @@ static void handle_sessions(struct route_req *rq) {
     route_reply(rq, 200, body, len);
 }
 
-/* The live session named by the path, or an answer (404 / 410) and NULL. */
+/* The session named by the path, in memory or on disk (described where it is, not brought
+ * back), or an answer (404 / 410) and NULL. */
 static struct session *path_session(struct route_req *rq) {
     enum session_state state;
-    struct session *s = session_find(rq->srv->sessions, rq->session, &state);
+    session_find(rq->srv->sessions, rq->session, &state);
+    struct session *s = session_lookup(rq->srv->sessions, rq->session);
     if (s == NULL) {
         route_reply_error(
             rq, state == SESSION_STATE_TOMBSTONE ? ERROR_SESSION_EVICTED : ERROR_SESSION_NOT_FOUND,
@@ -346,11 +385,20 @@ static struct session *path_session(struct route_req *rq) {
 }
 
 static void handle_session(struct route_req *rq, const char *method) {
+    if (strcmp(method, "PUT") == 0) {
+        job_submit_import(rq);
+        return;
+    }
     if (strcmp(method, "DELETE") == 0) {
         enum session_state state;
         struct session *s = session_find(rq->srv->sessions, rq->session, &state);
         if (s == NULL && state == SESSION_STATE_TOMBSTONE) {
             session_tombstone_forget(rq->srv->sessions, rq->session);
+            route_reply(rq, 204, NULL, 0);
+            return;
+        }
+        if (s == NULL && state == SESSION_STATE_ON_DISK) {
+            session_disk_delete(rq->srv->sessions, rq->session); /* no need to read it back */
             route_reply(rq, 204, NULL, 0);
             return;
         }
@@ -467,6 +515,9 @@ static void on_request(void *ctx, struct http_request *req) {
         break;
     case ROUTE_FORK:
         job_submit_fork(rq);
+        break;
+    case ROUTE_EXPORT:
+        job_submit_export(rq);
         break;
     case ROUTE_MODEL:
         handle_model(rq);

@@ -28,6 +28,7 @@ struct server {
     const char *model_source; /* the model folder, or "preset:<name> seed=<n>" */
     struct api_limits limits;
     struct session_store *sessions;
+    struct spill *spill; /* the disk tier (--state-dir), or NULL */
     struct pool *pool;
     struct team *team; /* the computing threads the workers share */
     struct http_server *http;
@@ -54,6 +55,16 @@ struct route_req {
 /* Answers with a JSON body (malloc'd, ownership taken; NULL = no body, e.g. 204). Later answers
  * to the same request are dropped. */
 void route_reply(struct route_req *rq, int status, char *body, size_t len);
+
+/* Answers with a body of the given content type (malloc'd, ownership taken). */
+void route_reply_typed(struct route_req *rq, int status, const char *type, char *body, size_t len);
+
+/* The live session id names, brought back from disk first if it is there (its restore then
+ * runs ahead of any job queued on it). NULL when there is none: *rc says why
+ * (ERROR_SESSION_NOT_FOUND, ERROR_SESSION_EVICTED, or a restore's refusal), and *state what the
+ * store knows of the id. */
+struct session *route_find_session(struct server *srv, const char *id, enum session_state *state,
+                                   int *rc);
 
 /* Answers with the Error body of code (error_code or attn_status) and the headers its status
  * needs (Allow, Retry-After, WWW-Authenticate). message/param NULL = default / null. */

@@ -31,6 +31,15 @@ struct session {
     int32_t *n_held;   /* (layer_count) tokens a sliding layer's ring still holds, likewise */
     size_t *bytes;     /* (layer_count) self and cross caches, as of the last refresh */
     attn_kv **cross;   /* (layer_count) the context cross-attention reads; NULL = none */
+    /* The disk tier. On disk: no caches, in the store's disk list instead of its LRU, not
+     * returned by session_find. Restoring: its turn is held by the read of its file. A restore
+     * error: that read failed, so jobs queued behind it fail with it, and when the last goes the
+     * id is tombstoned (ERROR_SESSION_LOST) or goes back to disk (ERROR_KV_BUDGET_EXHAUSTED: the
+     * file is whole, memory was short). */
+    bool is_on_disk, is_restoring;
+    int restore_error;
+    size_t disk_bytes;   /* its file's size (kept while a restore is under way) */
+    int32_t disk_tokens; /* its length when it was written */
 };
 
 struct tombstone {
@@ -43,15 +52,20 @@ struct session_store {
     int32_t layer_first, layer_count;
     int32_t max_sessions;
     int32_t n_sessions;
-    struct session **buckets; /* (n_buckets) */
-    size_t n_buckets;         /* power of two */
-    struct session *lru_head, *lru_tail;
-    struct tombstone **tomb_buckets; /* (n_tomb_buckets) */
+    struct session **buckets;              /* (n_buckets) */
+    size_t n_buckets;                      /* power of two */
+    struct session *lru_head, *lru_tail;   /* sessions in memory, most recent first */
+    struct session *disk_head, *disk_tail; /* sessions on disk, most recent first */
+    struct tombstone **tomb_buckets;       /* (n_tomb_buckets) */
     size_t n_tomb_buckets;
     struct tombstone **ring; /* (max_tombstones), oldest at ring_next when full */
     int32_t max_tombstones, n_tombstones, ring_next;
     attn_kv_pool *kv_pool;
     uint64_t evictions[3];
+    struct session_disk_ops disk; /* save == NULL: no disk tier */
+    size_t disk_budget, disk_used;
+    int32_t n_on_disk;
+    uint64_t spills, disk_drops;
 };
 
 /* ---- hashing -------------------------------------------------------------------------------- */
@@ -142,29 +156,46 @@ bool session_tombstone_forget(struct session_store *st, const char *id) {
 
 /* ---- LRU ------------------------------------------------------------------------------------ */
 
-static void lru_unlink(struct session_store *st, struct session *s) {
+/* A session is in one of two lists, by the same links: the LRU (in memory) or the disk list. */
+static void list_unlink(struct session **head, struct session **tail, struct session *s) {
     if (s->lru_prev != NULL) {
         s->lru_prev->lru_next = s->lru_next;
     } else {
-        st->lru_head = s->lru_next;
+        *head = s->lru_next;
     }
     if (s->lru_next != NULL) {
         s->lru_next->lru_prev = s->lru_prev;
     } else {
-        st->lru_tail = s->lru_prev;
+        *tail = s->lru_prev;
     }
     s->lru_prev = s->lru_next = NULL;
 }
 
-static void lru_push_front(struct session_store *st, struct session *s) {
+static void list_push_front(struct session **head, struct session **tail, struct session *s) {
     s->lru_prev = NULL;
-    s->lru_next = st->lru_head;
-    if (st->lru_head != NULL) {
-        st->lru_head->lru_prev = s;
+    s->lru_next = *head;
+    if (*head != NULL) {
+        (*head)->lru_prev = s;
     } else {
-        st->lru_tail = s;
+        *tail = s;
     }
-    st->lru_head = s;
+    *head = s;
+}
+
+static void lru_unlink(struct session_store *st, struct session *s) {
+    if (s->is_on_disk) {
+        list_unlink(&st->disk_head, &st->disk_tail, s);
+    } else {
+        list_unlink(&st->lru_head, &st->lru_tail, s);
+    }
+}
+
+static void lru_push_front(struct session_store *st, struct session *s) {
+    if (s->is_on_disk) {
+        list_push_front(&st->disk_head, &st->disk_tail, s);
+    } else {
+        list_push_front(&st->lru_head, &st->lru_tail, s);
+    }
 }
 
 static void touch(struct session_store *st, struct session *s, int64_t now_ms) {
@@ -208,7 +239,8 @@ int session_store_create(const struct session_store_params *p, struct session_st
 }
 
 static void session_free(struct session_store *st, struct session *s) {
-    for (int32_t i = 0; i < st->layer_count; i++) {
+    (void)st;
+    for (int32_t i = 0; s->kv != NULL && i < s->layer_count; i++) {
         attn_kv_destroy(s->kv[i]);
         attn_kv_destroy(s->cross[i]);
     }
@@ -227,15 +259,20 @@ static void unlink_session(struct session_store *st, struct session *s) {
     }
     *pp = s->hash_next;
     lru_unlink(st, s);
-    st->n_sessions--;
+    if (s->is_on_disk) {
+        st->n_on_disk--;
+        st->disk_used -= s->disk_bytes;
+    } else {
+        st->n_sessions--;
+    }
 }
 
 void session_store_destroy(struct session_store *st) {
     if (st == NULL) {
         return;
     }
-    while (st->lru_head != NULL) {
-        struct session *s = st->lru_head;
+    while (st->lru_head != NULL || st->disk_head != NULL) {
+        struct session *s = st->lru_head != NULL ? st->lru_head : st->disk_head;
         unlink_session(st, s);
         session_free(st, s);
     }
@@ -260,23 +297,47 @@ void session_store_get_stats(const struct session_store *st, struct session_stor
     out->kv_dtype = attn_kv_pool_dtype(st->kv_pool);
     out->block_bytes = attn_kv_pool_block_bytes(st->kv_pool);
     memcpy(out->evictions, st->evictions, sizeof out->evictions);
+    out->n_on_disk = st->n_on_disk;
+    out->disk_bytes_used = st->disk_used;
+    out->disk_bytes_limit = st->disk_budget;
+    out->spills = st->spills;
+    out->disk_drops = st->disk_drops;
+}
+
+const attn_model *session_store_model(const struct session_store *st) {
+    return st->model;
+}
+
+void session_store_set_disk(struct session_store *st, const struct session_disk_ops *ops,
+                            size_t budget_bytes) {
+    st->disk = *ops;
+    st->disk_budget = budget_bytes;
 }
 
 /* ---- sessions ------------------------------------------------------------------------------- */
 
-struct session *session_find(struct session_store *st, const char *id, enum session_state *state) {
+/* The session named id, in memory or on disk, or NULL. */
+static struct session *find_any(struct session_store *st, const char *id) {
     for (struct session *s = *bucket_of(st, id); s != NULL; s = s->hash_next) {
         if (strcmp(s->id, id) == 0) {
-            if (state != NULL) {
-                *state = SESSION_STATE_LIVE;
-            }
             return s;
         }
     }
-    if (state != NULL) {
-        *state = tomb_find(st, id) != NULL ? SESSION_STATE_TOMBSTONE : SESSION_STATE_UNKNOWN;
-    }
     return NULL;
+}
+
+struct session *session_lookup(struct session_store *st, const char *id) {
+    return find_any(st, id);
+}
+
+struct session *session_find(struct session_store *st, const char *id, enum session_state *state) {
+    struct session *s = find_any(st, id);
+    if (state != NULL) {
+        *state = s != NULL ? (s->is_on_disk ? SESSION_STATE_ON_DISK : SESSION_STATE_LIVE)
+                 : tomb_find(st, id) != NULL ? SESSION_STATE_TOMBSTONE
+                                             : SESSION_STATE_UNKNOWN;
+    }
+    return s != NULL && !s->is_on_disk ? s : NULL;
 }
 
 /* Idle: no request queued or running and no job holding its turn, so no cache of it is in use.
@@ -285,26 +346,74 @@ static bool is_idle(const struct session *s) {
     return s->pins == 0 && !s->is_turn_taken;
 }
 
-/* Evicts s (idle) with a tombstone. */
-static void evict(struct session_store *st, struct session *s, enum session_evict_reason why) {
-    static const char *const reasons[] = {"budget", "max_sessions", "ttl"};
-    assert(is_idle(s));
-    LOG_INFO("session", "evicted req=- session=%s reason=%s tokens=%d bytes=%zu", s->id,
-             reasons[why], (int)session_n_tokens(s), session_bytes(s));
+static const char *const evict_reasons[] = {"budget", "max_sessions", "ttl"};
+
+/* Forgets s (on disk, or in memory and idle) with a tombstone, removing its file if it has one. */
+static void drop(struct session_store *st, struct session *s) {
+    if (s->is_on_disk) {
+        st->disk.remove(st->disk.ctx, s->id);
+    }
     tomb_add(st, s->id);
     unlink_session(st, s);
     session_free(st, s);
-    st->evictions[why]++;
 }
 
-int session_create(struct session_store *st, const char *id, int64_t now_ms, struct session **out) {
-    enum session_state state;
-    if (session_find(st, id, &state) != NULL) {
-        return ERROR_SESSION_EXISTS;
+/* Drops the least recently used sessions on disk until the rest fit the disk budget. */
+static void fit_disk_budget(struct session_store *st) {
+    while (st->disk_used > st->disk_budget && st->disk_tail != NULL) {
+        struct session *s = st->disk_tail;
+        LOG_INFO("session", "dropped from disk req=- session=%s reason=state_budget bytes=%zu",
+                 s->id, s->disk_bytes);
+        drop(st, s);
+        st->disk_drops++;
     }
-    if (state == SESSION_STATE_TOMBSTONE) {
-        return ERROR_SESSION_EVICTED;
+}
+
+/* Moves s (idle, in memory) to disk: the disk tier takes its caches' bytes, and they go back to
+ * the pool. Returns false if the tier could not take them. */
+static bool spill(struct session_store *st, struct session *s) {
+    int32_t tokens = session_n_tokens(s);
+    size_t bytes = st->disk.save(st->disk.ctx, s);
+    if (bytes == 0) {
+        return false;
     }
+    for (int32_t i = 0; i < s->layer_count; i++) {
+        attn_kv_destroy(s->kv[i]);
+        attn_kv_destroy(s->cross[i]);
+        s->kv[i] = s->cross[i] = NULL;
+        s->n_tokens[i] = s->n_held[i] = 0;
+        s->bytes[i] = 0;
+    }
+    lru_unlink(st, s);
+    st->n_sessions--;
+    s->is_on_disk = true;
+    s->disk_bytes = bytes;
+    s->disk_tokens = tokens;
+    lru_push_front(st, s);
+    st->n_on_disk++;
+    st->disk_used += bytes;
+    st->spills++;
+    fit_disk_budget(st);
+    return true;
+}
+
+/* Evicts s (idle): to disk when there is a disk tier and memory was short, else with a
+ * tombstone. */
+static void evict(struct session_store *st, struct session *s, enum session_evict_reason why) {
+    assert(is_idle(s));
+    st->evictions[why]++;
+    if (why != SESSION_EVICT_TTL && st->disk.save != NULL && spill(st, s)) {
+        LOG_INFO("session", "spilled req=- session=%s reason=%s tokens=%d bytes=%zu", s->id,
+                 evict_reasons[why], (int)s->disk_tokens, s->disk_bytes);
+        return;
+    }
+    LOG_INFO("session", "evicted req=- session=%s reason=%s tokens=%d bytes=%zu", s->id,
+             evict_reasons[why], (int)session_n_tokens(s), session_bytes(s));
+    drop(st, s);
+}
+
+/* Makes room for one more session in memory under --max-sessions. */
+static int fit_max_sessions(struct session_store *st) {
     if (st->n_sessions >= st->max_sessions) {
         struct session *victim = st->lru_tail;
         while (victim != NULL && !is_idle(victim)) {
@@ -314,6 +423,21 @@ int session_create(struct session_store *st, const char *id, int64_t now_ms, str
             return ERROR_KV_BUDGET_EXHAUSTED;
         }
         evict(st, victim, SESSION_EVICT_MAX_SESSIONS);
+    }
+    return 0;
+}
+
+int session_create(struct session_store *st, const char *id, int64_t now_ms, struct session **out) {
+    enum session_state state;
+    if (session_find(st, id, &state) != NULL || state == SESSION_STATE_ON_DISK) {
+        return ERROR_SESSION_EXISTS;
+    }
+    if (state == SESSION_STATE_TOMBSTONE) {
+        return ERROR_SESSION_EVICTED;
+    }
+    int rc = fit_max_sessions(st);
+    if (rc != 0) {
+        return rc;
     }
     struct session *s = calloc(1, sizeof *s);
     if (s == NULL) {
@@ -347,12 +471,23 @@ int session_create(struct session_store *st, const char *id, int64_t now_ms, str
     return 0;
 }
 
-/* Removes s (no tombstone) if nothing keeps it: no cache, no pin, no turn. */
+static void back_to_disk(struct session_store *st, struct session *s);
+
+/* Removes s if nothing keeps it: no cache, no pin, no turn; with a tombstone if it was lost, back
+ * to disk if memory was too short to restore it. */
 static void collect_if_unused(struct session_store *st, struct session *s) {
-    if (is_idle(s) && session_n_layers_used(s) == 0) {
-        unlink_session(st, s);
-        session_free(st, s);
+    if (!is_idle(s) || session_n_layers_used(s) != 0) {
+        return;
     }
+    if (s->restore_error == ERROR_KV_BUDGET_EXHAUSTED) {
+        back_to_disk(st, s);
+        return;
+    }
+    if (s->restore_error != 0) {
+        tomb_add(st, s->id);
+    }
+    unlink_session(st, s);
+    session_free(st, s);
 }
 
 struct session_turn *session_turn_take(struct session_store *st, struct session *s) {
@@ -378,6 +513,7 @@ struct session *session_turn_session(const struct session_turn *t) {
 
 void session_clear(struct session_store *st, struct session_turn *t) {
     struct session *s = t->s;
+    s->restore_error = 0; /* deleted on purpose: the id is free again */
     for (int32_t i = 0; i < st->layer_count; i++) {
         attn_kv_destroy(s->kv[i]);
         attn_kv_destroy(s->cross[i]);
@@ -398,6 +534,15 @@ int32_t session_store_expire(struct session_store *st, int64_t now_ms, int64_t t
             evict(st, s, SESSION_EVICT_TTL);
             n++;
         }
+        s = prev;
+    }
+    for (s = st->disk_tail; s != NULL && now_ms - s->last_used_ms > ttl_ms;) {
+        struct session *prev = s->lru_prev;
+        LOG_INFO("session", "dropped from disk req=- session=%s reason=ttl bytes=%zu", s->id,
+                 s->disk_bytes);
+        drop(st, s);
+        st->evictions[SESSION_EVICT_TTL]++;
+        n++;
         s = prev;
     }
     return n;
@@ -430,6 +575,9 @@ int64_t session_idle_ms(const struct session *s, int64_t now_ms) {
 }
 
 int32_t session_n_tokens(const struct session *s) {
+    if (s->is_on_disk) {
+        return s->disk_tokens;
+    }
     int32_t n = 0;
     for (int32_t i = 0; i < s->layer_count; i++) {
         if (s->kv[i] != NULL && s->n_tokens[i] > n) {
@@ -445,6 +593,18 @@ size_t session_bytes(const struct session *s) {
         n += s->bytes[i];
     }
     return n;
+}
+
+int session_restore_error(const struct session *s) {
+    return s->restore_error;
+}
+
+bool session_is_on_disk(const struct session *s) {
+    return s->is_on_disk;
+}
+
+size_t session_disk_bytes(const struct session *s) {
+    return s->disk_bytes;
 }
 
 int32_t session_n_layers_used(const struct session *s) {
@@ -477,6 +637,10 @@ struct session *session_store_first(struct session_store *st) {
 
 struct session *session_next(struct session *s) {
     return s->lru_next;
+}
+
+struct session *session_store_first_on_disk(struct session_store *st) {
+    return st->disk_head;
 }
 
 /* ---- caches --------------------------------------------------------------------------------- */
@@ -631,7 +795,7 @@ int session_fork(struct session_store *st, struct session_turn *t, const char *n
                  int64_t now_ms, struct session **out) {
     struct session *s = t->s;
     enum session_state state;
-    if (session_find(st, new_id, &state) != NULL) {
+    if (session_find(st, new_id, &state) != NULL || state == SESSION_STATE_ON_DISK) {
         return ERROR_SESSION_EXISTS;
     }
     if (state == SESSION_STATE_TOMBSTONE) {
@@ -688,4 +852,138 @@ int session_kv_reserve(struct session_store *st, attn_kv *kv, int32_t n_new) {
 
 void session_kv_unreserve(attn_kv *kv) {
     attn_kv_truncate(kv, attn_kv_len(kv));
+}
+
+/* ---- the disk tier -------------------------------------------------------------------------- */
+
+int session_add_on_disk(struct session_store *st, const char *id, size_t bytes, int32_t n_tokens,
+                        int64_t last_used_ms) {
+    enum session_state state;
+    if (session_find(st, id, &state) != NULL || state == SESSION_STATE_ON_DISK) {
+        return ERROR_SESSION_EXISTS;
+    }
+    struct session *s = calloc(1, sizeof *s);
+    if (s == NULL) {
+        return ATTN_ENOMEM;
+    }
+    /* An entry on disk needs no per-layer arrays until it is restored; session_free and the
+     * getters cope with them NULL (layer_count 0). */
+    strcpy(s->id, id);
+    s->layer_first = st->layer_first;
+    s->is_on_disk = true;
+    s->disk_bytes = bytes;
+    s->disk_tokens = n_tokens;
+    s->last_used_ms = last_used_ms;
+    struct session **b = bucket_of(st, id);
+    s->hash_next = *b;
+    *b = s;
+    lru_push_front(st, s);
+    st->n_on_disk++;
+    st->disk_used += bytes;
+    fit_disk_budget(st);
+    return 0;
+}
+
+int session_restore_begin(struct session_store *st, const char *id, int64_t now_ms,
+                          struct session_turn **out) {
+    struct session *s = find_any(st, id);
+    if (s == NULL || !s->is_on_disk) {
+        return ERROR_SESSION_NOT_FOUND;
+    }
+    int rc = fit_max_sessions(st);
+    if (rc != 0) {
+        return rc;
+    }
+    if (s->kv == NULL) {
+        s->kv = calloc((size_t)st->layer_count, sizeof *s->kv);
+        s->n_tokens = calloc((size_t)st->layer_count, sizeof *s->n_tokens);
+        s->n_held = calloc((size_t)st->layer_count, sizeof *s->n_held);
+        s->bytes = calloc((size_t)st->layer_count, sizeof *s->bytes);
+        s->cross = calloc((size_t)st->layer_count, sizeof *s->cross);
+        if (s->kv == NULL || s->n_tokens == NULL || s->n_held == NULL || s->bytes == NULL ||
+            s->cross == NULL) {
+            return ATTN_ENOMEM; /* the arrays stay for the next try; session_free frees them */
+        }
+        s->layer_count = st->layer_count;
+    }
+    lru_unlink(st, s);
+    st->n_on_disk--;
+    st->disk_used -= s->disk_bytes;
+    s->is_on_disk = false;
+    s->restore_error = 0;
+    lru_push_front(st, s);
+    st->n_sessions++;
+    s->is_restoring = true;
+    s->pins++;
+    s->last_used_ms = now_ms;
+    s->is_turn_taken = true;
+    s->turn.s = s;
+    *out = &s->turn;
+    return 0;
+}
+
+void session_restore_end(struct session_store *st, struct session_turn *t, int status,
+                         int64_t now_ms) {
+    struct session *s = t->s;
+    s->is_restoring = false;
+    s->restore_error = status;
+    refresh(s);
+    s->is_turn_taken = false;
+    session_unpin(st, s, now_ms);
+}
+
+int session_store_make_room(struct session_store *st, int32_t blocks, const struct session *keep) {
+    return make_room(st, blocks, keep);
+}
+
+void session_kv_install(struct session_turn *t, int32_t layer, attn_kv *kv) {
+    struct session *s = t->s;
+    int32_t i = layer - s->layer_first;
+    attn_kv_destroy(s->kv[i]);
+    s->kv[i] = kv;
+    refresh(s);
+}
+
+/* A session whose restore found memory short, once nothing holds it: on disk again, as before
+ * (its file was left in place). */
+static void back_to_disk(struct session_store *st, struct session *s) {
+    lru_unlink(st, s);
+    st->n_sessions--;
+    s->is_on_disk = true;
+    s->restore_error = 0;
+    lru_push_front(st, s);
+    st->n_on_disk++;
+    st->disk_used += s->disk_bytes;
+    fit_disk_budget(st);
+}
+
+int session_disk_forget(struct session_store *st, const char *id) {
+    struct session *s = find_any(st, id);
+    if (s == NULL || !s->is_on_disk) {
+        return ERROR_SESSION_NOT_FOUND;
+    }
+    drop(st, s);
+    return 0;
+}
+
+int session_disk_delete(struct session_store *st, const char *id) {
+    struct session *s = find_any(st, id);
+    if (s == NULL || !s->is_on_disk) {
+        return ERROR_SESSION_NOT_FOUND;
+    }
+    st->disk.remove(st->disk.ctx, s->id);
+    unlink_session(st, s);
+    session_free(st, s);
+    return 0;
+}
+
+void session_store_spill_all(struct session_store *st) {
+    struct session *s = st->lru_tail;
+    while (s != NULL) {
+        struct session *prev = s->lru_prev;
+        if (is_idle(s) && session_n_layers_used(s) > 0) {
+            evict(st, s, SESSION_EVICT_BUDGET);
+        }
+        s = prev;
+    }
 }

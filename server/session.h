@@ -57,7 +57,22 @@ struct session_store_stats {
     int32_t block_tokens;
     size_t block_bytes;
     attn_dtype kv_dtype;
-    uint64_t evictions[3]; /* by session_evict_reason */
+    uint64_t evictions[3]; /* by session_evict_reason (a spill to disk counts as its reason) */
+    int32_t n_on_disk;     /* the disk tier: sessions whose caches are in files */
+    size_t disk_bytes_used;
+    size_t disk_bytes_limit;
+    uint64_t spills;     /* sessions moved to disk */
+    uint64_t disk_drops; /* sessions dropped from disk for its budget or ttl */
+};
+
+/* The disk tier, as the store sees it (spill.c implements it). Loop thread. */
+struct session_disk_ops {
+    /* Takes a copy of s's caches (s is idle and about to lose them) to write to its file;
+     * returns the file's size, or 0 if it cannot (then s is evicted as without a disk tier). */
+    size_t (*save)(void *ctx, struct session *s);
+    /* Removes the file of the session id (dropped from disk, or restored). */
+    void (*remove)(void *ctx, const char *id);
+    void *ctx;
 };
 
 /* Creates the store and its KV pool. Returns 0, ATTN_EINVAL (e.g. a budget smaller than one
@@ -76,14 +91,20 @@ enum session_state {
     SESSION_STATE_LIVE = 0,
     SESSION_STATE_UNKNOWN = 1,
     SESSION_STATE_TOMBSTONE = 2, /* evicted or expired: the id must not silently restart */
+    SESSION_STATE_ON_DISK = 3,   /* spilled: session_restore_begin brings it back */
 };
 
-/* Finds a live session; *state (if not NULL) says live, unknown or tombstoned. May return NULL. */
+/* The session named id wherever it is, in memory or on disk, or NULL (for describing it). */
+struct session *session_lookup(struct session_store *st, const char *id);
+
+/* Finds a live session (in memory); *state (if not NULL) says live, unknown, tombstoned or on
+ * disk. May return NULL. */
 struct session *session_find(struct session_store *st, const char *id, enum session_state *state);
 
-/* Creates an empty session. If max_sessions are live, first evicts the least recently used idle
- * session (tombstoned, reason max_sessions). Returns 0, ERROR_SESSION_EXISTS, ERROR_SESSION_EVICTED
- * (tombstoned id), ERROR_KV_BUDGET_EXHAUSTED (max_sessions live and all pinned) or ATTN_ENOMEM. */
+/* Creates an empty session (ERROR_SESSION_EXISTS for an id on disk too). If max_sessions are live,
+ * first evicts the least recently used idle session (tombstoned, reason max_sessions). Returns 0,
+ * ERROR_SESSION_EXISTS, ERROR_SESSION_EVICTED (tombstoned id), ERROR_KV_BUDGET_EXHAUSTED
+ * (max_sessions live and all pinned) or ATTN_ENOMEM. */
 int session_create(struct session_store *st, const char *id, int64_t now_ms, struct session **out);
 
 /* Takes s's turn. Returns NULL if another job holds it (then it is not this job's turn). The
@@ -116,6 +137,9 @@ void session_unpin(struct session_store *st, struct session *s, int64_t now_ms);
 /* ---- getters (cheap, no side effects) -------------------------------------------------------- */
 
 const char *session_id(const struct session *s);
+int session_restore_error(const struct session *s); /* 0, or why its restore failed */
+bool session_is_on_disk(const struct session *s);   /* its caches are in a file */
+size_t session_disk_bytes(const struct session *s); /* that file's size */
 int32_t session_pins(const struct session *s);
 int64_t session_idle_ms(const struct session *s, int64_t now_ms); /* 0 while pinned */
 int32_t session_n_tokens(const struct session *s);                /* longest layer */
@@ -140,6 +164,56 @@ void session_layer_at(const struct session *s, int32_t i, struct session_layer_s
 struct session *session_store_first(struct session_store *st);
 struct session *session_next(struct session *s);
 
+/* Sessions on disk, most recently used first; session_next walks on. */
+struct session *session_store_first_on_disk(struct session_store *st);
+
+/* ---- the disk tier --------------------------------------------------------------------------- */
+
+/* Turns the disk tier on: sessions evicted for room (budget, max_sessions) go to ops->save
+ * instead of being dropped; those on disk are bounded by budget_bytes, least recently used
+ * dropped first (tombstoned, file removed). Expiry (ttl) drops from memory and disk alike. */
+void session_store_set_disk(struct session_store *st, const struct session_disk_ops *ops,
+                            size_t budget_bytes);
+
+/* Registers a session found on disk at start (its file's size and the length it holds).
+ * Returns 0, ERROR_SESSION_EXISTS or ATTN_ENOMEM. */
+int session_add_on_disk(struct session_store *st, const char *id, size_t bytes, int32_t n_tokens,
+                        int64_t last_used_ms);
+
+/* Brings the session id from disk back into memory, empty, pinned, with its turn held (*out)
+ * until session_restore_end: requests queued on it wait for the file's read. May evict for
+ * --max-sessions. Returns 0, ERROR_SESSION_NOT_FOUND (not on disk), ERROR_KV_BUDGET_EXHAUSTED or
+ * ATTN_ENOMEM. */
+int session_restore_begin(struct session_store *st, const char *id, int64_t now_ms,
+                          struct session_turn **out);
+
+/* Ends a restore: status 0, the caches are installed (session_kv_install); else requests queued
+ * on the session fail with status (session_restore_error), and when the last goes its id is
+ * tombstoned (ERROR_SESSION_LOST: its file is bad) or it goes back to disk
+ * (ERROR_KV_BUDGET_EXHAUSTED: memory was short; the file must still be there). Gives back the
+ * turn and the pin. */
+void session_restore_end(struct session_store *st, struct session_turn *t, int status,
+                         int64_t now_ms);
+
+/* Drops the session id from disk with a tombstone (its file could not be written). Returns 0 or
+ * ERROR_SESSION_NOT_FOUND (not on disk). */
+int session_disk_forget(struct session_store *st, const char *id);
+
+/* Deletes the session id from disk, file and all, without a tombstone (DELETE). Returns 0 or
+ * ERROR_SESSION_NOT_FOUND (not on disk). */
+int session_disk_delete(struct session_store *st, const char *id);
+
+/* Moves every idle session in memory to disk (at shutdown), least recently used first, so that
+ * the disk budget drops the oldest. */
+void session_store_spill_all(struct session_store *st);
+
+/* The model the store's caches belong to. */
+const attn_model *session_store_model(const struct session_store *st);
+
+/* Evicts idle sessions other than keep until `blocks` blocks are free. Returns 0 or
+ * ERROR_KV_BUDGET_EXHAUSTED (then nobody is evicted). */
+int session_store_make_room(struct session_store *st, int32_t blocks, const struct session *keep);
+
 /* ---- caches ---------------------------------------------------------------------------------- */
 
 /* The session's cache for absolute layer `layer`, or NULL if it has not used it. */
@@ -151,6 +225,10 @@ int session_kv_get(struct session_store *st, struct session_turn *t, int32_t lay
 
 /* The context layer (absolute index) of s holds for cross-attention, or NULL. */
 attn_kv *session_cross_find(struct session *s, int32_t layer);
+
+/* Makes kv (a cache from the store's pool, for `layer`) the turn's session's cache of layer,
+ * freeing the one it replaces. */
+void session_kv_install(struct session_turn *t, int32_t layer, attn_kv *kv);
 
 /* Makes cross (a cache from the store's pool, filled) the context of the turn's session at
  * layer, freeing the one it replaces. */

@@ -617,7 +617,7 @@ START_TEST(test_api_session_shapes) {
     /* tiny: 2 kv heads x head_dim 16 x 128-token blocks x K and V x 2 bytes (bf16) = 16384 per
      * block */
     struct api_session_layer layers[1] = {{0, 4, 4, 0, -1, 16384, false}};
-    struct api_session s = {"chat-42", 4, 16384, idle, 0, layers, 1};
+    struct api_session s = {"chat-42", 4, 16384, idle, 0, "memory", layers, 1};
     char *text = api_session_encode(&s, NULL);
     ck_assert_str_eq(text, ex);
     free(ex);

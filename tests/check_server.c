@@ -731,6 +731,10 @@ static const char *const provoked[] = {
     "kv_budget_exhausted",     /* test_server_eviction_then_410_and_507 */
     "tokens_dropped",          /* test_server_sliding_layer_keeps_its_window */
     "context_exists",          /* check_kinds.c: test_kinds_attend_cross_attention */
+    "fingerprint_mismatch",    /* check_persist.c: test_persist_import_refusals_create_nothing */
+    "corrupt_session",         /* check_persist.c: test_persist_import_refusals_create_nothing */
+    "unsupported_session_version", /* check_persist.c: the same */
+    "session_lost",                /* check_persist.c: test_persist_restart_brings_sessions_back */
 };
 
 START_TEST(test_server_every_error_code_is_provoked) {
@@ -787,9 +791,9 @@ START_TEST(test_server_request_errors) {
     char allow[64];
     ck_assert_str_eq(http_client_header(&r, "Allow", allow, sizeof allow), "POST");
     http_client_response_release(&r);
-    r = call("PUT", "/v1/sessions/err", NULL, NULL);
+    r = call("POST", "/v1/sessions/err", NULL, NULL);
     check_error(&r, 405, "method_not_allowed", NULL);
-    ck_assert_str_eq(http_client_header(&r, "Allow", allow, sizeof allow), "GET, DELETE");
+    ck_assert_str_eq(http_client_header(&r, "Allow", allow, sizeof allow), "GET, PUT, DELETE");
     http_client_response_release(&r);
     body = http_client_attend_body("err", x, 3, 1, TINY_HIDDEN, false, ",\"expect_n_past\":7");
     expect_error("POST", "/v1/attend", body, NULL, 409, "n_past_mismatch", "expect_n_past");

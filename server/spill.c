@@ -1,0 +1,325 @@
+/* server/spill.c: the disk tier (see spill.h). A session's file is DIR/<id>.session; ids are
+ * [A-Za-z0-9._:-], so they are file names as they are, and the suffix keeps "." and ".." apart.
+ */
+#include "spill.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "error.h"
+#include "log.h"
+#include "snapshot.h"
+#include "statedir.h"
+
+#define SUFFIX ".session"
+
+struct spill {
+    struct spill_params p;
+    struct statedir *dir;
+    struct pool *pool;
+    size_t max_pending; /* written bytes queued at most; past it an eviction drops instead */
+    struct metrics_disk m;
+};
+
+/* One write or restore in flight. */
+struct spill_op {
+    struct spill *sp;
+    char id[API_SESSION_ID_MAX + 1];
+    struct session_turn *turn; /* a restore's */
+    uint64_t started_ns;
+    int check_rc; /* the I/O thread's verdict on the file, and why */
+    char msg[256];
+};
+
+static void file_name(char *out, size_t size, const char *id) {
+    snprintf(out, size, "%s" SUFFIX, id);
+}
+
+static int64_t unix_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int64_t mono_ms(void) {
+    return (int64_t)(uv_hrtime() / 1000000);
+}
+
+/* ---- writing -------------------------------------------------------------------------------- */
+
+static void seal(uint8_t *data, size_t len) {
+    snapshot_seal(data, len);
+}
+
+static void write_done(void *ctx, int status, uint8_t *data, size_t len) {
+    (void)data;
+    (void)len;
+    struct spill_op *op = ctx;
+    if (status != 0) {
+        /* The store counts the session on disk; without its file it is gone. */
+        LOG_WARN("spill", "session=%s could not be written (%s): dropped", op->id,
+                 strerror(-status));
+        op->sp->m.spill_failures++;
+        session_disk_forget(op->sp->p.sessions, op->id);
+    }
+    free(op);
+}
+
+/* session_disk_ops.save: the session's caches as a file, queued for the I/O thread. */
+static size_t save(void *ctx, struct session *s) {
+    struct spill *sp = ctx;
+    if (statedir_pending_bytes(sp->dir) > sp->max_pending) {
+        LOG_WARN("spill", "session=%s not written: %zu bytes already wait for the disk",
+                 session_id(s), statedir_pending_bytes(sp->dir));
+        return 0;
+    }
+    uint8_t *file;
+    size_t len;
+    struct spill_op *op = calloc(1, sizeof *op);
+    if (op == NULL ||
+        snapshot_encode(s, sp->p.model, sp->p.kv_dtype, unix_ms(), &file, &len) != 0) {
+        free(op);
+        return 0;
+    }
+    op->sp = sp;
+    snprintf(op->id, sizeof op->id, "%s", session_id(s));
+    if (len > sp->p.budget_bytes) {
+        free(file);
+        free(op);
+        return 0; /* it alone would not fit: dropped as without a disk tier */
+    }
+    char name[API_SESSION_ID_MAX + 16];
+    file_name(name, sizeof name, op->id);
+    if (statedir_write(sp->dir, name, file, len, seal, write_done, op) != 0) {
+        free(op);
+        return 0;
+    }
+    sp->m.spills++;
+    return len;
+}
+
+/* session_disk_ops.remove */
+static void remove_file(void *ctx, const char *id) {
+    struct spill *sp = ctx;
+    char name[API_SESSION_ID_MAX + 16];
+    file_name(name, sizeof name, id);
+    statedir_remove(sp->dir, name, NULL, NULL);
+}
+
+/* ---- restoring ------------------------------------------------------------------------------ */
+
+/* I/O thread: the file's framing and checksum, before the loop sees it. */
+static int check(void *ctx, const uint8_t *data, size_t len) {
+    struct spill_op *op = ctx;
+    struct snapshot_info info;
+    op->check_rc = snapshot_check(data, len, &info, op->msg, sizeof op->msg);
+    if (op->check_rc == 0 && strcmp(info.id, op->id) != 0) {
+        snprintf(op->msg, sizeof op->msg, "the file holds session %s", info.id);
+        op->check_rc = ERROR_CORRUPT_SESSION;
+    }
+    return op->check_rc != 0 ? -EBADMSG : 0;
+}
+
+static void restore_done(void *ctx, int status, uint8_t *data, size_t len) {
+    struct spill_op *op = ctx;
+    struct spill *sp = op->sp;
+    int rc = 0;
+    if (status != 0) {
+        rc = op->check_rc != 0 ? op->check_rc : ERROR_SESSION_LOST;
+        if (op->check_rc == 0) {
+            snprintf(op->msg, sizeof op->msg, "cannot read it: %s", strerror(-status));
+        }
+    } else {
+        struct snapshot_info info;
+        rc = snapshot_read_header(data, len, &info, op->msg, sizeof op->msg);
+        if (rc == 0) {
+            rc = snapshot_match(&info, sp->p.model, sp->p.kv_dtype, op->msg, sizeof op->msg);
+        }
+        if (rc == 0) {
+            rc = snapshot_restore(sp->p.sessions, op->turn, data, len, op->msg, sizeof op->msg);
+        }
+    }
+    free(data);
+    double seconds = (double)(uv_hrtime() - op->started_ns) / 1e9;
+    char name[API_SESSION_ID_MAX + 16];
+    file_name(name, sizeof name, op->id);
+    if (rc == 0) {
+        sp->m.restores++;
+        sp->m.restore_sum_s += seconds;
+        int b = 0;
+        while (b < METRICS_N_RESTORE_BUCKETS && seconds > metrics_restore_le[b]) {
+            b++;
+        }
+        if (b < METRICS_N_RESTORE_BUCKETS) {
+            sp->m.restore_buckets[b]++;
+        }
+        LOG_INFO("spill", "restored req=- session=%s bytes=%zu ms=%.2f", op->id, len,
+                 seconds * 1e3);
+        statedir_remove(sp->dir, name, NULL, NULL); /* memory holds the truth now */
+        session_restore_end(sp->p.sessions, op->turn, 0, mono_ms());
+    } else if (rc == ERROR_KV_BUDGET_EXHAUSTED || rc == ATTN_ENOMEM) {
+        /* The file is fine; memory is short. It stays on disk for a later request. */
+        LOG_WARN("spill", "session=%s not restored: %s", op->id, op->msg);
+        session_restore_end(sp->p.sessions, op->turn, ERROR_KV_BUDGET_EXHAUSTED, mono_ms());
+    } else {
+        sp->m.restore_failures++;
+        sp->m.corrupt += rc == ERROR_CORRUPT_SESSION;
+        LOG_WARN("spill", "session=%s refused at restore, now gone: %s", op->id, op->msg);
+        statedir_remove(sp->dir, name, NULL, NULL); /* never served */
+        session_restore_end(sp->p.sessions, op->turn, ERROR_SESSION_LOST, mono_ms());
+    }
+    if (sp->pool != NULL) {
+        pool_wake(sp->pool);
+    }
+    free(op);
+}
+
+int spill_restore(struct spill *sp, const char *id, struct session **out) {
+    struct spill_op *op = calloc(1, sizeof *op);
+    if (op == NULL) {
+        return ATTN_ENOMEM;
+    }
+    int rc = session_restore_begin(sp->p.sessions, id, mono_ms(), &op->turn);
+    if (rc != 0) {
+        free(op);
+        return rc;
+    }
+    op->sp = sp;
+    op->started_ns = uv_hrtime();
+    snprintf(op->id, sizeof op->id, "%s", id);
+    char name[API_SESSION_ID_MAX + 16];
+    file_name(name, sizeof name, id);
+    *out = session_turn_session(op->turn);
+    if (statedir_read(sp->dir, name, check, restore_done, op) != 0) {
+        session_restore_end(sp->p.sessions, op->turn, ERROR_KV_BUDGET_EXHAUSTED, mono_ms());
+        free(op);
+        return ATTN_ENOMEM;
+    }
+    return 0;
+}
+
+/* ---- start and stop ------------------------------------------------------------------------- */
+
+struct found {
+    char id[API_SESSION_ID_MAX + 1];
+    uint64_t bytes;
+    int32_t n_tokens;
+    int64_t mtime_ms;
+};
+
+struct scan {
+    struct spill *sp;
+    struct found *all;
+    int32_t n, cap;
+    int32_t n_other;
+};
+
+static void on_file(void *ctx, const char *name, const uint8_t *head, size_t n, uint64_t size,
+                    int64_t mtime_ms) {
+    struct scan *sc = ctx;
+    struct snapshot_info info;
+    char msg[256];
+    int rc = snapshot_read_header(head, n, &info, msg, sizeof msg);
+    if (rc == 0) {
+        rc = snapshot_match(&info, sc->sp->p.model, sc->sp->p.kv_dtype, msg, sizeof msg);
+    }
+    char want[API_SESSION_ID_MAX + 16];
+    if (rc == 0) {
+        file_name(want, sizeof want, info.id);
+        if (strcmp(want, name) != 0) {
+            snprintf(msg, sizeof msg, "it holds session %s", info.id);
+            rc = -1;
+        }
+    }
+    if (rc != 0) {
+        LOG_WARN("spill", "left alone %s: %s", name, msg);
+        sc->n_other++;
+        return;
+    }
+    if (sc->n == sc->cap) {
+        int32_t cap = sc->cap > 0 ? 2 * sc->cap : 64;
+        struct found *a = realloc(sc->all, (size_t)cap * sizeof *a);
+        if (a == NULL) {
+            return;
+        }
+        sc->all = a;
+        sc->cap = cap;
+    }
+    struct found *f = &sc->all[sc->n++];
+    snprintf(f->id, sizeof f->id, "%s", info.id);
+    f->bytes = size;
+    f->n_tokens = info.n_tokens;
+    f->mtime_ms = mtime_ms;
+}
+
+static int by_mtime(const void *a, const void *b) {
+    const struct found *x = a, *y = b;
+    return (x->mtime_ms > y->mtime_ms) - (x->mtime_ms < y->mtime_ms);
+}
+
+int spill_open(const struct spill_params *p, struct spill **out, char *err, size_t err_size) {
+    struct spill *sp = calloc(1, sizeof *sp);
+    if (sp == NULL) {
+        snprintf(err, err_size, "--state-dir: out of memory");
+        return -1;
+    }
+    sp->p = *p;
+    if (statedir_open(p->loop, p->dir, &sp->dir, err, err_size) != 0) {
+        free(sp);
+        return -1;
+    }
+    struct session_store_stats st;
+    session_store_get_stats(p->sessions, &st);
+    sp->max_pending = st.bytes_limit > ((size_t)256 << 20) ? st.bytes_limit : (size_t)256 << 20;
+    struct session_disk_ops ops = {save, remove_file, sp};
+    session_store_set_disk(p->sessions, &ops, p->budget_bytes);
+    /* The files of this model come back, oldest first so that the newest heads the disk list;
+     * their times are wall-clock, the store's monotonic: they keep their order, not their age. */
+    struct scan sc = {sp, NULL, 0, 0, 0};
+    int32_t n_files =
+        statedir_scan(sp->dir, SUFFIX, SNAPSHOT_HEADER_BYTES + API_SESSION_ID_MAX, on_file, &sc);
+    qsort(sc.all, (size_t)sc.n, sizeof *sc.all, by_mtime);
+    int64_t now = mono_ms();
+    for (int32_t i = 0; i < sc.n; i++) {
+        session_add_on_disk(p->sessions, sc.all[i].id, (size_t)sc.all[i].bytes, sc.all[i].n_tokens,
+                            now);
+    }
+    free(sc.all);
+    LOG_INFO("spill", "state dir %s: %d sessions of this model found, %d other files left alone",
+             p->dir, (int)sc.n, (int)(n_files - sc.n));
+    *out = sp;
+    return 0;
+}
+
+void spill_set_pool(struct spill *sp, struct pool *pool) {
+    sp->pool = pool;
+}
+
+void spill_save_all(struct spill *sp) {
+    struct session_store_stats before;
+    session_store_get_stats(sp->p.sessions, &before);
+    sp->max_pending = SIZE_MAX; /* at shutdown every session waits its turn for the disk */
+    session_store_spill_all(sp->p.sessions);
+    LOG_INFO("spill", "shutdown: %d sessions in memory written to %s", (int)before.n_sessions,
+             sp->p.dir);
+}
+
+void spill_close(struct spill *sp) {
+    if (sp == NULL) {
+        return;
+    }
+    statedir_close(sp->dir);
+    free(sp);
+}
+
+void spill_get_metrics(const struct spill *sp, struct metrics_disk *out) {
+    *out = sp->m;
+    struct session_store_stats st;
+    session_store_get_stats(sp->p.sessions, &st);
+    out->sessions_on_disk = st.n_on_disk;
+    out->bytes_on_disk = st.disk_bytes_used;
+    out->bytes_limit = st.disk_bytes_limit;
+    out->disk_drops = st.disk_drops;
+}

@@ -1,0 +1,428 @@
+/* server/statedir.c: the state directory and its I/O thread (see statedir.h). Operations wait in
+ * a FIFO under a mutex; the thread takes them one at a time, then hands them to the loop
+ * through a uv_async (the loop runs their done callbacks and frees them).
+ */
+#define _GNU_SOURCE /* O_CLOEXEC, dirfd */
+#include "statedir.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "log.h"
+
+enum op_kind { OP_WRITE, OP_READ, OP_REMOVE };
+
+struct op {
+    enum op_kind kind;
+    struct op *next;
+    char name[256];
+    uint8_t *data;
+    size_t len;
+    void (*prepare)(uint8_t *data, size_t len);
+    int (*check)(void *ctx, const uint8_t *data, size_t len);
+    statedir_done_fn done;
+    void *ctx;
+    int status;
+};
+
+struct statedir {
+    uv_loop_t *loop;
+    char dir[4096];
+    int dir_fd, lock_fd;
+    uv_thread_t thread;
+    uv_mutex_t mu;
+    uv_cond_t cv;
+    struct op *todo_head, *todo_tail; /* queued, under mu */
+    struct op *done_head, *done_tail; /* finished, under mu, for the loop */
+    int32_t n_busy;                   /* queued or running, under mu */
+    size_t pending_write_bytes;       /* under mu */
+    bool is_stopping;                 /* under mu */
+    uv_async_t async;
+};
+
+static void push(struct op **head, struct op **tail, struct op *op) {
+    op->next = NULL;
+    if (*tail != NULL) {
+        (*tail)->next = op;
+    } else {
+        *head = op;
+    }
+    *tail = op;
+}
+
+static struct op *pop(struct op **head, struct op **tail) {
+    struct op *op = *head;
+    if (op != NULL) {
+        *head = op->next;
+        if (*head == NULL) {
+            *tail = NULL;
+        }
+    }
+    return op;
+}
+
+/* ---- the I/O thread ------------------------------------------------------------------------- */
+
+static int write_all(int fd, const uint8_t *p, size_t n) {
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            return -errno;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+static int do_write(struct statedir *sd, struct op *op) {
+    if (op->prepare != NULL) {
+        op->prepare(op->data, op->len);
+    }
+    char tmp[300];
+    snprintf(tmp, sizeof tmp, "%s.tmp", op->name);
+    int fd = openat(sd->dir_fd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        return -errno;
+    }
+    int rc = write_all(fd, op->data, op->len);
+    if (rc == 0 && fsync(fd) != 0) {
+        rc = -errno;
+    }
+    if (close(fd) != 0 && rc == 0) {
+        rc = -errno;
+    }
+    if (rc == 0 && renameat(sd->dir_fd, tmp, sd->dir_fd, op->name) != 0) {
+        rc = -errno;
+    }
+    if (rc != 0) {
+        unlinkat(sd->dir_fd, tmp, 0);
+        return rc;
+    }
+    /* the rename itself is durable only once the directory is */
+    return fsync(sd->dir_fd) == 0 ? 0 : -errno;
+}
+
+static int do_read(struct statedir *sd, struct op *op) {
+    int fd = openat(sd->dir_fd, op->name, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        return -errno;
+    }
+    struct stat stbuf;
+    int rc = fstat(fd, &stbuf) == 0 ? 0 : -errno;
+    size_t n = rc == 0 ? (size_t)stbuf.st_size : 0;
+    uint8_t *p = rc == 0 ? malloc(n > 0 ? n : 1) : NULL;
+    if (rc == 0 && p == NULL) {
+        rc = -ENOMEM;
+    }
+    size_t got = 0;
+    while (rc == 0 && got < n) {
+        ssize_t r = read(fd, p + got, n - got);
+        if (r < 0 && errno == EINTR) {
+            continue;
+        }
+        if (r <= 0) {
+            rc = r < 0 ? -errno : -EIO; /* shorter than fstat said: changed under us */
+            break;
+        }
+        got += (size_t)r;
+    }
+    close(fd);
+    if (rc == 0 && op->check != NULL) {
+        rc = op->check(op->ctx, p, n);
+    }
+    if (rc != 0) {
+        free(p);
+        return rc;
+    }
+    op->data = p;
+    op->len = n;
+    return 0;
+}
+
+static void thread_main(void *arg) {
+    struct statedir *sd = arg;
+    uv_mutex_lock(&sd->mu);
+    for (;;) {
+        while (sd->todo_head == NULL && !sd->is_stopping) {
+            uv_cond_wait(&sd->cv, &sd->mu);
+        }
+        struct op *op = pop(&sd->todo_head, &sd->todo_tail);
+        if (op == NULL) {
+            break; /* stopping, and nothing is left */
+        }
+        uv_mutex_unlock(&sd->mu);
+        switch (op->kind) {
+        case OP_WRITE:
+            op->status = do_write(sd, op);
+            free(op->data);
+            op->data = NULL;
+            break;
+        case OP_READ:
+            op->status = do_read(sd, op);
+            break;
+        case OP_REMOVE:
+            op->status = unlinkat(sd->dir_fd, op->name, 0) == 0 || errno == ENOENT ? 0 : -errno;
+            break;
+        }
+        uv_mutex_lock(&sd->mu);
+        if (op->kind == OP_WRITE) {
+            sd->pending_write_bytes -= op->len;
+        }
+        push(&sd->done_head, &sd->done_tail, op);
+        uv_async_send(&sd->async);
+    }
+    uv_mutex_unlock(&sd->mu);
+}
+
+/* ---- the loop side -------------------------------------------------------------------------- */
+
+/* Runs the done callbacks of finished operations. */
+static void run_done(struct statedir *sd) {
+    uv_mutex_lock(&sd->mu);
+    struct op *list = sd->done_head;
+    sd->done_head = sd->done_tail = NULL;
+    uv_mutex_unlock(&sd->mu);
+    while (list != NULL) {
+        struct op *op = list;
+        list = op->next;
+        if (op->status != 0 && op->kind != OP_READ) {
+            LOG_WARN("statedir", "%s %s failed: %s", op->kind == OP_WRITE ? "write" : "remove",
+                     op->name, strerror(-op->status));
+        }
+        if (op->done != NULL) {
+            op->done(op->ctx, op->status, op->data, op->len);
+        } else {
+            free(op->data);
+        }
+        uv_mutex_lock(&sd->mu);
+        sd->n_busy--;
+        uv_mutex_unlock(&sd->mu);
+        free(op);
+    }
+}
+
+static void on_async(uv_async_t *h) {
+    run_done(h->data);
+}
+
+/* Removes what a crash left half-written: NAME.tmp files are never read. */
+static void remove_leftovers(struct statedir *sd) {
+    int fd = dup(sd->dir_fd);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (d == NULL) {
+        if (fd >= 0) {
+            close(fd);
+        }
+        return;
+    }
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        size_t n = strlen(e->d_name);
+        if (n > 4 && strcmp(e->d_name + n - 4, ".tmp") == 0) {
+            LOG_INFO("statedir", "removed %s: a write that a crash interrupted", e->d_name);
+            unlinkat(sd->dir_fd, e->d_name, 0);
+        }
+    }
+    closedir(d);
+}
+
+int statedir_open(uv_loop_t *loop, const char *dir, struct statedir **out, char *err,
+                  size_t err_size) {
+    if (strlen(dir) >= sizeof((struct statedir *)0)->dir) {
+        snprintf(err, err_size, "--state-dir: the path is too long");
+        return -1;
+    }
+    if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
+        snprintf(err, err_size, "--state-dir %s: cannot create it: %s", dir, strerror(errno));
+        return -1;
+    }
+    struct statedir *sd = calloc(1, sizeof *sd);
+    if (sd == NULL) {
+        snprintf(err, err_size, "--state-dir: out of memory");
+        return -1;
+    }
+    snprintf(sd->dir, sizeof sd->dir, "%s", dir);
+    sd->loop = loop;
+    sd->lock_fd = -1;
+    sd->dir_fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (sd->dir_fd < 0) {
+        snprintf(err, err_size, "--state-dir %s: %s", dir, strerror(errno));
+        free(sd);
+        return -1;
+    }
+    sd->lock_fd = openat(sd->dir_fd, ".lock", O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (sd->lock_fd < 0 || flock(sd->lock_fd, LOCK_EX | LOCK_NB) != 0) {
+        snprintf(err, err_size, "--state-dir %s: %s", dir,
+                 sd->lock_fd < 0 ? strerror(errno)
+                                 : "another attnd is using this directory (its .lock is held)");
+        if (sd->lock_fd >= 0) {
+            close(sd->lock_fd);
+        }
+        close(sd->dir_fd);
+        free(sd);
+        return -1;
+    }
+    remove_leftovers(sd);
+    uv_mutex_init(&sd->mu);
+    uv_cond_init(&sd->cv);
+    uv_async_init(loop, &sd->async, on_async);
+    sd->async.data = sd;
+    if (uv_thread_create(&sd->thread, thread_main, sd) != 0) {
+        snprintf(err, err_size, "--state-dir: cannot start its I/O thread");
+        uv_close((uv_handle_t *)&sd->async, NULL);
+        uv_run(loop, UV_RUN_NOWAIT);
+        uv_cond_destroy(&sd->cv);
+        uv_mutex_destroy(&sd->mu);
+        close(sd->lock_fd);
+        close(sd->dir_fd);
+        free(sd);
+        return -1;
+    }
+    *out = sd;
+    return 0;
+}
+
+static void on_async_closed(uv_handle_t *h) {
+    free(h->data);
+}
+
+void statedir_close(struct statedir *sd) {
+    if (sd == NULL) {
+        return;
+    }
+    uv_mutex_lock(&sd->mu);
+    sd->is_stopping = true;
+    uv_cond_signal(&sd->cv);
+    uv_mutex_unlock(&sd->mu);
+    uv_thread_join(&sd->thread); /* it leaves once the queue is empty */
+    run_done(sd);
+    uv_cond_destroy(&sd->cv);
+    uv_mutex_destroy(&sd->mu);
+    close(sd->lock_fd); /* releases the flock */
+    close(sd->dir_fd);
+    uv_close((uv_handle_t *)&sd->async, on_async_closed);
+}
+
+static int queue(struct statedir *sd, enum op_kind kind, const char *name, uint8_t *data,
+                 size_t len, statedir_done_fn done, void *ctx, struct op **out) {
+    struct op *op = calloc(1, sizeof *op);
+    if (op == NULL) {
+        free(data);
+        return -ENOMEM;
+    }
+    op->kind = kind;
+    snprintf(op->name, sizeof op->name, "%s", name);
+    op->data = data;
+    op->len = len;
+    op->done = done;
+    op->ctx = ctx;
+    *out = op;
+    return 0;
+}
+
+static void start(struct statedir *sd, struct op *op) {
+    uv_mutex_lock(&sd->mu);
+    push(&sd->todo_head, &sd->todo_tail, op);
+    sd->n_busy++;
+    if (op->kind == OP_WRITE) {
+        sd->pending_write_bytes += op->len;
+    }
+    uv_cond_signal(&sd->cv);
+    uv_mutex_unlock(&sd->mu);
+}
+
+int statedir_write(struct statedir *sd, const char *name, uint8_t *data, size_t len,
+                   void (*prepare)(uint8_t *data, size_t len), statedir_done_fn done, void *ctx) {
+    struct op *op;
+    int rc = queue(sd, OP_WRITE, name, data, len, done, ctx, &op);
+    if (rc == 0) {
+        op->prepare = prepare;
+        start(sd, op);
+    }
+    return rc;
+}
+
+int statedir_read(struct statedir *sd, const char *name,
+                  int (*check)(void *ctx, const uint8_t *data, size_t len), statedir_done_fn done,
+                  void *ctx) {
+    struct op *op;
+    int rc = queue(sd, OP_READ, name, NULL, 0, done, ctx, &op);
+    if (rc == 0) {
+        op->check = check;
+        start(sd, op);
+    }
+    return rc;
+}
+
+int statedir_remove(struct statedir *sd, const char *name, statedir_done_fn done, void *ctx) {
+    struct op *op;
+    int rc = queue(sd, OP_REMOVE, name, NULL, 0, done, ctx, &op);
+    if (rc == 0) {
+        start(sd, op);
+    }
+    return rc;
+}
+
+size_t statedir_pending_bytes(const struct statedir *sd) {
+    uv_mutex_lock((uv_mutex_t *)&sd->mu);
+    size_t n = sd->pending_write_bytes;
+    uv_mutex_unlock((uv_mutex_t *)&sd->mu);
+    return n;
+}
+
+int32_t statedir_scan(struct statedir *sd, const char *suffix, size_t head_max,
+                      void (*fn)(void *ctx, const char *name, const uint8_t *head, size_t n,
+                                 uint64_t size, int64_t mtime_ms),
+                      void *ctx) {
+    int fd = dup(sd->dir_fd);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    uint8_t *head = malloc(head_max);
+    if (d == NULL || head == NULL) {
+        if (d != NULL) {
+            closedir(d);
+        } else if (fd >= 0) {
+            close(fd);
+        }
+        free(head);
+        return 0;
+    }
+    rewinddir(d);
+    int32_t n_files = 0;
+    size_t sl = strlen(suffix);
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        size_t n = strlen(e->d_name);
+        if (n <= sl || strcmp(e->d_name + n - sl, suffix) != 0) {
+            continue;
+        }
+        int f = openat(sd->dir_fd, e->d_name, O_RDONLY | O_CLOEXEC);
+        struct stat stbuf;
+        if (f < 0 || fstat(f, &stbuf) != 0 || !S_ISREG(stbuf.st_mode)) {
+            if (f >= 0) {
+                close(f);
+            }
+            continue;
+        }
+        ssize_t got = pread(f, head, head_max, 0);
+        close(f);
+        int64_t mtime_ms =
+            (int64_t)stbuf.st_mtim.tv_sec * 1000 + (int64_t)stbuf.st_mtim.tv_nsec / 1000000;
+        fn(ctx, e->d_name, head, got > 0 ? (size_t)got : 0, (uint64_t)stbuf.st_size, mtime_ms);
+        n_files++;
+    }
+    closedir(d);
+    free(head);
+    return n_files;
+}

@@ -1,0 +1,62 @@
+/* server/statedir.h: the disk tier's directory (--state-dir) and the one thread that does its
+ * file I/O, so that neither the event loop nor a compute worker ever waits on the disk.
+ *
+ * Operations run in the order they were queued, one at a time: a read queued after a write of
+ * the same name reads what that write wrote. A write is crash-safe: the bytes go to NAME.tmp,
+ * are fsync'd, renamed over NAME, and the directory is fsync'd, so after a crash NAME is either
+ * the old file or the new one, whole; leftover *.tmp files are removed at open. An flock on
+ * DIR/.lock keeps two daemons out of one directory.
+ *
+ * Thread rule: every statedir_* function is loop thread only; the operations' `prepare` and
+ * `check` callbacks run on the I/O thread and touch only their bytes; `done` runs on the loop.
+ */
+#ifndef SERVER_STATEDIR_H
+#define SERVER_STATEDIR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <uv.h>
+
+struct statedir; /* opaque */
+
+/* Loop thread, when an operation has finished: status 0 or a negative errno (or check's code);
+ * for a read, data (malloc'd, the callee's to free) and len. */
+typedef void (*statedir_done_fn)(void *ctx, int status, uint8_t *data, size_t len);
+
+/* Opens (creating it, mode 0700, if missing) and locks dir, and starts the I/O thread. Returns
+ * 0 or -1 with a one-line reason in err. */
+int statedir_open(uv_loop_t *loop, const char *dir, struct statedir **out, char *err,
+                  size_t err_size);
+
+/* Waits for every queued operation, runs their done callbacks, stops the thread and frees sd.
+ * NULL is a no-op. */
+void statedir_close(struct statedir *sd);
+
+/* Writes data (len bytes, taken: freed after) as file `name`, calling prepare(data, len) on the
+ * I/O thread first (e.g. to checksum it there). done may be NULL. Returns 0 or -ENOMEM. */
+int statedir_write(struct statedir *sd, const char *name, uint8_t *data, size_t len,
+                   void (*prepare)(uint8_t *data, size_t len), statedir_done_fn done, void *ctx);
+
+/* Reads file `name` whole, then calls check(ctx, data, len) on the I/O thread (NULL: none;
+ * nonzero fails the read with that status; it may write into ctx's memory, which the loop does
+ * not touch until done). Returns 0 or -ENOMEM. */
+int statedir_read(struct statedir *sd, const char *name,
+                  int (*check)(void *ctx, const uint8_t *data, size_t len), statedir_done_fn done,
+                  void *ctx);
+
+/* Removes file `name` (missing is fine). done may be NULL. Returns 0 or -ENOMEM. */
+int statedir_remove(struct statedir *sd, const char *name, statedir_done_fn done, void *ctx);
+
+/* Bytes queued for writing and not yet written. */
+size_t statedir_pending_bytes(const struct statedir *sd);
+
+/* Calls fn for every regular file of the directory whose name ends in suffix, with its first
+ * bytes (up to head_max), its size and modification time (ms since the epoch). Synchronous:
+ * for start-up, before any operation is queued. Returns the number of files seen. */
+int32_t statedir_scan(struct statedir *sd, const char *suffix, size_t head_max,
+                      void (*fn)(void *ctx, const char *name, const uint8_t *head, size_t n,
+                                 uint64_t size, int64_t mtime_ms),
+                      void *ctx);
+
+#endif /* SERVER_STATEDIR_H */

@@ -1,0 +1,526 @@
+/* tests/check_persist.c: sessions that outlive memory, restarts and replicas, through the real
+ * attnd (preset tiny: 2 layers, hidden 64, 128 bytes a token a layer in bf16). A session file
+ * exported by one daemon and imported by another continues exactly; every refusal (another
+ * model, another KV dtype, a torn, flipped or newer file, a live id) creates nothing; with
+ * --state-dir, sessions evicted for memory come back transparently and exactly, SIGTERM writes
+ * them all and a restart with the same model finds them (another model leaves them alone), a
+ * file corrupted on disk is refused with 410 and counted, the disk budget drops the oldest, and a
+ * SIGKILL in the middle of a spill storm corrupts nothing.
+ */
+#include <check.h>
+#include <dirent.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "http_client.h"
+
+#define HIDDEN 64
+
+static struct http_client_daemon a_, b_;
+static char dir_[64];
+
+static void remove_dir(const char *dir) {
+    DIR *d = opendir(dir);
+    if (d == NULL) {
+        return;
+    }
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) {
+            char p[512];
+            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+            unlink(p);
+        }
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+static void setup(void) {
+    memset(&a_, 0, sizeof a_);
+    memset(&b_, 0, sizeof b_);
+    snprintf(dir_, sizeof dir_, "/tmp/attnd-persist.XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(dir_));
+}
+
+static void teardown(void) {
+    http_client_daemon_kill(&a_);
+    http_client_daemon_kill(&b_);
+    remove_dir(dir_);
+}
+
+static void stop_ok(struct http_client_daemon *d) {
+    char *log = http_client_daemon_log(d);
+    int status = http_client_daemon_stop(d, 30000);
+    ck_assert_msg(status == 0, "attnd exited with %d; log tail: %s", status,
+                  strlen(log) > 3000 ? log + strlen(log) - 3000 : log);
+    free(log);
+}
+
+/* One request; the response is the caller's to release. */
+static long call(const struct http_client_daemon *d, const char *method, const char *path,
+                 const char *body, size_t len, struct http_client_response *r) {
+    char u[300];
+    snprintf(u, sizeof u, "%s%s", d->base, path);
+    http_client_request(method, u, body, len, NULL, r);
+    return r->status;
+}
+
+static long status_of(const struct http_client_daemon *d, const char *method, const char *path,
+                      const char *body, size_t len, char *code, size_t code_size) {
+    struct http_client_response r;
+    long st = call(d, method, path, body, len, &r);
+    if (code != NULL) {
+        code[0] = '\0';
+        cJSON *j = st >= 400 ? cJSON_Parse(r.body) : NULL;
+        const cJSON *c =
+            cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, "error"), "code");
+        if (cJSON_IsString(c)) {
+            snprintf(code, code_size, "%s", c->valuestring);
+        }
+        cJSON_Delete(j);
+    }
+    http_client_response_release(&r);
+    return st;
+}
+
+/* Rows [first, first + t) of the session's input stream (seeded by its index). */
+static float *rows(int idx) {
+    return http_client_random_rows(1000 + (uint64_t)idx, 1024, HIDDEN);
+}
+
+/* Appends rows [first, first + t) of x to session id at layer, expecting n_past = first; returns
+ * the output as floats (malloc'd, t * HIDDEN), failing the test on anything but 200. */
+static float *step(const struct http_client_daemon *d, const char *id, const float *x, int first,
+                   int t, int layer) {
+    char extra[96];
+    snprintf(extra, sizeof extra, ",\"layer\":%d,\"expect_n_past\":%d", layer, first);
+    char *body = http_client_attend_body(id, x, first, t, HIDDEN, true, extra);
+    struct http_client_response r;
+    call(d, "POST", "/v1/attend", body, strlen(body), &r);
+    free(body);
+    ck_assert_msg(r.status == 200, "%s at %d: %ld %s", id, first, r.status, r.body);
+    cJSON *j = http_client_json(&r);
+    size_t n;
+    float *out = http_client_json_floats(cJSON_GetObjectItemCaseSensitive(j, "output"), &n);
+    ck_assert_int_eq((long)n, (long)t * HIDDEN);
+    cJSON_Delete(j);
+    http_client_response_release(&r);
+    return out;
+}
+
+/* A session never evicted would answer what a stateless call over the whole sequence answers,
+ * up to the summation order of a prefill against a decode step. */
+static void expect_like_fresh(const struct http_client_daemon *d, const float *got, const float *x,
+                              int n, const char *what) {
+    char *body = http_client_attend_body(NULL, x, 0, n, HIDDEN, true, ",\"layer\":0");
+    struct http_client_response r;
+    call(d, "POST", "/v1/attend", body, strlen(body), &r);
+    free(body);
+    ck_assert_msg(r.status == 200, "%ld %s", r.status, r.body);
+    cJSON *j = http_client_json(&r);
+    size_t len;
+    float *want = http_client_json_floats(cJSON_GetObjectItemCaseSensitive(j, "output"), &len);
+    for (int c = 0; c < HIDDEN; c++) {
+        float w = want[(size_t)(n - 1) * HIDDEN + c];
+        ck_assert_msg(got[c] - w <= 1e-5f && w - got[c] <= 1e-5f, "%s: column %d: %g vs %g", what,
+                      c, (double)got[c], (double)w);
+    }
+    free(want);
+    cJSON_Delete(j);
+    http_client_response_release(&r);
+}
+
+static char *export(const struct http_client_daemon *d, const char *id, size_t *len) {
+    char path[200];
+    snprintf(path, sizeof path, "/v1/sessions/%s/export", id);
+    struct http_client_response r;
+    call(d, "GET", path, NULL, 0, &r);
+    ck_assert_msg(r.status == 200, "export %s: %ld %s", id, r.status, r.body);
+    char type[128];
+    ck_assert_str_eq(http_client_header(&r, "Content-Type", type, sizeof type),
+                     "application/octet-stream");
+    ck_assert(r.len > 8 && memcmp(r.body, "ATTNDSES", 8) == 0);
+    char *file = malloc(r.len);
+    memcpy(file, r.body, r.len);
+    *len = r.len;
+    http_client_response_release(&r);
+    return file;
+}
+
+static long put(const struct http_client_daemon *d, const char *id, const char *file, size_t len,
+                char *code, size_t code_size) {
+    char path[200];
+    snprintf(path, sizeof path, "/v1/sessions/%s", id);
+    return status_of(d, "PUT", path, file, len, code, code_size);
+}
+
+/* Fails unless the two outputs agree bit for bit. */
+static void expect_same(const float *a, const float *b, size_t n, const char *what) {
+    ck_assert_msg(memcmp(a, b, n * sizeof *a) == 0, "%s differ", what);
+}
+
+/* ---- export / import ------------------------------------------------------------------------ */
+
+START_TEST(test_persist_export_import_continues_exactly) {
+    const char *args[] = {"--preset", "tiny", "--kv-dtype", "f32", NULL};
+    http_client_daemon_start(&a_, args);
+    http_client_daemon_start(&b_, args);
+    float *x = rows(0);
+    for (int layer = 0; layer < 2; layer++) {
+        free(step(&a_, "s", x, 0, 300, layer));
+    }
+    size_t len;
+    char *file = export(&a_, "s", &len);
+    /* tokens, not blocks: 2 layers x 300 tokens x (K + V) x 2 heads x 16 floats, and headers */
+    ck_assert_uint_ge(len, (size_t)2 * 300 * 2 * 2 * 16 * 4);
+    ck_assert_int_eq(put(&b_, "s", file, len, NULL, 0), 201);
+    char code[64];
+    ck_assert_int_eq(put(&b_, "s", file, len, code, sizeof code), 409);
+    ck_assert_str_eq(code, "session_exists");
+    ck_assert_int_eq(put(&b_, "renamed", file, len, NULL, 0), 201);
+    for (int layer = 0; layer < 2; layer++) {
+        float *a = step(&a_, "s", x, 300, 2, layer);
+        float *b = step(&b_, "s", x, 300, 2, layer);
+        float *c = step(&b_, "renamed", x, 300, 2, layer);
+        expect_same(a, b, 2 * HIDDEN, "the original's and the import's next steps");
+        expect_same(a, c, 2 * HIDDEN, "the original's and a renamed import's next steps");
+        free(a);
+        free(b);
+        free(c);
+    }
+    free(x);
+    free(file);
+    stop_ok(&a_);
+    stop_ok(&b_);
+}
+END_TEST
+
+START_TEST(test_persist_import_refusals_create_nothing) {
+    const char *a_args[] = {"--preset", "tiny", NULL};
+    http_client_daemon_start(&a_, a_args);
+    float *x = rows(1);
+    free(step(&a_, "s", x, 0, 40, 0));
+    size_t len;
+    char *file = export(&a_, "s", &len);
+    char code[64];
+    /* another model: the same geometry, other weights */
+    const char *b_args[] = {"--preset", "tiny", "--seed", "7", NULL};
+    http_client_daemon_start(&b_, b_args);
+    ck_assert_int_eq(put(&b_, "s", file, len, code, sizeof code), 409);
+    ck_assert_str_eq(code, "fingerprint_mismatch");
+    stop_ok(&b_);
+    /* the same model, another KV dtype */
+    const char *c_args[] = {"--preset", "tiny", "--kv-dtype", "f16", NULL};
+    http_client_daemon_start(&b_, c_args);
+    struct http_client_response r;
+    ck_assert_int_eq(call(&b_, "PUT", "/v1/sessions/s", file, len, &r), 409);
+    ck_assert_msg(strstr(r.body, "kv_dtype") != NULL, "%s", r.body);
+    http_client_response_release(&r);
+    stop_ok(&b_);
+    /* torn, flipped anywhere, newer, empty: on the daemon that made it */
+    ck_assert_int_eq(put(&a_, "t", file, len - 1, code, sizeof code), 400);
+    ck_assert_str_eq(code, "corrupt_session");
+    ck_assert_int_eq(put(&a_, "t", file, len / 2, code, sizeof code), 400);
+    ck_assert_str_eq(code, "corrupt_session");
+    ck_assert_int_eq(put(&a_, "t", file, 0, code, sizeof code), 400);
+    ck_assert_str_eq(code, "corrupt_session");
+    size_t at[] = {9, 20, 60, 100, len / 3, len / 2, len - 20, len - 1};
+    for (size_t i = 0; i < sizeof at / sizeof at[0]; i++) {
+        file[at[i]] ^= 0x10;
+        long st = put(&a_, "t", file, len, code, sizeof code);
+        file[at[i]] ^= 0x10;
+        ck_assert_msg(st == 400 && (strcmp(code, "corrupt_session") == 0 ||
+                                    strcmp(code, "unsupported_session_version") == 0),
+                      "byte %zu flipped: %ld %s", at[i], st, code);
+    }
+    file[8] = 2; /* format version 2 */
+    ck_assert_int_eq(put(&a_, "t", file, len, code, sizeof code), 400);
+    ck_assert_str_eq(code, "unsupported_session_version");
+    file[8] = 1;
+    ck_assert_int_eq(status_of(&a_, "GET", "/v1/sessions/t", NULL, 0, NULL, 0), 404);
+    ck_assert_int_eq(put(&a_, "t", file, len, NULL, 0), 201);
+    free(x);
+    free(file);
+    stop_ok(&a_);
+}
+END_TEST
+
+/* ---- the disk tier -------------------------------------------------------------------------- */
+
+#define N_SPILL 30
+#define T_SPILL 600
+
+/* Fills sessions p0.. of T_SPILL tokens each: far more than a 1 MiB pool holds (f32: 256 bytes a
+ * token). */
+static void fill(const struct http_client_daemon *d, int n, float **xs) {
+    for (int i = 0; i < n; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "p%d", i);
+        free(step(d, id, xs[i], 0, T_SPILL, 0));
+    }
+}
+
+/* Each session's next step, from wherever it is, against a fresh computation. */
+static void expect_all_continue(const struct http_client_daemon *d, int n, float **xs, int at) {
+    for (int i = 0; i < n; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "p%d", i);
+        float *got = step(d, id, xs[i], at, 1, 0);
+        expect_like_fresh(d, got, xs[i], at + 1, id);
+        free(got);
+    }
+}
+
+static int count_location(const struct http_client_daemon *d, const char *where) {
+    struct http_client_response r;
+    call(d, "GET", "/v1/sessions", NULL, 0, &r);
+    cJSON *j = http_client_json(&r);
+    int n = 0;
+    const cJSON *s;
+    cJSON_ArrayForEach(s, cJSON_GetObjectItemCaseSensitive(j, "sessions")) {
+        const cJSON *loc = cJSON_GetObjectItemCaseSensitive(s, "location");
+        n += cJSON_IsString(loc) && strcmp(loc->valuestring, where) == 0;
+    }
+    cJSON_Delete(j);
+    http_client_response_release(&r);
+    return n;
+}
+
+START_TEST(test_persist_disk_tier_restores_exactly) {
+    const char *args[] = {"--preset", "tiny",        "--kv-dtype", "f32", "--kv-budget-mb",
+                          "1",        "--state-dir", dir_,         NULL};
+    http_client_daemon_start(&a_, args);
+    float *xs[N_SPILL];
+    for (int i = 0; i < N_SPILL; i++) {
+        xs[i] = rows(10 + i);
+    }
+    fill(&a_, N_SPILL, xs);
+    ck_assert_int_gt(count_location(&a_, "disk"), N_SPILL / 2);
+    char u[300];
+    snprintf(u, sizeof u, "%s/v1/sessions/p0", a_.base);
+    struct http_client_response r;
+    http_client_request("GET", u, NULL, 0, NULL, &r);
+    ck_assert_msg(strstr(r.body, "\"location\":\"disk\"") != NULL &&
+                      strstr(r.body, "\"n_tokens\":600") != NULL,
+                  "%s", r.body);
+    http_client_response_release(&r);
+    expect_all_continue(&a_, N_SPILL, xs, T_SPILL);
+    ck_assert(http_client_metric(a_.base, "attnd_spills_total") >= N_SPILL);
+    ck_assert(http_client_metric(a_.base, "attnd_restores_total") >= N_SPILL);
+    ck_assert(http_client_metric(a_.base, "attnd_restore_failures_total") == 0);
+    /* DELETE of a session on disk removes its file without reading it */
+    int before = count_location(&a_, "disk");
+    struct http_client_response g;
+    call(&a_, "GET", "/v1/sessions", NULL, 0, &g);
+    cJSON *j = http_client_json(&g);
+    const cJSON *s;
+    char victim[64] = "";
+    cJSON_ArrayForEach(s, cJSON_GetObjectItemCaseSensitive(j, "sessions")) {
+        if (strcmp(cJSON_GetObjectItemCaseSensitive(s, "location")->valuestring, "disk") == 0) {
+            snprintf(victim, sizeof victim, "%s",
+                     cJSON_GetObjectItemCaseSensitive(s, "session_id")->valuestring);
+        }
+    }
+    cJSON_Delete(j);
+    http_client_response_release(&g);
+    char path[128];
+    snprintf(path, sizeof path, "/v1/sessions/%s", victim);
+    ck_assert_int_eq(status_of(&a_, "DELETE", path, NULL, 0, NULL, 0), 204);
+    ck_assert_int_eq(status_of(&a_, "GET", path, NULL, 0, NULL, 0), 404);
+    ck_assert_int_eq(count_location(&a_, "disk"), before - 1);
+    for (int i = 0; i < N_SPILL; i++) {
+        free(xs[i]);
+    }
+    stop_ok(&a_);
+}
+END_TEST
+
+/* Every session in memory is written at SIGTERM; the same model finds them all, another leaves
+ * the files alone; a file corrupted on disk is refused once (410 session_lost), then forgotten. */
+START_TEST(test_persist_restart_brings_sessions_back) {
+    const char *args[] = {"--preset", "tiny",        "--kv-dtype", "f32", "--kv-budget-mb",
+                          "1",        "--state-dir", dir_,         NULL};
+    http_client_daemon_start(&a_, args);
+    float *xs[N_SPILL];
+    for (int i = 0; i < N_SPILL; i++) {
+        xs[i] = rows(50 + i);
+    }
+    fill(&a_, N_SPILL, xs);
+    stop_ok(&a_);
+    /* another model: nothing found, nothing removed */
+    const char *other[] = {"--preset", "tiny",        "--kv-dtype", "f32", "--seed",
+                           "3",        "--state-dir", dir_,         NULL};
+    http_client_daemon_start(&b_, other);
+    ck_assert_int_eq(count_location(&b_, "disk"), 0);
+    ck_assert_int_eq(status_of(&b_, "GET", "/v1/sessions/p0", NULL, 0, NULL, 0), 404);
+    char *log = http_client_daemon_log(&b_);
+    ck_assert_msg(strstr(log, "left alone") != NULL, "%s", log);
+    free(log);
+    stop_ok(&b_);
+    /* corrupt one file in its middle */
+    char p[256];
+    snprintf(p, sizeof p, "%s/p3.session", dir_);
+    FILE *f = fopen(p, "r+b");
+    ck_assert_ptr_nonnull(f);
+    fseek(f, 5000, SEEK_SET);
+    int c = fgetc(f);
+    fseek(f, 5000, SEEK_SET);
+    fputc(c ^ 0x01, f);
+    fclose(f);
+    http_client_daemon_start(&a_, args);
+    ck_assert_int_eq(count_location(&a_, "disk"), N_SPILL);
+    char code[64];
+    char *body = http_client_attend_body("p3", xs[3], T_SPILL, 1, HIDDEN, true, ",\"layer\":0");
+    ck_assert_int_eq(status_of(&a_, "POST", "/v1/attend", body, strlen(body), code, sizeof code),
+                     410);
+    ck_assert_str_eq(code, "session_lost");
+    ck_assert_int_eq(status_of(&a_, "POST", "/v1/attend", body, strlen(body), code, sizeof code),
+                     410);
+    ck_assert_str_eq(code, "session_evicted");
+    free(body);
+    ck_assert(http_client_metric(a_.base, "attnd_corrupt_sessions_total") == 1);
+    for (int i = 0; i < N_SPILL; i++) {
+        if (i != 3) {
+            char id[32];
+            snprintf(id, sizeof id, "p%d", i);
+            float *got = step(&a_, id, xs[i], T_SPILL, 1, 0);
+            expect_like_fresh(&a_, got, xs[i], T_SPILL + 1, id);
+            free(got);
+        }
+    }
+    for (int i = 0; i < N_SPILL; i++) {
+        free(xs[i]);
+    }
+    stop_ok(&a_);
+}
+END_TEST
+
+/* The disk budget holds about a dozen files: the oldest go, with a tombstone. */
+START_TEST(test_persist_disk_budget_drops_the_oldest) {
+    const char *args[] = {"--preset",          "tiny", "--kv-dtype",  "f32",
+                          "--kv-budget-mb",    "1",    "--state-dir", dir_,
+                          "--state-budget-mb", "1",    NULL};
+    http_client_daemon_start(&a_, args);
+    float *xs[N_SPILL];
+    for (int i = 0; i < N_SPILL; i++) {
+        xs[i] = rows(90 + i);
+    }
+    fill(&a_, N_SPILL, xs);
+    ck_assert(http_client_metric(a_.base, "attnd_disk_drops_total") > 0);
+    ck_assert(http_client_metric(a_.base, "attnd_disk_bytes_used") <= 1 << 20);
+    char code[64];
+    ck_assert_int_eq(status_of(&a_, "GET", "/v1/sessions/p0", NULL, 0, code, sizeof code), 410);
+    ck_assert_str_eq(code, "session_evicted");
+    /* the newest still continue */
+    char id[32];
+    snprintf(id, sizeof id, "p%d", N_SPILL - 1);
+    float *got = step(&a_, id, xs[N_SPILL - 1], T_SPILL, 1, 0);
+    expect_like_fresh(&a_, got, xs[N_SPILL - 1], T_SPILL + 1, id);
+    free(got);
+    for (int i = 0; i < N_SPILL; i++) {
+        free(xs[i]);
+    }
+    stop_ok(&a_);
+}
+END_TEST
+
+/* SIGKILL while sessions are being spilled: after a restart no half-written file is left, and
+ * every session the daemon finds restores exactly. */
+START_TEST(test_persist_kill9_during_spills_corrupts_nothing) {
+    const char *args[] = {"--preset", "tiny",        "--kv-dtype", "f32", "--kv-budget-mb",
+                          "1",        "--state-dir", dir_,         NULL};
+    http_client_daemon_start(&a_, args);
+    enum { N = 40 };
+    float *xs[N];
+    for (int i = 0; i < N; i++) {
+        xs[i] = rows(200 + i);
+    }
+    pid_t child = fork();
+    if (child == 0) {
+        /* a client filling sessions as fast as it can, each one spilling another */
+        for (int i = 0; i < N; i++) {
+            char id[32];
+            snprintf(id, sizeof id, "p%d", i);
+            char *body =
+                http_client_attend_body(id, xs[i], 0, T_SPILL, HIDDEN, true, ",\"layer\":0");
+            struct http_client_response r;
+            call(&a_, "POST", "/v1/attend", body, strlen(body), &r);
+            http_client_response_release(&r);
+            free(body);
+        }
+        _exit(0);
+    }
+    for (int i = 0; i < 400 && http_client_metric(a_.base, "attnd_spills_total") < 12; i++) {
+        http_client_sleep_ms(5);
+    }
+    kill(a_.pid, SIGKILL);
+    http_client_daemon_kill(&a_);
+    int ws;
+    waitpid(child, &ws, 0);
+    http_client_daemon_start(&a_, args);
+    DIR *d = opendir(dir_);
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        ck_assert_msg(strstr(e->d_name, ".tmp") == NULL, "%s left behind", e->d_name);
+    }
+    closedir(d);
+    int found = count_location(&a_, "disk");
+    ck_assert_int_gt(found, 0);
+    for (int i = 0; i < N; i++) {
+        char path[64], id[32];
+        snprintf(id, sizeof id, "p%d", i);
+        snprintf(path, sizeof path, "/v1/sessions/%s", id);
+        if (status_of(&a_, "GET", path, NULL, 0, NULL, 0) == 200) {
+            float *got = step(&a_, id, xs[i], T_SPILL, 1, 0);
+            expect_like_fresh(&a_, got, xs[i], T_SPILL + 1, id);
+            free(got);
+        }
+    }
+    ck_assert(http_client_metric(a_.base, "attnd_restore_failures_total") == 0);
+    ck_assert(http_client_metric(a_.base, "attnd_restores_total") == found);
+    for (int i = 0; i < N; i++) {
+        free(xs[i]);
+    }
+    stop_ok(&a_);
+}
+END_TEST
+
+/* Two daemons never share a directory. */
+START_TEST(test_persist_state_dir_is_locked) {
+    const char *args[] = {"--preset", "tiny", "--state-dir", dir_, NULL};
+    http_client_daemon_start(&a_, args);
+    char *log = NULL;
+    int status = http_client_daemon_run(args, 10000, &log);
+    ck_assert_msg(status == 1 && strstr(log, "another attnd is using this directory") != NULL,
+                  "status %d: %s", status, log);
+    free(log);
+    stop_ok(&a_);
+}
+END_TEST
+
+extern Suite *persist_suite(void);
+
+Suite *persist_suite(void) {
+    Suite *s = suite_create("persist");
+    TCase *tc = tcase_create("files");
+    tcase_set_tags(tc, "server");
+    tcase_set_timeout(tc, 240);
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, test_persist_export_import_continues_exactly);
+    tcase_add_test(tc, test_persist_import_refusals_create_nothing);
+    tcase_add_test(tc, test_persist_disk_tier_restores_exactly);
+    tcase_add_test(tc, test_persist_restart_brings_sessions_back);
+    tcase_add_test(tc, test_persist_disk_budget_drops_the_oldest);
+    tcase_add_test(tc, test_persist_kill9_during_spills_corrupts_nothing);
+    tcase_add_test(tc, test_persist_state_dir_is_locked);
+    suite_add_tcase(s, tc);
+    return s;
+}
