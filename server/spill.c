@@ -280,7 +280,9 @@ int spill_open(const struct spill_params *p, struct spill **out, char *err, size
     struct scan sc = {sp, NULL, 0, 0, 0};
     int32_t n_files =
         statedir_scan(sp->dir, SUFFIX, SNAPSHOT_HEADER_BYTES + API_SESSION_ID_MAX, on_file, &sc);
-    qsort(sc.all, (size_t)sc.n, sizeof *sc.all, by_mtime);
+    if (sc.n > 1) {
+        qsort(sc.all, (size_t)sc.n, sizeof *sc.all, by_mtime);
+    }
     int64_t now = mono_ms();
     for (int32_t i = 0; i < sc.n; i++) {
         session_add_on_disk(p->sessions, sc.all[i].id, (size_t)sc.all[i].bytes, sc.all[i].n_tokens,
