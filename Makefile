@@ -63,7 +63,7 @@ ACCURACY    := $(BUILD)/kv_accuracy
 FUZZ_TARGETS := $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_SECONDS ?= 60
 
-.PHONY: all engine server test asan valgrind debug bench bench-compare accuracy load run deps docker \
+.PHONY: all engine server test asan valgrind debug bench bench-compare accuracy load persist-bench run deps docker \
         docker-test topology-test clean format lint layering check-format fuzz fuzz-run
 
 # all: the engine library and the daemon (default).
@@ -174,6 +174,11 @@ accuracy: $(ACCURACY)
 $(ACCURACY): $(BUILD)/bench/kv_accuracy.o $(BUILD)/tests/ref.o $(LIBATTN)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(BLAS_LIBS) $(CJSON_LIBS) -lpthread -lm
+
+# persist-bench: issue 11's figures (restore vs disk and prefill, export/import over HTTP, a
+# checked load run with sessions spilling to --state-dir); PERSIST_ARGS go to bench/persist.py.
+persist-bench: $(ATTND)
+	$(Q)$(PYTHON) bench/persist.py --attnd ./$(ATTND) $(PERSIST_ARGS)
 
 load: $(LOAD) $(ATTND)
 	$(Q)./$(LOAD) --spawn ./$(ATTND) $(LOAD_ARGS)
