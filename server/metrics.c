@@ -125,9 +125,13 @@ static void render_disk(const struct metrics_disk *d, struct strbuf *out) {
                   "# HELP attnd_disk_bytes_used Bytes of session files in --state-dir.\n"
                   "# TYPE attnd_disk_bytes_used gauge\nattnd_disk_bytes_used %zu\n"
                   "# HELP attnd_disk_bytes_limit --state-budget-mb in bytes.\n"
-                  "# TYPE attnd_disk_bytes_limit gauge\nattnd_disk_bytes_limit %zu\n",
+                  "# TYPE attnd_disk_bytes_limit gauge\nattnd_disk_bytes_limit %zu\n"
+                  "# HELP attnd_spill_pending_bytes Bytes of session files waiting to be "
+                  "written.\n"
+                  "# TYPE attnd_spill_pending_bytes gauge\nattnd_spill_pending_bytes %zu\n",
                   d->spills, d->spill_failures, d->restores, d->restore_failures, d->corrupt,
-                  d->disk_drops, d->sessions_on_disk, d->bytes_on_disk, d->bytes_limit);
+                  d->disk_drops, d->sessions_on_disk, d->bytes_on_disk, d->bytes_limit,
+                  d->pending_bytes);
     strbuf_puts(out, "# HELP attnd_restore_duration_seconds From a request naming a session on "
                      "disk to its caches back in memory.\n"
                      "# TYPE attnd_restore_duration_seconds histogram\n");

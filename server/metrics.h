@@ -60,6 +60,7 @@ struct metrics_disk {
     int64_t sessions_on_disk;
     size_t bytes_on_disk;
     size_t bytes_limit;
+    size_t pending_bytes; /* written files' bytes queued for the I/O thread */
     uint64_t restore_buckets[METRICS_N_RESTORE_BUCKETS]; /* per bucket, not cumulative */
     double restore_sum_s;
 };

@@ -68,10 +68,13 @@ int snapshot_encode(struct session *s, const attn_model *m, attn_dtype kv_dtype,
         }
     }
     total += 8; /* the checksum */
-    uint8_t *p = calloc(1, total);
+    /* malloc, not calloc: the rows are most of it and are written once; the header and the
+     * padding are zeroed where they are laid out */
+    uint8_t *p = malloc(total);
     if (p == NULL) {
         return ATTN_ENOMEM;
     }
+    memset(p, 0, SNAPSHOT_HEADER_BYTES + pad8(id_len));
     memcpy(p, magic, sizeof magic);
     put_u32(p + 8, SNAPSHOT_VERSION);
     put_u32(p + 12, SNAPSHOT_HEADER_BYTES);
@@ -95,6 +98,7 @@ int snapshot_encode(struct session *s, const attn_model *m, attn_dtype kv_dtype,
             put_u32(p + at + 4, (uint32_t)l);
             put_u64(p + at + 8, n);
             attn_kv_export(kv, p + at + SECTION_HEAD_BYTES, n); /* sized just above */
+            memset(p + at + SECTION_HEAD_BYTES + n, 0, pad8(n) - n);
             at += SECTION_HEAD_BYTES + pad8(n);
         }
     }

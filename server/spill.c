@@ -141,7 +141,7 @@ static void restore_done(void *ctx, int status, uint8_t *data, size_t len) {
             rc = snapshot_restore(sp->p.sessions, op->turn, data, len, op->msg, sizeof op->msg);
         }
     }
-    free(data);
+    statedir_release(data, len);
     double seconds = (double)(uv_hrtime() - op->started_ns) / 1e9;
     char name[API_SESSION_ID_MAX + 16];
     file_name(name, sizeof name, op->id);
@@ -324,4 +324,5 @@ void spill_get_metrics(const struct spill *sp, struct metrics_disk *out) {
     out->bytes_on_disk = st.disk_bytes_used;
     out->bytes_limit = st.disk_bytes_limit;
     out->disk_drops = st.disk_drops;
+    out->pending_bytes = statedir_pending_bytes(sp->dir);
 }

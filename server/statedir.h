@@ -21,7 +21,8 @@
 struct statedir; /* opaque */
 
 /* Loop thread, when an operation has finished: status 0 or a negative errno (or check's code);
- * for a read, data (malloc'd, the callee's to free) and len. */
+ * for a read, the file's bytes (data, len: a read-only mapping, the callee's to release with
+ * statedir_release). */
 typedef void (*statedir_done_fn)(void *ctx, int status, uint8_t *data, size_t len);
 
 /* Opens (creating it, mode 0700, if missing) and locks dir, and starts the I/O thread. Returns
@@ -44,6 +45,9 @@ int statedir_write(struct statedir *sd, const char *name, uint8_t *data, size_t 
 int statedir_read(struct statedir *sd, const char *name,
                   int (*check)(void *ctx, const uint8_t *data, size_t len), statedir_done_fn done,
                   void *ctx);
+
+/* Releases a read's bytes. NULL is a no-op. */
+void statedir_release(uint8_t *data, size_t len);
 
 /* Removes file `name` (missing is fine). done may be NULL. Returns 0 or -ENOMEM. */
 int statedir_remove(struct statedir *sd, const char *name, statedir_done_fn done, void *ctx);
