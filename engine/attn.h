@@ -449,7 +449,8 @@ int attn_kv_read(const attn_kv *kv, int32_t first, int32_t count, float *k, floa
 size_t attn_kv_export_bytes(const attn_kv *kv);
 int attn_kv_export(const attn_kv *kv, uint8_t *out, size_t size);
 
-/* Recreates in pool, for layer, the cache attn_kv_export wrote (*out, new). ATTN_EUNSUPPORTED
+/* Recreates in pool, for layer (or -1: attn_kv_create's plain cache, as a cross-attention
+ * context is), the cache attn_kv_export wrote (*out, new). ATTN_EUNSUPPORTED
  * when the bytes describe another shape, dtype, window or kind of layer than this pool holds for
  * this layer (or a ring's first held token that does not start one of this pool's blocks);
  * ATTN_EIO when they are inconsistent or of the wrong size; ATTN_ENOSPC when the pool lacks the

@@ -123,11 +123,13 @@ static int kv_io_check(const attn_kv_pool *pool, int32_t layer, const uint8_t *d
     int32_t kind = h[0], dtype = h[1], n_kv = h[2], k_dim = h[3], v_dim = h[4], window = h[5];
     int32_t len = h[6], first = h[7];
     const attn_config *c = &pool->model->cfg;
-    if (layer < 0 || layer >= c->n_layers) {
+    if (layer < -1 || layer >= c->n_layers) {
         return ATTN_EINVAL;
     }
-    bool is_state = attn_config_layer_is_linear(c, layer);
-    int32_t want_window = attn_config_layer_is_sliding(c, layer) ? c->sliding_window : 0;
+    /* layer -1: attn_kv_create's plain cache (a cross-attention context) */
+    bool is_state = layer >= 0 && attn_config_layer_is_linear(c, layer);
+    int32_t want_window =
+        layer >= 0 && attn_config_layer_is_sliding(c, layer) ? c->sliding_window : 0;
     /* What the bytes say must be what this pool holds for this layer: anything else is another
      * model, dtype or layer, refused whole. */
     if (kind != (is_state ? KV_IO_STATE : KV_IO_ROWS) || dtype != (int32_t)pool->dtype ||
@@ -167,8 +169,8 @@ int32_t attn_kv_import_blocks(attn_kv_pool *pool, int32_t layer, const uint8_t *
     if (!plan.has_state) {
         return plan.n_blocks - plan.n_dropped;
     }
-    attn_kv *kv =
-        NULL; /* a state's blocks: what an empty cache of this layer takes for one token */
+    /* a state's blocks: what an empty cache of this layer takes for one token */
+    attn_kv *kv = NULL;
     rc = attn_kv_create_for_layer(pool, layer, &kv);
     int32_t n = rc == ATTN_OK ? attn_kv_blocks_needed(kv, 1) : rc;
     attn_kv_destroy(kv);
@@ -186,7 +188,7 @@ int attn_kv_import(attn_kv_pool *pool, int32_t layer, const uint8_t *data, size_
         return ATTN_ENOSPC;
     }
     attn_kv *kv = NULL;
-    rc = attn_kv_create_for_layer(pool, layer, &kv);
+    rc = layer >= 0 ? attn_kv_create_for_layer(pool, layer, &kv) : attn_kv_create(pool, &kv);
     if (rc == ATTN_OK && plan.has_state) {
         rc = attn_kv_reserve(kv, 1); /* the state's blocks, zeroed, then overwritten */
     }

@@ -267,7 +267,8 @@ static int count_blocks(void *ctx, int kind, int32_t layer, const uint8_t *paylo
         layer >= attn_model_layer_first(m) + attn_model_layer_count(m)) {
         return section_error(r, ATTN_EINVAL, layer);
     }
-    int32_t b = attn_kv_import_blocks(session_store_kv_pool(r->st), layer, payload, n);
+    int32_t b = attn_kv_import_blocks(session_store_kv_pool(r->st),
+                                      kind == SECTION_SELF ? layer : -1, payload, n);
     if (b < 0) {
         return section_error(r, b, layer);
     }
@@ -282,7 +283,9 @@ static int import_section(void *ctx, int kind, int32_t layer, const uint8_t *pay
         return ERROR_CORRUPT_SESSION;
     }
     attn_kv *kv = NULL;
-    int rc = attn_kv_import(session_store_kv_pool(r->st), layer, payload, n, &kv);
+    /* a context is a plain cache (attn_kv_create's), whatever the layer's own kind */
+    int rc = attn_kv_import(session_store_kv_pool(r->st), kind == SECTION_SELF ? layer : -1,
+                            payload, n, &kv);
     if (rc != ATTN_OK) {
         return section_error(r, rc, layer);
     }

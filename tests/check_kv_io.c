@@ -184,6 +184,56 @@ START_TEST(test_kv_io_refusals_create_nothing) {
 }
 END_TEST
 
+/* A cross-attention context is attn_kv_create's plain cache even on a sliding layer: it imports
+ * as one (layer -1), every token kept, and not as that layer's ring. */
+START_TEST(test_kv_io_context_cache_is_plain) {
+    attn_config cfg = harness_config(4, 2, 32);
+    cfg.sliding_window = 8;
+    harness_model hm;
+    harness_model_init(&hm, &cfg, 8400);
+    const int32_t n = 40;
+    float *x = harness_random_x(8401, n, cfg.hidden_size);
+    float *out = harness_calloc((size_t)cfg.hidden_size, sizeof(float));
+    attn_kv_pool *pool = NULL;
+    attn_workspace *ws = NULL;
+    ck_assert_int_eq(attn_kv_pool_create_typed(hm.model, 1 << 20, 16, ATTN_DTYPE_F32, &pool),
+                     ATTN_OK);
+    ck_assert_int_eq(attn_workspace_create(hm.model, 64, NULL, &ws), ATTN_OK);
+    attn_kv *ctx = NULL;
+    ck_assert_int_eq(attn_kv_create(pool, &ctx), ATTN_OK);
+    attn_step st = {.cross = ctx, .context = x, .n_context = n, .x = x, .n_tokens = 1, .out = out};
+    ck_assert_int_eq(attn_forward(hm.model, 0, ws, &st, 1), ATTN_OK);
+    size_t bytes = attn_kv_export_bytes(ctx);
+    uint8_t *buf = harness_calloc(bytes, 1);
+    ck_assert_int_eq(attn_kv_export(ctx, buf, bytes), ATTN_OK);
+    attn_kv *got = NULL;
+    ck_assert_int_eq(attn_kv_import(pool, 0, buf, bytes, &got), ATTN_EUNSUPPORTED);
+    ck_assert_int_eq(attn_kv_import_blocks(pool, -1, buf, bytes), 3);
+    ck_assert_int_eq(attn_kv_import(pool, -1, buf, bytes, &got), ATTN_OK);
+    ck_assert_int_eq(attn_kv_window(got), 0);
+    ck_assert_int_eq(attn_kv_len(got), n);
+    size_t count = (size_t)cfg.n_kv_heads * n * cfg.head_dim;
+    float *k0 = harness_calloc(count, sizeof(float)), *v0 = harness_calloc(count, sizeof(float));
+    float *k1 = harness_calloc(count, sizeof(float)), *v1 = harness_calloc(count, sizeof(float));
+    ck_assert_int_eq(attn_kv_read(ctx, 0, n, k0, v0), ATTN_OK);
+    ck_assert_int_eq(attn_kv_read(got, 0, n, k1, v1), ATTN_OK);
+    ck_assert(memcmp(k0, k1, count * sizeof(float)) == 0);
+    ck_assert(memcmp(v0, v1, count * sizeof(float)) == 0);
+    free(k0);
+    free(v0);
+    free(k1);
+    free(v1);
+    attn_kv_destroy(got);
+    attn_kv_destroy(ctx);
+    free(buf);
+    attn_workspace_destroy(ws);
+    attn_kv_pool_destroy(pool);
+    free(out);
+    free(x);
+    harness_model_release(&hm);
+}
+END_TEST
+
 /* `extern` keeps this prototype out of the Makefile's suite-table scan, which matches lines
  * starting with `Suite *`. */
 extern Suite *kvio_suite(void);
@@ -194,6 +244,7 @@ Suite *kvio_suite(void) {
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_kv_io_round_trips);
     tcase_add_test(tc, test_kv_io_refusals_create_nothing);
+    tcase_add_test(tc, test_kv_io_context_cache_is_plain);
     suite_add_tcase(s, tc);
     return s;
 }

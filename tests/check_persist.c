@@ -177,6 +177,17 @@ START_TEST(test_persist_export_import_continues_exactly) {
     for (int layer = 0; layer < 2; layer++) {
         free(step(&a_, "s", x, 0, 300, layer));
     }
+    /* and a cross-attention context on layer 1, kept beside its own cache */
+    float *ctx = rows(99);
+    char *ctx_json = http_client_matrix_b64(ctx, 20, HIDDEN);
+    char *extra = malloc(strlen(ctx_json) + 64);
+    sprintf(extra, ",\"layer\":1,\"context\":%s", ctx_json);
+    char *body = http_client_attend_body("s", x, 0, 1, HIDDEN, true, extra);
+    ck_assert_int_eq(status_of(&a_, "POST", "/v1/attend", body, strlen(body), NULL, 0), 200);
+    free(body);
+    free(extra);
+    free(ctx_json);
+    free(ctx);
     size_t len;
     char *file = export(&a_, "s", &len);
     /* tokens, not blocks: 2 layers x 300 tokens x (K + V) x 2 heads x 16 floats, and headers */
@@ -196,6 +207,22 @@ START_TEST(test_persist_export_import_continues_exactly) {
         free(b);
         free(c);
     }
+    /* the context came along */
+    char *cross =
+        http_client_attend_body("s", x, 5, 1, HIDDEN, true, ",\"layer\":1,\"cross\":true");
+    struct http_client_response ra, rb;
+    call(&a_, "POST", "/v1/attend", cross, strlen(cross), &ra);
+    call(&b_, "POST", "/v1/attend", cross, strlen(cross), &rb);
+    ck_assert_msg(ra.status == 200 && rb.status == 200, "%ld %s / %ld %s", ra.status, ra.body,
+                  rb.status, rb.body);
+    /* the outputs, bit for bit (as printed, %.9g), not the timings after them */
+    const char *oa = strstr(ra.body, "\"output\""), *ob = strstr(rb.body, "\"output\"");
+    const char *ta = strstr(ra.body, "\"timing\""), *tb = strstr(rb.body, "\"timing\"");
+    ck_assert(oa != NULL && ob != NULL && ta > oa && tb > ob);
+    ck_assert(ta - oa == tb - ob && memcmp(oa, ob, (size_t)(ta - oa)) == 0);
+    http_client_response_release(&ra);
+    http_client_response_release(&rb);
+    free(cross);
     free(x);
     free(file);
     stop_ok(&a_);

@@ -48,6 +48,33 @@ def safetensors(keep_data=4096):
         yield raw if len(raw) <= 8 + n + keep_data else raw[: 8 + n + keep_data]
 
 
+def session_files():
+    """Session files (proto/session-file.md) of preset tiny's geometry, f32 K/V: the fuzz target
+    writes the fingerprint and the checksum in itself."""
+    def cache(n_tokens):
+        head = struct.pack("<8i", 0, 1, 2, 16, 16, 0, n_tokens, 0)
+        rows = b"".join(struct.pack("<f", ((i * 37) % 101) / 50.0 - 1.0)
+                        for i in range(2 * 2 * n_tokens * 16))
+        return head + rows
+
+    def file(sections, sid=b"s"):
+        body = sid + b"\0" * (-len(sid) % 8)
+        for kind, layer, payload in sections:
+            body += struct.pack("<IiQ", kind, layer, len(payload)) + payload
+            body += b"\0" * (-len(payload) % 8)
+        total = 96 + len(body) + 8
+        n_tokens = max([0] + [struct.unpack("<i", p[24:28])[0] for _, _, p in sections])
+        header = b"ATTNDSES" + struct.pack("<II", 1, 96) + b"\0" * 32
+        header += struct.pack("<IIIiQQ", 1, len(sid), len(sections), n_tokens, total, 0)
+        header += b"\0" * 16
+        return header + body + b"\0" * 8
+
+    yield file([])
+    yield file([(0, 0, cache(1))])
+    yield file([(0, 0, cache(3)), (0, 1, cache(2))], b"chat-42")
+    yield file([(0, 0, cache(5)), (1, 0, cache(4))])
+
+
 SOURCES = {
     "fuzz_attend": lambda: examples("attend_*.request.json", "error.request.json"),
     "fuzz_sdpa": lambda: examples("sdpa*.request.json"),
@@ -56,6 +83,7 @@ SOURCES = {
     "fuzz_b64": b64_strings,
     "fuzz_hf_config": configs,
     "fuzz_safetensors": safetensors,
+    "fuzz_snapshot": session_files,
 }
 
 

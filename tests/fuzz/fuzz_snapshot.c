@@ -1,0 +1,105 @@
+/* tests/fuzz/fuzz_snapshot.c: session files (PUT /v1/sessions/{id}, and --state-dir's files read
+ * back): snapshot_check, snapshot_match and snapshot_restore into a session of preset tiny's
+ * store (f32 K/V, 64-token blocks). The target writes the model's fingerprint and the checksum
+ * into each input, so the fuzzer gets past them to the framing and every cache's header and
+ * payload (the checksum and the fingerprint have their own tests in check_persist.c). A refused
+ * file must leave the session without caches; an accepted one must hold exactly what a re-export
+ * says, within the model's limits. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../engine/attn.h"
+#include "../../server/error.h"
+#include "../../server/session.h"
+#include "../../server/snapshot.h"
+#include "fuzz.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static attn_model *model_;
+static struct session_store *store_;
+
+static void init(void) {
+    attn_config cfg;
+    attn_load_params lp;
+    memset(&lp, 0, sizeof lp);
+    if (attn_config_preset("tiny", &cfg) != ATTN_OK ||
+        attn_model_create_random(&cfg, 0, &lp, &model_) != ATTN_OK) {
+        abort();
+    }
+    struct session_store_params sp = {.model = model_,
+                                      .budget_bytes = (size_t)1 << 20,
+                                      .block_tokens = 64,
+                                      .kv_dtype = ATTN_DTYPE_F32,
+                                      .max_sessions = 4,
+                                      .max_tombstones = 4};
+    if (session_store_create(&sp, &store_) != 0) {
+        abort();
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (model_ == NULL) {
+        init();
+    }
+    uint8_t *file = malloc(size > 0 ? size : 1);
+    memcpy(file, data, size);
+    if (size >= SNAPSHOT_MIN_BYTES) {
+        attn_model_fingerprint(model_, file + 16);
+        snapshot_seal(file, size);
+    }
+    struct snapshot_info info;
+    char msg[256];
+    int rc = snapshot_check(file, size, &info, msg, sizeof msg);
+    if (rc == 0) {
+        rc = snapshot_match(&info, model_, ATTN_DTYPE_F32, msg, sizeof msg);
+    }
+    if (rc != 0) {
+        if (rc != ERROR_CORRUPT_SESSION && rc != ERROR_SESSION_VERSION &&
+            rc != ERROR_FINGERPRINT_MISMATCH) {
+            abort();
+        }
+        free(file);
+        return 0;
+    }
+    struct session *s;
+    if (session_create(store_, "f", 0, &s) != 0) {
+        abort();
+    }
+    session_pin(store_, s, 0);
+    struct session_turn *t = session_turn_take(store_, s);
+    rc = snapshot_restore(store_, t, file, size, msg, sizeof msg);
+    if (rc != 0 && session_n_layers_used(s) != 0) {
+        abort(); /* all or nothing */
+    }
+    if (rc == 0) {
+        /* what was made reads back within the model's limits, and exports again */
+        for (int32_t l = 0; l < 2; l++) {
+            attn_kv *kv = session_kv_find(s, l);
+            if (kv != NULL && (attn_kv_len(kv) > attn_model_config(model_)->max_seq ||
+                               attn_kv_first_held(kv) > attn_kv_len(kv))) {
+                abort();
+            }
+        }
+        uint8_t *again;
+        size_t n;
+        if (snapshot_encode(s, model_, ATTN_DTYPE_F32, 0, &again, &n) != 0) {
+            abort();
+        }
+        snapshot_seal(again, n);
+        struct snapshot_info info2;
+        if (snapshot_check(again, n, &info2, msg, sizeof msg) != 0 ||
+            info2.n_sections != info.n_sections) {
+            abort();
+        }
+        free(again);
+    } else if (rc != ERROR_CORRUPT_SESSION && rc != ERROR_FINGERPRINT_MISMATCH &&
+               rc != ERROR_KV_BUDGET_EXHAUSTED) {
+        abort();
+    }
+    session_clear(store_, t);
+    session_turn_give(store_, t);
+    session_unpin(store_, s, 0);
+    free(file);
+    return 0;
+}
