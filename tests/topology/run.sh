@@ -108,7 +108,7 @@ json_int() {
 
 # json_output: the "output" of a one-token /v1/attend answer in $T/body, as the server wrote it.
 json_output() {
-    grep -o '"output":\[\[[^]]*\]\]' "$T/body" | head -1
+    grep -o '"output":\[\[[^]]*\]\]' "$T/body" | head -1 || true
 }
 
 # put_file URL FILE [HEADER...]: PUTs FILE as application/octet-stream; like http otherwise.
@@ -318,30 +318,60 @@ expect "$n_ok = 6" "stateless calls through the proxy: 6/6" "stateless calls: $n
 # ---- 3. draining a replica moves its sessions, which continue bit for bit ---------------------
 # README.md's "Moving sessions off a replica (drain)": take the replica out of nginx, export its
 # sessions from it directly, PUT them through the proxy (which sends each to its new replica),
-# delete them on it, stop it. The reference for each session's next step is computed before, on
-# an untouched copy: a fork on the session's own replica, stepped there and deleted. After the
-# drain the same step through the proxy must give the same output, bit for bit: on the moved
-# sessions, and on the others, which must not have moved.
+# delete them on it, stop it. First, each session of the drained replica and each drain-* session
+# elsewhere gets a reference for its next step, computed on an untouched copy: a fork on the
+# session's own replica, stepped there and deleted. After the drain the same step through the
+# proxy must give the same output, bit for bit, the moved sessions on other replicas and the
+# rest where they were.
 DRAINED=$((N_REPLICAS - 1))
 DRAINED_URL=http://127.0.0.1:${PORTS[$DRAINED]}
-echo "-- drain replica $DRAINED ($N_DRAIN more sessions of 2 to 5 tokens and a fork on it)"
+
+# where_held: HELD[id] = the replica whose GET /v1/sessions lists id ("many" if several), over
+# the replicas that answer.
+declare -A HELD=()
+where_held() {
+    local r id ids
+    HELD=()
+    for ((r = 0; r < N_REPLICAS; r++)); do
+        [ "$(http GET "http://127.0.0.1:${PORTS[$r]}/v1/sessions")" = 200 ] || continue
+        mapfile -t ids < <(grep -o '"session_id":"[^"]*"' "$T/body" | cut -d'"' -f4 || true)
+        for id in "${ids[@]}"; do
+            if [ -n "${HELD[$id]:-}" ]; then
+                HELD[$id]=many
+            else
+                HELD[$id]=$r
+            fi
+        done
+    done
+}
+# session_headers ID: the routing headers a client sends with ID's requests, one a line.
+session_headers() {
+    echo "X-Session-Id: $1"
+    [ "${ROUTE[$1]:-$1}" = "$1" ] || echo "X-Route-Key: ${ROUTE[$1]}"
+}
+# step_body ID I: the JSON of ID's next decode step; I (its index in IDS) picks the token.
+step_body() {
+    echo "{\"session_id\":\"$1\",\"expect_n_past\":${NPAST[$1]},\"x\":$(x_rows 1 "$((500 + $2))")}"
+}
+
+echo "-- drain replica $DRAINED ($N_DRAIN more sessions of 2 to 5 tokens, and a fork on it)"
 n_made=0
 for ((s = 0; s < N_DRAIN; s++)); do
     id="drain-$s"
     n=$((2 + s % 4))
     code=$(http POST "$PROXY/v1/attend" "{\"session_id\":\"$id\",\"x\":$(x_rows "$n" "$((300 + s))")}" \
         "X-Session-Id: $id")
-    n_tokens=$(json_int n_tokens)
-    owner=$(owner_of "$id")
-    if [ "$code" = 200 ] && [ "$n_tokens" = "$n" ] && [ "$owner" != none ] &&
-        [ "$owner" != many ]; then
+    if [ "$code" = 200 ] && [ "$(json_int n_tokens)" = "$n" ]; then
         IDS+=("$id")
-        OWNER[$id]=$owner
         NPAST[$id]=$n
         n_made=$((n_made + 1))
     else
-        fail "drain session $id: prefill $code ($n_tokens tokens), held by $owner"
+        fail "drain session $id: prefill $code $(head -c 200 "$T/body")"
     fi
+done
+where_held
+for id in "${IDS[@]}"; do
+    [ "${id#drain-}" = "$id" ] || OWNER[$id]=${HELD[$id]:-none}
 done
 [ $n_made = "$N_DRAIN" ] && pass "$n_made/$N_DRAIN more sessions made through the proxy"
 # A fork's copy on the drained replica must move to where its source goes: its PUT sends the
@@ -363,21 +393,12 @@ if [ -n "$src" ]; then
     fi
 fi
 
-# session_headers ID: the routing headers a client sends with ID's requests, one a line.
-session_headers() {
-    echo "X-Session-Id: $1"
-    [ "${ROUTE[$1]:-$1}" = "$1" ] || echo "X-Route-Key: ${ROUTE[$1]}"
-}
-# step_body ID I: the JSON of ID's next decode step; I (its index in IDS) picks the token.
-step_body() {
-    echo "{\"session_id\":\"$1\",\"expect_n_past\":${NPAST[$1]},\"x\":$(x_rows 1 "$((500 + $2))")}"
-}
-
 declare -A REF=()
 n_ref=0 n_want=0
 for ((i = 0; i < ${#IDS[@]}; i++)); do
     id=${IDS[i]}
     case ${OWNER[$id]} in none | many) continue ;; esac
+    [ "${OWNER[$id]}" = "$DRAINED" ] || [ "${id#drain-}" != "$id" ] || continue
     n_want=$((n_want + 1))
     url=http://127.0.0.1:${PORTS[${OWNER[$id]}]}
     code=$(http POST "$url/v1/sessions/$id/fork" "{\"new_id\":\"$id.ref\"}")
@@ -398,7 +419,7 @@ done
 conf=$T/nginx/attnd.conf
 n_lines=$(grep -c "server 127\.0\.0\.1:${PORTS[$DRAINED]} " "$conf" || true)
 sed -i "/server 127\.0\.0\.1:${PORTS[$DRAINED]} /d" "$conf"
-old_workers=$(ps -o pid= --ppid "$NGINX_PID" | tr -s ' \n' ' ')
+old_workers=$(ps -o pid= --ppid "$NGINX_PID" | tr -s ' \n' ' ' || true)
 reloaded=0
 if nginx_ctl -t >"$T/nginx/configtest.log" 2>&1 && nginx_ctl -s reload >"$T/nginx/reload.log" 2>&1; then
     for ((i = 0; i < 100; i++)); do
@@ -418,13 +439,9 @@ expect "$reloaded$n_lines = 12" "nginx reloaded without replica $DRAINED in its 
 
 # Meanwhile a session's request reaches its new replica, which does not hold it yet: with
 # expect_n_past it is refused there, and it leaves nothing behind that would block the PUT.
-gap=""
-for id in "${IDS[@]}"; do
-    [ "${OWNER[$id]}" = "$DRAINED" ] && { gap=$id; break; }
-done
-if [ -n "$gap" ]; then
-    mapfile -t hdrs < <(session_headers "$gap")
-    code=$(http POST "$PROXY/v1/attend" "$(step_body "$gap" 0)" "${hdrs[@]}")
+if [ -n "$src" ]; then
+    mapfile -t hdrs < <(session_headers "$src")
+    code=$(http POST "$PROXY/v1/attend" "$(step_body "$src" 0)" "${hdrs[@]}")
     if [ "$code" = 409 ] && grep -q '"code":"n_past_mismatch"' "$T/body"; then
         pass "before its PUT, a moving session's step gets 409 n_past_mismatch on its new replica"
     else
@@ -436,13 +453,17 @@ fi
 code=$(http GET "$DRAINED_URL/v1/sessions")
 listed=$(grep -o '"session_id":"[^"]*"' "$T/body" | cut -d'"' -f4 | sort | tr '\n' ' ' || true)
 held=$(for id in "${IDS[@]}"; do [ "${OWNER[$id]}" = "$DRAINED" ] && echo "$id"; done | sort | tr '\n' ' ' || true)
-expect "$code$(echo "$listed" | wc -w) = 200$(echo "$held" | wc -w)" \
-    "replica $DRAINED lists its $(echo "$held" | wc -w) sessions" \
-    "replica $DRAINED's GET /v1/sessions: $code, lists [$listed], holds [$held]"
-[ "$listed" = "$held" ] || fail "replica $DRAINED lists [$listed] but holds [$held]"
+n_held=$(echo "$held" | wc -w)
+if [ "$code" = 200 ] && [ "$listed" = "$held" ]; then
+    pass "replica $DRAINED lists the $n_held sessions it holds"
+else
+    fail "replica $DRAINED's GET /v1/sessions: $code, lists [$listed], holds [$held]"
+fi
 mkdir -p "$T/drain"
+declare -A MOVED=()
 n_moved=0 n_ok=0
 for id in $listed; do
+    MOVED[$id]=1
     n_moved=$((n_moved + 1))
     code=$(http GET "$DRAINED_URL/v1/sessions/$id/export")
     if [ "$code" = 200 ] && grep -qi '^content-type: application/octet-stream' "$T/headers"; then
@@ -451,8 +472,8 @@ for id in $listed; do
         fail "export of $id: $code $(head -c 200 "$T/body")"
         continue
     fi
-    # 3. Each PUT through the proxy: routed by its path (or a copy's X-Route-Key), as later
-    # requests are.
+    # 3. Each PUT through the proxy: routed by its path (a copy by its X-Route-Key), as its
+    # requests will be.
     hdrs=()
     [ "${ROUTE[$id]:-$id}" = "$id" ] || hdrs=("X-Route-Key: ${ROUTE[$id]}")
     code=$(put_file "$PROXY/v1/sessions/$id" "$T/drain/$id.session" "${hdrs[@]}")
@@ -468,10 +489,12 @@ expect "$n_ok = $n_moved" "$n_ok/$n_moved sessions exported from replica $DRAINE
 # 4. Deleted on the drained replica (with --state-dir, its SIGTERM would write them), then stopped.
 n_ok=0
 for id in $listed; do
-    [ "$(http DELETE "$DRAINED_URL/v1/sessions/$id")" = 204 ] && n_ok=$((n_ok + 1))
+    if [ "$(http DELETE "$DRAINED_URL/v1/sessions/$id")" = 204 ]; then
+        n_ok=$((n_ok + 1))
+    fi
 done
 http GET "$DRAINED_URL/v1/sessions" >/dev/null
-n_left=$(grep -o '"session_id":' "$T/body" | wc -l)
+n_left=$(grep -c '"session_id":' "$T/body" || true)
 expect "$n_ok$n_left = ${n_moved}0" "moved sessions deleted on replica $DRAINED (204), none left there" \
     "$n_ok/$n_moved deleted on replica $DRAINED, $n_left left there"
 kill -TERM "${REPLICA_PID[$DRAINED]}"
@@ -480,8 +503,37 @@ wait "${REPLICA_PID[$DRAINED]}" || status=$?
 expect "$status = 0" "drained replica $DRAINED exited 0 on SIGTERM" \
     "drained replica $DRAINED exited $status on SIGTERM"
 
-# Every session's next step through the proxy: the reference's output, on the right replica.
-n_moved_ok=0 n_stay=0 n_stay_ok=0 moved_to=""
+# Every session is held by one live replica: a moved one by another than the drained replica (a
+# copy beside its source), the others by the same as before.
+where_held
+n_placed=0 n_all=0
+declare -a MOVED_TO=(0 0 0)
+for id in "${IDS[@]}"; do
+    was=${OWNER[$id]}
+    case $was in none | many) continue ;; esac
+    n_all=$((n_all + 1))
+    o=${HELD[$id]:-none}
+    if [ "$was" = "$DRAINED" ]; then
+        if [ "$o" != none ] && [ "$o" != many ] && [ "$o" != "$DRAINED" ] &&
+            { [ -z "${ROUTE[$id]:-}" ] || [ "$o" = "${HELD[${ROUTE[$id]}]:-}" ]; }; then
+            n_placed=$((n_placed + 1))
+            MOVED_TO[o]=$((MOVED_TO[o] + 1))
+        else
+            fail "moved session $id is held by replica $o${ROUTE[$id]:+ (its source by ${HELD[${ROUTE[$id]}]:-none})}"
+        fi
+    elif [ "$o" = "$was" ]; then
+        n_placed=$((n_placed + 1))
+    else
+        fail "session $id was on replica $was, is now held by $o"
+    fi
+    OWNER[$id]=$o
+done
+expect "$n_placed = $n_all" \
+    "all $n_all sessions held once: the moved ones by replicas 0/1 (${MOVED_TO[0]}/${MOVED_TO[1]}), the rest where they were" \
+    "only $n_placed of $n_all sessions held where they should be"
+
+# Each session's next step through the proxy: the reference's output, bit for bit.
+n_moved_ok=0 n_moved=0 n_stay=0 n_stay_ok=0
 for ((i = 0; i < ${#IDS[@]}; i++)); do
     id=${IDS[i]}
     [ -n "${REF[$id]:-}" ] || continue
@@ -489,38 +541,28 @@ for ((i = 0; i < ${#IDS[@]}; i++)); do
     code=$(http POST "$PROXY/v1/attend" "$(step_body "$id" "$i")" "${hdrs[@]}")
     got_past=$(json_int n_past)
     out=$(json_output)
-    was=${OWNER[$id]}
-    o=$(owner_of "$id")
     why=""
     if [ "$code" != 200 ] || [ "$got_past" != "${NPAST[$id]}" ]; then
         why="$code, n_past $got_past (want ${NPAST[$id]}): $(head -c 200 "$T/body")"
     elif [ "$out" != "${REF[$id]}" ]; then
         why="output differs from the reference: $(echo "$out" | cut -c1-80) vs $(echo "${REF[$id]}" | cut -c1-80)"
-    elif [ "$was" = "$DRAINED" ] && { [ "$o" = none ] || [ "$o" = many ] || [ "$o" = "$DRAINED" ]; }; then
-        why="held by $o replicas after the move"
-    elif [ "$was" != "$DRAINED" ] && [ "$o" != "$was" ]; then
-        why="was on replica $was, now on $o"
-    elif [ -n "${ROUTE[$id]:-}" ] && [ "$o" != "$(owner_of "${ROUTE[$id]}")" ]; then
-        why="a copy on replica $o, its source ${ROUTE[$id]} elsewhere"
     fi
-    if [ "$was" = "$DRAINED" ]; then
-        moved_to+=" $o"
+    if [ -n "${MOVED[$id]:-}" ]; then
+        n_moved=$((n_moved + 1))
         [ -z "$why" ] && n_moved_ok=$((n_moved_ok + 1))
     else
         n_stay=$((n_stay + 1))
         [ -z "$why" ] && n_stay_ok=$((n_stay_ok + 1))
     fi
-    [ -z "$why" ] || fail "after the drain, session $id (was on replica $was): $why"
-    OWNER[$id]=$o
+    [ -z "$why" ] || fail "after the drain, session $id: $why"
     NPAST[$id]=$((NPAST[$id] + 1))
 done
-echo "   moved to replicas:$moved_to"
 expect "$n_moved_ok = $n_moved" \
-    "moved sessions: $n_moved_ok/$n_moved continue on their new replica, output bit for bit the reference" \
+    "moved sessions: $n_moved_ok/$n_moved take their next step through the proxy, output bit for bit the reference" \
     "moved sessions: only $n_moved_ok of $n_moved continue correctly"
 expect "$n_stay_ok = $n_stay" \
-    "other sessions: $n_stay_ok/$n_stay stay on their replica, output bit for bit the reference" \
-    "other sessions: only $n_stay_ok of $n_stay unaffected"
+    "other drain-* sessions: $n_stay_ok/$n_stay unaffected, output bit for bit the reference" \
+    "other drain-* sessions: only $n_stay_ok of $n_stay unaffected"
 n_5xx=$(grep -cE '" 5[0-9][0-9] ' "$T/nginx/logs/access.log" || true)
 n_req=$(wc -l <"$T/nginx/logs/access.log")
 expect "$n_5xx = 0" "no 5xx through the proxy so far ($n_req requests)" \
