@@ -11,7 +11,7 @@ PYTHON   ?= /usr/bin/python3
 
 DEB_PKGS := build-essential pkg-config libmicrohttpd-dev libcjson-dev libopenblas-dev \
             libuv1-dev check libcurl4-openssl-dev curl python3-numpy nginx valgrind \
-            clang-format clang libclang-rt-14-dev
+            clang-format clang libclang-rt-14-dev python3-yaml
 
 PKGS      := libmicrohttpd libcjson libuv openblas
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) check libcurl 2>/dev/null)
@@ -63,7 +63,7 @@ ACCURACY    := $(BUILD)/kv_accuracy
 FUZZ_TARGETS := $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_SECONDS ?= 60
 
-.PHONY: all engine server test asan valgrind debug bench bench-compare accuracy load persist-bench run deps docker \
+.PHONY: all engine server test asan valgrind debug bench bench-compare accuracy load persist-bench proto-check run deps docker \
         docker-test topology-test clean format lint layering check-format fuzz fuzz-run
 
 # all: the engine library and the daemon (default).
@@ -234,7 +234,11 @@ layering:
 	echo "layering ok"
 
 # lint: the format check and the layering check.
-lint: check-format layering
+lint: check-format layering proto-check
+
+# proto-check: proto/openapi.yaml parses, its $refs resolve, its examples exist.
+proto-check:
+	$(Q)$(PYTHON) tests/proto_check.py
 
 # clean: remove every build output.
 clean:

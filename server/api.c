@@ -128,8 +128,27 @@ static int next_field(struct json_reader *r, const char *const *names, int n, ui
     return 1;
 }
 
+/* A body's reader: the JSON, and the raw part of a framed body with how much of it the tensors
+ * read so far have taken. `json` comes first, so the helpers that take the json_reader reach
+ * the rest (body_of). */
+struct body_reader {
+    struct json_reader json;
+    const uint8_t *binary; /* NULL: the body is not framed */
+    size_t binary_len, binary_used;
+};
+
+static struct body_reader *body_of(struct json_reader *r) {
+    return (struct body_reader *)r;
+}
+
 /* Starts reading a body that must be one JSON object. */
-static int begin_body(struct json_reader *r, const char *body, size_t len, struct api_error *err) {
+static int begin_framed(struct body_reader *br, const struct api_body *b, struct api_error *err) {
+    br->binary = b->binary;
+    br->binary_len = b->binary_len;
+    br->binary_used = 0;
+    struct json_reader *r = &br->json;
+    const char *body = b->json;
+    size_t len = b->json_len;
     json_reader_init(r, body, len);
     if (len == 0) {
         return fail(err, ERROR_INVALID_JSON, NULL, "request body is empty; expected a JSON object");
@@ -145,9 +164,26 @@ static int begin_body(struct json_reader *r, const char *body, size_t len, struc
     return json_object_begin(r) == 0 ? 0 : syntax_error(r, err);
 }
 
-/* After the object's closing brace: nothing but whitespace may follow. */
+/* The JSON-only body of the functions without framing. */
+static int begin_body(struct body_reader *br, const char *body, size_t len, struct api_error *err) {
+    struct api_body b = {body, len, NULL, 0};
+    return begin_framed(br, &b, err);
+}
+
+/* After the object's closing brace: nothing but whitespace may follow, and a framed body's raw
+ * part must have been taken whole by its tensors. */
 static int end_body(struct json_reader *r, struct api_error *err) {
-    return json_reader_finish(r) == 0 ? 0 : syntax_error(r, err);
+    if (json_reader_finish(r) != 0) {
+        return syntax_error(r, err);
+    }
+    struct body_reader *br = body_of(r);
+    if (br->binary != NULL && br->binary_used != br->binary_len) {
+        return fail(err, ERROR_INVALID_REQUEST, "Inference-Header-Content-Length",
+                    "the body's binary part has %zu bytes, its tensors' binary_data_size "
+                    "declare %zu",
+                    br->binary_len, br->binary_used);
+    }
+    return 0;
 }
 
 /* ---- scalar fields -------------------------------------------------------------------------- */
@@ -277,6 +313,22 @@ static int get_encoding(struct json_reader *r, enum api_encoding *out, struct ap
     } else {
         return fail(err, ERROR_INVALID_REQUEST, "encoding_format", "encoding_format: expected %s",
                     what);
+    }
+    return 0;
+}
+
+/* "binary_output": true answers with the binary tensor extension; encoding_format says how
+ * tensors go into JSON, so the two together contradict each other. Applied once the body is
+ * read (fields come in any order). */
+static int apply_binary_output(bool binary_output, uint32_t seen, int encoding_bit,
+                               enum api_encoding *enc, struct api_error *err) {
+    if (binary_output && ((seen >> encoding_bit) & 1u)) {
+        return fail(err, ERROR_INVALID_REQUEST, "encoding_format",
+                    "encoding_format: not with binary_output (its tensors are raw float32 after "
+                    "the JSON)");
+    }
+    if (binary_output) {
+        *enc = API_ENCODING_BINARY;
     }
     return 0;
 }
@@ -478,20 +530,84 @@ static int parse_nested(struct json_reader *r, const struct tensor_spec *s, floa
 
 /* {"shape": [...], "b64": "..."}: little-endian float32 bytes. The base64 text is decoded
  * straight from the body (it holds no escapes unless a client wrote some). */
+/* Little-endian float32 bytes to host floats, each checked (check_value). */
+static int floats_from_le(const uint8_t *raw, int64_t total, const struct tensor_spec *s,
+                          float *data, struct api_error *err) {
+    int rc = 0;
+    for (int64_t i = 0; rc == 0 && i < total; i++) {
+        const uint8_t *p = raw + i * 4;
+        uint32_t u =
+            (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+        float v;
+        memcpy(&v, &u, 4);
+        rc = check_value((double)v, s, i, err, &data[i]);
+    }
+    return rc;
+}
+
+/* A tensor object's datatype, when given: only "FP32" (the binary extension's name for what
+ * every tensor here is). */
+static int get_datatype(struct json_reader *r, const struct tensor_spec *s, struct api_error *err) {
+    char text[8];
+    size_t len;
+    int rc = get_short_string(r, s->name, text, sizeof text, &len, "\"FP32\"", err);
+    if (rc == 0 && !(len == 4 && memcmp(text, "FP32", 4) == 0)) {
+        rc = fail(err, ERROR_INVALID_REQUEST, s->name, "%s: datatype must be \"FP32\"", s->name);
+    }
+    return rc;
+}
+
+/* The next n bytes of a framed body's raw part, for a tensor declaring binary_data_size n. */
+static int take_binary(struct json_reader *r, const struct tensor_spec *s, size_t n,
+                       const uint8_t **out, struct api_error *err) {
+    struct body_reader *br = body_of(r);
+    if (br->binary == NULL) {
+        return fail(err, ERROR_INVALID_REQUEST, s->name,
+                    "%s: binary_data_size needs the binary tensor extension: the request header "
+                    "Inference-Header-Content-Length giving the JSON's length, the raw bytes after "
+                    "it",
+                    s->name);
+    }
+    if (n > br->binary_len - br->binary_used) {
+        return fail(err, ERROR_INVALID_REQUEST, s->name,
+                    "%s: binary_data_size %zu runs past the body's binary part (%zu bytes left)",
+                    s->name, n, br->binary_len - br->binary_used);
+    }
+    *out = br->binary + br->binary_used;
+    br->binary_used += n;
+    return 0;
+}
+
 static int parse_b64(struct json_reader *r, const struct tensor_spec *s, float **out, int64_t *dims,
                      int *rank_out, struct api_error *err) {
-    static const char *const names[] = {"shape", "b64"};
-    char shape_doc[200], ranks[32];
+    static const char *const names[] = {"shape", "b64", "binary_data_size", "datatype"};
+    char shape_doc[300], ranks[32];
     snprintf(shape_doc, sizeof shape_doc,
-             "%s: a base64 tensor is {\"shape\": [the %s sizes %s], \"b64\": \"...\"}", s->name,
-             rank_words(s, ranks, sizeof ranks), s->doc);
+             "%s: a tensor object is {\"shape\": [the %s sizes %s], \"b64\": \"...\"} or, with "
+             "the binary tensor extension, {\"shape\": [...], \"binary_data_size\": bytes}",
+             s->name, rank_words(s, ranks, sizeof ranks), s->doc);
     int rank = s->rank;
     struct json_span text = {NULL, 0, false};
     bool has_shape = false;
+    int64_t binary_size = -1;
     uint32_t seen = 0;
     int index, rc;
     json_object_begin(r);
-    while ((rc = next_field(r, names, 2, &seen, &index, err)) == 1) {
+    while ((rc = next_field(r, names, 4, &seen, &index, err)) == 1) {
+        if (index == 2) {
+            rc = get_int(r, s->name, 0, INT64_MAX / 2, &binary_size, err);
+            if (rc != 0) {
+                return rc;
+            }
+            continue;
+        }
+        if (index == 3) {
+            rc = get_datatype(r, s, err);
+            if (rc != 0) {
+                return rc;
+            }
+            continue;
+        }
         if (index == 1) {
             if (json_peek(r) != JSON_TYPE_STRING) {
                 return wrong_type(r, s->name, "b64 as a string", err);
@@ -540,11 +656,13 @@ static int parse_b64(struct json_reader *r, const struct tensor_spec *s, float *
         /* A stranger inside the tensor object is about the tensor: name the tensor field. */
         if (rc == ERROR_INVALID_REQUEST) {
             return fail(err, ERROR_INVALID_REQUEST, s->name,
-                        "%s: a base64 tensor has exactly the fields shape and b64", s->name);
+                        "%s: a tensor object has the fields shape and b64, or shape and "
+                        "binary_data_size (and datatype \"FP32\")",
+                        s->name);
         }
         return rc;
     }
-    if (!has_shape || text.text == NULL) {
+    if (!has_shape || (text.text == NULL) == (binary_size < 0)) {
         return fail(err, ERROR_INVALID_REQUEST, s->name, "%s", shape_doc);
     }
     int64_t total = 1;
@@ -552,6 +670,29 @@ static int parse_b64(struct json_reader *r, const struct tensor_spec *s, float *
         total *= dims[d];
     }
     size_t bytes = (size_t)total * 4;
+    if (binary_size >= 0) {
+        const uint8_t *raw = NULL;
+        if ((size_t)binary_size != bytes) {
+            return fail(err, ERROR_INVALID_REQUEST, s->name,
+                        "%s: binary_data_size must be 4 * prod(shape) = %zu bytes of float32",
+                        s->name, bytes);
+        }
+        rc = take_binary(r, s, bytes, &raw, err);
+        float *data = rc == 0 ? malloc(bytes > 0 ? bytes : 1) : NULL;
+        if (rc == 0 && data == NULL) {
+            rc = out_of_memory(err, s->name);
+        }
+        if (rc == 0) {
+            rc = floats_from_le(raw, total, s, data, err);
+        }
+        if (rc != 0) {
+            free(data);
+            return rc;
+        }
+        *out = data;
+        *rank_out = rank;
+        return 0;
+    }
     char *unescaped = NULL;
     const char *b64 = text.text;
     size_t len = text.len;
@@ -579,14 +720,8 @@ static int parse_b64(struct json_reader *r, const struct tensor_spec *s, float *
     free(unescaped);
     /* Little-endian float32 to host order, in place (byte i*4 is read before value i is
      * written). */
-    const uint8_t *raw = (const uint8_t *)data;
-    for (int64_t i = 0; rc == 0 && i < total; i++) {
-        const uint8_t *p = raw + i * 4;
-        uint32_t u =
-            (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-        float v;
-        memcpy(&v, &u, 4);
-        rc = check_value((double)v, s, i, err, &data[i]);
+    if (rc == 0) {
+        rc = floats_from_le((const uint8_t *)data, total, s, data, err);
     }
     if (rc != 0) {
         free(data);
@@ -711,12 +846,23 @@ enum attend_field {
     ATTEND_CONTEXT,
     ATTEND_CROSS,
     ATTEND_REPLACE_CONTEXT,
+    ATTEND_BINARY_OUTPUT,
     ATTEND_N_FIELDS,
 };
 
-static const char *const attend_names[ATTEND_N_FIELDS] = {
-    "x",      "session_id",      "layer",    "positions", "expect_n_past", "return_weights",
-    "stream", "encoding_format", "key_mask", "context",   "cross",         "replace_context"};
+static const char *const attend_names[ATTEND_N_FIELDS] = {"x",
+                                                          "session_id",
+                                                          "layer",
+                                                          "positions",
+                                                          "expect_n_past",
+                                                          "return_weights",
+                                                          "stream",
+                                                          "encoding_format",
+                                                          "key_mask",
+                                                          "context",
+                                                          "cross",
+                                                          "replace_context",
+                                                          "binary_output"};
 
 /* One member of an attend body into r. */
 /* A (tokens, hidden_size) tensor field of at most max_seq rows (x, a context). */
@@ -769,7 +915,8 @@ static int parse_key_mask(struct json_reader *jr, const struct api_limits *lim,
 }
 
 static int attend_field(struct json_reader *jr, int index, const struct api_limits *lim,
-                        struct api_attend_request *r, int32_t *n_positions, struct api_error *err) {
+                        struct api_attend_request *r, int32_t *n_positions, bool *binary_output,
+                        struct api_error *err) {
     if (index != ATTEND_X && take_null(jr)) {
         return 0; /* every field but x may be null: the same as leaving it out */
     }
@@ -802,6 +949,8 @@ static int attend_field(struct json_reader *jr, int index, const struct api_limi
         return get_bool(jr, "cross", &r->is_cross, err);
     case ATTEND_REPLACE_CONTEXT:
         return get_bool(jr, "replace_context", &r->replace_context, err);
+    case ATTEND_BINARY_OUTPUT:
+        return get_bool(jr, "binary_output", binary_output, err);
     default:
         return get_encoding(jr, &r->encoding, err);
     }
@@ -839,21 +988,28 @@ static int check_cross(struct api_attend_request *r, uint32_t seen, struct api_e
 
 int api_attend_request_parse(const char *body, size_t len, const struct api_limits *lim,
                              struct api_attend_request *out, struct api_error *err) {
+    struct api_body b = {body, len, NULL, 0};
+    return api_attend_request_parse_body(&b, lim, out, err);
+}
+
+int api_attend_request_parse_body(const struct api_body *body, const struct api_limits *lim,
+                                  struct api_attend_request *out, struct api_error *err) {
     memset(out, 0, sizeof *out);
     struct api_attend_request r;
     memset(&r, 0, sizeof r);
     r.layer = lim->layer_first;
-    struct json_reader jr;
+    struct body_reader br;
     int32_t n_positions = 0;
     uint32_t seen = 0;
+    bool binary_output = false;
     int index;
-    int rc = begin_body(&jr, body, len, err);
+    int rc = begin_framed(&br, body, err);
     while (rc == 0 &&
-           (rc = next_field(&jr, attend_names, ATTEND_N_FIELDS, &seen, &index, err)) == 1) {
-        rc = attend_field(&jr, index, lim, &r, &n_positions, err);
+           (rc = next_field(&br.json, attend_names, ATTEND_N_FIELDS, &seen, &index, err)) == 1) {
+        rc = attend_field(&br.json, index, lim, &r, &n_positions, &binary_output, err);
     }
     if (rc == 0) {
-        rc = end_body(&jr, err);
+        rc = end_body(&br.json, err);
     }
     if (rc == 0 && r.x == NULL) {
         rc = fail(err, ERROR_INVALID_REQUEST, "x", "x: required (T, hidden_size) tensor");
@@ -865,6 +1021,13 @@ int api_attend_request_parse(const char *body, size_t len, const struct api_limi
     }
     if (rc == 0) {
         rc = check_cross(&r, seen, err);
+    }
+    if (rc == 0) {
+        rc = apply_binary_output(binary_output, seen, ATTEND_ENCODING, &r.encoding, err);
+    }
+    if (rc == 0 && r.encoding == API_ENCODING_BINARY && r.stream) {
+        rc = fail(err, ERROR_INVALID_REQUEST, "binary_output",
+                  "binary_output: not with stream (stream events are text)");
     }
     if (rc == 0 && r.return_weights && !r.is_cross &&
         (int64_t)lim->n_heads * r.n_tokens * r.n_tokens > API_WEIGHTS_MAX_VALUES) {
@@ -901,12 +1064,21 @@ enum sdpa_field {
     SDPA_ENCODING,
     SDPA_MASK,
     SDPA_KIND,
+    SDPA_BINARY_OUTPUT,
     SDPA_N_FIELDS,
 };
 
-static const char *const sdpa_names[SDPA_N_FIELDS] = {
-    "q",    "k",   "v", "causal", "window", "scale", "return_weights", "encoding_format",
-    "mask", "kind"};
+static const char *const sdpa_names[SDPA_N_FIELDS] = {"q",
+                                                      "k",
+                                                      "v",
+                                                      "causal",
+                                                      "window",
+                                                      "scale",
+                                                      "return_weights",
+                                                      "encoding_format",
+                                                      "mask",
+                                                      "kind",
+                                                      "binary_output"};
 
 /* The shapes read for q, k, v and mask, checked against each other once all are in. */
 struct sdpa_dims {
@@ -951,7 +1123,7 @@ static int get_kind(struct json_reader *r, bool *is_linear, struct api_error *er
 }
 
 static int sdpa_field(struct json_reader *jr, int index, struct api_sdpa_request *r,
-                      struct sdpa_dims *dims, struct api_error *err) {
+                      struct sdpa_dims *dims, bool *binary_output, struct api_error *err) {
     static const struct tensor_spec specs[4] = {
         {"q", "(H, Tq, dk) or (B, H, Tq, dk)", 4, {-1, -1, -1, -1}, 3},
         {"k", "(Hkv, Tk, dk) or (B, Hkv, Tk, dk)", 4, {-1, -1, -1, -1}, 3},
@@ -978,6 +1150,8 @@ static int sdpa_field(struct json_reader *jr, int index, struct api_sdpa_request
         return parse_tensor(jr, &specs[3], &dims->mask, dims->m, &dims->mask_rank, err);
     case SDPA_KIND:
         return get_kind(jr, &r->is_linear, err);
+    case SDPA_BINARY_OUTPUT:
+        return get_bool(jr, "binary_output", binary_output, err);
     case SDPA_CAUSAL:
         return get_bool(jr, "causal", &r->causal, err);
     case SDPA_WINDOW:
@@ -1081,24 +1255,35 @@ static int sdpa_shapes(struct api_sdpa_request *r, struct sdpa_dims *d, struct a
 
 int api_sdpa_request_parse(const char *body, size_t len, struct api_sdpa_request *out,
                            struct api_error *err) {
+    struct api_body b = {body, len, NULL, 0};
+    return api_sdpa_request_parse_body(&b, out, err);
+}
+
+int api_sdpa_request_parse_body(const struct api_body *body, struct api_sdpa_request *out,
+                                struct api_error *err) {
     memset(out, 0, sizeof *out);
     struct api_sdpa_request r;
     memset(&r, 0, sizeof r);
     r.window = -1;
     struct sdpa_dims dims;
     memset(&dims, 0, sizeof dims);
-    struct json_reader jr;
+    struct body_reader br;
     uint32_t seen = 0;
+    bool binary_output = false;
     int index;
-    int rc = begin_body(&jr, body, len, err);
-    while (rc == 0 && (rc = next_field(&jr, sdpa_names, SDPA_N_FIELDS, &seen, &index, err)) == 1) {
-        rc = sdpa_field(&jr, index, &r, &dims, err);
+    int rc = begin_framed(&br, body, err);
+    while (rc == 0 &&
+           (rc = next_field(&br.json, sdpa_names, SDPA_N_FIELDS, &seen, &index, err)) == 1) {
+        rc = sdpa_field(&br.json, index, &r, &dims, &binary_output, err);
     }
     if (rc == 0) {
-        rc = end_body(&jr, err);
+        rc = end_body(&br.json, err);
     }
     if (rc == 0) {
         rc = sdpa_shapes(&r, &dims, err);
+    }
+    if (rc == 0) {
+        rc = apply_binary_output(binary_output, seen, SDPA_ENCODING, &r.encoding, err);
     }
     free(dims.mask);
     if (rc == 0 && r.is_linear) {
@@ -1146,24 +1331,24 @@ int api_truncate_request_parse(const char *body, size_t len, const struct api_li
     static const char *const names[] = {"n_tokens", "layer"};
     memset(out, 0, sizeof *out);
     struct api_truncate_request r = {0};
-    struct json_reader jr;
+    struct body_reader br;
     uint32_t seen = 0;
     int index;
     int64_t v;
-    int rc = begin_body(&jr, body, len, err);
-    while (rc == 0 && (rc = next_field(&jr, names, 2, &seen, &index, err)) == 1) {
+    int rc = begin_body(&br, body, len, err);
+    while (rc == 0 && (rc = next_field(&br.json, names, 2, &seen, &index, err)) == 1) {
         if (index == 0) {
-            rc = get_int(&jr, "n_tokens", 0, INT32_MAX, &v, err);
+            rc = get_int(&br.json, "n_tokens", 0, INT32_MAX, &v, err);
             r.n_tokens = (int32_t)v;
-        } else if (take_null(&jr)) {
+        } else if (take_null(&br.json)) {
             rc = 0; /* "layer": null is the same as leaving it out */
         } else {
-            rc = get_layer(&jr, lim, &r.layer, err);
+            rc = get_layer(&br.json, lim, &r.layer, err);
             r.has_layer = true;
         }
     }
     if (rc == 0) {
-        rc = end_body(&jr, err);
+        rc = end_body(&br.json, err);
     }
     if (rc == 0 && !(seen & 1u)) {
         rc = fail(err, ERROR_INVALID_REQUEST, "n_tokens", "n_tokens: required integer >= 0");
@@ -1179,15 +1364,15 @@ int api_fork_request_parse(const char *body, size_t len, struct api_fork_request
     static const char *const names[] = {"new_id"};
     memset(out, 0, sizeof *out);
     struct api_fork_request r = {{0}};
-    struct json_reader jr;
+    struct body_reader br;
     uint32_t seen = 0;
     int index;
-    int rc = begin_body(&jr, body, len, err);
-    while (rc == 0 && (rc = next_field(&jr, names, 1, &seen, &index, err)) == 1) {
-        rc = get_session_id(&jr, "new_id", r.new_id, err);
+    int rc = begin_body(&br, body, len, err);
+    while (rc == 0 && (rc = next_field(&br.json, names, 1, &seen, &index, err)) == 1) {
+        rc = get_session_id(&br.json, "new_id", r.new_id, err);
     }
     if (rc == 0) {
-        rc = end_body(&jr, err);
+        rc = end_body(&br.json, err);
     }
     if (rc == 0 && !(seen & 1u)) {
         rc = fail(err, ERROR_INVALID_REQUEST, "new_id", "new_id: required session id");

@@ -38,6 +38,22 @@ struct api_error {
 enum api_encoding {
     API_ENCODING_FLOAT = 0,  /* nested number arrays */
     API_ENCODING_BASE64 = 1, /* {"shape":[...],"b64":"..."} */
+    /* "binary_output": true, the KServe v2 / Open Inference Protocol binary tensor extension:
+     * {"shape":[...],"binary_data_size":N} in the JSON, the raw little-endian float32 after it,
+     * in the order the fields appear */
+    API_ENCODING_BINARY = 2,
+};
+
+/* A request body as the transport framed it. Without the binary tensor extension it is JSON
+ * alone (binary NULL). With it (the request header Inference-Header-Content-Length gave the
+ * JSON's length), raw bytes follow the JSON: each tensor field written {"shape": [...],
+ * "binary_data_size": N} takes the next N bytes, little-endian float32, in the order the fields
+ * appear, and every byte must be taken. */
+struct api_body {
+    const char *json;
+    size_t json_len;
+    const uint8_t *binary; /* NULL: not framed */
+    size_t binary_len;
 };
 
 /* True if s[0..len) is a valid session id: [A-Za-z0-9._:-]{1,128}. */
@@ -64,7 +80,7 @@ struct api_attend_request {
     int32_t expect_n_past;
     bool return_weights;
     bool stream;
-    enum api_encoding encoding;
+    enum api_encoding encoding; /* API_ENCODING_BINARY when binary_output was true */
     /* NULL, or (n_key_mask) bytes, owned: 0 hides that key (cached or new) from every query of
      * this request; its length must be n_past + n_tokens, checked when the request runs */
     uint8_t *key_mask;
@@ -85,6 +101,9 @@ struct api_attend_request {
  * request runs). */
 int api_attend_request_parse(const char *body, size_t len, const struct api_limits *lim,
                              struct api_attend_request *out, struct api_error *err);
+/* The same for a body framed by the binary tensor extension (or not: binary NULL). */
+int api_attend_request_parse_body(const struct api_body *body, const struct api_limits *lim,
+                                  struct api_attend_request *out, struct api_error *err);
 void api_attend_request_release(struct api_attend_request *r);
 
 struct api_sdpa_request {
@@ -102,13 +121,15 @@ struct api_sdpa_request {
     int32_t window; /* -1 = none */
     float scale;    /* 0 = 1/sqrt(d_k) */
     bool return_weights;
-    enum api_encoding encoding;
-    bool is_linear; /* "kind": "linear" (seed 004 3.7) rather than softmax */
+    enum api_encoding encoding; /* API_ENCODING_BINARY when binary_output was true */
+    bool is_linear;             /* "kind": "linear" (seed 004 3.7) rather than softmax */
 };
 
 /* Parses a POST /v1/sdpa body; same contract as api_attend_request_parse. */
 int api_sdpa_request_parse(const char *body, size_t len, struct api_sdpa_request *out,
                            struct api_error *err);
+int api_sdpa_request_parse_body(const struct api_body *body, struct api_sdpa_request *out,
+                                struct api_error *err);
 void api_sdpa_request_release(struct api_sdpa_request *r);
 
 struct api_truncate_request {
@@ -152,8 +173,10 @@ struct api_attend_response {
 };
 
 /* Encodes an AttendResponse. Returns a malloc'd NUL-terminated string (*len its length), or
- * NULL when out of memory. */
-char *api_attend_response_encode(const struct api_attend_response *r, size_t *len);
+ * NULL when out of memory. With API_ENCODING_BINARY it is the JSON then the raw tensors, and
+ * *json_len (if not NULL) gets the JSON's length (the Inference-Header-Content-Length). */
+char *api_attend_response_encode(const struct api_attend_response *r, size_t *len,
+                                 size_t *json_len);
 
 /* One token of a stream: appends `data: {StreamEvent}\n\n` to out. */
 struct api_stream_event {
@@ -184,7 +207,7 @@ struct api_sdpa_response {
     struct api_timing timing;
     enum api_encoding encoding;
 };
-char *api_sdpa_response_encode(const struct api_sdpa_response *r, size_t *len);
+char *api_sdpa_response_encode(const struct api_sdpa_response *r, size_t *len, size_t *json_len);
 
 struct api_session_layer {
     int32_t layer;

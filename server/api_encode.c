@@ -138,14 +138,65 @@ static void put_b64(struct strbuf *b, const float *data, int rank, const int64_t
     strbuf_puts(b, "\"}");
 }
 
+/* The tensors an answer framed by the binary tensor extension carries after its JSON, in the
+ * order their fields appear. */
+struct raw_parts {
+    const float *data[2];
+    size_t bytes[2];
+    int n;
+};
+
 static void put_tensor(struct strbuf *b, const char *name, const float *data, int rank,
-                       const int64_t *dims, enum api_encoding enc) {
+                       const int64_t *dims, enum api_encoding enc, struct raw_parts *raw) {
     strbuf_printf(b, "\"%s\":", name);
-    if (enc == API_ENCODING_BASE64) {
+    if (enc == API_ENCODING_BINARY && raw != NULL && raw->n < 2) {
+        int64_t total = 1;
+        strbuf_puts(b, "{\"shape\":[");
+        for (int d = 0; d < rank; d++) {
+            strbuf_printf(b, d > 0 ? ",%lld" : "%lld", (long long)dims[d]);
+            total *= dims[d];
+        }
+        strbuf_printf(b, "],\"datatype\":\"FP32\",\"binary_data_size\":%lld}",
+                      (long long)total * 4);
+        raw->data[raw->n] = data;
+        raw->bytes[raw->n++] = (size_t)total * 4;
+    } else if (enc == API_ENCODING_BASE64) {
         put_b64(b, data, rank, dims);
     } else {
         put_nested(b, data, rank, dims);
     }
+}
+
+/* The answer: the JSON in b, then (binary extension) the raw tensors, as one malloc'd buffer;
+ * *json_len (if not NULL) gets the JSON's length, which the Inference-Header-Content-Length
+ * header carries. */
+static char *finish(struct strbuf *b, const struct raw_parts *raw, size_t *len, size_t *json_len) {
+    size_t n_json = b->len, total = b->len;
+    for (int i = 0; i < raw->n; i++) {
+        total += raw->bytes[i];
+    }
+    if (json_len != NULL) {
+        *json_len = n_json;
+    }
+    if (raw->n == 0 || strbuf_reserve(b, total - n_json) != 0) {
+        return strbuf_detach(b, len);
+    }
+    for (int i = 0; i < raw->n; i++) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+        memcpy(b->data + b->len, raw->data[i], raw->bytes[i]);
+#else
+        for (size_t j = 0; j < raw->bytes[i] / 4; j++) {
+            uint32_t u;
+            memcpy(&u, &raw->data[i][j], 4);
+            uint8_t *p = (uint8_t *)b->data + b->len + j * 4;
+            p[0] = (uint8_t)u, p[1] = (uint8_t)(u >> 8), p[2] = (uint8_t)(u >> 16);
+            p[3] = (uint8_t)(u >> 24);
+        }
+#endif
+        b->len += raw->bytes[i];
+    }
+    b->data[b->len] = '\0';
+    return strbuf_detach(b, len);
 }
 
 static void put_timing(struct strbuf *b, const struct api_timing *t) {
@@ -155,10 +206,14 @@ static void put_timing(struct strbuf *b, const struct api_timing *t) {
 
 /* ---- responses ------------------------------------------------------------------------------ */
 
-char *api_attend_response_encode(const struct api_attend_response *r, size_t *len) {
+char *api_attend_response_encode(const struct api_attend_response *r, size_t *len,
+                                 size_t *json_len) {
     struct strbuf b;
+    struct raw_parts raw = {{NULL, NULL}, {0, 0}, 0};
     strbuf_init(&b);
-    strbuf_reserve(&b, (size_t)r->n_new * (size_t)r->hidden_size * 14 + 256);
+    strbuf_reserve(&b, (size_t)r->n_new * (size_t)r->hidden_size *
+                               (r->encoding == API_ENCODING_BINARY ? 4 : 14) +
+                           256);
     strbuf_puts(&b, "{\"session_id\":");
     put_string_or_null(&b, r->session_id);
     strbuf_printf(&b, ",\"layer\":%d,\"n_past\":%d,\"n_tokens\":%d", (int)r->layer, (int)r->n_past,
@@ -168,15 +223,15 @@ char *api_attend_response_encode(const struct api_attend_response *r, size_t *le
     }
     int64_t od[2] = {r->n_new, r->hidden_size};
     strbuf_putc(&b, ',');
-    put_tensor(&b, "output", r->output, 2, od, r->encoding);
+    put_tensor(&b, "output", r->output, 2, od, r->encoding, &raw);
     if (r->weights != NULL) {
         int64_t wd[3] = {r->n_heads, r->n_new, r->is_cross ? r->context_tokens : r->n_tokens};
         strbuf_putc(&b, ',');
-        put_tensor(&b, "weights", r->weights, 3, wd, r->encoding);
+        put_tensor(&b, "weights", r->weights, 3, wd, r->encoding, &raw);
     }
     put_timing(&b, &r->timing);
     strbuf_puts(&b, "}\n");
-    return strbuf_detach(&b, len);
+    return finish(&b, &raw, len, json_len);
 }
 
 void api_stream_event_encode(struct strbuf *out, const struct api_stream_event *e) {
@@ -184,11 +239,11 @@ void api_stream_event_encode(struct strbuf *out, const struct api_stream_event *
                   (int)e->position, (int)e->n_past);
     int64_t od[1] = {e->hidden_size};
     strbuf_putc(out, ',');
-    put_tensor(out, "output", e->output, 1, od, e->encoding);
+    put_tensor(out, "output", e->output, 1, od, e->encoding, NULL);
     if (e->weights != NULL) {
         int64_t wd[2] = {e->n_heads, (int64_t)e->n_past + 1};
         strbuf_putc(out, ',');
-        put_tensor(out, "weights", e->weights, 2, wd, e->encoding);
+        put_tensor(out, "weights", e->weights, 2, wd, e->encoding, NULL);
     }
     strbuf_puts(out, "}\n\n");
 }
@@ -229,8 +284,9 @@ char *api_error_encode(int code, const char *message, const char *param, size_t 
     return strbuf_detach(&b, len);
 }
 
-char *api_sdpa_response_encode(const struct api_sdpa_response *r, size_t *len) {
+char *api_sdpa_response_encode(const struct api_sdpa_response *r, size_t *len, size_t *json_len) {
     struct strbuf b;
+    struct raw_parts raw = {{NULL, NULL}, {0, 0}, 0};
     strbuf_init(&b);
     strbuf_reserve(&b,
                    (size_t)r->n_batch * r->n_heads * (size_t)r->n_q * (size_t)r->d_v * 14 + 256);
@@ -238,15 +294,15 @@ char *api_sdpa_response_encode(const struct api_sdpa_response *r, size_t *len) {
     /* The batch dimension leads when the request had one. */
     int o = r->is_batched ? 0 : 1;
     int64_t od[4] = {r->n_batch, r->n_heads, r->n_q, r->d_v};
-    put_tensor(&b, "output", r->output, 4 - o, od + o, r->encoding);
+    put_tensor(&b, "output", r->output, 4 - o, od + o, r->encoding, &raw);
     if (r->weights != NULL) {
         int64_t wd[4] = {r->n_batch, r->n_heads, r->n_q, r->n_k};
         strbuf_putc(&b, ',');
-        put_tensor(&b, "weights", r->weights, 4 - o, wd + o, r->encoding);
+        put_tensor(&b, "weights", r->weights, 4 - o, wd + o, r->encoding, &raw);
     }
     put_timing(&b, &r->timing);
     strbuf_puts(&b, "}\n");
-    return strbuf_detach(&b, len);
+    return finish(&b, &raw, len, json_len);
 }
 
 static void put_session(struct strbuf *b, const struct api_session *s) {

@@ -5,6 +5,7 @@
  */
 #include "job.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -58,6 +59,10 @@ struct job {
     size_t response_len;
     int response_status;
     const char *response_type; /* NULL: JSON */
+    size_t response_json_len;  /* a binary-framed answer's JSON part (its Inference-Header-...) */
+    bool is_framed;            /* the answer is framed by the binary tensor extension */
+    /* The request body's JSON length when framed (Inference-Header-Content-Length), or -1 */
+    int64_t request_json_len;
     /* attend */
     struct api_attend_request at;
     float *out;       /* (T, hidden_size) */
@@ -108,6 +113,7 @@ static struct job *job_new(struct route_req *rq, enum job_kind kind) {
     job->kind = kind;
     job->srv = rq->srv;
     job->rq = rq;
+    job->request_json_len = -1;
     strbuf_init(&job->event);
     return job;
 }
@@ -139,10 +145,48 @@ static void unpin(struct job *job) {
     }
 }
 
+/* The request header Inference-Header-Content-Length (the binary tensor extension): the length
+ * of the body's JSON part, the raw tensors after it. Returns 0 (job->request_json_len set, -1
+ * when absent) or answers 400 and returns -1. */
+static int read_framing(struct job *job) {
+    job->request_json_len = -1;
+    const char *h = http_request_header(job->rq->http, "Inference-Header-Content-Length");
+    if (h == NULL) {
+        return 0;
+    }
+    char *end;
+    errno = 0;
+    unsigned long long n = strtoull(h, &end, 10);
+    if (errno != 0 || end == h || *end != '\0' || h[0] == '-' || n > job->body_len) {
+        char msg[160];
+        snprintf(msg, sizeof msg,
+                 "Inference-Header-Content-Length: expected the JSON part's length in bytes, at "
+                 "most the body's %zu",
+                 job->body_len);
+        route_reply_error(job->rq, ERROR_INVALID_REQUEST, msg, "Inference-Header-Content-Length");
+        return -1;
+    }
+    job->request_json_len = (int64_t)n;
+    return 0;
+}
+
+/* Answers framed by the binary tensor extension go as application/octet-stream. */
+static void binary_answer(struct job *job, enum api_encoding enc) {
+    job->is_framed = enc == API_ENCODING_BINARY;
+    if (job->is_framed) {
+        job->response_type = "application/octet-stream";
+    }
+}
+
 /* Answers the request (if its client is still there) with the job's response or the error. */
 static void answer(struct job *job, int status) {
     if (job->rq == NULL || status == ERROR_CANCELLED) {
         return;
+    }
+    if (status == 0 && job->is_framed) {
+        char n[32];
+        snprintf(n, sizeof n, "%zu", job->response_json_len);
+        http_request_add_header(job->rq->http, "Inference-Header-Content-Length", n);
     }
     if (status == 0 && job->response_type != NULL) {
         route_reply_typed(job->rq, job->response_status, job->response_type, job->response,
@@ -381,8 +425,9 @@ static int attend_run(struct pool_job *pj, int status) {
             .timing = {pj->queue_ms, pj->compute_ms},
             .encoding = job->at.encoding,
         };
-        job->response = api_attend_response_encode(&r, &job->response_len);
+        job->response = api_attend_response_encode(&r, &job->response_len, &job->response_json_len);
         job->response_status = 200;
+        binary_answer(job, job->at.encoding);
         return job->response != NULL
                    ? 0
                    : set_err(job, ERROR_INTERNAL, NULL, "out of memory encoding the answer");
@@ -573,11 +618,18 @@ static void attend_admit(struct job *job) {
 static void sdpa_admit(struct job *job);
 static void import_admit(struct job *job);
 
-/* Any thread: parses the body into the job (touches nothing else; limits are immutable). */
+/* Any thread: parses the body into the job (touches nothing else; limits are immutable). A
+ * body framed by the binary tensor extension is its JSON, then the raw tensors. */
 static void parse_body(struct job *job) {
+    struct api_body body = {job->body, job->body_len, NULL, 0};
+    if (job->request_json_len >= 0) {
+        body.json_len = (size_t)job->request_json_len;
+        body.binary = (const uint8_t *)job->body + body.json_len;
+        body.binary_len = job->body_len - body.json_len;
+    }
     if (job->kind == JOB_ATTEND) {
-        job->parse_rc = api_attend_request_parse(job->body, job->body_len, &job->srv->limits,
-                                                 &job->at, &job->parse_err);
+        job->parse_rc =
+            api_attend_request_parse_body(&body, &job->srv->limits, &job->at, &job->parse_err);
     } else if (job->kind == JOB_IMPORT) {
         /* the file's framing and checksum: the part of an import that reads every byte */
         struct snapshot_info info;
@@ -585,7 +637,7 @@ static void parse_body(struct job *job) {
                                        job->parse_err.message, sizeof job->parse_err.message);
         snprintf(job->parse_err.param, sizeof job->parse_err.param, "body");
     } else {
-        job->parse_rc = api_sdpa_request_parse(job->body, job->body_len, &job->sd, &job->parse_err);
+        job->parse_rc = api_sdpa_request_parse_body(&body, &job->sd, &job->parse_err);
     }
 }
 
@@ -622,6 +674,10 @@ static void parse_after_cb(uv_work_t *w, int status) {
 /* Parses the request body, on a pool thread when it is large, then admits the job. */
 static void parse_then_admit(struct job *job) {
     job->body = http_request_body(job->rq->http, &job->body_len);
+    if (job->kind != JOB_IMPORT && read_framing(job) != 0) {
+        job_free(job);
+        return;
+    }
     if (job->body_len > PARSE_OFFLOAD_BYTES) {
         job->parse_work.data = job;
         /* The connection stays suspended (no answer yet), so the body outlives the parse. */
@@ -722,8 +778,10 @@ static int sdpa_run(struct pool_job *pj, int status) {
                 .timing = {pj->queue_ms, ms},
                 .encoding = sd->encoding,
             };
-            job->response = api_sdpa_response_encode(&r, &job->response_len);
+            job->response =
+                api_sdpa_response_encode(&r, &job->response_len, &job->response_json_len);
             job->response_status = 200;
+            binary_answer(job, sd->encoding);
             rc = job->response != NULL
                      ? 0
                      : set_err(job, ERROR_INTERNAL, NULL, "out of memory encoding the answer");

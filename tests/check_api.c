@@ -208,7 +208,7 @@ static void sdpa_golden(const char *req_name, const char *resp_name) {
     ck_assert_int_eq(attn_sdpa(&p, scratch), ATTN_OK);
     struct api_sdpa_response resp = {1,     false, r.n_heads, r.n_q,       r.n_k,
                                      r.d_v, out,   w,         {0.5, 0.25}, r.encoding};
-    char *got_text = api_sdpa_response_encode(&resp, NULL);
+    char *got_text = api_sdpa_response_encode(&resp, NULL, NULL);
     cJSON *got = cJSON_Parse(got_text);
     char *want_text = http_client_read_file(resp_name, NULL);
     cJSON *want = cJSON_Parse(want_text);
@@ -485,7 +485,7 @@ START_TEST(test_api_attend_response_roundtrip) {
     }
     struct api_attend_response r = {"chat-42",          0,     2, 5, 3, 64, 4, out, w, {1.5, 2.25},
                                     API_ENCODING_FLOAT, false, 0};
-    char *text = api_attend_response_encode(&r, NULL);
+    char *text = api_attend_response_encode(&r, NULL, NULL);
     cJSON *got = cJSON_Parse(text);
     char *ex = http_client_read_file(EX "attend_prefill.response.json", NULL);
     cJSON *want = cJSON_Parse(ex);
@@ -510,7 +510,7 @@ START_TEST(test_api_attend_response_roundtrip) {
     r.session_id = NULL;
     r.weights = NULL;
     r.encoding = API_ENCODING_BASE64;
-    text = api_attend_response_encode(&r, NULL);
+    text = api_attend_response_encode(&r, NULL, NULL);
     got = cJSON_Parse(text);
     ck_assert(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(got, "session_id")));
     ex = http_client_read_file(EX "attend_base64.response.json", NULL);

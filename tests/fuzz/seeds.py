@@ -75,6 +75,29 @@ def session_files():
     yield file([(0, 0, cache(5)), (1, 0, cache(4))])
 
 
+def framed_bodies():
+    """Bodies of the binary tensor extension: two bytes of JSON length, a byte choosing attend
+    (even) or sdpa (odd), the JSON, the raw float32 (hidden 4 for attend, as the target's
+    limits)."""
+    def frame(kind, head, floats):
+        j = json.dumps(head).encode()
+        raw = b"".join(struct.pack("<f", v) for v in floats)
+        return struct.pack("<HB", len(j), kind) + j + raw
+
+    x = [0.5, -1.0, 0.25, 2.0] * 2
+    yield frame(0, {"x": {"shape": [2, 4], "binary_data_size": 32}}, x)
+    yield frame(0, {"x": {"shape": [2, 4], "datatype": "FP32", "binary_data_size": 32},
+                    "session_id": "s", "binary_output": True, "return_weights": True}, x)
+    yield frame(0, {"x": {"shape": [1, 4], "binary_data_size": 16},
+                    "context": {"shape": [1, 4], "binary_data_size": 16}}, x)
+    yield frame(1, {"q": {"shape": [1, 2, 2], "binary_data_size": 16},
+                    "k": {"shape": [1, 2, 2], "binary_data_size": 16},
+                    "v": {"shape": [1, 2, 2], "binary_data_size": 16}, "causal": True,
+                    "binary_output": True}, x + x[:4])
+    for body in examples("attend_*.request.json"):
+        yield struct.pack("<HB", min(len(body), 65535), 0) + body
+
+
 SOURCES = {
     "fuzz_attend": lambda: examples("attend_*.request.json", "error.request.json"),
     "fuzz_sdpa": lambda: examples("sdpa*.request.json"),
@@ -84,6 +107,7 @@ SOURCES = {
     "fuzz_hf_config": configs,
     "fuzz_safetensors": safetensors,
     "fuzz_snapshot": session_files,
+    "fuzz_framed": framed_bodies,
 }
 
 
