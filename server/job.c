@@ -1,9 +1,12 @@
-/* server/job.c: the scheduled requests (see job.h). A job is one request's state from submit to
- * answer: the parsed body, output buffers, the temporary cache of a stateless forward, and the
- * answer that a worker encoded. The pool calls prepare (loop: resolve caches, check lengths),
- * run (worker: encode the answer), done (loop: answer, release pins) and release (free).
+/* server/job.c: the scheduled requests (see job.h): what every job shares (its life, the
+ * answer), the forward (POST /v1/attend) and stateless SDPA. A job is one request's state from
+ * submit to answer: the parsed body, output buffers, the temporary cache of a stateless forward,
+ * and the answer that a worker encoded. The pool calls prepare (loop: resolve caches, check
+ * lengths), run (worker: encode the answer), done (loop: answer, release pins) and release
+ * (free). The session operations are in job_session.c, batches in job_batch.c.
  */
 #include "job.h"
+#include "job_int.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -26,73 +29,11 @@
  * stalls on a big JSON parse: a 10 MB body takes a few hundred ms. */
 #define PARSE_OFFLOAD_BYTES ((size_t)256 * 1024)
 
-enum job_kind {
-    JOB_ATTEND,
-    JOB_SDPA,
-    JOB_TRUNCATE,
-    JOB_FORK,
-    JOB_DELETE,
-    JOB_EXPORT,
-    JOB_IMPORT,
-};
-
-struct job {
-    struct pool_job pj; /* first, so the pool's pointer is the job's */
-    enum job_kind kind;
-    struct server *srv;
-    struct route_req *rq; /* NULL once the client is gone */
-    /* Set by the loop when the client goes, read by the worker running the job (an SDPA polls
-     * it between tiles and stops). */
-    atomic_bool is_abandoned;
-    /* The request body and how its parse went (an attend or sdpa body is parsed on a pool thread
-     * when it is large). */
-    const char *body;
-    size_t body_len;
-    int parse_rc;
-    struct api_error parse_err;
-    uv_work_t parse_work;
-    /* Detail for an error found by prepare. */
-    char err_message[256];
-    char err_param[64];
-    /* The answer, made by run (worker) or prepare (control jobs). */
-    char *response;
-    size_t response_len;
-    int response_status;
-    const char *response_type; /* NULL: JSON */
-    size_t response_json_len;  /* a binary-framed answer's JSON part (its Inference-Header-...) */
-    bool is_framed;            /* the answer is framed by the binary tensor extension */
-    /* The request body's JSON length when framed (Inference-Header-Content-Length), or -1 */
-    int64_t request_json_len;
-    /* attend */
-    struct api_attend_request at;
-    float *out;       /* (T, hidden_size) */
-    float *weights;   /* (n_heads, T, n_past + T), or per stream step (n_heads, n_past + i + 1) */
-    attn_kv *temp_kv; /* a stateless call's cache */
-    /* Cross-attention: the cache a context is projected into (a stateless call's, or a
-     * session's new context, which done installs when the call succeeds) */
-    attn_kv *temp_cross;
-    int32_t n_keys;      /* keys the queries see: n_past + T, or the context's tokens */
-    int32_t n_past0;     /* cache length before the request */
-    int32_t next_index;  /* stream: the next token to compute */
-    bool is_sized;       /* n_past0 known, buffers allocated */
-    struct strbuf event; /* stream: the event run() encoded */
-    /* sdpa */
-    struct api_sdpa_request sd;
-    /* session operations */
-    struct api_truncate_request tr;
-    struct api_fork_request fk;
-    /* export */
-    attn_dtype kv_dtype;
-};
-
-static int64_t now_ms(void) {
+int64_t job__now_ms(void) {
     return (int64_t)(uv_hrtime() / 1000000);
 }
 
-static int set_err(struct job *job, int code, const char *param, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int set_err(struct job *job, int code, const char *param, const char *fmt, ...) {
+int job__set_err(struct job *job, int code, const char *param, const char *fmt, ...) {
     snprintf(job->err_param, sizeof job->err_param, "%s", param ? param : "");
     va_list ap;
     va_start(ap, fmt);
@@ -104,7 +45,7 @@ static int set_err(struct job *job, int code, const char *param, const char *fmt
 
 /* ---- common --------------------------------------------------------------------------------- */
 
-static struct job *job_new(struct route_req *rq, enum job_kind kind) {
+struct job *job__new(struct route_req *rq, enum job_kind kind) {
     struct job *job = calloc(1, sizeof *job);
     if (job == NULL) {
         route_reply_error(rq, ERROR_INTERNAL, "out of memory", NULL);
@@ -118,7 +59,7 @@ static struct job *job_new(struct route_req *rq, enum job_kind kind) {
     return job;
 }
 
-static void job_free(struct job *job) {
+void job__free(struct job *job) {
     /* Loop thread, with no worker on the job: its own caches go back to the pool. */
     attn_kv_destroy(job->temp_kv);
     attn_kv_destroy(job->temp_cross);
@@ -134,13 +75,13 @@ static void job_free(struct job *job) {
     free(job);
 }
 
-static void on_release(struct pool_job *pj) {
-    job_free((struct job *)pj);
+void job__on_release(struct pool_job *pj) {
+    job__free((struct job *)pj);
 }
 
-static void unpin(struct job *job) {
+void job__unpin(struct job *job) {
     if (job->pj.session != NULL) {
-        session_unpin(job->srv->sessions, job->pj.session, now_ms());
+        session_unpin(job->srv->sessions, job->pj.session, job__now_ms());
         job->pj.session = NULL;
     }
 }
@@ -179,7 +120,7 @@ static void binary_answer(struct job *job, enum api_encoding enc) {
 }
 
 /* Answers the request (if its client is still there) with the job's response or the error. */
-static void answer(struct job *job, int status) {
+void job__answer(struct job *job, int status) {
     if (job->rq == NULL || status == ERROR_CANCELLED) {
         return;
     }
@@ -202,7 +143,7 @@ static void answer(struct job *job, int status) {
 
 /* Finds the live session named rq->session (bringing it back from disk if it is there) and pins
  * it for job, or answers 404/410 (or why it cannot come back). */
-static int pin_path_session(struct job *job) {
+int job__pin_path_session(struct job *job) {
     struct route_req *rq = job->rq;
     enum session_state state;
     int rc;
@@ -211,7 +152,7 @@ static int pin_path_session(struct job *job) {
         route_reply_error(rq, rc, NULL, "session_id");
         return -1;
     }
-    session_pin(job->srv->sessions, s, now_ms());
+    session_pin(job->srv->sessions, s, job__now_ms());
     job->pj.session = s;
     return 0;
 }
@@ -219,12 +160,12 @@ static int pin_path_session(struct job *job) {
 /* Queues the job; on a full queue answers 429 and frees it. A refused job never had its
  * session's turn, so it cannot have touched (and must not touch) any cache: it only gives back
  * its pin, which removes a session that this request alone had created. */
-static void submit(struct job *job) {
+void job__submit(struct job *job) {
     int rc = pool_submit(job->srv->pool, &job->pj);
     if (rc != 0) {
         route_reply_error(job->rq, rc, NULL, NULL);
-        unpin(job);
-        job_free(job);
+        job__unpin(job);
+        job__free(job);
         return;
     }
     job->rq->job = job;
@@ -249,7 +190,7 @@ static void attend_finish(struct job *job, bool ok) {
     if (job->pj.turn != NULL && !ok) {
         session_drop_empty_layers(job->srv->sessions, job->pj.turn);
     }
-    unpin(job);
+    job__unpin(job);
 }
 
 /* Allocates the output buffers once n_past (the self cache's length) and n_keys (the keys the
@@ -258,35 +199,37 @@ static int attend_size(struct job *job, int32_t n_past, int32_t n_keys) {
     const struct api_limits *lim = &job->srv->limits;
     int32_t t = job->at.n_tokens;
     if (job->at.has_expect_n_past && job->at.expect_n_past != n_past) {
-        return set_err(job, ERROR_N_PAST_MISMATCH, "expect_n_past",
-                       "expect_n_past is %d but the cache holds %d tokens",
-                       (int)job->at.expect_n_past, (int)n_past);
+        return job__set_err(job, ERROR_N_PAST_MISMATCH, "expect_n_past",
+                            "expect_n_past is %d but the cache holds %d tokens",
+                            (int)job->at.expect_n_past, (int)n_past);
     }
     if (job->at.key_mask != NULL && job->at.n_key_mask != (int64_t)n_past + t) {
-        return set_err(job, ERROR_INVALID_REQUEST, "key_mask",
-                       "key_mask has %d values; the cache holds %d tokens and x brings %d, so it "
-                       "needs %d",
-                       (int)job->at.n_key_mask, (int)n_past, (int)t, (int)(n_past + t));
+        return job__set_err(
+            job, ERROR_INVALID_REQUEST, "key_mask",
+            "key_mask has %d values; the cache holds %d tokens and x brings %d, so it "
+            "needs %d",
+            (int)job->at.n_key_mask, (int)n_past, (int)t, (int)(n_past + t));
     }
     if (!job->at.is_cross && (int64_t)n_past + t > lim->max_seq) {
-        return set_err(job, ERROR_CONTEXT_LENGTH_EXCEEDED, "x",
-                       "the cache holds %d tokens; %d more exceed the model's maximum sequence "
-                       "length %d",
-                       (int)n_past, (int)t, (int)lim->max_seq);
+        return job__set_err(
+            job, ERROR_CONTEXT_LENGTH_EXCEEDED, "x",
+            "the cache holds %d tokens; %d more exceed the model's maximum sequence "
+            "length %d",
+            (int)n_past, (int)t, (int)lim->max_seq);
     }
     int64_t n_weights = (int64_t)lim->n_heads * (job->at.stream ? 1 : t) * n_keys;
     if (job->at.return_weights && (int64_t)lim->n_heads * t * n_keys > API_WEIGHTS_MAX_VALUES) {
-        return set_err(job, ERROR_INVALID_REQUEST, "return_weights",
-                       "return_weights: n_heads x T x %s = %lld values exceed the limit of %d",
-                       job->at.is_cross ? "context tokens" : "(n_past + T)",
-                       (long long)lim->n_heads * t * n_keys, API_WEIGHTS_MAX_VALUES);
+        return job__set_err(job, ERROR_INVALID_REQUEST, "return_weights",
+                            "return_weights: n_heads x T x %s = %lld values exceed the limit of %d",
+                            job->at.is_cross ? "context tokens" : "(n_past + T)",
+                            (long long)lim->n_heads * t * n_keys, API_WEIGHTS_MAX_VALUES);
     }
     job->out = malloc((size_t)t * (size_t)lim->hidden_size * sizeof(float));
     if (job->at.return_weights) {
         job->weights = malloc((size_t)n_weights * sizeof(float));
     }
     if (job->out == NULL || (job->at.return_weights && job->weights == NULL)) {
-        return set_err(job, ERROR_INTERNAL, NULL, "out of memory for the output");
+        return job__set_err(job, ERROR_INTERNAL, NULL, "out of memory for the output");
     }
     job->n_past0 = n_past;
     job->n_keys = n_keys;
@@ -301,19 +244,21 @@ static int cross_prepare(struct job *job, struct pool_step *step) {
     struct session *s = pj->turn != NULL ? session_turn_session(pj->turn) : NULL;
     attn_kv *stored = s != NULL ? session_cross_find(s, job->at.layer) : NULL;
     if (job->at.context == NULL && stored == NULL) {
-        return s != NULL ? set_err(job, ERROR_INVALID_REQUEST, "cross",
-                                   "cross: session %s holds no context at layer %d; send it in "
-                                   "context",
-                                   job->at.session_id, (int)job->at.layer)
-                         : set_err(job, ERROR_INVALID_REQUEST, "cross",
-                                   "cross: a call without a session must bring its context");
+        return s != NULL
+                   ? job__set_err(job, ERROR_INVALID_REQUEST, "cross",
+                                  "cross: session %s holds no context at layer %d; send it in "
+                                  "context",
+                                  job->at.session_id, (int)job->at.layer)
+                   : job__set_err(job, ERROR_INVALID_REQUEST, "cross",
+                                  "cross: a call without a session must bring its context");
     }
     if (job->at.context != NULL && stored != NULL && !job->at.replace_context) {
-        return set_err(job, ERROR_CONTEXT_EXISTS, "context",
-                       "context: session %s holds a context of %d tokens at layer %d; send "
-                       "replace_context: true to replace it, or cross: true without context to "
-                       "attend to it",
-                       job->at.session_id, (int)attn_kv_len(stored), (int)job->at.layer);
+        return job__set_err(
+            job, ERROR_CONTEXT_EXISTS, "context",
+            "context: session %s holds a context of %d tokens at layer %d; send "
+            "replace_context: true to replace it, or cross: true without context to "
+            "attend to it",
+            job->at.session_id, (int)attn_kv_len(stored), (int)job->at.layer);
     }
     attn_kv *cross = stored;
     if (job->at.context != NULL) {
@@ -428,9 +373,9 @@ static int attend_run(struct pool_job *pj, int status) {
         job->response = api_attend_response_encode(&r, &job->response_len, &job->response_json_len);
         job->response_status = 200;
         binary_answer(job, job->at.encoding);
-        return job->response != NULL
-                   ? 0
-                   : set_err(job, ERROR_INTERNAL, NULL, "out of memory encoding the answer");
+        return job->response != NULL ? 0
+                                     : job__set_err(job, ERROR_INTERNAL, NULL,
+                                                    "out of memory encoding the job__answer");
     }
     int32_t i = job->next_index;
     struct api_stream_event e = {
@@ -447,7 +392,7 @@ static int attend_run(struct pool_job *pj, int status) {
     api_stream_event_encode(&job->event, &e);
     if (job->event.has_failed) {
         strbuf_release(&job->event);
-        return set_err(job, ERROR_INTERNAL, NULL, "out of memory encoding the event");
+        return job__set_err(job, ERROR_INTERNAL, NULL, "out of memory encoding the event");
     }
     return 0;
 }
@@ -471,7 +416,7 @@ static enum pool_after stream_done(struct job *job, int status) {
     struct route_req *rq = job->rq;
     if (status != 0 || rq == NULL) {
         if (rq != NULL && job->next_index == 0) {
-            answer(job, status);
+            job__answer(job, status);
         } else if (rq != NULL) {
             if (status != ERROR_CANCELLED) {
                 struct strbuf b;
@@ -525,15 +470,16 @@ static enum pool_after attend_done(struct pool_job *pj, int status) {
     if (status == 0) {
         count_tokens(job, job->at.n_tokens);
     }
-    answer(job, status);
+    job__answer(job, status);
     attend_finish(job, status == 0);
     return POOL_AFTER_FINISHED;
 }
 
-static const struct pool_job_ops attend_ops = {attend_prepare, attend_run, attend_done, on_release};
+static const struct pool_job_ops attend_ops = {attend_prepare, attend_run, attend_done,
+                                               job__on_release};
 
 /* Loop: the body is parsed; resolve the session and queue the forward. */
-static void attend_admit(struct job *job) {
+void job__attend_admit(struct job *job) {
     struct route_req *rq = job->rq;
     struct server *srv = job->srv;
     const char *hdr = http_request_header(rq->http, "X-Session-Id");
@@ -543,14 +489,14 @@ static void attend_admit(struct job *job) {
                               "the X-Session-Id header must be 1 to 128 characters from "
                               "[A-Za-z0-9._:-]",
                               "session_id");
-            job_free(job);
+            job__free(job);
             return;
         }
         if (job->at.session_id[0] != '\0' && strcmp(job->at.session_id, hdr) != 0) {
             route_reply_error(rq, ERROR_INVALID_REQUEST,
                               "session_id in the body differs from the X-Session-Id header",
                               "session_id");
-            job_free(job);
+            job__free(job);
             return;
         }
         snprintf(job->at.session_id, sizeof job->at.session_id, "%s", hdr);
@@ -562,22 +508,22 @@ static void attend_admit(struct job *job) {
         struct session *s = route_find_session(srv, job->at.session_id, &state, &rc);
         if (s == NULL && state != SESSION_STATE_UNKNOWN) {
             route_reply_error(rq, rc, NULL, "session_id"); /* evicted, or cannot come back */
-            job_free(job);
+            job__free(job);
             return;
         }
         if (s == NULL) {
-            rc = session_create(srv->sessions, job->at.session_id, now_ms(), &s);
+            rc = session_create(srv->sessions, job->at.session_id, job__now_ms(), &s);
             if (rc != 0) {
                 route_reply_error(rq, rc,
                                   rc == ERROR_KV_BUDGET_EXHAUSTED
                                       ? "--max-sessions sessions are live and all are busy"
                                       : NULL,
                                   "session_id");
-                job_free(job);
+                job__free(job);
                 return;
             }
         }
-        session_pin(srv->sessions, s, now_ms());
+        session_pin(srv->sessions, s, job__now_ms());
         job->pj.session = s;
     }
     if (job->at.is_cross && attn_model_config(srv->model)->kv_lora_rank > 0) {
@@ -585,8 +531,8 @@ static void attend_admit(struct job *job) {
                           "cross: the model's multi-head latent attention caches a latent, which "
                           "has no context form",
                           "cross");
-        unpin(job);
-        job_free(job);
+        job__unpin(job);
+        job__free(job);
         return;
     }
     if (attn_config_layer_is_linear(attn_model_config(srv->model), job->at.layer)) {
@@ -602,8 +548,8 @@ static void attend_admit(struct job *job) {
                          "context",
                          names[i], (int)job->at.layer);
                 route_reply_error(rq, ERROR_INVALID_REQUEST, msg, names[i]);
-                unpin(job);
-                job_free(job);
+                job__unpin(job);
+                job__free(job);
                 return;
             }
         }
@@ -612,11 +558,10 @@ static void attend_admit(struct job *job) {
     job->pj.ops = &attend_ops;
     job->pj.is_batchable = job->at.stream || job->at.n_tokens <= POOL_BATCH_STEP_MAX_TOKENS;
     job->pj.layer = job->at.layer;
-    submit(job);
+    job__submit(job);
 }
 
 static void sdpa_admit(struct job *job);
-static void import_admit(struct job *job);
 
 /* Any thread: parses the body into the job (touches nothing else; limits are immutable). A
  * body framed by the binary tensor extension is its JSON, then the raw tensors. */
@@ -645,19 +590,19 @@ static void parse_body(struct job *job) {
 static void admit(struct job *job) {
     job->body = NULL; /* the request's buffer; not needed any more */
     if (job->rq == NULL) {
-        job_free(job); /* the client is gone (only possible at shutdown) */
+        job__free(job); /* the client is gone (only possible at shutdown) */
         return;
     }
     job->rq->job = NULL;
     if (job->parse_rc != 0) {
         route_reply_error(job->rq, job->parse_rc, job->parse_err.message, job->parse_err.param);
-        job_free(job);
+        job__free(job);
         return;
     }
     if (job->kind == JOB_ATTEND) {
-        attend_admit(job);
+        job__attend_admit(job);
     } else if (job->kind == JOB_IMPORT) {
-        import_admit(job);
+        job__import_admit(job);
     } else {
         sdpa_admit(job);
     }
@@ -672,10 +617,10 @@ static void parse_after_cb(uv_work_t *w, int status) {
 }
 
 /* Parses the request body, on a pool thread when it is large, then admits the job. */
-static void parse_then_admit(struct job *job) {
+void job__parse_then_admit(struct job *job) {
     job->body = http_request_body(job->rq->http, &job->body_len);
     if (job->kind != JOB_IMPORT && read_framing(job) != 0) {
-        job_free(job);
+        job__free(job);
         return;
     }
     if (job->body_len > PARSE_OFFLOAD_BYTES) {
@@ -691,9 +636,9 @@ static void parse_then_admit(struct job *job) {
 }
 
 void job_submit_attend(struct route_req *rq) {
-    struct job *job = job_new(rq, JOB_ATTEND);
+    struct job *job = job__new(rq, JOB_ATTEND);
     if (job != NULL) {
-        parse_then_admit(job);
+        job__parse_then_admit(job);
     }
 }
 
@@ -756,7 +701,7 @@ static int sdpa_run(struct pool_job *pj, int status) {
     p.cancel_ctx = job;
     /* Every batch has the same dimensions, so one scratch serves them in turn. */
     void *scratch = out != NULL ? malloc(attn_sdpa_scratch_bytes(&p) + 64) : NULL;
-    int rc = set_err(job, ERROR_INTERNAL, NULL, "out of memory for the computation");
+    int rc = job__set_err(job, ERROR_INTERNAL, NULL, "out of memory for the computation");
     if (out != NULL && scratch != NULL && (weights != NULL || !sd->return_weights)) {
         double t0 = (double)uv_hrtime() / 1e6;
         rc = ATTN_OK;
@@ -782,14 +727,14 @@ static int sdpa_run(struct pool_job *pj, int status) {
                 api_sdpa_response_encode(&r, &job->response_len, &job->response_json_len);
             job->response_status = 200;
             binary_answer(job, sd->encoding);
-            rc = job->response != NULL
-                     ? 0
-                     : set_err(job, ERROR_INTERNAL, NULL, "out of memory encoding the answer");
+            rc = job->response != NULL ? 0
+                                       : job__set_err(job, ERROR_INTERNAL, NULL,
+                                                      "out of memory encoding the job__answer");
         } else if (rc == ATTN_ECANCELED) {
             rc = ERROR_CANCELLED;
         } else {
-            set_err(job, ERROR_INVALID_REQUEST, "q", "the engine refused the tensors: %s",
-                    attn_strerror(rc));
+            job__set_err(job, ERROR_INVALID_REQUEST, "q", "the engine refused the tensors: %s",
+                         attn_strerror(rc));
             rc = ERROR_INVALID_REQUEST;
         }
     }
@@ -799,15 +744,16 @@ static int sdpa_run(struct pool_job *pj, int status) {
     return rc;
 }
 
-static enum pool_after simple_done(struct pool_job *pj, int status) {
+enum pool_after job__simple_done(struct pool_job *pj, int status) {
     struct job *job = (struct job *)pj;
     count_cancelled(job, status);
-    answer(job, status);
-    unpin(job);
+    job__answer(job, status);
+    job__unpin(job);
     return POOL_AFTER_FINISHED;
 }
 
-static const struct pool_job_ops sdpa_ops = {sdpa_prepare, sdpa_run, simple_done, on_release};
+static const struct pool_job_ops sdpa_ops = {sdpa_prepare, sdpa_run, job__simple_done,
+                                             job__on_release};
 
 static void sdpa_admit(struct job *job) {
     struct route_req *rq = job->rq;
@@ -819,271 +765,18 @@ static void sdpa_admit(struct job *job) {
     if (scratch == 0 || scratch > SDPA_SCRATCH_MAX) {
         route_reply_error(rq, ERROR_INVALID_REQUEST,
                           "q, k, v: dimensions beyond what one request may compute", "q");
-        job_free(job);
+        job__free(job);
         return;
     }
     job->pj.kind = POOL_JOB_SDPA;
     job->pj.ops = &sdpa_ops;
-    submit(job);
+    job__submit(job);
 }
 
 void job_submit_sdpa(struct route_req *rq) {
-    struct job *job = job_new(rq, JOB_SDPA);
+    struct job *job = job__new(rq, JOB_SDPA);
     if (job != NULL) {
-        parse_then_admit(job);
-    }
-}
-
-/* ---- session operations --------------------------------------------------------------------- */
-
-static int truncate_prepare(struct pool_job *pj, struct pool_step *step) {
-    struct job *job = (struct job *)pj;
-    struct session *s = pj->session;
-    int32_t layer = job->tr.has_layer ? job->tr.layer : -1;
-    int rc = session_truncate(job->srv->sessions, pj->turn, layer, job->tr.n_tokens);
-    if (rc == ERROR_TOKENS_DROPPED) {
-        /* Name a ring that cannot go back that far, and how far it can. */
-        const attn_model *m = job->srv->model;
-        int32_t first = layer >= 0 ? layer : attn_model_layer_first(m);
-        int32_t last = layer >= 0 ? layer : first + attn_model_layer_count(m) - 1;
-        for (int32_t l = first; l <= last; l++) {
-            attn_kv *kv = session_kv_find(s, l);
-            if (kv != NULL && attn_kv_len(kv) > job->tr.n_tokens &&
-                job->tr.n_tokens < attn_kv_truncate_min(kv) &&
-                attn_config_layer_is_linear(attn_model_config(m), l)) {
-                return set_err(job, rc, "n_tokens",
-                               "layer %d is linear attention: its state cannot forget tokens, so "
-                               "it goes back to 0 or stays at its %d",
-                               (int)l, (int)attn_kv_len(kv));
-            }
-            if (kv != NULL && attn_kv_len(kv) > job->tr.n_tokens &&
-                job->tr.n_tokens < attn_kv_truncate_min(kv)) {
-                return set_err(job, rc, "n_tokens",
-                               "layer %d slides (window %d) and its cache no longer holds the "
-                               "tokens before %d: truncate to 0 or to at least %d",
-                               (int)l, (int)attn_kv_window(kv), (int)attn_kv_first_held(kv),
-                               (int)attn_kv_truncate_min(kv));
-            }
-        }
-    }
-    if (rc != 0) {
-        return set_err(job, rc, "n_tokens", "n_tokens %d exceeds the %d tokens the %s holds",
-                       (int)job->tr.n_tokens,
-                       (int)(layer >= 0 && session_kv_find(s, layer) != NULL
-                                 ? attn_kv_len(session_kv_find(s, layer))
-                             : layer >= 0 ? 0
-                                          : session_n_tokens(s)),
-                       layer >= 0 ? "layer" : "session");
-    }
-    job->response = route_session_encode(s, 1, &job->response_len);
-    job->response_status = 200;
-    return job->response != NULL ? 0 : ERROR_INTERNAL;
-}
-
-static int fork_prepare(struct pool_job *pj, struct pool_step *step) {
-    struct job *job = (struct job *)pj;
-    struct session *copy;
-    int rc = session_fork(job->srv->sessions, pj->turn, job->fk.new_id, now_ms(), &copy);
-    switch (rc) {
-    case 0:
-        break;
-    case ERROR_SESSION_EXISTS:
-        return set_err(job, rc, "new_id", "a session named %s already exists", job->fk.new_id);
-    case ERROR_SESSION_EVICTED:
-        return set_err(job, rc, "new_id",
-                       "%s was evicted or expired; DELETE it before reusing the id",
-                       job->fk.new_id);
-    case ERROR_KV_BUDGET_EXHAUSTED:
-    case ATTN_ENOSPC:
-        return set_err(job, ERROR_KV_BUDGET_EXHAUSTED, NULL,
-                       "the copy does not fit in the KV pool even after evicting idle "
-                       "sessions");
-    default:
-        return rc;
-    }
-    LOG_INFO("session", "forked req=%llu session=%s new=%s tokens=%d",
-             job->rq != NULL ? (unsigned long long)http_request_id(job->rq->http) : 0ULL,
-             session_id(pj->session), job->fk.new_id, (int)session_n_tokens(copy));
-    job->response = route_session_encode(copy, 0, &job->response_len);
-    job->response_status = 201;
-    return job->response != NULL ? 0 : ERROR_INTERNAL;
-}
-
-/* Frees the session's caches; the session itself goes when the pool gives back this job's turn,
- * unless later requests of it are queued already: they then start from an empty session, as
- * they would after a completed DELETE. */
-static int delete_prepare(struct pool_job *pj, struct pool_step *step) {
-    struct job *job = (struct job *)pj;
-    session_clear(job->srv->sessions, pj->turn);
-    unpin(job);
-    job->response_status = 204;
-    return 0;
-}
-
-static const struct pool_job_ops truncate_ops = {truncate_prepare, NULL, simple_done, on_release};
-static const struct pool_job_ops fork_ops = {fork_prepare, NULL, simple_done, on_release};
-static const struct pool_job_ops delete_ops = {delete_prepare, NULL, simple_done, on_release};
-
-/* Answers the parse error in job->parse_err (if job->parse_rc says the body failed) or a missing
- * session and frees the job; otherwise pins the path's session and queues the job with ops. */
-static void control_submit(struct job *job, const struct pool_job_ops *ops) {
-    if (job->parse_rc != 0) {
-        route_reply_error(job->rq, job->parse_err.code, job->parse_err.message,
-                          job->parse_err.param);
-        job_free(job);
-        return;
-    }
-    if (pin_path_session(job) != 0) {
-        job_free(job);
-        return;
-    }
-    job->pj.kind = POOL_JOB_CONTROL;
-    job->pj.ops = ops;
-    submit(job);
-}
-
-void job_submit_truncate(struct route_req *rq) {
-    struct job *job = job_new(rq, JOB_TRUNCATE);
-    if (job == NULL) {
-        return;
-    }
-    size_t len;
-    const char *body = http_request_body(rq->http, &len);
-    job->parse_rc =
-        api_truncate_request_parse(body, len, &rq->srv->limits, &job->tr, &job->parse_err);
-    control_submit(job, &truncate_ops);
-}
-
-void job_submit_fork(struct route_req *rq) {
-    struct job *job = job_new(rq, JOB_FORK);
-    if (job == NULL) {
-        return;
-    }
-    size_t len;
-    const char *body = http_request_body(rq->http, &len);
-    job->parse_rc = api_fork_request_parse(body, len, &job->fk, &job->parse_err);
-    control_submit(job, &fork_ops);
-}
-
-void job_submit_delete(struct route_req *rq, struct session *s) {
-    struct job *job = job_new(rq, JOB_DELETE);
-    if (job == NULL) {
-        return;
-    }
-    session_pin(rq->srv->sessions, s, now_ms());
-    job->pj.session = s;
-    job->pj.kind = POOL_JOB_CONTROL;
-    job->pj.ops = &delete_ops;
-    submit(job);
-}
-
-/* ---- export and import ---------------------------------------------------------------------- */
-
-static int export_prepare(struct pool_job *pj, struct pool_step *step) {
-    struct job *job = (struct job *)pj;
-    job->kv_dtype = attn_kv_pool_dtype(session_store_kv_pool(job->srv->sessions));
-    return 0;
-}
-
-/* Worker: the session's turn is this job's, so nothing changes its caches while they are read;
- * the copy and the checksum stay off the loop. */
-static int export_run(struct pool_job *pj, int status) {
-    struct job *job = (struct job *)pj;
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    uint8_t *file;
-    size_t len;
-    int rc = snapshot_encode(pj->session, job->srv->model, job->kv_dtype,
-                             (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000, &file, &len);
-    if (rc != 0) {
-        return rc;
-    }
-    snapshot_seal(file, len);
-    job->response = (char *)file;
-    job->response_len = len;
-    job->response_status = 200;
-    job->response_type = "application/octet-stream";
-    return 0;
-}
-
-static const struct pool_job_ops export_ops = {export_prepare, export_run, simple_done, on_release};
-
-void job_submit_export(struct route_req *rq) {
-    struct job *job = job_new(rq, JOB_EXPORT);
-    if (job == NULL || pin_path_session(job) != 0) {
-        if (job != NULL) {
-            job_free(job);
-        }
-        return;
-    }
-    job->pj.kind = POOL_JOB_SDPA; /* work on a worker, with the session's turn */
-    job->pj.ops = &export_ops;
-    submit(job);
-}
-
-/* Loop, after snapshot_check passed (parse_body): the file's model, then the id, then the
- * caches, made all at once or not at all. */
-static void import_admit(struct job *job) {
-    struct route_req *rq = job->rq;
-    struct server *srv = job->srv;
-    const uint8_t *file = (const uint8_t *)http_request_body(rq->http, &job->body_len);
-    struct snapshot_info info;
-    char msg[256];
-    int rc = snapshot_read_header(file, job->body_len, &info, msg, sizeof msg);
-    if (rc == 0) {
-        rc = snapshot_match(&info, srv->model,
-                            attn_kv_pool_dtype(session_store_kv_pool(srv->sessions)), msg,
-                            sizeof msg);
-    }
-    if (rc != 0) {
-        route_reply_error(rq, rc, msg, "body");
-        job_free(job);
-        return;
-    }
-    enum session_state state;
-    session_find(srv->sessions, rq->session, &state);
-    if (state == SESSION_STATE_TOMBSTONE) {
-        session_tombstone_forget(srv->sessions, rq->session); /* a PUT brings the id back */
-    }
-    struct session *s;
-    rc = session_create(srv->sessions, rq->session, now_ms(), &s);
-    if (rc != 0) {
-        route_reply_error(rq, rc,
-                          rc == ERROR_SESSION_EXISTS
-                              ? "a session with this id exists (in memory or on disk); DELETE it "
-                                "first to replace it"
-                              : NULL,
-                          "session_id");
-        job_free(job);
-        return;
-    }
-    session_pin(srv->sessions, s, now_ms());
-    job->pj.session = s;
-    struct session_turn *t = session_turn_take(srv->sessions, s); /* new: nobody else has it */
-    rc = snapshot_restore(srv->sessions, t, file, job->body_len, msg, sizeof msg);
-    session_turn_give(srv->sessions, t);
-    if (rc != 0) {
-        route_reply_error(rq, rc, msg, rc == ERROR_KV_BUDGET_EXHAUSTED ? NULL : "body");
-    } else {
-        LOG_INFO("session", "imported req=%llu session=%s tokens=%d bytes=%zu",
-                 (unsigned long long)http_request_id(rq->http), rq->session,
-                 (int)session_n_tokens(s), job->body_len);
-        size_t len;
-        char *body = route_session_encode(s, 1, &len);
-        if (body != NULL) {
-            route_reply(rq, 201, body, len);
-        } else {
-            route_reply_error(rq, ERROR_INTERNAL, "out of memory", NULL);
-        }
-    }
-    unpin(job);
-    job_free(job);
-}
-
-void job_submit_import(struct route_req *rq) {
-    struct job *job = job_new(rq, JOB_IMPORT);
-    if (job != NULL) {
-        parse_then_admit(job);
+        job__parse_then_admit(job);
     }
 }
 

@@ -1,0 +1,111 @@
+/* server/job_int.h: what the job module's files share (job.c: the common part, attend and
+ * sdpa; job_session.c: the session operations, export and import; job_batch.c: many sessions'
+ * steps in one call). Not for other modules: they see job.h.
+ *
+ * Thread rule: as job.h's.
+ */
+#ifndef SERVER_JOB_INT_H
+#define SERVER_JOB_INT_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "api.h"
+#include "job.h"
+#include "pool.h"
+#include "route.h"
+#include "strbuf.h"
+
+enum job_kind {
+    JOB_ATTEND,
+    JOB_SDPA,
+    JOB_TRUNCATE,
+    JOB_FORK,
+    JOB_DELETE,
+    JOB_EXPORT,
+    JOB_IMPORT,
+};
+
+struct job {
+    struct pool_job pj; /* first, so the pool's pointer is the job's */
+    enum job_kind kind;
+    struct server *srv;
+    struct route_req *rq; /* NULL once the client is gone */
+    /* Set by the loop when the client goes, read by the worker running the job (an SDPA polls
+     * it between tiles and stops). */
+    atomic_bool is_abandoned;
+    /* The request body and how its parse went (an attend or sdpa body is parsed on a pool thread
+     * when it is large). */
+    const char *body;
+    size_t body_len;
+    int parse_rc;
+    struct api_error parse_err;
+    uv_work_t parse_work;
+    /* Detail for an error found by prepare. */
+    char err_message[256];
+    char err_param[64];
+    /* The answer, made by run (worker) or prepare (control jobs). */
+    char *response;
+    size_t response_len;
+    int response_status;
+    const char *response_type; /* NULL: JSON */
+    size_t response_json_len;  /* a binary-framed answer's JSON part (its Inference-Header-...) */
+    bool is_framed;            /* the answer is framed by the binary tensor extension */
+    /* The request body's JSON length when framed (Inference-Header-Content-Length), or -1 */
+    int64_t request_json_len;
+    /* attend */
+    struct api_attend_request at;
+    float *out;       /* (T, hidden_size) */
+    float *weights;   /* (n_heads, T, n_past + T), or per stream step (n_heads, n_past + i + 1) */
+    attn_kv *temp_kv; /* a stateless call's cache */
+    /* Cross-attention: the cache a context is projected into (a stateless call's, or a
+     * session's new context, which done installs when the call succeeds) */
+    attn_kv *temp_cross;
+    int32_t n_keys;      /* keys the queries see: n_past + T, or the context's tokens */
+    int32_t n_past0;     /* cache length before the request */
+    int32_t next_index;  /* stream: the next token to compute */
+    bool is_sized;       /* n_past0 known, buffers allocated */
+    struct strbuf event; /* stream: the event run() encoded */
+    /* sdpa */
+    struct api_sdpa_request sd;
+    /* session operations */
+    struct api_truncate_request tr;
+    struct api_fork_request fk;
+    /* export */
+    attn_dtype kv_dtype;
+};
+
+int64_t job__now_ms(void);
+
+/* Sets the job's error detail (message and param) and returns code. */
+int job__set_err(struct job *job, int code, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* A job for request rq (answers 500 and returns NULL when out of memory). */
+struct job *job__new(struct route_req *rq, enum job_kind kind);
+void job__free(struct job *job);
+void job__on_release(struct pool_job *pj); /* pool_job_ops.release: frees the job */
+void job__unpin(struct job *job);
+
+/* Answers the request (if its client is still there) with the job's response or the error. */
+void job__answer(struct job *job, int status);
+
+/* Finds the live session named by the path (bringing it back from disk if it is there) and pins
+ * it for the job; otherwise answers 404/410 and returns -1. */
+int job__pin_path_session(struct job *job);
+
+/* Queues the job; on a full queue answers 429 and frees it. */
+void job__submit(struct job *job);
+
+/* pool_job_ops.done of jobs that only answer: the answer, then the pin goes. */
+enum pool_after job__simple_done(struct pool_job *pj, int status);
+
+/* Parses the request body (on a pool thread when it is large), then admits the job by kind. */
+void job__parse_then_admit(struct job *job);
+
+/* The admissions, once a body is parsed. */
+void job__attend_admit(struct job *job);
+void job__import_admit(struct job *job);
+
+#endif /* SERVER_JOB_INT_H */
