@@ -762,6 +762,10 @@ static int parse_tensor(struct json_reader *r, const struct tensor_spec *s, floa
 /* ---- POST /v1/attend ------------------------------------------------------------------------ */
 
 void api_attend_request_release(struct api_attend_request *r) {
+    for (int32_t i = 0; r->steps != NULL && i < r->n_steps; i++) {
+        api_attend_request_release(&r->steps[i]);
+    }
+    free(r->steps);
     free(r->x);
     free(r->positions);
     free(r->key_mask);
@@ -847,6 +851,7 @@ enum attend_field {
     ATTEND_CROSS,
     ATTEND_REPLACE_CONTEXT,
     ATTEND_BINARY_OUTPUT,
+    ATTEND_STEPS,
     ATTEND_N_FIELDS,
 };
 
@@ -862,7 +867,8 @@ static const char *const attend_names[ATTEND_N_FIELDS] = {"x",
                                                           "context",
                                                           "cross",
                                                           "replace_context",
-                                                          "binary_output"};
+                                                          "binary_output",
+                                                          "steps"};
 
 /* One member of an attend body into r. */
 /* A (tokens, hidden_size) tensor field of at most max_seq rows (x, a context). */
@@ -914,6 +920,9 @@ static int parse_key_mask(struct json_reader *jr, const struct api_limits *lim,
     return rc;
 }
 
+static int parse_steps(struct json_reader *jr, const struct api_limits *lim,
+                       struct api_attend_request *r, struct api_error *err);
+
 static int attend_field(struct json_reader *jr, int index, const struct api_limits *lim,
                         struct api_attend_request *r, int32_t *n_positions, bool *binary_output,
                         struct api_error *err) {
@@ -951,6 +960,8 @@ static int attend_field(struct json_reader *jr, int index, const struct api_limi
         return get_bool(jr, "replace_context", &r->replace_context, err);
     case ATTEND_BINARY_OUTPUT:
         return get_bool(jr, "binary_output", binary_output, err);
+    case ATTEND_STEPS:
+        return parse_steps(jr, lim, r, err);
     default:
         return get_encoding(jr, &r->encoding, err);
     }
@@ -986,6 +997,143 @@ static int check_cross(struct api_attend_request *r, uint32_t seen, struct api_e
     return 0;
 }
 
+/* The fields a step of a batch may have: what differs from one session to the next. */
+static const uint32_t step_fields = 1u << ATTEND_X | 1u << ATTEND_SESSION_ID |
+                                    1u << ATTEND_POSITIONS | 1u << ATTEND_EXPECT_N_PAST |
+                                    1u << ATTEND_RETURN_WEIGHTS;
+
+/* Puts prefix (and sep, if s is not empty) before the string s of a size-byte buffer, cutting
+ * the end of s if it must. */
+static void prepend(char *s, size_t size, const char *prefix, const char *sep) {
+    size_t pl = strlen(prefix), sl = s[0] ? strlen(sep) : 0, n = strlen(s);
+    if (pl + sl >= size) {
+        return;
+    }
+    if (n > size - 1 - pl - sl) {
+        n = size - 1 - pl - sl;
+    }
+    memmove(s + pl + sl, s, n);
+    memcpy(s, prefix, pl);
+    memcpy(s + pl, sep, sl);
+    s[pl + sl + n] = '\0';
+}
+
+/* Rewrites a step's error so that it names the step: param "steps[i].x", message prefixed. */
+static int step_error(int rc, int32_t i, struct api_error *err) {
+    char prefix[24];
+    snprintf(prefix, sizeof prefix, "steps[%d]", (int)i);
+    prepend(err->param, sizeof err->param, prefix, ".");
+    prepend(err->message, sizeof err->message, prefix, ": ");
+    utf8_trim_partial(err->message);
+    return rc;
+}
+
+/* One step's checks, once it is read: x is there, positions match it, its weights fit. */
+static int check_step(const struct api_attend_request *st, int32_t n_positions,
+                      const struct api_limits *lim, struct api_error *err) {
+    if (st->x == NULL) {
+        return fail(err, ERROR_INVALID_REQUEST, "x", "x: required (T, hidden_size) tensor");
+    }
+    if (st->positions != NULL && n_positions != st->n_tokens) {
+        return fail(err, ERROR_INVALID_REQUEST, "positions",
+                    "positions: has %d values, expected %d (one per token of x)", (int)n_positions,
+                    (int)st->n_tokens);
+    }
+    if (st->return_weights &&
+        (int64_t)lim->n_heads * st->n_tokens * st->n_tokens > API_WEIGHTS_MAX_VALUES) {
+        return fail(err, ERROR_INVALID_REQUEST, "return_weights",
+                    "return_weights: n_heads x T x T = %lld values exceed the limit of %d",
+                    (long long)lim->n_heads * st->n_tokens * st->n_tokens, API_WEIGHTS_MAX_VALUES);
+    }
+    return 0;
+}
+
+/* steps: an array of 1..API_MAX_STEPS objects, each a step (step_fields only). */
+static int parse_steps(struct json_reader *jr, const struct api_limits *lim,
+                       struct api_attend_request *r, struct api_error *err) {
+    static const char what[] = "an array of steps, each {session_id, x, positions, "
+                               "expect_n_past, return_weights}";
+    if (json_peek(jr) != JSON_TYPE_ARRAY) {
+        return wrong_type(jr, "steps", what, err);
+    }
+    r->steps = calloc(API_MAX_STEPS, sizeof *r->steps);
+    if (r->steps == NULL) {
+        return out_of_memory(err, "steps");
+    }
+    json_array_begin(jr);
+    int more;
+    while ((more = json_array_next(jr)) == 1) {
+        int32_t i = r->n_steps;
+        if (i == API_MAX_STEPS) {
+            return fail(err, ERROR_INVALID_REQUEST, "steps", "steps: more than %d", API_MAX_STEPS);
+        }
+        if (json_peek(jr) != JSON_TYPE_OBJECT) {
+            return step_error(wrong_type(jr, "", "a step object", err), i, err);
+        }
+        struct api_attend_request *st = &r->steps[i];
+        r->n_steps++; /* counted now, so that release frees what a failed step holds */
+        st->layer = lim->layer_first;
+        int32_t n_positions = 0;
+        uint32_t seen = 0;
+        bool unused = false;
+        int index, rc;
+        json_object_begin(jr);
+        while ((rc = next_field(jr, attend_names, ATTEND_N_FIELDS, &seen, &index, err)) == 1) {
+            if (!((step_fields >> index) & 1u)) {
+                rc = fail(err, ERROR_INVALID_REQUEST, attend_names[index],
+                          "%s: not part of a step (a step has session_id, x, positions, "
+                          "expect_n_past and return_weights; the rest is the batch's)",
+                          attend_names[index]);
+                break;
+            }
+            rc = attend_field(jr, index, lim, st, &n_positions, &unused, err);
+            if (rc != 0) {
+                break;
+            }
+        }
+        if (rc == 0) {
+            rc = check_step(st, n_positions, lim, err);
+        }
+        for (int32_t j = 0; rc == 0 && st->session_id[0] && j < i; j++) {
+            if (strcmp(r->steps[j].session_id, st->session_id) == 0) {
+                rc = fail(err, ERROR_INVALID_REQUEST, "session_id",
+                          "session_id: %s is steps[%d]'s too (one step per session a call)",
+                          st->session_id, (int)j);
+            }
+        }
+        if (rc != 0) {
+            return step_error(rc, i, err);
+        }
+    }
+    if (more < 0) {
+        return syntax_error(jr, err);
+    }
+    if (r->n_steps == 0) {
+        return fail(err, ERROR_INVALID_REQUEST, "steps", "steps: at least one step");
+    }
+    return 0;
+}
+
+/* A batch: the top level has only what every step shares (layer, steps, encoding_format,
+ * binary_output); each step gets the layer and the encoding. */
+static int check_batch(struct api_attend_request *r, uint32_t seen, struct api_error *err) {
+    static const uint32_t top = 1u << ATTEND_LAYER | 1u << ATTEND_STEPS | 1u << ATTEND_ENCODING |
+                                1u << ATTEND_BINARY_OUTPUT;
+    for (int i = 0; i < ATTEND_N_FIELDS; i++) {
+        if (((seen >> i) & 1u) && !((top >> i) & 1u)) {
+            return fail(err, ERROR_INVALID_REQUEST, attend_names[i],
+                        "%s: not with steps (a batch's top level has layer, steps, "
+                        "encoding_format and binary_output; each step has its own %s)",
+                        attend_names[i], attend_names[i]);
+        }
+    }
+    for (int32_t i = 0; i < r->n_steps; i++) {
+        r->steps[i].layer = r->layer;
+        r->steps[i].encoding = r->encoding;
+    }
+    return 0;
+}
+
 int api_attend_request_parse(const char *body, size_t len, const struct api_limits *lim,
                              struct api_attend_request *out, struct api_error *err) {
     struct api_body b = {body, len, NULL, 0};
@@ -1010,6 +1158,18 @@ int api_attend_request_parse_body(const struct api_body *body, const struct api_
     }
     if (rc == 0) {
         rc = end_body(&br.json, err);
+    }
+    if (rc == 0 && r.steps != NULL) {
+        rc = apply_binary_output(binary_output, seen, ATTEND_ENCODING, &r.encoding, err);
+        if (rc == 0) {
+            rc = check_batch(&r, seen, err);
+        }
+        if (rc != 0) {
+            api_attend_request_release(&r);
+            return rc;
+        }
+        *out = r;
+        return 0;
     }
     if (rc == 0 && r.x == NULL) {
         rc = fail(err, ERROR_INVALID_REQUEST, "x", "x: required (T, hidden_size) tensor");

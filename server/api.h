@@ -91,7 +91,15 @@ struct api_attend_request {
     float *context; /* NULL, or (n_context, hidden_size), owned */
     int32_t n_context;
     bool replace_context; /* a session layer's stored context may be replaced by this one */
+    /* A batch ("steps"): n_steps requests on one layer, each with its own session_id (or none:
+     * stateless), x, positions, expect_n_past and return_weights, and nothing else; the top
+     * level then has no x and gives each step its layer and encoding. Session ids differ. */
+    struct api_attend_request *steps; /* (n_steps), owned, or NULL */
+    int32_t n_steps;
 };
+
+/* Steps a batch may carry. */
+#define API_MAX_STEPS 256
 
 /* Parses a POST /v1/attend body. On success returns 0 and fills *out (release it with
  * api_attend_request_release). On failure returns the error code, fills *err and leaves *out
@@ -263,5 +271,14 @@ char *api_status_encode(const char *status, size_t *len);
 /* The Error body for code (an error_code or attn_status). message NULL or "" = the table's
  * default; param NULL or "" = null. */
 char *api_error_encode(int code, const char *message, const char *param, size_t *len);
+
+/* A batch's answer is {"layer": L, "results": [...]}: each result a step's AttendResponse, or
+ * for a step that failed {"session_id": id or null, "status": HTTP status, "error": {...}}.
+ * These append the parts to out: the opening (with the layer), a failed step's result, the
+ * closing. */
+void api_batch_open(struct strbuf *out, int32_t layer);
+void api_batch_error_put(struct strbuf *out, const char *session_id, int code, const char *message,
+                         const char *param);
+void api_batch_close(struct strbuf *out);
 
 #endif /* SERVER_API_H */

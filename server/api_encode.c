@@ -284,6 +284,32 @@ char *api_error_encode(int code, const char *message, const char *param, size_t 
     return strbuf_detach(&b, len);
 }
 
+void api_batch_open(struct strbuf *out, int32_t layer) {
+    strbuf_printf(out, "{\"layer\":%d,\"results\":[", (int)layer);
+}
+
+void api_batch_error_put(struct strbuf *out, const char *session_id, int code, const char *message,
+                         const char *param) {
+    strbuf_puts(out, "{\"session_id\":");
+    put_string_or_null(out, session_id != NULL && session_id[0] ? session_id : NULL);
+    strbuf_printf(out, ",\"status\":%d,", error_info_get(code)->http_status);
+    /* put_error writes a whole Error object: take its member, not its braces */
+    struct strbuf e;
+    strbuf_init(&e);
+    put_error(&e, code, message, param);
+    if (!e.has_failed && e.len > 2) {
+        strbuf_append(out, e.data + 1, e.len - 2);
+    } else {
+        out->has_failed = true;
+    }
+    strbuf_release(&e);
+    strbuf_putc(out, '}');
+}
+
+void api_batch_close(struct strbuf *out) {
+    strbuf_puts(out, "]}\n");
+}
+
 char *api_sdpa_response_encode(const struct api_sdpa_response *r, size_t *len, size_t *json_len) {
     struct strbuf b;
     struct raw_parts raw = {{NULL, NULL}, {0, 0}, 0};

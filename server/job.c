@@ -72,7 +72,26 @@ void job__free(struct job *job) {
     if (job->rq != NULL) {
         job->rq->job = NULL;
     }
+    if (job->parent != NULL) {
+        job__batch_step_freed(job);
+    }
+    if (job->slots != NULL) {
+        job__batch_release(job);
+    }
     free(job);
+}
+
+void job__refuse(struct job *job, int code, const char *message, const char *param) {
+    if (job->parent != NULL) {
+        job__set_err(job, code, param, "%s", message != NULL ? message : "");
+        job__batch_step_answered(job, code);
+    } else {
+        route_reply_error(job->rq, code, message, param);
+    }
+}
+
+bool job__is_gone(const struct job *job) {
+    return job->parent != NULL ? job->parent->rq == NULL : job->rq == NULL;
 }
 
 void job__on_release(struct pool_job *pj) {
@@ -121,6 +140,10 @@ static void binary_answer(struct job *job, enum api_encoding enc) {
 
 /* Answers the request (if its client is still there) with the job's response or the error. */
 void job__answer(struct job *job, int status) {
+    if (job->parent != NULL) {
+        job__batch_step_answered(job, status);
+        return;
+    }
     if (job->rq == NULL || status == ERROR_CANCELLED) {
         return;
     }
@@ -163,12 +186,14 @@ int job__pin_path_session(struct job *job) {
 void job__submit(struct job *job) {
     int rc = pool_submit(job->srv->pool, &job->pj);
     if (rc != 0) {
-        route_reply_error(job->rq, rc, NULL, NULL);
+        job__refuse(job, rc, NULL, NULL);
         job__unpin(job);
         job__free(job);
         return;
     }
-    job->rq->job = job;
+    if (job->rq != NULL) {
+        job->rq->job = job;
+    }
 }
 
 /* ---- POST /v1/attend ------------------------------------------------------------------------ */
@@ -295,10 +320,10 @@ static int cross_prepare(struct job *job, struct pool_step *step) {
 static int attend_prepare(struct pool_job *pj, struct pool_step *step) {
     struct job *job = (struct job *)pj;
     struct server *srv = job->srv;
-    if (job->rq == NULL) {
+    if (job__is_gone(job)) {
         return ERROR_CANCELLED;
     }
-    if (job->next_index > 0 && http_request_peer_closed(job->rq->http)) {
+    if (job->next_index > 0 && job->rq != NULL && http_request_peer_closed(job->rq->http)) {
         return ERROR_CANCELLED;
     }
     if (job->at.is_cross) {
@@ -482,43 +507,45 @@ static const struct pool_job_ops attend_ops = {attend_prepare, attend_run, atten
 void job__attend_admit(struct job *job) {
     struct route_req *rq = job->rq;
     struct server *srv = job->srv;
-    const char *hdr = http_request_header(rq->http, "X-Session-Id");
+    const char *hdr = rq != NULL ? http_request_header(rq->http, "X-Session-Id") : NULL;
     if (hdr != NULL) {
         if (!api_session_id_is_valid(hdr, strlen(hdr))) {
-            route_reply_error(rq, ERROR_INVALID_REQUEST,
-                              "the X-Session-Id header must be 1 to 128 characters from "
-                              "[A-Za-z0-9._:-]",
-                              "session_id");
+            job__refuse(job, ERROR_INVALID_REQUEST,
+                        "the X-Session-Id header must be 1 to 128 characters from "
+                        "[A-Za-z0-9._:-]",
+                        "session_id");
             job__free(job);
             return;
         }
         if (job->at.session_id[0] != '\0' && strcmp(job->at.session_id, hdr) != 0) {
-            route_reply_error(rq, ERROR_INVALID_REQUEST,
-                              "session_id in the body differs from the X-Session-Id header",
-                              "session_id");
+            job__refuse(job, ERROR_INVALID_REQUEST,
+                        "session_id in the body differs from the X-Session-Id header",
+                        "session_id");
             job__free(job);
             return;
         }
         snprintf(job->at.session_id, sizeof job->at.session_id, "%s", hdr);
     }
     if (job->at.session_id[0] != '\0') {
-        snprintf(rq->session, sizeof rq->session, "%s", job->at.session_id);
+        if (rq != NULL) {
+            snprintf(rq->session, sizeof rq->session, "%s", job->at.session_id);
+        }
         enum session_state state;
         int rc;
         struct session *s = route_find_session(srv, job->at.session_id, &state, &rc);
         if (s == NULL && state != SESSION_STATE_UNKNOWN) {
-            route_reply_error(rq, rc, NULL, "session_id"); /* evicted, or cannot come back */
+            job__refuse(job, rc, NULL, "session_id"); /* evicted, or cannot come back */
             job__free(job);
             return;
         }
         if (s == NULL) {
             rc = session_create(srv->sessions, job->at.session_id, job__now_ms(), &s);
             if (rc != 0) {
-                route_reply_error(rq, rc,
-                                  rc == ERROR_KV_BUDGET_EXHAUSTED
-                                      ? "--max-sessions sessions are live and all are busy"
-                                      : NULL,
-                                  "session_id");
+                job__refuse(job, rc,
+                            rc == ERROR_KV_BUDGET_EXHAUSTED
+                                ? "--max-sessions sessions are live and all are busy"
+                                : NULL,
+                            "session_id");
                 job__free(job);
                 return;
             }
@@ -527,10 +554,10 @@ void job__attend_admit(struct job *job) {
         job->pj.session = s;
     }
     if (job->at.is_cross && attn_model_config(srv->model)->kv_lora_rank > 0) {
-        route_reply_error(rq, ERROR_INVALID_REQUEST,
-                          "cross: the model's multi-head latent attention caches a latent, which "
-                          "has no context form",
-                          "cross");
+        job__refuse(job, ERROR_INVALID_REQUEST,
+                    "cross: the model's multi-head latent attention caches a latent, which "
+                    "has no context form",
+                    "cross");
         job__unpin(job);
         job__free(job);
         return;
@@ -547,7 +574,7 @@ void job__attend_admit(struct job *job) {
                          "%s: layer %d is linear attention, which has no scores, positions or "
                          "context",
                          names[i], (int)job->at.layer);
-                route_reply_error(rq, ERROR_INVALID_REQUEST, msg, names[i]);
+                job__refuse(job, ERROR_INVALID_REQUEST, msg, names[i]);
                 job__unpin(job);
                 job__free(job);
                 return;
@@ -599,7 +626,9 @@ static void admit(struct job *job) {
         job__free(job);
         return;
     }
-    if (job->kind == JOB_ATTEND) {
+    if (job->kind == JOB_ATTEND && job->at.steps != NULL) {
+        job__batch_admit(job);
+    } else if (job->kind == JOB_ATTEND) {
         job__attend_admit(job);
     } else if (job->kind == JOB_IMPORT) {
         job__import_admit(job);
@@ -789,6 +818,10 @@ void job_stream_drained(struct job *job) {
 }
 
 void job_client_gone(struct job *job) {
+    if (job->slots != NULL) {
+        job__batch_client_gone(job); /* a batch: its steps are the jobs in the pool */
+        return;
+    }
     job->rq = NULL;
     atomic_store_explicit(&job->is_abandoned, true, memory_order_relaxed);
     pool_job_ready(job->srv->pool, &job->pj);

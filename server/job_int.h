@@ -74,6 +74,23 @@ struct job {
     struct api_fork_request fk;
     /* export */
     attn_dtype kv_dtype;
+    /* A batch (job_batch.c): the batch's job holds the request and a slot per step; each step
+     * is a job of its own, an attend without a request (rq NULL), reporting to its batch. */
+    struct job *parent;       /* a step's batch, or NULL */
+    int32_t slot;             /* a step's index in its batch */
+    struct batch_slot *slots; /* a batch's: what each step answered, (at.n_steps) */
+    struct job **steps;       /* a batch's: its steps not yet freed (NULL once a step is) */
+    int32_t n_open;           /* a batch's steps not yet answered */
+};
+
+/* What a step of a batch answered. */
+struct batch_slot {
+    char session_id[API_SESSION_ID_MAX + 1];
+    int status;     /* 0 or the error code */
+    char *response; /* its AttendResponse (and raw tensors when framed), malloc'd */
+    size_t len, json_len;
+    char message[256];
+    char param[64];
 };
 
 int64_t job__now_ms(void);
@@ -107,5 +124,20 @@ void job__parse_then_admit(struct job *job);
 /* The admissions, once a body is parsed. */
 void job__attend_admit(struct job *job);
 void job__import_admit(struct job *job);
+
+/* Refuses a job before it is queued: answers code (message, param: NULL for the defaults) to
+ * its request, or to its batch for a step. Does not free the job. */
+void job__refuse(struct job *job, int code, const char *message, const char *param);
+
+/* The job's client has gone: its own, or its batch's. */
+bool job__is_gone(const struct job *job);
+
+/* Batches (job_batch.c). A parsed attend with steps becomes one job per step, queued together
+ * so that the pool runs their decode steps as one engine call. */
+void job__batch_admit(struct job *batch);
+void job__batch_step_answered(struct job *step, int status); /* from job__answer */
+void job__batch_step_freed(struct job *step);                /* from job__free */
+void job__batch_client_gone(struct job *batch);
+void job__batch_release(struct job *batch); /* frees the batch's slots (from job__free) */
 
 #endif /* SERVER_JOB_INT_H */

@@ -19,6 +19,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         fuzz_check_error(rc, &err);
         return 0;
     }
+    if (r.steps != NULL) {
+        /* a batch: no x of its own; each step a plain request on the batch's layer, sessions
+         * distinct */
+        if (r.x != NULL || r.n_steps < 1 || r.n_steps > API_MAX_STEPS)
+            abort();
+        for (int32_t i = 0; i < r.n_steps; i++) {
+            const struct api_attend_request *st = &r.steps[i];
+            if (st->x == NULL || st->n_tokens < 1 || st->layer != r.layer || st->stream ||
+                st->context != NULL || st->key_mask != NULL || st->steps != NULL)
+                abort();
+            fuzz_check_finite(st->x, (size_t)st->n_tokens * (size_t)lim.hidden_size);
+            for (int32_t j = 0; st->session_id[0] && j < i; j++)
+                if (strcmp(st->session_id, r.steps[j].session_id) == 0)
+                    abort();
+        }
+        api_attend_request_release(&r);
+        return 0;
+    }
     if (r.n_tokens < 1 || r.n_tokens > lim.max_seq || r.x == NULL)
         abort();
     if (r.layer < lim.layer_first || r.layer >= lim.layer_first + lim.layer_count)

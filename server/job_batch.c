@@ -1,0 +1,160 @@
+/* server/job_batch.c: many sessions' steps in one call (POST /v1/attend with "steps"). The
+ * batch's job keeps the HTTP request; each step becomes an attend job of its own (no request:
+ * it reports to its batch), admitted and queued in one loop turn, so the pool's dispatch finds
+ * their decode steps ready together and runs them as one engine call on the shared layer
+ * (continuous batching: one GEMM over every step's tokens, the weights read once). Each step is
+ * checked, queued, run and answered exactly as it would be alone: a step that fails (its session
+ * evicted, expect_n_past off, the pool full) fails alone and changes nothing, the others run.
+ * When the last step has answered, the batch answers 200 with every step's result in order.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "job_int.h"
+
+/* A step's job: an attend without a request of its own. */
+static struct job *step_new(struct job *batch, int32_t i) {
+    struct job *step = calloc(1, sizeof *step);
+    if (step == NULL) {
+        return NULL;
+    }
+    step->kind = JOB_ATTEND;
+    step->srv = batch->srv;
+    step->parent = batch;
+    step->slot = i;
+    step->request_json_len = -1;
+    strbuf_init(&step->event);
+    /* the step takes its parsed request over: the batch's copy is left empty */
+    step->at = batch->at.steps[i];
+    memset(&batch->at.steps[i], 0, sizeof batch->at.steps[i]);
+    return step;
+}
+
+/* Every step has answered: the batch's answer, its results in step order. Framed answers (the
+ * binary tensor extension) put every step's raw tensors after the one JSON, in the same order
+ * as their fields. */
+static void finish(struct job *batch) {
+    struct strbuf b;
+    strbuf_init(&b);
+    api_batch_open(&b, batch->at.layer);
+    bool is_framed = batch->at.encoding == API_ENCODING_BINARY;
+    for (int32_t i = 0; i < batch->at.n_steps; i++) {
+        struct batch_slot *s = &batch->slots[i];
+        if (i > 0) {
+            strbuf_putc(&b, ',');
+        }
+        if (s->status != 0) {
+            api_batch_error_put(&b, s->session_id, s->status, s->message, s->param);
+            continue;
+        }
+        /* its JSON, without the newline that ends a whole answer */
+        size_t n = is_framed ? s->json_len : s->len;
+        while (n > 0 && s->response[n - 1] == '\n') {
+            n--;
+        }
+        strbuf_append(&b, s->response, n);
+    }
+    api_batch_close(&b);
+    size_t json_len = b.len;
+    for (int32_t i = 0; is_framed && i < batch->at.n_steps; i++) {
+        struct batch_slot *s = &batch->slots[i];
+        if (s->status == 0) {
+            strbuf_append(&b, s->response + s->json_len, s->len - s->json_len);
+        }
+    }
+    if (b.has_failed) {
+        strbuf_release(&b);
+        job__refuse(batch, ERROR_INTERNAL, "out of memory encoding the answer", NULL);
+        job__free(batch);
+        return;
+    }
+    batch->response_len = b.len;
+    batch->response = strbuf_detach(&b, NULL);
+    batch->response_status = 200;
+    batch->response_json_len = json_len;
+    batch->is_framed = is_framed;
+    batch->response_type = is_framed ? "application/octet-stream" : NULL;
+    job__answer(batch, 0);
+    job__free(batch);
+}
+
+void job__batch_step_answered(struct job *step, int status) {
+    struct job *batch = step->parent;
+    struct batch_slot *s = &batch->slots[step->slot];
+    snprintf(s->session_id, sizeof s->session_id, "%s", step->at.session_id);
+    s->status = status;
+    if (status == 0) {
+        s->response = step->response;
+        s->len = step->response_len;
+        s->json_len = step->response_json_len;
+        step->response = NULL;
+    } else {
+        snprintf(s->message, sizeof s->message, "%s", step->err_message);
+        snprintf(s->param, sizeof s->param, "%s", step->err_param);
+    }
+    if (--batch->n_open == 0) {
+        finish(batch);
+    }
+}
+
+void job__batch_step_freed(struct job *step) {
+    if (step->parent->steps != NULL) {
+        step->parent->steps[step->slot] = NULL;
+    }
+    step->parent = NULL;
+}
+
+void job__batch_admit(struct job *batch) {
+    int32_t n = batch->at.n_steps;
+    batch->slots = calloc((size_t)n, sizeof *batch->slots);
+    batch->steps = calloc((size_t)n, sizeof *batch->steps);
+    if (batch->slots == NULL || batch->steps == NULL) {
+        job__refuse(batch, ERROR_INTERNAL, "out of memory", NULL);
+        job__free(batch);
+        return;
+    }
+    /* One more than the steps while they are admitted: a step refused at once answers inside
+     * this loop, and the batch must not finish (and be freed) before the loop is over. */
+    batch->n_open = n + 1;
+    batch->rq->job = batch;
+    for (int32_t i = 0; i < n; i++) {
+        struct job *step = step_new(batch, i);
+        if (step == NULL) {
+            batch->slots[i].status = ERROR_INTERNAL;
+            snprintf(batch->slots[i].message, sizeof batch->slots[i].message, "out of memory");
+            batch->n_open--;
+            continue;
+        }
+        batch->steps[i] = step;
+        job__attend_admit(step); /* queues it, or refuses it (answering its slot) */
+    }
+    if (--batch->n_open == 0) {
+        finish(batch);
+    }
+}
+
+void job__batch_client_gone(struct job *batch) {
+    batch->rq = NULL;
+    for (int32_t i = 0; i < batch->at.n_steps; i++) {
+        if (batch->steps[i] != NULL) {
+            job_client_gone(batch->steps[i]);
+        }
+    }
+}
+
+void job__batch_release(struct job *batch) {
+    for (int32_t i = 0; batch->slots != NULL && i < batch->at.n_steps; i++) {
+        free(batch->slots[i].response);
+    }
+    /* steps still running would report to a freed batch: a batch is freed only once every step
+     * has answered, and a step is freed after it answers */
+    for (int32_t i = 0; batch->steps != NULL && i < batch->at.n_steps; i++) {
+        if (batch->steps[i] != NULL) {
+            batch->steps[i]->parent = NULL;
+        }
+    }
+    free(batch->slots);
+    free(batch->steps);
+}

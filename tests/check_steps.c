@@ -1,0 +1,281 @@
+/* tests/check_steps.c: many sessions' steps in one call (POST /v1/attend with "steps"), through
+ * the real attnd (preset tiny, f32 K/V). A batch of decode steps runs as one engine call and
+ * answers, step by step and bit for bit, what each session answers when stepped alone; a step
+ * that fails (its session evicted, expect_n_past off) fails alone, names its session and leaves
+ * it as it was, while the others advance; framed (binary) batches carry every step's tensors in
+ * order; a malformed step is a 400 naming steps[i] and runs nothing.
+ */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "http_client.h"
+
+#define HIDDEN  64
+#define N_STEPS 6
+#define PROMPT  9
+
+static struct http_client_daemon a_, b_;
+
+static void setup(void) {
+    memset(&a_, 0, sizeof a_);
+    memset(&b_, 0, sizeof b_);
+}
+
+static void teardown(void) {
+    http_client_daemon_kill(&a_);
+    http_client_daemon_kill(&b_);
+}
+
+static cJSON *post(const struct http_client_daemon *d, const char *body, long want) {
+    char u[200];
+    snprintf(u, sizeof u, "%s/v1/attend", d->base);
+    struct http_client_response r;
+    http_client_request("POST", u, body, strlen(body), NULL, &r);
+    ck_assert_msg(r.status == want, "want %ld, got %ld: %s", want, r.status, r.body);
+    cJSON *j = http_client_json(&r);
+    http_client_response_release(&r);
+    return j;
+}
+
+static double metric(const struct http_client_daemon *d, const char *name) {
+    return http_client_metric(d->base, name);
+}
+
+/* Session i's prompt, one call per session. */
+static void prefill(const struct http_client_daemon *d, float *const *xs) {
+    for (int i = 0; i < N_STEPS; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "s%d", i);
+        char *body = http_client_attend_body(id, xs[i], 0, PROMPT, HIDDEN, true, NULL);
+        cJSON_Delete(post(d, body, 200));
+        free(body);
+    }
+}
+
+/* The batch body: one decode step for each session, token PROMPT of its stream; `extra` goes
+ * at the top level, `bad` (or NULL) replaces step 2's expect_n_past. */
+static char *batch_body(float *const *xs, const char *bad, const char *extra) {
+    size_t cap = 64 * 1024;
+    char *body = malloc(cap);
+    size_t n = (size_t)snprintf(body, cap, "{\"layer\":0%s,\"steps\":[", extra);
+    for (int i = 0; i < N_STEPS; i++) {
+        char *x = http_client_matrix_json(xs[i] + PROMPT * HIDDEN, 1, HIDDEN);
+        char expect[16];
+        snprintf(expect, sizeof expect, "%d", PROMPT);
+        n += (size_t)snprintf(body + n, cap - n,
+                              "%s{\"session_id\":\"s%d\",\"x\":%s,\"expect_n_past\":%s}",
+                              i > 0 ? "," : "", i, x, i == 2 && bad != NULL ? bad : expect);
+        free(x);
+    }
+    snprintf(body + n, cap - n, "]}");
+    return body;
+}
+
+/* The output floats of a result (or of an answer). */
+static float *output_of(const cJSON *result, size_t *n) {
+    return http_client_json_floats(cJSON_GetObjectItemCaseSensitive(result, "output"), n);
+}
+
+START_TEST(test_steps_batch_is_one_call_and_equals_steps_alone) {
+    const char *args[] = {"--preset", "tiny", "--kv-dtype", "f32", "--workers", "1", NULL};
+    http_client_daemon_start(&a_, args);
+    http_client_daemon_start(&b_, args);
+    float *xs[N_STEPS];
+    for (int i = 0; i < N_STEPS; i++) {
+        xs[i] = http_client_random_rows(300 + (uint64_t)i, PROMPT + 1, HIDDEN);
+    }
+    prefill(&a_, xs);
+    prefill(&b_, xs);
+    double calls = metric(&a_, "attnd_engine_steps_total");
+    char *body = batch_body(xs, NULL, "");
+    cJSON *got = post(&a_, body, 200);
+    free(body);
+    ck_assert_double_eq(metric(&a_, "attnd_engine_steps_total"), calls + 1);
+    const cJSON *results = cJSON_GetObjectItemCaseSensitive(got, "results");
+    ck_assert_int_eq(cJSON_GetArraySize(results), N_STEPS);
+    ck_assert_int_eq(cJSON_GetObjectItemCaseSensitive(got, "layer")->valueint, 0);
+    for (int i = 0; i < N_STEPS; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "s%d", i);
+        const cJSON *r = cJSON_GetArrayItem(results, i);
+        ck_assert_str_eq(cJSON_GetObjectItemCaseSensitive(r, "session_id")->valuestring, id);
+        ck_assert_int_eq(cJSON_GetObjectItemCaseSensitive(r, "n_past")->valueint, PROMPT);
+        ck_assert_int_eq(cJSON_GetObjectItemCaseSensitive(r, "n_tokens")->valueint, PROMPT + 1);
+        /* the same step alone, on the other daemon */
+        char extra[64];
+        snprintf(extra, sizeof extra, ",\"expect_n_past\":%d", PROMPT);
+        char *alone = http_client_attend_body(id, xs[i], PROMPT, 1, HIDDEN, false, extra);
+        cJSON *want = post(&b_, alone, 200);
+        free(alone);
+        size_t ng, nw;
+        float *g = output_of(r, &ng), *w = output_of(want, &nw);
+        ck_assert_uint_eq(ng, nw);
+        /* the engine's batched projections may sum in another order than a single token's:
+         * the last bits may differ (check_batch.c holds the engine to the same bound) */
+        for (size_t k = 0; k < ng; k++) {
+            ck_assert_msg(fabsf(g[k] - w[k]) <= 1e-5f + 1e-5f * fabsf(w[k]),
+                          "%s[%zu]: %.9g in the batch, %.9g alone", id, k, (double)g[k],
+                          (double)w[k]);
+        }
+        free(g);
+        free(w);
+        cJSON_Delete(want);
+    }
+    cJSON_Delete(got);
+    for (int i = 0; i < N_STEPS; i++) {
+        free(xs[i]);
+    }
+}
+END_TEST
+
+START_TEST(test_steps_fail_alone) {
+    const char *args[] = {"--preset", "tiny", "--kv-dtype", "f32", NULL};
+    http_client_daemon_start(&a_, args);
+    float *xs[N_STEPS];
+    for (int i = 0; i < N_STEPS; i++) {
+        xs[i] = http_client_random_rows(400 + (uint64_t)i, PROMPT + 1, HIDDEN);
+    }
+    prefill(&a_, xs);
+    /* step 2 expects the wrong length: 409 for it, the others advance */
+    char *body = batch_body(xs, "7", "");
+    cJSON *got = post(&a_, body, 200);
+    free(body);
+    const cJSON *results = cJSON_GetObjectItemCaseSensitive(got, "results");
+    for (int i = 0; i < N_STEPS; i++) {
+        const cJSON *r = cJSON_GetArrayItem(results, i);
+        const cJSON *e = cJSON_GetObjectItemCaseSensitive(r, "error");
+        char id[16];
+        snprintf(id, sizeof id, "s%d", i);
+        ck_assert_str_eq(cJSON_GetObjectItemCaseSensitive(r, "session_id")->valuestring, id);
+        if (i == 2) {
+            ck_assert_ptr_nonnull(e);
+            ck_assert_int_eq(cJSON_GetObjectItemCaseSensitive(r, "status")->valueint, 409);
+            ck_assert_str_eq(cJSON_GetObjectItemCaseSensitive(e, "code")->valuestring,
+                             "n_past_mismatch");
+        } else {
+            ck_assert_ptr_null(e);
+            ck_assert_int_eq(cJSON_GetObjectItemCaseSensitive(r, "n_tokens")->valueint, PROMPT + 1);
+        }
+    }
+    cJSON_Delete(got);
+    /* s2 is as it was: its own step still fits at PROMPT */
+    char *again =
+        http_client_attend_body("s2", xs[2], PROMPT, 1, HIDDEN, false, ",\"expect_n_past\":9");
+    cJSON_Delete(post(&a_, again, 200));
+    free(again);
+    /* an evicted session among live ones: 410 for it alone */
+    char u[128];
+    snprintf(u, sizeof u, "%s/v1/sessions/s0", a_.base);
+    struct http_client_response r;
+    http_client_request("DELETE", u, NULL, 0, NULL, &r);
+    ck_assert_int_eq(r.status, 204);
+    http_client_response_release(&r);
+    const char *mixed = "{\"steps\":[{\"session_id\":\"s1\",\"x\":[[%s]],\"expect_n_past\":10},"
+                        "{\"session_id\":\"s0\",\"x\":[[%s]],\"expect_n_past\":10}]}";
+    char row[HIDDEN * 4];
+    size_t at = 0;
+    for (int c = 0; c < HIDDEN; c++) {
+        at += (size_t)snprintf(row + at, sizeof row - at, c > 0 ? ",0.5" : "0.5");
+    }
+    char *b2 = malloc(strlen(mixed) + 2 * at + 1);
+    sprintf(b2, mixed, row, row);
+    got = post(&a_, b2, 200);
+    free(b2);
+    results = cJSON_GetObjectItemCaseSensitive(got, "results");
+    ck_assert_ptr_null(cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(results, 0), "error"));
+    const cJSON *r1 = cJSON_GetArrayItem(results, 1);
+    /* s0 was deleted, so it starts again empty: expect_n_past 10 says that is not what the
+     * runner meant */
+    ck_assert_int_eq(cJSON_GetObjectItemCaseSensitive(r1, "status")->valueint, 409);
+    cJSON_Delete(got);
+    for (int i = 0; i < N_STEPS; i++) {
+        free(xs[i]);
+    }
+}
+END_TEST
+
+START_TEST(test_steps_binary_and_malformed) {
+    const char *args[] = {"--preset", "tiny", "--kv-dtype", "f32", NULL};
+    http_client_daemon_start(&a_, args);
+    float *x = http_client_random_rows(500, 3, HIDDEN);
+    /* two stateless steps, framed both ways: the raw parts follow in step order */
+    const char *head = "{\"binary_output\":true,\"steps\":["
+                       "{\"x\":{\"shape\":[1,64],\"binary_data_size\":256}},"
+                       "{\"x\":{\"shape\":[2,64],\"binary_data_size\":512},"
+                       "\"return_weights\":true}]}";
+    size_t hl = strlen(head), len = hl + 3 * HIDDEN * 4;
+    char *body = malloc(len);
+    memcpy(body, head, hl);
+    memcpy(body + hl, x, 3 * HIDDEN * 4);
+    char u[128], h[80];
+    snprintf(u, sizeof u, "%s/v1/attend", a_.base);
+    snprintf(h, sizeof h, "Inference-Header-Content-Length: %zu", hl);
+    const char *hdrs[] = {h, NULL};
+    struct http_client_response r;
+    http_client_request("POST", u, body, len, hdrs, &r);
+    ck_assert_msg(r.status == 200, "%ld %s", r.status, r.body);
+    char n[32];
+    size_t json_len = (size_t)strtoull(
+        http_client_header(&r, "Inference-Header-Content-Length", n, sizeof n), NULL, 10);
+    /* output 1x64, then output 2x64 and weights 4x2x2 */
+    ck_assert_uint_eq(r.len, json_len + (64 + 128 + 16) * 4);
+    /* the second step's output, against the same step in JSON */
+    char *alone = http_client_attend_body(NULL, x + HIDDEN, 0, 2, HIDDEN, true, NULL);
+    cJSON *want = post(&a_, alone, 200);
+    size_t nw;
+    float *w = output_of(want, &nw);
+    ck_assert_uint_eq(nw, 128);
+    float got[128];
+    memcpy(got, r.body + json_len + 64 * 4, sizeof got);
+    for (int k = 0; k < 128; k++) {
+        ck_assert_msg(fabsf(got[k] - w[k]) <= 1e-5f + 1e-5f * fabsf(w[k]), "[%d]: %.9g vs %.9g", k,
+                      (double)got[k], (double)w[k]);
+    }
+    free(w);
+    cJSON_Delete(want);
+    free(alone);
+    http_client_response_release(&r);
+    free(body);
+    /* malformed steps: named, nothing runs */
+    const char *bad[][2] = {
+        {"{\"steps\":[{\"session_id\":\"q\",\"x\":[[1]]}]}", "steps[0].x"},
+        {"{\"steps\":[{\"session_id\":\"q\",\"layer\":1,\"x\":[[1]]}]}", "steps[0].layer"},
+        {"{\"steps\":[{\"session_id\":\"q\"}]}", "steps[0].x"},
+        {"{\"steps\":{}}", "steps"},
+        {"{\"steps\":[],\"session_id\":\"q\"}", "steps"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cJSON *e = post(&a_, bad[i][0], 400);
+        const cJSON *p =
+            cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(e, "error"), "param");
+        ck_assert_msg(cJSON_IsString(p) && strcmp(p->valuestring, bad[i][1]) == 0, "%s: %s",
+                      bad[i][0], cJSON_PrintUnformatted(e));
+        cJSON_Delete(e);
+    }
+    snprintf(u, sizeof u, "%s/v1/sessions/q", a_.base);
+    http_client_request("GET", u, NULL, 0, NULL, &r);
+    ck_assert_int_eq(r.status, 404);
+    http_client_response_release(&r);
+    free(x);
+}
+END_TEST
+
+extern Suite *steps_suite(void);
+
+Suite *steps_suite(void) {
+    Suite *s = suite_create("steps");
+    TCase *tc = tcase_create("batch");
+    tcase_set_tags(tc, "server");
+    tcase_set_timeout(tc, 60);
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, test_steps_batch_is_one_call_and_equals_steps_alone);
+    tcase_add_test(tc, test_steps_fail_alone);
+    tcase_add_test(tc, test_steps_binary_and_malformed);
+    suite_add_tcase(s, tc);
+    return s;
+}
