@@ -304,6 +304,16 @@ void attn_model_destroy(attn_model *m);
 /* The model's config, with defaults filled in. Borrowed, valid until attn_model_destroy. */
 const attn_config *attn_model_config(const attn_model *m);
 
+/* A model of attention geometry alone, without weights: for attn_forward_qkv, whose caller
+ * projects q, k and v itself (an attention tier beside a model run elsewhere). cfg says the heads,
+ * KV heads, head_dim, layers, positions, RoPE, window, scale and soft-cap; hidden_size 0 is taken
+ * as n_heads * head_dim. attn_forward refuses such a model (ATTN_EUNSUPPORTED), and so does this
+ * for multi-head latent attention (its caches hold a latent, not per-head K/V). */
+int attn_model_create_geometry(const attn_config *cfg, const attn_load_params *p, attn_model **out);
+
+/* False for attn_model_create_geometry's models. */
+bool attn_model_has_weights(const attn_model *m);
+
 /* The loaded layers are layer_first .. layer_first + layer_count - 1 (absolute indices). */
 int32_t attn_model_layer_first(const attn_model *m);
 int32_t attn_model_layer_count(const attn_model *m);
@@ -527,6 +537,29 @@ typedef struct attn_step {
  * that would exceed max_seq), ATTN_ENOSPC (not enough free blocks for all the appends). */
 int attn_forward(const attn_model *m, int32_t layer, attn_workspace *ws, const attn_step *steps,
                  int32_t n_steps);
+
+/* One cache's step of attention on projections its caller made (attn_forward_qkv). Layouts are
+ * per head, row-major. */
+typedef struct attn_qkv_step {
+    attn_kv *kv;              /* the cache to append k and v to */
+    int32_t n_tokens;         /* T >= 1 */
+    const float *q;           /* (n_heads, T, head_dim) */
+    const float *k;           /* (n_kv_heads, T, head_dim), appended */
+    const float *v;           /* (n_kv_heads, T, head_dim), appended */
+    const int32_t *positions; /* (T) RoPE positions in [0, max_seq), or NULL = P + i */
+    bool rope;                /* rotate q and k with the layer's RoPE at positions (false: the
+                                 caller did; the cache then holds k as given) */
+    float *out;               /* (n_heads, T, head_dim): each head's output, before any o_proj */
+    float *weights;           /* NULL, or (n_heads, T, P + T): the probabilities */
+} attn_qkv_step;
+
+/* attn_forward without the projections: appends each step's k and v to its cache and attends
+ * its q causally over the cache (the layer's window, scale, soft-cap and sinks as the model has
+ * them; no q/k norm, which is part of a projection). Batching, chunking and all-or-nothing as
+ * attn_forward; the same codes, and ATTN_EUNSUPPORTED for a linear-attention layer or multi-head
+ * latent attention. Works on any model, with weights or not. */
+int attn_forward_qkv(const attn_model *m, int32_t layer, attn_workspace *ws,
+                     const attn_qkv_step *steps, int32_t n_steps);
 
 /* ---- stateless scaled-dot-product attention ------------------------------------------------ */
 

@@ -57,7 +57,8 @@ struct attn_model {
     float *rope_cos_long; /* LongRoPE: the tables with long_factor; else NULL */
     float *rope_sin_long;
     size_t bytes;
-    attn_dtype weights_dtype;                    /* F32, BF16 or F16: how w_qkv and w_o are held */
+    attn_dtype weights_dtype; /* F32, BF16 or F16: how w_qkv and w_o are held */
+    bool has_weights;         /* false: geometry only (attn_model_create_geometry), no tensors */
     uint8_t fingerprint[ATTN_FINGERPRINT_BYTES]; /* attn__model_fingerprint_compute, once made */
 };
 

@@ -330,9 +330,11 @@ int32_t attn__step_max_position(const attn_step *st, int32_t first) {
 }
 
 /* Normalizes (qk_norm) and rotates (RoPE) the part's q and k rows, and appends its k and v to
- * the cache. */
+ * the cache. Rows the caller projected (attn_forward_qkv) are not normalized, and rotated only
+ * when it asks (rope). */
 static void rope_and_append(const attn_model *m, int32_t layer, const attn_step *st,
-                            const struct chunk_part *p, float *qkv) {
+                            const struct chunk_part *p, float *qkv, bool is_caller_projected,
+                            bool rope) {
     const attn_config *c = &m->cfg;
     const struct attn__layer *l = &m->layers[layer - m->layer_first];
     bool is_local = attn_config_layer_is_sliding(c, layer);
@@ -340,7 +342,7 @@ static void rope_and_append(const attn_model *m, int32_t layer, const attn_step 
     size_t k_off = (size_t)c->n_heads * hd, v_off = k_off + (size_t)c->n_kv_heads * hd;
     int32_t base = st->kv->len;
     struct attn__rope_frame frame;
-    bool rotates = attn_config_layer_rotates(c, layer);
+    bool rotates = attn_config_layer_rotates(c, layer) && (!is_caller_projected || rope);
     if (rotates) {
         /* A call's rotation may depend on the whole step's reach (longrope, dynamic), not only
          * on this part's. */
@@ -353,7 +355,9 @@ static void rope_and_append(const attn_model *m, int32_t layer, const attn_step 
         float *row = qkv + (size_t)(p->row + i) * n_qkv;
         int32_t idx = base + i;
         int32_t pos = st->positions ? st->positions[p->first + i] : idx;
-        attn__qk_norm_apply(c, l, row);
+        if (!is_caller_projected) {
+            attn__qk_norm_apply(c, l, row);
+        }
         if (rotates) {
             attn__rope_apply(c, &frame, row, c->n_heads, row + k_off, c->n_kv_heads, pos);
         }
@@ -554,7 +558,7 @@ static void run_chunk(const attn_model *m, int32_t layer, attn_workspace *ws,
                 attn__qk_norm_apply(c, l, ws->qkv + (size_t)(parts[i].row + r) * n_qkv_of(c));
             }
         } else {
-            rope_and_append(m, layer, st, &parts[i], ws->qkv);
+            rope_and_append(m, layer, st, &parts[i], ws->qkv, false, false);
         }
         n_tasks +=
             part_tasks(m, layer, ws, st, &parts[i], ws->tasks + n_tasks, &scratch_used, max_ways);
@@ -579,6 +583,9 @@ static void run_chunk(const attn_model *m, int32_t layer, attn_workspace *ws,
 
 int attn_forward(const attn_model *m, int32_t layer, attn_workspace *ws, const attn_step *steps,
                  int32_t n_steps) {
+    if (m != NULL && !m->has_weights) {
+        return ATTN_EUNSUPPORTED; /* geometry alone: attn_forward_qkv */
+    }
     int rc = validate(m, layer, ws, steps, n_steps);
     if (rc != ATTN_OK) {
         return rc;
@@ -595,6 +602,131 @@ int attn_forward(const attn_model *m, int32_t layer, attn_workspace *ws, const a
         int32_t n_parts =
             next_chunk(steps, n_steps, ws->max_tokens, &step, &first, ws->parts, &rows);
         run_chunk(m, layer, ws, steps, ws->parts, n_parts, rows);
+    }
+    return ATTN_OK;
+}
+
+/* ---- attention on the caller's projections ------------------------------------------------ */
+
+/* attn_forward_qkv's steps go through the same chunks and tasks as attn_forward's, as steps
+ * whose rows come from the caller instead of a projection: this many at a time. */
+#define QKV_STEPS_AT_ONCE 64
+
+/* One chunk of caller-projected steps: their q, k and v into the workspace's rows (token-major,
+ * as the projections leave them), RoPE if asked and the append, the attention tasks, and each
+ * head's output back to the caller's (head, token) layout. */
+static void run_chunk_qkv(const attn_model *m, int32_t layer, attn_workspace *ws,
+                          const attn_qkv_step *qs, const attn_step *steps,
+                          const struct chunk_part *parts, int32_t n_parts, int32_t rows) {
+    const attn_config *c = &m->cfg;
+    size_t n_qkv = n_qkv_of(c), hd = (size_t)c->head_dim, hd_all = (size_t)c->n_heads * hd;
+    size_t k_off = hd_all, v_off = k_off + (size_t)c->n_kv_heads * hd;
+    for (int32_t i = 0; i < n_parts; i++) {
+        const struct chunk_part *p = &parts[i];
+        const attn_qkv_step *q = &qs[p->step];
+        size_t T = (size_t)q->n_tokens;
+        for (int32_t t = 0; t < p->n; t++) {
+            float *row = ws->qkv + (size_t)(p->row + t) * n_qkv;
+            size_t tok = (size_t)(p->first + t);
+            for (int32_t h = 0; h < c->n_heads; h++) {
+                memcpy(row + h * hd, q->q + (h * T + tok) * hd, hd * sizeof(float));
+            }
+            for (int32_t g = 0; g < c->n_kv_heads; g++) {
+                memcpy(row + k_off + g * hd, q->k + (g * T + tok) * hd, hd * sizeof(float));
+                memcpy(row + v_off + g * hd, q->v + (g * T + tok) * hd, hd * sizeof(float));
+            }
+        }
+    }
+    int32_t n_tasks = 0;
+    size_t scratch_used = 0;
+    int32_t max_ways = ws->max_tokens / (rows > 0 ? rows : 1);
+    ws->n_splits = 0;
+    for (int32_t i = 0; i < n_parts; i++) {
+        const attn_step *st = &steps[parts[i].step];
+        rope_and_append(m, layer, st, &parts[i], ws->qkv, true, qs[parts[i].step].rope);
+        n_tasks +=
+            part_tasks(m, layer, ws, st, &parts[i], ws->tasks + n_tasks, &scratch_used, max_ways);
+    }
+    attn__tasks_run(ws->has_ex ? &ws->ex : NULL, ws->tasks, n_tasks);
+    for (int32_t i = 0; i < ws->n_splits; i++) {
+        attn__tasks_merge(ws->tasks + ws->splits[i].first, ws->splits[i].n);
+    }
+    for (int32_t i = 0; i < n_parts; i++) {
+        const struct chunk_part *p = &parts[i];
+        const attn_qkv_step *q = &qs[p->step];
+        size_t T = (size_t)q->n_tokens;
+        for (int32_t t = 0; t < p->n; t++) {
+            const float *row = ws->attn + (size_t)(p->row + t) * hd_all;
+            size_t tok = (size_t)(p->first + t);
+            for (int32_t h = 0; h < c->n_heads; h++) {
+                memcpy(q->out + (h * T + tok) * hd, row + h * hd, hd * sizeof(float));
+            }
+        }
+    }
+}
+
+int attn_forward_qkv(const attn_model *m, int32_t layer, attn_workspace *ws,
+                     const attn_qkv_step *steps, int32_t n_steps) {
+    if (m == NULL || steps == NULL || n_steps < 1) {
+        return ATTN_EINVAL;
+    }
+    if (m->cfg.kv_lora_rank > 0 ||
+        (layer >= 0 && layer < m->cfg.n_layers && attn_config_layer_is_linear(&m->cfg, layer))) {
+        return ATTN_EUNSUPPORTED;
+    }
+    /* The same checks as attn_forward's, on steps that mirror these (x stands for the rows). */
+    attn_step mirror[QKV_STEPS_AT_ONCE];
+    for (int32_t s0 = 0; s0 < n_steps; s0 += QKV_STEPS_AT_ONCE) {
+        int32_t n = n_steps - s0 < QKV_STEPS_AT_ONCE ? n_steps - s0 : QKV_STEPS_AT_ONCE;
+        for (int32_t s = 0; s < n; s++) {
+            const attn_qkv_step *q = &steps[s0 + s];
+            if (q->q == NULL || q->k == NULL || q->v == NULL) {
+                return ATTN_EINVAL;
+            }
+            mirror[s] = (attn_step){.kv = q->kv,
+                                    .x = q->q,
+                                    .n_tokens = q->n_tokens,
+                                    .positions = q->positions,
+                                    .out = q->out,
+                                    .weights = q->weights};
+        }
+        int rc = validate(m, layer, ws, mirror, n);
+        if (rc != ATTN_OK) {
+            return rc;
+        }
+    }
+    /* Across groups: a cache in two groups would be one cache in two steps, and the blocks of
+     * all of them must be free, so that either every cache advances or none. */
+    int64_t blocks = 0;
+    for (int32_t s = 0; s < n_steps; s++) {
+        for (int32_t u = s < QKV_STEPS_AT_ONCE ? s : 0; u < s; u++) {
+            if (steps[u].kv == steps[s].kv) {
+                return ATTN_EINVAL;
+            }
+        }
+        blocks += attn_kv_blocks_needed(steps[s].kv, steps[s].n_tokens);
+    }
+    if (blocks > 0 && blocks > steps[0].kv->pool->n_free) {
+        return ATTN_ENOSPC;
+    }
+    for (int32_t s0 = 0; s0 < n_steps; s0 += QKV_STEPS_AT_ONCE) {
+        int32_t n = n_steps - s0 < QKV_STEPS_AT_ONCE ? n_steps - s0 : QKV_STEPS_AT_ONCE;
+        for (int32_t s = 0; s < n; s++) {
+            const attn_qkv_step *q = &steps[s0 + s];
+            mirror[s] = (attn_step){.kv = q->kv,
+                                    .x = q->q,
+                                    .n_tokens = q->n_tokens,
+                                    .positions = q->positions,
+                                    .out = q->out,
+                                    .weights = q->weights};
+        }
+        int32_t step = 0, first = 0;
+        while (step < n) {
+            int32_t rows = 0;
+            int32_t n_parts =
+                next_chunk(mirror, n, ws->max_tokens, &step, &first, ws->parts, &rows);
+            run_chunk_qkv(m, layer, ws, steps + s0, mirror, ws->parts, n_parts, rows);
+        }
     }
     return ATTN_OK;
 }

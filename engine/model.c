@@ -136,7 +136,70 @@ static size_t tensor_floats(const struct mla_tensor *t) {
 
 /* Allocates a model with uninitialized weights for cfg (checked here) and the layer range of p.
  * Shared by every constructor, including the file loader. */
-int attn__model_alloc(const attn_config *cfg_in, const attn_load_params *p, attn_model **out) {
+/* Allocates every loaded layer's tensors (zeroed) and returns the bytes of one layer's, or 0
+ * when out of memory. */
+static size_t alloc_layer_tensors(attn_model *m) {
+    const attn_config cfg = m->cfg;
+    int32_t count = m->layer_count;
+    bool is_mla = cfg.kv_lora_rank > 0;
+    /* The output projection reads each head's value: head_dim of them, or MLA's v_head_dim. */
+    size_t hd_all = (size_t)cfg.n_heads * (is_mla ? cfg.v_head_dim : cfg.head_dim);
+    size_t per_layer =
+        (is_mla ? 0 : n_qkv_rows(&cfg) * cfg.hidden_size) + (size_t)cfg.hidden_size * hd_all;
+    for (int32_t i = 0; i < count; i++) {
+        struct attn__layer *l = &m->layers[i];
+        if (is_mla) {
+            struct mla_tensor t[MLA_TENSORS];
+            int32_t n = mla_tensors(&cfg, l, t);
+            for (int32_t k = 0; k < n; k++) {
+                if (!t[k].is_present) {
+                    continue;
+                }
+                if ((*t[k].dst = attn__alloc_floats(tensor_floats(&t[k]))) == NULL) {
+                    return 0;
+                }
+                per_layer += i == 0 ? tensor_floats(&t[k]) : 0;
+            }
+        } else if ((l->w_qkv = attn__alloc_floats(n_qkv_rows(&cfg) * cfg.hidden_size)) == NULL) {
+            return 0;
+        }
+        l->w_o = attn__alloc_floats((size_t)cfg.hidden_size * hd_all);
+        if (l->w_o == NULL) {
+            return 0;
+        }
+        if (cfg.has_qkv_bias && !is_mla) {
+            l->b_qkv = attn__alloc_floats(n_qkv_rows(&cfg));
+            if (l->b_qkv == NULL) {
+                return 0;
+            }
+        }
+        if (cfg.has_o_bias) {
+            l->b_o = attn__alloc_floats((size_t)cfg.hidden_size);
+            if (l->b_o == NULL) {
+                return 0;
+            }
+        }
+        if (cfg.qk_norm != ATTN_QK_NORM_NONE) {
+            l->q_norm = attn__alloc_floats(attn__qk_norm_len(&cfg, false));
+            l->k_norm = attn__alloc_floats(attn__qk_norm_len(&cfg, true));
+            if (l->q_norm == NULL || l->k_norm == NULL) {
+                return 0;
+            }
+        }
+        if (cfg.has_sinks) {
+            l->sinks = attn__alloc_floats((size_t)cfg.n_heads);
+            if (l->sinks == NULL) {
+                return 0;
+            }
+        }
+    }
+    per_layer += attn__qk_norm_len(&cfg, false) + attn__qk_norm_len(&cfg, true);
+    per_layer += cfg.has_sinks ? (size_t)cfg.n_heads : 0;
+    return per_layer;
+}
+
+static int model_alloc(const attn_config *cfg_in, const attn_load_params *p, bool with_weights,
+                       attn_model **out) {
     if (cfg_in == NULL || out == NULL) {
         return ATTN_EINVAL;
     }
@@ -170,61 +233,14 @@ int attn__model_alloc(const attn_config *cfg_in, const attn_load_params *p, attn
     if (m->layers == NULL) {
         goto fail;
     }
-    bool is_mla = cfg.kv_lora_rank > 0;
-    /* The output projection reads each head's value: head_dim of them, or MLA's v_head_dim. */
-    size_t hd_all = (size_t)cfg.n_heads * (is_mla ? cfg.v_head_dim : cfg.head_dim);
-    size_t per_layer =
-        (is_mla ? 0 : n_qkv_rows(&cfg) * cfg.hidden_size) + (size_t)cfg.hidden_size * hd_all;
-    for (int32_t i = 0; i < count; i++) {
-        struct attn__layer *l = &m->layers[i];
-        if (is_mla) {
-            struct mla_tensor t[MLA_TENSORS];
-            int32_t n = mla_tensors(&cfg, l, t);
-            for (int32_t k = 0; k < n; k++) {
-                if (!t[k].is_present) {
-                    continue;
-                }
-                if ((*t[k].dst = attn__alloc_floats(tensor_floats(&t[k]))) == NULL) {
-                    goto fail;
-                }
-                per_layer += i == 0 ? tensor_floats(&t[k]) : 0;
-            }
-        } else if ((l->w_qkv = attn__alloc_floats(n_qkv_rows(&cfg) * cfg.hidden_size)) == NULL) {
+    m->has_weights = with_weights;
+    if (with_weights) {
+        size_t per_layer = alloc_layer_tensors(m);
+        if (per_layer == 0) {
             goto fail;
         }
-        l->w_o = attn__alloc_floats((size_t)cfg.hidden_size * hd_all);
-        if (l->w_o == NULL) {
-            goto fail;
-        }
-        if (cfg.has_qkv_bias && !is_mla) {
-            l->b_qkv = attn__alloc_floats(n_qkv_rows(&cfg));
-            if (l->b_qkv == NULL) {
-                goto fail;
-            }
-        }
-        if (cfg.has_o_bias) {
-            l->b_o = attn__alloc_floats((size_t)cfg.hidden_size);
-            if (l->b_o == NULL) {
-                goto fail;
-            }
-        }
-        if (cfg.qk_norm != ATTN_QK_NORM_NONE) {
-            l->q_norm = attn__alloc_floats(attn__qk_norm_len(&cfg, false));
-            l->k_norm = attn__alloc_floats(attn__qk_norm_len(&cfg, true));
-            if (l->q_norm == NULL || l->k_norm == NULL) {
-                goto fail;
-            }
-        }
-        if (cfg.has_sinks) {
-            l->sinks = attn__alloc_floats((size_t)cfg.n_heads);
-            if (l->sinks == NULL) {
-                goto fail;
-            }
-        }
+        m->bytes = (size_t)count * per_layer * sizeof(float);
     }
-    per_layer += attn__qk_norm_len(&cfg, false) + attn__qk_norm_len(&cfg, true);
-    per_layer += cfg.has_sinks ? (size_t)cfg.n_heads : 0;
-    m->bytes = (size_t)count * per_layer * sizeof(float);
     if (cfg.rotary_dim > 0) {
         attn_config local = cfg; /* Gemma 3's local layers: their theta, no scaling */
         local.rope_theta = cfg.rope_theta_local;
@@ -242,6 +258,38 @@ int attn__model_alloc(const attn_config *cfg_in, const attn_load_params *p, attn
 fail:
     attn_model_destroy(m);
     return ATTN_ENOMEM;
+}
+
+int attn__model_alloc(const attn_config *cfg, const attn_load_params *p, attn_model **out) {
+    return model_alloc(cfg, p, true, out);
+}
+
+int attn_model_create_geometry(const attn_config *cfg_in, const attn_load_params *p,
+                               attn_model **out) {
+    if (cfg_in == NULL || out == NULL) {
+        return ATTN_EINVAL;
+    }
+    attn_config cfg = *cfg_in;
+    if (cfg.hidden_size == 0) {
+        cfg.hidden_size = cfg.n_heads * cfg.head_dim;
+    }
+    /* the caller's q, k and v are per head: no latent, no projections of its own */
+    if (cfg.kv_lora_rank > 0) {
+        return ATTN_EUNSUPPORTED;
+    }
+    attn_model *m = NULL;
+    int rc = model_alloc(&cfg, p, false, &m);
+    if (rc != ATTN_OK) {
+        return rc;
+    }
+    memcpy(m->family, "geometry", sizeof "geometry");
+    attn__model_fingerprint_compute(m);
+    *out = m;
+    return ATTN_OK;
+}
+
+bool attn_model_has_weights(const attn_model *m) {
+    return m->has_weights;
 }
 
 /* Copies an MLA layer's tensors from the caller's; ATTN_EINVAL when one it needs is NULL. */
