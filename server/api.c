@@ -766,6 +766,9 @@ void api_attend_request_release(struct api_attend_request *r) {
         api_attend_request_release(&r->steps[i]);
     }
     free(r->steps);
+    free(r->q);
+    free(r->k);
+    free(r->v);
     free(r->x);
     free(r->positions);
     free(r->key_mask);
@@ -852,6 +855,10 @@ enum attend_field {
     ATTEND_REPLACE_CONTEXT,
     ATTEND_BINARY_OUTPUT,
     ATTEND_STEPS,
+    ATTEND_Q,
+    ATTEND_K,
+    ATTEND_V,
+    ATTEND_ROPE,
     ATTEND_N_FIELDS,
 };
 
@@ -868,7 +875,37 @@ static const char *const attend_names[ATTEND_N_FIELDS] = {"x",
                                                           "cross",
                                                           "replace_context",
                                                           "binary_output",
-                                                          "steps"};
+                                                          "steps",
+                                                          "q",
+                                                          "k",
+                                                          "v",
+                                                          "rope"};
+
+#define F(name) (1u << ATTEND_##name)
+
+/* The fields of each route's request, of a batch's top level and of its steps. */
+struct attend_route {
+    const char *route;         /* for messages */
+    uint32_t top, batch, step; /* the fields each may have */
+    uint32_t required;         /* what a request (or a step) must have */
+};
+
+static const struct attend_route attend_route = {
+    "POST /v1/attend",
+    ~(F(Q) | F(K) | F(V) | F(ROPE)),
+    F(LAYER) | F(STEPS) | F(ENCODING) | F(BINARY_OUTPUT),
+    F(X) | F(SESSION_ID) | F(POSITIONS) | F(EXPECT_N_PAST) | F(RETURN_WEIGHTS),
+    F(X),
+};
+
+static const struct attend_route kv_route = {
+    "POST /v1/kv/attend",
+    F(SESSION_ID) | F(LAYER) | F(Q) | F(K) | F(V) | F(POSITIONS) | F(EXPECT_N_PAST) |
+        F(RETURN_WEIGHTS) | F(ROPE) | F(ENCODING) | F(BINARY_OUTPUT) | F(STEPS),
+    F(LAYER) | F(STEPS) | F(ENCODING) | F(BINARY_OUTPUT) | F(ROPE),
+    F(SESSION_ID) | F(Q) | F(K) | F(V) | F(POSITIONS) | F(EXPECT_N_PAST) | F(RETURN_WEIGHTS),
+    F(SESSION_ID) | F(Q) | F(K) | F(V),
+};
 
 /* One member of an attend body into r. */
 /* A (tokens, hidden_size) tensor field of at most max_seq rows (x, a context). */
@@ -921,13 +958,34 @@ static int parse_key_mask(struct json_reader *jr, const struct api_limits *lim,
 }
 
 static int parse_steps(struct json_reader *jr, const struct api_limits *lim,
-                       struct api_attend_request *r, struct api_error *err);
+                       const struct attend_route *route, struct api_attend_request *r,
+                       struct api_error *err);
+
+/* q (n_heads, T, head_dim), k or v (n_kv_heads, T, head_dim) of /v1/kv/attend; *t gets T. */
+static int parse_heads(struct json_reader *jr, const struct api_limits *lim, const char *name,
+                       float **out, int32_t *t, struct api_error *err) {
+    bool is_q = name[0] == 'q';
+    struct tensor_spec spec = {name,
+                               is_q ? "(n_heads, T, head_dim)" : "(n_kv_heads, T, head_dim)",
+                               3,
+                               {is_q ? lim->n_heads : lim->n_kv_heads, -1, lim->head_dim, -1},
+                               0};
+    int64_t dims[4];
+    int rc = parse_tensor(jr, &spec, out, dims, NULL, err);
+    if (rc == 0 && dims[1] > lim->max_seq) {
+        rc = fail(err, ERROR_CONTEXT_LENGTH_EXCEEDED, name,
+                  "%s: %lld tokens exceed the model's maximum sequence length %d", name,
+                  (long long)dims[1], (int)lim->max_seq);
+    }
+    *t = rc == 0 ? (int32_t)dims[1] : 0;
+    return rc;
+}
 
 static int attend_field(struct json_reader *jr, int index, const struct api_limits *lim,
-                        struct api_attend_request *r, int32_t *n_positions, bool *binary_output,
-                        struct api_error *err) {
-    if (index != ATTEND_X && take_null(jr)) {
-        return 0; /* every field but x may be null: the same as leaving it out */
+                        const struct attend_route *route, struct api_attend_request *r,
+                        int32_t *n_positions, bool *binary_output, struct api_error *err) {
+    if (!((route->required >> index) & 1u) && take_null(jr)) {
+        return 0; /* every field but the required may be null: the same as leaving it out */
     }
     int64_t v;
     int rc;
@@ -961,7 +1019,15 @@ static int attend_field(struct json_reader *jr, int index, const struct api_limi
     case ATTEND_BINARY_OUTPUT:
         return get_bool(jr, "binary_output", binary_output, err);
     case ATTEND_STEPS:
-        return parse_steps(jr, lim, r, err);
+        return parse_steps(jr, lim, route, r, err);
+    case ATTEND_Q:
+        return parse_heads(jr, lim, "q", &r->q, &r->n_tokens, err);
+    case ATTEND_K:
+        return parse_heads(jr, lim, "k", &r->k, &r->k_tokens, err);
+    case ATTEND_V:
+        return parse_heads(jr, lim, "v", &r->v, &r->v_tokens, err);
+    case ATTEND_ROPE:
+        return get_bool(jr, "rope", &r->rope, err);
     default:
         return get_encoding(jr, &r->encoding, err);
     }
@@ -997,11 +1063,6 @@ static int check_cross(struct api_attend_request *r, uint32_t seen, struct api_e
     return 0;
 }
 
-/* The fields a step of a batch may have: what differs from one session to the next. */
-static const uint32_t step_fields = 1u << ATTEND_X | 1u << ATTEND_SESSION_ID |
-                                    1u << ATTEND_POSITIONS | 1u << ATTEND_EXPECT_N_PAST |
-                                    1u << ATTEND_RETURN_WEIGHTS;
-
 /* Puts prefix (and sep, if s is not empty) before the string s of a size-byte buffer, cutting
  * the end of s if it must. */
 static void prepend(char *s, size_t size, const char *prefix, const char *sep) {
@@ -1028,18 +1089,30 @@ static int step_error(int rc, int32_t i, struct api_error *err) {
     return rc;
 }
 
-/* One step's checks, once it is read: x is there, positions match it, its weights fit. */
-static int check_step(const struct api_attend_request *st, int32_t n_positions,
-                      const struct api_limits *lim, struct api_error *err) {
-    if (st->x == NULL) {
-        return fail(err, ERROR_INVALID_REQUEST, "x", "x: required (T, hidden_size) tensor");
+/* A request's (or a step's) checks, once it is read: what its route requires is there, its
+ * tensors agree on T, positions match it, its weights fit. */
+static int check_step(const struct api_attend_request *st, uint32_t seen, int32_t n_positions,
+                      const struct api_limits *lim, const struct attend_route *route,
+                      struct api_error *err) {
+    for (int i = 0; i < ATTEND_N_FIELDS; i++) {
+        if (((route->required >> i) & 1u) && !((seen >> i) & 1u)) {
+            return fail(err, ERROR_INVALID_REQUEST, attend_names[i], "%s: required",
+                        attend_names[i]);
+        }
+    }
+    if (st->q != NULL && (st->k_tokens != st->n_tokens || st->v_tokens != st->n_tokens)) {
+        return fail(err, ERROR_INVALID_REQUEST, st->k_tokens != st->n_tokens ? "k" : "v",
+                    "%s: %d tokens, q has %d (q, k and v are the same tokens' projections)",
+                    st->k_tokens != st->n_tokens ? "k" : "v",
+                    (int)(st->k_tokens != st->n_tokens ? st->k_tokens : st->v_tokens),
+                    (int)st->n_tokens);
     }
     if (st->positions != NULL && n_positions != st->n_tokens) {
         return fail(err, ERROR_INVALID_REQUEST, "positions",
-                    "positions: has %d values, expected %d (one per token of x)", (int)n_positions,
-                    (int)st->n_tokens);
+                    "positions: has %d values, expected %d (one per token of %s)", (int)n_positions,
+                    (int)st->n_tokens, st->q != NULL ? "q" : "x");
     }
-    if (st->return_weights &&
+    if (st->return_weights && !st->is_cross &&
         (int64_t)lim->n_heads * st->n_tokens * st->n_tokens > API_WEIGHTS_MAX_VALUES) {
         return fail(err, ERROR_INVALID_REQUEST, "return_weights",
                     "return_weights: n_heads x T x T = %lld values exceed the limit of %d",
@@ -1048,18 +1121,30 @@ static int check_step(const struct api_attend_request *st, int32_t n_positions,
     return 0;
 }
 
-/* steps: an array of 1..API_MAX_STEPS objects, each a step (step_fields only). */
+/* The fields of one object of a route: the next field, refused if the route's mask lacks it. */
+static int next_route_field(struct json_reader *jr, uint32_t allowed, const char *where,
+                            uint32_t *seen, int *index, struct api_error *err) {
+    int rc = next_field(jr, attend_names, ATTEND_N_FIELDS, seen, index, err);
+    if (rc == 1 && !((allowed >> *index) & 1u)) {
+        return fail(err, ERROR_INVALID_REQUEST, attend_names[*index], "%s: not a field of %s",
+                    attend_names[*index], where);
+    }
+    return rc;
+}
+
+/* steps: an array of 1..API_MAX_STEPS objects, each a step (the route's step fields only). */
 static int parse_steps(struct json_reader *jr, const struct api_limits *lim,
-                       struct api_attend_request *r, struct api_error *err) {
-    static const char what[] = "an array of steps, each {session_id, x, positions, "
-                               "expect_n_past, return_weights}";
+                       const struct attend_route *route, struct api_attend_request *r,
+                       struct api_error *err) {
     if (json_peek(jr) != JSON_TYPE_ARRAY) {
-        return wrong_type(jr, "steps", what, err);
+        return wrong_type(jr, "steps", "an array of step objects", err);
     }
     r->steps = calloc(API_MAX_STEPS, sizeof *r->steps);
     if (r->steps == NULL) {
         return out_of_memory(err, "steps");
     }
+    char where[64];
+    snprintf(where, sizeof where, "a step of %s", route->route);
     json_array_begin(jr);
     int more;
     while ((more = json_array_next(jr)) == 1) {
@@ -1078,21 +1163,14 @@ static int parse_steps(struct json_reader *jr, const struct api_limits *lim,
         bool unused = false;
         int index, rc;
         json_object_begin(jr);
-        while ((rc = next_field(jr, attend_names, ATTEND_N_FIELDS, &seen, &index, err)) == 1) {
-            if (!((step_fields >> index) & 1u)) {
-                rc = fail(err, ERROR_INVALID_REQUEST, attend_names[index],
-                          "%s: not part of a step (a step has session_id, x, positions, "
-                          "expect_n_past and return_weights; the rest is the batch's)",
-                          attend_names[index]);
-                break;
-            }
-            rc = attend_field(jr, index, lim, st, &n_positions, &unused, err);
+        while ((rc = next_route_field(jr, route->step, where, &seen, &index, err)) == 1) {
+            rc = attend_field(jr, index, lim, route, st, &n_positions, &unused, err);
             if (rc != 0) {
                 break;
             }
         }
         if (rc == 0) {
-            rc = check_step(st, n_positions, lim, err);
+            rc = check_step(st, seen, n_positions, lim, route, err);
         }
         for (int32_t j = 0; rc == 0 && st->session_id[0] && j < i; j++) {
             if (strcmp(r->steps[j].session_id, st->session_id) == 0) {
@@ -1114,34 +1192,28 @@ static int parse_steps(struct json_reader *jr, const struct api_limits *lim,
     return 0;
 }
 
-/* A batch: the top level has only what every step shares (layer, steps, encoding_format,
- * binary_output); each step gets the layer and the encoding. */
-static int check_batch(struct api_attend_request *r, uint32_t seen, struct api_error *err) {
-    static const uint32_t top = 1u << ATTEND_LAYER | 1u << ATTEND_STEPS | 1u << ATTEND_ENCODING |
-                                1u << ATTEND_BINARY_OUTPUT;
+/* A batch: the top level has only what every step shares; each step gets it. */
+static int check_batch(struct api_attend_request *r, uint32_t seen,
+                       const struct attend_route *route, struct api_error *err) {
     for (int i = 0; i < ATTEND_N_FIELDS; i++) {
-        if (((seen >> i) & 1u) && !((top >> i) & 1u)) {
+        if (((seen >> i) & 1u) && !((route->batch >> i) & 1u)) {
             return fail(err, ERROR_INVALID_REQUEST, attend_names[i],
-                        "%s: not with steps (a batch's top level has layer, steps, "
-                        "encoding_format and binary_output; each step has its own %s)",
-                        attend_names[i], attend_names[i]);
+                        "%s: not with steps (each step has its own; a batch's top level has "
+                        "only what all share)",
+                        attend_names[i]);
         }
     }
     for (int32_t i = 0; i < r->n_steps; i++) {
         r->steps[i].layer = r->layer;
         r->steps[i].encoding = r->encoding;
+        r->steps[i].rope = r->rope;
     }
     return 0;
 }
 
-int api_attend_request_parse(const char *body, size_t len, const struct api_limits *lim,
-                             struct api_attend_request *out, struct api_error *err) {
-    struct api_body b = {body, len, NULL, 0};
-    return api_attend_request_parse_body(&b, lim, out, err);
-}
-
-int api_attend_request_parse_body(const struct api_body *body, const struct api_limits *lim,
-                                  struct api_attend_request *out, struct api_error *err) {
+static int parse_attend(const struct api_body *body, const struct api_limits *lim,
+                        const struct attend_route *route, struct api_attend_request *out,
+                        struct api_error *err) {
     memset(out, 0, sizeof *out);
     struct api_attend_request r;
     memset(&r, 0, sizeof r);
@@ -1153,47 +1225,26 @@ int api_attend_request_parse_body(const struct api_body *body, const struct api_
     int index;
     int rc = begin_framed(&br, body, err);
     while (rc == 0 &&
-           (rc = next_field(&br.json, attend_names, ATTEND_N_FIELDS, &seen, &index, err)) == 1) {
-        rc = attend_field(&br.json, index, lim, &r, &n_positions, &binary_output, err);
+           (rc = next_route_field(&br.json, route->top, route->route, &seen, &index, err)) == 1) {
+        rc = attend_field(&br.json, index, lim, route, &r, &n_positions, &binary_output, err);
     }
     if (rc == 0) {
         rc = end_body(&br.json, err);
     }
+    if (rc == 0) {
+        rc = apply_binary_output(binary_output, seen, ATTEND_ENCODING, &r.encoding, err);
+    }
     if (rc == 0 && r.steps != NULL) {
-        rc = apply_binary_output(binary_output, seen, ATTEND_ENCODING, &r.encoding, err);
+        rc = check_batch(&r, seen, route, err);
+    } else if (rc == 0) {
+        rc = check_step(&r, seen, n_positions, lim, route, err);
         if (rc == 0) {
-            rc = check_batch(&r, seen, err);
+            rc = check_cross(&r, seen, err);
         }
-        if (rc != 0) {
-            api_attend_request_release(&r);
-            return rc;
+        if (rc == 0 && r.encoding == API_ENCODING_BINARY && r.stream) {
+            rc = fail(err, ERROR_INVALID_REQUEST, "binary_output",
+                      "binary_output: not with stream (stream events are text)");
         }
-        *out = r;
-        return 0;
-    }
-    if (rc == 0 && r.x == NULL) {
-        rc = fail(err, ERROR_INVALID_REQUEST, "x", "x: required (T, hidden_size) tensor");
-    }
-    if (rc == 0 && r.positions != NULL && n_positions != r.n_tokens) {
-        rc = fail(err, ERROR_INVALID_REQUEST, "positions",
-                  "positions: has %d values, expected %d (one per token of x)", (int)n_positions,
-                  (int)r.n_tokens);
-    }
-    if (rc == 0) {
-        rc = check_cross(&r, seen, err);
-    }
-    if (rc == 0) {
-        rc = apply_binary_output(binary_output, seen, ATTEND_ENCODING, &r.encoding, err);
-    }
-    if (rc == 0 && r.encoding == API_ENCODING_BINARY && r.stream) {
-        rc = fail(err, ERROR_INVALID_REQUEST, "binary_output",
-                  "binary_output: not with stream (stream events are text)");
-    }
-    if (rc == 0 && r.return_weights && !r.is_cross &&
-        (int64_t)lim->n_heads * r.n_tokens * r.n_tokens > API_WEIGHTS_MAX_VALUES) {
-        rc = fail(err, ERROR_INVALID_REQUEST, "return_weights",
-                  "return_weights: n_heads x T x T = %lld values exceed the limit of %d",
-                  (long long)lim->n_heads * r.n_tokens * r.n_tokens, API_WEIGHTS_MAX_VALUES);
     }
     if (rc != 0) {
         api_attend_request_release(&r);
@@ -1201,6 +1252,22 @@ int api_attend_request_parse_body(const struct api_body *body, const struct api_
     }
     *out = r;
     return 0;
+}
+
+int api_attend_request_parse(const char *body, size_t len, const struct api_limits *lim,
+                             struct api_attend_request *out, struct api_error *err) {
+    struct api_body b = {body, len, NULL, 0};
+    return api_attend_request_parse_body(&b, lim, out, err);
+}
+
+int api_attend_request_parse_body(const struct api_body *body, const struct api_limits *lim,
+                                  struct api_attend_request *out, struct api_error *err) {
+    return parse_attend(body, lim, &attend_route, out, err);
+}
+
+int api_kv_attend_request_parse_body(const struct api_body *body, const struct api_limits *lim,
+                                     struct api_attend_request *out, struct api_error *err) {
+    return parse_attend(body, lim, &kv_route, out, err);
 }
 
 /* ---- POST /v1/sdpa -------------------------------------------------------------------------- */

@@ -66,6 +66,8 @@ struct api_limits {
     int32_t layer_first; /* loaded layers: layer_first .. layer_first + layer_count - 1 */
     int32_t layer_count;
     int32_t max_seq;
+    int32_t n_kv_heads; /* /v1/kv/attend's k and v heads, */
+    int32_t head_dim;   /* and every head's width */
 };
 
 /* ---- requests ------------------------------------------------------------------------------- */
@@ -96,6 +98,12 @@ struct api_attend_request {
      * level then has no x and gives each step its layer and encoding. Session ids differ. */
     struct api_attend_request *steps; /* (n_steps), owned, or NULL */
     int32_t n_steps;
+    /* POST /v1/kv/attend: the caller's projections instead of x (NULL then), each owned:
+     * q (n_heads, T, head_dim), k and v (n_kv_heads, T, head_dim); n_tokens is T. rope: rotate
+     * q and k with the model's RoPE at the positions (false: the caller did). */
+    float *q, *k, *v;
+    int32_t k_tokens, v_tokens; /* T as k and v gave it (checked equal to q's) */
+    bool rope;
 };
 
 /* Steps a batch may carry. */
@@ -112,6 +120,13 @@ int api_attend_request_parse(const char *body, size_t len, const struct api_limi
 /* The same for a body framed by the binary tensor extension (or not: binary NULL). */
 int api_attend_request_parse_body(const struct api_body *body, const struct api_limits *lim,
                                   struct api_attend_request *out, struct api_error *err);
+
+/* A POST /v1/kv/attend body: session_id (required), layer, q, k, v (required, the same T),
+ * positions, expect_n_past, return_weights, rope, encoding_format, binary_output; or a batch:
+ * layer, rope, encoding_format, binary_output and steps of {session_id, q, k, v, positions,
+ * expect_n_past, return_weights}. Into the same struct as an attend (x NULL, q/k/v set). */
+int api_kv_attend_request_parse_body(const struct api_body *body, const struct api_limits *lim,
+                                     struct api_attend_request *out, struct api_error *err);
 void api_attend_request_release(struct api_attend_request *r);
 
 struct api_sdpa_request {
@@ -178,6 +193,8 @@ struct api_attend_response {
     enum api_encoding encoding;
     bool is_cross;          /* a cross-attention answer, */
     int32_t context_tokens; /* over a context of this many tokens */
+    bool is_per_head;       /* a /v1/kv/attend answer: output is (n_heads, n_new, head_dim) */
+    int32_t head_dim;
 };
 
 /* Encodes an AttendResponse. Returns a malloc'd NUL-terminated string (*len its length), or

@@ -221,9 +221,12 @@ char *api_attend_response_encode(const struct api_attend_response *r, size_t *le
     if (r->is_cross) {
         strbuf_printf(&b, ",\"context_tokens\":%d", (int)r->context_tokens);
     }
-    int64_t od[2] = {r->n_new, r->hidden_size};
+    int64_t od[3] = {r->n_new, r->hidden_size, 0};
+    if (r->is_per_head) {
+        od[0] = r->n_heads, od[1] = r->n_new, od[2] = r->head_dim;
+    }
     strbuf_putc(&b, ',');
-    put_tensor(&b, "output", r->output, 2, od, r->encoding, &raw);
+    put_tensor(&b, "output", r->output, r->is_per_head ? 3 : 2, od, r->encoding, &raw);
     if (r->weights != NULL) {
         int64_t wd[3] = {r->n_heads, r->n_new, r->is_cross ? r->context_tokens : r->n_tokens};
         strbuf_putc(&b, ',');

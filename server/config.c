@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -130,6 +131,10 @@ static const struct option options[] = {
      offsetof(struct config, state_budget_mb), "8192", 1, 1073741824,
      "bytes of session files in --state-dir at most, MiB; the least recently used go first "
      "(410 after)"},
+    {"geometry", "ATTND_GEOMETRY", OPTION_STRING, offsetof(struct config, geometry), "", 0, 0,
+     "serve attention alone, with no weights: heads=N,kv_heads=N,head_dim=N,layers=N (and "
+     "optionally max_positions, rope_theta, rotary_dim, window, softcap, scale); only POST "
+     "/v1/kv/attend (q, k, v in) and /v1/sdpa then, with sessions as usual. Not with --model"},
     {"api-key", "ATTND_API_KEY", OPTION_STRING, offsetof(struct config, api_key), "", 0, 0,
      "when set, /v1/* requests need 'Authorization: Bearer <key>'"},
     {"log-level", "ATTND_LOG_LEVEL", OPTION_LOG_LEVEL, offsetof(struct config, log_level), "info",
@@ -272,6 +277,76 @@ static int apply(struct config *cfg, const struct option *o, const char *value, 
     return -1;
 }
 
+int config_parse_geometry(const char *spec, attn_config *out, char *err, size_t err_size) {
+    static const char *const keys[] = {"heads",         "kv_heads",   "head_dim",   "layers",
+                                       "max_positions", "rope_theta", "rotary_dim", "window",
+                                       "softcap",       "scale"};
+    enum { N_KEYS = 10, N_REQUIRED = 4 };
+    double v[N_KEYS] = {0, 0, 0, 0, 4096, 10000, 0, 0, 0, 0};
+    bool given[N_KEYS] = {false};
+    const char *p = spec;
+    while (*p != '\0') {
+        const char *eq = strchr(p, '=');
+        const char *end = strchr(p, ',');
+        end = end != NULL ? end : p + strlen(p);
+        int k = -1;
+        for (int i = 0; eq != NULL && eq < end && i < N_KEYS; i++) {
+            if ((size_t)(eq - p) == strlen(keys[i]) && strncmp(p, keys[i], (size_t)(eq - p)) == 0) {
+                k = i;
+            }
+        }
+        if (k < 0) {
+            set_err(err, err_size,
+                    "--geometry: '%.*s' is not key=value with a key of heads, kv_heads, head_dim, "
+                    "layers, max_positions, rope_theta, rotary_dim, window, softcap, scale",
+                    (int)(end - p), p);
+            return -1;
+        }
+        char *num_end;
+        errno = 0;
+        v[k] = strtod(eq + 1, &num_end);
+        if (errno != 0 || num_end != end || eq + 1 == end || !isfinite(v[k]) || v[k] < 0 ||
+            (k < 5 && (v[k] != floor(v[k]) || v[k] > 1048576))) {
+            set_err(err, err_size, "--geometry: %s=%.*s is not a valid value", keys[k],
+                    (int)(end - eq - 1), eq + 1);
+            return -1;
+        }
+        given[k] = true;
+        p = *end == ',' ? end + 1 : end;
+    }
+    for (int i = 0; i < N_REQUIRED; i++) {
+        if (!given[i]) {
+            set_err(err, err_size, "--geometry: %s is required (heads, kv_heads, head_dim, layers)",
+                    keys[i]);
+            return -1;
+        }
+    }
+    attn_config c;
+    memset(&c, 0, sizeof c);
+    c.n_heads = (int32_t)v[0];
+    c.n_kv_heads = (int32_t)v[1];
+    c.head_dim = (int32_t)v[2];
+    c.n_layers = (int32_t)v[3];
+    c.hidden_size = c.n_heads * c.head_dim;
+    c.max_seq = (int32_t)v[4];
+    c.rope_theta = (float)v[5];
+    c.rotary_dim = v[5] == 0 ? -1 : (int32_t)v[6];
+    c.sliding_window = (int32_t)v[7];
+    c.logit_softcap = (float)v[8];
+    c.softmax_scale = (float)v[9];
+    attn_config check = c;
+    if (attn_config_check(&check) != ATTN_OK) {
+        set_err(err, err_size,
+                "--geometry %s: not a valid attention geometry (kv_heads must divide heads; "
+                "rotary_dim even and at most head_dim; layers and positions within the engine's "
+                "limits)",
+                spec);
+        return -1;
+    }
+    *out = c;
+    return 0;
+}
+
 static const struct option *find_option(const char *name, size_t len) {
     for (int i = 0; i < N_OPTIONS; i++) {
         if (strlen(options[i].name) == len && strncmp(options[i].name, name, len) == 0) {
@@ -302,6 +377,16 @@ static int resolve(struct config *cfg, int32_t cores, char *err, size_t err_size
         set_err(err, err_size, "--trust-layout: '%s' is not a layout (empty, or llama)",
                 cfg->trust_layout);
         return -1;
+    }
+    if (cfg->geometry[0] != '\0') {
+        attn_config g;
+        if (config_parse_geometry(cfg->geometry, &g, err, err_size) != 0) {
+            return -1;
+        }
+        if (cfg->model[0] != '\0') {
+            set_err(err, err_size, "--geometry: not with --model (a model brings its own)");
+            return -1;
+        }
     }
     if (cfg->kv_block_tokens != 0 && cfg->kv_block_tokens < 16) {
         set_err(err, err_size, "--kv-block-tokens: %d is out of range (0, or 16..256)",

@@ -10,6 +10,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "../engine/attn.h"
+
 #include "log.h"
 
 /* Immutable after config_parse. String fields point into argv, the environment or string
@@ -45,6 +47,7 @@ struct config {
     int64_t session_ttl_s;    /* idle seconds before a session expires; 0 = never */
     const char *state_dir;    /* the disk tier's directory, or "" for none */
     int64_t state_budget_mb;  /* bytes of session files at most, MiB */
+    const char *geometry;     /* "" or "heads=..,kv_heads=..,head_dim=..,layers=..[,...]" */
     const char *api_key;      /* "" = no authentication */
     enum log_level log_level;
 };
@@ -62,6 +65,12 @@ enum config_result {
  * On CONFIG_ERROR, err (err_size bytes) gets a one-line reason. */
 enum config_result config_parse(struct config *cfg, int argc, char *const *argv, char *const *envp,
                                 int32_t cores, char *err, size_t err_size);
+
+/* Reads --geometry's "key=value,..." into a config of attention geometry alone (no weights):
+ * heads, kv_heads, head_dim and layers are required; max_positions (default 4096), rope_theta
+ * (default 10000; 0 for no RoPE), rotary_dim, window (a sliding window on every layer), softcap
+ * and scale are optional. Returns 0, or -1 with a one-line reason in err. */
+int config_parse_geometry(const char *spec, attn_config *out, char *err, size_t err_size);
 
 /* Writes the usage text, every option with its env var, default and help, to f. */
 void config_help(FILE *f);

@@ -249,7 +249,10 @@ static int attend_size(struct job *job, int32_t n_past, int32_t n_keys) {
                             job->at.is_cross ? "context tokens" : "(n_past + T)",
                             (long long)lim->n_heads * t * n_keys, API_WEIGHTS_MAX_VALUES);
     }
-    job->out = malloc((size_t)t * (size_t)lim->hidden_size * sizeof(float));
+    /* q/k/v steps answer each head's output (n_heads, T, head_dim), the others (T, hidden) */
+    size_t row =
+        job->at.q != NULL ? (size_t)lim->n_heads * lim->head_dim : (size_t)lim->hidden_size;
+    job->out = malloc((size_t)t * row * sizeof(float));
     if (job->at.return_weights) {
         job->weights = malloc((size_t)n_weights * sizeof(float));
     }
@@ -359,6 +362,10 @@ static int attend_prepare(struct pool_job *pj, struct pool_step *step) {
     step->key_valid = job->at.key_mask; /* the engine reads the step's first P + T */
     if (!job->at.stream) {
         step->x = job->at.x;
+        step->q = job->at.q;
+        step->k = job->at.k;
+        step->v = job->at.v;
+        step->rope = job->at.rope;
         step->n_tokens = job->at.n_tokens;
         step->positions = job->at.positions;
         step->out = job->out;
@@ -394,6 +401,8 @@ static int attend_run(struct pool_job *pj, int status) {
             .weights = job->weights,
             .timing = {pj->queue_ms, pj->compute_ms},
             .encoding = job->at.encoding,
+            .is_per_head = job->at.q != NULL,
+            .head_dim = lim->head_dim,
         };
         job->response = api_attend_response_encode(&r, &job->response_len, &job->response_json_len);
         job->response_status = 200;
@@ -584,6 +593,7 @@ void job__attend_admit(struct job *job) {
     job->pj.kind = POOL_JOB_FORWARD;
     job->pj.ops = &attend_ops;
     job->pj.is_batchable = job->at.stream || job->at.n_tokens <= POOL_BATCH_STEP_MAX_TOKENS;
+    job->pj.is_qkv = job->at.q != NULL;
     job->pj.layer = job->at.layer;
     job__submit(job);
 }
@@ -599,7 +609,10 @@ static void parse_body(struct job *job) {
         body.binary = (const uint8_t *)job->body + body.json_len;
         body.binary_len = job->body_len - body.json_len;
     }
-    if (job->kind == JOB_ATTEND) {
+    if (job->kind == JOB_ATTEND && job->is_kv) {
+        job->parse_rc =
+            api_kv_attend_request_parse_body(&body, &job->srv->limits, &job->at, &job->parse_err);
+    } else if (job->kind == JOB_ATTEND) {
         job->parse_rc =
             api_attend_request_parse_body(&body, &job->srv->limits, &job->at, &job->parse_err);
     } else if (job->kind == JOB_IMPORT) {
@@ -611,6 +624,36 @@ static void parse_body(struct job *job) {
     } else {
         job->parse_rc = api_sdpa_request_parse_body(&body, &job->sd, &job->parse_err);
     }
+}
+
+/* What the model cannot do for an attend, whatever its sessions: x with no weights to project
+ * it (--geometry), or q/k/v for a latent cache or a linear layer. Answers 400 and returns -1. */
+static int refuse_attend(struct job *job) {
+    const attn_model *m = job->srv->model;
+    const attn_config *c = attn_model_config(m);
+    char msg[200];
+    const char *param = NULL;
+    if (!job->is_kv && !attn_model_has_weights(m)) {
+        snprintf(msg, sizeof msg,
+                 "this server serves attention geometry alone (--geometry), with no weights to "
+                 "project x: POST /v1/kv/attend takes q, k and v");
+        param = job->at.steps != NULL ? "steps" : "x";
+    } else if (job->is_kv && c->kv_lora_rank > 0) {
+        snprintf(msg, sizeof msg,
+                 "the model's multi-head latent attention caches a latent, not per-head k and v");
+        param = "k";
+    } else if (job->is_kv && attn_config_layer_is_linear(c, job->at.layer)) {
+        snprintf(msg, sizeof msg,
+                 "layer %d is linear attention: POST /v1/kv/attend serves softmax attention "
+                 "layers",
+                 (int)job->at.layer);
+        param = "layer";
+    }
+    if (param == NULL) {
+        return 0;
+    }
+    route_reply_error(job->rq, ERROR_INVALID_REQUEST, msg, param);
+    return -1;
 }
 
 /* Loop: answers a parse error, or admits the request. */
@@ -626,7 +669,9 @@ static void admit(struct job *job) {
         job__free(job);
         return;
     }
-    if (job->kind == JOB_ATTEND && job->at.steps != NULL) {
+    if (job->kind == JOB_ATTEND && refuse_attend(job) != 0) {
+        job__free(job);
+    } else if (job->kind == JOB_ATTEND && job->at.steps != NULL) {
         job__batch_admit(job);
     } else if (job->kind == JOB_ATTEND) {
         job__attend_admit(job);
@@ -662,6 +707,14 @@ void job__parse_then_admit(struct job *job) {
     }
     parse_body(job);
     admit(job);
+}
+
+void job_submit_kv_attend(struct route_req *rq) {
+    struct job *job = job__new(rq, JOB_ATTEND);
+    if (job != NULL) {
+        job->is_kv = true;
+        job__parse_then_admit(job);
+    }
 }
 
 void job_submit_attend(struct route_req *rq) {

@@ -18,6 +18,8 @@ struct job; /* opaque */
 /* POST /v1/attend, /v1/sdpa, /v1/sessions/{id}/truncate, /v1/sessions/{id}/fork: the body is
  * complete in rq->http. */
 void job_submit_attend(struct route_req *rq);
+/* POST /v1/kv/attend: attention on the caller's q, k and v (a forward without projections). */
+void job_submit_kv_attend(struct route_req *rq);
 void job_submit_sdpa(struct route_req *rq);
 void job_submit_truncate(struct route_req *rq);
 void job_submit_fork(struct route_req *rq);

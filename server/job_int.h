@@ -74,6 +74,7 @@ struct job {
     struct api_fork_request fk;
     /* export */
     attn_dtype kv_dtype;
+    bool is_kv; /* POST /v1/kv/attend: q/k/v in, not x */
     /* A batch (job_batch.c): the batch's job holds the request and a slot per step; each step
      * is a job of its own, an attend without a request (rq NULL), reporting to its batch. */
     struct job *parent;       /* a step's batch, or NULL */

@@ -120,6 +120,18 @@ static int load_model(const struct config *cfg, attn_model **model, char *source
     attn_load_params lp = {cfg->layer_first, cfg->layer_count, cfg->max_seq,
                            cfg->trust_layout[0] != '\0' ? cfg->trust_layout : NULL, held};
     char err[512] = "";
+    if (cfg->geometry[0] != '\0') {
+        attn_config g;
+        (void)config_parse_geometry(cfg->geometry, &g, err, sizeof err); /* config_parse did */
+        int rc = attn_model_create_geometry(&g, &lp, model);
+        if (rc != ATTN_OK) {
+            fprintf(stderr, "attnd: --geometry %s: %s\n", cfg->geometry, attn_strerror(rc));
+            return -1;
+        }
+        snprintf(source, source_size, "geometry:%s", cfg->geometry);
+        LOG_INFO("main", "--geometry: serving attention alone (no weights): POST /v1/kv/attend");
+        return 0;
+    }
     if (cfg->model[0] != '\0') {
         int rc = attn_model_load_hf(cfg->model, &lp, model, err, sizeof err);
         if (rc != ATTN_OK) {
@@ -235,6 +247,8 @@ static int build_server(struct daemon *d, const struct config *cfg, attn_model *
         .layer_first = attn_model_layer_first(model),
         .layer_count = attn_model_layer_count(model),
         .max_seq = mc->max_seq,
+        .n_kv_heads = mc->n_kv_heads,
+        .head_dim = mc->head_dim,
     };
     metrics_init(&srv->metrics);
     srv->on_drained = on_drained;

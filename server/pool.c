@@ -32,6 +32,8 @@ struct worker {
     int32_t n;
     struct pool_job *jobs[MAX_BATCH];
     attn_step steps[MAX_BATCH];
+    attn_qkv_step qkv_steps[MAX_BATCH]; /* instead of steps when is_qkv */
+    bool is_qkv;
     int status[MAX_BATCH];
     int32_t n_engine_calls;
     double compute_ms;
@@ -168,13 +170,16 @@ static void work_run(struct worker *w) {
         w->jobs[0]->batch_size = 1;
         return;
     }
-    int rc = attn_forward(w->pool->model, w->layer, w->ws, w->steps, w->n);
+    int rc = w->is_qkv ? attn_forward_qkv(w->pool->model, w->layer, w->ws, w->qkv_steps, w->n)
+                       : attn_forward(w->pool->model, w->layer, w->ws, w->steps, w->n);
     w->n_engine_calls = 1;
     if (rc != ATTN_OK && w->n > 1) {
         /* The engine advances all caches of a call or none: retry each step alone so that one
          * bad step does not fail the others. */
         for (int32_t i = 0; i < w->n; i++) {
-            w->status[i] = attn_forward(w->pool->model, w->layer, w->ws, &w->steps[i], 1);
+            w->status[i] =
+                w->is_qkv ? attn_forward_qkv(w->pool->model, w->layer, w->ws, &w->qkv_steps[i], 1)
+                          : attn_forward(w->pool->model, w->layer, w->ws, &w->steps[i], 1);
             w->n_engine_calls++;
         }
     } else {
@@ -275,6 +280,16 @@ static void start(struct pool *pool, struct worker *w, enum pool_job_kind kind) 
         s->n_context = j->step.n_context;
         s->out = j->step.out;
         s->weights = j->step.weights;
+        attn_qkv_step *qs = &w->qkv_steps[i];
+        *qs = (attn_qkv_step){.kv = j->step.kv,
+                              .n_tokens = j->step.n_tokens,
+                              .q = j->step.q,
+                              .k = j->step.k,
+                              .v = j->step.v,
+                              .positions = j->step.positions,
+                              .rope = j->step.rope,
+                              .out = j->step.out,
+                              .weights = j->step.weights};
         w->status[i] = 0;
     }
     w->req.data = w;
@@ -299,10 +314,14 @@ static void gather(struct pool *pool, struct worker *w, int32_t from, int32_t n,
     for (int32_t i = from; i < n && w->n < MAX_BATCH; i++) {
         struct pool_job *k = pool->cand[i];
         if (k == NULL || k->state != JOB_QUEUED || k->kind != POOL_JOB_FORWARD ||
-            !k->is_batchable || k->layer != w->layer || !take_turn(pool, k)) {
+            !k->is_batchable || k->layer != w->layer || k->is_qkv != w->is_qkv ||
+            !take_turn(pool, k)) {
             continue;
         }
-        int rc = k->ops->prepare(k, &k->step);
+        int rc = k->session != NULL ? session_restore_error(k->session) : 0;
+        if (rc == 0) {
+            rc = k->ops->prepare(k, &k->step);
+        }
         if (rc != 0) {
             pool->cand[i] = NULL; /* complete() may hand the job back to its owner */
             complete(pool, k, rc);
@@ -346,6 +365,7 @@ static void dispatch_one(struct pool *pool, int32_t i, int32_t n_cand) {
         return;
     }
     w->layer = j->step.layer;
+    w->is_qkv = j->is_qkv;
     j->state = JOB_RUNNING;
     if (j->is_batchable) {
         int32_t tokens = j->step.n_tokens;

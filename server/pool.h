@@ -43,14 +43,17 @@ enum pool_job_kind {
 struct pool_step {
     attn_kv *kv;
     int32_t layer;
-    const float *x;           /* (n_tokens, hidden_size) */
+    const float *x; /* (n_tokens, hidden_size); NULL for a q/k/v step */
+    /* A q/k/v step (the job's is_qkv): the caller's projections, per head (attn_qkv_step) */
+    const float *q, *k, *v;
+    bool rope;
     int32_t n_tokens;         /* >= 1 */
     const int32_t *positions; /* (n_tokens) or NULL */
     const uint8_t *key_valid; /* NULL, or (len(kv) + n_tokens): 0 hides that key */
     attn_kv *cross;           /* a cross-attention step (attn_step.cross): kv unused */
     const float *context;     /* (n_context, hidden_size) appended to cross first, or NULL */
     int32_t n_context;
-    float *out;     /* (n_tokens, hidden_size) */
+    float *out;     /* (n_tokens, hidden_size), or a q/k/v step's (n_heads, n_tokens, head_dim) */
     float *weights; /* NULL, or (n_heads, n_tokens, len(kv) + n_tokens) */
 };
 
@@ -90,6 +93,7 @@ struct pool_job {
     struct session *session; /* NULL = stateless; the submitter pins it */
     bool is_batchable;       /* a forward of <= POOL_BATCH_STEP_MAX_TOKENS tokens per step */
     int32_t layer;           /* for batching: steps must share the layer */
+    bool is_qkv;             /* its steps are q/k/v ones (attn_forward_qkv): batched only so */
     /* Set by the pool: the session's turn (session.h), held from the job's first prepare until
      * after its done returns POOL_AFTER_FINISHED. NULL for stateless jobs. */
     struct session_turn *turn;

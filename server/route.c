@@ -28,6 +28,7 @@ enum route_kind {
     ROUTE_TRUNCATE,
     ROUTE_FORK,
     ROUTE_EXPORT,
+    ROUTE_KV_ATTEND,
     ROUTE_MODEL,
     ROUTE_HEALTHZ,
     ROUTE_READYZ,
@@ -50,6 +51,7 @@ static const struct route_entry entries[] = {
     {ROUTE_TRUNCATE, METRICS_ENDPOINT_TRUNCATE, "POST", true},
     {ROUTE_FORK, METRICS_ENDPOINT_FORK, "POST", true},
     {ROUTE_EXPORT, METRICS_ENDPOINT_EXPORT, "GET", true},
+    {ROUTE_KV_ATTEND, METRICS_ENDPOINT_KV_ATTEND, "POST", true},
     {ROUTE_MODEL, METRICS_ENDPOINT_MODEL, "GET", true},
     {ROUTE_HEALTHZ, METRICS_ENDPOINT_HEALTHZ, "GET", false},
     {ROUTE_READYZ, METRICS_ENDPOINT_READYZ, "GET", false},
@@ -135,9 +137,10 @@ static enum route_kind match(const char *path, char *id, size_t id_size, bool *i
         const char *path;
         enum route_kind kind;
     } fixed[] = {
-        {"/v1/attend", ROUTE_ATTEND}, {"/v1/sdpa", ROUTE_SDPA},    {"/v1/sessions", ROUTE_SESSIONS},
-        {"/v1/model", ROUTE_MODEL},   {"/healthz", ROUTE_HEALTHZ}, {"/readyz", ROUTE_READYZ},
-        {"/metrics", ROUTE_METRICS},
+        {"/v1/attend", ROUTE_ATTEND},     {"/v1/sdpa", ROUTE_SDPA},
+        {"/v1/sessions", ROUTE_SESSIONS}, {"/v1/model", ROUTE_MODEL},
+        {"/healthz", ROUTE_HEALTHZ},      {"/readyz", ROUTE_READYZ},
+        {"/metrics", ROUTE_METRICS},      {"/v1/kv/attend", ROUTE_KV_ATTEND},
     };
     for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) {
         if (strcmp(path, fixed[i].path) == 0) {
@@ -518,6 +521,9 @@ static void on_request(void *ctx, struct http_request *req) {
         break;
     case ROUTE_EXPORT:
         job_submit_export(rq);
+        break;
+    case ROUTE_KV_ATTEND:
+        job_submit_kv_attend(rq);
         break;
     case ROUTE_MODEL:
         handle_model(rq);

@@ -18,8 +18,9 @@
 
 #define EX "proto/examples/"
 
-/* The tiny preset the examples were made for (engine/attn.h: hidden 64, 4 heads, 2 layers). */
-static const struct api_limits tiny = {64, 4, 0, 2, 1024};
+/* The tiny preset the examples were made for (engine/attn.h: hidden 64, 4 heads, 2 layers,
+ * 2 KV heads of 16). */
+static const struct api_limits tiny = {64, 4, 0, 2, 1024, 2, 16};
 
 static void expect_close(const float *got, const float *want, size_t n, double tol,
                          const char *what) {
@@ -483,8 +484,8 @@ START_TEST(test_api_attend_response_roundtrip) {
     for (int i = 0; i < 4 * 3 * 5; i++) {
         w[i] = (float)(i % 5) / 10.0f;
     }
-    struct api_attend_response r = {"chat-42",          0,     2, 5, 3, 64, 4, out, w, {1.5, 2.25},
-                                    API_ENCODING_FLOAT, false, 0};
+    struct api_attend_response r = {
+        "chat-42", 0, 2, 5, 3, 64, 4, out, w, {1.5, 2.25}, API_ENCODING_FLOAT, false, 0, false, 0};
     char *text = api_attend_response_encode(&r, NULL, NULL);
     cJSON *got = cJSON_Parse(text);
     char *ex = http_client_read_file(EX "attend_prefill.response.json", NULL);
@@ -539,8 +540,9 @@ START_TEST(test_api_stream_framing) {
     strbuf_init(&b);
     struct api_stream_event e = {0, 2, 2, 64, 4, out, NULL, API_ENCODING_FLOAT};
     api_stream_event_encode(&b, &e);
-    struct api_attend_response u = {"chat-stream",      0,     2, 3, 1, 64, 4, NULL, NULL, {1, 2},
-                                    API_ENCODING_FLOAT, false, 0};
+    struct api_attend_response u = {
+        "chat-stream",      0,     2, 3,     1, 64, 4, NULL, NULL, {1, 2},
+        API_ENCODING_FLOAT, false, 0, false, 0};
     api_stream_usage_encode(&b, &u);
     char *ex = http_client_read_file(EX "attend_stream.response.txt", NULL);
     /* Split both into events and compare them one by one. */

@@ -2,8 +2,8 @@
  * (api_attend_request_parse_body, api_sdpa_request_parse_body). The input's first two bytes
  * (little-endian) give the JSON part's length, as Inference-Header-Content-Length does (clamped
  * to the rest); the rest is the body: JSON, then raw float32. Its third byte's low bit picks
- * attend or sdpa. Accepted: finite tensors of the checked shapes, the raw part taken whole.
- * Refused: a valid error body. */
+ * sdpa, else its second bit /v1/kv/attend over /v1/attend. Accepted: finite tensors of the checked
+ * shapes, the raw part taken whole. Refused: a valid error body. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -37,15 +37,42 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         api_sdpa_request_release(&r);
         return 0;
     }
-    const struct api_limits lim = {
-        .hidden_size = 4, .n_heads = 2, .layer_first = 0, .layer_count = 2, .max_seq = 64};
+    const struct api_limits lim = {.hidden_size = 4,
+                                   .n_heads = 2,
+                                   .layer_first = 0,
+                                   .layer_count = 2,
+                                   .max_seq = 64,
+                                   .n_kv_heads = 1,
+                                   .head_dim = 2};
     struct api_attend_request r;
-    int rc = api_attend_request_parse_body(&body, &lim, &r, &err);
+    bool is_kv = data[-1] & 2; /* the third byte's second bit: POST /v1/kv/attend */
+    int rc = is_kv ? api_kv_attend_request_parse_body(&body, &lim, &r, &err)
+                   : api_attend_request_parse_body(&body, &lim, &r, &err);
     if (rc != 0) {
         fuzz_check_error(rc, &err);
         return 0;
     }
-    if (r.n_tokens < 1 || r.n_tokens > lim.max_seq || r.x == NULL)
+    if (r.steps != NULL) {
+        for (int32_t i = 0; i < r.n_steps; i++)
+            if ((is_kv ? r.steps[i].q : r.steps[i].x) == NULL || r.steps[i].n_tokens < 1)
+                abort();
+        api_attend_request_release(&r);
+        return 0;
+    }
+    if (r.n_tokens < 1 || r.n_tokens > lim.max_seq || (is_kv ? r.q : r.x) == NULL)
+        abort();
+    if (is_kv) {
+        /* q (2, T, 2), k and v (1, T, 2): the same T, a session named */
+        if (r.k == NULL || r.v == NULL || r.k_tokens != r.n_tokens || r.v_tokens != r.n_tokens ||
+            r.session_id[0] == '\0' || r.x != NULL)
+            abort();
+        fuzz_check_finite(r.q, (size_t)r.n_tokens * 4);
+        fuzz_check_finite(r.k, (size_t)r.n_tokens * 2);
+        fuzz_check_finite(r.v, (size_t)r.n_tokens * 2);
+        api_attend_request_release(&r);
+        return 0;
+    }
+    if (r.q != NULL || r.k != NULL || r.v != NULL)
         abort();
     fuzz_check_finite(r.x, (size_t)r.n_tokens * (size_t)lim.hidden_size);
     if (r.context != NULL)

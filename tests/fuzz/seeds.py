@@ -94,6 +94,11 @@ def framed_bodies():
                     "k": {"shape": [1, 2, 2], "binary_data_size": 16},
                     "v": {"shape": [1, 2, 2], "binary_data_size": 16}, "causal": True,
                     "binary_output": True}, x + x[:4])
+    yield frame(2, {"session_id": "s", "q": {"shape": [2, 1, 2], "binary_data_size": 16},
+                    "k": {"shape": [1, 1, 2], "binary_data_size": 8},
+                    "v": {"shape": [1, 1, 2], "binary_data_size": 8}, "rope": True}, x)
+    yield frame(2, {"layer": 1, "steps": [{"session_id": "a", "q": [[[1, 2]], [[3, 4]]],
+                                           "k": [[[1, 0]]], "v": [[[0, 1]]]}]}, [])
     for body in examples("attend_*.request.json"):
         yield struct.pack("<HB", min(len(body), 65535), 0) + body
 
