@@ -60,6 +60,14 @@ struct job *job__new(struct route_req *rq, enum job_kind kind) {
 }
 
 void job__free(struct job *job) {
+    /* A batch's or a step's links first: they read the batch's step count, which the release of
+     * its request below clears. */
+    if (job->parent != NULL) {
+        job__batch_step_freed(job);
+    }
+    if (job->slots != NULL) {
+        job__batch_release(job);
+    }
     /* Loop thread, with no worker on the job: its own caches go back to the pool. */
     attn_kv_destroy(job->temp_kv);
     attn_kv_destroy(job->temp_cross);
@@ -71,12 +79,6 @@ void job__free(struct job *job) {
     strbuf_release(&job->event);
     if (job->rq != NULL) {
         job->rq->job = NULL;
-    }
-    if (job->parent != NULL) {
-        job__batch_step_freed(job);
-    }
-    if (job->slots != NULL) {
-        job__batch_release(job);
     }
     free(job);
 }

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
@@ -40,6 +41,15 @@ static cJSON *post(const struct http_client_daemon *d, const char *body, long wa
     cJSON *j = http_client_json(&r);
     http_client_response_release(&r);
     return j;
+}
+
+/* SIGTERM and a clean exit (under ASan, no leak and no error either). */
+static void stop_ok(struct http_client_daemon *d) {
+    char *log = http_client_daemon_log(d);
+    int status = http_client_daemon_stop(d, 30000);
+    ck_assert_msg(status == 0, "attnd exited with %d; log tail: %s", status,
+                  strlen(log) > 3000 ? log + strlen(log) - 3000 : log);
+    free(log);
 }
 
 static double metric(const struct http_client_daemon *d, const char *name) {
@@ -130,6 +140,8 @@ START_TEST(test_steps_batch_is_one_call_and_equals_steps_alone) {
     for (int i = 0; i < N_STEPS; i++) {
         free(xs[i]);
     }
+    stop_ok(&a_);
+    stop_ok(&b_);
 }
 END_TEST
 
@@ -262,6 +274,63 @@ START_TEST(test_steps_binary_and_malformed) {
     ck_assert_int_eq(r.status, 404);
     http_client_response_release(&r);
     free(x);
+    stop_ok(&a_);
+}
+END_TEST
+
+/* A client that goes while its batch runs: every step still finishes or stops, each session
+ * holds whole steps only, and the daemon serves on (under ASan: nothing touches a freed batch). */
+START_TEST(test_steps_client_gone) {
+    const char *args[] = {"--preset", "tiny", "--kv-dtype", "f32", "--workers", "1", NULL};
+    http_client_daemon_start(&a_, args);
+    float *x = http_client_random_rows(600, 256, HIDDEN);
+    char *big = http_client_attend_body("g0", x, 0, 256, HIDDEN, true, NULL);
+    char *one = http_client_attend_body("g1", x, 0, 1, HIDDEN, true, NULL);
+    /* two steps: a 256-token prefill and a decode-sized one */
+    const char *xb = strstr(big, "\"x\":"), *xo = strstr(one, "\"x\":");
+    size_t cap = strlen(big) + strlen(one) + 128;
+    char *body = malloc(cap);
+    snprintf(body, cap, "{\"steps\":[{\"session_id\":\"g0\",%.*s},{\"session_id\":\"g1\",%.*s}]}",
+             (int)(strlen(xb) - 1), xb, (int)(strlen(xo) - 1), xo);
+    for (int round = 0; round < 5; round++) {
+        size_t n = strlen(body);
+        char *req = malloc(n + 256);
+        int len = snprintf(req, n + 256,
+                           "POST /v1/attend HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+                           "application/json\r\nContent-Length: %zu\r\n\r\n%s",
+                           n, body);
+        int fd = http_client_raw_send(a_.port, req, (size_t)len, 0);
+        free(req);
+        http_client_sleep_ms(round * 3);
+        close(fd);
+    }
+    /* the daemon is alive, and the sessions hold whole calls (multiples of their steps) */
+    char u[128];
+    struct http_client_response r;
+    for (int tries = 0; tries < 100; tries++) {
+        snprintf(u, sizeof u, "%s/healthz", a_.base);
+        http_client_request("GET", u, NULL, 0, NULL, &r);
+        long st = r.status;
+        http_client_response_release(&r);
+        if (st == 200 && metric(&a_, "attnd_jobs_in_flight") == 0 &&
+            metric(&a_, "attnd_queue_depth") == 0) {
+            break;
+        }
+        http_client_sleep_ms(50);
+    }
+    snprintf(u, sizeof u, "%s/v1/sessions/g1", a_.base);
+    http_client_request("GET", u, NULL, 0, NULL, &r);
+    if (r.status == 200) {
+        cJSON *j = http_client_json(&r);
+        ck_assert_int_le(cJSON_GetObjectItemCaseSensitive(j, "n_tokens")->valueint, 5);
+        cJSON_Delete(j);
+    }
+    http_client_response_release(&r);
+    free(body);
+    free(big);
+    free(one);
+    free(x);
+    stop_ok(&a_);
 }
 END_TEST
 
@@ -276,6 +345,7 @@ Suite *steps_suite(void) {
     tcase_add_test(tc, test_steps_batch_is_one_call_and_equals_steps_alone);
     tcase_add_test(tc, test_steps_fail_alone);
     tcase_add_test(tc, test_steps_binary_and_malformed);
+    tcase_add_test(tc, test_steps_client_gone);
     suite_add_tcase(s, tc);
     return s;
 }
