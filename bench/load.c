@@ -41,6 +41,7 @@ typedef struct load_opts {
     int32_t max_tokens;  /* 0 = the model's max_position_embeddings */
     const char *api_key; /* NULL = no Authorization header */
     bool is_json_floats; /* send x as nested arrays instead of base64 */
+    bool is_binary;      /* the binary tensor extension, both ways */
     double ready_timeout_s;
 } load_opts;
 
@@ -66,9 +67,11 @@ typedef struct client {
     int32_t generation; /* bumped when a failed session is replaced by a fresh one */
     int32_t n_tokens;   /* the cache length the client believes its session has */
     client_phase phase;
-    char *x_json; /* this client's decode row as the JSON value of "x" */
-    buffer body;  /* the request being sent */
-    buffer resp;  /* the response being received */
+    char *x_json;               /* this client's decode row as the JSON value of "x" */
+    float *x;                   /* the same row as floats (--binary) */
+    struct curl_slist *headers; /* --binary: the request's own, with its JSON's length */
+    buffer body;                /* the request being sent */
+    buffer resp;                /* the response being received */
 } client;
 
 typedef struct latency_stats {
@@ -94,6 +97,7 @@ typedef struct load_run {
     int32_t hidden;
     int32_t max_tokens;
     char *prefill_json; /* the prefill's "x" value, shared by all clients */
+    float *prefill_x;   /* the same as floats (--binary) */
     latency_stats prefill;
     latency_stats decode;
     error_stats errors;
@@ -272,7 +276,40 @@ static void new_session_id(client *c) {
     c->n_tokens = 0;
 }
 
+/* --binary: the JSON header, then x's raw little-endian float32 (this host's order); the answer
+ * comes framed the same way. */
+static bool start_attend_binary(load_run *r, client *c, const float *x, int32_t rows) {
+    c->body.len = 0;
+    size_t bytes = (size_t)rows * (size_t)r->hidden * sizeof(float);
+    bool ok = buffer_printf(
+        &c->body, "{\"session_id\":\"%s\",\"expect_n_past\":%" PRId32 ",\"binary_output\":true,",
+        c->session_id, c->n_tokens);
+    if (ok && r->opts->layer >= 0) {
+        ok = buffer_printf(&c->body, "\"layer\":%" PRId32 ",", r->opts->layer);
+    }
+    ok =
+        ok && buffer_printf(&c->body,
+                            "\"x\":{\"shape\":[%" PRId32 ",%" PRId32 "],\"binary_data_size\":%zu}}",
+                            rows, r->hidden, bytes);
+    size_t json_len = c->body.len;
+    ok = ok && buffer_append(&c->body, (const char *)x, bytes);
+    char h[80];
+    snprintf(h, sizeof h, "Inference-Header-Content-Length: %zu", json_len);
+    curl_slist_free_all(c->headers);
+    c->headers = curl_slist_append(NULL, h);
+    for (const struct curl_slist *l = r->headers; l != NULL && c->headers != NULL; l = l->next) {
+        c->headers = curl_slist_append(c->headers, l->data);
+    }
+    curl_easy_setopt(c->easy, CURLOPT_HTTPHEADER, c->headers);
+    return ok && c->headers != NULL && start_request(r, c, "POST", "/v1/attend");
+}
+
 static bool start_attend(load_run *r, client *c, const char *x_json) {
+    if (r->opts->is_binary) {
+        bool is_prefill = x_json == r->prefill_json;
+        return start_attend_binary(r, c, is_prefill ? r->prefill_x : c->x,
+                                   is_prefill ? r->opts->n_prefill : 1);
+    }
     c->body.len = 0;
     bool ok = buffer_printf(&c->body,
                             "{\"session_id\":\"%s\",\"expect_n_past\":%" PRId32
@@ -310,7 +347,16 @@ static bool start_next(load_run *r, client *c) {
 /* Checks an attend answer: n_tokens as expected and an output of shape (T, hidden). Adds the
  * server's timing to s. */
 static bool attend_answer_ok(load_run *r, const client *c, int32_t n_new, latency_stats *s) {
-    cJSON *root = cJSON_ParseWithLength(c->resp.data, c->resp.len);
+    /* a framed (--binary) answer's JSON is its first line; the raw output follows it */
+    size_t json_len = c->resp.len;
+    if (r->opts->is_binary) {
+        const char *nl = memchr(c->resp.data, '\n', c->resp.len);
+        json_len = nl != NULL ? (size_t)(nl - c->resp.data) + 1 : 0;
+        if (c->resp.len != json_len + (size_t)n_new * (size_t)r->hidden * sizeof(float)) {
+            return false;
+        }
+    }
+    cJSON *root = cJSON_ParseWithLength(c->resp.data, json_len);
     const cJSON *n_tokens = cJSON_GetObjectItemCaseSensitive(root, "n_tokens");
     const cJSON *output = cJSON_GetObjectItemCaseSensitive(root, "output");
     const cJSON *shape = cJSON_GetObjectItemCaseSensitive(output, "shape");
@@ -621,6 +667,10 @@ static int setup_clients(load_run *r) {
     }
     bench_rand_fill(x, (size_t)o->n_prefill * hidden, 7);
     r->prefill_json = tensor_json(x, o->n_prefill, r->hidden, o->is_json_floats);
+    r->prefill_x = o->is_binary ? malloc((size_t)o->n_prefill * hidden * sizeof(float)) : NULL;
+    if (r->prefill_x != NULL) {
+        memcpy(r->prefill_x, x, (size_t)o->n_prefill * hidden * sizeof(float));
+    }
     r->clients = calloc((size_t)o->n_clients, sizeof(client));
     int rc = r->prefill_json != NULL && r->clients != NULL ? 0 : -1;
     for (int32_t i = 0; i < o->n_clients && rc == 0; i++) {
@@ -629,6 +679,10 @@ static int setup_clients(load_run *r) {
         new_session_id(c);
         bench_rand_fill(x, hidden, 100 + (uint64_t)i);
         c->x_json = tensor_json(x, 1, r->hidden, o->is_json_floats);
+        c->x = o->is_binary ? malloc(hidden * sizeof(float)) : NULL;
+        if (c->x != NULL) {
+            memcpy(c->x, x, hidden * sizeof(float));
+        }
         c->easy = curl_easy_init();
         if (c->x_json == NULL || c->easy == NULL) {
             rc = -1;
@@ -649,12 +703,15 @@ static void free_clients(load_run *r) {
     for (int32_t i = 0; r->clients != NULL && i < r->opts->n_clients; i++) {
         client *c = &r->clients[i];
         curl_easy_cleanup(c->easy);
+        curl_slist_free_all(c->headers);
+        free(c->x);
         free(c->x_json);
         free(c->body.data);
         free(c->resp.data);
     }
     free(r->clients);
     free(r->prefill_json);
+    free(r->prefill_x);
     free(r->prefill.ms);
     free(r->decode.ms);
 }
@@ -792,6 +849,7 @@ static void usage(FILE *f) {
                "                     (default: the model's max_position_embeddings)\n"
                "  --api-key KEY      send Authorization: Bearer KEY\n"
                "  --json-floats      send x as nested JSON arrays instead of base64\n"
+               "  --binary           the binary tensor extension both ways (raw float32)\n"
                "  --ready-timeout S  seconds to wait for a spawned attnd (default 120)\n");
 }
 
@@ -822,6 +880,8 @@ static int parse_args(int argc, char **argv, load_opts *o) {
             return 1;
         } else if (strcmp(a, "--json-floats") == 0) {
             o->is_json_floats = true;
+        } else if (strcmp(a, "--binary") == 0) {
+            o->is_binary = true;
             continue;
         } else if (val == NULL) {
             ok = false;
