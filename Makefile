@@ -63,7 +63,7 @@ ACCURACY    := $(BUILD)/kv_accuracy
 FUZZ_TARGETS := $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_SECONDS ?= 60
 
-.PHONY: all engine server test asan valgrind debug bench bench-compare accuracy load persist-bench proto-check run deps docker \
+.PHONY: all engine server test client-test asan valgrind debug bench bench-compare accuracy load persist-bench proto-check run deps docker \
         docker-test topology-test clean format lint layering check-format fuzz fuzz-run
 
 # all: the engine library and the daemon (default).
@@ -114,6 +114,12 @@ $(CHECK): $(TEST_OBJS) $(SERVER_LIB_OBJS) $(LIBATTN)
 test: deps
 	$(Q)$(MAKE) --no-print-directory all $(CHECK)
 	$(Q)ATTND_BIN=$(ATTND) OPENBLAS_NUM_THREADS=1 ./$(CHECK)
+
+# client-test: the Python client (clients/python) against a daemon it starts itself (unittest,
+# numpy and the standard library only; a few seconds).
+client-test: $(ATTND)
+	$(Q)PYTHONPATH=clients/python ATTND_BIN=$(ATTND) OPENBLAS_NUM_THREADS=1 $(PYTHON) -m unittest \
+		discover -s clients/python/tests -t clients/python -v
 
 # asan: the same tests, built with AddressSanitizer and UBSan in build/asan.
 asan:

@@ -1,0 +1,1 @@
+"""Tests of the attnd Python client (unittest; they start build/attnd)."""
