@@ -665,6 +665,17 @@ static void run_chunk_qkv(const attn_model *m, int32_t layer, attn_workspace *ws
     }
 }
 
+/* The attn_step that stands for a q/k/v step in the checks, chunks and tasks (x is q: some
+ * rows, never read as hidden states). */
+static attn_step mirror_of(const attn_qkv_step *q) {
+    return (attn_step){.kv = q->kv,
+                       .x = q->q,
+                       .n_tokens = q->n_tokens,
+                       .positions = q->positions,
+                       .out = q->out,
+                       .weights = q->weights};
+}
+
 int attn_forward_qkv(const attn_model *m, int32_t layer, attn_workspace *ws,
                      const attn_qkv_step *steps, int32_t n_steps) {
     if (m == NULL || steps == NULL || n_steps < 1) {
@@ -683,12 +694,7 @@ int attn_forward_qkv(const attn_model *m, int32_t layer, attn_workspace *ws,
             if (q->q == NULL || q->k == NULL || q->v == NULL) {
                 return ATTN_EINVAL;
             }
-            mirror[s] = (attn_step){.kv = q->kv,
-                                    .x = q->q,
-                                    .n_tokens = q->n_tokens,
-                                    .positions = q->positions,
-                                    .out = q->out,
-                                    .weights = q->weights};
+            mirror[s] = mirror_of(q);
         }
         int rc = validate(m, layer, ws, mirror, n);
         if (rc != ATTN_OK) {
@@ -712,13 +718,7 @@ int attn_forward_qkv(const attn_model *m, int32_t layer, attn_workspace *ws,
     for (int32_t s0 = 0; s0 < n_steps; s0 += QKV_STEPS_AT_ONCE) {
         int32_t n = n_steps - s0 < QKV_STEPS_AT_ONCE ? n_steps - s0 : QKV_STEPS_AT_ONCE;
         for (int32_t s = 0; s < n; s++) {
-            const attn_qkv_step *q = &steps[s0 + s];
-            mirror[s] = (attn_step){.kv = q->kv,
-                                    .x = q->q,
-                                    .n_tokens = q->n_tokens,
-                                    .positions = q->positions,
-                                    .out = q->out,
-                                    .weights = q->weights};
+            mirror[s] = mirror_of(&steps[s0 + s]);
         }
         int32_t step = 0, first = 0;
         while (step < n) {

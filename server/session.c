@@ -238,6 +238,22 @@ int session_store_create(const struct session_store_params *p, struct session_st
     return 0;
 }
 
+/* The per-layer arrays of a session in memory (a session on disk has none). Returns 0 or -1;
+ * on -1, what was made stays for session_free. */
+static int alloc_layers(struct session *s, int32_t n) {
+    s->kv = calloc((size_t)n, sizeof *s->kv);
+    s->n_tokens = calloc((size_t)n, sizeof *s->n_tokens);
+    s->n_held = calloc((size_t)n, sizeof *s->n_held);
+    s->bytes = calloc((size_t)n, sizeof *s->bytes);
+    s->cross = calloc((size_t)n, sizeof *s->cross);
+    if (s->kv == NULL || s->n_tokens == NULL || s->n_held == NULL || s->bytes == NULL ||
+        s->cross == NULL) {
+        return -1;
+    }
+    s->layer_count = n;
+    return 0;
+}
+
 static void session_free(struct session_store *st, struct session *s) {
     (void)st;
     for (int32_t i = 0; s->kv != NULL && i < s->layer_count; i++) {
@@ -443,19 +459,8 @@ int session_create(struct session_store *st, const char *id, int64_t now_ms, str
     if (s == NULL) {
         return ATTN_ENOMEM;
     }
-    s->kv = calloc((size_t)st->layer_count, sizeof *s->kv);
-    s->n_tokens = calloc((size_t)st->layer_count, sizeof *s->n_tokens);
-    s->n_held = calloc((size_t)st->layer_count, sizeof *s->n_held);
-    s->bytes = calloc((size_t)st->layer_count, sizeof *s->bytes);
-    s->cross = calloc((size_t)st->layer_count, sizeof *s->cross);
-    if (s->kv == NULL || s->n_tokens == NULL || s->n_held == NULL || s->bytes == NULL ||
-        s->cross == NULL) {
-        free(s->kv);
-        free(s->cross);
-        free(s->n_tokens);
-        free(s->n_held);
-        free(s->bytes);
-        free(s);
+    if (alloc_layers(s, st->layer_count) != 0) {
+        session_free(st, s);
         return ATTN_ENOMEM;
     }
     strcpy(s->id, id);
@@ -894,17 +899,8 @@ int session_restore_begin(struct session_store *st, const char *id, int64_t now_
     if (rc != 0) {
         return rc;
     }
-    if (s->kv == NULL) {
-        s->kv = calloc((size_t)st->layer_count, sizeof *s->kv);
-        s->n_tokens = calloc((size_t)st->layer_count, sizeof *s->n_tokens);
-        s->n_held = calloc((size_t)st->layer_count, sizeof *s->n_held);
-        s->bytes = calloc((size_t)st->layer_count, sizeof *s->bytes);
-        s->cross = calloc((size_t)st->layer_count, sizeof *s->cross);
-        if (s->kv == NULL || s->n_tokens == NULL || s->n_held == NULL || s->bytes == NULL ||
-            s->cross == NULL) {
-            return ATTN_ENOMEM; /* the arrays stay for the next try; session_free frees them */
-        }
-        s->layer_count = st->layer_count;
+    if (s->kv == NULL && alloc_layers(s, st->layer_count) != 0) {
+        return ATTN_ENOMEM; /* what was made stays for the next try; session_free frees it */
     }
     lru_unlink(st, s);
     st->n_on_disk--;
