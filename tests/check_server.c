@@ -1615,6 +1615,8 @@ START_TEST(test_server_answers_match_proto_examples) {
         {"GET", "/readyz", NULL, "readyz.response.json", 200},
         {"POST", "/v1/sdpa", "sdpa.request.json", "sdpa.response.json", 200},
         {"POST", "/v1/sdpa", "sdpa_base64.request.json", "sdpa_base64.response.json", 200},
+        {"POST", "/v1/kv/attend", "kv_attend.request.json", "kv_attend.response.json", 200},
+        {"POST", "/v1/attend", "attend_batch.request.json", "attend_batch.response.json", 200},
     };
     struct ref r;
     ref_init(&r, "tiny", 0);

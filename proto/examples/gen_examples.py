@@ -56,6 +56,13 @@ def b64(a):
     return {"shape": list(a.shape), "b64": base64.b64encode(a.tobytes()).decode()}
 
 
+def bf16(a):
+    """float32 to the nearest bfloat16 (ties to even), as float32: what a bf16 cache holds."""
+    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+    return u.astype(np.uint32).view(np.float32)
+
+
 def sdpa(q, k, v, causal, window, scale):
     """out[h] = softmax(scale q[h] k[g]^T + mask) v[g], g = h / (H / Hkv), bottom-right causal."""
     h, tq, dk = q.shape
@@ -116,6 +123,24 @@ def main():
                                          "stream": True})
     write("truncate.request.json", {"n_tokens": 2})
     write("fork.request.json", {"new_id": "chat-42.branch"})
+
+    # A batch of two sessions' steps and one that expects a length its session does not have.
+    write("attend_batch.request.json", {"layer": 0, "steps": [
+        {"session_id": "batch-a", "x": fmt(x5[:1])},
+        {"session_id": "batch-b", "x": fmt(x5[1:3]), "return_weights": True},
+        {"session_id": "batch-c", "x": fmt(x5[3:4]), "expect_n_past": 4}]})
+
+    # /v1/kv/attend on tiny's geometry (4 heads, 2 KV heads of 16): the cache holds K and V as the
+    # preset's default KV dtype does (bfloat16), so the golden answer rounds them the same way.
+    q = np.round(rng.standard_normal((4, 3, 16)), 3).astype(np.float32)
+    k = np.round(rng.standard_normal((2, 3, 16)), 3).astype(np.float32)
+    v = np.round(rng.standard_normal((2, 3, 16)), 3).astype(np.float32)
+    out, _ = sdpa(q, bf16(k), bf16(v), True, None, None)
+    write("kv_attend.request.json", {"session_id": "kv-1", "layer": 1, "q": fmt(q), "k": fmt(k),
+                                     "v": fmt(v)})
+    write("kv_attend.response.json", {"session_id": "kv-1", "layer": 1, "n_past": 0,
+                                      "n_tokens": 3, "output": fmt(out),
+                                      "timing": {"queue_ms": 0.01, "compute_ms": 0.02}})
 
 
 if __name__ == "__main__":
