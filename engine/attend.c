@@ -312,7 +312,12 @@ static void run_one(void *arg, int32_t i) {
 }
 
 void attn__tasks_run(const attn_executor *ex, const struct attn__task *tasks, int32_t n) {
-    if (ex != NULL && ex->run != NULL && n > 1) {
+    int64_t macs = 0; /* the scores and the weighted sum: keys x rows x (d_k + d_v) */
+    for (int32_t i = 0; i < n && macs < ATTN__PARALLEL_MIN_MACS; i++) {
+        macs += (int64_t)tasks[i].kv.n_keys * tasks[i].n_group * tasks[i].n_q *
+                (tasks[i].d_k + tasks[i].d_v);
+    }
+    if (ex != NULL && ex->run != NULL && n > 1 && macs >= ATTN__PARALLEL_MIN_MACS) {
         ex->run(ex->ctx, run_one, (void *)tasks, n);
         return;
     }

@@ -280,7 +280,7 @@ static void linear_held(const attn_workspace *ws, const float *x, int32_t n, int
                            out_dim,
                            y};
     int32_t n_slices = (out_dim + LINEAR_SLICE - 1) / LINEAR_SLICE;
-    if (ws->has_ex && n_slices > 1) {
+    if (ws->has_ex && n_slices > 1 && (int64_t)n * in_dim * out_dim >= ATTN__PARALLEL_MIN_MACS) {
         ws->ex.run(ws->ex.ctx, linear_task, &j, n_slices);
     } else {
         linear_rows(&j, 0, out_dim, ws->panels);
