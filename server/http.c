@@ -355,8 +355,10 @@ static size_t unescape_url(void *cls, struct MHD_Connection *c, char *s) {
     char *out = s;
     for (const char *p = s; *p != '\0';) {
         int hi, lo;
+        /* %2F stays as it is: an encoded slash is data, not a path separator (RFC 3986 2.2),
+         * so /v1/sessions/a%2Fb names the (invalid) id "a%2Fb", not a route below "a" */
         if (p[0] == '%' && (hi = hex_value(p[1])) >= 0 && (lo = hex_value(p[2])) >= 0 &&
-            (hi | lo) != 0) {
+            (hi | lo) != 0 && (hi << 4 | lo) != '/') {
             *out++ = (char)(hi << 4 | lo);
             p += 3;
         } else {

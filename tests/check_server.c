@@ -772,6 +772,9 @@ START_TEST(test_server_request_errors) {
     expect_error("POST", "/v1/attend", body, NULL, 400, "invalid_request", "layer");
     free(body);
     expect_error("GET", "/v1/sessions/bad%20id", NULL, NULL, 400, "invalid_request", "session_id");
+    expect_error("GET", "/v1/sessions/a%2Fb", NULL, NULL, 400, "invalid_request", "session_id");
+    expect_error("GET", "/v1/sessions/a%2ftruncate", NULL, NULL, 400, "invalid_request",
+                 "session_id");
     const char *hdr[] = {"X-Session-Id: other", NULL};
     body = http_client_attend_body("err", x, 0, 1, TINY_HIDDEN, false, NULL);
     expect_error("POST", "/v1/attend", body, hdr, 400, "invalid_request", "session_id");
