@@ -348,9 +348,10 @@ static int hex_value(char c) {
                                   : -1;
 }
 
-/* Decodes %HH escapes in the path and query in place, except %00: a NUL would end the C string
- * MHD hands on, so "/v1/sessions/ctl%00x" would act on session "ctl". Left as the three bytes
- * "%00", it is just an invalid character (400 for an id, 404 for a route). */
+/* Decodes %HH escapes in the path and query in place, except %00 and %2F: a NUL would end the C
+ * string MHD hands on, so "/v1/sessions/ctl%00x" would act on session "ctl", and a decoded slash
+ * would split an id into a route. Left as three bytes, each is just an invalid character (400
+ * for an id, 404 for a route). */
 static size_t unescape_url(void *cls, struct MHD_Connection *c, char *s) {
     char *out = s;
     for (const char *p = s; *p != '\0';) {
