@@ -5,7 +5,9 @@
  * different sessions run in parallel, one engine call per worker, all on caches of the one KV
  * pool (session.h). When a forward job of a few tokens (a decode step) is dispatched, later
  * runnable decode steps of any other sessions on the same layer join it: one attn_forward call
- * advances all of them, reading the weights once (continuous batching). Before a forward is
+ * advances all of them, reading the weights once (continuous batching); while such a batch runs,
+ * later decode steps of its layer wait for the next one rather than start a second beside it.
+ * Before a forward is
  * handed to a worker, the loop thread reserves the blocks of every cache it appends to
  * (session_kv_reserve, evicting idle sessions if needed), and after it returns the blocks a
  * failed step did not fill.
