@@ -132,8 +132,7 @@ static int read_framing(struct job *job) {
     return 0;
 }
 
-/* Answers framed by the binary tensor extension go as application/octet-stream. */
-static void binary_answer(struct job *job, enum api_encoding enc) {
+void job__binary_answer(struct job *job, enum api_encoding enc) {
     job->is_framed = enc == API_ENCODING_BINARY;
     if (job->is_framed) {
         job->response_type = "application/octet-stream";
@@ -408,7 +407,7 @@ static int attend_run(struct pool_job *pj, int status) {
         };
         job->response = api_attend_response_encode(&r, &job->response_len, &job->response_json_len);
         job->response_status = 200;
-        binary_answer(job, job->at.encoding);
+        job__binary_answer(job, job->at.encoding);
         return job->response != NULL ? 0
                                      : job__set_err(job, ERROR_INTERNAL, NULL,
                                                     "out of memory encoding the job__answer");
@@ -810,7 +809,7 @@ static int sdpa_run(struct pool_job *pj, int status) {
             job->response =
                 api_sdpa_response_encode(&r, &job->response_len, &job->response_json_len);
             job->response_status = 200;
-            binary_answer(job, sd->encoding);
+            job__binary_answer(job, sd->encoding);
             rc = job->response != NULL ? 0
                                        : job__set_err(job, ERROR_INTERNAL, NULL,
                                                       "out of memory encoding the job__answer");

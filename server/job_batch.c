@@ -74,8 +74,7 @@ static void finish(struct job *batch) {
     batch->response = strbuf_detach(&b, NULL);
     batch->response_status = 200;
     batch->response_json_len = json_len;
-    batch->is_framed = is_framed;
-    batch->response_type = is_framed ? "application/octet-stream" : NULL;
+    job__binary_answer(batch, batch->at.encoding);
     job__answer(batch, 0);
     job__free(batch);
 }

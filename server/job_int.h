@@ -116,6 +116,10 @@ int job__pin_path_session(struct job *job);
 /* Queues the job; on a full queue answers 429 and frees it. */
 void job__submit(struct job *job);
 
+/* Marks the job's answer framed by the binary tensor extension (application/octet-stream, the
+ * Inference-Header-Content-Length header) when enc is API_ENCODING_BINARY. */
+void job__binary_answer(struct job *job, enum api_encoding enc);
+
 /* pool_job_ops.done of jobs that only answer: the answer, then the pin goes. */
 enum pool_after job__simple_done(struct pool_job *pj, int status);
 

@@ -36,7 +36,7 @@ struct session {
      * error: that read failed, so jobs queued behind it fail with it, and when the last goes the
      * id is tombstoned (ERROR_SESSION_LOST) or goes back to disk (ERROR_KV_BUDGET_EXHAUSTED: the
      * file is whole, memory was short). */
-    bool is_on_disk, is_restoring;
+    bool is_on_disk;
     int restore_error;
     size_t disk_bytes;   /* its file's size (kept while a restore is under way) */
     int32_t disk_tokens; /* its length when it was written */
@@ -909,7 +909,6 @@ int session_restore_begin(struct session_store *st, const char *id, int64_t now_
     s->restore_error = 0;
     lru_push_front(st, s);
     st->n_sessions++;
-    s->is_restoring = true;
     s->pins++;
     s->last_used_ms = now_ms;
     s->is_turn_taken = true;
@@ -921,7 +920,6 @@ int session_restore_begin(struct session_store *st, const char *id, int64_t now_
 void session_restore_end(struct session_store *st, struct session_turn *t, int status,
                          int64_t now_ms) {
     struct session *s = t->s;
-    s->is_restoring = false;
     s->restore_error = status;
     refresh(s);
     s->is_turn_taken = false;

@@ -51,23 +51,37 @@ static attn_kv *section_kv(struct session *s, int32_t layer, int kind) {
     return kind == SECTION_SELF ? session_kv_find(s, layer) : session_cross_find(s, layer);
 }
 
-int snapshot_encode(struct session *s, const attn_model *m, attn_dtype kv_dtype, int64_t unix_ms,
-                    uint8_t **out, size_t *len) {
+/* The file's length for s, and (if not NULL) how many sections it has. */
+static size_t file_bytes(struct session *s, const attn_model *m, uint32_t *n_sections) {
     int32_t first = attn_model_layer_first(m), count = attn_model_layer_count(m);
-    const char *id = session_id(s);
-    size_t id_len = strlen(id);
-    size_t total = SNAPSHOT_HEADER_BYTES + pad8(id_len);
-    uint32_t n_sections = 0;
+    size_t total = SNAPSHOT_HEADER_BYTES + pad8(strlen(session_id(s)));
+    uint32_t n = 0;
     for (int32_t l = first; l < first + count; l++) {
         for (int kind = SECTION_SELF; kind <= SECTION_CROSS; kind++) {
             attn_kv *kv = section_kv(s, l, kind);
             if (kv != NULL) {
                 total += SECTION_HEAD_BYTES + pad8(attn_kv_export_bytes(kv));
-                n_sections++;
+                n++;
             }
         }
     }
-    total += 8; /* the checksum */
+    if (n_sections != NULL) {
+        *n_sections = n;
+    }
+    return total + 8; /* the checksum */
+}
+
+size_t snapshot_bytes(struct session *s, const attn_model *m) {
+    return file_bytes(s, m, NULL);
+}
+
+int snapshot_encode(struct session *s, const attn_model *m, attn_dtype kv_dtype, int64_t unix_ms,
+                    uint8_t **out, size_t *len) {
+    int32_t first = attn_model_layer_first(m), count = attn_model_layer_count(m);
+    const char *id = session_id(s);
+    size_t id_len = strlen(id);
+    uint32_t n_sections;
+    size_t total = file_bytes(s, m, &n_sections);
     /* malloc, not calloc: the rows are most of it and are written once; the header and the
      * padding are zeroed where they are laid out */
     uint8_t *p = malloc(total);

@@ -39,6 +39,9 @@ struct snapshot_info {
 int snapshot_encode(struct session *s, const attn_model *m, attn_dtype kv_dtype, int64_t unix_ms,
                     uint8_t **out, size_t *len);
 
+/* The length snapshot_encode's file for s would have, without making it. */
+size_t snapshot_bytes(struct session *s, const attn_model *m);
+
 /* Sets the checksum of an encoded file. */
 void snapshot_seal(uint8_t *file, size_t len);
 

@@ -75,6 +75,9 @@ static size_t save(void *ctx, struct session *s) {
                  session_id(s), statedir_pending_bytes(sp->dir));
         return 0;
     }
+    if (snapshot_bytes(s, sp->p.model) > sp->p.budget_bytes) {
+        return 0; /* it alone would not fit: dropped as without a disk tier, before any copy */
+    }
     uint8_t *file;
     size_t len;
     struct spill_op *op = calloc(1, sizeof *op);
@@ -85,11 +88,6 @@ static size_t save(void *ctx, struct session *s) {
     }
     op->sp = sp;
     snprintf(op->id, sizeof op->id, "%s", session_id(s));
-    if (len > sp->p.budget_bytes) {
-        free(file);
-        free(op);
-        return 0; /* it alone would not fit: dropped as without a disk tier */
-    }
     char name[API_SESSION_ID_MAX + 16];
     file_name(name, sizeof name, op->id);
     if (statedir_write(sp->dir, name, file, len, seal, write_done, op) != 0) {
