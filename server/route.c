@@ -15,6 +15,7 @@
 #include "job.h"
 #include "log.h"
 #include "spill.h"
+#include "ui.h"
 
 #define JSON_TYPE    "application/json"
 #define METRICS_TYPE "text/plain; version=0.0.4; charset=utf-8"
@@ -33,6 +34,7 @@ enum route_kind {
     ROUTE_HEALTHZ,
     ROUTE_READYZ,
     ROUTE_METRICS,
+    ROUTE_UI,
 };
 
 struct route_entry {
@@ -56,6 +58,7 @@ static const struct route_entry entries[] = {
     {ROUTE_HEALTHZ, METRICS_ENDPOINT_HEALTHZ, "GET", false},
     {ROUTE_READYZ, METRICS_ENDPOINT_READYZ, "GET", false},
     {ROUTE_METRICS, METRICS_ENDPOINT_METRICS, "GET", false},
+    {ROUTE_UI, METRICS_ENDPOINT_OTHER, "GET, HEAD", false}, /* its API calls carry the key */
 };
 
 /* ---- replies -------------------------------------------------------------------------------- */
@@ -137,10 +140,15 @@ static enum route_kind match(const char *path, char *id, size_t id_size, bool *i
         const char *path;
         enum route_kind kind;
     } fixed[] = {
-        {"/v1/attend", ROUTE_ATTEND},     {"/v1/sdpa", ROUTE_SDPA},
-        {"/v1/sessions", ROUTE_SESSIONS}, {"/v1/model", ROUTE_MODEL},
-        {"/healthz", ROUTE_HEALTHZ},      {"/readyz", ROUTE_READYZ},
-        {"/metrics", ROUTE_METRICS},      {"/v1/kv/attend", ROUTE_KV_ATTEND},
+        {"/v1/attend", ROUTE_ATTEND},
+        {"/v1/sdpa", ROUTE_SDPA},
+        {"/v1/sessions", ROUTE_SESSIONS},
+        {"/v1/model", ROUTE_MODEL},
+        {"/healthz", ROUTE_HEALTHZ},
+        {"/readyz", ROUTE_READYZ},
+        {"/metrics", ROUTE_METRICS},
+        {"/v1/kv/attend", ROUTE_KV_ATTEND},
+        {"/ui", ROUTE_UI},
     };
     for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) {
         if (strcmp(path, fixed[i].path) == 0) {
@@ -215,6 +223,24 @@ static void handle_status(struct route_req *rq, const char *status) {
     size_t len = 0;
     char *body = api_status_encode(status, &len);
     route_reply(rq, 200, body, len);
+}
+
+/* The heatmap page (ui.h). The policy keeps it to its inline script and style and to this
+ * server's API. */
+static void handle_ui(struct route_req *rq) {
+    size_t len = 0;
+    const char *page = ui_page(&len);
+    char *body = malloc(len);
+    if (body == NULL) {
+        route_reply_error(rq, ERROR_INTERNAL, "out of memory", NULL);
+        return;
+    }
+    memcpy(body, page, len);
+    http_request_add_header(rq->http, "Content-Security-Policy",
+                            "default-src 'none'; script-src 'unsafe-inline'; style-src "
+                            "'unsafe-inline'; connect-src 'self'; base-uri 'none'; "
+                            "form-action 'none'; frame-ancestors 'none'");
+    route_reply_typed(rq, 200, "text/html; charset=utf-8", body, len);
 }
 
 static void handle_metrics(struct route_req *rq) {
@@ -536,6 +562,9 @@ static void on_request(void *ctx, struct http_request *req) {
         break;
     case ROUTE_METRICS:
         handle_metrics(rq);
+        break;
+    case ROUTE_UI:
+        handle_ui(rq);
         break;
     case ROUTE_NONE:
         break;
