@@ -139,6 +139,10 @@ static void mask_row(const struct attn__task *t, int32_t row_t, int64_t j0, int3
     }
 }
 
+static float *lse_cell(const struct attn__task *t, int32_t r) {
+    return t->lse + (size_t)(r / t->n_q) * t->lse_head_stride + (size_t)(r % t->n_q) * t->lse_ld;
+}
+
 static void run_tiled(const struct attn__task *t, const struct tile_ctx *tc, const float *q,
                       float *o, float *s, float *m, float *l, int64_t b_lo, int64_t b_hi) {
     int32_t rows = t->n_group * t->n_q, bt = t->kv.block_tokens;
@@ -185,10 +189,12 @@ static void run_tiled(const struct attn__task *t, const struct tile_ctx *tc, con
     }
     for (int32_t r = 0; r < rows; r++) {
         float *orow = o + (size_t)r * t->d_v;
+        float m_sum = m[r]; /* the maximum l[r] is a sum relative to */
         if (t->sinks != NULL) {
             /* The sink joins the denominator only: rescale to the larger maximum, then add it. */
             float sink = t->sinks[r / t->n_q];
             float m_new = m[r] > sink ? m[r] : sink;
+            m_sum = m_new;
             float corr = expf(m[r] - m_new); /* 0 when no key was visible */
             l[r] = l[r] * corr + expf(sink - m_new);
             for (int32_t c = 0; c < t->d_v; c++) {
@@ -198,6 +204,9 @@ static void run_tiled(const struct attn__task *t, const struct tile_ctx *tc, con
         float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
         for (int32_t c = 0; c < t->d_v; c++) {
             orow[c] *= inv;
+        }
+        if (t->lse != NULL) {
+            *lse_cell(t, r) = l[r] > 0.0f ? m_sum + logf(l[r]) : -INFINITY;
         }
     }
 }
@@ -214,6 +223,10 @@ static void run_materialized(const struct attn__task *t, const struct tile_ctx *
     }
     memset(o, 0, (size_t)rows * t->d_v * sizeof(float));
     if (b_hi < b_lo) {
+        for (int32_t r = 0; r < rows && t->lse != NULL; r++) {
+            float sink = t->sinks != NULL ? t->sinks[r / t->n_q] : -INFINITY;
+            *lse_cell(t, r) = sink; /* log(exp(sink)): the only term */
+        }
         return;
     }
     int64_t c0 = b_lo * bt;
@@ -240,11 +253,17 @@ static void run_materialized(const struct attn__task *t, const struct tile_ctx *
         }
         if (mx == -INFINITY) {
             memset(w, 0, (size_t)n * sizeof(float));
+            if (t->lse != NULL) {
+                *lse_cell(t, r) = -INFINITY;
+            }
             continue;
         }
         /* A sink is one more logit in the denominator; its probability is not returned. */
         float sum = attn__exp_shift(w, (int32_t)n, mx) + expf(sink - mx);
         float inv = 1.0f / sum;
+        if (t->lse != NULL) {
+            *lse_cell(t, r) = mx + logf(sum);
+        }
         for (int64_t j = 0; j < n; j++) {
             w[j] *= inv;
         }
@@ -306,6 +325,91 @@ void attn__task_run(const struct attn__task *t) {
     }
 }
 
+/* attn__tasks_inspect for one task: see attn_int.h. Runs after the task (and its merge), so its
+ * scratch is free: row 0 of its q and s areas and its widening block serve here. */
+static void task_inspect(const struct attn__task *t) {
+    const attn_inspect *ins = t->inspect;
+    if (ins == NULL || ins->out == NULL || (t->is_partial && t->block_lo != 0)) {
+        return;
+    }
+    int32_t rows = t->n_group * t->n_q, bt = t->kv.block_tokens;
+    float *q = t->scratch;
+    float *s = q + (size_t)rows * (t->d_k + t->d_v);
+    struct tile_ctx tc = {TILE_MODE_SMALL, s + (size_t)rows * bt + 2 * (size_t)rows,
+                          s + (size_t)rows * bt + 2 * (size_t)rows +
+                              attn__tile_pack_floats(bt, t->d_k)};
+    int64_t k_first = ins->key_first, k_end = (int64_t)ins->key_first + ins->n_keys;
+    for (int32_t r = 0; r < rows; r++) {
+        int32_t hs = attn__inspect_find(ins->heads, ins->n_heads, t->head0 + r / t->n_q);
+        int32_t rs = attn__inspect_find(ins->rows, ins->n_rows, t->token0 + r % t->n_q);
+        if (hs < 0 || rs < 0) {
+            continue;
+        }
+        float lse = *lse_cell(t, r);
+        if (ins->kind == ATTN_INSPECT_LSE) {
+            attn__inspect_put(ins, t->inspect_rows, hs, rs, 0, lse);
+            continue;
+        }
+        const float *src =
+            t->q + (size_t)(r / t->n_q) * t->q_head_stride + (size_t)(r % t->n_q) * t->q_ld;
+        for (int32_t c = 0; c < t->d_k; c++) {
+            q[c] = src[c] * t->scale;
+        }
+        int64_t lo, hi;
+        visible_range(&t->mask, t->kv.n_keys, r % t->n_q, &lo, &hi);
+        int64_t a = k_first > lo ? k_first : lo, b = k_end - 1 < hi ? k_end - 1 : hi;
+        for (int64_t j = k_first; ins->kind == ATTN_INSPECT_SCORES && j < k_end; j++) {
+            if (j < a || j > b) { /* hidden by position: not read */
+                attn__inspect_put(ins, t->inspect_rows, hs, rs, (int32_t)(j - k_first), -INFINITY);
+            }
+        }
+        for (int64_t blk = a / bt; a <= b && blk <= b / bt; blk++) {
+            int64_t j0 = blk * bt;
+            int32_t nb = (int32_t)(t->kv.n_keys - j0 < bt ? t->kv.n_keys - j0 : bt);
+            scores_block(t, &tc, q, 1, block_k(&t->kv, blk), nb, s, (size_t)bt);
+            if (t->softcap > 0) {
+                softcap_block(s, 1, nb, (size_t)bt, t->softcap);
+            }
+            mask_row(t, r % t->n_q, j0, nb, s);
+            int64_t from = j0 > a ? j0 : a, to = j0 + nb - 1 < b ? j0 + nb - 1 : b;
+            for (int64_t j = from; j <= to; j++) {
+                float sc = s[j - j0];
+                float value = ins->kind == ATTN_INSPECT_SCORES ? sc
+                              : sc == -INFINITY                ? 0.0f
+                                                               : expf(sc - lse);
+                attn__inspect_put(ins, t->inspect_rows, hs, rs, (int32_t)(j - k_first), value);
+            }
+        }
+    }
+}
+
+static void inspect_one(void *arg, int32_t i) {
+    const struct attn__task *tasks = arg;
+    task_inspect(&tasks[i]);
+}
+
+void attn__tasks_inspect(const attn_executor *ex, const struct attn__task *tasks, int32_t n) {
+    bool is_reduced = false;
+    int32_t n_inspecting = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (tasks[i].inspect != NULL && tasks[i].inspect->out != NULL) {
+            n_inspecting++;
+            is_reduced = is_reduced || tasks[i].inspect->reduce != ATTN_REDUCE_NONE;
+        }
+    }
+    if (n_inspecting == 0) {
+        return;
+    }
+    /* A split task's parts hold one task's rows: its first part inspects them. */
+    if (ex != NULL && ex->run != NULL && !is_reduced && n > 1) {
+        ex->run(ex->ctx, inspect_one, (void *)tasks, n);
+        return;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        inspect_one((void *)tasks, i);
+    }
+}
+
 static void run_one(void *arg, int32_t i) {
     const struct attn__task *tasks = arg;
     attn__task_run(&tasks[i]);
@@ -341,6 +445,9 @@ void attn__tasks_merge(const struct attn__task *parts, int32_t n) {
             t->out + (size_t)(r / t->n_q) * t->out_head_stride + (size_t)(r % t->n_q) * t->out_ld;
         memset(dst, 0, (size_t)t->d_v * sizeof(float));
         if (mx == -INFINITY) {
+            if (t->lse != NULL) {
+                *lse_cell(t, r) = -INFINITY;
+            }
             continue; /* no key visible, and no sink: a zero row, as the whole task gives */
         }
         float sum = t->sinks != NULL ? expf(t->sinks[r / t->n_q] - mx) : 0.0f;
@@ -361,6 +468,9 @@ void attn__tasks_merge(const struct attn__task *parts, int32_t n) {
         float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
         for (int32_t c = 0; c < t->d_v; c++) {
             dst[c] *= inv;
+        }
+        if (t->lse != NULL) {
+            *lse_cell(t, r) = sum > 0.0f ? mx + logf(sum) : -INFINITY;
         }
     }
 }

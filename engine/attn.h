@@ -496,6 +496,50 @@ int attn_workspace_create(const attn_model *m, int32_t max_tokens, const attn_ex
 void attn_workspace_destroy(attn_workspace *ws); /* NULL is a no-op */
 int32_t attn_workspace_max_tokens(const attn_workspace *ws);
 
+/* What a call may read of its own attention besides the output (issue: inspection), computed
+ * only for the selection, after the forward's own pass: O(selection x head_dim) more time and
+ * no memory beyond `out`, at any context length. The key axis of a step is its cache's index
+ * after the step (P + n_tokens keys; a cross step: the context's tokens). */
+typedef enum attn_inspect_kind {
+    ATTN_INSPECT_PROBS = 0,  /* probabilities; 0 for a key the row may not see */
+    ATTN_INSPECT_SCORES = 1, /* pre-softmax scores: scale q.k, then any soft-cap; -inf for a key
+                                the row may not see */
+    ATTN_INSPECT_LSE = 2,    /* per head and row, log(sum of exp(score) over the visible keys,
+                                plus exp(sink) where the layer has sinks): the probabilities are
+                                exp(score - lse); -inf when the row sees nothing. What a caller
+                                needs to merge partial attentions. */
+} attn_inspect_kind;
+
+typedef enum attn_inspect_reduce {
+    ATTN_REDUCE_NONE = 0,
+    ATTN_REDUCE_MEAN_HEADS = 1, /* the mean over the selected heads */
+    ATTN_REDUCE_MAX_HEADS = 2,  /* the maximum over the selected heads */
+} attn_inspect_reduce;
+
+typedef struct attn_inspect {
+    attn_inspect_kind kind;
+    attn_inspect_reduce reduce;
+    const int32_t *heads; /* NULL: every query head; else n_heads strictly ascending indices */
+    int32_t n_heads;
+    const int32_t *rows; /* NULL: every token of the step; else n_rows strictly ascending token
+                            indices of the step, in [0, n_tokens) */
+    int32_t n_rows;
+    int32_t key_first; /* key columns [key_first, key_first + n_keys) of the step's key axis */
+    int32_t n_keys;    /* >= 0; not used by ATTN_INSPECT_LSE */
+    float *out;        /* NULL (no selection), or (H', R, n_keys), LSE: (H', R), where H' is the
+                          selected heads' count (1 when reduced) and R the selected rows' */
+    /* Captures, each NULL or the step's tensor as computed (before the cache's dtype rounds k
+     * and v), per head: q (n_heads, n_tokens, d_qk) after any q norm and RoPE; k and v
+     * (n_kv_heads, n_tokens, head_dim), k after norm and RoPE (not for a cross step, whose keys
+     * are the context's, nor multi-head latent attention, whose cache holds latents); head_out
+     * (n_heads, n_tokens, d_v), each head's attention output before head_scale and o_proj. For
+     * multi-head latent attention d_qk is head_dim (nope | rope) and d_v v_head_dim. */
+    float *q;
+    float *k;
+    float *v;
+    float *head_out;
+} attn_inspect;
+
 /* One sequence's share of a forward: n_tokens new tokens appended to kv.
  * Masks, with P = attn_kv_len(kv) before the call and cache index P + i for new token i:
  * causal (token i sees keys with index <= P + i), the model's sliding window, and key_valid.
@@ -522,6 +566,11 @@ typedef struct attn_step {
     attn_kv *cross;
     const float *context;
     int32_t n_context;
+    /* NULL, or what to read of this step's attention (above); not for a linear layer. */
+    const attn_inspect *inspect;
+    /* NULL, or (n_heads) factors: head h's attention output is multiplied by head_scale[h]
+     * before o_proj (0 removes the head: ablation). The cache is not affected. */
+    const float *head_scale;
 } attn_step;
 
 /* Advances n_steps caches (distinct caches of one pool) by their new tokens through layer
@@ -541,16 +590,18 @@ int attn_forward(const attn_model *m, int32_t layer, attn_workspace *ws, const a
 /* One cache's step of attention on projections its caller made (attn_forward_qkv). Layouts are
  * per head, row-major. */
 typedef struct attn_qkv_step {
-    attn_kv *kv;              /* the cache to append k and v to */
-    int32_t n_tokens;         /* T >= 1 */
-    const float *q;           /* (n_heads, T, head_dim) */
-    const float *k;           /* (n_kv_heads, T, head_dim), appended */
-    const float *v;           /* (n_kv_heads, T, head_dim), appended */
-    const int32_t *positions; /* (T) RoPE positions in [0, max_seq), or NULL = P + i */
-    bool rope;                /* rotate q and k with the layer's RoPE at positions (false: the
-                                 caller did; the cache then holds k as given) */
-    float *out;               /* (n_heads, T, head_dim): each head's output, before any o_proj */
-    float *weights;           /* NULL, or (n_heads, T, P + T): the probabilities */
+    attn_kv *kv;                 /* the cache to append k and v to */
+    int32_t n_tokens;            /* T >= 1 */
+    const float *q;              /* (n_heads, T, head_dim) */
+    const float *k;              /* (n_kv_heads, T, head_dim), appended */
+    const float *v;              /* (n_kv_heads, T, head_dim), appended */
+    const int32_t *positions;    /* (T) RoPE positions in [0, max_seq), or NULL = P + i */
+    bool rope;                   /* rotate q and k with the layer's RoPE at positions (false: the
+                                    caller did; the cache then holds k as given) */
+    float *out;                  /* (n_heads, T, head_dim): each head's output, before any o_proj */
+    float *weights;              /* NULL, or (n_heads, T, P + T): the probabilities */
+    const attn_inspect *inspect; /* as attn_step's (head_out is out before head_scale) */
+    const float *head_scale;     /* as attn_step's, applied to out */
 } attn_qkv_step;
 
 /* attn_forward without the projections: appends each step's k and v to its cache and attends
@@ -603,6 +654,9 @@ typedef struct attn_sdpa_params {
     const uint8_t *mask;
     size_t mask_ld;
     attn_sdpa_kind kind;
+    /* NULL, or a selection of the weights, scores or LSE (rows are query rows, keys [0, n_k));
+     * its captures must be NULL (the caller has q, k and v). Softmax only. */
+    const attn_inspect *inspect;
 } attn_sdpa_params;
 
 /* Bytes of scratch attn_sdpa needs for these dimensions (the tensor pointers may still be NULL);

@@ -160,7 +160,39 @@ struct attn__task {
      * for attn__tasks_merge, and writes nothing to out. */
     bool is_partial;
     int32_t block_lo, block_hi;
+    /* NULL, or where each row's log-sum-exp goes (attn_inspect's LSE): row (h, t) at
+     * lse + h * lse_head_stride + t * lse_ld; written by the run, or by attn__tasks_merge. */
+    float *lse;
+    size_t lse_head_stride, lse_ld;
+    /* NULL, or the selection attn__tasks_inspect reads for this task's rows: row r is query head
+     * head0 + r / n_q and token token0 + r % n_q of the inspection's axes. */
+    const attn_inspect *inspect;
+    int32_t head0, token0;
+    int32_t inspect_rows; /* rows of the inspection's output (its R) */
 };
+
+/* The selections of tasks that ran (and merged): for each task with an inspection, the selected
+ * heads and rows it holds get their scores or probabilities over the selected keys (read back
+ * from its view, through its mask) or their LSE. On ex when given and nothing is reduced across
+ * heads (tasks then write disjoint cells); else in order on the calling thread. */
+void attn__tasks_inspect(const attn_executor *ex, const struct attn__task *tasks, int32_t n);
+
+/* ---- inspect.c: the selection's checks and its output's bookkeeping ------------------------ */
+
+/* ATTN_OK when ins fits a call of n_heads query heads, n_tokens rows and n_keys keys (heads and
+ * rows ascending and in range, the key range inside [0, n_keys)). */
+int attn__inspect_check(const attn_inspect *ins, int32_t n_heads, int32_t n_tokens, int32_t n_keys);
+/* Sets every cell of ins->out to its starting value (what a masked key reads as; the reduction's
+ * identity), before any task writes. */
+void attn__inspect_begin(const attn_inspect *ins, int32_t n_heads, int32_t n_tokens);
+/* Finishes a mean over heads. */
+void attn__inspect_end(const attn_inspect *ins, int32_t n_heads, int32_t n_tokens);
+/* Index of head h (or token row t) in the selection, -1 when not selected; n_all when the
+ * selection is every one. */
+int32_t attn__inspect_find(const int32_t *sel, int32_t n_sel, int32_t x);
+/* Writes (or reduces into) the cell of selected head hs, selected row rs and key column kk. */
+void attn__inspect_put(const attn_inspect *ins, int32_t n_rows, int32_t hs, int32_t rs, int32_t kk,
+                       float value);
 
 /* Floats of scratch one task with these dimensions needs. */
 size_t attn__task_scratch_floats(int32_t n_rows, int32_t d_k, int32_t d_v, int32_t block_tokens);
@@ -197,6 +229,7 @@ struct attn_workspace {
                        attention output per token, the output projection's input */
     float *y;       /* (max_tokens, hidden): output projection of a multi-step chunk */
     float *scratch; /* the tasks' scratch: one row per query head and token */
+    float *lse;     /* (max_tokens, n_heads): each row's log-sum-exp, for an inspection */
     struct attn__task *tasks;
     int32_t max_tasks;
     struct attn__split *splits; /* (max_tasks): the chunk's split-K groups, merged after */

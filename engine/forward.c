@@ -6,6 +6,7 @@
 #include "attn_int.h"
 
 #include <cblas.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -43,6 +44,7 @@ void attn_workspace_destroy(attn_workspace *ws) {
     free(ws->attn);
     free(ws->y);
     free(ws->scratch);
+    free(ws->lse);
     free(ws->splits);
     free(ws->tasks);
     free(ws->parts);
@@ -88,6 +90,7 @@ int attn_workspace_create(const attn_model *m, int32_t max_tokens, const attn_ex
     size_t pack = attn__task_scratch_floats(0, d_k, d_v, 256);
     ws->scratch = attn__alloc_floats(attn__task_scratch_floats((int32_t)rows, d_k, d_v, 256) +
                                      (size_t)ws->max_tasks * pack);
+    ws->lse = attn__alloc_floats(rows);
     ws->tasks = calloc((size_t)ws->max_tasks, sizeof *ws->tasks);
     ws->splits = calloc((size_t)ws->max_tasks, sizeof *ws->splits);
     ws->parts = calloc(t, sizeof *ws->parts);
@@ -111,8 +114,8 @@ int attn_workspace_create(const attn_model *m, int32_t max_tokens, const attn_ex
                  ws->mla_q != NULL && ws->mla_lat != NULL;
     }
     if (ws->x == NULL || ws->qkv == NULL || ws->attn == NULL || ws->y == NULL ||
-        ws->scratch == NULL || ws->tasks == NULL || ws->splits == NULL || ws->parts == NULL ||
-        !mla_ok || !panels_ok) {
+        ws->scratch == NULL || ws->lse == NULL || ws->tasks == NULL || ws->splits == NULL ||
+        ws->parts == NULL || !mla_ok || !panels_ok) {
         attn_workspace_destroy(ws);
         return ATTN_ENOMEM;
     }
@@ -122,6 +125,27 @@ int attn_workspace_create(const attn_model *m, int32_t max_tokens, const attn_ex
 
 int32_t attn_workspace_max_tokens(const attn_workspace *ws) {
     return ws->max_tokens;
+}
+
+/* A step's inspection and head scales: a linear layer has no scores to read, and a cross
+ * step or a latent cache no per-token keys and values of the step to capture. */
+static int check_inspect(const attn_model *m, int32_t layer, const attn_step *st,
+                         const attn_kv *cache) {
+    const attn_inspect *ins = st->inspect;
+    for (int32_t h = 0; st->head_scale != NULL && h < m->cfg.n_heads; h++) {
+        if (!isfinite(st->head_scale[h])) {
+            return ATTN_EINVAL;
+        }
+    }
+    if (ins == NULL) {
+        return ATTN_OK;
+    }
+    if (attn_config_layer_is_linear(&m->cfg, layer) ||
+        ((ins->k != NULL || ins->v != NULL) && (st->cross != NULL || m->cfg.kv_lora_rank > 0))) {
+        return ATTN_EINVAL;
+    }
+    int32_t n_keys = st->cross != NULL ? cache->len + st->n_context : cache->len + st->n_tokens;
+    return attn__inspect_check(ins, m->cfg.n_heads, st->n_tokens, n_keys);
 }
 
 /* Checks every step before anything changes, so a failed forward leaves all caches as they were. */
@@ -180,6 +204,10 @@ static int validate(const attn_model *m, int32_t layer, const attn_workspace *ws
         }
         if ((int64_t)cache->len + n_new > m->cfg.max_seq) {
             return ATTN_ERANGE;
+        }
+        int rc = check_inspect(m, layer, st, cache);
+        if (rc != ATTN_OK) {
+            return rc;
         }
         for (int32_t i = 0; st->positions != NULL && i < st->n_tokens; i++) {
             if (st->positions[i] < 0 || st->positions[i] >= m->cfg.max_seq) {
@@ -411,6 +439,17 @@ void attn__task_bind(struct attn__task *t, attn_workspace *ws, const attn_step *
     t->mask.pair_valid = NULL;
     t->mask.pair_ld = 0;
     t->is_partial = false; /* split_task makes it partial */
+    t->lse = NULL;
+    t->inspect = st->inspect;
+    if (st->inspect != NULL) {
+        int32_t n_heads = ws->model->cfg.n_heads;
+        t->lse = ws->lse + (size_t)(p->row + q0) * n_heads + h0;
+        t->lse_head_stride = 1;
+        t->lse_ld = (size_t)n_heads;
+        t->head0 = h0;
+        t->token0 = p->first + q0;
+        t->inspect_rows = st->inspect->rows != NULL ? st->inspect->n_rows : st->n_tokens;
+    }
     t->scratch = ws->scratch + *scratch_used;
     *scratch_used +=
         attn__task_scratch_floats(t->n_group * t->n_q, t->d_k, t->d_v, t->kv.block_tokens);
@@ -506,6 +545,61 @@ static int32_t part_tasks(const attn_model *m, int32_t layer, attn_workspace *ws
     return n_tasks;
 }
 
+/* After a part's attention: its captures (attn_inspect's q, k, v, head_out) out of the chunk's
+ * rows, then its head scales applied to the attention output that o_proj will read. */
+static void finish_part(const attn_config *c, attn_workspace *ws, const attn_step *st,
+                        const struct chunk_part *p) {
+    const attn_inspect *ins = st->inspect;
+    if (ins == NULL && st->head_scale == NULL) {
+        return;
+    }
+    bool is_mla = c->kv_lora_rank > 0;
+    size_t hd = (size_t)c->head_dim, d_v = is_mla ? (size_t)c->v_head_dim : hd;
+    size_t q_ld = is_mla ? (size_t)c->n_heads * hd : n_qkv_of(c), out_ld = c->n_heads * d_v;
+    size_t k_off = (size_t)c->n_heads * hd, v_off = k_off + (size_t)c->n_kv_heads * hd;
+    size_t T = (size_t)st->n_tokens;
+    for (int32_t i = 0; i < p->n; i++) {
+        const float *row = ws->qkv + (size_t)(p->row + i) * q_ld;
+        float *head_out = ws->attn + (size_t)(p->row + i) * out_ld;
+        size_t tok = (size_t)(p->first + i);
+        for (int32_t h = 0; ins != NULL && h < c->n_heads; h++) {
+            if (ins->q != NULL) {
+                memcpy(ins->q + (h * T + tok) * hd, row + h * hd, hd * sizeof(float));
+            }
+            if (ins->head_out != NULL) {
+                memcpy(ins->head_out + (h * T + tok) * d_v, head_out + h * d_v,
+                       d_v * sizeof(float));
+            }
+        }
+        for (int32_t g = 0; ins != NULL && g < c->n_kv_heads; g++) {
+            if (ins->k != NULL) {
+                memcpy(ins->k + (g * T + tok) * hd, row + k_off + g * hd, hd * sizeof(float));
+            }
+            if (ins->v != NULL) {
+                memcpy(ins->v + (g * T + tok) * hd, row + v_off + g * hd, hd * sizeof(float));
+            }
+        }
+        for (int32_t h = 0; st->head_scale != NULL && h < c->n_heads; h++) {
+            for (size_t e = 0; e < d_v; e++) {
+                head_out[h * d_v + e] *= st->head_scale[h];
+            }
+        }
+    }
+}
+
+/* An inspection's output starts (or, for a mean, ends) before (after) all of a forward's
+ * chunks. */
+static void inspect_steps(const attn_config *c, const attn_step *steps, int32_t n_steps,
+                          bool is_begin) {
+    for (int32_t s = 0; s < n_steps; s++) {
+        if (is_begin) {
+            attn__inspect_begin(steps[s].inspect, c->n_heads, steps[s].n_tokens);
+        } else {
+            attn__inspect_end(steps[s].inspect, c->n_heads, steps[s].n_tokens);
+        }
+    }
+}
+
 static void run_chunk(const attn_model *m, int32_t layer, attn_workspace *ws,
                       const attn_step *steps, const struct chunk_part *parts, int32_t n_parts,
                       int32_t rows) {
@@ -570,6 +664,10 @@ static void run_chunk(const attn_model *m, int32_t layer, attn_workspace *ws,
     if (is_mla) {
         attn__mla_end(m, layer, ws, rows);
     }
+    attn__tasks_inspect(ws->has_ex ? &ws->ex : NULL, ws->tasks, n_tasks);
+    for (int32_t i = 0; i < n_parts; i++) {
+        finish_part(c, ws, &steps[parts[i].step], &parts[i]);
+    }
     float *y = single ? steps[parts[0].step].out + (size_t)parts[0].first * hidden : ws->y;
     linear_held(ws, ws->attn, rows, hd_out, l->w_o, l->w_o_h, l->b_o, hidden, y);
     if (!single) {
@@ -596,6 +694,7 @@ int attn_forward(const attn_model *m, int32_t layer, attn_workspace *ws, const a
             append_context(m, layer, ws, &steps[s]);
         }
     }
+    inspect_steps(&m->cfg, steps, n_steps, true);
     int32_t step = 0, first = 0;
     while (step < n_steps) {
         int32_t rows = 0;
@@ -603,6 +702,7 @@ int attn_forward(const attn_model *m, int32_t layer, attn_workspace *ws, const a
             next_chunk(steps, n_steps, ws->max_tokens, &step, &first, ws->parts, &rows);
         run_chunk(m, layer, ws, steps, ws->parts, n_parts, rows);
     }
+    inspect_steps(&m->cfg, steps, n_steps, false);
     return ATTN_OK;
 }
 
@@ -651,6 +751,10 @@ static void run_chunk_qkv(const attn_model *m, int32_t layer, attn_workspace *ws
     for (int32_t i = 0; i < ws->n_splits; i++) {
         attn__tasks_merge(ws->tasks + ws->splits[i].first, ws->splits[i].n);
     }
+    attn__tasks_inspect(ws->has_ex ? &ws->ex : NULL, ws->tasks, n_tasks);
+    for (int32_t i = 0; i < n_parts; i++) {
+        finish_part(c, ws, &steps[parts[i].step], &parts[i]);
+    }
     for (int32_t i = 0; i < n_parts; i++) {
         const struct chunk_part *p = &parts[i];
         const attn_qkv_step *q = &qs[p->step];
@@ -673,7 +777,9 @@ static attn_step mirror_of(const attn_qkv_step *q) {
                        .n_tokens = q->n_tokens,
                        .positions = q->positions,
                        .out = q->out,
-                       .weights = q->weights};
+                       .weights = q->weights,
+                       .inspect = q->inspect,
+                       .head_scale = q->head_scale};
 }
 
 int attn_forward_qkv(const attn_model *m, int32_t layer, attn_workspace *ws,
@@ -720,6 +826,7 @@ int attn_forward_qkv(const attn_model *m, int32_t layer, attn_workspace *ws,
         for (int32_t s = 0; s < n; s++) {
             mirror[s] = mirror_of(&steps[s0 + s]);
         }
+        inspect_steps(&m->cfg, mirror, n, true);
         int32_t step = 0, first = 0;
         while (step < n) {
             int32_t rows = 0;
@@ -727,6 +834,7 @@ int attn_forward_qkv(const attn_model *m, int32_t layer, attn_workspace *ws,
                 next_chunk(mirror, n, ws->max_tokens, &step, &first, ws->parts, &rows);
             run_chunk_qkv(m, layer, ws, steps + s0, mirror, ws->parts, n_parts, rows);
         }
+        inspect_steps(&m->cfg, mirror, n, false);
     }
     return ATTN_OK;
 }

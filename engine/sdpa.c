@@ -21,12 +21,21 @@ static int check_dims(const attn_sdpa_params *p) {
         return ATTN_EINVAL;
     }
     /* Linear attention has no scale, window or mask, and no weights to return. */
-    if (p->kind == ATTN_SDPA_LINEAR &&
-        (p->window >= 0 || p->scale != 0.0f || p->mask != NULL || p->weights != NULL)) {
+    if (p->kind == ATTN_SDPA_LINEAR && (p->window >= 0 || p->scale != 0.0f || p->mask != NULL ||
+                                        p->weights != NULL || p->inspect != NULL)) {
         return ATTN_EINVAL;
+    }
+    const attn_inspect *ins = p->inspect;
+    if (ins != NULL &&
+        (ins->q != NULL || ins->k != NULL || ins->v != NULL || ins->head_out != NULL)) {
+        return ATTN_EINVAL; /* the caller has them */
     }
     if (p->n_heads % p->n_kv_heads != 0) {
         return ATTN_ESHAPE;
+    }
+    int rc = attn__inspect_check(ins, p->n_heads, p->n_q, p->n_k);
+    if (rc != ATTN_OK) {
+        return rc;
     }
     /* Keeps every index product inside size_t comfortably. */
     if ((int64_t)p->n_heads * p->n_q > (1 << 24) || (int64_t)p->n_kv_heads * p->n_k > (1 << 26) ||
@@ -53,6 +62,9 @@ size_t attn_sdpa_scratch_bytes(const attn_sdpa_params *p) {
     size_t floats =
         (size_t)p->n_kv_heads * attn__task_scratch_floats(r * p->n_q, p->d_k, p->d_v, SDPA_BLOCK) +
         n_tasks * attn__task_scratch_floats(0, p->d_k, p->d_v, SDPA_BLOCK);
+    if (p->inspect != NULL) {
+        floats += (size_t)p->n_heads * p->n_q; /* each row's LSE */
+    }
     /* Tasks first, then float scratch; round the task array up to float alignment. */
     size_t task_bytes = (n_tasks * sizeof(struct attn__task) + 63) / 64 * 64;
     return task_bytes + floats * sizeof(float);
@@ -75,6 +87,11 @@ int attn_sdpa(const attn_sdpa_params *p, void *scratch) {
     float *fs = (float *)((char *)scratch + (n_tasks * sizeof(struct attn__task) + 63) / 64 * 64);
     size_t used = 0;
     int32_t i = 0;
+    float *lse = NULL;
+    if (p->inspect != NULL) {
+        lse = fs; /* (n_heads, n_q) */
+        used = (size_t)p->n_heads * p->n_q;
+    }
     for (int32_t g = 0; g < p->n_kv_heads; g++) {
         for (int32_t q0 = 0; q0 < p->n_q; q0 += ATTN__Q_TILE) {
             int32_t nq = p->n_q - q0 < ATTN__Q_TILE ? p->n_q - q0 : ATTN__Q_TILE;
@@ -118,17 +135,30 @@ int attn_sdpa(const attn_sdpa_params *p, void *scratch) {
             t->mask.key_valid = NULL;
             t->mask.pair_valid = p->mask != NULL ? p->mask + (size_t)q0 * p->mask_ld : NULL;
             t->mask.pair_ld = p->mask_ld;
+            t->lse = NULL;
+            t->inspect = p->inspect;
+            if (lse != NULL) {
+                t->lse = lse + h0 * p->n_q + q0;
+                t->lse_head_stride = (size_t)p->n_q;
+                t->lse_ld = 1;
+                t->head0 = (int32_t)h0;
+                t->token0 = q0;
+                t->inspect_rows = p->inspect->rows != NULL ? p->inspect->n_rows : p->n_q;
+            }
             t->scratch = fs + used;
             used += attn__task_scratch_floats(r * nq, p->d_k, p->d_v, SDPA_BLOCK);
         }
     }
     /* One task at a time on this thread (the caller's worker), so the cancel check sits between
      * tiles. */
+    attn__inspect_begin(p->inspect, p->n_heads, p->n_q);
     for (size_t j = 0; j < n_tasks; j++) {
         if (p->is_cancelled != NULL && p->is_cancelled(p->cancel_ctx)) {
             return ATTN_ECANCELED;
         }
         attn__task_run(&tasks[j]);
+        attn__tasks_inspect(NULL, &tasks[j], 1);
     }
+    attn__inspect_end(p->inspect, p->n_heads, p->n_q);
     return ATTN_OK;
 }

@@ -46,7 +46,8 @@ static int append(kv_env *e, attn_kv *kv, const float *x, int32_t first, int32_t
                       n,    NULL,
                       NULL, out + (size_t)first * hidden,
                       NULL, NULL,
-                      NULL, 0};
+                      NULL, 0,
+                      NULL, NULL};
     return attn_forward(e->hm.model, 0, e->ws, &step, 1);
 }
 
@@ -600,7 +601,7 @@ START_TEST(test_kv_ring_keeps_the_window_exactly) {
     }
     ck_assert_int_eq(attn_kv_read(ring, first - 1, 1, k, v), ATTN_EDROPPED);
     /* A layer whose queries would see what the ring dropped refuses it. */
-    attn_step step = {ring, x, 1, NULL, NULL, out, NULL, NULL, NULL, 0};
+    attn_step step = {ring, x, 1, NULL, NULL, out, NULL, NULL, NULL, 0, NULL, NULL};
     ck_assert_int_eq(attn_forward(e.hm.model, 1, e.ws, &step, 1), ATTN_EINVAL);
     ck_assert_int_eq(attn_kv_len(ring), n);
 

@@ -22,7 +22,7 @@ static int forward_once(const attn_model *m, int32_t layer, const float *x, int3
     ck_assert_int_eq(attn_kv_pool_create(m, (size_t)8 << 20, 16, &pool), ATTN_OK);
     ck_assert_int_eq(attn_workspace_create(m, 64, NULL, &ws), ATTN_OK);
     ck_assert_int_eq(attn_kv_create(pool, &kv), ATTN_OK);
-    attn_step step = {kv, x, n, NULL, NULL, out, NULL, NULL, NULL, 0};
+    attn_step step = {kv, x, n, NULL, NULL, out, NULL, NULL, NULL, 0, NULL, NULL};
     int rc = attn_forward(m, layer, ws, &step, 1);
     attn_kv_destroy(kv);
     attn_workspace_destroy(ws);
@@ -234,7 +234,7 @@ START_TEST(test_model_create_layer_range) {
     float *out = harness_calloc((size_t)7 * 64, sizeof(float));
     float *out_ref = harness_calloc((size_t)7 * 64, sizeof(float));
     for (int32_t l = 1; l <= 2; l++) {
-        ref_forward_args a = {7, x, NULL, NULL, out_ref, NULL, NULL, NULL, ATTN_DTYPE_AUTO};
+        ref_forward_args a = {.n_tokens = 7, .x = x, .out = out_ref, .kv_dtype = ATTN_DTYPE_AUTO};
         ref_layer_forward(&cfg, &layers[l], &a);
         ck_assert_int_eq(forward_once(m, l, x, 7, out), ATTN_OK);
         harness_expect_close(out, out_ref, (size_t)7 * 64, l == 1 ? "layer 1" : "layer 2");

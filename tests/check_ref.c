@@ -163,7 +163,14 @@ static void check_against_numpy(const attn_config *cfg, const char *st_path, con
 
     for (int32_t l = 0; l < cfg->n_layers; l++) {
         ref_layer w;
-        ref_forward_args a = {n, x, pos, NULL, out, weights, k, v, ATTN_DTYPE_AUTO};
+        ref_forward_args a = {.n_tokens = n,
+                              .x = x,
+                              .positions = pos,
+                              .out = out,
+                              .weights = weights,
+                              .k = k,
+                              .v = v,
+                              .kv_dtype = ATTN_DTYPE_AUTO};
         st_layer(&f, cfg, l, &w);
         ref_layer_forward(cfg, &w, &a);
         const char *what[4] = {"out", "weights", "k", "v"};

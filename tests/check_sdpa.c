@@ -270,7 +270,8 @@ START_TEST(test_sdpa_linear_matches_quadratic_form) {
                                   .is_causal = causal,
                                   .window = -1,
                                   .out = got,
-                                  .kind = ATTN_SDPA_LINEAR};
+                                  .kind = ATTN_SDPA_LINEAR,
+                                  NULL};
             ck_assert_int_eq(run_sdpa(&p), ATTN_OK);
             char what[128];
             snprintf(what, sizeof what, "linear %d/%d heads, %d over %d, dk %d dv %d, causal %d",
@@ -297,7 +298,8 @@ START_TEST(test_sdpa_linear_matches_quadratic_form) {
                           .v = q,
                           .window = -1,
                           .out = out,
-                          .kind = ATTN_SDPA_LINEAR};
+                          .kind = ATTN_SDPA_LINEAR,
+                          NULL};
     ck_assert_int_eq(run_sdpa(&p), ATTN_OK);
     p.weights = out;
     ck_assert_int_eq(attn_sdpa_scratch_bytes(&p), 0);
@@ -375,7 +377,8 @@ START_TEST(test_sdpa_rows_before_every_key_are_zero) {
                           NULL,
                           NULL,
                           0,
-                          ATTN_SDPA_SOFTMAX};
+                          ATTN_SDPA_SOFTMAX,
+                          NULL};
     ck_assert_int_eq(run_sdpa(&p), ATTN_OK);
     for (int h = 0; h < 2; h++) {
         harness_expect_zero(out + (size_t)h * n_q * 3, 3 * 3, "queries 0-2 (before the keys)");
@@ -480,7 +483,8 @@ START_TEST(test_sdpa_bad_arguments) {
                                    NULL,
                                    NULL,
                                    0,
-                                   ATTN_SDPA_SOFTMAX};
+                                   ATTN_SDPA_SOFTMAX,
+                                   NULL};
     ck_assert_uint_le(attn_sdpa_scratch_bytes(&good), sizeof(scratch));
     ck_assert_int_eq(attn_sdpa(&good, scratch), ATTN_OK);
 

@@ -245,6 +245,28 @@ void ref_kv_round(attn_dtype dt, double *row, int32_t d) {
 
 /* ---- the layer forward --------------------------------------------------------------------- */
 
+/* Row i of head h's scores (-inf where hidden) and log-sum-exp, when asked. */
+static void inspect_row(const ref_forward_args *a, int32_t h, int32_t i, int32_t n, const double *s,
+                        const bool *visible, double sink) {
+    double max = sink;
+    for (int32_t j = 0; j < n; j++) {
+        if (visible[j] && s[j] > max) {
+            max = s[j];
+        }
+        if (a->scores != NULL) {
+            a->scores[((size_t)h * n + i) * n + j] = visible[j] ? (float)s[j] : -INFINITY;
+        }
+    }
+    if (a->lse == NULL) {
+        return;
+    }
+    double sum = max == -INFINITY ? 0.0 : exp(sink - max);
+    for (int32_t j = 0; j < n && max != -INFINITY; j++) {
+        sum += visible[j] ? exp(s[j] - max) : 0.0;
+    }
+    a->lse[(size_t)h * n + i] = sum > 0.0 ? (float)(max + log(sum)) : -INFINITY;
+}
+
 void ref_layer_forward(const attn_config *cfg, const ref_layer *w, const ref_forward_args *a) {
     const int32_t n = a->n_tokens;
     const int32_t hidden = cfg->hidden_size;
@@ -330,6 +352,7 @@ void ref_layer_forward(const attn_config *cfg, const ref_layer *w, const ref_for
             }
             double sink = cfg->has_sinks ? (double)w->sinks[h] : -INFINITY;
             softmax_row(s, visible, n, sink, p);
+            inspect_row(a, h, i, n, s, visible, sink);
             double *ci = ctx + (size_t)i * q_dim + (size_t)h * d;
             for (int32_t j = 0; j < n; j++) {
                 const double *vj = v + (size_t)j * kv_dim + (size_t)kvh * d;
@@ -338,6 +361,25 @@ void ref_layer_forward(const attn_config *cfg, const ref_layer *w, const ref_for
                 }
                 if (a->weights != NULL) {
                     a->weights[((size_t)h * n + i) * n + j] = (float)p[j];
+                }
+            }
+        }
+    }
+
+    /* Post-RoPE queries and each head's context, as asked; then the head scales. */
+    for (int32_t h = 0; h < n_heads; h++) {
+        for (int32_t t = 0; t < n; t++) {
+            for (int32_t e = 0; e < d; e++) {
+                size_t dst = ((size_t)h * n + t) * d + e,
+                       src = (size_t)t * q_dim + (size_t)h * d + e;
+                if (a->q_rot != NULL) {
+                    a->q_rot[dst] = (float)q[src];
+                }
+                if (a->head_out != NULL) {
+                    a->head_out[dst] = (float)ctx[src];
+                }
+                if (a->head_scale != NULL) {
+                    ctx[src] *= a->head_scale[h];
                 }
             }
         }

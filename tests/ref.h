@@ -88,6 +88,13 @@ typedef struct ref_forward_args {
      * row is rounded to float, then to what that dtype holds (ref_kv_round), before attention
      * reads it: the answer of an engine whose cache holds that dtype */
     attn_dtype kv_dtype;
+    /* Inspection (each NULL or filled): */
+    float *q_rot;            /* (n_heads, N, head_dim): post-RoPE queries */
+    float *scores;           /* (n_heads, N, N): scale q.k, -inf where masked */
+    float *lse;              /* (n_heads, N): log(sum exp(visible scores) + exp(sink)), -inf
+                                when nothing is visible and there is no sink */
+    float *head_out;         /* (n_heads, N, head_dim): each head's context */
+    const float *head_scale; /* (n_heads): multiplies each head's context before wo */
 } ref_forward_args;
 
 /* row[0..d) = the values a KV cache of dtype dt holds for it, computed here from the formats'
