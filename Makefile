@@ -64,7 +64,7 @@ ACCURACY    := $(BUILD)/kv_accuracy
 FUZZ_TARGETS := $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_SECONDS ?= 60
 
-.PHONY: all engine server test client-test asan valgrind debug bench bench-compare accuracy load persist-bench proto-check run deps docker \
+.PHONY: all engine server test client-test ui-test ui-deps asan valgrind debug bench bench-compare accuracy load persist-bench proto-check run deps docker \
         docker-test topology-test clean format lint layering check-format fuzz fuzz-run
 
 # all: the engine library and the daemon (default).
@@ -135,6 +135,16 @@ test: deps
 client-test: $(ATTND)
 	$(Q)PYTHONPATH=clients/python ATTND_BIN=$(ATTND) OPENBLAS_NUM_THREADS=1 $(PYTHON) -m unittest \
 		discover -s clients/python/tests -t clients/python -v
+
+# ui-test: the heatmap page (GET /ui) in Debian's headless chromium against a daemon it starts
+# itself: the drawn cells' colours against the API's numbers, the last row's outline, a wrong
+# key's 401, a session that advances (tests/ui/run.py; screenshot in $(BUILD)/ui). Needs ui-deps.
+ui-test: $(ATTND)
+	$(Q)ATTND_BIN=$(ATTND) OPENBLAS_NUM_THREADS=1 $(PYTHON) tests/ui/run.py --out $(BUILD)/ui
+
+# ui-deps: install chromium, which only ui-test needs (root only, as deps).
+ui-deps:
+	$(Q)$(MAKE) --no-print-directory deps DEB_PKGS=chromium
 
 # asan: the same tests, built with AddressSanitizer and UBSan in build/asan.
 asan:
