@@ -367,9 +367,19 @@ int attn_kv_pool_create(const attn_model *m, size_t budget_bytes, int32_t block_
 int attn_kv_pool_create_typed(const attn_model *m, size_t budget_bytes, int32_t block_tokens,
                               attn_dtype dtype, attn_kv_pool **out);
 
-/* The block_bytes attn_kv_pool_create_typed would give these arguments, or 0 where it would
+/* The same, and with keeps_queries the pool also holds each token's post-RoPE query rows
+ * (n_heads x head_dim more per token, in the same dtype), so that attn_kv_attention can
+ * recompute the attention of tokens already cached. Not for multi-head latent attention
+ * (ATTN_EUNSUPPORTED). */
+int attn_kv_pool_create_ex(const attn_model *m, size_t budget_bytes, int32_t block_tokens,
+                           attn_dtype dtype, bool keeps_queries, attn_kv_pool **out);
+bool attn_kv_pool_keeps_queries(const attn_kv_pool *pool);
+
+/* The block_bytes attn_kv_pool_create_typed (_ex) would give these arguments, or 0 where it would
  * refuse them (for a message before the budget is chosen). */
 size_t attn_kv_block_bytes_for(const attn_model *m, int32_t block_tokens, attn_dtype dtype);
+size_t attn_kv_block_bytes_ex(const attn_model *m, int32_t block_tokens, attn_dtype dtype,
+                              bool keeps_queries);
 
 /* The dtype the pool holds K and V in (never AUTO). */
 attn_dtype attn_kv_pool_dtype(const attn_kv_pool *pool);
@@ -611,6 +621,18 @@ typedef struct attn_qkv_step {
  * latent attention. Works on any model, with weights or not. */
 int attn_forward_qkv(const attn_model *m, int32_t layer, attn_workspace *ws,
                      const attn_qkv_step *steps, int32_t n_steps);
+
+/* Recomputes the attention of tokens already in kv, a cache of layer `layer` (absolute) from a
+ * pool that keeps queries (attn_kv_pool_create_ex): ins selects as for a forward, its rows and
+ * keys being cache indices (rows NULL: every token; key axis [0, len)), its captures NULL. Each
+ * row sees what the forward let it see when it was new (causal, the layer's window, its sinks
+ * and soft-cap), except a key_valid (padding) mask, which the cache does not keep. On the calling
+ * thread; nothing changes. ATTN_EUNSUPPORTED (the pool keeps no queries, or a linear layer),
+ * ATTN_EDROPPED (a row whose query or any key it saw a ring no longer holds: its window must
+ * lie at or after attn_kv_first_held), ATTN_EINVAL / ATTN_ERANGE (a bad selection),
+ * ATTN_ENOMEM. */
+int attn_kv_attention(const attn_model *m, int32_t layer, const attn_kv *kv,
+                      const attn_inspect *ins);
 
 /* ---- stateless scaled-dot-product attention ------------------------------------------------ */
 

@@ -77,8 +77,15 @@ struct attn_kv_pool {
     attn_dtype dtype;   /* how each K and V row is held (never AUTO) */
     size_t k_row_bytes; /* attn__kv_row_bytes(dtype, k_dim), and for v_dim */
     size_t v_row_bytes;
+    /* A pool that keeps queries (attn_kv_pool_create_ex) also holds each token's post-RoPE
+     * query rows, n_heads of head_dim in its dtype, after the values: for attn_kv_attention. */
+    bool keeps_queries;
+    int32_t n_heads;
+    size_t q_row_bytes; /* 0 unless keeps_queries */
+    size_t q_offset;    /* where a block's query rows start */
     size_t block_bytes; /* n_kv_heads * block_tokens * (k_row_bytes + v_row_bytes, or k_row_bytes
-                           if v_in_k), rounded up to ATTN__ALIGN */
+                           if v_in_k), plus n_heads * block_tokens * q_row_bytes, rounded up to
+                           ATTN__ALIGN */
     int32_t n_blocks;
     int32_t n_free;
     uint8_t *mem;        /* (n_blocks, block_bytes) */
@@ -100,6 +107,9 @@ struct attn_kv {
     /* A linear-attention layer's cache: no rows, but each KV head's running state (S, d_k x
      * d_v, then z, d_k, in double) in its blocks, heads_per_block to a block. */
     bool is_state;
+    /* A layer's own cache (attn_kv_create_for_layer) in a pool that keeps queries: its tokens'
+     * query rows are stored beside their keys. Never a plain cache (a context). */
+    bool has_queries;
 };
 
 /* Where a task's keys and values live: block b (of block_tokens keys each, the last possibly
@@ -432,6 +442,10 @@ void attn__linear_advance(const attn_config *c, attn_kv *state, const float *qkv
 /* The bytes of kv head h's key (value) row at cache index idx, in the pool's dtype; a latent
  * cache's value row is its key row. */
 uint8_t *attn__kv_row_bytes_k(const attn_kv *kv, int32_t h, int32_t idx);
+/* Query head h's row of token idx in a pool that keeps queries. */
+uint8_t *attn__kv_row_bytes_q(const attn_kv *kv, int32_t h, int32_t idx);
+/* Stores query head h's row of token idx (a pool that keeps queries; a no-op otherwise). */
+void attn__kv_put_q(const attn_kv *kv, int32_t h, int32_t idx, const float *src);
 uint8_t *attn__kv_row_bytes_v(const attn_kv *kv, int32_t h, int32_t idx);
 
 /* Gives an empty row cache n_blocks blocks (the first n_dropped dropped, the rest taken from the

@@ -393,6 +393,9 @@ static void rope_and_append(const attn_model *m, int32_t layer, const attn_step 
             attn__kv_put_k(st->kv, h, idx, row + k_off + h * hd);
             attn__kv_put_v(st->kv, h, idx, row + v_off + h * hd);
         }
+        for (int32_t h = 0; st->kv->has_queries && h < c->n_heads; h++) {
+            attn__kv_put_q(st->kv, h, idx, row + h * hd);
+        }
     }
 }
 

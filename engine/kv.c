@@ -10,12 +10,17 @@
 
 int attn_kv_pool_create(const attn_model *m, size_t budget_bytes, int32_t block_tokens,
                         attn_kv_pool **out) {
-    return attn_kv_pool_create_typed(m, budget_bytes, block_tokens, ATTN_DTYPE_AUTO, out);
+    return attn_kv_pool_create_ex(m, budget_bytes, block_tokens, ATTN_DTYPE_AUTO, false, out);
 }
 
-/* A pool's shape for m: what attn_kv_pool_create_typed checks and derives, in *g. */
+int attn_kv_pool_create_typed(const attn_model *m, size_t budget_bytes, int32_t block_tokens,
+                              attn_dtype dtype, attn_kv_pool **out) {
+    return attn_kv_pool_create_ex(m, budget_bytes, block_tokens, dtype, false, out);
+}
+
+/* A pool's shape for m: what attn_kv_pool_create_ex checks and derives, in *g. */
 static int pool_geometry(const attn_model *m, int32_t block_tokens, attn_dtype dtype,
-                         attn_kv_pool *g) {
+                         bool keeps_queries, attn_kv_pool *g) {
     if (m == NULL || block_tokens < 0 || (block_tokens != 0 && block_tokens < 16) ||
         block_tokens > 256 || dtype < ATTN_DTYPE_AUTO || dtype > ATTN_DTYPE_Q8_0) {
         return ATTN_EINVAL;
@@ -45,19 +50,36 @@ static int pool_geometry(const attn_model *m, int32_t block_tokens, attn_dtype d
     g->v_row_bytes = is_latent ? g->k_row_bytes : attn__kv_row_bytes(dtype, g->v_dim);
     size_t block_bytes =
         (size_t)c->n_kv_heads * block_tokens * (g->k_row_bytes + (is_latent ? 0 : g->v_row_bytes));
+    if (keeps_queries && is_latent) {
+        return ATTN_EUNSUPPORTED; /* its attention runs on absorbed queries, not a head's q */
+    }
+    g->keeps_queries = keeps_queries;
+    g->n_heads = c->n_heads;
+    g->q_offset = block_bytes;
+    g->q_row_bytes = keeps_queries ? attn__kv_row_bytes(dtype, c->head_dim) : 0;
+    block_bytes += (size_t)c->n_heads * block_tokens * g->q_row_bytes;
     g->block_bytes = (block_bytes + ATTN__ALIGN - 1) / ATTN__ALIGN * ATTN__ALIGN;
     return ATTN_OK;
 }
 
 size_t attn_kv_block_bytes_for(const attn_model *m, int32_t block_tokens, attn_dtype dtype) {
-    attn_kv_pool g;
-    return pool_geometry(m, block_tokens, dtype, &g) == ATTN_OK ? g.block_bytes : 0;
+    return attn_kv_block_bytes_ex(m, block_tokens, dtype, false);
 }
 
-int attn_kv_pool_create_typed(const attn_model *m, size_t budget_bytes, int32_t block_tokens,
-                              attn_dtype dtype, attn_kv_pool **out) {
+size_t attn_kv_block_bytes_ex(const attn_model *m, int32_t block_tokens, attn_dtype dtype,
+                              bool keeps_queries) {
+    attn_kv_pool g;
+    return pool_geometry(m, block_tokens, dtype, keeps_queries, &g) == ATTN_OK ? g.block_bytes : 0;
+}
+
+bool attn_kv_pool_keeps_queries(const attn_kv_pool *pool) {
+    return pool->keeps_queries;
+}
+
+int attn_kv_pool_create_ex(const attn_model *m, size_t budget_bytes, int32_t block_tokens,
+                           attn_dtype dtype, bool keeps_queries, attn_kv_pool **out) {
     attn_kv_pool g = {0};
-    int rc = out == NULL ? ATTN_EINVAL : pool_geometry(m, block_tokens, dtype, &g);
+    int rc = out == NULL ? ATTN_EINVAL : pool_geometry(m, block_tokens, dtype, keeps_queries, &g);
     if (rc != ATTN_OK) {
         return rc;
     }
@@ -192,6 +214,7 @@ int attn_kv_create_for_layer(attn_kv_pool *pool, int32_t layer, attn_kv **out) {
     }
     if (rc == ATTN_OK) {
         (*out)->is_state = is_linear;
+        (*out)->has_queries = pool->keeps_queries && !is_linear;
     }
     return rc;
 }
@@ -320,6 +343,7 @@ int attn_kv_fork(const attn_kv *src, attn_kv **out) {
     }
     kv->window = src->window;
     kv->is_state = src->is_state;
+    kv->has_queries = src->has_queries;
     kv->len = src->len;
     for (int32_t b = 0; b < src->n_blocks; b++) {
         if (src->blocks[b] < 0) {
@@ -407,6 +431,19 @@ uint8_t *attn__kv_row_bytes_v(const attn_kv *kv, int32_t h, int32_t idx) {
     return pool->mem + (size_t)kv->blocks[b] * pool->block_bytes +
            (size_t)pool->n_kv_heads * pool->block_tokens * pool->k_row_bytes +
            ((size_t)h * pool->block_tokens + off) * pool->v_row_bytes;
+}
+
+uint8_t *attn__kv_row_bytes_q(const attn_kv *kv, int32_t h, int32_t idx) {
+    const attn_kv_pool *pool = kv->pool;
+    int32_t b = idx / pool->block_tokens, off = idx % pool->block_tokens;
+    return pool->mem + (size_t)kv->blocks[b] * pool->block_bytes + pool->q_offset +
+           ((size_t)h * pool->block_tokens + off) * pool->q_row_bytes;
+}
+
+void attn__kv_put_q(const attn_kv *kv, int32_t h, int32_t idx, const float *src) {
+    if (kv->has_queries) {
+        attn__kv_encode(kv->pool->dtype, src, kv->pool->head_dim, attn__kv_row_bytes_q(kv, h, idx));
+    }
 }
 
 void attn__kv_put_k(const attn_kv *kv, int32_t h, int32_t idx, const float *src) {

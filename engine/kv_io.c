@@ -2,11 +2,12 @@
  * blocks, so a pool of another block size reads them; each row as the pool holds it (the dtype
  * must match: no rounding happens on the way); all integers little-endian. Layout:
  *
- *   int32 x 8: kind (0 rows, 1 linear state), dtype, n_kv_heads, k_dim, v_dim (0: the values
- *              are the leading part of each key row, a latent), window, len (tokens seen),
- *              first (first token held)
+ *   int32 x 8: kind (0 rows, 1 linear state, 2 rows with queries), dtype, n_kv_heads, k_dim,
+ *              v_dim (0: the values are the leading part of each key row, a latent), window,
+ *              len (tokens seen), first (first token held)
  *   rows:      for each KV head, the key rows of tokens [first, len), then for each KV head the
- *              value rows (none for a latent); k_row_bytes / v_row_bytes each
+ *              value rows (none for a latent); k_row_bytes / v_row_bytes each; kind 2 then has
+ *              for each query head its query rows of the same tokens (q_row_bytes each)
  *   state:     for each KV head, its state's doubles (S then z)
  */
 #include "attn_int.h"
@@ -15,7 +16,7 @@
 
 #define KV_IO_HEADER_INTS 8
 
-enum { KV_IO_ROWS = 0, KV_IO_STATE = 1 };
+enum { KV_IO_ROWS = 0, KV_IO_STATE = 1, KV_IO_ROWS_QUERIES = 2 };
 
 static void put_i32(uint8_t *p, int32_t v) {
     uint32_t u = (uint32_t)v;
@@ -32,12 +33,14 @@ static int32_t get_i32(const uint8_t *p) {
     return (int32_t)u;
 }
 
-static size_t payload_bytes(const attn_kv_pool *pool, bool is_state, int32_t n_tokens) {
+static size_t payload_bytes(const attn_kv_pool *pool, bool is_state, bool has_queries,
+                            int32_t n_tokens) {
     if (is_state) {
         return (size_t)pool->n_kv_heads * attn__kv_state_doubles(pool) * sizeof(double);
     }
     size_t row = pool->k_row_bytes + (pool->v_in_k ? 0 : pool->v_row_bytes);
-    return (size_t)pool->n_kv_heads * (size_t)n_tokens * row;
+    size_t q = has_queries ? (size_t)pool->n_heads * (size_t)n_tokens * pool->q_row_bytes : 0;
+    return (size_t)pool->n_kv_heads * (size_t)n_tokens * row + q;
 }
 
 /* Copies the payload from the bytes at `in` into kv, or (in NULL) from kv to the bytes at `out`:
@@ -55,12 +58,19 @@ static void copy_payload(const attn_kv *kv, int32_t first, const uint8_t *in, ui
         }
         return;
     }
-    for (int kind = 0; kind < (pool->v_in_k ? 1 : 2); kind++) {
-        size_t rb = kind == 0 ? pool->k_row_bytes : pool->v_row_bytes;
-        for (int32_t g = 0; g < pool->n_kv_heads; g++) {
+    for (int kind = 0; kind < 3; kind++) {
+        if ((kind == 1 && pool->v_in_k) || (kind == 2 && !kv->has_queries)) {
+            continue;
+        }
+        size_t rb = kind == 0   ? pool->k_row_bytes
+                    : kind == 1 ? pool->v_row_bytes
+                                : pool->q_row_bytes;
+        int32_t heads = kind == 2 ? pool->n_heads : pool->n_kv_heads;
+        for (int32_t g = 0; g < heads; g++) {
             for (int32_t t = first; t < kv->len; t++, at += rb) {
-                uint8_t *row =
-                    kind == 0 ? attn__kv_row_bytes_k(kv, g, t) : attn__kv_row_bytes_v(kv, g, t);
+                uint8_t *row = kind == 0   ? attn__kv_row_bytes_k(kv, g, t)
+                               : kind == 1 ? attn__kv_row_bytes_v(kv, g, t)
+                                           : attn__kv_row_bytes_q(kv, g, t);
                 memcpy(to_cache ? row : out + at, to_cache ? in + at : row, rb);
             }
         }
@@ -71,8 +81,8 @@ size_t attn_kv_export_bytes(const attn_kv *kv) {
     int32_t held = kv->len - attn_kv_first_held(kv);
     bool has_state = kv->is_state && kv->n_blocks > 0;
     return KV_IO_HEADER_INTS * 4 + (kv->is_state
-                                        ? (has_state ? payload_bytes(kv->pool, true, 0) : 0)
-                                        : payload_bytes(kv->pool, false, held));
+                                        ? (has_state ? payload_bytes(kv->pool, true, false, 0) : 0)
+                                        : payload_bytes(kv->pool, false, kv->has_queries, held));
 }
 
 int attn_kv_export(const attn_kv *kv, uint8_t *out, size_t size) {
@@ -84,7 +94,9 @@ int attn_kv_export(const attn_kv *kv, uint8_t *out, size_t size) {
     }
     const attn_kv_pool *pool = kv->pool;
     int32_t first = attn_kv_first_held(kv);
-    int32_t header[KV_IO_HEADER_INTS] = {kv->is_state ? KV_IO_STATE : KV_IO_ROWS,
+    int32_t header[KV_IO_HEADER_INTS] = {kv->is_state      ? KV_IO_STATE
+                                         : kv->has_queries ? KV_IO_ROWS_QUERIES
+                                                           : KV_IO_ROWS,
                                          (int32_t)pool->dtype,
                                          pool->n_kv_heads,
                                          pool->k_dim,
@@ -101,7 +113,7 @@ int attn_kv_export(const attn_kv *kv, uint8_t *out, size_t size) {
 
 /* What import bytes describe, once checked against the pool (kv_io_check). */
 struct kv_io_plan {
-    bool is_state, has_state;
+    bool is_state, has_state, has_queries;
     int32_t len, first;
     int32_t n_dropped, n_blocks; /* rows: blocks dropped before first, blocks covering [0, len) */
 };
@@ -132,17 +144,21 @@ static int kv_io_check(const attn_kv_pool *pool, int32_t layer, const uint8_t *d
         layer >= 0 && attn_config_layer_is_sliding(c, layer) ? c->sliding_window : 0;
     /* What the bytes say must be what this pool holds for this layer: anything else is another
      * model, dtype or layer, refused whole. */
-    if (kind != (is_state ? KV_IO_STATE : KV_IO_ROWS) || dtype != (int32_t)pool->dtype ||
-        n_kv != pool->n_kv_heads || k_dim != pool->k_dim ||
-        v_dim != (pool->v_in_k ? 0 : pool->v_dim) || window != want_window) {
+    /* a layer's own cache keeps queries as its pool does; a context never */
+    bool has_queries = layer >= 0 && !is_state && pool->keeps_queries;
+    int32_t want_kind = is_state ? KV_IO_STATE : has_queries ? KV_IO_ROWS_QUERIES : KV_IO_ROWS;
+    if (kind != want_kind || dtype != (int32_t)pool->dtype || n_kv != pool->n_kv_heads ||
+        k_dim != pool->k_dim || v_dim != (pool->v_in_k ? 0 : pool->v_dim) ||
+        window != want_window) {
         return ATTN_EUNSUPPORTED;
     }
     if (len < 0 || len > pool->max_seq || first < 0 || first > len || (is_state && first != len)) {
         return ATTN_EIO;
     }
     bool has_state = is_state && len > 0;
-    size_t want = KV_IO_HEADER_INTS * 4 + (is_state ? (has_state ? payload_bytes(pool, true, 0) : 0)
-                                                    : payload_bytes(pool, false, len - first));
+    size_t want =
+        KV_IO_HEADER_INTS * 4 + (is_state ? (has_state ? payload_bytes(pool, true, false, 0) : 0)
+                                          : payload_bytes(pool, false, has_queries, len - first));
     if (size != want) {
         return ATTN_EIO;
     }
@@ -153,6 +169,7 @@ static int kv_io_check(const attn_kv_pool *pool, int32_t layer, const uint8_t *d
     }
     plan->is_state = is_state;
     plan->has_state = has_state;
+    plan->has_queries = has_queries;
     plan->len = len;
     plan->first = first;
     plan->n_dropped = is_state ? 0 : first / pool->block_tokens;

@@ -552,6 +552,96 @@ START_TEST(test_inspect_qkv) {
 }
 END_TEST
 
+/* A pool that keeps queries: attn_kv_attention recomputes any cached row's probabilities,
+ * scores and LSE as the reference has them (GQA, sinks, a window), after a prefill in calls, and
+ * the same from the cache's export imported again, and from a fork; a ring's dropped rows are
+ * refused; a pool without queries refuses. */
+START_TEST(test_inspect_cached_rows) {
+    attn_config c = harness_config(8, 2, 32);
+    c.has_sinks = true;
+    c.sliding_window = 20;
+    int32_t n = 70;
+    harness_model hm;
+    harness_model_init(&hm, &c, 21);
+    float *x = harness_random_x(22, n, c.hidden_size);
+    ref_all r;
+    ref_all_run(&r, &hm, x, n, NULL, NULL);
+    attn_kv_pool *pool = NULL, *plain = NULL;
+    attn_workspace *ws = NULL;
+    attn_kv *kv = NULL, *copy = NULL, *fork = NULL, *no_q = NULL;
+    ck_assert_int_eq(
+        attn_kv_pool_create_ex(hm.model, (size_t)8 << 20, 16, ATTN_DTYPE_AUTO, true, &pool),
+        ATTN_OK);
+    ck_assert(attn_kv_pool_keeps_queries(pool));
+    ck_assert_int_eq(attn_workspace_create(hm.model, 32, NULL, &ws), ATTN_OK);
+    ck_assert_int_eq(attn_kv_create_for_layer(pool, 0, &kv), ATTN_OK);
+    float *out = harness_calloc((size_t)n * c.hidden_size, sizeof(float));
+    int32_t calls[] = {50, 19, 1}, p = 0;
+    for (int i = 0; i < 3; i++) {
+        attn_step st = {.kv = kv,
+                        .x = x + (size_t)p * c.hidden_size,
+                        .n_tokens = calls[i],
+                        .out = out + (size_t)p * c.hidden_size};
+        ck_assert_int_eq(attn_forward(hm.model, 0, ws, &st, 1), ATTN_OK);
+        p += calls[i];
+    }
+    size_t bytes = attn_kv_export_bytes(kv);
+    uint8_t *saved = harness_calloc(bytes, 1);
+    ck_assert_int_eq(attn_kv_export(kv, saved, bytes), ATTN_OK);
+    ck_assert_int_eq(attn_kv_import(pool, 0, saved, bytes, &copy), ATTN_OK);
+    ck_assert_int_eq(attn_kv_fork(kv, &fork), ATTN_OK);
+    int32_t first = attn_kv_first_held(kv);
+    ck_assert_int_gt(first, 0); /* the ring dropped blocks */
+    /* the first row whose window is all held */
+    int32_t rows[3] = {first + c.sliding_window - 1, 60, n - 1}, heads[3] = {0, 3, 7};
+    float *cells = harness_calloc((size_t)c.n_heads * n * n, sizeof(float));
+    const attn_kv *caches[3] = {kv, copy, fork};
+    for (int ci = 0; ci < 3; ci++) {
+        for (int kind = 0; kind < 3; kind++) {
+            for (int reduce = 0; reduce < 3; reduce++) {
+                attn_inspect ins = {.kind = (attn_inspect_kind)kind,
+                                    .reduce = (attn_inspect_reduce)reduce,
+                                    .heads = reduce == 1 ? heads : NULL,
+                                    .n_heads = 3,
+                                    .rows = rows,
+                                    .n_rows = 3,
+                                    .key_first = 5,
+                                    .n_keys = n - 5,
+                                    .out = cells};
+                ck_assert_int_eq(attn_kv_attention(hm.model, 0, caches[ci], &ins), ATTN_OK);
+                char what[120];
+                snprintf(what, sizeof what, "cached rows (cache %d) kind %d reduce %d", ci, kind,
+                         reduce);
+                expect_selection(&r, &c, &ins, 0, n, what);
+            }
+        }
+    }
+    int32_t dropped[1] = {first + c.sliding_window - 2};
+    attn_inspect gone = {.kind = ATTN_INSPECT_LSE, .rows = dropped, .n_rows = 1, .out = cells};
+    ck_assert_int_eq(attn_kv_attention(hm.model, 0, kv, &gone), ATTN_EDROPPED);
+    ck_assert_int_eq(attn_kv_pool_create(hm.model, (size_t)8 << 20, 16, &plain), ATTN_OK);
+    ck_assert_int_eq(attn_kv_create_for_layer(plain, 0, &no_q), ATTN_OK);
+    attn_inspect any = {.kind = ATTN_INSPECT_LSE, .out = cells};
+    ck_assert_int_eq(attn_kv_attention(hm.model, 0, no_q, &any), ATTN_EUNSUPPORTED);
+    /* a file with queries is not a plain pool's, nor the other way round */
+    attn_kv *wrong = NULL;
+    ck_assert_int_eq(attn_kv_import(plain, 0, saved, bytes, &wrong), ATTN_EUNSUPPORTED);
+    free(cells);
+    free(saved);
+    free(out);
+    attn_kv_destroy(no_q);
+    attn_kv_destroy(fork);
+    attn_kv_destroy(copy);
+    attn_kv_destroy(kv);
+    attn_workspace_destroy(ws);
+    attn_kv_pool_destroy(plain);
+    attn_kv_pool_destroy(pool);
+    ref_all_release(&r);
+    free(x);
+    harness_model_release(&hm);
+}
+END_TEST
+
 extern Suite *inspect_suite(void);
 
 Suite *inspect_suite(void) {
@@ -565,6 +655,7 @@ Suite *inspect_suite(void) {
     tcase_add_test(tc, test_inspect_refusals);
     tcase_add_test(tc, test_inspect_sdpa);
     tcase_add_test(tc, test_inspect_qkv);
+    tcase_add_test(tc, test_inspect_cached_rows);
     suite_add_tcase(s, tc);
     return s;
 }
