@@ -72,6 +72,42 @@ struct api_limits {
 
 /* ---- requests ------------------------------------------------------------------------------- */
 
+/* return_weights as an object (proto: WeightsSelection): which heads, query rows and keys of the
+ * attention to return, and as what. Heads are resolved when parsed; rows (negative: from the
+ * end of the call's T) and keys (a python-style [start, end) of the call's key axis) when the
+ * request runs, by api_selection_resolve. */
+struct api_selection {
+    bool is_set; /* return_weights was an object */
+    attn_inspect_kind kind;
+    attn_inspect_reduce reduce;
+    int32_t *heads; /* owned, ascending, distinct; NULL = every head */
+    int32_t n_heads;
+    int32_t *rows; /* owned; NULL = every row; ascending and distinct once resolved */
+    int32_t n_rows;
+    bool has_key_start, has_key_end;
+    int32_t key_start, key_end; /* as given; key_first/n_keys once resolved */
+    int32_t key_first, n_keys;
+};
+
+/* capture: the per-head tensors of the call to return (attn_inspect's captures). */
+enum {
+    API_CAPTURE_Q = 1u << 0,
+    API_CAPTURE_K = 1u << 1,
+    API_CAPTURE_V = 1u << 2,
+    API_CAPTURE_HEAD_OUT = 1u << 3,
+};
+
+/* Resolves sel's rows against a call of n_rows query rows and its keys against n_keys keys
+ * (negative indices count from the end; rows sorted, repeats dropped) and checks that the
+ * selection (times n_batch) fits API_WEIGHTS_MAX_VALUES. 0, or ERROR_INVALID_REQUEST naming
+ * return_weights.rows / .keys in *err. Once per request. */
+int api_selection_resolve(struct api_selection *sel, int32_t n_heads, int32_t n_rows,
+                          int32_t n_keys, int64_t n_batch, struct api_error *err);
+/* Values the resolved selection returns per call: (H', R, K), (H', R) for lse; H' 1 reduced. */
+int64_t api_selection_values(const struct api_selection *sel, int32_t n_heads);
+/* The engine's view of a resolved selection, writing into out. */
+attn_inspect api_selection_inspect(const struct api_selection *sel, float *out);
+
 struct api_attend_request {
     float *x;                                /* (n_tokens, hidden_size) row-major, owned */
     int32_t n_tokens;                        /* T >= 1 */
@@ -80,7 +116,10 @@ struct api_attend_request {
     int32_t *positions;                      /* (n_tokens), owned; NULL = continue the cache */
     bool has_expect_n_past;
     int32_t expect_n_past;
-    bool return_weights;
+    bool return_weights; /* true: every probability, or sel below */
+    struct api_selection sel;
+    uint32_t capture; /* API_CAPTURE_* */
+    float *head_mask; /* NULL, or (n_heads), owned: each head's output is scaled by it */
     bool stream;
     enum api_encoding encoding; /* API_ENCODING_BINARY when binary_output was true */
     /* NULL, or (n_key_mask) bytes, owned: 0 hides that key (cached or new) from every query of
@@ -144,6 +183,7 @@ struct api_sdpa_request {
     int32_t window; /* -1 = none */
     float scale;    /* 0 = 1/sqrt(d_k) */
     bool return_weights;
+    struct api_selection sel;   /* return_weights as an object */
     enum api_encoding encoding; /* API_ENCODING_BINARY when binary_output was true */
     bool is_linear;             /* "kind": "linear" (seed 004 3.7) rather than softmax */
 };
@@ -154,6 +194,41 @@ int api_sdpa_request_parse(const char *body, size_t len, struct api_sdpa_request
 int api_sdpa_request_parse_body(const struct api_body *body, struct api_sdpa_request *out,
                                 struct api_error *err);
 void api_sdpa_request_release(struct api_sdpa_request *r);
+
+/* GET /v1/sessions/{id}/attention's query (?layer=&heads=&rows=&keys=&kind=&reduce=): heads and
+ * rows are comma lists of indices and python-style ranges a:b (negative: from the end), keys one
+ * range; "" or "all" selects everything. Kept as text until the cache's length is known. */
+#define API_SPEC_MAX 1024
+struct api_attention_request {
+    int32_t layer;
+    char heads[API_SPEC_MAX];
+    char rows[API_SPEC_MAX];
+    char keys[64];
+    attn_inspect_kind kind;
+    attn_inspect_reduce reduce;
+    uint32_t seen; /* the parameters given, each once */
+};
+
+/* Takes one query parameter into r (r zeroed, layer set to the first loaded, before the first).
+ * 0, or ERROR_INVALID_REQUEST naming the parameter (unknown, repeated, malformed). */
+int api_attention_query(struct api_attention_request *r, const char *name, const char *value,
+                        const struct api_limits *lim, struct api_error *err);
+/* Resolves r against a cache of n_tokens tokens whose rows from row_min on can be recomputed:
+ * fills sel (release with api_selection_release), its values within API_WEIGHTS_MAX_VALUES. */
+int api_attention_select(const struct api_attention_request *r, int32_t n_heads, int32_t n_tokens,
+                         int32_t row_min, struct api_selection *sel, struct api_error *err);
+void api_selection_release(struct api_selection *sel);
+
+struct api_attention_response {
+    const char *session_id;
+    int32_t layer;
+    int32_t n_tokens;  /* the cache's length */
+    int32_t first_row; /* the first token whose attention can be recomputed */
+    int32_t n_heads;
+    const struct api_selection *sel;
+    const float *values;
+};
+char *api_attention_response_encode(const struct api_attention_response *r, size_t *len);
 
 struct api_truncate_request {
     int32_t n_tokens; /* >= 0 */
@@ -195,6 +270,15 @@ struct api_attend_response {
     int32_t context_tokens; /* over a context of this many tokens */
     bool is_per_head;       /* a /v1/kv/attend answer: output is (n_heads, n_new, head_dim) */
     int32_t head_dim;
+    /* return_weights as an object: the resolved selection and its values (weights, scores or
+     * lse by its kind) */
+    const struct api_selection *sel;
+    const float *selected;
+    /* capture: (n_heads, n_new, head_dim) q and head_out, (n_kv_heads, n_new, head_dim) k and v;
+     * NULL where not asked */
+    const float *capture_q, *capture_k, *capture_v, *capture_head_out;
+    int32_t n_kv_heads;
+    int32_t d_v; /* head_out's width (multi-head latent attention: v_head_dim) */
 };
 
 /* Encodes an AttendResponse. Returns a malloc'd NUL-terminated string (*len its length), or
@@ -227,8 +311,10 @@ struct api_sdpa_response {
     int32_t n_batch;
     bool is_batched; /* the tensors carry the batch dimension */
     int32_t n_heads, n_q, n_k, d_v;
-    const float *output;  /* (n_batch, n_heads, n_q, d_v) */
-    const float *weights; /* NULL, or (n_batch, n_heads, n_q, n_k) */
+    const float *output;             /* (n_batch, n_heads, n_q, d_v) */
+    const float *weights;            /* NULL, or (n_batch, n_heads, n_q, n_k) */
+    const struct api_selection *sel; /* return_weights as an object: its values per batch */
+    const float *selected;
     struct api_timing timing;
     enum api_encoding encoding;
 };

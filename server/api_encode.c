@@ -140,16 +140,18 @@ static void put_b64(struct strbuf *b, const float *data, int rank, const int64_t
 
 /* The tensors an answer framed by the binary tensor extension carries after its JSON, in the
  * order their fields appear. */
+#define RAW_PARTS_MAX 8 /* output, a selection and four captures, with room */
+
 struct raw_parts {
-    const float *data[2];
-    size_t bytes[2];
+    const float *data[RAW_PARTS_MAX];
+    size_t bytes[RAW_PARTS_MAX];
     int n;
 };
 
 static void put_tensor(struct strbuf *b, const char *name, const float *data, int rank,
                        const int64_t *dims, enum api_encoding enc, struct raw_parts *raw) {
     strbuf_printf(b, "\"%s\":", name);
-    if (enc == API_ENCODING_BINARY && raw != NULL && raw->n < 2) {
+    if (enc == API_ENCODING_BINARY && raw != NULL && raw->n < RAW_PARTS_MAX) {
         int64_t total = 1;
         strbuf_puts(b, "{\"shape\":[");
         for (int d = 0; d < rank; d++) {
@@ -204,12 +206,87 @@ static void put_timing(struct strbuf *b, const struct api_timing *t) {
                   t->compute_ms);
 }
 
+/* The values of a selection under the name of their kind, shaped ([n_batch,] [H',] R [, K])
+ * with H' dropped when reduced over heads. */
+static void put_selected(struct strbuf *b, const struct api_selection *sel, const float *values,
+                         int32_t n_heads, int64_t n_batch, enum api_encoding enc,
+                         struct raw_parts *raw) {
+    static const char *const names[] = {"weights", "scores", "lse"};
+    int64_t dims[4];
+    int rank = 0;
+    if (n_batch > 0) {
+        dims[rank++] = n_batch;
+    }
+    if (sel->reduce == ATTN_REDUCE_NONE) {
+        dims[rank++] = sel->heads != NULL ? sel->n_heads : n_heads;
+    }
+    dims[rank++] = sel->n_rows;
+    if (sel->kind != ATTN_INSPECT_LSE) {
+        dims[rank++] = sel->n_keys;
+    }
+    put_tensor(b, names[sel->kind], values, rank, dims, enc, raw);
+}
+
+/* "kind":..,"reduce":..,"heads":[..],"rows":[..],"keys":[first,end]: what a selection is. */
+static void put_selection_fields(struct strbuf *b, const struct api_selection *sel,
+                                 int32_t n_heads) {
+    static const char *const kinds[] = {"probs", "scores", "lse"};
+    static const char *const reduces[] = {"none", "mean_heads", "max_heads"};
+    strbuf_printf(b, "\"kind\":\"%s\",\"reduce\":\"%s\",\"heads\":[", kinds[sel->kind],
+                  reduces[sel->reduce]);
+    int32_t nh = sel->heads != NULL ? sel->n_heads : n_heads;
+    for (int32_t i = 0; i < nh; i++) {
+        strbuf_printf(b, i > 0 ? ",%d" : "%d", (int)(sel->heads != NULL ? sel->heads[i] : i));
+    }
+    strbuf_puts(b, "],\"rows\":[");
+    for (int32_t i = 0; i < sel->n_rows; i++) {
+        strbuf_printf(b, i > 0 ? ",%d" : "%d", (int)sel->rows[i]);
+    }
+    strbuf_printf(b, "],\"keys\":[%d,%d]", (int)sel->key_first,
+                  (int)(sel->key_first + sel->n_keys));
+}
+
+/* A selection's values (return_weights as an object), under the name of their kind, shaped
+ * ([n_batch,] [H',] R [, K]) with H' dropped when reduced over heads; then "selection" saying
+ * what they are: kind, reduce, the heads, the rows and the key range [first, end). */
+static void put_selection(struct strbuf *b, const struct api_selection *sel, const float *values,
+                          int32_t n_heads, int64_t n_batch, enum api_encoding enc,
+                          struct raw_parts *raw) {
+    strbuf_putc(b, ',');
+    put_selected(b, sel, values, n_heads, n_batch, enc, raw);
+    strbuf_puts(b, ",\"selection\":{");
+    put_selection_fields(b, sel, n_heads);
+    strbuf_putc(b, '}');
+}
+
+/* capture: {"q": ..., "k": ..., "v": ..., "head_out": ...}, the ones asked. */
+static void put_captures(struct strbuf *b, const struct api_attend_response *r,
+                         struct raw_parts *raw) {
+    const float *t[4] = {r->capture_q, r->capture_k, r->capture_v, r->capture_head_out};
+    static const char *const names[] = {"q", "k", "v", "head_out"};
+    int32_t heads[4] = {r->n_heads, r->n_kv_heads, r->n_kv_heads, r->n_heads};
+    int32_t width[4] = {r->head_dim, r->head_dim, r->head_dim, r->d_v};
+    bool any = false;
+    for (int i = 0; i < 4; i++) {
+        if (t[i] == NULL) {
+            continue;
+        }
+        strbuf_puts(b, any ? "," : ",\"capture\":{");
+        any = true;
+        int64_t dims[3] = {heads[i], r->n_new, width[i]};
+        put_tensor(b, names[i], t[i], 3, dims, r->encoding, raw);
+    }
+    if (any) {
+        strbuf_putc(b, '}');
+    }
+}
+
 /* ---- responses ------------------------------------------------------------------------------ */
 
 char *api_attend_response_encode(const struct api_attend_response *r, size_t *len,
                                  size_t *json_len) {
     struct strbuf b;
-    struct raw_parts raw = {{NULL, NULL}, {0, 0}, 0};
+    struct raw_parts raw = {{NULL}, {0}, 0};
     strbuf_init(&b);
     strbuf_reserve(&b, (size_t)r->n_new * (size_t)r->hidden_size *
                                (r->encoding == API_ENCODING_BINARY ? 4 : 14) +
@@ -232,6 +309,10 @@ char *api_attend_response_encode(const struct api_attend_response *r, size_t *le
         strbuf_putc(&b, ',');
         put_tensor(&b, "weights", r->weights, 3, wd, r->encoding, &raw);
     }
+    if (r->sel != NULL) {
+        put_selection(&b, r->sel, r->selected, r->n_heads, 0, r->encoding, &raw);
+    }
+    put_captures(&b, r, &raw);
     put_timing(&b, &r->timing);
     strbuf_puts(&b, "}\n");
     return finish(&b, &raw, len, json_len);
@@ -313,9 +394,23 @@ void api_batch_close(struct strbuf *out) {
     strbuf_puts(out, "]}\n");
 }
 
+char *api_attention_response_encode(const struct api_attention_response *r, size_t *len) {
+    struct strbuf b;
+    strbuf_init(&b);
+    strbuf_puts(&b, "{\"session_id\":");
+    put_string(&b, r->session_id);
+    strbuf_printf(&b, ",\"layer\":%d,\"n_tokens\":%d,\"first_row\":%d,", (int)r->layer,
+                  (int)r->n_tokens, (int)r->first_row);
+    put_selection_fields(&b, r->sel, r->n_heads);
+    strbuf_putc(&b, ',');
+    put_selected(&b, r->sel, r->values, r->n_heads, 0, API_ENCODING_FLOAT, NULL);
+    strbuf_puts(&b, "}\n");
+    return strbuf_detach(&b, len);
+}
+
 char *api_sdpa_response_encode(const struct api_sdpa_response *r, size_t *len, size_t *json_len) {
     struct strbuf b;
-    struct raw_parts raw = {{NULL, NULL}, {0, 0}, 0};
+    struct raw_parts raw = {{NULL}, {0}, 0};
     strbuf_init(&b);
     strbuf_reserve(&b,
                    (size_t)r->n_batch * r->n_heads * (size_t)r->n_q * (size_t)r->d_v * 14 + 256);
@@ -328,6 +423,10 @@ char *api_sdpa_response_encode(const struct api_sdpa_response *r, size_t *len, s
         int64_t wd[4] = {r->n_batch, r->n_heads, r->n_q, r->n_k};
         strbuf_putc(&b, ',');
         put_tensor(&b, "weights", r->weights, 4 - o, wd + o, r->encoding, &raw);
+    }
+    if (r->sel != NULL) {
+        put_selection(&b, r->sel, r->selected, r->n_heads, r->is_batched ? r->n_batch : 0,
+                      r->encoding, &raw);
     }
     put_timing(&b, &r->timing);
     strbuf_puts(&b, "}\n");

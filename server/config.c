@@ -53,6 +53,11 @@ static const struct option options[] = {
      "exact), f32, bf16, f16 (rounded to nearest even) or q8_0 (32 values as int8 with one f16 "
      "scale; 3.8x the tokens of f32 at head_dim 128). README: Precision has each one's measured "
      "error"},
+    {"keep-queries", "ATTND_KEEP_QUERIES", OPTION_I32, offsetof(struct config, keep_queries), "0",
+     0, 1,
+     "1: the KV cache also keeps each token's queries (n_heads x head_dim more per token, in "
+     "the KV dtype), so GET /v1/sessions/{id}/attention and the /ui page can show the attention "
+     "of tokens already cached; 0: they answer 409 queries_not_kept"},
     {"trust-layout", "ATTND_TRUST_LAYOUT", OPTION_STRING, offsetof(struct config, trust_layout), "",
      0, 0,
      "empty, or llama: serve a --model whose model_type attnd does not know (or that has none) as "

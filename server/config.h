@@ -23,6 +23,7 @@ struct config {
     const char *trust_layout;  /* "" or "llama": how to read an unknown model_type */
     const char *weights_dtype; /* auto, f32, bf16 or f16: how the projections are held */
     const char *kv_dtype;      /* auto, f32, bf16, f16 or q8_0: how the KV cache holds K/V */
+    int32_t keep_queries;      /* 1: the KV pool keeps each token's queries (inspection) */
     const char *preset;        /* built-in preset when model is "" */
     uint64_t seed;             /* seed of the preset's random weights */
     const char *layers;        /* "all", "N" or "A-B" as given */

@@ -32,6 +32,9 @@ static const struct error_info table[] = {
      "the session file's format version is newer than this server reads"},
     {ERROR_SESSION_EVICTED, 410, "session_evicted", "gone_error",
      "the session was evicted or expired; its cache is gone"},
+    {ERROR_QUERIES_NOT_KEPT, 409, "queries_not_kept", "conflict_error",
+     "the KV cache keeps no queries, so cached tokens' attention cannot be recomputed; start attnd "
+     "with --keep-queries 1"},
     {ERROR_SESSION_LOST, 410, "session_lost", "gone_error",
      "the session's file failed its checks when it was read back from disk; it is gone"},
     {ERROR_PAYLOAD_TOO_LARGE, 413, "payload_too_large", "invalid_request_error",

@@ -523,6 +523,24 @@ const char *http_request_header(const struct http_request *r, const char *name) 
     return MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, name);
 }
 
+/* MHD's query arguments, to the caller's function; MHD_NO stops at the first it refuses. */
+struct query_visit {
+    bool (*fn)(void *ctx, const char *name, const char *value);
+    void *ctx;
+};
+
+static enum MHD_Result visit_query(void *cls, enum MHD_ValueKind kind, const char *key,
+                                   const char *value) {
+    struct query_visit *v = cls;
+    return v->fn(v->ctx, key != NULL ? key : "", value != NULL ? value : "") ? MHD_YES : MHD_NO;
+}
+
+void http_request_queries(const struct http_request *r,
+                          bool (*fn)(void *ctx, const char *name, const char *value), void *ctx) {
+    struct query_visit v = {fn, ctx};
+    MHD_get_connection_values(r->conn, MHD_GET_ARGUMENT_KIND, visit_query, &v);
+}
+
 struct header_count {
     const char *name;
     int32_t n;

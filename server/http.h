@@ -106,6 +106,10 @@ const char *http_request_header(const struct http_request *r, const char *name);
 /* How many times the header appears (case-insensitive name). */
 int32_t http_request_header_count(const struct http_request *r, const char *name);
 /* The body (NUL-terminated; empty until on_request). */
+/* Calls fn for each query argument (?name=value&..., decoded) in order, until it returns
+ * false. A name without '=' has the value "". */
+void http_request_queries(const struct http_request *r,
+                          bool (*fn)(void *ctx, const char *name, const char *value), void *ctx);
 const char *http_request_body(const struct http_request *r, size_t *len);
 bool http_request_body_too_large(const struct http_request *r);
 /* Milliseconds (monotonic) when the headers arrived. */

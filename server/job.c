@@ -75,6 +75,10 @@ void job__free(struct job *job) {
     api_sdpa_request_release(&job->sd);
     free(job->out);
     free(job->weights);
+    free(job->selected);
+    for (int i = 0; i < 4; i++) {
+        free(job->captures[i]);
+    }
     free(job->response);
     strbuf_release(&job->event);
     if (job->rq != NULL) {
@@ -219,6 +223,47 @@ static void attend_finish(struct job *job, bool ok) {
     job__unpin(job);
 }
 
+/* The inspection of a call (return_weights as an object, capture) once its keys are known: the
+ * selection resolved against them, and its buffers. */
+static int inspect_size(struct job *job, int32_t n_keys) {
+    const struct api_limits *lim = &job->srv->limits;
+    const attn_config *c = attn_model_config(job->srv->model);
+    size_t t = (size_t)job->at.n_tokens, hd = (size_t)lim->head_dim;
+    job->has_inspect = job->at.sel.is_set || job->at.capture != 0;
+    if (!job->has_inspect) {
+        return 0;
+    }
+    memset(&job->inspect, 0, sizeof job->inspect);
+    if (job->at.sel.is_set) {
+        struct api_error e;
+        memset(&e, 0, sizeof e);
+        if (api_selection_resolve(&job->at.sel, lim->n_heads, job->at.n_tokens, n_keys, 1, &e) !=
+            0) {
+            return job__set_err(job, e.code, e.param, "%s", e.message);
+        }
+        int64_t values = api_selection_values(&job->at.sel, lim->n_heads);
+        job->selected = malloc((size_t)(values > 0 ? values : 1) * sizeof(float));
+        if (job->selected == NULL) {
+            return job__set_err(job, ERROR_INTERNAL, NULL, "out of memory for the selection");
+        }
+        job->inspect = api_selection_inspect(&job->at.sel, job->selected);
+    }
+    size_t d_v = c->kv_lora_rank > 0 ? (size_t)c->v_head_dim : hd;
+    size_t sizes[4] = {lim->n_heads * t * hd, lim->n_kv_heads * t * hd, lim->n_kv_heads * t * hd,
+                       lim->n_heads * t * d_v};
+    float **slots[4] = {&job->inspect.q, &job->inspect.k, &job->inspect.v, &job->inspect.head_out};
+    for (int i = 0; i < 4; i++) {
+        if (!(job->at.capture & (1u << i))) {
+            continue;
+        }
+        if ((job->captures[i] = malloc(sizes[i] * sizeof(float))) == NULL) {
+            return job__set_err(job, ERROR_INTERNAL, NULL, "out of memory for the capture");
+        }
+        *slots[i] = job->captures[i];
+    }
+    return 0;
+}
+
 /* Allocates the output buffers once n_past (the self cache's length) and n_keys (the keys the
  * queries see: n_past + T, or a context's tokens) are known, after the length checks. */
 static int attend_size(struct job *job, int32_t n_past, int32_t n_keys) {
@@ -244,7 +289,8 @@ static int attend_size(struct job *job, int32_t n_past, int32_t n_keys) {
             (int)n_past, (int)t, (int)lim->max_seq);
     }
     int64_t n_weights = (int64_t)lim->n_heads * (job->at.stream ? 1 : t) * n_keys;
-    if (job->at.return_weights && (int64_t)lim->n_heads * t * n_keys > API_WEIGHTS_MAX_VALUES) {
+    if (job->at.return_weights && !job->at.sel.is_set &&
+        (int64_t)lim->n_heads * t * n_keys > API_WEIGHTS_MAX_VALUES) {
         return job__set_err(job, ERROR_INVALID_REQUEST, "return_weights",
                             "return_weights: n_heads x T x %s = %lld values exceed the limit of %d",
                             job->at.is_cross ? "context tokens" : "(n_past + T)",
@@ -254,11 +300,16 @@ static int attend_size(struct job *job, int32_t n_past, int32_t n_keys) {
     size_t row =
         job->at.q != NULL ? (size_t)lim->n_heads * lim->head_dim : (size_t)lim->hidden_size;
     job->out = malloc((size_t)t * row * sizeof(float));
-    if (job->at.return_weights) {
+    bool is_full = job->at.return_weights && !job->at.sel.is_set;
+    if (is_full) {
         job->weights = malloc((size_t)n_weights * sizeof(float));
     }
-    if (job->out == NULL || (job->at.return_weights && job->weights == NULL)) {
+    if (job->out == NULL || (is_full && job->weights == NULL)) {
         return job__set_err(job, ERROR_INTERNAL, NULL, "out of memory for the output");
+    }
+    int rc = inspect_size(job, n_keys);
+    if (rc != 0) {
+        return rc;
     }
     job->n_past0 = n_past;
     job->n_keys = n_keys;
@@ -313,6 +364,8 @@ static int cross_prepare(struct job *job, struct pool_step *step) {
     step->n_context = job->at.context != NULL ? job->at.n_context : 0;
     step->layer = job->at.layer;
     step->weights = job->weights;
+    step->inspect = job->has_inspect ? &job->inspect : NULL;
+    step->head_scale = job->at.head_mask;
     step->key_valid = NULL;
     step->x = job->at.x;
     step->n_tokens = job->at.n_tokens;
@@ -360,6 +413,8 @@ static int attend_prepare(struct pool_job *pj, struct pool_step *step) {
     step->cross = NULL;
     step->layer = job->at.layer;
     step->weights = job->weights;
+    step->inspect = job->has_inspect ? &job->inspect : NULL;
+    step->head_scale = job->at.head_mask;
     step->key_valid = job->at.key_mask; /* the engine reads the step's first P + T */
     if (!job->at.stream) {
         step->x = job->at.x;
@@ -404,6 +459,16 @@ static int attend_run(struct pool_job *pj, int status) {
             .encoding = job->at.encoding,
             .is_per_head = job->at.q != NULL,
             .head_dim = lim->head_dim,
+            .sel = job->at.sel.is_set ? &job->at.sel : NULL,
+            .selected = job->selected,
+            .capture_q = job->captures[0],
+            .capture_k = job->captures[1],
+            .capture_v = job->captures[2],
+            .capture_head_out = job->captures[3],
+            .n_kv_heads = lim->n_kv_heads,
+            .d_v = attn_model_config(job->srv->model)->kv_lora_rank > 0
+                       ? attn_model_config(job->srv->model)->v_head_dim
+                       : lim->head_dim,
         };
         job->response = api_attend_response_encode(&r, &job->response_len, &job->response_json_len);
         job->response_status = 200;
@@ -574,10 +639,11 @@ void job__attend_admit(struct job *job) {
     }
     if (attn_config_layer_is_linear(attn_model_config(srv->model), job->at.layer)) {
         /* Linear attention has no scores, positions or context. */
-        static const char *const names[] = {"return_weights", "key_mask", "positions", "cross"};
+        static const char *const names[] = {"return_weights", "key_mask", "positions", "cross",
+                                            "capture"};
         bool given[] = {job->at.return_weights, job->at.key_mask != NULL, job->at.positions != NULL,
-                        job->at.is_cross};
-        for (int i = 0; i < 4; i++) {
+                        job->at.is_cross, job->at.capture != 0};
+        for (int i = 0; i < 5; i++) {
             if (given[i]) {
                 char msg[200];
                 snprintf(msg, sizeof msg,
@@ -627,6 +693,15 @@ static void parse_body(struct job *job) {
     }
 }
 
+/* Whether the request, or any step of its batch, captures one of these tensors. */
+static bool has_capture(const struct job *job, uint32_t bits) {
+    bool any = (job->at.capture & bits) != 0;
+    for (int32_t i = 0; i < job->at.n_steps; i++) {
+        any = any || (job->at.steps[i].capture & bits) != 0;
+    }
+    return any;
+}
+
 /* What the model cannot do for an attend, whatever its sessions: x with no weights to project
  * it (--geometry), or q/k/v for a latent cache or a linear layer. Answers 400 and returns -1. */
 static int refuse_attend(struct job *job) {
@@ -643,6 +718,11 @@ static int refuse_attend(struct job *job) {
         snprintf(msg, sizeof msg,
                  "the model's multi-head latent attention caches a latent, not per-head k and v");
         param = "k";
+    } else if (c->kv_lora_rank > 0 && has_capture(job, API_CAPTURE_K | API_CAPTURE_V)) {
+        snprintf(msg, sizeof msg,
+                 "capture: the model's multi-head latent attention has no per-head k and v (its "
+                 "cache holds a latent); q and head_out can be captured");
+        param = "capture";
     } else if (job->is_kv && attn_config_layer_is_linear(c, job->at.layer)) {
         snprintf(msg, sizeof msg,
                  "layer %d is linear attention: POST /v1/kv/attend serves softmax attention "
@@ -748,7 +828,12 @@ static void sdpa_params(const struct api_sdpa_request *sd, attn_sdpa_params *p) 
 
 /* Points p's tensors at batch b of sd's (and of out and weights). */
 static void sdpa_params_at(const struct api_sdpa_request *sd, int32_t b, float *out, float *weights,
-                           attn_sdpa_params *p) {
+                           float *selected, attn_inspect *ins, attn_sdpa_params *p) {
+    if (selected != NULL) {
+        *ins = api_selection_inspect(
+            &sd->sel, selected + (size_t)b * api_selection_values(&sd->sel, sd->n_heads));
+        p->inspect = ins;
+    }
     size_t hq = (size_t)sd->n_heads * sd->n_q, hk = (size_t)sd->n_kv_heads * sd->n_k;
     p->q = sd->q + (size_t)b * hq * sd->d_k;
     p->k = sd->k + (size_t)b * hk * sd->d_k;
@@ -777,7 +862,16 @@ static int sdpa_run(struct pool_job *pj, int status) {
     size_t n_out = (size_t)sd->n_batch * sd->n_heads * sd->n_q * sd->d_v;
     size_t n_w = (size_t)sd->n_batch * sd->n_heads * sd->n_q * sd->n_k;
     float *out = malloc(n_out * sizeof(float));
-    float *weights = sd->return_weights ? malloc(n_w * sizeof(float)) : NULL;
+    bool is_full = sd->return_weights && !sd->sel.is_set;
+    float *weights = is_full ? malloc(n_w * sizeof(float)) : NULL;
+    size_t n_sel =
+        sd->sel.is_set ? (size_t)(sd->n_batch * api_selection_values(&sd->sel, sd->n_heads)) : 0;
+    float *selected = sd->sel.is_set ? malloc((n_sel > 0 ? n_sel : 1) * sizeof(float)) : NULL;
+    attn_inspect ins;
+    if (selected != NULL) {
+        ins = api_selection_inspect(&sd->sel, selected);
+        p.inspect = &ins; /* sized with it */
+    }
     p.out = out;
     p.weights = weights;
     p.is_cancelled = sdpa_is_cancelled;
@@ -785,11 +879,12 @@ static int sdpa_run(struct pool_job *pj, int status) {
     /* Every batch has the same dimensions, so one scratch serves them in turn. */
     void *scratch = out != NULL ? malloc(attn_sdpa_scratch_bytes(&p) + 64) : NULL;
     int rc = job__set_err(job, ERROR_INTERNAL, NULL, "out of memory for the computation");
-    if (out != NULL && scratch != NULL && (weights != NULL || !sd->return_weights)) {
+    if (out != NULL && scratch != NULL && (weights != NULL || !is_full) &&
+        (selected != NULL || !sd->sel.is_set)) {
         double t0 = (double)uv_hrtime() / 1e6;
         rc = ATTN_OK;
         for (int32_t b = 0; b < sd->n_batch && rc == ATTN_OK; b++) {
-            sdpa_params_at(sd, b, out, weights, &p);
+            sdpa_params_at(sd, b, out, weights, selected, &ins, &p);
             rc = attn_sdpa(&p, scratch);
         }
         double ms = (double)uv_hrtime() / 1e6 - t0;
@@ -803,6 +898,8 @@ static int sdpa_run(struct pool_job *pj, int status) {
                 .d_v = sd->d_v,
                 .output = out,
                 .weights = weights,
+                .sel = sd->sel.is_set ? &sd->sel : NULL,
+                .selected = selected,
                 .timing = {pj->queue_ms, ms},
                 .encoding = sd->encoding,
             };
@@ -823,6 +920,7 @@ static int sdpa_run(struct pool_job *pj, int status) {
     }
     free(scratch);
     free(weights);
+    free(selected);
     free(out);
     return rc;
 }

@@ -27,6 +27,9 @@ void job_submit_fork(struct route_req *rq);
 /* GET /v1/sessions/{id}/export: the session as a file (snapshot.h), once its earlier requests
  * are done. PUT /v1/sessions/{id}: recreates a session from such a file (the body). */
 void job_submit_export(struct route_req *rq);
+/* GET /v1/sessions/{id}/attention: the attention of tokens already cached, recomputed from the
+ * cache (--keep-queries) on a worker holding the session's turn. */
+void job_submit_attention(struct route_req *rq);
 void job_submit_import(struct route_req *rq);
 
 /* DELETE /v1/sessions/{id} for the live session s. */

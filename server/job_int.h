@@ -25,6 +25,7 @@ enum job_kind {
     JOB_DELETE,
     JOB_EXPORT,
     JOB_IMPORT,
+    JOB_ATTENTION,
 };
 
 struct job {
@@ -56,8 +57,14 @@ struct job {
     int64_t request_json_len;
     /* attend */
     struct api_attend_request at;
-    float *out;       /* (T, hidden_size) */
-    float *weights;   /* (n_heads, T, n_past + T), or per stream step (n_heads, n_past + i + 1) */
+    float *out;     /* (T, hidden_size) */
+    float *weights; /* (n_heads, T, n_past + T), or per stream step (n_heads, n_past + i + 1) */
+    /* return_weights as an object, capture: the engine's inspection of the call and where its
+     * values go (at.sel's values; q, k, v, head_out by API_CAPTURE_* bit) */
+    attn_inspect inspect;
+    bool has_inspect;
+    float *selected;
+    float *captures[4];
     attn_kv *temp_kv; /* a stateless call's cache */
     /* Cross-attention: the cache a context is projected into (a stateless call's, or a
      * session's new context, which done installs when the call succeeds) */
@@ -74,6 +81,8 @@ struct job {
     struct api_fork_request fk;
     /* export */
     attn_dtype kv_dtype;
+    /* GET /v1/sessions/{id}/attention */
+    struct api_attention_request attn_q;
     bool is_kv; /* POST /v1/kv/attend: q/k/v in, not x */
     /* A batch (job_batch.c): the batch's job holds the request and a slot per step; each step
      * is a job of its own, an attend without a request (rq NULL), reporting to its batch. */

@@ -203,6 +203,93 @@ void job_submit_export(struct route_req *rq) {
     job__submit(job);
 }
 
+/* ---- GET /v1/sessions/{id}/attention -------------------------------------------------------- */
+
+static bool take_query(void *ctx, const char *name, const char *value) {
+    struct job *job = ctx;
+    job->parse_rc =
+        api_attention_query(&job->attn_q, name, value, &job->srv->limits, &job->parse_err);
+    return job->parse_rc == 0;
+}
+
+static int attention_prepare(struct pool_job *pj, struct pool_step *step) {
+    return 0;
+}
+
+/* Worker, holding the session's turn: nothing changes the cache while its rows are recomputed. */
+static int attention_run(struct pool_job *pj, int status) {
+    struct job *job = (struct job *)pj;
+    struct server *srv = job->srv;
+    int32_t layer = job->attn_q.layer, n_heads = srv->limits.n_heads;
+    attn_kv *kv = session_kv_find(pj->session, layer);
+    int32_t n_tokens = kv != NULL ? attn_kv_len(kv) : 0;
+    /* a ring keeps what later queries see: row i needs keys from i - window + 1 on */
+    int32_t held = kv != NULL ? attn_kv_first_held(kv) : 0, window = kv ? attn_kv_window(kv) : 0;
+    int32_t first_row = held > 0 && window > 0 ? held + window - 1 : held;
+    first_row = first_row < n_tokens ? first_row : n_tokens;
+    struct api_selection sel;
+    struct api_error e = {0};
+    if (api_attention_select(&job->attn_q, n_heads, n_tokens, first_row, &sel, &e) != 0) {
+        return job__set_err(job, e.code, e.param, "%s", e.message);
+    }
+    int64_t n_values = api_selection_values(&sel, n_heads);
+    float *values = malloc((size_t)(n_values > 0 ? n_values : 1) * sizeof(float));
+    int rc = values == NULL ? job__set_err(job, ERROR_INTERNAL, NULL, "out of memory") : 0;
+    if (rc == 0 && sel.n_rows > 0) {
+        attn_inspect ins = api_selection_inspect(&sel, values);
+        rc = attn_kv_attention(srv->model, layer, kv, &ins);
+        if (rc != ATTN_OK) {
+            rc = job__set_err(job, ERROR_INTERNAL, NULL, "recomputing the attention failed: %s",
+                              attn_strerror(rc));
+        }
+    }
+    if (rc == 0) {
+        struct api_attention_response r = {
+            session_id(pj->session), layer, n_tokens, first_row, n_heads, &sel, values};
+        job->response = api_attention_response_encode(&r, &job->response_len);
+        job->response_status = 200;
+        rc = job->response != NULL ? 0 : job__set_err(job, ERROR_INTERNAL, NULL, "out of memory");
+    }
+    free(values);
+    api_selection_release(&sel);
+    return rc;
+}
+
+static const struct pool_job_ops attention_ops = {attention_prepare, attention_run,
+                                                  job__simple_done, job__on_release};
+
+void job_submit_attention(struct route_req *rq) {
+    struct server *srv = rq->srv;
+    if (!attn_kv_pool_keeps_queries(session_store_kv_pool(srv->sessions))) {
+        route_reply_error(rq, ERROR_QUERIES_NOT_KEPT, NULL, NULL);
+        return;
+    }
+    struct job *job = job__new(rq, JOB_ATTENTION);
+    if (job == NULL) {
+        return;
+    }
+    job->attn_q.layer = srv->limits.layer_first;
+    http_request_queries(rq->http, take_query, job);
+    if (job->parse_rc != 0) {
+        route_reply_error(rq, job->parse_rc, job->parse_err.message, job->parse_err.param);
+        job__free(job);
+        return;
+    }
+    if (attn_config_layer_is_linear(attn_model_config(srv->model), job->attn_q.layer)) {
+        route_reply_error(rq, ERROR_INVALID_REQUEST,
+                          "layer: a linear-attention layer has no attention weights", "layer");
+        job__free(job);
+        return;
+    }
+    if (job__pin_path_session(job) != 0) {
+        job__free(job);
+        return;
+    }
+    job->pj.kind = POOL_JOB_SDPA; /* work on a worker, with the session's turn */
+    job->pj.ops = &attention_ops;
+    job__submit(job);
+}
+
 /* Loop, after snapshot_check passed (parse_body): the file's model, then the id, then the
  * caches, made all at once or not at all. */
 void job__import_admit(struct job *job) {

@@ -174,13 +174,21 @@ static int build_server(struct daemon *d, const struct config *cfg, attn_model *
         .budget_bytes = (size_t)cfg->kv_budget_mb << 20,
         .block_tokens = cfg->kv_block_tokens,
         .kv_dtype = ATTN_DTYPE_AUTO,
+        .keep_queries = cfg->keep_queries != 0,
         .max_sessions = cfg->max_sessions,
         .max_tombstones = MAX_TOMBSTONES,
     };
     (void)attn_dtype_parse(cfg->kv_dtype, &sp.kv_dtype); /* config_parse checked it */
     int rc = session_store_create(&sp, &srv->sessions);
     if (rc != 0) {
-        size_t block = attn_kv_block_bytes_for(model, cfg->kv_block_tokens, sp.kv_dtype);
+        size_t block =
+            attn_kv_block_bytes_ex(model, cfg->kv_block_tokens, sp.kv_dtype, sp.keep_queries);
+        if (block == 0 && sp.keep_queries && mc->kv_lora_rank > 0) {
+            fprintf(stderr,
+                    "attnd: --keep-queries: this model's multi-head latent attention attends with "
+                    "absorbed queries over a latent cache; it has no per-head queries to keep\n");
+            return -1;
+        }
         if (block == 0) {
             /* the one shape a pool refuses: Q8_0 blocks must tile a latent's value part */
             fprintf(stderr,

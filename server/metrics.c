@@ -5,8 +5,8 @@
 #include <string.h>
 
 static const char *const endpoint_names[METRICS_ENDPOINT_COUNT] = {
-    "attend",    "sdpa",  "sessions", "session", "truncate", "fork",  "export",
-    "kv_attend", "model", "healthz",  "readyz",  "metrics",  "other",
+    "attend",    "sdpa",      "sessions", "session", "truncate", "fork",    "export",
+    "attention", "kv_attend", "model",    "healthz", "readyz",   "metrics", "other",
 };
 
 /* The statuses attnd answers with; anything else counts as "other" (the last slot). */

@@ -284,6 +284,8 @@ static void start(struct pool *pool, struct worker *w, enum pool_job_kind kind) 
         s->n_context = j->step.n_context;
         s->out = j->step.out;
         s->weights = j->step.weights;
+        s->inspect = j->step.inspect;
+        s->head_scale = j->step.head_scale;
         attn_qkv_step *qs = &w->qkv_steps[i];
         *qs = (attn_qkv_step){.kv = j->step.kv,
                               .n_tokens = j->step.n_tokens,
@@ -293,7 +295,9 @@ static void start(struct pool *pool, struct worker *w, enum pool_job_kind kind) 
                               .positions = j->step.positions,
                               .rope = j->step.rope,
                               .out = j->step.out,
-                              .weights = j->step.weights};
+                              .weights = j->step.weights,
+                              .inspect = j->step.inspect,
+                              .head_scale = j->step.head_scale};
         w->status[i] = 0;
     }
     w->req.data = w;

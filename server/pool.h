@@ -57,6 +57,8 @@ struct pool_step {
     int32_t n_context;
     float *out;     /* (n_tokens, hidden_size), or a q/k/v step's (n_heads, n_tokens, head_dim) */
     float *weights; /* NULL, or (n_heads, n_tokens, len(kv) + n_tokens) */
+    const attn_inspect *inspect; /* NULL, or attn_step.inspect */
+    const float *head_scale;     /* NULL, or attn_step.head_scale */
 };
 
 enum pool_after {

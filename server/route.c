@@ -35,6 +35,7 @@ enum route_kind {
     ROUTE_READYZ,
     ROUTE_METRICS,
     ROUTE_UI,
+    ROUTE_ATTENTION,
 };
 
 struct route_entry {
@@ -59,6 +60,7 @@ static const struct route_entry entries[] = {
     {ROUTE_READYZ, METRICS_ENDPOINT_READYZ, "GET", false},
     {ROUTE_METRICS, METRICS_ENDPOINT_METRICS, "GET", false},
     {ROUTE_UI, METRICS_ENDPOINT_OTHER, "GET, HEAD", false}, /* its API calls carry the key */
+    {ROUTE_ATTENTION, METRICS_ENDPOINT_ATTENTION, "GET", true},
 };
 
 /* ---- replies -------------------------------------------------------------------------------- */
@@ -171,6 +173,8 @@ static enum route_kind match(const char *path, char *id, size_t id_size, bool *i
             kind = ROUTE_FORK;
         } else if (strcmp(slash, "/export") == 0) {
             kind = ROUTE_EXPORT;
+        } else if (strcmp(slash, "/attention") == 0) {
+            kind = ROUTE_ATTENTION;
         } else {
             return ROUTE_NONE;
         }
@@ -547,6 +551,9 @@ static void on_request(void *ctx, struct http_request *req) {
         break;
     case ROUTE_EXPORT:
         job_submit_export(rq);
+        break;
+    case ROUTE_ATTENTION:
+        job_submit_attention(rq);
         break;
     case ROUTE_KV_ATTEND:
         job_submit_kv_attend(rq);

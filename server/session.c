@@ -228,8 +228,8 @@ int session_store_create(const struct session_store_params *p, struct session_st
         session_store_destroy(st);
         return ATTN_ENOMEM;
     }
-    int rc = attn_kv_pool_create_typed(p->model, p->budget_bytes, p->block_tokens, p->kv_dtype,
-                                       &st->kv_pool);
+    int rc = attn_kv_pool_create_ex(p->model, p->budget_bytes, p->block_tokens, p->kv_dtype,
+                                    p->keep_queries, &st->kv_pool);
     if (rc != ATTN_OK) {
         session_store_destroy(st);
         return rc;

@@ -38,6 +38,7 @@ struct session_store_params {
     size_t budget_bytes;    /* the KV pool's size */
     int32_t block_tokens;   /* 0 = the engine's default */
     attn_dtype kv_dtype;    /* how the pool holds K/V (AUTO: the model's weights' dtype) */
+    bool keep_queries;      /* the pool keeps each token's queries too (attn_kv_attention) */
     int32_t max_sessions;   /* >= 1 */
     int32_t max_tombstones; /* >= 1: evicted/expired ids remembered, oldest forgotten first */
 };

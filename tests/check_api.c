@@ -207,8 +207,15 @@ static void sdpa_golden(const char *req_name, const char *resp_name) {
     p.weights = w;
     void *scratch = malloc(attn_sdpa_scratch_bytes(&p) + 64);
     ck_assert_int_eq(attn_sdpa(&p, scratch), ATTN_OK);
-    struct api_sdpa_response resp = {1,     false, r.n_heads, r.n_q,       r.n_k,
-                                     r.d_v, out,   w,         {0.5, 0.25}, r.encoding};
+    struct api_sdpa_response resp = {.n_batch = 1,
+                                     .n_heads = r.n_heads,
+                                     .n_q = r.n_q,
+                                     .n_k = r.n_k,
+                                     .d_v = r.d_v,
+                                     .output = out,
+                                     .weights = w,
+                                     .timing = {0.5, 0.25},
+                                     .encoding = r.encoding};
     char *got_text = api_sdpa_response_encode(&resp, NULL, NULL);
     cJSON *got = cJSON_Parse(got_text);
     char *want_text = http_client_read_file(resp_name, NULL);
@@ -485,7 +492,9 @@ START_TEST(test_api_attend_response_roundtrip) {
         w[i] = (float)(i % 5) / 10.0f;
     }
     struct api_attend_response r = {
-        "chat-42", 0, 2, 5, 3, 64, 4, out, w, {1.5, 2.25}, API_ENCODING_FLOAT, false, 0, false, 0};
+        "chat-42", 0, 2,     5, 3,    64,   4,    out,  w,    {1.5, 2.25}, API_ENCODING_FLOAT,
+        false,     0, false, 0, NULL, NULL, NULL, NULL, NULL, NULL,        0,
+        0};
     char *text = api_attend_response_encode(&r, NULL, NULL);
     cJSON *got = cJSON_Parse(text);
     char *ex = http_client_read_file(EX "attend_prefill.response.json", NULL);
@@ -540,9 +549,29 @@ START_TEST(test_api_stream_framing) {
     strbuf_init(&b);
     struct api_stream_event e = {0, 2, 2, 64, 4, out, NULL, API_ENCODING_FLOAT};
     api_stream_event_encode(&b, &e);
-    struct api_attend_response u = {
-        "chat-stream",      0,     2, 3,     1, 64, 4, NULL, NULL, {1, 2},
-        API_ENCODING_FLOAT, false, 0, false, 0};
+    struct api_attend_response u = {"chat-stream",
+                                    0,
+                                    2,
+                                    3,
+                                    1,
+                                    64,
+                                    4,
+                                    NULL,
+                                    NULL,
+                                    {1, 2},
+                                    API_ENCODING_FLOAT,
+                                    false,
+                                    0,
+                                    false,
+                                    0,
+                                    NULL,
+                                    NULL,
+                                    NULL,
+                                    NULL,
+                                    NULL,
+                                    NULL,
+                                    0,
+                                    0};
     api_stream_usage_encode(&b, &u);
     char *ex = http_client_read_file(EX "attend_stream.response.txt", NULL);
     /* Split both into events and compare them one by one. */

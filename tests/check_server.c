@@ -737,6 +737,7 @@ static const char *const provoked[] = {
     "corrupt_session",         /* check_persist.c: test_persist_import_refusals_create_nothing */
     "unsupported_session_version", /* check_persist.c: the same */
     "session_lost",                /* check_persist.c: test_persist_restart_brings_sessions_back */
+    "queries_not_kept",            /* check_inspect_api.c: test_inspect_api_cached_attention */
 };
 
 START_TEST(test_server_every_error_code_is_provoked) {

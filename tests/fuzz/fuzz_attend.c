@@ -63,6 +63,29 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         abort();
     if (r.replace_context && r.context == NULL)
         abort();
+    if (r.head_mask != NULL)
+        fuzz_check_finite(r.head_mask, (size_t)lim.n_heads);
+    if (r.stream && (r.sel.is_set || r.capture != 0 || r.head_mask != NULL))
+        abort();
+    if (r.sel.is_set) {
+        /* resolved as a request meeting a cache of 3 tokens would: inside it, sorted, once */
+        struct api_error e;
+        int32_t n_keys = r.is_cross ? 5 : 3 + r.n_tokens;
+        if (api_selection_resolve(&r.sel, lim.n_heads, r.n_tokens, n_keys, 1, &e) != 0) {
+            fuzz_check_error(e.code, &e);
+        } else {
+            for (int32_t i = 0; i < r.sel.n_heads; i++)
+                if (r.sel.heads[i] < 0 || r.sel.heads[i] >= lim.n_heads ||
+                    (i > 0 && r.sel.heads[i] <= r.sel.heads[i - 1]))
+                    abort();
+            for (int32_t i = 0; i < r.sel.n_rows; i++)
+                if (r.sel.rows[i] < 0 || r.sel.rows[i] >= r.n_tokens ||
+                    (i > 0 && r.sel.rows[i] <= r.sel.rows[i - 1]))
+                    abort();
+            if (r.sel.key_first < 0 || r.sel.n_keys < 0 || r.sel.key_first + r.sel.n_keys > n_keys)
+                abort();
+        }
+    }
     api_attend_request_release(&r);
     return 0;
 }

@@ -103,7 +103,16 @@ def framed_bodies():
         yield struct.pack("<HB", min(len(body), 65535), 0) + body
 
 
+def attention_queries():
+    """GET /v1/sessions/{id}/attention queries: a cache length byte, then name=value&..."""
+    for n, q in [(40, "layer=1&heads=0,2:4&rows=-3:&keys=5:-1&kind=scores"),
+                 (7, "rows=all&kind=lse&reduce=mean_heads"), (0, "heads=-1&rows=&keys=:"),
+                 (200, "layer=2&rows=10,3,3,150:160&reduce=max_heads")]:
+        yield bytes([n]) + q.encode()
+
+
 SOURCES = {
+    "fuzz_query": attention_queries,
     "fuzz_attend": lambda: examples("attend_*.request.json", "error.request.json"),
     "fuzz_sdpa": lambda: examples("sdpa*.request.json"),
     "fuzz_truncate": lambda: examples("truncate.request.json"),
