@@ -1599,7 +1599,8 @@ END_TEST
  * from, get answers shaped like the example answers; the numbers match the engine (attend) and
  * numpy (sdpa). */
 START_TEST(test_server_answers_match_proto_examples) {
-    const char *args[] = {"--preset", "tiny", "--seed", "0", "--workers", "1", NULL};
+    const char *args[] = {"--preset", "tiny", "--seed",         "0",
+                          "--workers", "1",   "--keep-queries", "1", NULL};
     start(args);
     static const struct {
         const char *method, *path, *request, *response;
@@ -1611,6 +1612,9 @@ START_TEST(test_server_answers_match_proto_examples) {
         {"POST", "/v1/attend", "attend_decode.request.json", "attend_decode.response.json", 200},
         {"POST", "/v1/attend", "attend_base64.request.json", "attend_base64.response.json", 200},
         {"POST", "/v1/attend", "error.request.json", "error.response.json", 400},
+        {"POST", "/v1/attend", "attend_select.request.json", "attend_select.response.json", 200},
+        {"GET", "/v1/sessions/inspect-1/attention?heads=0,-1&rows=1:", NULL,
+         "session_attention.response.json", 200},
         {"GET", "/v1/sessions/chat-42", NULL, "session_get.response.json", 200},
         {"POST", "/v1/sessions/chat-42/truncate", "truncate.request.json", "truncate.response.json",
          200},
@@ -1621,6 +1625,7 @@ START_TEST(test_server_answers_match_proto_examples) {
         {"GET", "/readyz", NULL, "readyz.response.json", 200},
         {"POST", "/v1/sdpa", "sdpa.request.json", "sdpa.response.json", 200},
         {"POST", "/v1/sdpa", "sdpa_base64.request.json", "sdpa_base64.response.json", 200},
+        {"POST", "/v1/sdpa", "sdpa_select.request.json", "sdpa_select.response.json", 200},
         {"POST", "/v1/kv/attend", "kv_attend.request.json", "kv_attend.response.json", 200},
         {"POST", "/v1/attend", "attend_batch.request.json", "attend_batch.response.json", 200},
     };
@@ -1648,6 +1653,22 @@ START_TEST(test_server_answers_match_proto_examples) {
             size_t n, m;
             float *g = http_client_json_floats(cJSON_GetObjectItemCaseSensitive(got, "output"), &n);
             float *e = http_client_json_floats(wo, &m);
+            ck_assert_uint_eq(n, m);
+            harness_expect_close(g, e, n, pairs[i].response);
+            free(g);
+            free(e);
+        }
+        /* a selection's values (weights of a selection, lse; scores have nulls) */
+        const cJSON *ws = cJSON_GetObjectItemCaseSensitive(want, "selection") != NULL ||
+                                  cJSON_GetObjectItemCaseSensitive(want, "kind") != NULL
+                              ? cJSON_GetObjectItemCaseSensitive(want, "weights")
+                              : NULL;
+        const cJSON *wl = cJSON_GetObjectItemCaseSensitive(want, "lse");
+        for (const cJSON *wv = ws != NULL ? ws : wl; wv != NULL; wv = wv == ws ? wl : NULL) {
+            size_t n, m;
+            float *g = http_client_json_floats(
+                cJSON_GetObjectItemCaseSensitive(got, wv == ws ? "weights" : "lse"), &n);
+            float *e = http_client_json_floats(wv, &m);
             ck_assert_uint_eq(n, m);
             harness_expect_close(g, e, n, pairs[i].response);
             free(g);

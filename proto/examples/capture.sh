@@ -1,6 +1,8 @@
 #!/bin/sh
 # proto/examples/capture.sh: records the response examples that depend on the engine's seeded
-# weights, from a real `attnd --preset tiny --seed 0`, by posting the request examples in order.
+# weights, from a real `attnd --preset tiny --seed 0 --keep-queries 1` (for the cached-attention
+# example; its KV pool then holds queries too, which kv_bytes_per_token counts), by posting the
+# request examples in order.
 # Timing values in the records are whatever this run measured; tests ignore them.
 #
 # usage: proto/examples/capture.sh [ATTND_BIN]     (default build/attnd; run from the repo root)
@@ -8,7 +10,7 @@ set -eu
 BIN=${1:-build/attnd}
 DIR=$(dirname "$0")
 LOG=$(mktemp)
-"$BIN" --preset tiny --seed 0 --port 0 --workers 1 2>"$LOG" &
+"$BIN" --preset tiny --seed 0 --port 0 --workers 1 --keep-queries 1 2>"$LOG" &
 PID=$!
 trap 'kill $PID 2>/dev/null; rm -f "$LOG"' EXIT
 for _ in $(seq 50); do
@@ -24,6 +26,8 @@ post /v1/attend attend_decode.request.json >"$DIR/attend_decode.response.json"
 post /v1/attend attend_base64.request.json >"$DIR/attend_base64.response.json"
 post /v1/attend attend_stream.request.json >"$DIR/attend_stream.response.txt"
 post /v1/attend error.request.json >"$DIR/error.response.json"
+post /v1/attend attend_select.request.json >"$DIR/attend_select.response.json"
+curl -sS "$B/v1/sessions/inspect-1/attention?heads=0,-1&rows=1:" >"$DIR/session_attention.response.json"
 curl -sS "$B/v1/sessions/chat-42" >"$DIR/session_get.response.json"
 post /v1/sessions/chat-42/truncate truncate.request.json >"$DIR/truncate.response.json"
 post /v1/sessions/chat-42/fork fork.request.json >"$DIR/fork.response.json"

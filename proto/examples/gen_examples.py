@@ -63,6 +63,26 @@ def bf16(a):
     return u.astype(np.uint32).view(np.float32)
 
 
+def sdpa_lse(q, k, causal, window, scale):
+    """(H, Tq) log-sum-exp of each row's visible scores, as sdpa() masks them."""
+    h, tq, dk = q.shape
+    hkv, tk, _ = k.shape
+    if scale is None:
+        scale = 1.0 / np.sqrt(dk)
+    out = np.full((h, tq), -np.inf)
+    for hh in range(h):
+        g = hh // (h // hkv)
+        for i in range(tq):
+            ip = i + tk - tq
+            vis = np.array([(not causal or j <= ip) and (window is None or abs(ip - j) <= window)
+                            for j in range(tk)])
+            s = scale * (k[g].astype(np.float64) @ q[hh, i].astype(np.float64))
+            if vis.any():
+                m = s[vis].max()
+                out[hh, i] = m + np.log(np.exp(s[vis] - m).sum())
+    return out.astype(np.float32)
+
+
 def sdpa(q, k, v, causal, window, scale):
     """out[h] = softmax(scale q[h] k[g]^T + mask) v[g], g = h / (H / Hkv), bottom-right causal."""
     h, tq, dk = q.shape
@@ -103,6 +123,18 @@ def main():
     write("sdpa.response.json", {"output": fmt(out), "weights": fmt(w),
                                  "timing": {"queue_ms": 0.012, "compute_ms": 0.004}})
 
+    # A selection: heads 1 and 3 (-1), the last query row, as log-sum-exp, and as probabilities.
+    lse = sdpa_lse(q, k, True, 2, None)
+    write("sdpa_select.request.json", {"q": fmt(q), "k": fmt(k), "v": fmt(v), "causal": True,
+                                       "window": 2,
+                                       "return_weights": {"heads": [1, -1], "rows": [-1],
+                                                          "kind": "lse"}})
+    write("sdpa_select.response.json", {
+        "output": fmt(out), "lse": fmt(lse[[1, 3]][:, [2]]),
+        "selection": {"kind": "lse", "reduce": "none", "heads": [1, 3], "rows": [2],
+                      "keys": [0, 5]},
+        "timing": {"queue_ms": 0.012, "compute_ms": 0.004}})
+
     # The same tensors in base64, no mask, explicit scale, base64 output.
     out2, _ = sdpa(q, k, v, False, None, 0.25)
     write("sdpa_base64.request.json", {"q": b64(q), "k": b64(k), "v": b64(v), "scale": 0.25,
@@ -121,6 +153,10 @@ def main():
                                          "encoding_format": "base64"})
     write("attend_stream.request.json", {"session_id": "chat-stream", "x": fmt(x5[:2]),
                                          "stream": True})
+    write("attend_select.request.json", {
+        "session_id": "inspect-1", "x": fmt(x5[:3]),
+        "return_weights": {"heads": [0, -1], "rows": [-1], "keys": [0, None]},
+        "capture": ["head_out"], "head_mask": [1, 0, 1, 1]})
     write("truncate.request.json", {"n_tokens": 2})
     write("fork.request.json", {"new_id": "chat-42.branch"})
 
