@@ -64,7 +64,7 @@ ACCURACY    := $(BUILD)/kv_accuracy
 FUZZ_TARGETS := $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_SECONDS ?= 60
 
-.PHONY: all engine server test client-test ui-test ui-deps asan valgrind debug bench bench-compare accuracy load persist-bench proto-check run deps docker \
+.PHONY: all engine server test client-test ui-test ui-deps asan valgrind debug bench bench-compare accuracy load persist-bench inspect-bench proto-check run deps docker \
         docker-test topology-test clean format lint layering check-format fuzz fuzz-run
 
 # all: the engine library and the daemon (default).
@@ -210,6 +210,11 @@ $(ACCURACY): $(BUILD)/bench/kv_accuracy.o $(BUILD)/tests/ref.o $(LIBATTN)
 # checked load run with sessions spilling to --state-dir); PERSIST_ARGS go to bench/persist.py.
 persist-bench: $(ATTND)
 	$(Q)$(PYTHON) bench/persist.py --attnd ./$(ATTND) $(PERSIST_ARGS)
+
+# inspect-bench: what a selection of a call's attention costs against none (prefill time and
+# peak RSS per mode, each in its own daemon); INSPECT_ARGS go to bench/inspection.py.
+inspect-bench: $(ATTND)
+	$(Q)$(PYTHON) bench/inspection.py --attnd ./$(ATTND) $(INSPECT_ARGS)
 
 load: $(LOAD) $(ATTND)
 	$(Q)./$(LOAD) --spawn ./$(ATTND) $(LOAD_ARGS)
