@@ -35,6 +35,14 @@ static void teardown(void) {
     http_client_daemon_kill(&plain_);
 }
 
+/* Stops the daemon with SIGTERM and expects a clean exit (under ASan: no leak either). */
+static void stop_clean(struct http_client_daemon *d) {
+    int rc = http_client_daemon_stop(d, 20000);
+    char *log = rc != 0 ? http_client_daemon_log(d) : NULL;
+    ck_assert_msg(rc == 0, "attnd exited %d: %s", rc, log != NULL ? log : "");
+    free(log);
+}
+
 static cJSON *request(const struct http_client_daemon *d, const char *method, const char *path,
                       const char *body, long want) {
     char u[1200];
@@ -148,6 +156,7 @@ START_TEST(test_inspect_api_selection) {
     }
     cJSON_Delete(full);
     free(x);
+    stop_clean(&d_);
 }
 END_TEST
 
@@ -274,6 +283,7 @@ START_TEST(test_inspect_api_capture_head_mask) {
     free(q);
     free(k);
     free(v);
+    stop_clean(&d_);
 }
 END_TEST
 
@@ -300,6 +310,7 @@ START_TEST(test_inspect_api_sdpa) {
     free(w);
     cJSON_Delete(sel);
     cJSON_Delete(full);
+    stop_clean(&d_);
 }
 END_TEST
 
@@ -384,6 +395,8 @@ START_TEST(test_inspect_api_cached_attention) {
     cJSON_Delete(a);
     cJSON_Delete(b);
     free(x);
+    stop_clean(&plain_);
+    stop_clean(&d_);
 }
 END_TEST
 
