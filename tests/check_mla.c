@@ -112,6 +112,10 @@ START_TEST(test_mla_matches_expanded_reference) {
         for (size_t c = 0; c < sizeof calls / sizeof calls[0]; c++) {
             int32_t ta = calls[c][0], tb = calls[c][1];
             float *w = harness_calloc((size_t)h * ta * (at_a + ta), sizeof(float));
+            /* b's call inspects itself: its probabilities, computed after the forward from the
+             * absorbed tasks' latent keys and row LSE */
+            float *wb = harness_calloc((size_t)h * tb * (at_b + tb), sizeof(float));
+            attn_inspect ins_b = {.kind = ATTN_INSPECT_PROBS, .n_keys = at_b + tb, .out = wb};
             attn_step st[2] = {
                 {.kv = a,
                  .x = x + (size_t)at_a * hidden,
@@ -121,7 +125,8 @@ START_TEST(test_mla_matches_expanded_reference) {
                 {.kv = b,
                  .x = x + (size_t)at_b * hidden,
                  .n_tokens = tb,
-                 .out = out_b + (size_t)at_b * hidden},
+                 .out = out_b + (size_t)at_b * hidden,
+                 .inspect = &ins_b},
             };
             ck_assert_int_eq(attn_forward(m, 0, ws, st, 2), ATTN_OK);
             /* this call's weight rows against the reference's, over the keys so far */
@@ -135,6 +140,17 @@ START_TEST(test_mla_matches_expanded_reference) {
                                          (size_t)(at_a + ta), what);
                 }
             }
+            for (int32_t hh = 0; hh < h; hh++) {
+                for (int32_t i = 0; i < tb; i++) {
+                    char what[96];
+                    snprintf(what, sizeof what, "case %zu: inspected head %d, token %d", ci,
+                             (int)hh, (int)(at_b + i));
+                    harness_expect_close(wb + ((size_t)hh * tb + i) * (at_b + tb),
+                                         w_want + ((size_t)hh * n + at_b + i) * n,
+                                         (size_t)(at_b + tb), what);
+                }
+            }
+            free(wb);
             free(w);
             at_a += ta;
             at_b += tb;
