@@ -160,6 +160,46 @@ START_TEST(test_inspect_api_selection) {
 }
 END_TEST
 
+/* Cross-attention: a selection's keys are the context's tokens; capture k is refused (the keys
+ * are the context's), q is not. */
+START_TEST(test_inspect_api_cross) {
+    float *x = http_client_random_rows(13, 2, HIDDEN),
+          *ctx = http_client_random_rows(14, 5, HIDDEN);
+    char *cj = http_client_matrix_json(ctx, 5, HIDDEN);
+    size_t cap = strlen(cj) + 128;
+    char *extra = malloc(cap);
+    snprintf(extra, cap, ",\"context\":%s,\"return_weights\":true", cj);
+    cJSON *full = attend(NULL, x, 0, 2, extra);
+    float *w = floats_of(full, "weights", HEADS * 2 * 5);
+    snprintf(extra, cap,
+             ",\"context\":%s,\"return_weights\":{\"heads\":[5],\"keys\":[-3,null]},"
+             "\"capture\":[\"q\"]",
+             cj);
+    cJSON *sel = attend(NULL, x, 0, 2, extra);
+    float *s = floats_of(sel, "weights", 1 * 2 * 3);
+    for (int r = 0; r < 2; r++) {
+        for (int k = 0; k < 3; k++) {
+            expect_near(s[r * 3 + k], w[(5 * 2 + r) * 5 + 2 + k], 1e-6, "cross selection", k);
+        }
+    }
+    float *q = floats_of(cJSON_GetObjectItemCaseSensitive(sel, "capture"), "q", HEADS * 2 * 64);
+    free(q);
+    snprintf(extra, cap, ",\"context\":%s,\"capture\":[\"k\"]", cj);
+    char *b = http_client_attend_body(NULL, x, 0, 2, HIDDEN, false, extra);
+    cJSON_Delete(request(&d_, "POST", "/v1/attend", b, 400));
+    free(b);
+    free(s);
+    free(w);
+    cJSON_Delete(sel);
+    cJSON_Delete(full);
+    free(extra);
+    free(cj);
+    free(ctx);
+    free(x);
+    stop_clean(&d_);
+}
+END_TEST
+
 /* Each head's output and the q/k/v of /v1/kv/attend: capture gives back what was sent (no rope)
  * and head_out equals the output; head_mask scales each head's output, and the session's next
  * step equals a twin's that never had a mask. */
@@ -410,6 +450,7 @@ Suite *inspect_api_suite(void) {
     tcase_add_test(tc, test_inspect_api_selection);
     tcase_add_test(tc, test_inspect_api_capture_head_mask);
     tcase_add_test(tc, test_inspect_api_sdpa);
+    tcase_add_test(tc, test_inspect_api_cross);
     tcase_add_test(tc, test_inspect_api_cached_attention);
     suite_add_tcase(s, tc);
     return s;
