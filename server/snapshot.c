@@ -259,7 +259,7 @@ static int section_error(struct restore *r, int rc, int32_t layer) {
     if (rc == ATTN_EUNSUPPORTED || rc == ATTN_EINVAL) {
         snprintf(r->msg, r->msg_size,
                  "layer %d: this server does not hold that layer with the saved shape, window "
-                 "or kind",
+                 "or kind, or with queries kept as the file has them or not (--keep-queries)",
                  (int)layer);
         return ERROR_FINGERPRINT_MISMATCH;
     }
