@@ -364,6 +364,8 @@ START_TEST(test_inspect_api_cached_attention) {
     float *wa = floats_of(a, "weights", HEADS * 5 * 5),
           *wb = floats_of(b, "weights", HEADS * 2 * T);
     /* the full matrix, as the calls saw it: rows 0-4 from the first, 5-6 from the second */
+    char *saved = NULL; /* the session file, with its queries */
+    size_t saved_len = 0;
     float want[HEADS * T * T];
     memset(want, 0, sizeof want);
     for (int h = 0; h < HEADS; h++) {
@@ -404,6 +406,9 @@ START_TEST(test_inspect_api_cached_attention) {
             http_client_request("PUT", u, r.body, r.len, NULL, &put);
             ck_assert_msg(put.status == 201, "import: %ld %s", put.status, put.body);
             http_client_response_release(&put);
+            saved = malloc(r.len);
+            memcpy(saved, r.body, r.len);
+            saved_len = r.len;
             http_client_response_release(&r);
         }
     }
@@ -423,13 +428,23 @@ START_TEST(test_inspect_api_cached_attention) {
         cJSON_Delete(request(&d_, "GET", path, NULL, 400));
     }
     cJSON_Delete(request(&d_, "GET", "/v1/sessions/none/attention", NULL, 404));
-    static const char *const no_args[] = {NULL};
+    static const char *const no_args[] = {"--kv-dtype", "f32", NULL};
     http_client_daemon_start(&plain_, no_args);
     cJSON *e = request(&plain_, "GET", "/v1/sessions/cached/attention", NULL, 409);
     const cJSON *err = cJSON_GetObjectItemCaseSensitive(e, "error");
     ck_assert_str_eq(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(err, "code")),
                      "queries_not_kept");
     cJSON_Delete(e);
+    /* a file with queries is not for a server that keeps none */
+    char u[200];
+    snprintf(u, sizeof u, "%s/v1/sessions/cached", plain_.base);
+    struct http_client_response put;
+    http_client_request("PUT", u, saved, saved_len, NULL, &put);
+    ck_assert_msg(put.status == 409 && strstr(put.body, "fingerprint_mismatch") != NULL &&
+                      strstr(put.body, "--keep-queries") != NULL,
+                  "import into a plain server: %ld %s", put.status, put.body);
+    http_client_response_release(&put);
+    free(saved);
     free(wa);
     free(wb);
     cJSON_Delete(a);
