@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """tests/ui/run.py: the heatmap page (GET /ui) in a real browser, Debian's headless chromium.
 
-Starts build/attnd (ATTND_BIN) on 127.0.0.1, a free port, with --keep-queries and an API key,
+Starts build/attnd (ATTND_BIN) on 127.0.0.1, a free port, with --keep-queries 1 and an API key,
 drives a session with random x, and opens /ui?session=..&layer=..&head=..&key=.. twice: once
 for the DOM (--dump-dom: the page writes the main canvas's place, cell size and rows into
 data- attributes of #heatmap) and once for a screenshot. The screenshot's PNG is decoded here
@@ -44,9 +44,10 @@ TOLERANCE = 2  # per channel, out of 255: the map's rounding is the page's own, 
 WINDOW = (1280, 1000)
 KEY = "ui-test-key"
 SESSION = "ui-test"
-LABELS = ("The attention page draws one cell for every query and key pair , so a reader sees "
-          "at a glance which earlier tokens each new token looks at while the session grows "
-          "one decode step at a time").split()
+# The session's tokens: x is each word's random embedding (x3) plus a little noise, so that a
+# word's later copies draw sharp attention and the picture has something to show (docs/ui.png).
+LABELS = ("the cat sat on the mat and the dog sat on the cat , so the cat sat on the dog and the "
+          "mat sat on the cat").split()
 
 
 class Failure(Exception):
@@ -307,7 +308,7 @@ def expected_colours(att, scale="row"):
     scores: null masked, each row from its min to its max."""
     rows = np.array(att["rows"])
     k0, k1 = att["keys"]
-    w = att["weights"][0]
+    w = att["scores" if att["kind"] == "scores" else "weights"][0]
     keys = np.arange(k0, k1)
     if att["kind"] == "scores":
         mask = np.array([[v is None for v in r] for r in w])
@@ -458,17 +459,23 @@ def run(args):
             globals()["KEY"] = args.key
         else:
             d = Daemon(args.attnd, os.path.join(args.out, "attnd.log"),
-                       ["--keep-queries", "--api-key", KEY])
+                       ["--keep-queries", "1", "--api-key", KEY])
             daemons.append(d)
             base = d.url
         status, model = call(base, "/v1/model")
         check(status == 200, "GET /v1/model")
         hidden, n_heads = model["hidden_size"], model["num_attention_heads"]
-        rng = np.random.default_rng(13)
-        x = lambda t: np.round(rng.standard_normal((t, hidden)), 4)
+        rng = np.random.default_rng(1)
+        embed = {w: 3 * rng.standard_normal(hidden) for w in sorted(set(LABELS))}
+        words = iter(LABELS)
+
+        def x(t):
+            rows = [embed[next(words)] + 0.3 * rng.standard_normal(hidden) for _ in range(t)]
+            return np.round(np.array(rows), 4)
+
         # Layer 1 holds 20 tokens of prefill and 3 decode steps; layer 0 only 5, so a page
         # that ignored ?layer= would show the wrong length.
-        attend(base, 0, x(5))
+        attend(base, 0, np.round(rng.standard_normal((5, hidden)), 4))
         attend(base, 1, x(20))
         for _ in range(3):
             attend(base, 1, x(1))
