@@ -6,11 +6,22 @@
     h = c.model()["hidden_size"]
     r = s.attend(0, np.zeros((8, h), np.float32))                         # prefill of layer 0
     r = s.attend(0, np.zeros(h, np.float32), expect_n_past=r.n_tokens)    # one decode step
+    r = s.attend(0, np.zeros(h, np.float32), weights=attnd.Selection(heads=[0], rows=[-1]))
+    r.weights, r.selection                      # head 0's attention of that token: (1, 1, 10)
 
 See clients/python/README.md.
 """
 
-from .client import AttendResult, Client, Session, Stream, StreamEvent, StreamUsage
+from .client import (
+    AttendResult,
+    CachedAttention,
+    Client,
+    Selection,
+    Session,
+    Stream,
+    StreamEvent,
+    StreamUsage,
+)
 from .errors import (
     AttndError,
     Conflict,
@@ -34,6 +45,8 @@ __all__ = [
     "Session",
     "Stream",
     "AttendResult",
+    "Selection",
+    "CachedAttention",
     "StreamEvent",
     "StreamUsage",
     "AttndError",

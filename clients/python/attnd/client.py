@@ -20,10 +20,28 @@ import numpy as np
 from . import _framing
 from .errors import AttndError, TransportError, error_from_body, error_from_response
 
-__all__ = ["Client", "Session", "AttendResult", "StreamEvent", "StreamUsage", "Stream"]
+__all__ = [
+    "Client",
+    "Session",
+    "AttendResult",
+    "CachedAttention",
+    "Selection",
+    "StreamEvent",
+    "StreamUsage",
+    "Stream",
+]
 
 ArrayLike = Any  # numpy arrays, or anything np.asarray takes
 StepResult = Union["AttendResult", AttndError]
+# What ``weights=`` takes: False (nothing), True (every probability of the call), or a selection.
+WeightsArg = Union[bool, "Selection", Mapping[str, Any]]
+# An index spec of Session.attention: an int, a list (of ints, slices, ranges), a range, a slice,
+# or the server's own text ("0,6:8", "-5:").
+IndexSpec = Union[int, str, slice, range, Sequence[Any]]
+
+KINDS = ("probs", "scores", "lse")
+REDUCES = ("none", "mean_heads", "max_heads")
+CAPTURES = ("q", "k", "v", "head_out")
 
 # Failures that mean the server closed a keep-alive connection we believed open (its
 # --idle-timeout-s, a restart, a proxy's own keep-alive limit) before it read our request.
@@ -31,12 +49,60 @@ _STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError,
           ConnectionAbortedError)
 
 
+@dataclass(frozen=True)
+class Selection:
+    """Which part of a call's attention to return (``weights=Selection(...)``; a dict with the same
+    keys works too): only these cells are computed, so a long context does not cost a full matrix.
+
+    ``heads``: query heads (negative from the end), None = all. ``rows``: query rows *of this
+    call*, 0..T-1 (``[-1]``: the last token), None = all. ``keys``: ``(start, end)`` of the call's
+    n_past + T keys, python-style (negative from the end, None = the end), or a ``slice``; None =
+    all. ``kind``: ``"probs"`` (answered as ``weights``), ``"scores"`` (before the softmax, after
+    the scale and any soft-cap; masked cells -inf) or ``"lse"`` (per head and row, so that
+    ``probs = exp(scores - lse)``). ``reduce``: ``"none"``, ``"mean_heads"`` or ``"max_heads"``
+    (the heads axis is then dropped). The server sorts heads and rows and drops repeats; the
+    answer's ``selection`` says what was resolved.
+    """
+
+    heads: Optional[Union[int, Sequence[int]]] = None
+    rows: Optional[Union[int, Sequence[int]]] = None
+    keys: Optional[Union[slice, Sequence[Optional[int]]]] = None
+    kind: str = "probs"
+    reduce: str = "none"
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, not {self.kind!r}")
+        if self.reduce not in REDUCES:
+            raise ValueError(f"reduce must be one of {REDUCES}, not {self.reduce!r}")
+
+    def to_json(self) -> Dict[str, Any]:
+        """The WeightsSelection object sent as ``return_weights`` (defaults left out)."""
+        doc: Dict[str, Any] = {}
+        _put(doc, "heads", _int_list(self.heads, "heads"))
+        _put(doc, "rows", _int_list(self.rows, "rows"))
+        _put(doc, "keys", _key_pair(self.keys))
+        if self.kind != "probs":
+            doc["kind"] = self.kind
+        if self.reduce != "none":
+            doc["reduce"] = self.reduce
+        return doc
+
+
 @dataclass
 class AttendResult:
     """One step's answer: ``output`` (T, hidden_size) from /v1/attend, (n_heads, T, head_dim) from
     /v1/kv/attend; ``weights`` (n_heads, T, n_tokens) when asked for, else None. ``n_past`` and
     ``n_tokens`` are the layer cache's length before and after the call: the next call's
-    ``expect_n_past`` is this ``n_tokens``."""
+    ``expect_n_past`` is this ``n_tokens``.
+
+    With a selection, its values are under its kind's name, shaped (heads, rows, keys), or (rows,
+    keys) when reduced over heads: ``weights`` (probs), ``scores`` (masked cells -inf, whichever
+    transport carried them) or ``lse`` ((heads, rows) or (rows,)); ``selection`` is the server's
+    resolved echo ``{"kind", "reduce", "heads", "rows", "keys": [first, end]}``, with rows as
+    indices of this call's tokens and keys of the layer's cache. ``capture`` maps each captured
+    name to its tensor: ``q`` and ``head_out`` (n_heads, T, head_dim), ``k`` and ``v`` (n_kv_heads,
+    T, head_dim). Every one of them is None when not asked for."""
 
     output: np.ndarray
     weights: Optional[np.ndarray]
@@ -46,6 +112,42 @@ class AttendResult:
     session_id: Optional[str] = None
     layer: int = 0
     context_tokens: Optional[int] = None
+    scores: Optional[np.ndarray] = None
+    lse: Optional[np.ndarray] = None
+    selection: Optional[Dict[str, Any]] = None
+    capture: Optional[Dict[str, np.ndarray]] = None
+
+
+@dataclass
+class CachedAttention:
+    """``Session.attention()``'s answer: the attention of tokens already in a layer's cache,
+    recomputed from it. ``heads``, ``rows`` (cache indices of the query tokens) and ``keys``
+    (``[first, end)`` cache indices) are what the server resolved; the values are under the
+    kind's name as in AttendResult: ``weights`` (heads, rows, keys), ``scores`` (the same, masked
+    cells -inf) or ``lse`` (heads, rows), without the heads axis when reduced. ``first_row`` is
+    the first token whose attention can be recomputed (0 unless a sliding layer dropped blocks).
+    """
+
+    session_id: str
+    layer: int
+    n_tokens: int
+    first_row: int
+    kind: str
+    reduce: str
+    heads: List[int]
+    rows: List[int]
+    keys: List[int]
+    weights: Optional[np.ndarray] = None
+    scores: Optional[np.ndarray] = None
+    lse: Optional[np.ndarray] = None
+
+    @property
+    def values(self) -> np.ndarray:
+        """The selected values, whichever kind they are."""
+        v = {"probs": self.weights, "scores": self.scores, "lse": self.lse}.get(self.kind)
+        if v is None:
+            raise TransportError(f"an attention answer of kind {self.kind!r} without its values")
+        return v
 
 
 @dataclass
@@ -76,16 +178,82 @@ def _result(doc: Mapping[str, Any]) -> AttendResult:
     output = _framing.to_array(doc.get("output"))
     if output is None:
         raise TransportError("an attend answer without output")
+    echo = doc.get("selection")
+    selection = dict(echo) if isinstance(echo, Mapping) else None
+    captured = doc.get("capture")
+    capture: Optional[Dict[str, np.ndarray]] = None
+    if isinstance(captured, Mapping):
+        capture = {}
+        for name, t in captured.items():
+            a = _framing.to_array(t)
+            if a is not None:
+                capture[str(name)] = a
     return AttendResult(
         output=output,
-        weights=_framing.to_array(doc.get("weights")),
+        weights=_selected(doc, "weights", selection),
         n_past=int(doc.get("n_past", 0)),
         n_tokens=int(doc.get("n_tokens", 0)),
         timing=dict(doc.get("timing") or {}),
         session_id=doc.get("session_id"),
         layer=int(doc.get("layer", 0)),
         context_tokens=doc.get("context_tokens"),
+        scores=_selected(doc, "scores", selection),
+        lse=_selected(doc, "lse", selection),
+        selection=selection,
+        capture=capture,
     )
+
+
+def _cached_attention(doc: Mapping[str, Any]) -> CachedAttention:
+    try:
+        echo = {k: doc[k] for k in ("kind", "reduce", "heads", "rows", "keys")}
+        out = CachedAttention(
+            session_id=str(doc["session_id"]),
+            layer=int(doc["layer"]),
+            n_tokens=int(doc["n_tokens"]),
+            first_row=int(doc["first_row"]),
+            kind=str(echo["kind"]),
+            reduce=str(echo["reduce"]),
+            heads=[int(h) for h in echo["heads"]],
+            rows=[int(r) for r in echo["rows"]],
+            keys=[int(k) for k in echo["keys"]],
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise TransportError(f"an attention answer without its fields: {e!r}") from e
+    out.weights = _selected(doc, "weights", echo)
+    out.scores = _selected(doc, "scores", echo)
+    out.lse = _selected(doc, "lse", echo)
+    return out
+
+
+def _selected(
+    doc: Mapping[str, Any], name: str, echo: Optional[Mapping[str, Any]]
+) -> Optional[np.ndarray]:
+    """A selected tensor (``weights``, ``scores`` or ``lse``) as float32.
+
+    JSON writes a masked score, and the LSE of a row that sees no key, as null (JSON has no
+    -inf), which ``to_array`` reads as NaN: here they become the -inf that base64 and the binary
+    framing carry as is. And nested JSON arrays with an empty dimension lose the dimensions after
+    it (``[[], []]``), so an empty selection takes its shape from the echo.
+    """
+    a = _framing.to_array(doc.get(name))
+    if a is None:
+        return None
+    if name != "weights":
+        nan = np.isnan(a)
+        if nan.any():
+            a = np.where(nan, np.float32(-np.inf), a).astype(np.float32)
+    if a.size == 0 and echo is not None and echo.get("kind") in KINDS:
+        shape: List[int] = []
+        if echo.get("reduce", "none") == "none":
+            shape.append(len(echo.get("heads") or []))
+        shape.append(len(echo.get("rows") or []))
+        keys = echo.get("keys") or [0, 0]
+        if echo["kind"] != "lse":
+            shape.append(max(0, int(keys[1]) - int(keys[0])))
+        if int(np.prod(shape)) == 0 and a.ndim < len(shape):
+            a = a.reshape(shape)
+    return a
 
 
 def _one_token(a: np.ndarray, rank: int) -> np.ndarray:
@@ -105,6 +273,140 @@ def _put(d: Dict[str, Any], key: str, value: Any) -> None:
     # request stays valid for the routes and versions that do not know the field.
     if value is not None and value is not False:
         d[key] = value
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _int_list(v: Any, name: str) -> Optional[List[int]]:
+    """A selection's heads or rows: None (all), an int, or any iterable of ints (a list, a range,
+    a numpy array). A slice cannot be sent (the request's selection names indices; for "the
+    last three rows" write ``[-3, -2, -1]``)."""
+    if v is None:
+        return None
+    if _is_int(v):
+        return [int(v)]
+    if isinstance(v, (str, bytes, slice, Mapping)):
+        raise TypeError(f"{name}: expected an int or a sequence of ints, not {v!r}")
+    out = []
+    for x in np.asarray(list(v) if isinstance(v, range) else v).reshape(-1).tolist():
+        if not _is_int(x):
+            raise TypeError(f"{name}: expected ints, not {x!r}")
+        out.append(int(x))
+    return out
+
+
+def _key_pair(v: Any) -> Optional[List[Optional[int]]]:
+    """A selection's keys: None (all), a slice or range of step 1, or a (start, end) pair whose ends
+    are ints or None (python-style)."""
+    if v is None:
+        return None
+    if isinstance(v, (slice, range)):
+        if v.step not in (None, 1):
+            raise ValueError(f"keys: a range of step 1 only, not {v!r}")
+        pair = [v.start, v.stop]
+        if isinstance(v, range) and v.start < 0 and v.stop == 0:
+            pair[1] = None  # range(-3, 0): the last three keys
+    elif isinstance(v, (str, bytes, Mapping)) or _is_int(v):
+        raise TypeError(f"keys: expected (start, end) or a slice, not {v!r}")
+    else:
+        pair = list(v)
+        if len(pair) != 2:
+            raise ValueError(f"keys: expected (start, end), not {v!r}")
+    for x in pair:
+        if x is not None and not _is_int(x):
+            raise TypeError(f"keys: each end is an int or None, not {x!r}")
+    return [None if x is None else int(x) for x in pair]
+
+
+def _return_weights(w: Any) -> Any:
+    """``weights=`` as ``return_weights``: None (not sent), True, or a WeightsSelection object."""
+    if isinstance(w, Selection):
+        return w.to_json()
+    if isinstance(w, Mapping):
+        return Selection(**w).to_json()  # an unknown key is a TypeError naming it
+    if w is None or isinstance(w, (bool, np.bool_)) or _is_int(w):
+        return True if w else None
+    raise TypeError(f"weights: expected a bool, a Selection or a dict, not {w!r}")
+
+
+def _capture(names: Any) -> Optional[List[str]]:
+    if names is None:
+        return None
+    if isinstance(names, str):
+        names = [names]
+    out: List[str] = []
+    for n in names:
+        if n not in CAPTURES:
+            raise ValueError(f"capture: {n!r} is not one of {CAPTURES}")
+        if n not in out:
+            out.append(n)
+    return out or None
+
+
+def _head_mask(m: Any) -> Optional[List[float]]:
+    # A plain JSON array of numbers, not a tensor: the float32 values, which Python prints exactly.
+    return None if m is None else _framing.as_f32(m, "head_mask").reshape(-1).tolist()
+
+
+def _inspect(body: Dict[str, Any], weights: Any, capture: Any, head_mask: Any) -> None:
+    _put(body, "return_weights", _return_weights(weights))
+    _put(body, "capture", _capture(capture))
+    _put(body, "head_mask", _head_mask(head_mask))
+
+
+def _index_spec(v: Any, name: str) -> Optional[str]:
+    """heads= or rows= of Session.attention as the query's text: comma lists of indices and
+    ranges ``a:b`` (python-style, negative from the end). None (and ``slice(None)``) is all."""
+    if v is None:
+        return None
+    if isinstance(v, str):
+        return v
+    if _is_int(v):
+        return str(int(v))
+    if isinstance(v, slice):
+        if v.step not in (None, 1):
+            raise ValueError(f"{name}: a slice of step 1 only, not {v!r}")
+        if v.start is None and v.stop is None:
+            return None
+        return _colon(v.start, v.stop, name)
+    if isinstance(v, range):
+        if len(v) == 0:
+            raise ValueError(f"{name}: {v!r} selects nothing")
+        if v.step == 1 and (v.start >= 0 or v.stop <= 0):
+            return _colon(v.start, v.stop if v.stop != 0 else None, name)
+        return ",".join(str(i) for i in v)  # a stride, or a range across 0 (-2..1)
+    if isinstance(v, (bytes, Mapping)):
+        raise TypeError(f"{name}: expected ints, ranges, slices or a string, not {v!r}")
+    parts = []
+    for x in (v.reshape(-1).tolist() if isinstance(v, np.ndarray) else v):
+        if not (_is_int(x) or isinstance(x, (slice, range))):
+            raise TypeError(f"{name}: expected ints, ranges or slices, not {x!r}")
+        p = _index_spec(x, name)
+        if p is None:
+            return None  # a slice(None) among others is still everything
+        parts.append(p)
+    if not parts:
+        raise ValueError(f"{name}: an empty list selects nothing (None selects all)")
+    return ",".join(parts)
+
+
+def _keys_spec(v: Any) -> Optional[str]:
+    """keys= of Session.attention: one range, as for a Selection's keys (or its text ``a:b``)."""
+    if v is None or isinstance(v, str):
+        return v
+    pair = _key_pair(v)
+    if pair is None or pair == [None, None]:
+        return None
+    return _colon(pair[0], pair[1], "keys")
+
+
+def _colon(a: Any, b: Any, name: str) -> str:
+    for x in (a, b):
+        if x is not None and not _is_int(x):
+            raise TypeError(f"{name}: range ends are ints or None, not {x!r}")
+    return f"{'' if a is None else int(a)}:{'' if b is None else int(b)}"
 
 
 class Client:
@@ -279,13 +581,16 @@ class Client:
         self,
         layer: int,
         x: ArrayLike,
-        weights: bool = False,
+        weights: WeightsArg = False,
         positions: Optional[Sequence[int]] = None,
+        capture: Optional[Sequence[str]] = None,
+        head_mask: Optional[ArrayLike] = None,
     ) -> AttendResult:
-        """A stateless forward: the tokens attend to each other only, and nothing is kept."""
+        """A stateless forward: the tokens attend to each other only, and nothing is kept.
+        ``weights``, ``capture`` and ``head_mask`` as for ``Session.attend``."""
         body: Dict[str, Any] = {"layer": int(layer), "x": _one_token(_framing.as_f32(x, "x"), 2)}
         _put(body, "positions", _positions(positions))
-        _put(body, "return_weights", bool(weights))
+        _inspect(body, weights, capture, head_mask)
         return _result(self._call("/v1/attend", body))
 
     def attend_batch(
@@ -295,7 +600,8 @@ class Client:
         engine call (the weights read once for all).
 
         Each step is a dict with ``session_id`` (None: stateless), ``x`` and optionally
-        ``expect_n_past``, ``positions``, ``weights``; or a tuple in that order. The answer is
+        ``expect_n_past``, ``positions``, ``weights``, ``capture``, ``head_mask`` (as for
+        ``Session.attend``); or a tuple in that order. The answer is
         one entry per step, in order: an AttendResult, or **the typed exception object** of a
         step that failed where it met the server (its session evicted, ``expect_n_past`` off, the
         pool or queue full). Such failures are *returned, not raised*: the other steps ran and
@@ -304,13 +610,14 @@ class Client:
         """
         body_steps = []
         for i, s in enumerate(steps):
-            d = _step_dict(s, ("session_id", "x", "expect_n_past", "positions", "weights"))
+            d = _step_dict(s, ("session_id", "x", "expect_n_past", "positions", "weights",
+                               "capture", "head_mask"))
             step: Dict[str, Any] = {}
             _put(step, "session_id", d.get("session_id"))
             step["x"] = _one_token(_framing.as_f32(d["x"], f"steps[{i}].x"), 2)
             _put(step, "positions", _positions(d.get("positions")))
             _put(step, "expect_n_past", _opt_int(d.get("expect_n_past")))
-            _put(step, "return_weights", bool(d.get("weights", False)))
+            _inspect(step, d.get("weights"), d.get("capture"), d.get("head_mask"))
             body_steps.append(step)
         doc = self._call("/v1/attend", {"layer": int(layer), "steps": body_steps})
         return _batch_results(doc)
@@ -322,19 +629,21 @@ class Client:
         rope: bool = False,
     ) -> List[StepResult]:
         """``attend_batch`` for q/k/v steps (/v1/kv/attend): each step a dict with ``session_id``,
-        ``q``, ``k``, ``v`` and optionally ``expect_n_past``, ``positions``, ``weights``, or a
-        tuple in that order. Failed steps come back as exception objects, as in attend_batch."""
+        ``q``, ``k``, ``v`` and optionally ``expect_n_past``, ``positions``, ``weights``,
+        ``capture``, ``head_mask``, or a tuple in that order. Failed steps come back as exception
+        objects, as in attend_batch."""
         body_steps = []
         for i, s in enumerate(steps):
             d = _step_dict(
-                s, ("session_id", "q", "k", "v", "expect_n_past", "positions", "weights")
+                s, ("session_id", "q", "k", "v", "expect_n_past", "positions", "weights",
+                    "capture", "head_mask")
             )
             step: Dict[str, Any] = {"session_id": d["session_id"]}
             for name in ("q", "k", "v"):
                 step[name] = _one_token(_framing.as_f32(d[name], f"steps[{i}].{name}"), 3)
             _put(step, "positions", _positions(d.get("positions")))
             _put(step, "expect_n_past", _opt_int(d.get("expect_n_past")))
-            _put(step, "return_weights", bool(d.get("weights", False)))
+            _inspect(step, d.get("weights"), d.get("capture"), d.get("head_mask"))
             body_steps.append(step)
         body: Dict[str, Any] = {"layer": int(layer)}
         _put(body, "rope", bool(rope))
@@ -487,19 +796,29 @@ class Session:
         self,
         layer: int,
         x: ArrayLike,
-        weights: bool = False,
+        weights: WeightsArg = False,
         positions: Optional[Sequence[int]] = None,
         expect_n_past: Optional[int] = None,
+        capture: Optional[Sequence[str]] = None,
+        head_mask: Optional[ArrayLike] = None,
     ) -> AttendResult:
         """Appends x's T tokens to the layer's cache and returns their attention output. The first
         call of a layer is its prefill; later ones (often one token) are decode steps.
         ``expect_n_past`` makes a call on a cache of another length fail (Conflict) instead of
-        silently attending to the wrong history."""
+        silently attending to the wrong history.
+
+        Inspection: ``weights=True`` returns every probability of the call (``result.weights``,
+        (n_heads, T, n_tokens)); a ``Selection`` (or a dict of its fields) only the cells it
+        names, as probabilities, scores or LSE (``result.weights``, ``.scores``, ``.lse``, and
+        ``.selection``). ``capture`` (names among ``q``, ``k``, ``v``, ``head_out``) returns
+        those per-head tensors of the call in ``result.capture``. ``head_mask`` (n_heads factors)
+        scales each head's output before o_proj, for this call only (the cache is unchanged by
+        it)."""
         body: Dict[str, Any] = {"session_id": self.id, "layer": int(layer)}
         body["x"] = _one_token(_framing.as_f32(x, "x"), 2)
         _put(body, "positions", _positions(positions))
         _put(body, "expect_n_past", _opt_int(expect_n_past))
-        _put(body, "return_weights", bool(weights))
+        _inspect(body, weights, capture, head_mask)
         return _result(self.client._call("/v1/attend", body, self.id))
 
     def kv_attend(
@@ -511,18 +830,23 @@ class Session:
         rope: bool = False,
         positions: Optional[Sequence[int]] = None,
         expect_n_past: Optional[int] = None,
-        weights: bool = False,
+        weights: WeightsArg = False,
+        capture: Optional[Sequence[str]] = None,
+        head_mask: Optional[ArrayLike] = None,
     ) -> AttendResult:
         """Attention on the caller's own projections: q (n_heads, T, head_dim), k and v
         (n_kv_heads, T, head_dim) (a 2-D tensor is one token). k and v are appended to the
         layer's cache; the output is each head's (n_heads, T, head_dim), before any o_proj.
-        ``rope=True`` has the server rotate q and k at ``positions`` first."""
+        ``rope=True`` has the server rotate q and k at ``positions`` first. ``weights``,
+        ``capture`` and ``head_mask`` as for ``attend`` (q and k captured after any RoPE;
+        ``head_out`` is the output before ``head_mask``, which here scales each head's rows of
+        ``output``)."""
         body: Dict[str, Any] = {"session_id": self.id, "layer": int(layer)}
         for name, t in (("q", q), ("k", k), ("v", v)):
             body[name] = _one_token(_framing.as_f32(t, name), 3)
         _put(body, "positions", _positions(positions))
         _put(body, "expect_n_past", _opt_int(expect_n_past))
-        _put(body, "return_weights", bool(weights))
+        _inspect(body, weights, capture, head_mask)
         _put(body, "rope", bool(rope))
         return _result(self.client._call("/v1/kv/attend", body, self.id))
 
@@ -535,17 +859,62 @@ class Session:
         expect_n_past: Optional[int] = None,
     ) -> Stream:
         """As ``attend``, one event per token as each is computed (see Stream). Errors found
-        before the first step (a bad shape, a 409) raise here; later ones while iterating."""
+        before the first step (a bad shape, a 409) raise here; later ones while iterating.
+        ``weights`` is True or False only: selections, capture and head_mask do not stream."""
+        if isinstance(weights, (Selection, Mapping)):
+            raise TypeError("stream: weights is True or False (a selection does not stream)")
         body: Dict[str, Any] = {"session_id": self.id, "layer": int(layer)}
         body["x"] = _one_token(_framing.as_f32(x, "x"), 2)
         _put(body, "positions", _positions(positions))
         _put(body, "expect_n_past", _opt_int(expect_n_past))
-        _put(body, "return_weights", bool(weights))
+        _put(body, "return_weights", _return_weights(weights))
         return self.client._open_stream(body, self.id)
 
     def info(self) -> Dict[str, Any]:
         """The session as the server holds it: tokens per layer, bytes, location, idle time."""
         return self.client._get_json(_session_path(self.id))
+
+    def attention(
+        self,
+        layer: Optional[int] = None,
+        heads: Optional[IndexSpec] = None,
+        rows: Optional[IndexSpec] = None,
+        keys: Optional[Union[str, slice, range, Sequence[Optional[int]]]] = None,
+        kind: str = "probs",
+        reduce: str = "none",
+    ) -> CachedAttention:
+        """The attention of tokens already in ``layer``'s cache (default the first loaded layer),
+        recomputed from it as the forward computed it when each token was new
+        (``GET /v1/sessions/{id}/attention``); nothing is appended.
+
+        ``heads`` and ``rows`` (cache indices of the query tokens) take an int, a ``range``, a
+        ``slice`` (``slice(-5, None)``: the last five), a list mixing those, or the server's
+        text (``"0,6:8"``); negative counts from the end, None is all. ``keys`` is one range:
+        ``(start, end)`` with None ends, a slice, a range of step 1, or ``"a:b"``. ``kind`` and
+        ``reduce`` as for a ``Selection``.
+
+        Needs a server started with ``--keep-queries 1``: otherwise Conflict with code
+        ``queries_not_kept``. With ``--kv-dtype f32`` the values equal the calls' own weights
+        to float rounding; with bf16 to bf16's rounding of the stored queries and keys."""
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
+        if reduce not in REDUCES:
+            raise ValueError(f"reduce must be one of {REDUCES}, not {reduce!r}")
+        query: List[Tuple[str, str]] = []
+        if layer is not None:
+            query.append(("layer", str(int(layer))))
+        for name, spec in (("heads", _index_spec(heads, "heads")),
+                           ("rows", _index_spec(rows, "rows")), ("keys", _keys_spec(keys))):
+            if spec is not None:
+                query.append((name, spec))
+        if kind != "probs":
+            query.append(("kind", kind))
+        if reduce != "none":
+            query.append(("reduce", reduce))
+        path = _session_path(self.id) + "/attention"
+        if query:
+            path += "?" + urllib.parse.urlencode(query, safe=":,")
+        return _cached_attention(self.client._get_json(path))
 
     def truncate(self, n_tokens: int, layer: Optional[int] = None) -> Dict[str, Any]:
         """Keeps the first n_tokens of every layer's cache (or of ``layer``'s only): the rollback of

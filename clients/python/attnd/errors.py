@@ -93,7 +93,9 @@ class MethodNotAllowed(AttndError):
 class Conflict(AttndError):
     """409: the request disagrees with the session's state and changed nothing: ``n_past_mismatch``,
     ``session_exists``, ``fingerprint_mismatch``, ``tokens_dropped``, ``context_exists``. The
-    usual reaction is to read the session (``Session.info()``) and resynchronise."""
+    usual reaction is to read the session (``Session.info()``) and resynchronise. Also
+    ``queries_not_kept``: ``Session.attention()`` on a server started without
+    ``--keep-queries 1``, which no retry mends."""
 
 
 class Gone(AttndError):
@@ -148,6 +150,7 @@ STATUS_BY_CODE: Dict[str, int] = {
     "tokens_dropped": 409,
     "context_exists": 409,
     "fingerprint_mismatch": 409,
+    "queries_not_kept": 409,
     "session_evicted": 410,
     "session_lost": 410,
     "payload_too_large": 413,

@@ -13,7 +13,9 @@ norms, the MLP, the head, sampling). This example is that runner at toy size:
    as one batched call (`Client.attend_batch`) for both sequences;
 4. it computes the same model entirely in numpy (float64; its own RoPE in Hugging Face's
    rotate_half convention, causal softmax attention, GQA) and checks that the generated tokens
-   are identical and the logits within --tol; it exits 1 otherwise.
+   are identical and the logits within --tol; it exits 1 otherwise. The last decode step also
+   asks attnd for a selection of its attention (the last layer's heads 0 and -1, as
+   probabilities), which must match numpy's within --tol too.
 
 usage: generate.py [--tokens N] [--seed S] [--dir DIR] [--url URL] [--attnd BIN]
 """
@@ -164,8 +166,10 @@ def rope(x: np.ndarray, positions: np.ndarray, theta: float) -> np.ndarray:
     return x * np.cos(emb) + rotate_half(x) * np.sin(emb)
 
 
-def local_attention(x: np.ndarray, w: Weights, i: int, cfg: dict) -> np.ndarray:
-    """LlamaAttention.forward over a whole sequence x (T, hidden), positions 0..T-1, causal."""
+def local_attention(x: np.ndarray, w: Weights, i: int, cfg: dict,
+                    probs: Optional[List[np.ndarray]] = None) -> np.ndarray:
+    """LlamaAttention.forward over a whole sequence x (T, hidden), positions 0..T-1, causal;
+    the last token's probabilities (n_heads, T) appended to ``probs`` when given."""
     p = f"model.layers.{i}.self_attn."
     t_n = x.shape[0]
     nh, nkv, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
@@ -180,40 +184,51 @@ def local_attention(x: np.ndarray, w: Weights, i: int, cfg: dict) -> np.ndarray:
     s = np.where(np.tril(np.ones((t_n, t_n), bool)), s, -np.inf)
     pr = np.exp(s - s.max(axis=-1, keepdims=True))
     pr /= pr.sum(axis=-1, keepdims=True)
+    if probs is not None:
+        probs.append(pr[:, -1, :])
     o = (pr @ v).transpose(1, 0, 2).reshape(t_n, nh * d)
     return o @ w[p + "o_proj.weight"].T
 
 
-def local_forward(tokens: List[int], w: Weights, cfg: dict) -> np.ndarray:
-    """The whole model on the whole sequence in float64; the last token's logits."""
+def local_forward(tokens: List[int], w: Weights, cfg: dict,
+                  probs: Optional[List[np.ndarray]] = None) -> np.ndarray:
+    """The whole model on the whole sequence in float64; the last token's logits (and its
+    attention probabilities per layer in ``probs``)."""
     w64 = {k: v.astype(np.float64) for k, v in w.items()}
     eps = cfg["rms_norm_eps"]
     h = w64["model.embed_tokens.weight"][tokens]
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        h = h + local_attention(rms_norm(h, w64[p + "input_layernorm.weight"], eps), w64, i, cfg)
+        h = h + local_attention(rms_norm(h, w64[p + "input_layernorm.weight"], eps), w64, i, cfg,
+                                probs)
         h = h + mlp(rms_norm(h, w64[p + "post_attention_layernorm.weight"], eps), w64, i)
     return logits_of(h[-1], w64, eps)
 
 
 def generate_local(
     prompt: List[int], n: int, w: Weights, cfg: dict
-) -> Tuple[List[int], List[np.ndarray]]:
+) -> Tuple[List[int], List[np.ndarray], List[np.ndarray]]:
+    """The tokens, every step's logits, and the last step's attention probabilities per layer."""
     tokens, all_logits = list(prompt), []
+    probs: List[np.ndarray] = []
     for _ in range(n):
-        lg = local_forward(tokens, w, cfg)
+        probs = []
+        lg = local_forward(tokens, w, cfg, probs)
         all_logits.append(lg)
         tokens.append(int(np.argmax(lg)))
-    return tokens[len(prompt):], all_logits
+    return tokens[len(prompt):], all_logits, probs
 
 
 # ---- the model with attnd's attention ----------------------------------------------------------
 
-def generate_attnd(client: "attnd.Client", prompts: List[List[int]], n: int, w: Weights, cfg: dict,
-                   tag: str) -> Tuple[List[List[int]], List[List[np.ndarray]]]:
+def generate_attnd(
+    client: "attnd.Client", prompts: List[List[int]], n: int, w: Weights, cfg: dict, tag: str
+) -> Tuple[List[List[int]], List[List[np.ndarray]], List[Optional[np.ndarray]]]:
     """Every sequence gets a session; its prefill runs layer by layer per session, and each
     decode step runs every layer as one batched call for all sequences (how a runner keeps
-    attnd's engine busy with one GEMM per layer instead of one per sequence)."""
+    attnd's engine busy with one GEMM per layer instead of one per sequence). The last decode
+    step's last layer also returns a selection of each sequence's attention: heads 0 and -1,
+    (2, n_tokens) probabilities (None with a single token, which has no decode step)."""
     eps, layers = cfg["rms_norm_eps"], cfg["num_hidden_layers"]
     emb = w["model.embed_tokens.weight"]
     sessions = [client.session(f"{tag}-{j}") for j in range(len(prompts))]
@@ -239,16 +254,22 @@ def generate_attnd(client: "attnd.Client", prompts: List[List[int]], n: int, w: 
         last.append(int(np.argmax(lg)))
     outs: List[List[int]] = [[t] for t in last]
     n_past = [len(p) for p in prompts]
-    for _ in range(n - 1):  # decode: one batched call per layer for every sequence
+    attention: List[Optional[np.ndarray]] = [None for _ in prompts]
+    look = attnd.Selection(heads=[0, -1])  # only these heads' probabilities are computed
+    for step in range(n - 1):  # decode: one batched call per layer for every sequence
         h_all = emb[[o[-1] for o in outs]]  # (sequences, hidden)
 
         def attend_all(x: np.ndarray, i: int) -> np.ndarray:
+            inspect = step == n - 2 and i == layers - 1
             res = client.attend_batch(i, [
-                {"session_id": s.id, "x": x[j], "expect_n_past": n_past[j]}
+                {"session_id": s.id, "x": x[j], "expect_n_past": n_past[j],
+                 "weights": look if inspect else False}
                 for j, s in enumerate(sessions)])
-            for r in res:
+            for j, r in enumerate(res):
                 if isinstance(r, attnd.AttndError):
                     raise r  # a runner would retry or resync that sequence alone
+                if inspect:
+                    attention[j] = r.weights[:, 0, :]  # (heads, rows, keys): its one row
             return np.concatenate([r.output for r in res])
 
         for i in range(layers):
@@ -260,7 +281,7 @@ def generate_attnd(client: "attnd.Client", prompts: List[List[int]], n: int, w: 
             n_past[j] += 1
     for s in sessions:
         s.delete()
-    return outs, logits
+    return outs, logits, attention
 
 
 # ---- running attnd ------------------------------------------------------------------------------
@@ -331,8 +352,8 @@ def main() -> int:
               f"kv {m['attnd'].get('kv_dtype')}")
         prompts = [[1, 7, 3, 12, 5], [42, 0, 9]]
         t0 = time.monotonic()
-        got, got_logits = generate_attnd(client, prompts, args.tokens, w, cfg,
-                                         f"generate-{os.getpid()}")
+        got, got_logits, got_attention = generate_attnd(client, prompts, args.tokens, w, cfg,
+                                                        f"generate-{os.getpid()}")
         t_attnd = time.monotonic() - t0
         client.close()
     finally:
@@ -344,7 +365,7 @@ def main() -> int:
     ok = True
     worst = 0.0
     for j, prompt in enumerate(prompts):
-        want, want_logits = generate_local(prompt, args.tokens, w, cfg)
+        want, want_logits, want_probs = generate_local(prompt, args.tokens, w, cfg)
         diff = max(float(np.max(np.abs(a - b))) for a, b in zip(got_logits[j], want_logits))
         worst = max(worst, diff)
         same = got[j] == want
@@ -353,6 +374,13 @@ def main() -> int:
         print(f"  attnd + numpy : {got[j]}")
         print(f"  numpy alone   : {want}")
         print(f"  tokens {'identical' if same else 'DIFFER'}, max |logit difference| {diff:.3g}")
+        a = got_attention[j]
+        if a is not None:  # the last layer's heads 0 and -1, the last token's row
+            b = want_probs[-1][[0, -1]]
+            d = float(np.max(np.abs(a - b))) if a.shape == b.shape else float("inf")
+            ok = ok and d <= args.tol
+            print(f"  last token's attention, layer {cfg['num_hidden_layers'] - 1}, heads 0 and "
+                  f"-1 over {b.shape[1]} keys: max |difference| {d:.3g}")
     ok = ok and worst <= args.tol
     print(f"{len(prompts)} sequences x {args.tokens} tokens through attnd in "
           f"{t_attnd * 1000:.0f} ms; max |logit difference| {worst:.3g} (tolerance {args.tol:g}): "

@@ -383,6 +383,287 @@ class ClientTest(unittest.TestCase):
             self.assertEqual(d.stop(), 0)
 
 
+def causal_masked(n_past: int, t: int, n: int) -> np.ndarray:
+    """(t, n) True where query row i of a call at n_past may not see key j (j > n_past + i)."""
+    return np.arange(n)[None, :] > n_past + np.arange(t)[:, None]
+
+
+class InspectTest(unittest.TestCase):
+    """Selections, scores and LSE, capture, head_mask and the attention of cached tokens, against
+    a daemon that keeps queries, with an f32 cache (so that cached attention equals the calls'
+    own weights to float rounding)."""
+
+    keep: Optional[Daemon] = None
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.keep = Daemon("--keep-queries", "1", "--kv-dtype", "f32")
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        if cls.keep is not None:
+            rc = cls.keep.stop()
+            if rc != 0:
+                raise AssertionError(f"attnd --keep-queries 1 exited {rc} after SIGTERM")
+
+    def setUp(self) -> None:
+        self.c = attnd.Client(self.keep.url)
+
+    def tearDown(self) -> None:
+        self.c.close()
+
+    def sid(self, name: str) -> str:
+        return f"{self.id().rsplit('.', 1)[-1]}.{name}"
+
+    def base(self, seed: int, t: int) -> attnd.Session:
+        """A session holding t tokens of layer 0, to fork identical twins from."""
+        s = self.c.session(self.sid(f"base{seed}"))
+        s.attend(0, xs(seed, t))
+        return s
+
+    def test_selection_equals_cells_of_full_weights(self) -> None:
+        x = xs(21, 9)
+        base = self.base(21, 5)
+        full = base.fork(self.sid("full")).attend(0, x[5:], weights=True, expect_n_past=5)
+        w = full.weights
+        self.assertEqual(w.shape, (HEADS, 4, 9))
+        self.assertIsNone(full.selection)
+        self.assertIsNone(full.scores)
+        cases = [
+            # (selection, its cells of w, the echo's heads, rows, keys)
+            (attnd.Selection(heads=[0, -1], rows=[-1], keys=(2, None)),
+             w[[0, 3]][:, [3], 2:], [0, 3], [3], [2, 9]),
+            ({"heads": [2, 1, 2], "rows": np.array([2, 0])},  # a dict; sorted, repeats dropped
+             w[[1, 2]][:, [0, 2], :], [1, 2], [0, 2], [0, 9]),
+            (attnd.Selection(rows=1, keys=slice(None, -2), reduce="mean_heads"),
+             w[:, [1], :7].mean(axis=0), [0, 1, 2, 3], [1], [0, 7]),
+            (attnd.Selection(heads=range(1, 4), keys=range(-3, 0), reduce="max_heads"),
+             w[1:4, :, 6:].max(axis=0), [1, 2, 3], [0, 1, 2, 3], [6, 9]),
+            (attnd.Selection(), w, [0, 1, 2, 3], [0, 1, 2, 3], [0, 9]),
+        ]
+        for i, (sel, want, heads, rows, keys) in enumerate(cases):
+            for t in ("binary", "json"):
+                with attnd.Client(self.keep.url, transport=t) as c:
+                    twin = c.session(base.id).fork(self.sid(f"sel{i}{t}"))
+                    r = twin.attend(0, x[5:], weights=sel, expect_n_past=5)
+                where = f"case {i}, {t}"
+                reduce = sel.reduce if isinstance(sel, attnd.Selection) else "none"
+                self.assertEqual(r.selection, {"kind": "probs", "reduce": reduce, "heads": heads,
+                                               "rows": rows, "keys": keys}, where)
+                self.assertEqual(r.weights.shape, want.shape, where)
+                np.testing.assert_allclose(r.weights, want, atol=1e-6, rtol=0, err_msg=where)
+                self.assertIsNone(r.scores, where)
+                self.assertIsNone(r.lse, where)
+                self.assertIsNone(r.capture, where)
+                # a selection is read-only: the output and the cache are the plain call's
+                np.testing.assert_allclose(r.output, full.output, atol=1e-6, rtol=0, err_msg=where)
+                self.assertEqual(r.n_tokens, 9)
+
+    def test_scores_and_lse_give_probs(self) -> None:
+        x = xs(22, 8)
+        base = self.base(22, 4)
+        full = base.fork(self.sid("full")).attend(0, x[4:], weights=True)
+        masked = causal_masked(4, 4, 8)
+        got = {}
+        for t in ("binary", "base64", "json"):
+            with attnd.Client(self.keep.url, transport=t) as c:
+                sc = c.session(base.id).fork(self.sid("s" + t)).attend(
+                    0, x[4:], weights=attnd.Selection(kind="scores"))
+                ls = c.session(base.id).fork(self.sid("l" + t)).attend(
+                    0, x[4:], weights={"kind": "lse"})
+            self.assertIsNone(sc.weights)
+            self.assertEqual(sc.selection["kind"], "scores")
+            self.assertEqual(sc.scores.dtype, np.float32)
+            self.assertEqual(sc.scores.shape, (HEADS, 4, 8))
+            self.assertEqual(ls.lse.shape, (HEADS, 4))
+            # masked cells are -inf in every transport (JSON's null included), and only they are
+            for h in range(HEADS):
+                np.testing.assert_array_equal(np.isneginf(sc.scores[h]), masked, err_msg=t)
+            self.assertTrue(np.isfinite(sc.scores[:, ~masked]).all())
+            p = np.exp(sc.scores.astype(np.float64) - ls.lse[..., None])
+            np.testing.assert_allclose(p, full.weights, atol=1e-5, rtol=0, err_msg=t)
+            got[t] = (sc.scores, ls.lse)
+        for t in ("base64", "json"):
+            self.assertTrue(np.array_equal(got["binary"][0], got[t][0]), t)
+            self.assertTrue(np.array_equal(got["binary"][1], got[t][1]), t)
+        # reduced LSE: one value per row
+        lse = got["binary"][1]
+        for reduce, fn in (("mean_heads", np.mean), ("max_heads", np.max)):
+            r = base.fork(self.sid(reduce)).attend(
+                0, x[4:], weights=attnd.Selection(kind="lse", reduce=reduce, rows=[0, -1]))
+            self.assertEqual(r.lse.shape, (2,))
+            np.testing.assert_allclose(r.lse, fn(lse[:, [0, 3]], axis=0), atol=1e-5, rtol=0)
+
+    def test_kv_attend_capture_and_scores_against_numpy(self) -> None:
+        r = rng(23)
+        q = r.standard_normal((HEADS, 6, HEAD_DIM)).astype(np.float32)
+        k = r.standard_normal((KV_HEADS, 6, HEAD_DIM)).astype(np.float32)
+        v = r.standard_normal((KV_HEADS, 6, HEAD_DIM)).astype(np.float32)
+        s = self.c.session(self.sid("kv"))
+        for a, b in ((0, 4), (4, 5), (5, 6)):
+            res = s.kv_attend(0, q[:, a:b], k[:, a:b], v[:, a:b], expect_n_past=a,
+                              capture=["q", "k", "v", "head_out"],
+                              weights=attnd.Selection(kind="scores"))
+            self.assertEqual(sorted(res.capture), ["head_out", "k", "q", "v"])
+            # rope false: q, k and v come back exactly as sent
+            for name, t in (("q", q), ("k", k), ("v", v)):
+                self.assertEqual(res.capture[name].dtype, np.float32)
+                self.assertTrue(np.array_equal(res.capture[name], t[:, a:b]), name)
+            self.assertTrue(np.array_equal(res.capture["head_out"], res.output))
+            out, _ = ref_attention(q[:, a:b], k[:, :b], v[:, :b], a)
+            np.testing.assert_allclose(res.output, out, atol=TOL, rtol=TOL)
+            group = HEADS // KV_HEADS
+            want = np.stack([q[h, a:b].astype(np.float64) @ k[h // group, :b].T.astype(np.float64)
+                             for h in range(HEADS)]) / np.sqrt(HEAD_DIM)
+            want[:, causal_masked(a, b - a, b)] = -np.inf
+            np.testing.assert_allclose(res.scores, want, atol=TOL, rtol=0)
+        # capture alone: no weights of any kind
+        res = self.c.session(self.sid("kv2")).kv_attend(0, q[:, 0], k[:, 0], v[:, 0],
+                                                        capture="v")
+        self.assertEqual(list(res.capture), ["v"])
+        self.assertTrue(np.array_equal(res.capture["v"], v[:, :1]))
+        self.assertIsNone(res.weights)
+        self.assertIsNone(res.selection)
+
+    def test_head_mask_scales_each_head(self) -> None:
+        r = rng(24)
+        q = r.standard_normal((HEADS, 5, HEAD_DIM)).astype(np.float32)
+        k = r.standard_normal((KV_HEADS, 5, HEAD_DIM)).astype(np.float32)
+        v = r.standard_normal((KV_HEADS, 5, HEAD_DIM)).astype(np.float32)
+        masked = self.c.session(self.sid("masked"))
+        masked.kv_attend(0, q[:, :3], k[:, :3], v[:, :3])
+        plain = masked.fork(self.sid("plain"))
+        mask = np.array([1.0, 0.0, 0.5, -2.0], np.float32)
+        m = masked.kv_attend(0, q[:, 3], k[:, 3], v[:, 3], head_mask=mask, capture=["head_out"])
+        u = plain.kv_attend(0, q[:, 3], k[:, 3], v[:, 3])
+        self.assertTrue(np.array_equal(m.capture["head_out"], u.output))  # before the mask
+        np.testing.assert_allclose(m.output, u.output * mask[:, None, None], atol=1e-7, rtol=0)
+        self.assertTrue(np.all(m.output[1] == 0))
+        self.assertFalse(np.allclose(m.output[3], u.output[3]))
+        # for that request only: the next step of both is the same
+        a = masked.kv_attend(0, q[:, 4], k[:, 4], v[:, 4], expect_n_past=4)
+        b = plain.kv_attend(0, q[:, 4], k[:, 4], v[:, 4], expect_n_past=4)
+        self.assertTrue(np.array_equal(a.output, b.output))
+        # through o_proj (stateless /v1/attend), the output is linear in the mask
+        x = xs(24, 3)
+        out = {tuple(mk): self.c.attend(0, x, head_mask=mk).output
+               for mk in ([1, 1, 1, 1], [0, 0, 0, 0], [1, 0, 1, 0], [0, 1, 0, 1])}
+        np.testing.assert_allclose(out[(1, 1, 1, 1)], self.c.attend(0, x).output, atol=1e-6,
+                                   rtol=0)
+        np.testing.assert_allclose(out[(1, 1, 1, 1)] + out[(0, 0, 0, 0)],
+                                   out[(1, 0, 1, 0)] + out[(0, 1, 0, 1)], atol=1e-5, rtol=0)
+        self.assertGreater(np.abs(out[(1, 0, 1, 0)] - out[(1, 1, 1, 1)]).max(), 1e-3)
+        with self.assertRaises(attnd.InvalidRequest) as cm:
+            self.c.attend(0, x, head_mask=[1, 1])
+        self.assertEqual(cm.exception.param, "head_mask")
+
+    def test_batch_steps_inspect(self) -> None:
+        x = xs(25, 6)
+        names = [self.sid(f"b{i}") for i in range(2)]
+        for i, n in enumerate(names):
+            self.c.session(n).attend(0, x[i:i + 3])
+            self.c.session(n).fork(n + ".ref")
+        sel = {"heads": [-1], "rows": [-1], "kind": "scores"}
+        res = self.c.attend_batch(0, [
+            (names[0], x[3:5], 3, None, sel, ["q"], [1, 1, 0, 1]),
+            {"session_id": names[1], "x": x[5], "weights": True, "capture": ["head_out"]},
+        ])
+        a = self.c.session(names[0] + ".ref").attend(0, x[3:5], weights=sel, capture=["q"],
+                                                      head_mask=[1, 1, 0, 1])
+        b = self.c.session(names[1] + ".ref").attend(0, x[5], weights=True, capture="head_out")
+        for got, want in ((res[0], a), (res[1], b)):
+            self.assertIsInstance(got, attnd.AttendResult)
+            self.assertEqual(got.selection, want.selection)
+            self.assertEqual(sorted(got.capture), sorted(want.capture))
+            for name in got.capture:
+                np.testing.assert_allclose(got.capture[name], want.capture[name], atol=TOL,
+                                           rtol=0)
+            np.testing.assert_allclose(got.output, want.output, atol=TOL, rtol=0)
+        self.assertEqual(res[0].scores.shape, (1, 1, 5))
+        np.testing.assert_allclose(res[0].scores, a.scores, atol=TOL, rtol=0)
+        np.testing.assert_allclose(res[1].weights, b.weights, atol=TOL, rtol=0)
+        # q/k/v steps
+        r = rng(25)
+        q = r.standard_normal((HEADS, 2, HEAD_DIM)).astype(np.float32)
+        k = r.standard_normal((KV_HEADS, 2, HEAD_DIM)).astype(np.float32)
+        v = r.standard_normal((KV_HEADS, 2, HEAD_DIM)).astype(np.float32)
+        res = self.c.kv_attend_batch(0, [
+            {"session_id": self.sid("kv"), "q": q, "k": k, "v": v, "capture": ["k", "head_out"],
+             "head_mask": [0, 1, 1, 1], "weights": attnd.Selection(kind="lse")},
+        ])
+        self.assertTrue(np.array_equal(res[0].capture["k"], k))
+        self.assertTrue(np.array_equal(res[0].output[0], np.zeros((2, HEAD_DIM), np.float32)))
+        self.assertTrue(np.array_equal(res[0].output[1:], res[0].capture["head_out"][1:]))
+        self.assertEqual(res[0].lse.shape, (HEADS, 2))
+
+    def test_cached_attention_equals_the_calls_weights(self) -> None:
+        x = xs(26, 8)
+        s = self.c.session(self.sid("s"))
+        s.attend(0, x[:2])
+        full = np.zeros((HEADS, 8, 8))
+        for a, b in ((0, 4), (4, 5), (5, 6), (6, 8)):  # a prefill, decode steps, two tokens
+            r = s.attend(1, x[a:b] if b - a > 1 else x[a], weights=True, expect_n_past=a)
+            full[:, a:b, :b] = r.weights
+        c = s.attention(layer=1)
+        self.assertIsInstance(c, attnd.CachedAttention)
+        self.assertEqual((c.session_id, c.layer, c.n_tokens, c.first_row, c.kind, c.reduce),
+                         (s.id, 1, 8, 0, "probs", "none"))
+        self.assertEqual((c.heads, c.rows, c.keys), ([0, 1, 2, 3], list(range(8)), [0, 8]))
+        self.assertEqual(c.weights.shape, (HEADS, 8, 8))
+        self.assertIs(c.values, c.weights)
+        np.testing.assert_allclose(c.weights, full, atol=1e-5, rtol=0)
+        # selections: python ints, lists, slices, ranges and the server's text
+        c = s.attention(layer=1, heads=[0, slice(2, 4)], rows=slice(-3, None), keys=(2, None))
+        self.assertEqual((c.heads, c.rows, c.keys), ([0, 2, 3], [5, 6, 7], [2, 8]))
+        np.testing.assert_allclose(c.weights, full[[0, 2, 3]][:, 5:, 2:], atol=1e-5, rtol=0)
+        c = s.attention(1, heads="1:3", rows=[0, range(3, 5)], keys=range(0, 6))
+        self.assertEqual((c.heads, c.rows, c.keys), ([1, 2], [0, 3, 4], [0, 6]))
+        np.testing.assert_allclose(c.weights, full[1:3][:, [0, 3, 4], :6], atol=1e-5, rtol=0)
+        c = s.attention(1, heads=-1, rows=range(-2, 0), reduce="mean_heads")
+        self.assertEqual((c.heads, c.rows, c.reduce), ([3], [6, 7], "mean_heads"))
+        np.testing.assert_allclose(c.weights, full[3, 6:], atol=1e-5, rtol=0)
+        c = s.attention(1, rows="4", reduce="max_heads")
+        np.testing.assert_allclose(c.weights, full[:, 4:5].max(axis=0), atol=1e-5, rtol=0)
+        # scores and LSE of cached tokens: masked -inf, probs = exp(scores - lse)
+        sc = s.attention(1, kind="scores")
+        ls = s.attention(1, kind="lse")
+        self.assertIsNone(sc.weights)
+        self.assertIs(sc.values, sc.scores)
+        self.assertEqual(ls.lse.shape, (HEADS, 8))
+        for h in range(HEADS):
+            np.testing.assert_array_equal(np.isneginf(sc.scores[h]), causal_masked(0, 8, 8))
+        np.testing.assert_allclose(np.exp(sc.scores.astype(np.float64) - ls.lse[..., None]), full,
+                                   atol=1e-5, rtol=0)
+        # an empty key range keeps its shape, and the default layer is the first
+        c = s.attention(heads=0, rows=[0, 1], keys="1:1")
+        self.assertEqual((c.layer, c.n_tokens, c.keys, c.weights.shape), (0, 2, [1, 1], (1, 2, 0)))
+        # a layer this session never used: no rows (JSON's [[], ...] keeps all three axes)
+        e = self.c.session(self.sid("one-layer"))
+        e.attend(0, x[:2])
+        c = e.attention(layer=1)
+        self.assertEqual((c.n_tokens, c.rows, c.keys, c.weights.shape),
+                         (0, [], [0, 0], (HEADS, 0, 0)))
+        self.assertEqual(e.attention(layer=1, kind="lse").lse.shape, (HEADS, 0))
+        # what attention() reads is what the server was asked
+        with self.assertRaises(attnd.InvalidRequest) as cm:
+            s.attention(1, rows="8:")
+        self.assertEqual(cm.exception.param, "rows")
+        with self.assertRaises(attnd.NotFound):
+            self.c.session(self.sid("never")).attention()
+
+    def test_attention_without_kept_queries_is_a_typed_conflict(self) -> None:
+        with attnd.Client(DAEMON.url) as c:
+            s = c.session(self.sid("s"))
+            s.attend(0, xs(27, 2))
+            with self.assertRaises(attnd.Conflict) as cm:
+                s.attention(rows=[-1])
+            e = cm.exception
+            self.assertEqual((e.status, e.code), (409, "queries_not_kept"))
+            self.assertIs(type(e), attnd.Conflict)
+            # the connection, and the session, survive it
+            self.assertEqual(s.attend(0, xs(27, 1), expect_n_past=2).n_tokens, 3)
+
+
 class FakeServer:
     """A stdlib HTTP/1.1 server answering with canned bytes, for failures attnd cannot be made to
     produce on demand."""
@@ -490,6 +771,96 @@ class OfflineTest(unittest.TestCase):
             self.assertEqual(e.status, row["status"], row["code"])
             self.assertNotEqual(type(e), attnd.AttndError, row["code"])
 
+
+    def test_attention_query_and_json_nulls(self) -> None:
+        # what Session.attention puts in the query string, and a JSON answer's nulls (masked
+        # scores) read back as -inf
+        paths: List[str] = []
+        answer_doc = {"session_id": "s/1", "layer": 1, "n_tokens": 3, "first_row": 0,
+                      "kind": "scores", "reduce": "none", "heads": [0, 2], "rows": [1, 2],
+                      "keys": [0, 3],
+                      "scores": [[[0.5, -1.0, None], [0.25, 0.0, 1.5]],
+                                 [[2.0, 0.125, None], [-0.5, 0.75, -2.0]]]}
+
+        def answer(h: http.server.BaseHTTPRequestHandler) -> None:
+            paths.append(h.path)
+            body = json.dumps(answer_doc).encode()
+            h.send_response(200)
+            h.send_header("Content-Type", "application/json")
+            h.send_header("Content-Length", str(len(body)))
+            h.end_headers()
+            h.wfile.write(body)
+
+        srv = FakeServer(answer)
+        try:
+            with attnd.Client(srv.url) as c:
+                s = c.session("s/1")
+                got = s.attention(layer=1, heads=[0, slice(6, 8), range(2, 4)],
+                                  rows=slice(-5, None), keys=(2, None), kind="scores")
+                self.assertEqual(got.scores.dtype, np.float32)
+                self.assertEqual(got.scores.shape, (2, 2, 3))
+                self.assertEqual(got.scores[0, 0, 2], -np.inf)
+                self.assertEqual(got.scores[1, 0, 2], -np.inf)
+                self.assertEqual(int(np.isneginf(got.scores).sum()), 2)
+                self.assertEqual(got.scores[1, 1, 2], -2.0)
+                self.assertIs(got.values, got.scores)
+                self.assertIsNone(got.weights)
+                s.attention()
+                s.attention(heads=range(-2, 0), rows=[3, range(0, 7, 3)], keys=slice(None, -1),
+                            reduce="max_heads")
+                s.attention(heads="all", rows=range(-3, 1), keys=range(-4, 0))
+                s.attention(heads=np.array([1, 3]), rows=-1, keys="1:")
+                for bad in ([], range(0), [1.5], b"0"):
+                    with self.assertRaises((TypeError, ValueError)):
+                        s.attention(heads=bad)
+                with self.assertRaises(TypeError):
+                    s.attention(keys=3)
+                with self.assertRaises(ValueError):
+                    s.attention(rows=slice(0, 8, 2))
+                with self.assertRaises(ValueError):
+                    s.attention(kind="prob")
+        finally:
+            srv.close()
+        self.assertEqual(paths, [
+            "/v1/sessions/s%2F1/attention?layer=1&heads=0,6:8,2:4&rows=-5:&keys=2:&kind=scores",
+            "/v1/sessions/s%2F1/attention",
+            "/v1/sessions/s%2F1/attention?heads=-2:&rows=3,0,3,6&keys=:-1&reduce=max_heads",
+            "/v1/sessions/s%2F1/attention?heads=all&rows=-3,-2,-1,0&keys=-4:",
+            "/v1/sessions/s%2F1/attention?heads=1,3&rows=-1&keys=1:",
+        ])
+
+    def test_inspection_arguments(self) -> None:
+        # the request fields the inspection arguments become, checked before anything is sent
+        from attnd.client import _inspect
+        body: dict = {}
+        _inspect(body, attnd.Selection(heads=np.int64(2), rows=range(1, 3), keys=slice(-4, None),
+                                       kind="lse", reduce="mean_heads"),
+                 ("head_out", "q", "q"), np.array([1, 0.5, 0, 2], np.float64))
+        self.assertEqual(body, {
+            "return_weights": {"heads": [2], "rows": [1, 2], "keys": [-4, None], "kind": "lse",
+                               "reduce": "mean_heads"},
+            "capture": ["head_out", "q"], "head_mask": [1.0, 0.5, 0.0, 2.0]})
+        json.dumps(body, allow_nan=False)  # plain JSON: no numpy scalars, no tensors
+        for w, want in ((True, {"return_weights": True}), (False, {}), (None, {}),
+                        ({}, {"return_weights": {}}),
+                        ({"rows": [-1], "keys": [0, None]},
+                         {"return_weights": {"rows": [-1], "keys": [0, None]}})):
+            body = {}
+            _inspect(body, w, None, None)
+            self.assertEqual(body, want, w)
+        for w, exc in (({"head": [0]}, TypeError), ({"kind": "prob"}, ValueError),
+                       ({"reduce": "sum"}, ValueError), ([0, 1], TypeError),
+                       ({"heads": slice(0, 2)}, TypeError), ({"keys": [0, 1, 2]}, ValueError),
+                       ({"keys": slice(0, 8, 2)}, ValueError), ({"rows": [0.5]}, TypeError)):
+            with self.assertRaises(exc, msg=repr(w)):
+                _inspect({}, w, None, None)
+        with self.assertRaises(ValueError):
+            _inspect({}, False, ["x"], None)
+        with self.assertRaises(ValueError):
+            _inspect({}, False, None, [1, np.nan, 1, 1])
+        with attnd.Client("http://127.0.0.1:9") as c:  # nothing listens: refused before sending
+            with self.assertRaises(TypeError):
+                c.session("s").stream(0, np.zeros((1, HIDDEN)), weights=attnd.Selection())
 
 if __name__ == "__main__":
     unittest.main()
