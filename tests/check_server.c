@@ -1599,8 +1599,8 @@ END_TEST
  * from, get answers shaped like the example answers; the numbers match the engine (attend) and
  * numpy (sdpa). */
 START_TEST(test_server_answers_match_proto_examples) {
-    const char *args[] = {"--preset", "tiny", "--seed",         "0",
-                          "--workers", "1",   "--keep-queries", "1", NULL};
+    const char *args[] = {"--preset", "tiny",           "--seed", "0", "--workers",
+                          "1",        "--keep-queries", "1",      NULL};
     start(args);
     static const struct {
         const char *method, *path, *request, *response;
