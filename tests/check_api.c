@@ -625,7 +625,7 @@ START_TEST(test_api_model_and_status_shapes) {
     ck_assert_int_eq(attn_config_preset("tiny", &cfg), ATTN_OK);
     ck_assert_int_eq(attn_config_check(&cfg), ATTN_OK);
     struct api_model_info info = {
-        "preset:tiny seed=0", "attnd", 0, 2, 114688, "bf16", "bf16", 128, FP_EXAMPLE};
+        "preset:tiny seed=0", "attnd", 0, 2, 114688, "bf16", "bf16", 256, FP_EXAMPLE};
     char *text = api_model_encode(&cfg, &info, NULL);
     char *ex = http_client_read_file(EX "model.response.json", NULL);
     ck_assert_str_eq(text, ex); /* the captured example is exactly this model */
@@ -646,9 +646,9 @@ START_TEST(test_api_session_shapes) {
     int64_t idle = (int64_t)cJSON_GetObjectItemCaseSensitive(j, "idle_ms")->valuedouble;
     cJSON_Delete(j);
     /* tiny: 2 kv heads x head_dim 16 x 128-token blocks x K and V x 2 bytes (bf16) = 16384 per
-     * block */
-    struct api_session_layer layers[1] = {{0, 4, 4, 0, -1, 16384, false}};
-    struct api_session s = {"chat-42", 4, 16384, idle, 0, "memory", layers, 1};
+     * block, and as many again for the 4 query heads' rows (capture.sh's daemon keeps queries) */
+    struct api_session_layer layers[1] = {{0, 4, 4, 0, -1, 32768, false}};
+    struct api_session s = {"chat-42", 4, 32768, idle, 0, "memory", layers, 1};
     char *text = api_session_encode(&s, NULL);
     ck_assert_str_eq(text, ex);
     free(ex);
