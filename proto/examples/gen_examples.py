@@ -63,6 +63,12 @@ def bf16(a):
     return u.astype(np.uint32).view(np.float32)
 
 
+def visible(ip, tk, causal, window):
+    """The keys query position ip sees: bottom-right causal, |ip - j| <= window."""
+    return np.array([(not causal or j <= ip) and (window is None or abs(ip - j) <= window)
+                     for j in range(tk)])
+
+
 def sdpa_lse(q, k, causal, window, scale):
     """(H, Tq) log-sum-exp of each row's visible scores, as sdpa() masks them."""
     h, tq, dk = q.shape
@@ -74,8 +80,7 @@ def sdpa_lse(q, k, causal, window, scale):
         g = hh // (h // hkv)
         for i in range(tq):
             ip = i + tk - tq
-            vis = np.array([(not causal or j <= ip) and (window is None or abs(ip - j) <= window)
-                            for j in range(tk)])
+            vis = visible(ip, tk, causal, window)
             s = scale * (k[g].astype(np.float64) @ q[hh, i].astype(np.float64))
             if vis.any():
                 m = s[vis].max()
@@ -96,8 +101,7 @@ def sdpa(q, k, v, causal, window, scale):
         g = hh // (h // hkv)
         for i in range(tq):
             ip = i + tk - tq
-            vis = np.array([(not causal or j <= ip) and (window is None or abs(ip - j) <= window)
-                            for j in range(tk)])
+            vis = visible(ip, tk, causal, window)
             if not vis.any():
                 continue
             s = scale * (k64[g] @ q64[hh, i])
