@@ -792,12 +792,10 @@ static int parse_index_list(struct json_reader *r, const char *name, int64_t min
     if (json_peek(r) != JSON_TYPE_ARRAY) {
         return wrong_type(r, name, what, err);
     }
-    int32_t *a = malloc((size_t)max_n * sizeof *a);
-    if (a == NULL) {
-        return out_of_memory(err, name);
-    }
+    /* grown as values come: the bound may be far above what a body holds */
+    int32_t *a = NULL;
     json_array_begin(r);
-    int32_t n = 0;
+    int32_t n = 0, cap = 0;
     int more, rc = 0;
     while (rc == 0 && (more = json_array_next(r)) == 1) {
         int64_t v;
@@ -805,6 +803,15 @@ static int parse_index_list(struct json_reader *r, const char *name, int64_t min
             rc =
                 fail(err, ERROR_INVALID_REQUEST, name, "%s: more than %d values", name, (int)max_n);
         } else if ((rc = get_int(r, name, min, max, &v, err)) == 0) {
+            if (n == cap) {
+                cap = cap > 0 ? (cap > max_n / 2 ? max_n : 2 * cap) : 16;
+                int32_t *grown = realloc(a, (size_t)cap * sizeof *a);
+                if (grown == NULL) {
+                    rc = out_of_memory(err, name);
+                    break;
+                }
+                a = grown;
+            }
             a[n++] = (int32_t)v;
         }
     }
@@ -1712,7 +1719,8 @@ static int sdpa_field(struct json_reader *jr, int index, struct api_sdpa_request
     case SDPA_SCALE:
         return get_scale(jr, &r->scale, err);
     case SDPA_RETURN_WEIGHTS:
-        return parse_return_weights(jr, 0, INT32_MAX, &r->return_weights, &r->sel, err);
+        /* the query rows' bound: n_heads x n_q is at most 2^24 (attn_sdpa's limit) */
+        return parse_return_weights(jr, 0, 1 << 24, &r->return_weights, &r->sel, err);
     default:
         return get_encoding(jr, &r->encoding, err);
     }
