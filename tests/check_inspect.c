@@ -642,6 +642,78 @@ START_TEST(test_inspect_cached_rows) {
 }
 END_TEST
 
+/* Every KV dtype: a call's selection reads the keys as the cache holds them, so its
+ * probabilities equal the materialized weights of the same call on a twin cache of that dtype,
+ * and exp(scores - lse) equals them too (the decode kernels of each dtype, and the widened
+ * prefill path). */
+START_TEST(test_inspect_kv_dtypes) {
+    static const attn_dtype dts[] = {ATTN_DTYPE_F32, ATTN_DTYPE_BF16, ATTN_DTYPE_F16,
+                                     ATTN_DTYPE_Q8_0};
+    attn_config c = harness_config(8, 2, 64);
+    harness_model hm;
+    harness_model_init(&hm, &c, 31);
+    int32_t n = 40;
+    float *x = harness_random_x(32, n, c.hidden_size);
+    float *out = harness_calloc((size_t)n * c.hidden_size, sizeof(float));
+    float *w = harness_calloc((size_t)c.n_heads * n * n, sizeof(float));
+    float *p = harness_calloc((size_t)c.n_heads * n * n, sizeof(float));
+    float *sc = harness_calloc((size_t)c.n_heads * n * n, sizeof(float));
+    float *lse = harness_calloc((size_t)c.n_heads * n, sizeof(float));
+    for (size_t di = 0; di < 4; di++) {
+        attn_kv_pool *pool = NULL;
+        attn_workspace *ws = NULL;
+        ck_assert_int_eq(attn_kv_pool_create_typed(hm.model, (size_t)8 << 20, 16, dts[di], &pool),
+                         ATTN_OK);
+        ck_assert_int_eq(attn_workspace_create(hm.model, 64, NULL, &ws), ATTN_OK);
+        int32_t calls[2] = {n - 1, 1};
+        attn_kv *kv[4];
+        for (int i = 0; i < 4; i++) {
+            ck_assert_int_eq(attn_kv_create(pool, &kv[i]), ATTN_OK);
+        }
+        for (int ci = 0, at = 0; ci < 2; at += calls[ci], ci++) {
+            int32_t t = calls[ci], keys = at + t;
+            attn_inspect ins[3] = {{.kind = ATTN_INSPECT_PROBS, .n_keys = keys, .out = p},
+                                   {.kind = ATTN_INSPECT_SCORES, .n_keys = keys, .out = sc},
+                                   {.kind = ATTN_INSPECT_LSE, .out = lse}};
+            for (int i = 0; i < 4; i++) {
+                attn_step st = {.kv = kv[i],
+                                .x = x + (size_t)at * c.hidden_size,
+                                .n_tokens = t,
+                                .out = out,
+                                .weights = i == 0 ? w : NULL,
+                                .inspect = i > 0 ? &ins[i - 1] : NULL};
+                ck_assert_int_eq(attn_forward(hm.model, 0, ws, &st, 1), ATTN_OK);
+            }
+            char what[96];
+            snprintf(what, sizeof what, "dtype %s call %d: selection vs weights",
+                     attn_dtype_name(dts[di]), ci);
+            harness_expect_close_tol(p, w, (size_t)c.n_heads * t * keys, 1e-6, 1e-5, what);
+            for (int32_t h = 0; h < c.n_heads; h++) {
+                for (int32_t r = 0; r < t; r++) {
+                    for (int32_t j = 0; j < keys; j++) {
+                        size_t cell = ((size_t)h * t + r) * keys + j;
+                        float from = sc[cell] == -INFINITY ? 0.0f : expf(sc[cell] - lse[h * t + r]);
+                        expect_value(from, w[cell], 1e-6, 1e-5, what, h, r, j);
+                    }
+                }
+            }
+        }
+        for (int i = 0; i < 4; i++) {
+            attn_kv_destroy(kv[i]);
+        }
+        attn_workspace_destroy(ws);
+        attn_kv_pool_destroy(pool);
+    }
+    free(lse);
+    free(sc);
+    free(p);
+    free(w);
+    free(out);
+    free(x);
+    harness_model_release(&hm);
+}
+END_TEST
+
 extern Suite *inspect_suite(void);
 
 Suite *inspect_suite(void) {
@@ -656,6 +728,7 @@ Suite *inspect_suite(void) {
     tcase_add_test(tc, test_inspect_sdpa);
     tcase_add_test(tc, test_inspect_qkv);
     tcase_add_test(tc, test_inspect_cached_rows);
+    tcase_add_test(tc, test_inspect_kv_dtypes);
     suite_add_tcase(s, tc);
     return s;
 }
