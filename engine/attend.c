@@ -18,6 +18,24 @@ size_t attn__task_scratch_floats(int32_t n_rows, int32_t d_k, int32_t d_v, int32
            (size_t)block_tokens * (size_t)(d_k > d_v ? d_k : d_v);
 }
 
+/* A task's scratch, laid out as attn__task_scratch_floats counts it. */
+struct task_scratch {
+    float *q, *o, *s, *m, *l, *pack, *widen;
+};
+
+static struct task_scratch scratch_of(const struct attn__task *t) {
+    size_t rows = (size_t)t->n_group * t->n_q;
+    struct task_scratch sc;
+    sc.q = t->scratch;
+    sc.o = sc.q + rows * t->d_k;
+    sc.s = sc.o + rows * t->d_v;
+    sc.m = sc.s + rows * t->kv.block_tokens;
+    sc.l = sc.m + rows;
+    sc.pack = sc.l + rows;
+    sc.widen = sc.pack + attn__tile_pack_floats(t->kv.block_tokens, t->d_k);
+    return sc;
+}
+
 /* How a task multiplies its tiles: SIMD dot loops for a few rows (decode), register-blocked
  * kernels or BLAS for many (prefill). */
 typedef enum tile_mode { TILE_MODE_SMALL, TILE_MODE_FAST, TILE_MODE_BLAS } tile_mode;
@@ -280,13 +298,9 @@ static void run_materialized(const struct attn__task *t, const struct tile_ctx *
 
 void attn__task_run(const struct attn__task *t) {
     int32_t rows = t->n_group * t->n_q;
-    float *q = t->scratch;
-    float *o = q + (size_t)rows * t->d_k;
-    float *s = o + (size_t)rows * t->d_v;
-    float *m = s + (size_t)rows * t->kv.block_tokens;
-    float *l = m + rows;
-    struct tile_ctx tc = {TILE_MODE_SMALL, l + rows,
-                          l + rows + attn__tile_pack_floats(t->kv.block_tokens, t->d_k)};
+    struct task_scratch sc = scratch_of(t);
+    float *q = sc.q, *o = sc.o, *s = sc.s, *m = sc.m, *l = sc.l;
+    struct tile_ctx tc = {TILE_MODE_SMALL, sc.pack, sc.widen};
     if (rows >= ATTN__BLAS_MIN_ROWS) {
         tc.mode = attn__tile_is_fast() ? TILE_MODE_FAST : TILE_MODE_BLAS;
     }
@@ -333,11 +347,9 @@ static void task_inspect(const struct attn__task *t) {
         return;
     }
     int32_t rows = t->n_group * t->n_q, bt = t->kv.block_tokens;
-    float *q = t->scratch;
-    float *s = q + (size_t)rows * (t->d_k + t->d_v);
-    struct tile_ctx tc = {TILE_MODE_SMALL, s + (size_t)rows * bt + 2 * (size_t)rows,
-                          s + (size_t)rows * bt + 2 * (size_t)rows +
-                              attn__tile_pack_floats(bt, t->d_k)};
+    struct task_scratch sc = scratch_of(t);
+    float *q = sc.q, *s = sc.s;
+    struct tile_ctx tc = {TILE_MODE_SMALL, sc.pack, sc.widen};
     int64_t k_first = ins->key_first, k_end = (int64_t)ins->key_first + ins->n_keys;
     for (int32_t r = 0; r < rows; r++) {
         int32_t hs = attn__inspect_find(ins->heads, ins->n_heads, t->head0 + r / t->n_q);
@@ -373,10 +385,10 @@ static void task_inspect(const struct attn__task *t) {
             mask_row(t, r % t->n_q, j0, nb, s);
             int64_t from = j0 > a ? j0 : a, to = j0 + nb - 1 < b ? j0 + nb - 1 : b;
             for (int64_t j = from; j <= to; j++) {
-                float sc = s[j - j0];
-                float value = ins->kind == ATTN_INSPECT_SCORES ? sc
-                              : sc == -INFINITY                ? 0.0f
-                                                               : expf(sc - lse);
+                float score = s[j - j0];
+                float value = ins->kind == ATTN_INSPECT_SCORES ? score
+                              : score == -INFINITY             ? 0.0f
+                                                               : expf(score - lse);
                 attn__inspect_put(ins, t->inspect_rows, hs, rs, (int32_t)(j - k_first), value);
             }
         }
@@ -434,11 +446,9 @@ void attn__tasks_merge(const struct attn__task *parts, int32_t n) {
     const struct attn__task *t = &parts[0];
     int32_t rows = t->n_group * t->n_q;
     for (int32_t r = 0; r < rows; r++) {
-        /* Scratch layout (attn__task_scratch_floats): q, o, s, then m and l. */
         float mx = t->sinks != NULL ? t->sinks[r / t->n_q] : -INFINITY;
         for (int32_t i = 0; i < n; i++) {
-            const float *m =
-                parts[i].scratch + (size_t)rows * (t->d_k + t->d_v + t->kv.block_tokens);
+            const float *m = scratch_of(&parts[i]).m;
             mx = m[r] > mx ? m[r] : mx;
         }
         float *dst =
@@ -452,10 +462,8 @@ void attn__tasks_merge(const struct attn__task *parts, int32_t n) {
         }
         float sum = t->sinks != NULL ? expf(t->sinks[r / t->n_q] - mx) : 0.0f;
         for (int32_t i = 0; i < n; i++) {
-            const float *o = parts[i].scratch + (size_t)rows * t->d_k + (size_t)r * t->d_v;
-            const float *m =
-                parts[i].scratch + (size_t)rows * (t->d_k + t->d_v + t->kv.block_tokens);
-            const float *l = m + rows;
+            struct task_scratch sc = scratch_of(&parts[i]);
+            const float *o = sc.o + (size_t)r * t->d_v, *m = sc.m, *l = sc.l;
             if (m[r] == -INFINITY) {
                 continue;
             }
