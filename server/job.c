@@ -223,11 +223,17 @@ static void attend_finish(struct job *job, bool ok) {
     job__unpin(job);
 }
 
+/* Values of each head's attention output (head_out): head_dim, or multi-head latent
+ * attention's v_head_dim. */
+static size_t head_out_width(const struct server *srv) {
+    const attn_config *c = attn_model_config(srv->model);
+    return c->kv_lora_rank > 0 ? (size_t)c->v_head_dim : (size_t)srv->limits.head_dim;
+}
+
 /* The inspection of a call (return_weights as an object, capture) once its keys are known: the
  * selection resolved against them, and its buffers. */
 static int inspect_size(struct job *job, int32_t n_keys) {
     const struct api_limits *lim = &job->srv->limits;
-    const attn_config *c = attn_model_config(job->srv->model);
     size_t t = (size_t)job->at.n_tokens, hd = (size_t)lim->head_dim;
     job->has_inspect = job->at.sel.is_set || job->at.capture != 0;
     if (!job->has_inspect) {
@@ -248,7 +254,7 @@ static int inspect_size(struct job *job, int32_t n_keys) {
         }
         job->inspect = api_selection_inspect(&job->at.sel, job->selected);
     }
-    size_t d_v = c->kv_lora_rank > 0 ? (size_t)c->v_head_dim : hd;
+    size_t d_v = head_out_width(job->srv);
     size_t sizes[4] = {lim->n_heads * t * hd, lim->n_kv_heads * t * hd, lim->n_kv_heads * t * hd,
                        lim->n_heads * t * d_v};
     float **slots[4] = {&job->inspect.q, &job->inspect.k, &job->inspect.v, &job->inspect.head_out};
@@ -466,9 +472,7 @@ static int attend_run(struct pool_job *pj, int status) {
             .capture_v = job->captures[2],
             .capture_head_out = job->captures[3],
             .n_kv_heads = lim->n_kv_heads,
-            .d_v = attn_model_config(job->srv->model)->kv_lora_rank > 0
-                       ? attn_model_config(job->srv->model)->v_head_dim
-                       : lim->head_dim,
+            .d_v = (int32_t)head_out_width(job->srv),
         };
         job->response = api_attend_response_encode(&r, &job->response_len, &job->response_json_len);
         job->response_status = 200;
