@@ -1,6 +1,7 @@
 /* server/job_session.c: the requests on one session that go through the scheduler besides the
  * forward (see job.h): truncate, fork and delete, which run as control jobs holding the
- * session's turn; export, a worker job holding it; and import, which makes a new session.
+ * session's turn; export and the attention of cached tokens (--keep-queries), worker jobs
+ * holding it; and import, which makes a new session.
  */
 #include <stdio.h>
 #include <stdlib.h>
