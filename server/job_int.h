@@ -15,6 +15,7 @@
 #include "job.h"
 #include "pool.h"
 #include "route.h"
+#include "snapshot.h"
 #include "strbuf.h"
 
 enum job_kind {
@@ -80,7 +81,7 @@ struct job {
     struct api_truncate_request tr;
     struct api_fork_request fk;
     /* export */
-    attn_dtype kv_dtype;
+    struct snapshot_kv snap_kv; /* what the pool holds, read on the loop for the worker */
     /* GET /v1/sessions/{id}/attention */
     struct api_attention_request attn_q;
     bool is_kv; /* POST /v1/kv/attend: q/k/v in, not x */

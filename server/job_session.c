@@ -163,7 +163,7 @@ void job_submit_delete(struct route_req *rq, struct session *s) {
 
 static int export_prepare(struct pool_job *pj, struct pool_step *step) {
     struct job *job = (struct job *)pj;
-    job->kv_dtype = attn_kv_pool_dtype(session_store_kv_pool(job->srv->sessions));
+    job->snap_kv = snapshot_kv_of(session_store_kv_pool(job->srv->sessions));
     return 0;
 }
 
@@ -175,7 +175,7 @@ static int export_run(struct pool_job *pj, int status) {
     clock_gettime(CLOCK_REALTIME, &ts);
     uint8_t *file;
     size_t len;
-    int rc = snapshot_encode(pj->session, job->srv->model, job->kv_dtype,
+    int rc = snapshot_encode(pj->session, job->srv->model, job->snap_kv,
                              (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000, &file, &len);
     if (rc != 0) {
         return rc;
@@ -301,9 +301,8 @@ void job__import_admit(struct job *job) {
     char msg[256];
     int rc = snapshot_read_header(file, job->body_len, &info, msg, sizeof msg);
     if (rc == 0) {
-        rc = snapshot_match(&info, srv->model,
-                            attn_kv_pool_dtype(session_store_kv_pool(srv->sessions)), msg,
-                            sizeof msg);
+        rc = snapshot_match(&info, srv->model, snapshot_kv_of(session_store_kv_pool(srv->sessions)),
+                            msg, sizeof msg);
     }
     if (rc != 0) {
         route_reply_error(rq, rc, msg, "body");

@@ -232,7 +232,7 @@ static int build_server(struct daemon *d, const struct config *cfg, attn_model *
             .budget_bytes = (size_t)cfg->state_budget_mb << 20,
             .sessions = srv->sessions,
             .model = model,
-            .kv_dtype = attn_kv_pool_dtype(session_store_kv_pool(srv->sessions)),
+            .kv = snapshot_kv_of(session_store_kv_pool(srv->sessions)),
         };
         char err[512];
         if (spill_open(&fp, &srv->spill, err, sizeof err) != 0) {

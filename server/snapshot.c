@@ -75,8 +75,12 @@ size_t snapshot_bytes(struct session *s, const attn_model *m) {
     return file_bytes(s, m, NULL);
 }
 
-int snapshot_encode(struct session *s, const attn_model *m, attn_dtype kv_dtype, int64_t unix_ms,
-                    uint8_t **out, size_t *len) {
+struct snapshot_kv snapshot_kv_of(const attn_kv_pool *pool) {
+    return (struct snapshot_kv){attn_kv_pool_dtype(pool), attn_kv_pool_keeps_queries(pool)};
+}
+
+int snapshot_encode(struct session *s, const attn_model *m, struct snapshot_kv pool_kv,
+                    int64_t unix_ms, uint8_t **out, size_t *len) {
     int32_t first = attn_model_layer_first(m), count = attn_model_layer_count(m);
     const char *id = session_id(s);
     size_t id_len = strlen(id);
@@ -93,12 +97,13 @@ int snapshot_encode(struct session *s, const attn_model *m, attn_dtype kv_dtype,
     put_u32(p + 8, SNAPSHOT_VERSION);
     put_u32(p + 12, SNAPSHOT_HEADER_BYTES);
     attn_model_fingerprint(m, p + 16);
-    put_u32(p + 48, (uint32_t)kv_dtype);
+    put_u32(p + 48, (uint32_t)pool_kv.dtype);
     put_u32(p + 52, (uint32_t)id_len);
     put_u32(p + 56, n_sections);
     put_u32(p + 60, (uint32_t)session_n_tokens(s));
     put_u64(p + 64, total);
     put_u64(p + 72, (uint64_t)unix_ms);
+    put_u32(p + 80, pool_kv.has_queries ? SNAPSHOT_FLAG_QUERIES : 0);
     memcpy(p + SNAPSHOT_HEADER_BYTES, id, id_len);
     size_t at = SNAPSHOT_HEADER_BYTES + pad8(id_len);
     for (int32_t l = first; l < first + count; l++) {
@@ -151,8 +156,10 @@ int snapshot_read_header(const uint8_t *p, size_t len, struct snapshot_info *inf
     info->n_tokens = (int32_t)get_u32(p + 60);
     info->file_bytes = get_u64(p + 64);
     info->saved_unix_ms = (int64_t)get_u64(p + 72);
+    uint32_t flags = get_u32(p + 80);
+    info->has_queries = (flags & SNAPSHOT_FLAG_QUERIES) != 0;
     if (header_bytes != SNAPSHOT_HEADER_BYTES || id_len == 0 || id_len > API_SESSION_ID_MAX ||
-        info->n_sections < 0 || info->n_tokens < 0) {
+        info->n_sections < 0 || info->n_tokens < 0 || (flags & ~SNAPSHOT_FLAG_QUERIES) != 0) {
         return fail(ERROR_CORRUPT_SESSION, msg, msg_size, "the session file's header is corrupt");
     }
     if (len < SNAPSHOT_HEADER_BYTES + id_len) {
@@ -220,7 +227,7 @@ int snapshot_check(const uint8_t *p, size_t len, struct snapshot_info *info, cha
     return walk_sections(p, len, info, NULL, NULL, msg, msg_size);
 }
 
-int snapshot_match(const struct snapshot_info *info, const attn_model *m, attn_dtype kv_dtype,
+int snapshot_match(const struct snapshot_info *info, const attn_model *m, struct snapshot_kv kv,
                    char *msg, size_t msg_size) {
     uint8_t fp[ATTN_FINGERPRINT_BYTES];
     attn_model_fingerprint(m, fp);
@@ -236,9 +243,16 @@ int snapshot_match(const struct snapshot_info *info, const attn_model *m, attn_d
                  got, want);
         return ERROR_FINGERPRINT_MISMATCH;
     }
-    if (info->kv_dtype != kv_dtype) {
+    if (info->kv_dtype != kv.dtype) {
         snprintf(msg, msg_size, "kv_dtype: the session holds %s K/V, this server's pool holds %s",
-                 attn_dtype_name(info->kv_dtype), attn_dtype_name(kv_dtype));
+                 attn_dtype_name(info->kv_dtype), attn_dtype_name(kv.dtype));
+        return ERROR_FINGERPRINT_MISMATCH;
+    }
+    if (info->has_queries != kv.has_queries) {
+        snprintf(msg, msg_size,
+                 "queries: the session's caches %s their tokens' queries, this server's %s "
+                 "(--keep-queries)",
+                 info->has_queries ? "keep" : "do not keep", kv.has_queries ? "do" : "do not");
         return ERROR_FINGERPRINT_MISMATCH;
     }
     return 0;

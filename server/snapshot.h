@@ -10,6 +10,7 @@
 #ifndef SERVER_SNAPSHOT_H
 #define SERVER_SNAPSHOT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -20,12 +21,26 @@
 #define SNAPSHOT_VERSION      1  /* the newest format this build writes and reads */
 #define SNAPSHOT_HEADER_BYTES 96 /* the fixed header, before the id */
 #define SNAPSHOT_MIN_BYTES    (SNAPSHOT_HEADER_BYTES + 8 + 8)
+/* Header flags (offset 80; 0 in files from before it): the caches keep their tokens' queries
+ * (--keep-queries; kv_io kind 2). */
+#define SNAPSHOT_FLAG_QUERIES 1u
 
 /* What a file's header says. */
+/* What a server's KV pool holds, which a file's caches must match: their dtype, and whether each
+ * layer's cache keeps its tokens' queries (--keep-queries). */
+struct snapshot_kv {
+    attn_dtype dtype;
+    bool has_queries;
+};
+
+/* The pool's (immutable) description, for the calls below. */
+struct snapshot_kv snapshot_kv_of(const attn_kv_pool *pool);
+
 struct snapshot_info {
     uint32_t version;
     uint8_t fingerprint[ATTN_FINGERPRINT_BYTES];
     attn_dtype kv_dtype;
+    bool has_queries; /* header flag bit 0 */
     char id[API_SESSION_ID_MAX + 1];
     int32_t n_sections;
     int32_t n_tokens; /* the longest layer's length */
@@ -36,8 +51,8 @@ struct snapshot_info {
 /* Writes s's caches (every used layer's own cache and cross-attention context) as a file into a
  * new malloc'd buffer (*out, *len), checksum not yet set: snapshot_seal sets it. Returns 0 or
  * ATTN_ENOMEM. */
-int snapshot_encode(struct session *s, const attn_model *m, attn_dtype kv_dtype, int64_t unix_ms,
-                    uint8_t **out, size_t *len);
+int snapshot_encode(struct session *s, const attn_model *m, struct snapshot_kv pool_kv,
+                    int64_t unix_ms, uint8_t **out, size_t *len);
 
 /* The length snapshot_encode's file for s would have, without making it. */
 size_t snapshot_bytes(struct session *s, const attn_model *m);
@@ -56,9 +71,9 @@ int snapshot_read_header(const uint8_t *p, size_t len, struct snapshot_info *inf
 int snapshot_check(const uint8_t *p, size_t len, struct snapshot_info *info, char *msg,
                    size_t msg_size);
 
-/* Compares a file's model fingerprint and KV dtype with this server's. Returns 0 or
- * ERROR_FINGERPRINT_MISMATCH naming what differs in msg. */
-int snapshot_match(const struct snapshot_info *info, const attn_model *m, attn_dtype kv_dtype,
+/* Compares a file's model fingerprint, KV dtype and kept queries with this server's. Returns 0
+ * or ERROR_FINGERPRINT_MISMATCH naming what differs in msg. */
+int snapshot_match(const struct snapshot_info *info, const attn_model *m, struct snapshot_kv kv,
                    char *msg, size_t msg_size);
 
 /* Recreates, in the turn's session (which holds no caches), the caches of a checked file,

@@ -81,8 +81,7 @@ static size_t save(void *ctx, struct session *s) {
     uint8_t *file;
     size_t len;
     struct spill_op *op = calloc(1, sizeof *op);
-    if (op == NULL ||
-        snapshot_encode(s, sp->p.model, sp->p.kv_dtype, unix_ms(), &file, &len) != 0) {
+    if (op == NULL || snapshot_encode(s, sp->p.model, sp->p.kv, unix_ms(), &file, &len) != 0) {
         free(op);
         return 0;
     }
@@ -133,7 +132,7 @@ static void restore_done(void *ctx, int status, uint8_t *data, size_t len) {
         struct snapshot_info info;
         rc = snapshot_read_header(data, len, &info, op->msg, sizeof op->msg);
         if (rc == 0) {
-            rc = snapshot_match(&info, sp->p.model, sp->p.kv_dtype, op->msg, sizeof op->msg);
+            rc = snapshot_match(&info, sp->p.model, sp->p.kv, op->msg, sizeof op->msg);
         }
         if (rc == 0) {
             rc = snapshot_restore(sp->p.sessions, op->turn, data, len, op->msg, sizeof op->msg);
@@ -221,7 +220,7 @@ static void on_file(void *ctx, const char *name, const uint8_t *head, size_t n, 
     char msg[256];
     int rc = snapshot_read_header(head, n, &info, msg, sizeof msg);
     if (rc == 0) {
-        rc = snapshot_match(&info, sc->sp->p.model, sc->sp->p.kv_dtype, msg, sizeof msg);
+        rc = snapshot_match(&info, sc->sp->p.model, sc->sp->p.kv, msg, sizeof msg);
     }
     char want[API_SESSION_ID_MAX + 16];
     if (rc == 0) {

@@ -18,6 +18,7 @@
 #include "metrics.h"
 #include "pool.h"
 #include "session.h"
+#include "snapshot.h"
 
 struct spill; /* opaque */
 
@@ -27,7 +28,7 @@ struct spill_params {
     size_t budget_bytes; /* --state-budget-mb: files at most */
     struct session_store *sessions;
     const attn_model *model;
-    attn_dtype kv_dtype; /* the pool's (resolved) */
+    struct snapshot_kv kv; /* what the pool holds (snapshot_kv_of) */
 };
 
 /* Opens the directory, finds the sessions its files hold for this model (other files are left

@@ -392,6 +392,18 @@ START_TEST(test_persist_restart_brings_sessions_back) {
     ck_assert_msg(strstr(log, "left alone") != NULL, "%s", log);
     free(log);
     stop_ok(&b_);
+    /* the same model keeping queries: its caches would hold what these files lack, so they are
+     * left alone too, not lost */
+    const char *keeping[] = {"--preset",       "tiny", "--kv-dtype",  "f32",
+                             "--kv-budget-mb", "1",    "--state-dir", dir_,
+                             "--keep-queries", "1",    NULL};
+    http_client_daemon_start(&b_, keeping);
+    ck_assert_int_eq(count_location(&b_, "disk"), 0);
+    log = http_client_daemon_log(&b_);
+    ck_assert_msg(strstr(log, "left alone") != NULL && strstr(log, "--keep-queries") != NULL, "%s",
+                  log);
+    free(log);
+    stop_ok(&b_);
     /* corrupt one file in its middle */
     char p[256];
     snprintf(p, sizeof p, "%s/p3.session", dir_);

@@ -52,7 +52,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char msg[256];
     int rc = snapshot_check(file, size, &info, msg, sizeof msg);
     if (rc == 0) {
-        rc = snapshot_match(&info, model_, ATTN_DTYPE_F32, msg, sizeof msg);
+        rc = snapshot_match(&info, model_, snapshot_kv_of(session_store_kv_pool(store_)), msg,
+                            sizeof msg);
     }
     if (rc != 0) {
         if (rc != ERROR_CORRUPT_SESSION && rc != ERROR_SESSION_VERSION &&
