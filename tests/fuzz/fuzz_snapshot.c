@@ -84,7 +84,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
         uint8_t *again;
         size_t n;
-        if (snapshot_encode(s, model_, ATTN_DTYPE_F32, 0, &again, &n) != 0) {
+        if (snapshot_encode(s, model_, snapshot_kv_of(session_store_kv_pool(store_)), 0, &again,
+                            &n) != 0) {
             abort();
         }
         snapshot_seal(again, n);
