@@ -460,6 +460,7 @@ extern Suite *inspect_api_suite(void);
 Suite *inspect_api_suite(void) {
     Suite *s = suite_create("inspect_api");
     TCase *tc = tcase_create("inspect_api");
+    tcase_set_tags(tc, "server"); /* daemons: not for `make valgrind`'s engine run */
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_inspect_api_selection);
