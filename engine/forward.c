@@ -10,13 +10,22 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Output rows (weight rows) per projection task when an executor spreads the work. */
+/* Output rows (weight rows) per projection task when an executor spreads a few tokens' work. */
 #define LINEAR_SLICE 256
 
-/* Half-precision weights for many input rows: LINEAR_PANEL weight rows at a time widened into
- * the slice's panel and multiplied by sgemm, so each weight is converted once per call and the
- * product runs at sgemm's speed. */
-#define LINEAR_PANEL 64
+/* Many tokens: the weight rows are cut into LINEAR_WIDE_TASKS ranges, each one sgemm, or, for
+ * half-precision weights, one sgemm per LINEAR_PANEL rows widened into the task's own panel (each
+ * weight is converted once per call). sgemm packs all of x again for every call: at 64-row calls
+ * that packing took a sixth of a 512-token prefill (perf: sgemm_oncopy 18%), at 256 rows ~4%.
+ * Tasks, not threads, own the panels, so their memory does not depend on the executor. */
+#define LINEAR_WIDE_TASKS 4
+#define LINEAR_PANEL      256
+
+/* Up to this many tokens a projection streams the weights through attn__rows_dot: OpenBLAS's
+ * sgemm packs the whole weight matrix for every call, which for a few rows costs several times
+ * the bandwidth-bound read (M = 8 against a 6144 x 4096 matrix: 21 ms for sgemm, 3.6 for the
+ * matrix-vector product). */
+#define LINEAR_SMALL_ROWS 32
 
 static size_t n_qkv_of(const attn_config *c) {
     return (size_t)(c->n_heads + 2 * c->n_kv_heads) * c->head_dim;
@@ -95,13 +104,10 @@ int attn_workspace_create(const attn_model *m, int32_t max_tokens, const attn_ex
     ws->splits = calloc((size_t)ws->max_tasks, sizeof *ws->splits);
     ws->parts = calloc(t, sizeof *ws->parts);
     bool panels_ok = true;
-    if (m->weights_dtype != ATTN_DTYPE_F32) {
-        /* one panel per slice of the widest projection, as wide as its widest input */
-        size_t out_max =
-            n_qkv_of(c) > (size_t)c->hidden_size ? n_qkv_of(c) : (size_t)c->hidden_size;
+    if (m->weights_dtype != ATTN_DTYPE_F32 && max_tokens > LINEAR_SMALL_ROWS) {
+        /* one panel per wide task, as wide as the widest projection input */
         size_t in_max = hd_all > (size_t)c->hidden_size ? hd_all : (size_t)c->hidden_size;
-        size_t slices = (out_max + LINEAR_SLICE - 1) / LINEAR_SLICE;
-        ws->panels = attn__alloc_floats(slices * LINEAR_PANEL * in_max);
+        ws->panels = attn__alloc_floats((size_t)LINEAR_WIDE_TASKS * LINEAR_PANEL * in_max);
         panels_ok = ws->panels != NULL;
     }
     bool mla_ok = true;
@@ -223,12 +229,6 @@ static int validate(const attn_model *m, int32_t layer, const attn_workspace *ws
     return ATTN_OK;
 }
 
-/* Up to this many tokens a projection streams the weights through attn__rows_dot: OpenBLAS's
- * sgemm packs the whole weight matrix for every call, which for a few rows costs several times
- * the bandwidth-bound read (M = 8 against a 6144 x 4096 matrix: 21 ms for sgemm, 3.6 for the
- * matrix-vector product). */
-#define LINEAR_SMALL_ROWS 32
-
 /* y (n x out_dim) = x (n x in_dim) W^T (+ b), W (out_dim x in_dim) row-major, computed for the
  * weight rows [first, first + count). */
 struct linear_job {
@@ -237,7 +237,7 @@ struct linear_job {
     const float *w, *b;
     const uint16_t *wh; /* the weights in half precision instead of w, or NULL */
     bool is_bf16;       /* wh's kind: bfloat16, else binary16 */
-    float *panels;      /* wh with many rows: per slice, LINEAR_PANEL rows widened */
+    float *panels;      /* wh with many rows: per wide task, LINEAR_PANEL rows widened */
     int32_t out_dim;
     float *y;
 };
@@ -282,12 +282,25 @@ static void linear_rows(const struct linear_job *j, int32_t first, int32_t count
     }
 }
 
+/* Few tokens: task i is the i-th LINEAR_SLICE of weight rows (no panel). */
 static void linear_task(void *arg, int32_t i) {
     const struct linear_job *j = arg;
     int32_t first = i * LINEAR_SLICE;
     int32_t count = j->out_dim - first < LINEAR_SLICE ? j->out_dim - first : LINEAR_SLICE;
-    float *panel = j->panels != NULL ? j->panels + (size_t)i * LINEAR_PANEL * j->in_dim : NULL;
-    linear_rows(j, first, count, panel);
+    linear_rows(j, first, count, NULL);
+}
+
+/* Many tokens: task i is the i-th of LINEAR_WIDE_TASKS ranges of weight rows, cut at multiples
+ * of 8 (sgemm's widest register block), with panel i. */
+static void linear_wide_task(void *arg, int32_t i) {
+    const struct linear_job *j = arg;
+    int32_t per = ((j->out_dim + LINEAR_WIDE_TASKS - 1) / LINEAR_WIDE_TASKS + 7) & ~7;
+    int32_t first = i * per < j->out_dim ? i * per : j->out_dim;
+    int32_t count = j->out_dim - first < per ? j->out_dim - first : per;
+    if (count > 0) {
+        float *panel = j->panels != NULL ? j->panels + (size_t)i * LINEAR_PANEL * j->in_dim : NULL;
+        linear_rows(j, first, count, panel);
+    }
 }
 
 /* With an executor the weight rows are cut into slices run on its threads (BLAS is then expected
@@ -308,7 +321,10 @@ static void linear_held(const attn_workspace *ws, const float *x, int32_t n, int
                            out_dim,
                            y};
     int32_t n_slices = (out_dim + LINEAR_SLICE - 1) / LINEAR_SLICE;
-    if (ws->has_ex && n_slices > 1 && (int64_t)n * in_dim * out_dim >= ATTN__PARALLEL_MIN_MACS) {
+    bool spread = ws->has_ex && (int64_t)n * in_dim * out_dim >= ATTN__PARALLEL_MIN_MACS;
+    if (spread && n > LINEAR_SMALL_ROWS && out_dim >= 8 * LINEAR_WIDE_TASKS) {
+        ws->ex.run(ws->ex.ctx, linear_wide_task, &j, LINEAR_WIDE_TASKS);
+    } else if (spread && n_slices > 1) {
         ws->ex.run(ws->ex.ctx, linear_task, &j, n_slices);
     } else {
         linear_rows(&j, 0, out_dim, ws->panels);

@@ -96,13 +96,18 @@ static void round_layer(const attn_config *c, ref_layer *w, attn_dtype dt) {
 }
 
 /* A model holding BF16 (or F16) projections answers as ref.c over the same weights: a prefill of
- * 50 tokens (past the few-rows kernel: widened panels and sgemm), decodes (the few-rows kernel),
+ * 50 tokens (past the few-rows kernel: widened panels and sgemm, spread over the executor's
+ * wide tasks when there is one: hidden 256, 384 q/k/v rows), decodes (the few-rows kernel),
  * with an executor and without; it holds half the projections' bytes. A default pool of it
  * holds K/V in the weights' dtype. */
 START_TEST(test_dtype_half_model_matches_ref) {
     static const attn_dtype dts[] = {ATTN_DTYPE_BF16, ATTN_DTYPE_F16};
-    for (int d = 0; d < 2; d++) {
-        attn_config cfg = harness_config(4, 2, 16);
+    for (int run = 0; run < 4; run++) {
+        int d = run % 2;
+        harness_threads threads;
+        attn_executor ex = harness_thread_executor(&threads);
+        attn_config cfg = harness_config(8, 2, 32);
+        cfg.hidden_size = 256;
         harness_model hm;
         harness_model_init(&hm, &cfg, 6200 + d);
         round_layer(&cfg, &hm.layers[0], dts[d]);
@@ -114,8 +119,8 @@ START_TEST(test_dtype_half_model_matches_ref) {
         ck_assert_int_eq(attn_model_create(&cfg, &lw, &p, &f32), ATTN_OK);
         ck_assert_int_eq(attn_model_weights_dtype(half), dts[d]);
         ck_assert_int_eq(attn_model_weights_dtype(f32), ATTN_DTYPE_F32);
-        /* q, k, v and o: (4 + 2 + 2 + 4) heads of 16 x hidden 64, two bytes saved on each */
-        size_t proj = (size_t)(4 + 2 + 2 + 4) * 16 * 64 * (sizeof(float) - sizeof(uint16_t));
+        /* q, k, v and o: (8 + 2 + 2 + 8) heads of 32 x hidden 256, two bytes saved on each */
+        size_t proj = (size_t)(8 + 2 + 2 + 8) * 32 * 256 * (sizeof(float) - sizeof(uint16_t));
         ck_assert_uint_eq(attn_model_bytes(f32) - attn_model_bytes(half), proj);
         attn_model_destroy(hm.model);
         hm.model = half; /* the harness runs ref.c on hm.layers and the engine on this */
@@ -132,13 +137,16 @@ START_TEST(test_dtype_half_model_matches_ref) {
         /* a float cache, so that the weights' dtype alone differs from the reference */
         ck_assert_int_eq(attn_kv_pool_create_typed(half, 1 << 20, 0, ATTN_DTYPE_F32, &pool),
                          ATTN_OK);
-        ck_assert_int_eq(attn_workspace_create(half, 64, NULL, &ws), ATTN_OK);
+        ck_assert_int_eq(attn_workspace_create(half, 64, run >= 2 ? &ex : NULL, &ws), ATTN_OK);
         ck_assert_int_eq(attn_kv_create(pool, &kv), ATTN_OK);
         float *out = harness_calloc((size_t)n * hidden, sizeof(float));
         int32_t chunks[] = {50, 1, 1, 2};
         harness_run r = {half, 0, ws, kv, x, NULL, NULL, n, 0, chunks, 4, out, NULL};
         ck_assert_int_eq(harness_run_chunks(&r), ATTN_OK);
         harness_expect_rows(out, want, 0, n, hidden, dts[d] == ATTN_DTYPE_BF16 ? "bf16" : "f16");
+        if (run >= 2) {
+            ck_assert_msg(threads.n_tasks_other > 0, "no projection task ran on the second thread");
+        }
         free(out);
         attn_kv_destroy(kv);
         attn_workspace_destroy(ws);
