@@ -632,7 +632,10 @@ const struct attn__st_tensor *attn__safetensors_tensor_find(const struct attn__s
 
 /* ---- memory ------------------------------------------------------------------------------ */
 
-/* Aligned allocation of n floats (uninitialized), NULL on failure or overflow; free with free(). */
-float *attn__alloc_floats(size_t n);
+/* Aligned, uninitialized allocations, NULL for 0 bytes, on overflow or on ENOMEM; free with
+ * free(). Aligned to ATTN__ALIGN, and those of 4 MiB or more to a 2 MiB page and offered to the
+ * kernel as huge pages (weights and KV pools are streamed end to end). */
+void *attn__alloc_bytes(size_t n);
+float *attn__alloc_floats(size_t n); /* n floats */
 
 #endif /* ENGINE_ATTN_INT_H */

@@ -12,11 +12,11 @@
  * miss every 4 KiB. Buffers this large are aligned to a huge page and offered to the kernel. */
 #define HUGE_PAGE_BYTES ((size_t)2 << 20)
 
-float *attn__alloc_floats(size_t n) {
-    if (n == 0 || n > SIZE_MAX / sizeof(float) - ATTN__ALIGN) {
+void *attn__alloc_bytes(size_t n) {
+    if (n == 0 || n > SIZE_MAX - ATTN__ALIGN) {
         return NULL;
     }
-    size_t bytes = (n * sizeof(float) + ATTN__ALIGN - 1) / ATTN__ALIGN * ATTN__ALIGN;
+    size_t bytes = (n + ATTN__ALIGN - 1) / ATTN__ALIGN * ATTN__ALIGN;
     bool is_huge = bytes >= 2 * HUGE_PAGE_BYTES;
     void *p = NULL;
     if (posix_memalign(&p, is_huge ? HUGE_PAGE_BYTES : ATTN__ALIGN, bytes) != 0) {
@@ -28,6 +28,10 @@ float *attn__alloc_floats(size_t n) {
     }
 #endif
     return p;
+}
+
+float *attn__alloc_floats(size_t n) {
+    return n > SIZE_MAX / sizeof(float) ? NULL : attn__alloc_bytes(n * sizeof(float));
 }
 
 static size_t n_qkv_rows(const attn_config *c) {
@@ -497,7 +501,7 @@ attn_dtype attn_model_weights_dtype(const attn_model *m) {
 /* n floats to half precision (bfloat16, else binary16), rounding to nearest even; NULL on ENOMEM.
  */
 static uint16_t *to_half(const float *src, size_t n, bool is_bf16) {
-    uint16_t *h = malloc(n * sizeof *h);
+    uint16_t *h = n > SIZE_MAX / sizeof *h ? NULL : attn__alloc_bytes(n * sizeof *h);
     for (size_t i = 0; h != NULL && i < n; i++) {
         h[i] = is_bf16 ? attn__f32_to_bf16(src[i]) : attn__f32_to_f16(src[i]);
     }
