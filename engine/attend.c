@@ -179,10 +179,7 @@ static void run_tiled(const struct attn__task *t, const struct tile_ctx *tc, con
         for (int32_t r = 0; r < rows; r++) {
             float *sr = s + (size_t)r * bt;
             mask_row(t, r % t->n_q, j0, nb, sr);
-            float bmax = -INFINITY;
-            for (int32_t jj = 0; jj < nb; jj++) {
-                bmax = sr[jj] > bmax ? sr[jj] : bmax;
-            }
+            float bmax = attn__row_max(sr, nb);
             if (bmax == -INFINITY) {
                 memset(sr, 0, (size_t)nb * sizeof(float));
                 continue;

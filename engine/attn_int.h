@@ -379,6 +379,9 @@ void attn__rows_dot_half_portable(const float *x, int32_t m, int32_t k, const ui
  * its float copy. ATTN_ENOMEM leaves m as it was. */
 int attn__model_hold_weights(attn_model *m, attn_dtype dtype);
 
+/* The largest of s[0 .. n) (-inf for none; NaNs passed over). SIMD where available. */
+float attn__row_max(const float *s, int32_t n);
+
 /* s[j] = exp(s[j] - m) for j < n (-inf gives 0); returns the sum. SIMD where available. */
 float attn__exp_shift(float *s, int32_t n, float m);
 

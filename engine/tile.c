@@ -316,6 +316,26 @@ __attribute__((always_inline, target("avx2,fma"))) static inline __m256 exp_avx2
     return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
 
+/* The largest of s[0 .. n), -inf when n is 0; NaNs are passed over, as by the portable loop. */
+__attribute__((target("avx2,fma"))) static float row_max_avx2(const float *s, int32_t n) {
+    __m256 m0 = _mm256_set1_ps(-INFINITY), m1 = m0;
+    int32_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        /* max_ps returns its second operand when either is NaN */
+        m0 = _mm256_max_ps(_mm256_loadu_ps(s + j), m0);
+        m1 = _mm256_max_ps(_mm256_loadu_ps(s + j + 8), m1);
+    }
+    float t[8], best = -INFINITY;
+    _mm256_storeu_ps(t, _mm256_max_ps(m0, m1));
+    for (int i = 0; i < 8; i++) {
+        best = t[i] > best ? t[i] : best;
+    }
+    for (; j < n; j++) {
+        best = s[j] > best ? s[j] : best;
+    }
+    return best;
+}
+
 /* s[j] = exp(s[j] - m) for j < n, returning the sum; -inf scores give exactly 0. */
 __attribute__((target("avx2,fma"))) static float exp_shift_avx2(float *s, int32_t n, float m) {
     const __m256 mv = _mm256_set1_ps(m), lo = _mm256_set1_ps(-87.0f);
@@ -689,56 +709,98 @@ qk_kv_t(const int DT, const float *q, size_t ldq, int32_t m, const uint8_t *k, s
 #undef QK_ROWS
 }
 
-/* o (MX <= 4 rows, d columns) += p v for value rows held as DT, rb bytes apart, two keys at a
- * time: each value vector is widened once, as pv_stream does for floats. */
+/* Keys per run of pv_kv_rows: a run's value rows stay in L1 while its strips walk them. */
+#define PV_KEYS 32
+
+/* o[:, c .. c + 8 CW) += p v over keys [j0, j1) for MX <= 4 rows, the MX x CW accumulators in
+ * registers for the whole run (NS sets over alternate keys when one row alone would wait on the
+ * FMA latency). Prefetches the same lines PV_KEYS rows ahead, for the next run. */
 __attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
-pv_kv_rows(const int DT, const int MX, const float *p, size_t ldp, const uint8_t *v, size_t rb,
-           int32_t n, int32_t d, float *o, size_t ldo) {
-    int32_t j = 0;
-    for (; j + 2 <= n; j += 2) {
-        const uint8_t *v0 = v + (size_t)j * rb, *v1 = v0 + rb;
-        _mm_prefetch((const char *)(v0 + 8 * rb), _MM_HINT_T0);
-        __m256 w0[4], w1[4];
+pv_strip(const int DT, const int MX, const int CW, const int NS, const float *p, size_t ldp,
+         const uint8_t *v, size_t rb, int32_t j0, int32_t j1, int32_t c, float *o, size_t ldo) {
+    __m256 acc[2][4][4];
+#pragma GCC unroll 2
+    for (int u = 0; u < NS; u++) {
 #pragma GCC unroll 4
-        for (int i = 0; i < MX; i++) {
-            w0[i] = _mm256_broadcast_ss(p + i * ldp + j);
-            w1[i] = _mm256_broadcast_ss(p + i * ldp + j + 1);
-        }
-        int32_t c = 0;
-        for (; c + 8 <= d; c += 8) {
-            _mm_prefetch((const char *)(v0 + 8 * rb + KV_BYTE_OF(DT, c)), _MM_HINT_T0);
-            __m256 a = load_w8(DT, v0, (size_t)c), b = load_w8(DT, v1, (size_t)c);
+        for (int a = 0; a < MX; a++) {
 #pragma GCC unroll 4
-            for (int i = 0; i < MX; i++) {
-                __m256 acc = _mm256_loadu_ps(o + i * ldo + c);
-                acc = _mm256_fmadd_ps(w0[i], a, acc);
-                acc = _mm256_fmadd_ps(w1[i], b, acc);
-                _mm256_storeu_ps(o + i * ldo + c, acc);
-            }
-        }
-        for (; c < d; c++) {
-            float a = load_w1(DT, v0, (size_t)c), b = load_w1(DT, v1, (size_t)c);
-            for (int i = 0; i < MX; i++) {
-                o[i * ldo + c] += p[i * ldp + j] * a + p[i * ldp + j + 1] * b;
+            for (int w = 0; w < CW; w++) {
+                acc[u][a][w] =
+                    u == 0 ? _mm256_loadu_ps(o + a * ldo + c + 8 * w) : _mm256_setzero_ps();
             }
         }
     }
-    for (; j < n; j++) {
-        const uint8_t *v0 = v + (size_t)j * rb;
-        int32_t c = 0;
-        for (; c + 8 <= d; c += 8) {
-            __m256 a = load_w8(DT, v0, (size_t)c);
+    bool line_starts = DT == 3 || (KV_BYTE_OF(DT, c) & 63) == 0 ||
+                       (KV_BYTE_OF(DT, c) & 63) + KV_BYTE_OF(DT, 8 * CW) > 64;
+    int32_t j = j0;
+    for (; j + NS <= j1; j += NS) {
+#pragma GCC unroll 2
+        for (int u = 0; u < NS; u++) {
+            const uint8_t *row = v + (size_t)(j + u) * rb;
+            if (line_starts) {
+                _mm_prefetch((const char *)(row + PV_KEYS * rb + KV_BYTE_OF(DT, c)), _MM_HINT_T0);
+            }
+            __m256 vv[4];
 #pragma GCC unroll 4
-            for (int i = 0; i < MX; i++) {
-                __m256 w = _mm256_broadcast_ss(p + i * ldp + j);
-                _mm256_storeu_ps(o + i * ldo + c,
-                                 _mm256_fmadd_ps(w, a, _mm256_loadu_ps(o + i * ldo + c)));
+            for (int w = 0; w < CW; w++) {
+                vv[w] = load_w8(DT, row, (size_t)c + 8 * w);
+            }
+#pragma GCC unroll 4
+            for (int a = 0; a < MX; a++) {
+                __m256 pa = _mm256_broadcast_ss(p + a * ldp + j + u);
+#pragma GCC unroll 4
+                for (int w = 0; w < CW; w++) {
+                    acc[u][a][w] = _mm256_fmadd_ps(pa, vv[w], acc[u][a][w]);
+                }
             }
         }
+    }
+    for (; j < j1; j++) {
+        const uint8_t *row = v + (size_t)j * rb;
+#pragma GCC unroll 4
+        for (int w = 0; w < CW; w++) {
+            __m256 vw = load_w8(DT, row, (size_t)c + 8 * w);
+#pragma GCC unroll 4
+            for (int a = 0; a < MX; a++) {
+                acc[0][a][w] =
+                    _mm256_fmadd_ps(_mm256_broadcast_ss(p + a * ldp + j), vw, acc[0][a][w]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int a = 0; a < MX; a++) {
+#pragma GCC unroll 4
+        for (int w = 0; w < CW; w++) {
+            __m256 sum = NS > 1 ? _mm256_add_ps(acc[0][a][w], acc[NS - 1][a][w]) : acc[0][a][w];
+            _mm256_storeu_ps(o + a * ldo + c + 8 * w, sum);
+        }
+    }
+}
+
+/* o (MX <= 4 rows, d columns) += p v for value rows held as DT, rb bytes apart. Runs of PV_KEYS
+ * keys, each walked once per strip of output columns whose accumulators stay in registers: the
+ * kernel before this one loaded and stored every accumulator every two keys, which held it to
+ * the store port at about half the FMA rate (llama8b decode attention in L3: ~16 GB/s of bf16). */
+__attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
+pv_kv_rows(const int DT, const int MX, const float *p, size_t ldp, const uint8_t *v, size_t rb,
+           int32_t n, int32_t d, float *o, size_t ldo) {
+    /* strips of CW vectors: 8 accumulators for 2 or 4 rows, 6 for 3, 2 x 4 for a lone row */
+    const int CW = MX == 2 || MX == 1 ? 4 : 2, NS = MX == 1 ? 2 : 1;
+    for (int32_t j0 = 0; j0 < n; j0 += PV_KEYS) {
+        int32_t j1 = n - j0 < PV_KEYS ? n : j0 + PV_KEYS;
+        int32_t c = 0;
+        for (; c + 8 * CW <= d; c += 8 * CW) {
+            pv_strip(DT, MX, CW, NS, p, ldp, v, rb, j0, j1, c, o, ldo);
+        }
+        for (; c + 8 <= d; c += 8) {
+            pv_strip(DT, MX, 1, NS, p, ldp, v, rb, j0, j1, c, o, ldo);
+        }
         for (; c < d; c++) {
-            float a = load_w1(DT, v0, (size_t)c);
-            for (int i = 0; i < MX; i++) {
-                o[i * ldo + c] += p[i * ldp + j] * a;
+            for (int32_t j = j0; j < j1; j++) {
+                float x = load_w1(DT, v + (size_t)j * rb, (size_t)c);
+                for (int a = 0; a < MX; a++) {
+                    o[a * ldo + c] += p[a * ldp + j] * x;
+                }
             }
         }
     }
@@ -842,6 +904,19 @@ void attn__rows_dot_half(const float *x, int32_t m, int32_t k, const uint16_t *w
     }
 #endif
     attn__rows_dot_half_portable(x, m, k, w, is_bf16, n, y, ldy);
+}
+
+float attn__row_max(const float *s, int32_t n) {
+#ifdef TILE_HAVE_AVX2
+    if (attn__tile_is_fast()) {
+        return row_max_avx2(s, n);
+    }
+#endif
+    float best = -INFINITY;
+    for (int32_t j = 0; j < n; j++) {
+        best = s[j] > best ? s[j] : best;
+    }
+    return best;
 }
 
 float attn__exp_shift(float *s, int32_t n, float m) {

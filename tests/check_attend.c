@@ -893,6 +893,34 @@ START_TEST(test_attend_softcap_kernel_matches_tanh) {
 }
 END_TEST
 
+/* The row maximum (SIMD where the machine has it) against a plain loop: every length up to 70
+ * and every position of the largest value, with -inf (masked) and NaN entries passed over. */
+START_TEST(test_attend_row_max_kernel) {
+    float s[70];
+    for (int32_t n = 0; n <= 70; n++) {
+        for (int32_t at = 0; at < (n > 0 ? n : 1); at++) {
+            for (int32_t j = 0; j < n; j++) {
+                s[j] = j % 5 == 1 ? -INFINITY : (float)((j * 37) % 11) - 20.0f;
+            }
+            if (n > 3) {
+                s[(at + 2) % n] = NAN;
+                s[(at + 16) % n] = NAN; /* the lane of the largest, a vector later */
+            }
+            if (n > 0 && (at + 2) % n != at && (at + 16) % n != at) {
+                s[at] = 3.5f;
+            }
+            float want = -INFINITY;
+            for (int32_t j = 0; j < n; j++) {
+                want = s[j] > want ? s[j] : want;
+            }
+            float got = attn__row_max(s, n);
+            ck_assert_msg(got == want, "n %d, max at %d: got %g, want %g", n, at, (double)got,
+                          (double)want);
+        }
+    }
+}
+END_TEST
+
 /* `extern` keeps this prototype out of the Makefile's suite-table scan, which matches lines
  * starting with `Suite *`. */
 extern Suite *attend_suite(void);
@@ -903,6 +931,7 @@ Suite *attend_suite(void) {
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_attend_gqa_ratios_and_head_dims);
     tcase_add_test(tc, test_attend_softcap_kernel_matches_tanh);
+    tcase_add_test(tc, test_attend_row_max_kernel);
     tcase_add_test(tc, test_attend_cross_steps_match_reference);
     tcase_add_test(tc, test_attend_linear_layer_matches_reference);
     tcase_add_test(tc, test_attend_large_past_then_decode);
