@@ -92,6 +92,11 @@ static const struct option options[] = {
     {"max-batch-tokens", "ATTND_MAX_BATCH_TOKENS", OPTION_I32,
      offsetof(struct config, max_batch_tokens), "256", 16, 65536,
      "tokens per engine call: the cap of a batch of decode steps and the prefill chunk size"},
+    {"inline-macs", "ATTND_INLINE_MACS", OPTION_I64, offsetof(struct config, inline_macs),
+     "4194304", 0, (int64_t)1 << 40,
+     "a forward of at most this many multiply-adds on an idle server runs on the event loop "
+     "thread instead of a worker (two thread hand-offs saved: the small preset's decode); 0 = "
+     "never"},
     {"max-body-mb", "ATTND_MAX_BODY_MB", OPTION_I64, offsetof(struct config, max_body_mb), "64", 1,
      4096, "largest request body in MiB (413 beyond)"},
     {"queue-depth", "ATTND_QUEUE_DEPTH", OPTION_I32, offsetof(struct config, queue_depth), "256", 1,

@@ -216,6 +216,7 @@ static int build_server(struct daemon *d, const struct config *cfg, attn_model *
         .n_workers = cfg->workers,
         .max_batch_tokens = cfg->max_batch_tokens,
         .queue_depth = cfg->queue_depth,
+        .inline_macs = cfg->inline_macs,
     };
     rc = pool_create(&pp, &srv->pool);
     if (rc != 0) {

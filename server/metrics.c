@@ -178,8 +178,12 @@ void metrics_render(const struct metrics *m, const struct metrics_gauges *g, str
                   "# HELP attnd_batched_steps_total Sequence steps carried by engine forward "
                   "calls (over attnd_engine_steps_total: the mean batch size).\n"
                   "# TYPE attnd_batched_steps_total counter\n"
-                  "attnd_batched_steps_total %" PRIu64 "\n",
-                  g->engine_steps, g->batched_steps);
+                  "attnd_batched_steps_total %" PRIu64 "\n"
+                  "# HELP attnd_inline_steps_total Engine forward calls run on the event loop "
+                  "thread, small enough for --inline-macs on an idle server.\n"
+                  "# TYPE attnd_inline_steps_total counter\n"
+                  "attnd_inline_steps_total %" PRIu64 "\n",
+                  g->engine_steps, g->batched_steps, g->inline_steps);
     strbuf_printf(out,
                   "# HELP attnd_sessions Live sessions.\n# TYPE attnd_sessions gauge\n"
                   "attnd_sessions %" PRId64 "\n"

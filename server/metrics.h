@@ -75,6 +75,7 @@ struct metrics_gauges {
     uint64_t evictions[METRICS_EVICTION_COUNT];
     uint64_t engine_steps;  /* attn_forward calls */
     uint64_t batched_steps; /* sequence steps those calls carried */
+    uint64_t inline_steps;  /* of engine_steps, those run on the loop thread (--inline-macs) */
     int64_t sessions;
     size_t kv_bytes_used;
     size_t kv_bytes_limit;

@@ -121,6 +121,8 @@ struct pool_params {
     int32_t max_batch_tokens; /* tokens per engine call: batch cap and workspace size */
     int32_t queue_depth;      /* waiting (never started) jobs at most */
     struct team *team;        /* the helpers the workers' forwards share; NULL: each alone */
+    int64_t inline_macs;      /* a forward of at most this many multiply-adds, when no other
+                                 batch runs, runs on the loop thread (0 = never) */
 };
 
 /* Creates the pool and one engine workspace per worker. Returns 0, or ATTN_ENOMEM / ATTN_EINVAL.
@@ -152,6 +154,7 @@ int32_t pool_n_running(const struct pool *pool);
 /* Engine calls made and sequence steps they carried (their ratio is the mean batch size). */
 uint64_t pool_engine_steps(const struct pool *pool);
 uint64_t pool_batched_steps(const struct pool *pool);
+uint64_t pool_inline_steps(const struct pool *pool); /* engine calls run on the loop thread */
 
 /* Calls fn after the pool becomes idle (checked after every job). For draining. */
 void pool_set_idle_callback(struct pool *pool, void (*fn)(void *ctx), void *ctx);

@@ -260,6 +260,7 @@ static void handle_metrics(struct route_req *rq) {
                       st.evictions[SESSION_EVICT_TTL]},
         .engine_steps = pool_engine_steps(srv->pool),
         .batched_steps = pool_batched_steps(srv->pool),
+        .inline_steps = pool_inline_steps(srv->pool),
         .sessions = st.n_sessions,
         .kv_bytes_used = st.bytes_used,
         .kv_bytes_limit = st.bytes_limit,

@@ -1557,6 +1557,54 @@ START_TEST(test_server_batches_ready_decodes) {
 }
 END_TEST
 
+/* A session's prefill and decode steps (base64 both ways, so bit for bit) on the running daemon;
+ * returns the rows and fills *steps with the engine calls they took. */
+static float *inline_sequence(const float *x, int32_t t, int32_t n_dec, double *steps) {
+    double steps0 = metric("attnd_engine_steps_total");
+    float *got = calloc((size_t)(t + n_dec) * TINY_HIDDEN, sizeof(float));
+    for (int32_t i = 0; i < 1 + n_dec; i++) {
+        int32_t first = i == 0 ? 0 : t + i - 1, n = i == 0 ? t : 1;
+        char *body = http_client_attend_body("in", x, first, n, TINY_HIDDEN, true, NULL);
+        cJSON *j = call_json("POST", "/v1/attend", body, 200);
+        free(body);
+        float *o = floats_of(j, "output", (size_t)n * TINY_HIDDEN);
+        memcpy(got + (size_t)first * TINY_HIDDEN, o, (size_t)n * TINY_HIDDEN * sizeof(float));
+        free(o);
+        cJSON_Delete(j);
+    }
+    *steps = metric("attnd_engine_steps_total") - steps0;
+    return got;
+}
+
+/* Forwards below --inline-macs on an idle server run on the loop thread (counted apart), and
+ * answer bit for bit as the same forwards on a worker (--inline-macs 0) do. */
+START_TEST(test_server_small_forwards_run_inline) {
+    const int32_t t = 6, n_dec = 3;
+    float *x = http_client_random_rows(17, t + n_dec, TINY_HIDDEN);
+    /* the default, named: make asan runs every daemon with ATTND_INLINE_MACS=0 */
+    const char *args[] = {"--preset", "tiny",          "--seed",  "3", "--workers",
+                          "2",        "--inline-macs", "4194304", NULL};
+    start(args);
+    double steps_inline, steps_worker;
+    float *a = inline_sequence(x, t, n_dec, &steps_inline);
+    ck_assert_int_eq((int)steps_inline, 1 + n_dec);
+    ck_assert_int_eq((int)metric("attnd_inline_steps_total"), (int)steps_inline);
+    stop_ok();
+    memset(&daemon_, 0, sizeof daemon_);
+    const char *args0[] = {"--preset", "tiny",          "--seed", "3", "--workers",
+                           "2",        "--inline-macs", "0",      NULL};
+    start(args0);
+    float *b = inline_sequence(x, t, n_dec, &steps_worker);
+    ck_assert_int_eq((int)steps_worker, 1 + n_dec);
+    ck_assert_int_eq((int)metric("attnd_inline_steps_total"), 0);
+    ck_assert_mem_eq(a, b, (size_t)(t + n_dec) * TINY_HIDDEN * sizeof(float));
+    stop_ok();
+    free(b);
+    free(a);
+    free(x);
+}
+END_TEST
+
 /* ---- base64, examples, draining ----------------------------------------------------------------
  */
 
@@ -1806,6 +1854,7 @@ Suite *server_suite(void) {
     tc = daemon_case(s, "load");
     tcase_add_test(tc, test_server_concurrent_sessions_are_isolated);
     tcase_add_test(tc, test_server_batches_ready_decodes);
+    tcase_add_test(tc, test_server_small_forwards_run_inline);
     tc = daemon_case(s, "drain");
     tcase_add_test(tc, test_server_sigterm_drains);
     return s;
