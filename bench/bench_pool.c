@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-#define SPIN_NS 50000
+#define SPIN_NS 200000
 
 /* Thread rule: fields under `lock` are written by bench_pool_run and read by workers after they
  * observe a new generation under the same lock; next_index is the only field touched without it. */

@@ -12,8 +12,12 @@
 #include <stdlib.h>
 #include <time.h>
 
-/* How long an idle helper polls for the next batch before it sleeps. */
-#define SPIN_NS 50000
+/* How long an idle helper polls for the next batch before it sleeps: longer than a small
+ * model's projections (~0.05 ms on the calling thread), which come between a forward's executor
+ * calls, or the helper would be asleep when the attention tasks come (50 us before: the small
+ * preset's decode at L=2048 in attn_bench, whose pool spins the same, 0.13-0.20 -> 0.11-0.14
+ * ms). The poll stops once every core computes, so it never takes a busy server's core. */
+#define SPIN_NS 200000
 
 struct batch {
     attn_task_fn fn;
@@ -32,7 +36,8 @@ struct team {
     struct batch *head;      /* batches with unclaimed tasks, oldest first (mutex) */
     struct batch *tail;
     int32_t n_cores;
-    int32_t n_computing; /* workers between enter and leave, plus helpers running tasks (mutex) */
+    int32_t n_computing; /* workers between enter and leave, plus helpers running tasks (mutex;
+                            written atomically too, for the spinning helpers' reads) */
     uint32_t generation; /* atomic: bumped when a batch is published, for the spinning helpers */
     bool is_stopping;    /* mutex */
     pthread_t *helpers;
@@ -102,7 +107,8 @@ static void *helper_main(void *arg) {
             uint32_t gen = __atomic_load_n(&t->generation, __ATOMIC_ACQUIRE);
             pthread_mutex_unlock(&t->mu);
             int64_t until = now_ns() + SPIN_NS;
-            while (__atomic_load_n(&t->generation, __ATOMIC_ACQUIRE) == gen && now_ns() < until) {
+            while (__atomic_load_n(&t->generation, __ATOMIC_ACQUIRE) == gen && now_ns() < until &&
+                   __atomic_load_n(&t->n_computing, __ATOMIC_RELAXED) < t->n_cores) {
                 cpu_relax();
             }
             pthread_mutex_lock(&t->mu);
@@ -115,12 +121,12 @@ static void *helper_main(void *arg) {
         }
         struct batch *b = t->head;
         b->users++;
-        t->n_computing++;
+        __atomic_add_fetch(&t->n_computing, 1, __ATOMIC_RELAXED);
         pthread_mutex_unlock(&t->mu);
         int32_t ran = drain(t, b);
         pthread_mutex_lock(&t->mu);
         t->helped_tasks += (uint64_t)ran;
-        t->n_computing--;
+        __atomic_sub_fetch(&t->n_computing, 1, __ATOMIC_RELAXED);
         unlink_batch(t, b); /* nothing left to claim in it */
         if (--b->users == 0) {
             pthread_cond_broadcast(&t->finished);
@@ -213,13 +219,13 @@ attn_executor team_executor(struct team *t) {
 
 void team_enter(struct team *t) {
     pthread_mutex_lock(&t->mu);
-    t->n_computing++;
+    __atomic_add_fetch(&t->n_computing, 1, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&t->mu);
 }
 
 void team_leave(struct team *t) {
     pthread_mutex_lock(&t->mu);
-    t->n_computing--;
+    __atomic_sub_fetch(&t->n_computing, 1, __ATOMIC_RELAXED);
     if (may_help(t)) {
         pthread_cond_broadcast(&t->wake); /* a core came free for a batch still running */
     }
