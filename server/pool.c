@@ -269,10 +269,12 @@ static struct worker *free_worker(struct pool *pool) {
  * ~0.03 of 0.24 ms beyond compute). Larger ones, or any while another batch runs, go to the
  * workers, so the loop is never held for long. */
 static bool runs_inline(const struct pool *pool, const struct worker *w) {
-    if (w->kind != POOL_JOB_FORWARD || pool->n_busy != 1 || pool->inline_macs <= 0) {
+    const attn_config *c = attn_model_config(pool->model);
+    /* MLA's absorbed attention and cross contexts cost otherwise than counted below */
+    if (w->kind != POOL_JOB_FORWARD || pool->n_busy != 1 || pool->inline_macs <= 0 ||
+        c->kv_lora_rank > 0) {
         return false;
     }
-    const attn_config *c = attn_model_config(pool->model);
     int64_t hd = (int64_t)c->n_heads * c->head_dim;
     int64_t per_token = w->is_qkv
                             ? 0
@@ -281,7 +283,7 @@ static bool runs_inline(const struct pool *pool, const struct worker *w) {
     int64_t macs = 0;
     for (int32_t i = 0; i < w->n; i++) {
         const attn_step *s = &w->steps[i];
-        if (s->cross != NULL || c->kv_lora_rank > 0) {
+        if (s->cross != NULL) {
             return false;
         }
         int64_t keys = (int64_t)attn_kv_len(s->kv) + s->n_tokens;
