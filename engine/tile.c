@@ -748,8 +748,8 @@ pv_strip(const int DT, const int MX, const int CW, const int NS, const float *p,
             }
         }
     }
-    bool line_starts = DT == 3 || (KV_BYTE_OF(DT, c) & 63) == 0 ||
-                       (KV_BYTE_OF(DT, c) & 63) + KV_BYTE_OF(DT, 8 * CW) > 64;
+    /* one prefetch per line: the strips that begin one issue it (Q8_0's blocks: every strip) */
+    bool line_starts = DT == 3 || (KV_BYTE_OF(DT, c) & 63) == 0;
     int32_t j = j0;
     for (; j + NS <= j1; j += NS) {
 #pragma GCC unroll 2
