@@ -16,7 +16,8 @@
  * model's projections (~0.05 ms on the calling thread), which come between a forward's executor
  * calls, or the helper would be asleep when the attention tasks come (50 us before: the small
  * preset's decode at L=2048 in attn_bench, whose pool spins the same, 0.13-0.20 -> 0.11-0.14
- * ms). The poll stops once every core computes, so it never takes a busy server's core. */
+ * ms). The poll stops once every core computes, or when no forward is under way, so it never
+ * takes a core that a worker or the loop thread could use. */
 #define SPIN_NS 200000
 
 struct batch {
@@ -38,6 +39,7 @@ struct team {
     int32_t n_cores;
     int32_t n_computing; /* workers between enter and leave, plus helpers running tasks (mutex;
                             written atomically too, for the spinning helpers' reads) */
+    int32_t n_in_jobs;   /* workers between enter and leave alone (the same) */
     uint32_t generation; /* atomic: bumped when a batch is published, for the spinning helpers */
     bool is_stopping;    /* mutex */
     pthread_t *helpers;
@@ -101,14 +103,16 @@ static void *helper_main(void *arg) {
     struct team *t = arg;
     pthread_mutex_lock(&t->mu);
     for (;;) {
-        if (!may_help(t) && !t->is_stopping && t->n_computing < t->n_cores) {
-            /* A core is idle: poll it a while, without the lock, for the next batch of the
-             * same forward. */
+        if (!may_help(t) && !t->is_stopping && t->n_computing < t->n_cores && t->n_in_jobs > 0) {
+            /* A core is idle and a forward is under way: poll it a while, without the lock, for
+             * that forward's next batch. Between forwards the loop thread (answers, requests)
+             * may want the core, so the helper sleeps at once then. */
             uint32_t gen = __atomic_load_n(&t->generation, __ATOMIC_ACQUIRE);
             pthread_mutex_unlock(&t->mu);
             int64_t until = now_ns() + SPIN_NS;
             while (__atomic_load_n(&t->generation, __ATOMIC_ACQUIRE) == gen && now_ns() < until &&
-                   __atomic_load_n(&t->n_computing, __ATOMIC_RELAXED) < t->n_cores) {
+                   __atomic_load_n(&t->n_computing, __ATOMIC_RELAXED) < t->n_cores &&
+                   __atomic_load_n(&t->n_in_jobs, __ATOMIC_RELAXED) > 0) {
                 cpu_relax();
             }
             pthread_mutex_lock(&t->mu);
@@ -220,12 +224,14 @@ attn_executor team_executor(struct team *t) {
 void team_enter(struct team *t) {
     pthread_mutex_lock(&t->mu);
     __atomic_add_fetch(&t->n_computing, 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&t->n_in_jobs, 1, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&t->mu);
 }
 
 void team_leave(struct team *t) {
     pthread_mutex_lock(&t->mu);
     __atomic_sub_fetch(&t->n_computing, 1, __ATOMIC_RELAXED);
+    __atomic_sub_fetch(&t->n_in_jobs, 1, __ATOMIC_RELAXED);
     if (may_help(t)) {
         pthread_cond_broadcast(&t->wake); /* a core came free for a batch still running */
     }
