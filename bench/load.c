@@ -1,9 +1,12 @@
 /* bench/load.c: a load generator for attnd (`make load`, built as attn_load). N closed-loop
  * clients, each with its own session: a prefill of T tokens, then single-token decode steps
  * (POST /v1/attend with session_id and expect_n_past) for D seconds; prints requests/s and the
- * p50/p90/p99 latency of the decode steps. One thread drives every client through libcurl's multi
- * interface, so the generator takes as little CPU as it can from the daemon it measures on the
- * same machine. With --spawn it also starts the daemon and stops it afterwards.
+ * p50/p90/p99 latency of the decode steps. With --batch B each client drives B sessions the way a
+ * model runner advances its batch: one prefill call per session, then every decode call carries
+ * one step of each of its sessions ("steps"), and tokens/s counts the steps. One thread drives
+ * every client through libcurl's multi interface, so the generator takes as little CPU as it can
+ * from the daemon it measures on the same machine. With --spawn it also starts the daemon and stops
+ * it afterwards.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -35,6 +38,7 @@ typedef struct load_opts {
     const char *spawn_path; /* NULL, or the attnd binary to start */
     char **daemon_args;     /* extra attnd flags (after --), NULL-terminated */
     int32_t n_clients;
+    int32_t n_batch; /* sessions per client: decode calls carry one step of each */
     double duration_s;
     int32_t n_prefill;   /* tokens of each session's prefill */
     int32_t layer;       /* -1 = omit (the server's first loaded layer) */
@@ -59,13 +63,15 @@ typedef enum client_phase {
     PHASE_DEAD = 4, /* a transport error: the client stops */
 } client_phase;
 
-/* One closed-loop client: at most one request in flight. */
+/* One closed-loop client: at most one request in flight. Its sessions (one, or --batch of them)
+ * advance in lockstep: a prefill or truncate goes through them one call each (cursor), a decode
+ * call steps them all. */
 typedef struct client {
     int32_t index;
     CURL *easy;
-    char session_id[96];
-    int32_t generation; /* bumped when a failed session is replaced by a fresh one */
-    int32_t n_tokens;   /* the cache length the client believes its session has */
+    int32_t generation; /* bumped when failed sessions are replaced by fresh ones */
+    int32_t n_tokens;   /* the cache length the client believes each of its sessions has */
+    int32_t cursor;     /* the session the current prefill or truncate is for */
     client_phase phase;
     char *x_json;               /* this client's decode row as the JSON value of "x" */
     float *x;                   /* the same row as floats (--binary) */
@@ -78,7 +84,7 @@ typedef struct latency_stats {
     double *ms; /* (n) latencies of successful requests */
     size_t n;
     size_t cap;
-    double sum_queue_ms; /* server-reported timing of those requests */
+    double sum_queue_ms; /* server-reported timing of those requests (a batch: its first step's) */
     double sum_compute_ms;
 } latency_stats;
 
@@ -104,6 +110,7 @@ typedef struct load_run {
     int64_t n_truncates;
     int64_t n_replaced;
     bool is_stopping;
+    bool is_prefill_only; /* clients go idle once their sessions are prefilled */
     double last_done_s;
 } load_run;
 
@@ -244,12 +251,21 @@ static char *tensor_json(const float *v, int32_t rows, int32_t cols, bool is_jso
 
 /* ---- requests ------------------------------------------------------------------------------- */
 
+/* The id of a client's session k (generation-stamped, so a replaced session gets a new id). */
+static void session_id(const client *c, int32_t k, char *out, size_t size) {
+    snprintf(out, size, "load-%ld-%" PRId32 "-%" PRId32 "-%" PRId32, (long)getpid(), c->index,
+             c->generation, k);
+}
+
 static void record_error(load_run *r, long status, const client *c, const char *what) {
     r->errors.by_status[status > 0 && status < 600 ? status : 0]++;
     r->errors.n++;
     if (r->errors.first[0] == '\0') {
-        snprintf(r->errors.first, sizeof(r->errors.first), "session %s: %s: %.*s", c->session_id,
-                 what, 200, c->resp.len ? c->resp.data : "");
+        char id[96];
+        session_id(c, c->cursor, id, sizeof id);
+        snprintf(r->errors.first, sizeof(r->errors.first),
+                 "client %" PRId32 " (session %s): %s: %.*s", c->index, id, what, 200,
+                 c->resp.len ? c->resp.data : "");
     }
 }
 
@@ -270,101 +286,158 @@ static bool start_request(load_run *r, client *c, const char *method, const char
     return curl_multi_add_handle(r->multi, c->easy) == CURLM_OK;
 }
 
-static void new_session_id(client *c) {
-    snprintf(c->session_id, sizeof(c->session_id), "load-%ld-%" PRId32 "-%" PRId32, (long)getpid(),
-             c->index, c->generation);
+/* Abandons the client's sessions (their state is unknown after an error) for fresh ones. */
+static void replace_sessions(client *c) {
+    c->generation++;
     c->n_tokens = 0;
+    c->cursor = 0;
 }
 
-/* --binary: the JSON header, then x's raw little-endian float32 (this host's order); the answer
- * comes framed the same way. */
-static bool start_attend_binary(load_run *r, client *c, const float *x, int32_t rows) {
-    c->body.len = 0;
-    size_t bytes = (size_t)rows * (size_t)r->hidden * sizeof(float);
-    bool ok = buffer_printf(
-        &c->body, "{\"session_id\":\"%s\",\"expect_n_past\":%" PRId32 ",\"binary_output\":true,",
-        c->session_id, c->n_tokens);
-    if (ok && r->opts->layer >= 0) {
-        ok = buffer_printf(&c->body, "\"layer\":%" PRId32 ",", r->opts->layer);
-    }
-    ok =
-        ok && buffer_printf(&c->body,
-                            "\"x\":{\"shape\":[%" PRId32 ",%" PRId32 "],\"binary_data_size\":%zu}}",
-                            rows, r->hidden, bytes);
-    size_t json_len = c->body.len;
-    ok = ok && buffer_append(&c->body, (const char *)x, bytes);
-    char h[80];
-    snprintf(h, sizeof h, "Inference-Header-Content-Length: %zu", json_len);
-    curl_slist_free_all(c->headers);
-    c->headers = curl_slist_append(NULL, h);
-    for (const struct curl_slist *l = r->headers; l != NULL && c->headers != NULL; l = l->next) {
-        c->headers = curl_slist_append(c->headers, l->data);
-    }
-    curl_easy_setopt(c->easy, CURLOPT_HTTPHEADER, c->headers);
-    return ok && c->headers != NULL && start_request(r, c, "POST", "/v1/attend");
-}
-
-static bool start_attend(load_run *r, client *c, const char *x_json) {
+/* Sends the body built in c->body. --binary: its first json_len bytes are the JSON header and
+ * the call carries its own Inference-Header-Content-Length beside the run's headers. */
+static bool send_attend(load_run *r, client *c, size_t json_len) {
     if (r->opts->is_binary) {
-        bool is_prefill = x_json == r->prefill_json;
-        return start_attend_binary(r, c, is_prefill ? r->prefill_x : c->x,
-                                   is_prefill ? r->opts->n_prefill : 1);
+        char h[80];
+        snprintf(h, sizeof h, "Inference-Header-Content-Length: %zu", json_len);
+        curl_slist_free_all(c->headers);
+        c->headers = curl_slist_append(NULL, h);
+        for (const struct curl_slist *l = r->headers; l != NULL && c->headers != NULL;
+             l = l->next) {
+            c->headers = curl_slist_append(c->headers, l->data);
+        }
+        if (c->headers == NULL) {
+            return false;
+        }
     }
-    c->body.len = 0;
-    bool ok = buffer_printf(&c->body,
-                            "{\"session_id\":\"%s\",\"expect_n_past\":%" PRId32
-                            ",\"encoding_format\":\"base64\",",
-                            c->session_id, c->n_tokens);
+    curl_easy_setopt(c->easy, CURLOPT_HTTPHEADER, r->opts->is_binary ? c->headers : r->headers);
+    return start_request(r, c, "POST", "/v1/attend");
+}
+
+/* Appends "x": rows of this run's tensor: a binary tensor field (its raw bytes go after the
+ * header), a base64 object or nested arrays (json). */
+static bool append_x(load_run *r, client *c, const char *json, int32_t rows) {
+    if (r->opts->is_binary) {
+        size_t bytes = (size_t)rows * (size_t)r->hidden * sizeof(float);
+        return buffer_printf(&c->body,
+                             "\"x\":{\"shape\":[%" PRId32 ",%" PRId32 "],\"binary_data_size\":%zu}",
+                             rows, r->hidden, bytes);
+    }
+    return buffer_printf(&c->body, "\"x\":%s", json);
+}
+
+/* The fields every attend call of the run has: its layer and how tensors come back. */
+static bool append_common(load_run *r, client *c) {
+    bool ok = r->opts->is_binary ? buffer_printf(&c->body, "\"binary_output\":true,")
+                                 : buffer_printf(&c->body, "\"encoding_format\":\"base64\",");
     if (ok && r->opts->layer >= 0) {
         ok = buffer_printf(&c->body, "\"layer\":%" PRId32 ",", r->opts->layer);
     }
-    ok = ok && buffer_printf(&c->body, "\"x\":%s}", x_json);
-    return ok && start_request(r, c, "POST", "/v1/attend");
+    return ok;
+}
+
+/* One call for the client's session k: its prefill, or (without --batch) a decode step. */
+static bool start_attend_one(load_run *r, client *c, int32_t k, bool is_prefill) {
+    char id[96];
+    session_id(c, k, id, sizeof id);
+    int32_t rows = is_prefill ? r->opts->n_prefill : 1;
+    c->body.len = 0;
+    bool ok = buffer_printf(&c->body, "{\"session_id\":\"%s\",\"expect_n_past\":%" PRId32 ",", id,
+                            c->n_tokens) &&
+              append_common(r, c) &&
+              append_x(r, c, is_prefill ? r->prefill_json : c->x_json, rows) &&
+              buffer_append(&c->body, "}", 1);
+    size_t json_len = c->body.len;
+    if (ok && r->opts->is_binary) {
+        const float *x = is_prefill ? r->prefill_x : c->x;
+        ok = buffer_append(&c->body, (const char *)x, (size_t)rows * (size_t)r->hidden * 4);
+    }
+    return ok && send_attend(r, c, json_len);
+}
+
+/* One decode call carrying a step of each of the client's --batch sessions. */
+static bool start_attend_batch(load_run *r, client *c) {
+    c->body.len = 0;
+    bool ok = buffer_append(&c->body, "{", 1) && append_common(r, c) &&
+              buffer_printf(&c->body, "\"steps\":[");
+    for (int32_t k = 0; k < r->opts->n_batch && ok; k++) {
+        char id[96];
+        session_id(c, k, id, sizeof id);
+        ok = buffer_printf(&c->body, "%s{\"session_id\":\"%s\",\"expect_n_past\":%" PRId32 ",",
+                           k ? "," : "", id, c->n_tokens) &&
+             append_x(r, c, c->x_json, 1) && buffer_append(&c->body, "}", 1);
+    }
+    ok = ok && buffer_append(&c->body, "]}", 2);
+    size_t json_len = c->body.len;
+    for (int32_t k = 0; k < r->opts->n_batch && ok && r->opts->is_binary; k++) {
+        ok = buffer_append(&c->body, (const char *)c->x, (size_t)r->hidden * sizeof(float));
+    }
+    return ok && send_attend(r, c, json_len);
 }
 
 static bool start_next(load_run *r, client *c) {
-    if (r->is_stopping) {
+    if (r->is_stopping || (r->is_prefill_only && c->n_tokens > 0)) {
         c->phase = PHASE_IDLE;
         return true;
     }
     if (c->n_tokens == 0) {
         c->phase = PHASE_PREFILL;
-        return start_attend(r, c, r->prefill_json);
+        return start_attend_one(r, c, c->cursor, true);
     }
     if (c->n_tokens + 1 > r->max_tokens) {
         /* Roll back to the prefill rather than run into context_length_exceeded. */
+        char id[96];
         char path[160];
-        snprintf(path, sizeof(path), "/v1/sessions/%s/truncate", c->session_id);
+        session_id(c, c->cursor, id, sizeof id);
+        snprintf(path, sizeof(path), "/v1/sessions/%s/truncate", id);
         c->body.len = 0;
         c->phase = PHASE_TRUNCATE;
+        curl_easy_setopt(c->easy, CURLOPT_HTTPHEADER, r->headers);
         return buffer_printf(&c->body, "{\"n_tokens\":%" PRId32 "}", r->opts->n_prefill) &&
                start_request(r, c, "POST", path);
     }
     c->phase = PHASE_DECODE;
-    return start_attend(r, c, c->x_json);
+    return r->opts->n_batch > 1 ? start_attend_batch(r, c) : start_attend_one(r, c, 0, false);
 }
 
-/* Checks an attend answer: n_tokens as expected and an output of shape (T, hidden). Adds the
- * server's timing to s. */
-static bool attend_answer_ok(load_run *r, const client *c, int32_t n_new, latency_stats *s) {
-    /* a framed (--binary) answer's JSON is its first line; the raw output follows it */
+/* Checks one session's answer: n_tokens as expected and an output of shape (rows, hidden). */
+static bool step_answer_ok(const load_run *r, const cJSON *answer, int32_t n_tokens, int32_t rows) {
+    const cJSON *n = cJSON_GetObjectItemCaseSensitive(answer, "n_tokens");
+    const cJSON *output = cJSON_GetObjectItemCaseSensitive(answer, "output");
+    const cJSON *shape = cJSON_GetObjectItemCaseSensitive(output, "shape");
+    return cJSON_IsNumber(n) && n->valuedouble == n_tokens && cJSON_GetArraySize(shape) == 2 &&
+           cJSON_GetArrayItem(shape, 0)->valuedouble == rows &&
+           cJSON_GetArrayItem(shape, 1)->valuedouble == r->hidden;
+}
+
+/* Checks an attend answer: n_steps sessions' answers (a batch's "results", in order, or the
+ * body itself) of `rows` new tokens each. Adds the server's timing (a batch's first step's: the
+ * steps ran as one engine call) to s. *step_status: a failed step's own status, else 200. */
+static bool attend_answer_ok(load_run *r, const client *c, bool is_batch, int32_t rows,
+                             latency_stats *s, long *step_status) {
+    int32_t n_steps = is_batch ? r->opts->n_batch : 1;
+    /* a framed (--binary) answer's JSON is its first line; the raw outputs follow it */
     size_t json_len = c->resp.len;
+    *step_status = 200;
     if (r->opts->is_binary) {
         const char *nl = memchr(c->resp.data, '\n', c->resp.len);
         json_len = nl != NULL ? (size_t)(nl - c->resp.data) + 1 : 0;
-        if (c->resp.len != json_len + (size_t)n_new * (size_t)r->hidden * sizeof(float)) {
-            return false;
-        }
     }
     cJSON *root = cJSON_ParseWithLength(c->resp.data, json_len);
-    const cJSON *n_tokens = cJSON_GetObjectItemCaseSensitive(root, "n_tokens");
-    const cJSON *output = cJSON_GetObjectItemCaseSensitive(root, "output");
-    const cJSON *shape = cJSON_GetObjectItemCaseSensitive(output, "shape");
-    const cJSON *timing = cJSON_GetObjectItemCaseSensitive(root, "timing");
-    bool ok = cJSON_IsNumber(n_tokens) && n_tokens->valuedouble == c->n_tokens + n_new &&
-              cJSON_GetArraySize(shape) == 2 &&
-              cJSON_GetArrayItem(shape, 0)->valuedouble == n_new &&
-              cJSON_GetArrayItem(shape, 1)->valuedouble == r->hidden;
+    const cJSON *results = cJSON_GetObjectItemCaseSensitive(root, "results");
+    bool ok = root != NULL && (!is_batch || cJSON_GetArraySize(results) == n_steps);
+    for (int32_t k = 0; k < n_steps && ok; k++) {
+        const cJSON *answer = is_batch ? cJSON_GetArrayItem(results, k) : root;
+        const cJSON *status = cJSON_GetObjectItemCaseSensitive(answer, "status");
+        if (cJSON_IsNumber(status)) {
+            *step_status = (long)status->valuedouble;
+        }
+        ok = step_answer_ok(r, answer, c->n_tokens + rows, rows);
+    }
+    if (ok && r->opts->is_binary) {
+        ok = c->resp.len == json_len + (size_t)n_steps * (size_t)rows * (size_t)r->hidden * 4;
+    }
+    const cJSON *first = is_batch ? cJSON_GetArrayItem(results, 0) : root;
+    const cJSON *timing = cJSON_GetObjectItemCaseSensitive(first, "timing");
     if (ok && timing != NULL) {
         const cJSON *q = cJSON_GetObjectItemCaseSensitive(timing, "queue_ms");
         const cJSON *cm = cJSON_GetObjectItemCaseSensitive(timing, "compute_ms");
@@ -392,14 +465,16 @@ static bool on_done(load_run *r, client *c, CURLcode res) {
     bool ok = false;
     switch (c->phase) {
     case PHASE_PREFILL:
-        ok = status == 200 && attend_answer_ok(r, c, r->opts->n_prefill, &r->prefill);
-        if (ok) {
+        ok = status == 200 &&
+             attend_answer_ok(r, c, false, r->opts->n_prefill, &r->prefill, &status);
+        if (ok && ++c->cursor == r->opts->n_batch) {
             c->n_tokens = r->opts->n_prefill;
-            ok = latency_add(&r->prefill, ms);
+            c->cursor = 0;
         }
+        ok = ok && latency_add(&r->prefill, ms);
         break;
     case PHASE_DECODE:
-        ok = status == 200 && attend_answer_ok(r, c, 1, &r->decode);
+        ok = status == 200 && attend_answer_ok(r, c, r->opts->n_batch > 1, 1, &r->decode, &status);
         if (ok) {
             c->n_tokens++;
             ok = latency_add(&r->decode, ms);
@@ -407,8 +482,9 @@ static bool on_done(load_run *r, client *c, CURLcode res) {
         break;
     case PHASE_TRUNCATE:
         ok = status == 200;
-        if (ok) {
+        if (ok && ++c->cursor == r->opts->n_batch) {
             c->n_tokens = r->opts->n_prefill;
+            c->cursor = 0;
             r->n_truncates++;
         }
         break;
@@ -417,13 +493,17 @@ static bool on_done(load_run *r, client *c, CURLcode res) {
         break;
     }
     if (!ok) {
-        /* The session's state is now unknown (409, 410, 507...): carry on with a fresh one. */
+        /* The sessions' state is now unknown (409, 410, 507...): carry on with fresh ones; a
+         * failed first prefill ends the client (the run reports it). */
         char what[64];
         snprintf(what, sizeof(what), "HTTP %ld", status);
         record_error(r, status, c, what);
-        c->generation++;
-        new_session_id(c);
-        r->n_replaced++;
+        if (r->is_prefill_only) {
+            c->phase = PHASE_DEAD;
+            return true;
+        }
+        replace_sessions(c);
+        r->n_replaced += r->opts->n_batch;
     }
     return start_next(r, c);
 }
@@ -676,7 +756,6 @@ static int setup_clients(load_run *r) {
     for (int32_t i = 0; i < o->n_clients && rc == 0; i++) {
         client *c = &r->clients[i];
         c->index = i;
-        new_session_id(c);
         bench_rand_fill(x, hidden, 100 + (uint64_t)i);
         c->x_json = tensor_json(x, 1, r->hidden, o->is_json_floats);
         c->x = o->is_binary ? malloc(hidden * sizeof(float)) : NULL;
@@ -750,15 +829,19 @@ static void print_errors(const error_stats *e) {
     printf("); first: %s\n", e->first);
 }
 
-/* Deletes every client's session (best effort; failures only noted). */
+/* Deletes every client's sessions (best effort; failures only noted). */
 static void delete_sessions(load_run *r) {
     buffer resp = {0};
     int32_t n_failed = 0;
     for (int32_t i = 0; i < r->opts->n_clients; i++) {
-        char path[160];
-        snprintf(path, sizeof(path), "/v1/sessions/%s", r->clients[i].session_id);
-        long status = http_simple(r, "DELETE", path, &resp, 10000);
-        n_failed += status != 204 && status != 404;
+        for (int32_t k = 0; k < r->opts->n_batch; k++) {
+            char id[96];
+            char path[160];
+            session_id(&r->clients[i], k, id, sizeof id);
+            snprintf(path, sizeof(path), "/v1/sessions/%s", id);
+            long status = http_simple(r, "DELETE", path, &resp, 10000);
+            n_failed += status != 204 && status != 404;
+        }
     }
     free(resp.data);
     if (n_failed > 0) {
@@ -777,34 +860,36 @@ static int run_load(load_run *r) {
                 o->n_prefill, r->max_tokens);
         return -1;
     }
-    printf("attn_load: %" PRId32 " clients against %s (hidden %" PRId32 "), prefill %" PRId32
+    printf("attn_load: %" PRId32 " clients", o->n_clients);
+    if (o->n_batch > 1) {
+        printf(" of %" PRId32 " sessions each (one step of each a call)", o->n_batch);
+    }
+    printf(" against %s (hidden %" PRId32 "), prefill %" PRId32
            " tokens, then %.1f s of 1-token decode steps; sessions roll back to the prefill at "
            "%" PRId32 " tokens\n",
-           o->n_clients, r->base_url, r->hidden, o->n_prefill, o->duration_s, r->max_tokens);
+           r->base_url, r->hidden, o->n_prefill, o->duration_s, r->max_tokens);
     fflush(stdout);
 
-    /* Every session's prefill first, all at once; stopping keeps clients idle afterwards. */
-    r->is_stopping = false;
+    /* Every session's prefill first (each client's one after another); then clients wait. */
+    int32_t n_sessions = o->n_clients * o->n_batch;
+    r->is_prefill_only = true;
     for (int32_t i = 0; i < o->n_clients; i++) {
-        client *c = &r->clients[i];
-        c->phase = PHASE_PREFILL;
-        if (!start_attend(r, c, r->prefill_json)) {
+        if (!start_next(r, &r->clients[i])) {
             return -1;
         }
     }
-    r->is_stopping = true; /* each client stops after its prefill */
     if (pump(r, 0) != 0) {
         return -1;
     }
+    r->is_prefill_only = false;
     print_stats("prefill", &r->prefill, 0);
-    if (r->prefill.n < (size_t)o->n_clients) {
+    if (r->prefill.n < (size_t)n_sessions) {
         print_errors(&r->errors);
         fprintf(stderr, "attn_load: %zu of %" PRId32 " prefills failed\n",
-                (size_t)o->n_clients - r->prefill.n, o->n_clients);
+                (size_t)n_sessions - r->prefill.n, n_sessions);
         return -1;
     }
 
-    r->is_stopping = false;
     double t0 = now_seconds();
     for (int32_t i = 0; i < o->n_clients; i++) {
         if (!start_next(r, &r->clients[i])) {
@@ -816,6 +901,10 @@ static int run_load(load_run *r) {
     }
     double elapsed = r->last_done_s - t0;
     print_stats("decode", &r->decode, elapsed);
+    if (o->n_batch > 1 && elapsed > 0) {
+        printf("decode: %zu steps of %" PRId32 " sessions = %.1f tokens/s\n", r->decode.n,
+               o->n_batch, (double)r->decode.n * o->n_batch / elapsed);
+    }
     if (r->n_truncates > 0 || r->n_replaced > 0) {
         printf("sessions: %" PRId64 " rolled back at %" PRId32 " tokens, %" PRId64
                " replaced after an error\n",
@@ -824,9 +913,11 @@ static int run_load(load_run *r) {
     print_errors(&r->errors);
     if (r->decode.n > 0) {
         latency_stats *s = &r->decode;
-        printf("RESULT impl=attnd_load clients=%" PRId32 " duration_s=%.3f requests=%zu "
-               "rps=%.2f p50_ms=%.3f p90_ms=%.3f p99_ms=%.3f max_ms=%.3f errors=%" PRId64 "\n",
-               o->n_clients, elapsed, s->n, (double)s->n / elapsed, percentile(s->ms, s->n, 0.5),
+        printf("RESULT impl=attnd_load clients=%" PRId32 " batch=%" PRId32
+               " duration_s=%.3f requests=%zu rps=%.2f tokens_per_s=%.2f p50_ms=%.3f "
+               "p90_ms=%.3f p99_ms=%.3f max_ms=%.3f errors=%" PRId64 "\n",
+               o->n_clients, o->n_batch, elapsed, s->n, (double)s->n / elapsed,
+               (double)s->n * o->n_batch / elapsed, percentile(s->ms, s->n, 0.5),
                percentile(s->ms, s->n, 0.9), percentile(s->ms, s->n, 0.99), s->ms[s->n - 1],
                r->errors.n);
     }
@@ -842,6 +933,8 @@ static void usage(FILE *f) {
                "  --spawn PATH       start PATH (e.g. build/attnd) on 127.0.0.1 at a free port\n"
                "                     and the flags after --, load it, then stop it with SIGTERM\n"
                "  --clients N        concurrent decode clients, one session each (default 16)\n"
+               "  --batch B          B sessions per client: each decode call is one POST\n"
+               "                     /v1/attend with a step of each (\"steps\"; default 1)\n"
                "  --duration S       seconds of decode steps (default 10)\n"
                "  --prefill T        tokens of each session's prefill (default 128)\n"
                "  --layer L          layer to attend (default: the server's first loaded layer)\n"
@@ -880,6 +973,7 @@ static int parse_args(int argc, char **argv, load_opts *o) {
             return 1;
         } else if (strcmp(a, "--json-floats") == 0) {
             o->is_json_floats = true;
+            continue;
         } else if (strcmp(a, "--binary") == 0) {
             o->is_binary = true;
             continue;
@@ -893,6 +987,8 @@ static int parse_args(int argc, char **argv, load_opts *o) {
             o->api_key = val;
         } else if (strcmp(a, "--clients") == 0 && (ok = parse_num(val, 1, 4096, &v))) {
             o->n_clients = (int32_t)v;
+        } else if (strcmp(a, "--batch") == 0 && (ok = parse_num(val, 1, 256, &v))) {
+            o->n_batch = (int32_t)v;
         } else if (strcmp(a, "--duration") == 0 && (ok = parse_num(val, 0.1, 86400, &v))) {
             o->duration_s = v;
         } else if (strcmp(a, "--prefill") == 0 && (ok = parse_num(val, 1, 1 << 20, &v))) {
@@ -919,6 +1015,7 @@ static int parse_args(int argc, char **argv, load_opts *o) {
 int main(int argc, char **argv) {
     load_opts o = {.url = "http://127.0.0.1:8080",
                    .n_clients = 16,
+                   .n_batch = 1,
                    .duration_s = 10.0,
                    .n_prefill = 128,
                    .layer = -1,
