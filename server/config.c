@@ -97,6 +97,10 @@ static const struct option options[] = {
      "a forward of at most this many multiply-adds on an idle server runs on the event loop "
      "thread instead of a worker (two thread hand-offs saved: the small preset's decode); 0 = "
      "never"},
+    {"spin-us", "ATTND_SPIN_US", OPTION_I32, offsetof(struct config, spin_us), "200", 0, 1000000,
+     "after answering, while no worker computes, the event loop polls its connections this many "
+     "microseconds before it sleeps, so a client's next request needs no thread wake-up; 0 = "
+     "sleep at once"},
     {"max-body-mb", "ATTND_MAX_BODY_MB", OPTION_I64, offsetof(struct config, max_body_mb), "64", 1,
      4096, "largest request body in MiB (413 beyond)"},
     {"queue-depth", "ATTND_QUEUE_DEPTH", OPTION_I32, offsetof(struct config, queue_depth), "256", 1,

@@ -38,6 +38,7 @@ struct config {
     int32_t blas_threads;      /* OpenBLAS threads per call */
     int32_t max_batch_tokens;  /* tokens per engine call (batch cap, prefill chunk) */
     int64_t inline_macs;       /* a forward this small on an idle pool runs on the loop thread */
+    int32_t spin_us;           /* the loop's poll before it sleeps, while no worker computes */
     int64_t max_body_mb;       /* largest request body, MiB */
     int32_t queue_depth;       /* accepted requests waiting at most */
     int32_t max_connections;   /* open connections at most (before the RLIMIT_NOFILE fit) */

@@ -32,9 +32,30 @@ static double mono_ms(void) {
 
 static void on_timer(uv_timer_t *t);
 
+/* Runs on every loop turn while active, which makes libuv poll with a zero timeout. */
+static void on_spin(uv_idle_t *h) {
+    struct http_server *s = h->data;
+    if (uv_hrtime() >= s->spin_until_ns || (s->h.may_spin != NULL && !s->h.may_spin(s->h.ctx))) {
+        uv_idle_stop(h);
+    }
+}
+
+/* A pass moved bytes or answers: a closed-loop client's next request comes within tens of
+ * microseconds, and a sleeping loop takes about as long again to wake for it (one client of
+ * the small preset: 0.28 -> 0.22 ms a call). So poll for spin_ns before sleeping, unless the
+ * cores are computing (then the spin would take one from them). */
+static void spin_start(struct http_server *s) {
+    if (s->spin_ns == 0 || (s->h.may_spin != NULL && !s->h.may_spin(s->h.ctx))) {
+        return;
+    }
+    s->spin_until_ns = uv_hrtime() + s->spin_ns;
+    uv_idle_start(&s->spin, on_spin);
+}
+
 static void run_mhd(struct http_server *s) {
     MHD_run(s->daemon);
     http__conns_after_run(s);
+    spin_start(s);
     MHD_UNSIGNED_LONG_LONG timeout;
     if (MHD_get_timeout(s->daemon, &timeout) == MHD_YES) {
         uv_timer_start(&s->timer, on_timer, (uint64_t)timeout, 0);
@@ -416,8 +437,9 @@ static void init_handles(struct http_server *s) {
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_EPOLL_FD);
     uv_poll_init(s->loop, &s->poll, info->epoll_fd);
     uv_timer_init(s->loop, &s->timer);
-    s->poll.data = s->timer.data = s;
-    s->n_open_handles = 2;
+    uv_idle_init(s->loop, &s->spin);
+    s->poll.data = s->timer.data = s->spin.data = s;
+    s->n_open_handles = 3;
     uv_poll_start(&s->poll, UV_READABLE, on_poll);
     http__conns_start(s);
 }
@@ -432,6 +454,7 @@ int http_server_create(uv_loop_t *loop, const struct http_params *p, const struc
     s->loop = loop;
     s->h = *h;
     s->max_body_bytes = p->max_body_bytes;
+    s->spin_ns = p->spin_us > 0 ? (uint64_t)p->spin_us * 1000 : 0;
     if (http__conns_create(s, p) != 0) {
         snprintf(err, err_size, "out of memory");
         goto fail;
@@ -481,11 +504,13 @@ void http_server_destroy(struct http_server *s) {
     http_server_quiesce(s);
     uv_poll_stop(&s->poll);
     uv_timer_stop(&s->timer);
+    uv_idle_stop(&s->spin);
     /* Closes every connection; each CLOSED notice closes its watch. */
     MHD_stop_daemon(s->daemon);
     http__conns_destroy(s);
     uv_close((uv_handle_t *)&s->poll, on_handle_closed);
     uv_close((uv_handle_t *)&s->timer, on_handle_closed);
+    uv_close((uv_handle_t *)&s->spin, on_handle_closed);
     http__conns_close(s, on_handle_closed);
 }
 

@@ -44,6 +44,9 @@ struct http_handlers {
     /* The request is over: answered and sent, or the client went away. req is freed after this
      * returns; the handler must drop every pointer to it. */
     void (*on_closed)(void *ctx, struct http_request *req);
+    /* Whether the loop may poll without sleeping now (http_params.spin_us): false while the
+     * cores are taken by other work. NULL: always. */
+    bool (*may_spin)(void *ctx);
 };
 
 struct http_params {
@@ -54,6 +57,10 @@ struct http_params {
     int32_t max_per_ip;       /* connections from one client address at most; 0 = no limit */
     int32_t idle_timeout_s;   /* a connection that moves no byte for this long is closed */
     int32_t header_timeout_s; /* a started request's headers must all be in within this */
+    /* After each pass over the connections the loop keeps polling them, without sleeping, for
+     * this long (while may_spin allows): a kept-alive client's next request is then read
+     * without a thread wake-up. 0 = sleep at once. */
+    int32_t spin_us;
     /* The answer to a connection refused at the limit (e.g. a JSON 503 body), sent with status
      * 503, Retry-After: 1 and Connection: close; copied. */
     const char *refusal_type;

@@ -86,6 +86,9 @@ struct http_server {
     uv_timer_t accept_timer; /* resumes accepting after running out of descriptors */
     uv_poll_t poll;          /* MHD's epoll fd */
     uv_timer_t timer;        /* MHD's timeouts and immediate runs */
+    uv_idle_t spin;          /* active: the loop polls without sleeping (see http_params) */
+    uint64_t spin_ns;
+    uint64_t spin_until_ns;  /* uv_hrtime() at which the current spin ends */
     uv_timer_t header_timer; /* the oldest started request's header deadline */
     uv_timer_t stall_timer;  /* direct answers that stopped moving (while n_direct > 0) */
     int n_open_handles;

@@ -392,6 +392,7 @@ int main(int argc, char **argv) {
         .max_per_ip = cfg.max_connections_per_ip,
         .idle_timeout_s = cfg.idle_timeout_s,
         .header_timeout_s = cfg.header_timeout_s,
+        .spin_us = cfg.spin_us,
         .refusal_type = "application/json",
         .refusal_body = refusal,
         .refusal_len = refusal_len,

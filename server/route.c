@@ -635,8 +635,15 @@ static void on_closed(void *ctx, struct http_request *req) {
     }
 }
 
+/* The loop's spin would take a core from a worker's forward (and its helpers). */
+static bool may_spin(void *ctx) {
+    struct server *srv = ctx;
+    return pool_n_running(srv->pool) == 0;
+}
+
 void route_handlers(struct server *srv, struct http_handlers *out) {
     out->ctx = srv;
+    out->may_spin = may_spin;
     out->on_headers = on_headers;
     out->on_request = on_request;
     out->on_stream_drained = on_stream_drained;

@@ -1605,6 +1605,42 @@ START_TEST(test_server_small_forwards_run_inline) {
 }
 END_TEST
 
+/* The daemon's CPU seconds so far (all threads), from /proc (10 ms ticks). */
+static double daemon_cpu_s(void) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)daemon_.pid);
+    FILE *f = fopen(path, "r");
+    ck_assert_ptr_nonnull(f);
+    char line[1024];
+    ck_assert_ptr_nonnull(fgets(line, sizeof line, f));
+    fclose(f);
+    /* after "pid (comm) ", fields 3.. ; utime and stime are fields 14 and 15 */
+    const char *p = strrchr(line, ')');
+    ck_assert_ptr_nonnull(p);
+    unsigned long long utime = 0, stime = 0;
+    ck_assert_int_eq(
+        sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &utime, &stime), 2);
+    return (double)(utime + stime) / (double)sysconf(_SC_CLK_TCK);
+}
+
+/* After an answer the loop polls without sleeping for --spin-us (a long 300 ms here, so that it
+ * shows in the CPU time), then sleeps: an idle daemon must not keep a core busy. */
+START_TEST(test_server_loop_spins_then_sleeps) {
+    const char *args[] = {"--preset", "tiny", "--workers", "1", "--spin-us", "300000", NULL};
+    start(args);
+    http_client_sleep_ms(500); /* start-up's own passes are over */
+    double t0 = daemon_cpu_s();
+    cJSON_Delete(call_json("GET", "/healthz", NULL, 200));
+    http_client_sleep_ms(300);
+    double t1 = daemon_cpu_s();
+    http_client_sleep_ms(1000);
+    double t2 = daemon_cpu_s();
+    ck_assert_msg(t1 - t0 >= 0.05, "no spin after an answer: %.3f s of CPU in 300 ms", t1 - t0);
+    ck_assert_msg(t2 - t1 <= 0.05, "an idle daemon used %.3f s of CPU in 1 s", t2 - t1);
+    stop_ok();
+}
+END_TEST
+
 /* ---- base64, examples, draining ----------------------------------------------------------------
  */
 
@@ -1855,6 +1891,7 @@ Suite *server_suite(void) {
     tcase_add_test(tc, test_server_concurrent_sessions_are_isolated);
     tcase_add_test(tc, test_server_batches_ready_decodes);
     tcase_add_test(tc, test_server_small_forwards_run_inline);
+    tcase_add_test(tc, test_server_loop_spins_then_sleeps);
     tc = daemon_case(s, "drain");
     tcase_add_test(tc, test_server_sigterm_drains);
     return s;
