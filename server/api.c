@@ -533,6 +533,20 @@ static int parse_nested(struct json_reader *r, const struct tensor_spec *s, floa
 /* Little-endian float32 bytes to host floats, each checked (check_value). */
 static int floats_from_le(const uint8_t *raw, int64_t total, const struct tensor_spec *s,
                           float *data, struct api_error *err) {
+    /* One branch-free pass (it vectorizes: a 32-session binary batch spent 5% of the loop
+     * thread's time here value by value), then, only if some value is not finite, the pass
+     * below that names the first. */
+    uint32_t any_not_finite = 0;
+    for (int64_t i = 0; i < total; i++) {
+        const uint8_t *p = raw + i * 4;
+        uint32_t u =
+            (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+        any_not_finite |= (u & 0x7f800000u) == 0x7f800000u;
+        memcpy(&data[i], &u, 4);
+    }
+    if (!any_not_finite) {
+        return 0;
+    }
     int rc = 0;
     for (int64_t i = 0; rc == 0 && i < total; i++) {
         const uint8_t *p = raw + i * 4;
@@ -578,14 +592,19 @@ static int take_binary(struct json_reader *r, const struct tensor_spec *s, size_
     return 0;
 }
 
+/* A tensor object whose shape is missing or wrong: what one looks like. */
+static int tensor_object_error(const struct tensor_spec *s, struct api_error *err) {
+    char ranks[32];
+    return fail(err, ERROR_INVALID_REQUEST, s->name,
+                "%s: a tensor object is {\"shape\": [the %s sizes %s], \"b64\": \"...\"} or, "
+                "with the binary tensor extension, {\"shape\": [...], \"binary_data_size\": "
+                "bytes}",
+                s->name, rank_words(s, ranks, sizeof ranks), s->doc);
+}
+
 static int parse_b64(struct json_reader *r, const struct tensor_spec *s, float **out, int64_t *dims,
                      int *rank_out, struct api_error *err) {
     static const char *const names[] = {"shape", "b64", "binary_data_size", "datatype"};
-    char shape_doc[300], ranks[32];
-    snprintf(shape_doc, sizeof shape_doc,
-             "%s: a tensor object is {\"shape\": [the %s sizes %s], \"b64\": \"...\"} or, with "
-             "the binary tensor extension, {\"shape\": [...], \"binary_data_size\": bytes}",
-             s->name, rank_words(s, ranks, sizeof ranks), s->doc);
     int rank = s->rank;
     struct json_span text = {NULL, 0, false};
     bool has_shape = false;
@@ -618,7 +637,7 @@ static int parse_b64(struct json_reader *r, const struct tensor_spec *s, float *
             continue;
         }
         if (json_peek(r) != JSON_TYPE_ARRAY) {
-            return fail(err, ERROR_INVALID_REQUEST, s->name, "%s", shape_doc);
+            return tensor_object_error(s, err);
         }
         json_array_begin(r);
         int d = 0, more;
@@ -626,13 +645,13 @@ static int parse_b64(struct json_reader *r, const struct tensor_spec *s, float *
         while ((more = json_array_next(r)) == 1) {
             double v;
             if (d == s->rank || json_peek(r) != JSON_TYPE_NUMBER) {
-                return fail(err, ERROR_INVALID_REQUEST, s->name, "%s", shape_doc);
+                return tensor_object_error(s, err);
             }
             if (json_read_number(r, &v) != 0) {
                 return syntax_error(r, err);
             }
             if (v != floor(v) || v < 1 || v > (double)MAX_TENSOR_VALUES) {
-                return fail(err, ERROR_INVALID_REQUEST, s->name, "%s", shape_doc);
+                return tensor_object_error(s, err);
             }
             dims[d] = (int64_t)v;
             rc = check_dim(s, d, dims[d], product, err);
@@ -647,7 +666,7 @@ static int parse_b64(struct json_reader *r, const struct tensor_spec *s, float *
         }
         int min = s->min_rank > 0 ? s->min_rank : s->rank;
         if (d < min || d > s->rank) {
-            return fail(err, ERROR_INVALID_REQUEST, s->name, "%s", shape_doc);
+            return tensor_object_error(s, err);
         }
         rank = d;
         has_shape = true;
@@ -663,7 +682,7 @@ static int parse_b64(struct json_reader *r, const struct tensor_spec *s, float *
         return rc;
     }
     if (!has_shape || (text.text == NULL) == (binary_size < 0)) {
-        return fail(err, ERROR_INVALID_REQUEST, s->name, "%s", shape_doc);
+        return tensor_object_error(s, err);
     }
     int64_t total = 1;
     for (int d = 0; d < rank; d++) {

@@ -282,6 +282,18 @@ static void request_free(struct http_request *r) {
     free(r);
 }
 
+/* Takes the body's whole size at once when the client declared it (within the limit): grown by
+ * doubling, a 64 KiB body was copied about twice over on the loop thread. */
+static void reserve_body(struct http_request *r) {
+    const char *v =
+        MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    char *end = NULL;
+    unsigned long long n = v != NULL ? strtoull(v, &end, 10) : 0;
+    if (v != NULL && end != v && *end == '\0' && n > 0 && n <= r->srv->max_body_bytes) {
+        strbuf_reserve(&r->body, (size_t)n);
+    }
+}
+
 static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const char *url,
                                  const char *method, const char *version, const char *upload_data,
                                  size_t *upload_data_size, void **con_cls) {
@@ -307,6 +319,9 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
                 r->is_too_large = true;
                 strbuf_release(&r->body);
             } else {
+                if (r->body.cap == 0) {
+                    reserve_body(r);
+                }
                 strbuf_append(&r->body, upload_data, *upload_data_size);
             }
         }

@@ -38,6 +38,13 @@ static struct job *step_new(struct job *batch, int32_t i) {
 static void finish(struct job *batch) {
     struct strbuf b;
     strbuf_init(&b);
+    /* room for every step's answer at once (an error object is mostly well under 1 KiB), so the
+     * answer is not copied again as it grows */
+    size_t room = 64;
+    for (int32_t i = 0; i < batch->at.n_steps; i++) {
+        room += batch->slots[i].status == 0 ? batch->slots[i].len + 1 : 1024;
+    }
+    strbuf_reserve(&b, room);
     api_batch_open(&b, batch->at.layer);
     bool is_framed = batch->at.encoding == API_ENCODING_BINARY;
     for (int32_t i = 0; i < batch->at.n_steps; i++) {

@@ -262,6 +262,56 @@ END_TEST
 
 /* ---- every kind of bad request -------------------------------------------------------------- */
 
+/* A non-finite float32 in a base64 or binary tensor is refused naming its (row-major) index, and
+ * every finite one, subnormals and the largest included, comes through bit for bit. */
+START_TEST(test_api_raw_tensors_refuse_non_finite_values) {
+    const uint32_t bad[] = {0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffffffffu, 0x7f800001u};
+    const uint32_t good[] = {0x7f7fffffu, 0xff7fffffu, 0x00000001u, 0x80000000u, 0x3f800000u};
+    for (int flavour = 0; flavour < 2; flavour++) {
+        for (size_t k = 0; k < 2 * sizeof bad / sizeof bad[0]; k++) {
+            bool is_bad = k % 2 == 0;
+            int at = (int)(k * 13 % 64);
+            uint8_t raw[64 * 4];
+            for (int i = 0; i < 64; i++) {
+                uint32_t u = i == at ? (is_bad ? bad[k / 2] : good[k / 2]) : 0x3f000000u + i;
+                for (int b = 0; b < 4; b++) {
+                    raw[i * 4 + b] = (uint8_t)(u >> (8 * b)); /* little-endian on the wire */
+                }
+            }
+            char json[1024];
+            struct api_body body = {json, 0, NULL, 0};
+            if (flavour == 0) {
+                char b64[400];
+                b64_encode(raw, sizeof raw, b64);
+                body.json_len = (size_t)snprintf(json, sizeof json,
+                                                 "{\"x\":{\"shape\":[1,64],\"b64\":\"%s\"}}", b64);
+            } else {
+                body.json_len = (size_t)snprintf(
+                    json, sizeof json, "{\"x\":{\"shape\":[1,64],\"binary_data_size\":256}}");
+                body.binary = raw;
+                body.binary_len = sizeof raw;
+            }
+            struct api_attend_request r;
+            struct api_error err;
+            int rc = api_attend_request_parse_body(&body, &tiny, &r, &err);
+            if (is_bad) {
+                char want[32];
+                snprintf(want, sizeof want, "value %d ", at);
+                ck_assert_msg(rc == ERROR_INVALID_REQUEST && strcmp(err.param, "x") == 0 &&
+                                  strstr(err.message, want) != NULL,
+                              "flavour %d, %08x at %d: rc %d, %s", flavour, bad[k / 2], at, rc,
+                              err.message);
+                ck_assert_ptr_null(r.x);
+                continue;
+            }
+            ck_assert_msg(rc == 0, "flavour %d: %s", flavour, err.message);
+            ck_assert_mem_eq(r.x, raw, sizeof raw); /* this host is little-endian */
+            api_attend_request_release(&r);
+        }
+    }
+}
+END_TEST
+
 START_TEST(test_api_attend_rejects_bad_requests) {
     /* A valid 1 x 64 row to build requests around. */
     char row[1024] = "[[";
@@ -732,6 +782,7 @@ Suite *api_suite(void) {
     tcase_add_test(tc, test_api_model_and_status_shapes);
     tcase_add_test(tc, test_api_session_shapes);
     tcase_add_test(tc, test_api_b64_rfc4648_vectors);
+    tcase_add_test(tc, test_api_raw_tensors_refuse_non_finite_values);
     tcase_add_test(tc, test_api_session_id_rules);
     suite_add_tcase(s, tc);
     return s;
