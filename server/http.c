@@ -282,15 +282,19 @@ static void request_free(struct http_request *r) {
     free(r);
 }
 
-/* Takes the body's whole size at once when the client declared it (within the limit): grown by
- * doubling, a 64 KiB body was copied about twice over on the loop thread. */
+/* Bodies declared up to this size are allocated whole before they arrive; larger ones grow as
+ * they come, so a client that declares much and sends little holds little. */
+#define BODY_RESERVE_MAX ((size_t)16 << 20)
+
+/* Takes the body's declared size at once (grown by doubling, a 64 KiB body was copied about
+ * twice over on the loop thread). */
 static void reserve_body(struct http_request *r) {
     const char *v =
         MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
     char *end = NULL;
     unsigned long long n = v != NULL ? strtoull(v, &end, 10) : 0;
     if (v != NULL && end != v && *end == '\0' && n > 0 && n <= r->srv->max_body_bytes) {
-        strbuf_reserve(&r->body, (size_t)n);
+        strbuf_reserve(&r->body, n < BODY_RESERVE_MAX ? (size_t)n : BODY_RESERVE_MAX);
     }
 }
 
