@@ -266,12 +266,13 @@ static void session_id(const client *c, int32_t k, char *out, size_t size) {
              c->generation, k);
 }
 
-static void record_error(load_run *r, long status, const client *c, const char *what) {
+/* Counts an error; the first one is kept for the report, naming the client's session k. */
+static void record_error(load_run *r, long status, const client *c, int32_t k, const char *what) {
     r->errors.by_status[status > 0 && status < 600 ? status : 0]++;
     r->errors.n++;
     if (r->errors.first[0] == '\0') {
         char id[96];
-        session_id(c, c->cursor, id, sizeof id);
+        session_id(c, k, id, sizeof id);
         snprintf(r->errors.first, sizeof(r->errors.first),
                  "client %" PRId32 " (session %s): %s: %.*s", c->index, id, what, 200,
                  c->resp.len ? c->resp.data : "");
@@ -420,9 +421,10 @@ static bool step_answer_ok(const load_run *r, const cJSON *answer, int32_t n_tok
 
 /* Checks an attend answer: n_steps sessions' answers (a batch's "results", in order, or the
  * body itself) of `rows` new tokens each. Adds the server's timing (a batch's first step's: the
- * steps ran as one engine call) to s. *step_status: a failed step's own status, else 200. */
+ * steps ran as one engine call) to s. A failed step's own status goes to *step_status (else it
+ * stays 200) and its index to *bad_step. */
 static bool attend_answer_ok(load_run *r, const client *c, bool is_batch, int32_t rows,
-                             latency_stats *s, long *step_status) {
+                             latency_stats *s, long *step_status, int32_t *bad_step) {
     int32_t n_steps = is_batch ? r->opts->n_batch : 1;
     /* a framed (--binary) answer's JSON is its first line; the raw outputs follow it */
     size_t json_len = c->resp.len;
@@ -441,6 +443,7 @@ static bool attend_answer_ok(load_run *r, const client *c, bool is_batch, int32_
             *step_status = (long)status->valuedouble;
         }
         ok = step_answer_ok(r, answer, c->n_tokens + rows, rows);
+        *bad_step = is_batch ? k : *bad_step;
     }
     if (ok && r->opts->is_binary) {
         ok = c->resp.len == json_len + (size_t)n_steps * (size_t)rows * (size_t)r->hidden * 4;
@@ -470,15 +473,16 @@ static bool on_done(load_run *r, client *c, CURLcode res) {
     r->last_done_s = now_seconds();
     double ms = (double)total_us * 1e-3;
     if (res != CURLE_OK) {
-        record_error(r, 0, c, curl_easy_strerror(res));
+        record_error(r, 0, c, c->cursor, curl_easy_strerror(res));
         c->phase = PHASE_DEAD;
         return true;
     }
     bool ok = false;
+    int32_t k = c->cursor; /* the session concerned: a batch's failed step says which */
     switch (c->phase) {
     case PHASE_PREFILL:
         ok = status == 200 &&
-             attend_answer_ok(r, c, false, r->opts->n_prefill, &r->prefill, &status);
+             attend_answer_ok(r, c, false, r->opts->n_prefill, &r->prefill, &status, &k);
         if (ok && ++c->cursor == r->opts->n_batch) {
             c->n_tokens = r->opts->n_prefill;
             c->cursor = 0;
@@ -486,7 +490,8 @@ static bool on_done(load_run *r, client *c, CURLcode res) {
         ok = ok && latency_add(&r->prefill, ms);
         break;
     case PHASE_DECODE:
-        ok = status == 200 && attend_answer_ok(r, c, r->opts->n_batch > 1, 1, &r->decode, &status);
+        ok = status == 200 &&
+             attend_answer_ok(r, c, r->opts->n_batch > 1, 1, &r->decode, &status, &k);
         if (ok) {
             c->n_tokens++;
             ok = latency_add(&r->decode, ms);
@@ -509,7 +514,7 @@ static bool on_done(load_run *r, client *c, CURLcode res) {
          * failed first prefill ends the client (the run reports it). */
         char what[64];
         snprintf(what, sizeof(what), "HTTP %ld", status);
-        record_error(r, status, c, what);
+        record_error(r, status, c, k, what);
         if (r->is_prefill_only) {
             c->phase = PHASE_DEAD;
             return true;
