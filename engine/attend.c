@@ -74,16 +74,28 @@ static const uint8_t *block_v(const struct attn__kv_view *v, int64_t b) {
     return v->v_base + (size_t)id * v->v_block_stride;
 }
 
+/* What a loop over blocks reads after a block's keys or values, for the kernels' prefetches. */
+static struct attn__kv_after keys_of(const struct attn__kv_view *v, int64_t b) {
+    return (struct attn__kv_after){block_k(v, b), v->k_row_bytes};
+}
+
+static struct attn__kv_after values_of(const struct attn__kv_view *v, int64_t b) {
+    return (struct attn__kv_after){block_v(v, b), v->v_row_bytes};
+}
+
+static const struct attn__kv_after nothing_after = {NULL, 0};
+
 /* s (rows x nb, ld lds) = q (rows x d_k) k_block^T. Keys held in a narrower dtype stream through
  * the decode kernels as they are, and are widened a block at a time for the prefill kernels,
  * whose arithmetic per key dwarfs the widening. */
 static void scores_block(const struct attn__task *t, const struct tile_ctx *tc, const float *q,
-                         int32_t rows, const uint8_t *kb, int32_t nb, float *s, size_t lds) {
+                         int32_t rows, const uint8_t *kb, int32_t nb, struct attn__kv_after after,
+                         float *s, size_t lds) {
     const float *k = (const float *)(const void *)kb;
     if (t->kv.dtype != ATTN_DTYPE_F32) {
         if (tc->mode == TILE_MODE_SMALL) {
             attn__small_qk_kv(t->kv.dtype, q, (size_t)t->d_k, rows, kb, t->kv.k_row_bytes, nb,
-                              t->d_k, s, lds, tc->widen);
+                              after, t->d_k, s, lds, tc->widen);
             return;
         }
         attn__kv_widen(t->kv.dtype, kb, t->kv.k_row_bytes, nb, t->d_k, tc->widen, (size_t)t->d_k);
@@ -105,13 +117,14 @@ static void scores_block(const struct attn__task *t, const struct tile_ctx *tc, 
 
 /* o (rows x d_v) += p (rows x nb, ld ldp) v_block; a narrower dtype as in scores_block. */
 static void accumulate_block(const struct attn__task *t, const struct tile_ctx *tc, const float *p,
-                             size_t ldp, int32_t rows, const uint8_t *vb, int32_t nb, float *o) {
+                             size_t ldp, int32_t rows, const uint8_t *vb, int32_t nb,
+                             struct attn__kv_after after, float *o) {
     const float *v = (const float *)(const void *)vb;
     size_t ldv = t->kv.v_row_bytes / sizeof(float);
     if (t->kv.dtype != ATTN_DTYPE_F32) {
         if (tc->mode == TILE_MODE_SMALL) {
-            attn__small_pv_kv(t->kv.dtype, p, ldp, rows, vb, t->kv.v_row_bytes, nb, t->d_v, o,
-                              (size_t)t->d_v, tc->widen);
+            attn__small_pv_kv(t->kv.dtype, p, ldp, rows, vb, t->kv.v_row_bytes, nb, after, t->d_v,
+                              o, (size_t)t->d_v, tc->widen);
             return;
         }
         attn__kv_widen(t->kv.dtype, vb, t->kv.v_row_bytes, nb, t->d_v, tc->widen, (size_t)t->d_v);
@@ -172,7 +185,8 @@ static void run_tiled(const struct attn__task *t, const struct tile_ctx *tc, con
     for (int64_t b = b_lo; b <= b_hi; b++) {
         int64_t j0 = b * bt;
         int32_t nb = (int32_t)(t->kv.n_keys - j0 < bt ? t->kv.n_keys - j0 : bt);
-        scores_block(t, tc, q, rows, block_k(&t->kv, b), nb, s, (size_t)bt);
+        /* the keys' prefetches run on into the block's values, theirs into the next keys */
+        scores_block(t, tc, q, rows, block_k(&t->kv, b), nb, values_of(&t->kv, b), s, (size_t)bt);
         if (t->softcap > 0) {
             softcap_block(s, rows, nb, (size_t)bt, t->softcap);
         }
@@ -197,7 +211,8 @@ static void run_tiled(const struct attn__task *t, const struct tile_ctx *tc, con
             }
             l[r] += sum;
         }
-        accumulate_block(t, tc, s, (size_t)bt, rows, block_v(&t->kv, b), nb, o);
+        accumulate_block(t, tc, s, (size_t)bt, rows, block_v(&t->kv, b), nb,
+                         b < b_hi ? keys_of(&t->kv, b + 1) : nothing_after, o);
     }
     if (t->is_partial) {
         return; /* o, m and l stay in the scratch for attn__tasks_merge */
@@ -249,7 +264,8 @@ static void run_materialized(const struct attn__task *t, const struct tile_ctx *
     for (int64_t b = b_lo; b <= b_hi; b++) {
         int64_t j0 = b * bt;
         int32_t nb = (int32_t)(c1 - j0 < bt ? c1 - j0 : bt);
-        scores_block(t, tc, q, rows, block_k(&t->kv, b), nb, s, (size_t)bt);
+        scores_block(t, tc, q, rows, block_k(&t->kv, b), nb,
+                     b < b_hi ? keys_of(&t->kv, b + 1) : values_of(&t->kv, b_lo), s, (size_t)bt);
         if (t->softcap > 0) {
             softcap_block(s, rows, nb, (size_t)bt, t->softcap);
         }
@@ -289,7 +305,8 @@ static void run_materialized(const struct attn__task *t, const struct tile_ctx *
         for (int32_t r = 0; r < rows; r++) {
             memcpy(s + (size_t)r * bt, weights_row(t, r) + j0, (size_t)nb * sizeof(float));
         }
-        accumulate_block(t, tc, s, (size_t)bt, rows, block_v(&t->kv, b), nb, o);
+        accumulate_block(t, tc, s, (size_t)bt, rows, block_v(&t->kv, b), nb,
+                         b < b_hi ? values_of(&t->kv, b + 1) : nothing_after, o);
     }
 }
 
@@ -375,7 +392,8 @@ static void task_inspect(const struct attn__task *t) {
         for (int64_t blk = a / bt; a <= b && blk <= b / bt; blk++) {
             int64_t j0 = blk * bt;
             int32_t nb = (int32_t)(t->kv.n_keys - j0 < bt ? t->kv.n_keys - j0 : bt);
-            scores_block(t, &tc, q, 1, block_k(&t->kv, blk), nb, s, (size_t)bt);
+            scores_block(t, &tc, q, 1, block_k(&t->kv, blk), nb,
+                         blk < b / bt ? keys_of(&t->kv, blk + 1) : nothing_after, s, (size_t)bt);
             if (t->softcap > 0) {
                 softcap_block(s, 1, nb, (size_t)bt, t->softcap);
             }

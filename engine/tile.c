@@ -589,33 +589,45 @@ q8_values(const uint8_t *row, int32_t c) {
 #define KV_BYTE_OF(DT, c)                                                                          \
     ((DT) == 0 ? (size_t)(c)*4 : (DT) < 3 ? (size_t)(c)*2 : (size_t)(c)*17 / 16)
 
-/* Prefetches, for the n rows from `row`, the line value c of each row KV_PREFETCH_ROWS rows
- * ahead starts (called per chunk of 8 values; only chunks that begin a line issue). Every row's
- * lines, not one row in three as before: the small preset's 32-session decode step (K/V out of
- * L3) 4.1-4.5 -> 3.1-4.0 ms median over four alternated runs; llama8b's cases did not move
- * beyond noise. Q8_0's loop keeps its one prefetch a block: giving it this one too changed the
- * register allocation of the whole dispatching function and cost the BF16 path its gain. */
+/* How far ahead the scores kernel prefetches key rows: each pass of a few keys asks for every
+ * line of the rows this far ahead (the hardware prefetcher stops at page boundaries, and a block
+ * spans several pages). Every row, not one row in three as before: the small preset's 32-session
+ * decode step (K/V out of L3) 4.1-4.5 -> 3.1-4.0 ms median over four alternated runs. Q8_0's
+ * block loop keeps its own prefetch, a block 8 rows ahead. */
 #define KV_PREFETCH_ROWS 16
-#define KV_PREFETCH(DT, row, rb, n, c)                                                             \
-    do {                                                                                           \
-        if ((DT) == 3 || (KV_BYTE_OF(DT, c) & 63) == 0) {                                          \
-            for (int pf_ = 0; pf_ < (n); pf_++) {                                                  \
-                _mm_prefetch(                                                                      \
-                    (const char *)((row) + (KV_PREFETCH_ROWS + pf_) * (rb) + KV_BYTE_OF(DT, c)),   \
-                    _MM_HINT_T0);                                                                  \
-            }                                                                                      \
-        }                                                                                          \
-    } while (0)
 
-/* s[a * lds + b] = q_a . k_b for MX <= 4 query rows and NK <= 2 keys held as DT, rb bytes apart:
- * each key vector is widened once and used for every row. */
+/* Row r of a block of n rows at base, rb bytes apart, for prefetching: past the block's end, the
+ * rows read after it (`after`: the block's values after its keys, the next block's keys after
+ * its values), so the prefetches run on across the edge of a block instead of loading the lines
+ * of another head's rows that nobody reads next (at 128 tokens a block, a sixth of the traffic)
+ * and leaving the next run's first rows to demand misses. */
+__attribute__((always_inline)) static inline const uint8_t *
+row_ahead(const uint8_t *base, size_t rb, int32_t n, struct attn__kv_after after, int32_t r) {
+    if (r < n || after.rows == NULL) {
+        return base + (size_t)r * rb;
+    }
+    return after.rows + (size_t)(r - n) * after.row_bytes;
+}
+
+/* s[a * lds + b] = q_a . k_b for MX <= 4 query rows and NK <= 3 keys held as DT, rb bytes apart:
+ * each key vector is widened once and used for every row. ahead[b]: the row to prefetch for key
+ * b. */
 __attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
 qk_kv_block(const int DT, const int MX, const int NK, const float *q, size_t ldq, const uint8_t *k,
-            size_t rb, int32_t d, float *s, size_t lds) {
+            size_t rb, const uint8_t *const *ahead, int32_t d, float *s, size_t lds) {
     __m256 acc[16];
 #pragma GCC unroll 16
     for (int a = 0; a < 16; a++) {
         acc[a] = _mm256_setzero_ps(); /* unrolled: a loop here became a rep stos per call */
+    }
+    if (DT != 3) {
+        /* the lines of the rows KV_PREFETCH_ROWS ahead, all at once: no branch in the loop */
+#pragma GCC unroll 3
+        for (int b = 0; b < NK; b++) {
+            for (size_t off = 0; off < KV_BYTE_OF(DT, d); off += 64) {
+                _mm_prefetch((const char *)(ahead[b] + off), _MM_HINT_T0);
+            }
+        }
     }
     int32_t c = 0;
     for (; DT == 3 && c + ATTN__QK8_0 <= d; c += ATTN__QK8_0) {
@@ -644,8 +656,11 @@ qk_kv_block(const int DT, const int MX, const int NK, const float *q, size_t ldq
         }
     }
     for (; c + 8 <= d; c += 8) {
-        /* The hardware prefetcher stops at page boundaries; a block spans several pages. */
-        KV_PREFETCH(DT, k, rb, NK, c);
+#pragma GCC unroll 3
+        for (int b = 0; DT == 3 && b < NK; b++) {
+            /* a Q8_0 row's tail (d not whole blocks) */
+            _mm_prefetch((const char *)(ahead[b] + KV_BYTE_OF(DT, c)), _MM_HINT_T0);
+        }
         __m256 kv[3];
 #pragma GCC unroll 3
         for (int b = 0; b < NK; b++) {
@@ -678,21 +693,29 @@ qk_kv_block(const int DT, const int MX, const int NK, const float *q, size_t ldq
     }
 }
 
-/* One group of MX query rows against n keys, two at a time. */
+/* One group of MX query rows against the n keys of a block, a few at a time. */
 __attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
 qk_kv_rows(const int DT, const int MX, const float *q, size_t ldq, const uint8_t *k, size_t rb,
-           int32_t n, int32_t d, float *s, size_t lds) {
+           int32_t n, struct attn__kv_after after, int32_t d, float *s, size_t lds) {
     int32_t j = 0;
     /* three keys a pass (12 accumulators hide the FMA latency better than 8: bf16 from L2 18.8
      * -> 16.7 ns a key), two for Q8_0, whose scales take registers too */
     for (; DT == 3 && j + 2 <= n; j += 2) {
-        qk_kv_block(DT, MX, 2, q, ldq, k + (size_t)j * rb, rb, d, s + j, lds);
+        const uint8_t *ahead[2] = {row_ahead(k, rb, n, after, j + KV_PREFETCH_ROWS),
+                                   row_ahead(k, rb, n, after, j + KV_PREFETCH_ROWS + 1)};
+        qk_kv_block(DT, MX, 2, q, ldq, k + (size_t)j * rb, rb, ahead, d, s + j, lds);
     }
     for (; DT != 3 && j + 3 <= n; j += 3) {
-        qk_kv_block(DT, MX, 3, q, ldq, k + (size_t)j * rb, rb, d, s + j, lds);
+        const uint8_t *ahead[3];
+#pragma GCC unroll 3
+        for (int b = 0; b < 3; b++) {
+            ahead[b] = row_ahead(k, rb, n, after, j + KV_PREFETCH_ROWS + b);
+        }
+        qk_kv_block(DT, MX, 3, q, ldq, k + (size_t)j * rb, rb, ahead, d, s + j, lds);
     }
     for (; j < n; j++) {
-        qk_kv_block(DT, MX, 1, q, ldq, k + (size_t)j * rb, rb, d, s + j, lds);
+        const uint8_t *ahead[1] = {row_ahead(k, rb, n, after, j + KV_PREFETCH_ROWS)};
+        qk_kv_block(DT, MX, 1, q, ldq, k + (size_t)j * rb, rb, ahead, d, s + j, lds);
     }
 }
 
@@ -719,14 +742,6 @@ qk_kv_rows(const int DT, const int MX, const float *q, size_t ldq, const uint8_t
         }                                                                                          \
     } while (0)
 
-__attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
-qk_kv_t(const int DT, const float *q, size_t ldq, int32_t m, const uint8_t *k, size_t rb, int32_t n,
-        int32_t d, float *s, size_t lds) {
-#define QK_ROWS(MX, i) qk_kv_rows(DT, MX, q + (i)*ldq, ldq, k, rb, n, d, s + (i)*lds, lds)
-    FOR_ROW_GROUPS(m, QK_ROWS);
-#undef QK_ROWS
-}
-
 /* Keys per run of pv_kv_rows: a run's value rows stay in L1 while its strips walk them. */
 #define PV_KEYS 32
 
@@ -735,7 +750,8 @@ qk_kv_t(const int DT, const float *q, size_t ldq, int32_t m, const uint8_t *k, s
  * FMA latency). Prefetches the same lines PV_KEYS rows ahead, for the next run. */
 __attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
 pv_strip(const int DT, const int MX, const int CW, const int NS, const float *p, size_t ldp,
-         const uint8_t *v, size_t rb, int32_t j0, int32_t j1, int32_t c, float *o, size_t ldo) {
+         const uint8_t *v, size_t rb, int32_t n, struct attn__kv_after after, int32_t j0,
+         int32_t j1, int32_t c, float *o, size_t ldo) {
     __m256 acc[2][4][4];
 #pragma GCC unroll 2
     for (int u = 0; u < NS; u++) {
@@ -748,16 +764,18 @@ pv_strip(const int DT, const int MX, const int CW, const int NS, const float *p,
             }
         }
     }
-    /* one prefetch per line: the strips that begin one issue it (Q8_0's blocks: every strip) */
-    bool line_starts = DT == 3 || (KV_BYTE_OF(DT, c) & 63) == 0;
+    /* Every strip prefetches its part of each row PV_KEYS ahead (a line twice when two strips
+     * share it: an idle load slot, cheaper than a branch a key). The run's rows ahead are found
+     * once: past the block they continue in `after`, at its row size. */
+    const uint8_t *ahead = row_ahead(v, rb, n, after, j0 + PV_KEYS) + KV_BYTE_OF(DT, c);
+    size_t ahead_rb = j0 + PV_KEYS < n || after.rows == NULL ? rb : after.row_bytes;
     int32_t j = j0;
     for (; j + NS <= j1; j += NS) {
 #pragma GCC unroll 2
         for (int u = 0; u < NS; u++) {
             const uint8_t *row = v + (size_t)(j + u) * rb;
-            if (line_starts) {
-                _mm_prefetch((const char *)(row + PV_KEYS * rb + KV_BYTE_OF(DT, c)), _MM_HINT_T0);
-            }
+            _mm_prefetch((const char *)ahead, _MM_HINT_T0);
+            ahead += ahead_rb;
             __m256 vv[4];
 #pragma GCC unroll 4
             for (int w = 0; w < CW; w++) {
@@ -801,17 +819,17 @@ pv_strip(const int DT, const int MX, const int CW, const int NS, const float *p,
  * the store port at about half the FMA rate (llama8b decode attention in L3: ~16 GB/s of bf16). */
 __attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
 pv_kv_rows(const int DT, const int MX, const float *p, size_t ldp, const uint8_t *v, size_t rb,
-           int32_t n, int32_t d, float *o, size_t ldo) {
+           int32_t n, struct attn__kv_after after, int32_t d, float *o, size_t ldo) {
     /* strips of CW vectors: 8 accumulators for 2 or 4 rows, 6 for 3, 2 x 4 for a lone row */
     const int CW = MX == 2 || MX == 1 ? 4 : 2, NS = MX == 1 ? 2 : 1;
     for (int32_t j0 = 0; j0 < n; j0 += PV_KEYS) {
         int32_t j1 = n - j0 < PV_KEYS ? n : j0 + PV_KEYS;
         int32_t c = 0;
         for (; c + 8 * CW <= d; c += 8 * CW) {
-            pv_strip(DT, MX, CW, NS, p, ldp, v, rb, j0, j1, c, o, ldo);
+            pv_strip(DT, MX, CW, NS, p, ldp, v, rb, n, after, j0, j1, c, o, ldo);
         }
         for (; c + 8 <= d; c += 8) {
-            pv_strip(DT, MX, 1, NS, p, ldp, v, rb, j0, j1, c, o, ldo);
+            pv_strip(DT, MX, 1, NS, p, ldp, v, rb, n, after, j0, j1, c, o, ldo);
         }
         for (; c < d; c++) {
             for (int32_t j = j0; j < j1; j++) {
@@ -824,12 +842,50 @@ pv_kv_rows(const int DT, const int MX, const float *p, size_t ldp, const uint8_t
     }
 }
 
-__attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
-pv_kv_t(const int DT, const float *p, size_t ldp, int32_t m, const uint8_t *v, size_t rb, int32_t n,
-        int32_t d, float *o, size_t ldo) {
-#define PV_ROWS(MX, i) pv_kv_rows(DT, MX, p + (i)*ldp, ldp, v, rb, n, d, o + (i)*ldo, ldo)
-    FOR_ROW_GROUPS(m, PV_ROWS);
-#undef PV_ROWS
+/* The decode kernels as one function per dtype and row count: inlined into one dispatching
+ * function, their loops shared its registers with every other variant's, and spilled scalars in
+ * the inner loops (the weighted sum of 4 rows at head_dim 128 from L2: ~25 ns a key, against
+ * ~16 for the same loop compiled alone). */
+typedef void qk_rows_fn(const float *q, size_t ldq, const uint8_t *k, size_t rb, int32_t n,
+                        struct attn__kv_after after, int32_t d, float *s, size_t lds);
+typedef void pv_rows_fn(const float *p, size_t ldp, const uint8_t *v, size_t rb, int32_t n,
+                        struct attn__kv_after after, int32_t d, float *o, size_t ldo);
+#define ROWS_KERNELS(DT, MX)                                                                       \
+    __attribute__((noinline, target("avx2,fma,f16c"))) static void qk_rows_##DT##_##MX(            \
+        const float *q, size_t ldq, const uint8_t *k, size_t rb, int32_t n,                        \
+        struct attn__kv_after after, int32_t d, float *s, size_t lds) {                            \
+        qk_kv_rows(DT, MX, q, ldq, k, rb, n, after, d, s, lds);                                    \
+    }                                                                                              \
+    __attribute__((noinline, target("avx2,fma,f16c"))) static void pv_rows_##DT##_##MX(            \
+        const float *p, size_t ldp, const uint8_t *v, size_t rb, int32_t n,                        \
+        struct attn__kv_after after, int32_t d, float *o, size_t ldo) {                            \
+        pv_kv_rows(DT, MX, p, ldp, v, rb, n, after, d, o, ldo);                                    \
+    }
+#define ROWS_KERNELS_DT(DT)                                                                        \
+    ROWS_KERNELS(DT, 1) ROWS_KERNELS(DT, 2) ROWS_KERNELS(DT, 3) ROWS_KERNELS(DT, 4)
+ROWS_KERNELS_DT(0)
+ROWS_KERNELS_DT(1)
+ROWS_KERNELS_DT(2)
+ROWS_KERNELS_DT(3)
+#define ROWS_TABLE(kind, DT)                                                                       \
+    { kind##_rows_##DT##_1, kind##_rows_##DT##_2, kind##_rows_##DT##_3, kind##_rows_##DT##_4 }
+static qk_rows_fn *const qk_rows[4][4] = {ROWS_TABLE(qk, 0), ROWS_TABLE(qk, 1), ROWS_TABLE(qk, 2),
+                                          ROWS_TABLE(qk, 3)};
+static pv_rows_fn *const pv_rows[4][4] = {ROWS_TABLE(pv, 0), ROWS_TABLE(pv, 1), ROWS_TABLE(pv, 2),
+                                          ROWS_TABLE(pv, 3)};
+
+/* The kernels' index of a KV dtype: 0 float, 1 bfloat16, 2 binary16, 3 Q8_0. */
+static int kernel_dtype(attn_dtype dt) {
+    switch (dt) {
+    case ATTN_DTYPE_BF16:
+        return 1;
+    case ATTN_DTYPE_F16:
+        return 2;
+    case ATTN_DTYPE_Q8_0:
+        return 3;
+    default:
+        return 0;
+    }
 }
 
 __attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
@@ -866,20 +922,22 @@ widen_t(const int DT, const uint8_t *src, size_t rb, int32_t n, int32_t d, float
         }                                                                                          \
     } while (0)
 
-__attribute__((target("avx2,fma,f16c"))) static void
-qk_kv_avx2(attn_dtype dt, const float *q, size_t ldq, int32_t m, const uint8_t *k, size_t rb,
-           int32_t n, int32_t d, float *s, size_t lds) {
-#define QK_KV(DT) qk_kv_t(DT, q, ldq, m, k, rb, n, d, s, lds)
-    KV_DISPATCH(dt, QK_KV);
-#undef QK_KV
+static void qk_kv_avx2(attn_dtype dt, const float *q, size_t ldq, int32_t m, const uint8_t *k,
+                       size_t rb, int32_t n, struct attn__kv_after after, int32_t d, float *s,
+                       size_t lds) {
+    qk_rows_fn *const *fns = qk_rows[kernel_dtype(dt)];
+#define QK_ROWS(MX, i) fns[(MX)-1](q + (i)*ldq, ldq, k, rb, n, after, d, s + (i)*lds, lds)
+    FOR_ROW_GROUPS(m, QK_ROWS);
+#undef QK_ROWS
 }
 
-__attribute__((target("avx2,fma,f16c"))) static void
-pv_kv_avx2(attn_dtype dt, const float *p, size_t ldp, int32_t m, const uint8_t *v, size_t rb,
-           int32_t n, int32_t d, float *o, size_t ldo) {
-#define PV_KV(DT) pv_kv_t(DT, p, ldp, m, v, rb, n, d, o, ldo)
-    KV_DISPATCH(dt, PV_KV);
-#undef PV_KV
+static void pv_kv_avx2(attn_dtype dt, const float *p, size_t ldp, int32_t m, const uint8_t *v,
+                       size_t rb, int32_t n, struct attn__kv_after after, int32_t d, float *o,
+                       size_t ldo) {
+    pv_rows_fn *const *fns = pv_rows[kernel_dtype(dt)];
+#define PV_ROWS(MX, i) fns[(MX)-1](p + (i)*ldp, ldp, v, rb, n, after, d, o + (i)*ldo, ldo)
+    FOR_ROW_GROUPS(m, PV_ROWS);
+#undef PV_ROWS
 }
 
 __attribute__((target("avx2,fma,f16c"))) static void widen_avx2(attn_dtype dt, const uint8_t *src,
@@ -993,10 +1051,11 @@ void attn__tile_pv(const float *p, size_t ldp, int32_t m, const float *v, size_t
 }
 
 void attn__small_qk_kv(attn_dtype dt, const float *q, size_t ldq, int32_t m, const uint8_t *k,
-                       size_t row_bytes, int32_t n, int32_t d, float *s, size_t lds, float *widen) {
+                       size_t row_bytes, int32_t n, struct attn__kv_after after, int32_t d,
+                       float *s, size_t lds, float *widen) {
 #ifdef TILE_HAVE_AVX2
     if (attn__tile_is_fast()) {
-        qk_kv_avx2(dt, q, ldq, m, k, row_bytes, n, d, s, lds);
+        qk_kv_avx2(dt, q, ldq, m, k, row_bytes, n, after, d, s, lds);
         return;
     }
 #endif
@@ -1005,10 +1064,11 @@ void attn__small_qk_kv(attn_dtype dt, const float *q, size_t ldq, int32_t m, con
 }
 
 void attn__small_pv_kv(attn_dtype dt, const float *p, size_t ldp, int32_t m, const uint8_t *v,
-                       size_t row_bytes, int32_t n, int32_t d, float *o, size_t ldo, float *widen) {
+                       size_t row_bytes, int32_t n, struct attn__kv_after after, int32_t d,
+                       float *o, size_t ldo, float *widen) {
 #ifdef TILE_HAVE_AVX2
     if (attn__tile_is_fast()) {
-        pv_kv_avx2(dt, p, ldp, m, v, row_bytes, n, d, o, ldo);
+        pv_kv_avx2(dt, p, ldp, m, v, row_bytes, n, after, d, o, ldo);
         return;
     }
 #endif

@@ -104,6 +104,8 @@ START_TEST(test_kv_dtype_kernels_agree) {
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
             int32_t m = shapes[si][0], n = shapes[si][1], d = shapes[si][2];
             size_t rb = attn__kv_row_bytes(dt, d) + 6; /* rows further apart than they are long */
+            uint8_t after_rows[64] = {0}; /* only prefetched: a wrong address must not fault */
+            struct attn__kv_after after = {si % 2 ? after_rows : NULL, 7};
             float *q = harness_calloc((size_t)m * d, sizeof(float));
             float *src = harness_calloc((size_t)n * d, sizeof(float));
             uint8_t *rows = harness_calloc((size_t)n, rb);
@@ -126,10 +128,10 @@ START_TEST(test_kv_dtype_kernels_agree) {
             attn__kv_widen_portable(dt, rows, rb, n, d, wide, (size_t)d);
             attn__kv_widen(dt, rows, rb, n, d, wide2, (size_t)d);
             ck_assert_mem_eq(wide, wide2, (size_t)n * d * sizeof(float));
-            attn__small_qk_kv(dt, q, (size_t)d, m, rows, rb, n, d, s, (size_t)n, widen);
+            attn__small_qk_kv(dt, q, (size_t)d, m, rows, rb, n, after, d, s, (size_t)n, widen);
             attn__qk(q, (size_t)d, m, wide, (size_t)d, n, d, s_want, (size_t)n);
             harness_expect_close_tol(s, s_want, (size_t)m * n, 1e-5, 1e-5, attn_dtype_name(dt));
-            attn__small_pv_kv(dt, p, (size_t)n, m, rows, rb, n, d, o, (size_t)d, widen);
+            attn__small_pv_kv(dt, p, (size_t)n, m, rows, rb, n, after, d, o, (size_t)d, widen);
             attn__pv(p, (size_t)n, m, wide, (size_t)d, n, d, o_want, (size_t)d);
             harness_expect_close_tol(o, o_want, (size_t)m * d, 1e-5, 1e-5, attn_dtype_name(dt));
             free(o_want);
