@@ -845,7 +845,8 @@ pv_kv_rows(const int DT, const int MX, const float *p, size_t ldp, const uint8_t
 /* The decode kernels as one function per dtype and row count: inlined into one dispatching
  * function, their loops shared its registers with every other variant's, and spilled scalars in
  * the inner loops (the weighted sum of 4 rows at head_dim 128 from L2: ~25 ns a key, against
- * ~16 for the same loop compiled alone). */
+ * ~16 for the same loop compiled alone). Each has the common head sizes, 64 and 128, as
+ * constants, so their loops over d unroll with no remainder tests. */
 typedef void qk_rows_fn(const float *q, size_t ldq, const uint8_t *k, size_t rb, int32_t n,
                         struct attn__kv_after after, int32_t d, float *s, size_t lds);
 typedef void pv_rows_fn(const float *p, size_t ldp, const uint8_t *v, size_t rb, int32_t n,
@@ -854,12 +855,24 @@ typedef void pv_rows_fn(const float *p, size_t ldp, const uint8_t *v, size_t rb,
     __attribute__((noinline, target("avx2,fma,f16c"))) static void qk_rows_##DT##_##MX(            \
         const float *q, size_t ldq, const uint8_t *k, size_t rb, int32_t n,                        \
         struct attn__kv_after after, int32_t d, float *s, size_t lds) {                            \
-        qk_kv_rows(DT, MX, q, ldq, k, rb, n, after, d, s, lds);                                    \
+        if (d == 128) {                                                                            \
+            qk_kv_rows(DT, MX, q, ldq, k, rb, n, after, 128, s, lds);                              \
+        } else if (d == 64) {                                                                      \
+            qk_kv_rows(DT, MX, q, ldq, k, rb, n, after, 64, s, lds);                               \
+        } else {                                                                                   \
+            qk_kv_rows(DT, MX, q, ldq, k, rb, n, after, d, s, lds);                                \
+        }                                                                                          \
     }                                                                                              \
     __attribute__((noinline, target("avx2,fma,f16c"))) static void pv_rows_##DT##_##MX(            \
         const float *p, size_t ldp, const uint8_t *v, size_t rb, int32_t n,                        \
         struct attn__kv_after after, int32_t d, float *o, size_t ldo) {                            \
-        pv_kv_rows(DT, MX, p, ldp, v, rb, n, after, d, o, ldo);                                    \
+        if (d == 128) {                                                                            \
+            pv_kv_rows(DT, MX, p, ldp, v, rb, n, after, 128, o, ldo);                              \
+        } else if (d == 64) {                                                                      \
+            pv_kv_rows(DT, MX, p, ldp, v, rb, n, after, 64, o, ldo);                               \
+        } else {                                                                                   \
+            pv_kv_rows(DT, MX, p, ldp, v, rb, n, after, d, o, ldo);                                \
+        }                                                                                          \
     }
 #define ROWS_KERNELS_DT(DT)                                                                        \
     ROWS_KERNELS(DT, 1) ROWS_KERNELS(DT, 2) ROWS_KERNELS(DT, 3) ROWS_KERNELS(DT, 4)
