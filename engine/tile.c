@@ -143,6 +143,12 @@ __attribute__((always_inline, target("avx2,fma"))) static inline __m256 hsum8x8(
                          _mm256_permute2f128_ps(s0123, s4567, 0x31));
 }
 
+/* Horizontal sums of four vectors: result lane i = sum of v[i]'s lanes (half hsum8x8's work). */
+__attribute__((always_inline, target("avx2,fma"))) static inline __m128 hsum4x8(const __m256 *v) {
+    __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+    return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+}
+
 /* Four query rows against two keys in dot-product form: 8 accumulators, 6 loads per 8 FMAs, and
  * one shuffle tree for all eight sums instead of a horizontal sum per product. */
 __attribute__((target("avx2,fma"))) static void
@@ -678,7 +684,7 @@ qk_kv_block(const int DT, const int MX, const int NK, const float *q, size_t ldq
     float t[16];
     _mm256_storeu_ps(t, hsum8x8(acc)); /* lane b * 4 + a: row a against key b */
     if (NK > 2) {
-        _mm256_storeu_ps(t + 8, hsum8x8(acc + 8));
+        _mm_storeu_ps(t + 8, hsum4x8(acc + 8));
     }
 #pragma GCC unroll 4
     for (int a = 0; a < MX; a++) {
