@@ -71,8 +71,7 @@ static void *worker_main(void *p) {
         pthread_mutex_unlock(&pool->lock);
         claim_and_run(pool);
         pthread_mutex_lock(&pool->lock);
-        pool->n_pending--;
-        if (pool->n_pending == 0) {
+        if (__atomic_sub_fetch(&pool->n_pending, 1, __ATOMIC_ACQ_REL) == 0) {
             pthread_cond_signal(&pool->work_done);
         }
     }
@@ -150,15 +149,23 @@ void bench_pool_run(void *ctx, attn_task_fn task, void *arg, int32_t n) {
     pool->arg = arg;
     pool->n_tasks = n;
     atomic_store_explicit(&pool->next_index, 0, memory_order_relaxed);
-    pool->n_pending = pool->n_workers;
+    __atomic_store_n(&pool->n_pending, pool->n_workers, __ATOMIC_RELAXED);
     __atomic_store_n(&pool->generation, pool->generation + 1, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&pool->work_ready);
     pthread_mutex_unlock(&pool->lock);
 
     claim_and_run(pool);
 
+    /* The last tasks end within a task's time of each other: poll for them a while before
+     * sleeping, since a wake-up costs more than most tasks of a decode step take. */
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    do {
+        clock_gettime(CLOCK_MONOTONIC, &t);
+    } while (__atomic_load_n(&pool->n_pending, __ATOMIC_ACQUIRE) > 0 &&
+             (t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec) < SPIN_NS);
     pthread_mutex_lock(&pool->lock);
-    while (pool->n_pending > 0) {
+    while (__atomic_load_n(&pool->n_pending, __ATOMIC_ACQUIRE) > 0) {
         pthread_cond_wait(&pool->work_done, &pool->lock);
     }
     pthread_mutex_unlock(&pool->lock);
