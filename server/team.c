@@ -26,7 +26,8 @@ struct batch {
     int32_t n;
     int32_t next;               /* atomic: the next task to claim */
     int32_t done;               /* atomic: tasks finished */
-    int32_t users;              /* helpers holding the batch (mutex) */
+    int32_t users;              /* helpers holding the batch (mutex; written atomically too, for
+                                   the caller's poll) */
     struct batch *prev, *later; /* the list of batches with tasks left (mutex) */
 };
 
@@ -124,7 +125,7 @@ static void *helper_main(void *arg) {
             break;
         }
         struct batch *b = t->head;
-        b->users++;
+        __atomic_add_fetch(&b->users, 1, __ATOMIC_RELAXED);
         __atomic_add_fetch(&t->n_computing, 1, __ATOMIC_RELAXED);
         pthread_mutex_unlock(&t->mu);
         int32_t ran = drain(t, b);
@@ -132,7 +133,7 @@ static void *helper_main(void *arg) {
         t->helped_tasks += (uint64_t)ran;
         __atomic_sub_fetch(&t->n_computing, 1, __ATOMIC_RELAXED);
         unlink_batch(t, b); /* nothing left to claim in it */
-        if (--b->users == 0) {
+        if (__atomic_sub_fetch(&b->users, 1, __ATOMIC_RELEASE) == 0) {
             pthread_cond_broadcast(&t->finished);
         }
     }
@@ -167,6 +168,19 @@ static void team_run(void *ctx, attn_task_fn fn, void *arg, int32_t n) {
     drain(t, &b);
     pthread_mutex_lock(&t->mu);
     unlink_batch(t, &b);
+    if (t->n_in_jobs <= 1) {
+        /* The batch's last tasks end within a task's time of each other: alone on the cores,
+         * poll for them a while before sleeping, as a wake-up costs more than most tasks of a
+         * decode step take. With other forwards under way the core is theirs instead. */
+        pthread_mutex_unlock(&t->mu);
+        int64_t until = now_ns() + SPIN_NS;
+        while ((__atomic_load_n(&b.done, __ATOMIC_ACQUIRE) < n ||
+                __atomic_load_n(&b.users, __ATOMIC_ACQUIRE) > 0) &&
+               now_ns() < until) {
+            cpu_relax();
+        }
+        pthread_mutex_lock(&t->mu);
+    }
     while (__atomic_load_n(&b.done, __ATOMIC_ACQUIRE) < n || b.users > 0) {
         pthread_cond_wait(&t->finished, &t->mu);
     }
