@@ -853,33 +853,23 @@ pv_kv_rows(const int DT, const int MX, const float *p, size_t ldp, const uint8_t
  * the inner loops (the weighted sum of 4 rows at head_dim 128 from L2: ~25 ns a key, against
  * ~16 for the same loop compiled alone). Each has the common head sizes, 64 and 128, as
  * constants, so their loops over d unroll with no remainder tests. */
-typedef void qk_rows_fn(const float *q, size_t ldq, const uint8_t *k, size_t rb, int32_t n,
-                        struct attn__kv_after after, int32_t d, float *s, size_t lds);
-typedef void pv_rows_fn(const float *p, size_t ldp, const uint8_t *v, size_t rb, int32_t n,
-                        struct attn__kv_after after, int32_t d, float *o, size_t ldo);
-#define ROWS_KERNELS(DT, MX)                                                                       \
-    __attribute__((noinline, target("avx2,fma,f16c"))) static void qk_rows_##DT##_##MX(            \
-        const float *q, size_t ldq, const uint8_t *k, size_t rb, int32_t n,                        \
-        struct attn__kv_after after, int32_t d, float *s, size_t lds) {                            \
+/* One group of query rows against a block: scores (qk: in q, out s) or weighted sum (pv: in p,
+ * out o). */
+typedef void rows_fn(const float *in, size_t ld_in, const uint8_t *rows, size_t rb, int32_t n,
+                     struct attn__kv_after after, int32_t d, float *out, size_t ld_out);
+#define ROWS_KERNEL(kind, DT, MX)                                                                  \
+    __attribute__((noinline, target("avx2,fma,f16c"))) static void kind##_rows_##DT##_##MX(        \
+        const float *in, size_t ld_in, const uint8_t *rows, size_t rb, int32_t n,                  \
+        struct attn__kv_after after, int32_t d, float *out, size_t ld_out) {                       \
         if (d == 128) {                                                                            \
-            qk_kv_rows(DT, MX, q, ldq, k, rb, n, after, 128, s, lds);                              \
+            kind##_kv_rows(DT, MX, in, ld_in, rows, rb, n, after, 128, out, ld_out);               \
         } else if (d == 64) {                                                                      \
-            qk_kv_rows(DT, MX, q, ldq, k, rb, n, after, 64, s, lds);                               \
+            kind##_kv_rows(DT, MX, in, ld_in, rows, rb, n, after, 64, out, ld_out);                \
         } else {                                                                                   \
-            qk_kv_rows(DT, MX, q, ldq, k, rb, n, after, d, s, lds);                                \
-        }                                                                                          \
-    }                                                                                              \
-    __attribute__((noinline, target("avx2,fma,f16c"))) static void pv_rows_##DT##_##MX(            \
-        const float *p, size_t ldp, const uint8_t *v, size_t rb, int32_t n,                        \
-        struct attn__kv_after after, int32_t d, float *o, size_t ldo) {                            \
-        if (d == 128) {                                                                            \
-            pv_kv_rows(DT, MX, p, ldp, v, rb, n, after, 128, o, ldo);                              \
-        } else if (d == 64) {                                                                      \
-            pv_kv_rows(DT, MX, p, ldp, v, rb, n, after, 64, o, ldo);                               \
-        } else {                                                                                   \
-            pv_kv_rows(DT, MX, p, ldp, v, rb, n, after, d, o, ldo);                                \
+            kind##_kv_rows(DT, MX, in, ld_in, rows, rb, n, after, d, out, ld_out);                 \
         }                                                                                          \
     }
+#define ROWS_KERNELS(DT, MX) ROWS_KERNEL(qk, DT, MX) ROWS_KERNEL(pv, DT, MX)
 #define ROWS_KERNELS_DT(DT)                                                                        \
     ROWS_KERNELS(DT, 1) ROWS_KERNELS(DT, 2) ROWS_KERNELS(DT, 3) ROWS_KERNELS(DT, 4)
 ROWS_KERNELS_DT(0)
@@ -888,10 +878,10 @@ ROWS_KERNELS_DT(2)
 ROWS_KERNELS_DT(3)
 #define ROWS_TABLE(kind, DT)                                                                       \
     { kind##_rows_##DT##_1, kind##_rows_##DT##_2, kind##_rows_##DT##_3, kind##_rows_##DT##_4 }
-static qk_rows_fn *const qk_rows[4][4] = {ROWS_TABLE(qk, 0), ROWS_TABLE(qk, 1), ROWS_TABLE(qk, 2),
-                                          ROWS_TABLE(qk, 3)};
-static pv_rows_fn *const pv_rows[4][4] = {ROWS_TABLE(pv, 0), ROWS_TABLE(pv, 1), ROWS_TABLE(pv, 2),
-                                          ROWS_TABLE(pv, 3)};
+static rows_fn *const qk_rows[4][4] = {ROWS_TABLE(qk, 0), ROWS_TABLE(qk, 1), ROWS_TABLE(qk, 2),
+                                       ROWS_TABLE(qk, 3)};
+static rows_fn *const pv_rows[4][4] = {ROWS_TABLE(pv, 0), ROWS_TABLE(pv, 1), ROWS_TABLE(pv, 2),
+                                       ROWS_TABLE(pv, 3)};
 
 /* The kernels' index of a KV dtype: 0 float, 1 bfloat16, 2 binary16, 3 Q8_0. */
 static int kernel_dtype(attn_dtype dt) {
@@ -922,7 +912,7 @@ widen_t(const int DT, const uint8_t *src, size_t rb, int32_t n, int32_t d, float
     }
 }
 
-/* Each entry point below dispatches a KV dtype to its specialized kernel. */
+/* CALL(DT) with the kernels' constant index of KV dtype dt (see kernel_dtype). */
 #define KV_DISPATCH(dt, CALL)                                                                      \
     do {                                                                                           \
         switch (dt) {                                                                              \
@@ -941,22 +931,15 @@ widen_t(const int DT, const uint8_t *src, size_t rb, int32_t n, int32_t d, float
         }                                                                                          \
     } while (0)
 
-static void qk_kv_avx2(attn_dtype dt, const float *q, size_t ldq, int32_t m, const uint8_t *k,
-                       size_t rb, int32_t n, struct attn__kv_after after, int32_t d, float *s,
-                       size_t lds) {
-    qk_rows_fn *const *fns = qk_rows[kernel_dtype(dt)];
-#define QK_ROWS(MX, i) fns[(MX)-1](q + (i)*ldq, ldq, k, rb, n, after, d, s + (i)*lds, lds)
-    FOR_ROW_GROUPS(m, QK_ROWS);
-#undef QK_ROWS
-}
-
-static void pv_kv_avx2(attn_dtype dt, const float *p, size_t ldp, int32_t m, const uint8_t *v,
-                       size_t rb, int32_t n, struct attn__kv_after after, int32_t d, float *o,
-                       size_t ldo) {
-    pv_rows_fn *const *fns = pv_rows[kernel_dtype(dt)];
-#define PV_ROWS(MX, i) fns[(MX)-1](p + (i)*ldp, ldp, v, rb, n, after, d, o + (i)*ldo, ldo)
-    FOR_ROW_GROUPS(m, PV_ROWS);
-#undef PV_ROWS
+/* The m query rows of a task against a block, in groups of at most 4, by fns (qk_rows or
+ * pv_rows of the block's dtype). */
+static void rows_avx2(rows_fn *const *fns, const float *in, size_t ld_in, int32_t m,
+                      const uint8_t *rows, size_t rb, int32_t n, struct attn__kv_after after,
+                      int32_t d, float *out, size_t ld_out) {
+#define GROUP(MX, i)                                                                               \
+    fns[(MX)-1](in + (i)*ld_in, ld_in, rows, rb, n, after, d, out + (i)*ld_out, ld_out)
+    FOR_ROW_GROUPS(m, GROUP);
+#undef GROUP
 }
 
 __attribute__((target("avx2,fma,f16c"))) static void widen_avx2(attn_dtype dt, const uint8_t *src,
@@ -1074,7 +1057,7 @@ void attn__small_qk_kv(attn_dtype dt, const float *q, size_t ldq, int32_t m, con
                        float *s, size_t lds, float *widen) {
 #ifdef TILE_HAVE_AVX2
     if (attn__tile_is_fast()) {
-        qk_kv_avx2(dt, q, ldq, m, k, row_bytes, n, after, d, s, lds);
+        rows_avx2(qk_rows[kernel_dtype(dt)], q, ldq, m, k, row_bytes, n, after, d, s, lds);
         return;
     }
 #endif
@@ -1087,7 +1070,7 @@ void attn__small_pv_kv(attn_dtype dt, const float *p, size_t ldp, int32_t m, con
                        float *o, size_t ldo, float *widen) {
 #ifdef TILE_HAVE_AVX2
     if (attn__tile_is_fast()) {
-        pv_kv_avx2(dt, p, ldp, m, v, row_bytes, n, after, d, o, ldo);
+        rows_avx2(pv_rows[kernel_dtype(dt)], p, ldp, m, v, row_bytes, n, after, d, o, ldo);
         return;
     }
 #endif
