@@ -337,15 +337,16 @@ void attn__small_qk(const float *q, size_t ldq, int32_t m, const float *k, size_
 void attn__small_pv(const float *p, size_t ldp, int32_t m, const float *v, size_t ldv, int32_t n,
                     int32_t d, float *o, size_t ldo);
 
-/* attn__small_qk / attn__small_pv against key or value rows held in a KV dtype (BF16, F16,
- * Q8_0), row_bytes apart: widened in registers as they stream (AVX2 + F16C), else into widen
- * (n x d floats) for the portable loops. */
 /* The rows a decode kernel's caller reads after the block it passes, which the kernel prefetches
  * into as it nears the block's end (rows NULL: none, or unknown). */
 struct attn__kv_after {
     const uint8_t *rows;
     size_t row_bytes;
 };
+
+/* attn__small_qk / attn__small_pv against key or value rows held in a KV dtype (BF16, F16,
+ * Q8_0), row_bytes apart: widened in registers as they stream (AVX2 + F16C), else into widen
+ * (n x d floats) for the portable loops. */
 void attn__small_qk_kv(attn_dtype dt, const float *q, size_t ldq, int32_t m, const uint8_t *k,
                        size_t row_bytes, int32_t n, struct attn__kv_after after, int32_t d,
                        float *s, size_t lds, float *widen);

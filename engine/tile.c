@@ -848,13 +848,12 @@ pv_kv_rows(const int DT, const int MX, const float *p, size_t ldp, const uint8_t
     }
 }
 
-/* The decode kernels as one function per dtype and row count: inlined into one dispatching
- * function, their loops shared its registers with every other variant's, and spilled scalars in
- * the inner loops (the weighted sum of 4 rows at head_dim 128 from L2: ~25 ns a key, against
- * ~16 for the same loop compiled alone). Each has the common head sizes, 64 and 128, as
- * constants, so their loops over d unroll with no remainder tests. */
-/* One group of query rows against a block: scores (qk: in q, out s) or weighted sum (pv: in p,
- * out o). */
+/* The decode kernels as one function per dtype and row count, each taking one group of query
+ * rows against a block: scores (qk: in q, out s) or weighted sum (pv: in p, out o). Inlined into
+ * one dispatching function, their loops shared its registers with every other variant's and
+ * spilled scalars in the inner loops (the weighted sum of 4 rows at head_dim 128 from L2: ~25 ns
+ * a key, against ~13 for the same loop compiled alone). Each has the common head sizes, 64 and
+ * 128, as constants, so their loops over d unroll with no remainder tests. */
 typedef void rows_fn(const float *in, size_t ld_in, const uint8_t *rows, size_t rb, int32_t n,
                      struct attn__kv_after after, int32_t d, float *out, size_t ld_out);
 #define ROWS_KERNEL(kind, DT, MX)                                                                  \
