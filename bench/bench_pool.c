@@ -34,6 +34,12 @@ struct bench_pool {
     pthread_t *workers; /* (n_workers) */
 };
 
+static int64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
 static void claim_and_run(bench_pool *pool) {
     for (;;) {
         int_fast32_t i = atomic_fetch_add_explicit(&pool->next_index, 1, memory_order_relaxed);
@@ -53,12 +59,10 @@ static void *worker_main(void *p) {
     for (;;) {
         if (!pool->is_stopping && pool->generation == seen) {
             pthread_mutex_unlock(&pool->lock);
-            struct timespec t0, t;
-            clock_gettime(CLOCK_MONOTONIC, &t0);
-            do {
-                clock_gettime(CLOCK_MONOTONIC, &t);
-            } while (__atomic_load_n(&pool->generation, __ATOMIC_ACQUIRE) == seen &&
-                     (t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec) < SPIN_NS);
+            int64_t until = now_ns() + SPIN_NS;
+            while (__atomic_load_n(&pool->generation, __ATOMIC_ACQUIRE) == seen &&
+                   now_ns() < until) {
+            }
             pthread_mutex_lock(&pool->lock);
         }
         while (!pool->is_stopping && pool->generation == seen) {
@@ -158,12 +162,9 @@ void bench_pool_run(void *ctx, attn_task_fn task, void *arg, int32_t n) {
 
     /* The last tasks end within a task's time of each other: poll for them a while before
      * sleeping, since a wake-up costs more than most tasks of a decode step take. */
-    struct timespec t0, t;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    do {
-        clock_gettime(CLOCK_MONOTONIC, &t);
-    } while (__atomic_load_n(&pool->n_pending, __ATOMIC_ACQUIRE) > 0 &&
-             (t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec) < SPIN_NS);
+    int64_t until = now_ns() + SPIN_NS;
+    while (__atomic_load_n(&pool->n_pending, __ATOMIC_ACQUIRE) > 0 && now_ns() < until) {
+    }
     pthread_mutex_lock(&pool->lock);
     while (__atomic_load_n(&pool->n_pending, __ATOMIC_ACQUIRE) > 0) {
         pthread_cond_wait(&pool->work_done, &pool->lock);
