@@ -7,10 +7,7 @@
  * bandwidth of a sweep over a buffer far larger than the caches). Prints one table, then RESULT
  * lines for bench/compare.py. Correctness is tests/' job: this program only checks return codes.
  */
-#define _DEFAULT_SOURCE /* MADV_HUGEPAGE */
 #include <inttypes.h>
-#include <sys/mman.h>
-#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -21,6 +18,7 @@
 #include <cblas.h>
 
 #include "../engine/attn.h"
+#include "bench_limits.h"
 #include "bench_pool.h"
 #include "bench_rand.h"
 
@@ -33,7 +31,7 @@ static const int32_t decode_lens[] = {512, 2048, 8192};
 /* The long-context presets' (small's geometry, softmax or linear): where a state pays off. */
 static const int32_t long_decode_lens[] = {512, 8192, 65536};
 static const int32_t batch_sizes[] = {1, 8, 32};
-enum { BATCH_LEN = 2048, SGEMM_N = 2048, MAX_RESULTS = 256, MAX_BATCH = 32, MAX_DTYPE_PAIRS = 8 };
+enum { BATCH_LEN = 2048, MAX_RESULTS = 256, MAX_BATCH = 32, MAX_DTYPE_PAIRS = 8 };
 
 /* The presets run: the engine's own, or llama8b's dimensions with another family's attention
  * (so that the cost of that attention shows against the plain layer of the same size). */
@@ -95,6 +93,7 @@ typedef struct bench_opts {
     bool use_executor;       /* false: attention runs on the calling thread only */
     bool is_quick;           /* fewer reps, smaller bandwidth buffer: smoke runs */
     bool skip_limits;        /* do not measure the machine (compare.py only needs ms) */
+    bool is_paired;          /* probe the case's bound after every timed rep (bench_limits.h) */
     const char *preset;      /* a presets[] name, or "all" */
     const char *case_filter; /* comma-separated substrings of case names; NULL = all */
     size_t bw_bytes;         /* bandwidth sweep buffer */
@@ -116,23 +115,19 @@ typedef struct rep_policy {
     double min_seconds;
 } rep_policy;
 
-typedef struct machine_limits {
-    bool is_measured;
-    double sgemm_gflops; /* best cblas_sgemm 2048^3 with opts.n_threads OpenBLAS threads */
-    double bw_gbs[2];    /* read bandwidth with 1 and 2 threads, GB/s (1e9 bytes) */
-    double l3_gbs;       /* read bandwidth of a 16 MiB buffer, 2 threads */
-    size_t bw_bytes;
-} machine_limits;
-
 typedef struct case_result {
     char name[64];
     case_kind kind;
     int32_t reps;
     double ms;     /* median of the timed reps */
     double ms_min; /* fastest rep */
-    double n_new;  /* new tokens per call, all sequences */
-    double flops;  /* per call, as stated in the header */
-    double bytes;  /* per call, as stated in the header */
+    /* With --paired: the median over reps of (the call's time at the limit probed right after
+     * the rep) / (the rep's time), and the median of those probes; else 0. */
+    double paired;
+    double paired_limit;
+    double n_new; /* new tokens per call, all sequences */
+    double flops; /* per call, as stated in the header */
+    double bytes; /* per call, as stated in the header */
 } case_result;
 
 typedef struct result_list {
@@ -146,12 +141,6 @@ typedef struct result_list {
 } result_list;
 
 /* ---- small helpers -------------------------------------------------------------------------- */
-
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static int compare_doubles(const void *a, const void *b) {
     double x = *(const double *)a;
@@ -196,193 +185,6 @@ static void case_name(char *buf, size_t size, const char *preset, const char *dt
         snprintf(buf, size, "%s.batch_B%" PRId32 "_L%d@%s", preset, n, BATCH_LEN, dtypes);
         break;
     }
-}
-
-/* ---- machine limits ------------------------------------------------------------------------- */
-
-typedef struct sweep_job {
-    float *p;
-    size_t n;
-    float sum; /* read-only sweep result, kept so the loads cannot be optimized away */
-} sweep_job;
-
-/* Sums floats with four independent 4-wide accumulators, so the loop is bound by loads rather than
- * by the latency of one chain of additions. memcpy keeps the loads free of aliasing questions. */
-typedef float float4 __attribute__((vector_size(16)));
-
-static float sum_floats(const float *p, size_t n) {
-    float4 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-    size_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        float4 v0, v1, v2, v3;
-        memcpy(&v0, p + i, sizeof(v0));
-        memcpy(&v1, p + i + 4, sizeof(v1));
-        memcpy(&v2, p + i + 8, sizeof(v2));
-        memcpy(&v3, p + i + 12, sizeof(v3));
-        a0 += v0;
-        a1 += v1;
-        a2 += v2;
-        a3 += v3;
-    }
-    float4 a = (a0 + a1) + (a2 + a3);
-    float sum = a[0] + a[1] + a[2] + a[3];
-    for (; i < n; i++) {
-        sum += p[i];
-    }
-    return sum;
-}
-
-static void *sweep_thread(void *arg) {
-    sweep_job *job = arg;
-    job->sum = sum_floats(job->p, job->n);
-    return NULL;
-}
-
-/* Reads of an L3-sized buffer: the slice summed L3_SWEEPS times, so thread start-up is noise. */
-#define L3_BYTES  ((size_t)16 << 20)
-#define L3_SWEEPS 64
-
-static void *sweep_l3_thread(void *arg) {
-    sweep_job *job = arg;
-    float sum = 0.0f;
-    for (int r = 0; r < L3_SWEEPS; r++) {
-        sum += sum_floats(job->p, job->n);
-        __asm__ volatile("" ::: "memory"); /* each sweep reads again: not one sum, reused */
-    }
-    job->sum = sum;
-    return NULL;
-}
-
-static void *fill_thread(void *arg) {
-    sweep_job *job = arg;
-    for (size_t i = 0; i < job->n; i++) {
-        job->p[i] = 1.0f;
-    }
-    return NULL;
-}
-
-/* Runs fn over n_threads equal slices of buf (n floats) on n_threads new threads and returns the
- * wall time from the first create to the last join, or a negative value if a thread failed. */
-static double run_slices(float *buf, size_t n, int32_t n_threads, void *(*fn)(void *),
-                         float *sum_out) {
-    pthread_t tids[2];
-    sweep_job jobs[2];
-    size_t per = n / (size_t)n_threads;
-    double t0 = now_seconds();
-    int32_t started = 0;
-    for (int32_t t = 0; t < n_threads; t++) {
-        jobs[t].p = buf + (size_t)t * per;
-        jobs[t].n = t == n_threads - 1 ? n - (size_t)t * per : per;
-        jobs[t].sum = 0.0f;
-        if (pthread_create(&tids[t], NULL, fn, &jobs[t]) != 0) {
-            break;
-        }
-        started++;
-    }
-    for (int32_t t = 0; t < started; t++) {
-        pthread_join(tids[t], NULL);
-    }
-    double elapsed = now_seconds() - t0;
-    float sum = 0.0f;
-    for (int32_t t = 0; t < started; t++) {
-        sum += jobs[t].sum;
-    }
-    *sum_out = sum;
-    return started == n_threads ? elapsed : -1.0;
-}
-
-/* Best read bandwidth over n_sweeps full sweeps with 1 and with 2 threads (each sweeps half). The
- * buffer is written once first, so page faults are not timed. */
-static int measure_bandwidth(size_t bytes, int32_t n_sweeps, machine_limits *lim) {
-    size_t n = bytes / sizeof(float);
-    /* The engine puts weights and KV blocks on 2 MiB pages; the sweep does the same, or the
-     * roofline would charge the engine for TLB misses it does not take. */
-    size_t huge = (size_t)2 << 20;
-    n = n * sizeof(float) / huge * huge / sizeof(float);
-    float *buf = NULL;
-    if (posix_memalign((void **)&buf, huge, n * sizeof(float)) != 0) {
-        buf = NULL;
-    }
-#ifdef MADV_HUGEPAGE
-    if (buf != NULL) {
-        (void)madvise(buf, n * sizeof(float), MADV_HUGEPAGE);
-    }
-#endif
-    if (buf == NULL) {
-        fprintf(stderr, "attn_bench: cannot allocate %zu MiB for the bandwidth sweep\n",
-                bytes >> 20);
-        return ATTN_ENOMEM;
-    }
-    float sink = 0.0f;
-    if (run_slices(buf, n, 2, fill_thread, &sink) < 0) {
-        free(buf);
-        return ATTN_ENOMEM;
-    }
-    for (int32_t n_threads = 1; n_threads <= 2; n_threads++) {
-        double best = 0.0;
-        for (int32_t r = 0; r < n_sweeps; r++) {
-            float sum = 0.0f;
-            double s = run_slices(buf, n, n_threads, sweep_thread, &sum);
-            if (s <= 0) {
-                free(buf);
-                return ATTN_ENOMEM;
-            }
-            sink += sum;
-            double gbs = (double)(n * sizeof(float)) / s * 1e-9;
-            best = gbs > best ? gbs : best;
-        }
-        lim->bw_gbs[n_threads - 1] = best;
-    }
-    /* The last-level cache: 16 MiB, which fits the 32 MiB L3 with room for the code's own. */
-    size_t n3 = L3_BYTES / sizeof(float);
-    double best3 = 0.0;
-    for (int32_t r = 0; r < n_sweeps; r++) {
-        float sum = 0.0f;
-        double s = run_slices(buf, n3, 2, sweep_l3_thread, &sum);
-        if (s <= 0) {
-            free(buf);
-            return ATTN_ENOMEM;
-        }
-        sink += sum;
-        double gbs = (double)L3_BYTES * L3_SWEEPS / s * 1e-9;
-        best3 = gbs > best3 ? gbs : best3;
-    }
-    lim->l3_gbs = best3;
-    free(buf);
-    lim->bw_bytes = n * sizeof(float);
-    /* Every element is 1.0f, so a sum of 0 would mean the sweeps read nothing. */
-    return sink > 0.0f ? ATTN_OK : ATTN_EINVAL;
-}
-
-/* Best cblas_sgemm C = A B (row-major, no transposes) at SGEMM_N^3 over n_runs after a warm-up. */
-static int measure_sgemm(int32_t n_runs, uint64_t seed, double *gflops) {
-    size_t nn = (size_t)SGEMM_N * SGEMM_N;
-    float *a = malloc(nn * sizeof(float));
-    float *b = malloc(nn * sizeof(float));
-    float *c = malloc(nn * sizeof(float));
-    if (a == NULL || b == NULL || c == NULL) {
-        free(a);
-        free(b);
-        free(c);
-        return ATTN_ENOMEM;
-    }
-    bench_rand_fill(a, nn, seed);
-    bench_rand_fill(b, nn, seed + 1);
-    double best = 1e30;
-    for (int32_t r = 0; r <= n_runs; r++) {
-        double t0 = now_seconds();
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, SGEMM_N, SGEMM_N, SGEMM_N, 1.0f, a,
-                    SGEMM_N, b, SGEMM_N, 0.0f, c, SGEMM_N);
-        double s = now_seconds() - t0;
-        if (r > 0 && s < best) {
-            best = s;
-        }
-    }
-    *gflops = 2.0 * SGEMM_N * (double)SGEMM_N * SGEMM_N / best * 1e-9;
-    free(a);
-    free(b);
-    free(c);
-    return ATTN_OK;
 }
 
 /* ---- cost model ----------------------------------------------------------------------------- */
@@ -474,11 +276,29 @@ static void step_cost(const attn_model *model, attn_dtype dt, attn_dtype kv_dt, 
 /* One rep: does its untimed setup and cleanup itself and writes the timed part to *seconds. */
 typedef int (*rep_fn)(void *ctx, double *seconds);
 
-static int measure(const rep_policy *pol, rep_fn fn, void *ctx, case_result *res) {
-    double *samples = malloc((size_t)pol->max_reps * sizeof(double));
+/* With --paired, what each timed rep is followed by: one probe of the limit the case is bound
+ * by, whose figure turns the case's work into its time at that limit in the same seconds. */
+typedef struct pairing {
+    bench_probe *probe;
+    bench_bound bound;
+    double work; /* the call's FLOPs (BENCH_BOUND_SGEMM) or bytes */
+    bool rewarm; /* the probe evicts data the case keeps in L3: one untimed rep after it */
+} pairing;
+
+static double median_of(double *v, int32_t n) {
+    qsort(v, (size_t)n, sizeof(double), compare_doubles);
+    return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Times fn's reps by pol (the median and the fastest into res) and, with pr, pairs each rep with
+ * a probe (res->paired, res->paired_limit). */
+static int measure(const rep_policy *pol, rep_fn fn, void *ctx, const pairing *pr,
+                   case_result *res) {
+    double *samples = malloc((size_t)pol->max_reps * 3 * sizeof(double));
     if (samples == NULL) {
         return ATTN_ENOMEM;
     }
+    double *ratios = samples + pol->max_reps, *limits = ratios + pol->max_reps;
     double warm = 0.0;
     int rc = fn(ctx, &warm);
     int32_t n = 0;
@@ -486,13 +306,22 @@ static int measure(const rep_policy *pol, rep_fn fn, void *ctx, case_result *res
     while (rc == ATTN_OK && n < pol->max_reps && (n < pol->min_reps || total < pol->min_seconds)) {
         rc = fn(ctx, &samples[n]);
         total += samples[n];
+        if (rc == ATTN_OK && pr != NULL) {
+            limits[n] = bench_probe_run(pr->probe, pr->bound);
+            rc = limits[n] > 0 ? ATTN_OK : ATTN_ENOMEM;
+            ratios[n] = pr->work / (limits[n] * 1e9) / samples[n];
+            if (rc == ATTN_OK && pr->rewarm) {
+                rc = fn(ctx, &warm);
+            }
+        }
         n++;
     }
     if (rc == ATTN_OK) {
-        qsort(samples, (size_t)n, sizeof(double), compare_doubles);
         res->reps = n;
+        res->ms = 1e3 * median_of(samples, n);
         res->ms_min = 1e3 * samples[0];
-        res->ms = n % 2 == 1 ? 1e3 * samples[n / 2] : 0.5e3 * (samples[n / 2 - 1] + samples[n / 2]);
+        res->paired = pr != NULL ? median_of(ratios, n) : 0.0;
+        res->paired_limit = pr != NULL ? median_of(limits, n) : 0.0;
     }
     free(samples);
     return rc;
@@ -518,6 +347,8 @@ typedef struct preset_run {
     float *x;           /* (max(max_tokens, MAX_BATCH), hidden) random hidden states */
     float *out;         /* same shape, forward outputs */
     result_list *results;
+    const machine_limits *lim; /* measured before the cases, or not measured */
+    bench_probe *probe;        /* with --paired */
 } preset_run;
 
 typedef struct prefill_ctx {
@@ -533,9 +364,9 @@ static int prefill_rep(void *p, double *seconds) {
         return rc;
     }
     attn_step step = {.kv = kv, .x = c->run->x, .n_tokens = c->n_new, .out = c->run->out};
-    double t0 = now_seconds();
+    double t0 = bench_seconds();
     rc = attn_forward(c->run->model, 0, c->run->ws, &step, 1);
-    *seconds = now_seconds() - t0;
+    *seconds = bench_seconds() - t0;
     attn_kv_destroy(kv);
     return rc;
 }
@@ -561,9 +392,9 @@ static int decode_rep_on_copies(decode_ctx *c, double *seconds) {
         steps[i].kv = copies[i];
     }
     if (rc == ATTN_OK) {
-        double t0 = now_seconds();
+        double t0 = bench_seconds();
         rc = attn_forward(c->run->model, 0, c->run->ws, steps, c->n_seq);
-        *seconds = now_seconds() - t0;
+        *seconds = bench_seconds() - t0;
     }
     for (int32_t i = 0; i < c->n_seq; i++) {
         attn_kv_destroy(copies[i]);
@@ -576,9 +407,9 @@ static int decode_rep(void *p, double *seconds) {
     if (attn_kv_is_state(c->kvs[0])) {
         return decode_rep_on_copies(c, seconds);
     }
-    double t0 = now_seconds();
+    double t0 = bench_seconds();
     int rc = attn_forward(c->run->model, 0, c->run->ws, c->steps, c->n_seq);
-    *seconds = now_seconds() - t0;
+    *seconds = bench_seconds() - t0;
     for (int32_t i = 0; i < c->n_seq && rc == ATTN_OK; i++) {
         rc = attn_kv_truncate(c->kvs[i], c->n_past);
     }
@@ -591,16 +422,31 @@ static double roofline_bandwidth(const bench_opts *o, const machine_limits *lim)
     return o->n_threads >= 2 ? lim->bw_gbs[1] : lim->bw_gbs[0];
 }
 
+/* A call that reads at most L3_BYTES reads the same bytes every rep: they sit in L3. */
+static bool reads_from_l3(const bench_opts *o, const case_result *r) {
+    return r->bytes <= (double)L3_BYTES && o->n_threads >= 2;
+}
+
 /* The roofline time of a call: its bytes at the measured bandwidth or its FLOPs at the sgemm
  * peak, whichever takes longer (a batch of decode steps turns compute-bound: 32 tokens through
  * llama8b's projections are 2.7 GFLOP). */
 static double roofline_ms(const bench_opts *o, const machine_limits *lim, const case_result *r) {
-    /* A call that reads at most L3_BYTES reads the same bytes every rep: they sit in L3. */
-    double bw = r->bytes <= (double)L3_BYTES && o->n_threads >= 2 ? lim->l3_gbs
-                                                                  : roofline_bandwidth(o, lim);
+    double bw = reads_from_l3(o, r) ? lim->l3_gbs : roofline_bandwidth(o, lim);
     double mem = r->bytes / (bw * 1e9) * 1e3;
     double flop = r->flops / (lim->sgemm_gflops * 1e9) * 1e3;
     return mem > flop ? mem : flop;
+}
+
+/* The limit that bounds a case under lim: the side of roofline_ms that takes longer, and the
+ * sgemm peak for a prefill, as its figure is given. */
+static bench_bound case_bound(const bench_opts *o, const machine_limits *lim,
+                              const case_result *r) {
+    bool in_l3 = reads_from_l3(o, r);
+    double bw = in_l3 ? lim->l3_gbs : roofline_bandwidth(o, lim);
+    if (r->kind == CASE_KIND_PREFILL || r->flops / lim->sgemm_gflops > r->bytes / bw) {
+        return BENCH_BOUND_SGEMM;
+    }
+    return in_l3 ? BENCH_BOUND_L3 : BENCH_BOUND_DRAM;
 }
 
 static void print_row(const bench_opts *o, const machine_limits *lim, const case_result *r) {
@@ -614,8 +460,14 @@ static void print_row(const bench_opts *o, const machine_limits *lim, const case
         snprintf(limit, sizeof(limit), "%4.2f of roofline (roof %.3f ms, %.2fx)", roof_ms / r->ms,
                  roof_ms, r->ms / roof_ms);
     }
-    printf("%-36s %5" PRId32 " %10.3f %11.1f %9.1f %8.2f  %s\n", r->name, r->reps, r->ms,
-           r->n_new / s, r->flops / s * 1e-9, r->bytes / s * 1e-9, limit);
+    char paired[64] = "";
+    if (r->paired > 0 && r->kind == CASE_KIND_PREFILL) {
+        snprintf(paired, sizeof paired, "; paired %5.1f%%", 100.0 * r->paired);
+    } else if (r->paired > 0) {
+        snprintf(paired, sizeof paired, "; paired %4.2f (%.2fx)", r->paired, 1.0 / r->paired);
+    }
+    printf("%-36s %5" PRId32 " %10.3f %11.1f %9.1f %8.2f  %s%s\n", r->name, r->reps, r->ms,
+           r->n_new / s, r->flops / s * 1e-9, r->bytes / s * 1e-9, limit, paired);
     fflush(stdout);
 }
 
@@ -631,9 +483,11 @@ static void print_result_line(const bench_opts *o, const machine_limits *lim,
         frac = roof_ms / r->ms;
     }
     printf("RESULT impl=attnd case=%s ms=%.4f min_ms=%.4f reps=%" PRId32
-           " tok_s=%.2f gflops=%.2f gbs=%.3f roof_ms=%.4f frac=%.4f\n",
+           " tok_s=%.2f gflops=%.2f gbs=%.3f roof_ms=%.4f frac=%.4f paired=%.4f"
+           " paired_limit=%.2f\n",
            r->name, r->ms, r->ms_min, r->reps, r->n_new / s, r->flops / s * 1e-9,
-           r->bytes / s * 1e-9, roof_ms, frac);
+           r->bytes / s * 1e-9, roof_ms, frac, r->paired > 0 ? r->paired : -1.0,
+           r->paired > 0 ? r->paired_limit : -1.0);
 }
 
 /* Keeps r for the table, which is printed once the machine has been measured again after the
@@ -649,6 +503,20 @@ static int add_result(preset_run *run, const case_result *r) {
 
 /* ---- cases ---------------------------------------------------------------------------------- */
 
+/* The pairing of case r's reps with --paired (at pr), or NULL. A call whose data could sit in L3
+ * is run once more, untimed, after each probe, which sweeps them out. */
+static const pairing *pairing_of(const preset_run *run, const case_result *r, pairing *pr) {
+    if (run->probe == NULL) {
+        return NULL;
+    }
+    bench_bound b = case_bound(run->opts, run->lim, r);
+    *pr = (pairing){.probe = run->probe,
+                    .bound = b,
+                    .work = b == BENCH_BOUND_SGEMM ? r->flops : r->bytes,
+                    .rewarm = r->bytes <= 2.0 * (double)L3_BYTES};
+    return pr;
+}
+
 static int run_prefill_cases(preset_run *run) {
     for (size_t i = 0; i < sizeof(prefill_lens) / sizeof(prefill_lens[0]); i++) {
         case_result r = {.kind = CASE_KIND_PREFILL, .n_new = prefill_lens[i]};
@@ -656,14 +524,15 @@ static int run_prefill_cases(preset_run *run) {
         if (!case_selected(run->opts, r.name)) {
             continue;
         }
+        step_cost(run->model, run->weights_dtype, run->kv_dtype, 1, 0, prefill_lens[i], &r.flops,
+                  &r.bytes);
         prefill_ctx ctx = {.run = run, .n_new = prefill_lens[i]};
-        int rc = measure(&run->policy, prefill_rep, &ctx, &r);
+        pairing pr;
+        int rc = measure(&run->policy, prefill_rep, &ctx, pairing_of(run, &r, &pr), &r);
         if (rc != ATTN_OK) {
             fprintf(stderr, "attn_bench: %s: %s\n", r.name, attn_strerror(rc));
             return rc;
         }
-        step_cost(run->model, run->weights_dtype, run->kv_dtype, 1, 0, prefill_lens[i], &r.flops,
-                  &r.bytes);
         rc = add_result(run, &r);
         if (rc != ATTN_OK) {
             return rc;
@@ -696,14 +565,15 @@ static int time_decode(preset_run *run, attn_kv *const *kvs, int32_t n_seq, int3
                                    .n_tokens = 1,
                                    .out = run->out + (size_t)i * hidden};
     }
-    int rc = measure(&run->policy, decode_rep, &ctx, r);
+    r->n_new = n_seq;
+    step_cost(run->model, run->weights_dtype, run->kv_dtype, n_seq, n_past, 1, &r->flops,
+              &r->bytes);
+    pairing pr;
+    int rc = measure(&run->policy, decode_rep, &ctx, pairing_of(run, r, &pr), r);
     if (rc != ATTN_OK) {
         fprintf(stderr, "attn_bench: %s: %s\n", r->name, attn_strerror(rc));
         return rc;
     }
-    r->n_new = n_seq;
-    step_cost(run->model, run->weights_dtype, run->kv_dtype, n_seq, n_past, 1, &r->flops,
-              &r->bytes);
     return add_result(run, r);
 }
 
@@ -930,8 +800,9 @@ static bool preset_selected(const bench_opts *o, const char *preset, int32_t d) 
 }
 
 static int run_preset(const bench_opts *o, const char *preset, attn_dtype weights_dtype,
-                      attn_dtype kv_dtype, const attn_executor *ex, result_list *results) {
-    preset_run run = {.opts = o, .name = preset, .results = results};
+                      attn_dtype kv_dtype, const attn_executor *ex, const machine_limits *lim,
+                      bench_probe *probe, result_list *results) {
+    preset_run run = {.opts = o, .name = preset, .results = results, .lim = lim, .probe = probe};
     run.weights_dtype = weights_dtype;
     run.policy = o->is_quick ? (rep_policy){3, 20, 0.05} : (rep_policy){5, 200, 1.0};
     if (o->n_reps > 0) {
@@ -1052,6 +923,11 @@ static void usage(FILE *f) {
                "f32)\n"
                "  --bw-mib N        bandwidth sweep buffer in MiB (default 2048)\n"
                "  --skip-limits     do not measure sgemm peak and bandwidth\n"
+               "  --paired          after every timed rep, probe the limit the case is bound by "
+               "(one sgemm\n"
+               "                    2048^3, or a sweep of 256 MiB or of L3's 16 MiB) and report "
+               "the median\n"
+               "                    of the reps' ratios to their own probe as well\n"
                "  --seed N          weights and inputs seed (default 1)\n");
 }
 
@@ -1108,6 +984,8 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
             o->is_quick = true;
         } else if (strcmp(a, "--skip-limits") == 0) {
             o->skip_limits = true;
+        } else if (strcmp(a, "--paired") == 0) {
+            o->is_paired = true;
         } else if (val == NULL) {
             ok = false;
         } else if (strcmp(a, "--threads") == 0 && (ok = parse_int(val, 1, 64, &v))) {
@@ -1161,6 +1039,10 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
         o->kv_dtypes[0] = one_kv;
         o->n_dtype_pairs = 1;
     }
+    if (o->is_paired && o->skip_limits) {
+        fprintf(stderr, "attn_bench: --paired needs the limits (drop --skip-limits)\n");
+        return -1;
+    }
     if (bw_mib == 0) {
         bw_mib = o->is_quick ? 1024 : 2048;
     }
@@ -1204,8 +1086,14 @@ static void print_header(const bench_opts *o, const machine_limits *before,
            "16 MiB or less\n"
            "(the small preset's decode moves a few MiB, which stay in L3: its roofline is "
            "L3's)\n"
-           "ms is the median of the timed reps after one warm-up; GB = 1e9 bytes\n\n",
-           o->n_threads >= 2 ? 2 : 1);
+           "ms is the median of the timed reps after one warm-up; GB = 1e9 bytes\n%s\n",
+           o->n_threads >= 2 ? 2 : 1,
+           o->is_paired ? "paired (--paired): each timed rep is followed by one probe of the "
+                          "limit its roofline is bound by (an sgemm 2048^3; a read sweep of 256 "
+                          "MiB, or of 16 MiB for calls in L3); the median over reps of (the call "
+                          "at the probed limit) / (the rep): the same ratio as the limit column "
+                          "with each rep set against the machine of its own seconds\n"
+                        : "");
 }
 
 /* The variants' medians over llama8b's for the same case (> 1: the family's attention costs
@@ -1236,12 +1124,10 @@ static void print_versus_llama8b(const result_list *res) {
 
 static int measure_limits(const bench_opts *o, machine_limits *lim) {
     int32_t n_runs = o->is_quick ? 3 : 5;
-    if (measure_bandwidth(o->bw_bytes, n_runs, lim) != ATTN_OK ||
-        measure_sgemm(n_runs, o->seed, &lim->sgemm_gflops) != ATTN_OK) {
+    if (bench_limits_measure(o->bw_bytes, n_runs, o->seed, lim) != ATTN_OK) {
         fprintf(stderr, "attn_bench: measuring the machine's limits failed\n");
         return ATTN_ENOMEM;
     }
-    lim->is_measured = true;
     return ATTN_OK;
 }
 
@@ -1294,6 +1180,12 @@ int main(int argc, char **argv) {
          * must not start threads of its own: they would spin on the same cores. */
         openblas_set_num_threads(1);
     }
+    bench_probe *probe = NULL;
+    if (o.is_paired && bench_probe_create(o.n_threads, o.use_executor ? 1 : o.n_threads,
+                                          o.use_executor ? &ex : NULL, o.seed, &probe) != ATTN_OK) {
+        bench_pool_destroy(pool);
+        return EXIT_FAILURE;
+    }
 
     result_list results = {.n = 0};
     int rc = ATTN_OK;
@@ -1301,10 +1193,11 @@ int main(int argc, char **argv) {
         for (int32_t d = 0; d < o.n_dtype_pairs && rc == ATTN_OK; d++) {
             if (preset_selected(&o, presets[i].name, d)) {
                 rc = run_preset(&o, presets[i].name, o.weights_dtypes[d], o.kv_dtypes[d],
-                                o.use_executor ? &ex : NULL, &results);
+                                o.use_executor ? &ex : NULL, &before, probe, &results);
             }
         }
     }
+    bench_probe_destroy(probe);
     bench_pool_destroy(pool);
     openblas_set_num_threads(o.n_threads);
 
