@@ -578,9 +578,11 @@ void http__conn_request_begin(struct http_request *r) {
     if (hc->is_counted) {
         conn_table_set_busy(r->srv->conns, &hc->c);
     }
-    if (hc->watch_events != 0) {
-        watch_set(hc, UV_DISCONNECT);
-    }
+    /* The watch keeps waiting for READABLE too until it fires: a client that sends nothing more
+     * while its request runs (the usual one) never wakes it, and one that does (body bytes MHD
+     * has not read yet, a pipelined request) switches it to DISCONNECT alone in on_watch, so a
+     * level-triggered READABLE cannot spin. Switching here cost each request three epoll_ctl
+     * calls (libuv removes the fd at every uv_poll_start and adds it back at its next poll). */
 }
 
 void http__conn_request_end(struct http_request *r) {
