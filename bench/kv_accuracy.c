@@ -206,7 +206,8 @@ static void long_context(int32_t n, bool with_weights) {
     float *x = xcalloc(n_out, sizeof(float)), *want = xcalloc(n_out, sizeof(float));
     ref_fill_uniform(&rng, x, n_out, -1.0f, 1.0f);
     float *want_w = with_weights ? xcalloc(n_w, sizeof(float)) : NULL;
-    ref_forward_args a = {n, x, NULL, NULL, want, want_w, NULL, NULL, ATTN_DTYPE_AUTO};
+    ref_forward_args a = {
+        .n_tokens = n, .x = x, .out = want, .weights = want_w, .kv_dtype = ATTN_DTYPE_AUTO};
     ref_layer_forward(&c, &rl, &a);
     int32_t chunks[64], n_chunks = 0;
     for (int32_t left = n - 8; left > 0; left -= 256) {
