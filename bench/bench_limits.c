@@ -115,8 +115,8 @@ static double run_slices(float *buf, size_t n, int32_t n_threads, void *(*fn)(vo
     return started == n_threads ? elapsed : -1.0;
 }
 
-/* A buffer of at least min_bytes (bytes rounded down to 2 MiB pages) filled with 1.0f, so page
- * faults are never timed. The engine puts weights and KV blocks on 2 MiB pages; the sweeps do the
+/* A buffer of `bytes` rounded down to whole 2 MiB pages, filled with 1.0f so that page faults
+ * are never timed. The engine puts weights and KV blocks on 2 MiB pages; the sweeps do the
  * same, or the roofline would charge the engine for TLB misses it does not take. */
 static float *swept_buffer(size_t bytes, size_t *n_out) {
     size_t huge = (size_t)2 << 20;
