@@ -285,6 +285,7 @@ typedef struct pairing {
     bool rewarm; /* the probe evicts data the case keeps in L3: one untimed rep after it */
 } pairing;
 
+/* The median of v's n values. Sorts v: measure reads the fastest rep from samples[0] after. */
 static double median_of(double *v, int32_t n) {
     qsort(v, (size_t)n, sizeof(double), compare_doubles);
     return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
