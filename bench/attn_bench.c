@@ -93,7 +93,8 @@ typedef struct bench_opts {
     bool use_executor;       /* false: attention runs on the calling thread only */
     bool is_quick;           /* fewer reps, smaller bandwidth buffer: smoke runs */
     bool skip_limits;        /* do not measure the machine (compare.py only needs ms) */
-    bool is_paired;          /* probe the case's bound after every timed rep (bench_limits.h) */
+    bool is_paired;          /* probe the case's bound after every timed rep (bench_limits.h);
+                                the default whenever the limits are measured */
     const char *preset;      /* a presets[] name, or "all" */
     const char *case_filter; /* comma-separated substrings of case names; NULL = all */
     size_t bw_bytes;         /* bandwidth sweep buffer */
@@ -107,8 +108,8 @@ typedef struct bench_opts {
     uint64_t seed;
 } bench_opts;
 
-/* Reps after one discarded warm-up: at least min_reps and min_seconds of timed work, at most
- * max_reps. The figure reported is the median. */
+/* Reps after one discarded warm-up: at least min_reps and min_seconds of timed work (with the
+ * probes of paired reps), at most max_reps. The figure reported is the median. */
 typedef struct rep_policy {
     int32_t min_reps;
     int32_t max_reps;
@@ -121,7 +122,7 @@ typedef struct case_result {
     int32_t reps;
     double ms;     /* median of the timed reps */
     double ms_min; /* fastest rep */
-    /* With --paired: the median over reps of (the call's time at the limit probed right after
+    /* Paired: the median over reps of (the call's time at the limit probed right after
      * the rep) / (the rep's time), and the median of those probes; else 0. */
     double paired;
     double paired_limit;
@@ -276,13 +277,12 @@ static void step_cost(const attn_model *model, attn_dtype dt, attn_dtype kv_dt, 
 /* One rep: does its untimed setup and cleanup itself and writes the timed part to *seconds. */
 typedef int (*rep_fn)(void *ctx, double *seconds);
 
-/* With --paired, what each timed rep is followed by: one probe of the limit the case is bound
+/* Paired, what each timed rep is followed by: one probe of the limit the case is bound
  * by, whose figure turns the case's work into its time at that limit in the same seconds. */
 typedef struct pairing {
     bench_probe *probe;
     bench_bound bound;
     double work; /* the call's FLOPs (BENCH_BOUND_SGEMM) or bytes */
-    bool rewarm; /* the probe evicts data the case keeps in L3: one untimed rep after it */
 } pairing;
 
 /* The median of v's n values. Sorts v: measure reads the fastest rep from samples[0] after. */
@@ -308,12 +308,13 @@ static int measure(const rep_policy *pol, rep_fn fn, void *ctx, const pairing *p
         rc = fn(ctx, &samples[n]);
         total += samples[n];
         if (rc == ATTN_OK && pr != NULL) {
+            double t0 = bench_seconds();
             limits[n] = bench_probe_run(pr->probe, pr->bound);
             rc = limits[n] > 0 ? ATTN_OK : ATTN_ENOMEM;
             ratios[n] = pr->work / (limits[n] * 1e9) / samples[n];
-            if (rc == ATTN_OK && pr->rewarm) {
-                rc = fn(ctx, &warm);
-            }
+            /* The probes count toward min_seconds: a 0.1 s sgemm after each of 200 reps of a
+             * 2 ms case would make it last 20 s. */
+            total += bench_seconds() - t0;
         }
         n++;
     }
@@ -349,7 +350,7 @@ typedef struct preset_run {
     float *out;         /* same shape, forward outputs */
     result_list *results;
     const machine_limits *lim; /* measured before the cases, or not measured */
-    bench_probe *probe;        /* with --paired */
+    bench_probe *probe;        /* paired, else NULL */
 } preset_run;
 
 typedef struct prefill_ctx {
@@ -438,16 +439,13 @@ static double roofline_ms(const bench_opts *o, const machine_limits *lim, const 
     return mem > flop ? mem : flop;
 }
 
-/* The limit that bounds a case under lim: the side of roofline_ms that takes longer, and the
- * sgemm peak for a prefill, as its figure is given. */
+/* The limit that bounds a case under lim, for a call beyond the caches (the only ones paired):
+ * the side of roofline_ms that takes longer, and the sgemm peak for a prefill, as its figure is
+ * given. */
 static bench_bound case_bound(const bench_opts *o, const machine_limits *lim,
                               const case_result *r) {
-    bool in_l3 = reads_from_l3(o, r);
-    double bw = in_l3 ? lim->l3_gbs : roofline_bandwidth(o, lim);
-    if (r->kind == CASE_KIND_PREFILL || r->flops / lim->sgemm_gflops > r->bytes / bw) {
-        return BENCH_BOUND_SGEMM;
-    }
-    return in_l3 ? BENCH_BOUND_L3 : BENCH_BOUND_DRAM;
+    bool is_flop = r->flops / lim->sgemm_gflops > r->bytes / roofline_bandwidth(o, lim);
+    return r->kind == CASE_KIND_PREFILL || is_flop ? BENCH_BOUND_SGEMM : BENCH_BOUND_DRAM;
 }
 
 static void print_row(const bench_opts *o, const machine_limits *lim, const case_result *r) {
@@ -504,17 +502,17 @@ static int add_result(preset_run *run, const case_result *r) {
 
 /* ---- cases ---------------------------------------------------------------------------------- */
 
-/* The pairing of case r's reps with --paired (at pr), or NULL. A call whose data could sit in L3
- * is run once more, untimed, after each probe, which sweeps them out. */
+/* The pairing of case r's reps (at pr), or NULL when unpaired. A call whose data could sit in
+ * the caches (2 x L3_BYTES or less: the small presets) is not paired: every probe sweeps them
+ * out, and the rep after it would time the refill (small's decode at L=2048: 0.20 ms against
+ * 0.14 with an untimed rep between). */
 static const pairing *pairing_of(const preset_run *run, const case_result *r, pairing *pr) {
-    if (run->probe == NULL) {
+    if (run->probe == NULL || r->bytes <= 2.0 * (double)L3_BYTES) {
         return NULL;
     }
     bench_bound b = case_bound(run->opts, run->lim, r);
-    *pr = (pairing){.probe = run->probe,
-                    .bound = b,
-                    .work = b == BENCH_BOUND_SGEMM ? r->flops : r->bytes,
-                    .rewarm = r->bytes <= 2.0 * (double)L3_BYTES};
+    *pr = (pairing){
+        .probe = run->probe, .bound = b, .work = b == BENCH_BOUND_SGEMM ? r->flops : r->bytes};
     return pr;
 }
 
@@ -923,12 +921,12 @@ static void usage(FILE *f) {
                "  --kv-dtype D      one pair: the KV cache's dtype (weights: --weights-dtype, or "
                "f32)\n"
                "  --bw-mib N        bandwidth sweep buffer in MiB (default 2048)\n"
-               "  --skip-limits     do not measure sgemm peak and bandwidth\n"
-               "  --paired          after every timed rep, probe the limit the case is bound by "
-               "(one sgemm\n"
-               "                    2048^3, or a sweep of 256 MiB or of L3's 16 MiB) and report "
-               "the median\n"
-               "                    of the reps' ratios to their own probe as well\n"
+               "  --skip-limits     do not measure sgemm peak and bandwidth (nor pair the reps)\n"
+               "  --paired          pair the reps (the default, unless --skip-limits)\n"
+               "  --no-paired       do not probe the limit a case is bound by after each of its\n"
+               "                    timed reps (by default one sgemm 2048^3 or a read sweep of\n"
+               "                    256 MiB, whose figure gives that rep's own ratio; the table\n"
+               "                    adds their median; calls within the caches are not paired)\n"
                "  --seed N          weights and inputs seed (default 1)\n");
 }
 
@@ -971,6 +969,7 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
     size_t bw_mib = 0;
     attn_dtype one_w = ATTN_DTYPE_F32, one_kv = ATTN_DTYPE_AUTO;
     bool has_one = false;
+    int paired = 0; /* 1: --paired, -1: --no-paired, 0: the default */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -985,8 +984,8 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
             o->is_quick = true;
         } else if (strcmp(a, "--skip-limits") == 0) {
             o->skip_limits = true;
-        } else if (strcmp(a, "--paired") == 0) {
-            o->is_paired = true;
+        } else if (strcmp(a, "--paired") == 0 || strcmp(a, "--no-paired") == 0) {
+            paired = strcmp(a, "--paired") == 0 ? 1 : -1;
         } else if (val == NULL) {
             ok = false;
         } else if (strcmp(a, "--threads") == 0 && (ok = parse_int(val, 1, 64, &v))) {
@@ -1040,10 +1039,11 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
         o->kv_dtypes[0] = one_kv;
         o->n_dtype_pairs = 1;
     }
-    if (o->is_paired && o->skip_limits) {
+    if (paired > 0 && o->skip_limits) {
         fprintf(stderr, "attn_bench: --paired needs the limits (drop --skip-limits)\n");
         return -1;
     }
+    o->is_paired = paired > 0 || (paired == 0 && !o->skip_limits);
     if (bw_mib == 0) {
         bw_mib = o->is_quick ? 1024 : 2048;
     }
@@ -1089,11 +1089,12 @@ static void print_header(const bench_opts *o, const machine_limits *before,
            "L3's)\n"
            "ms is the median of the timed reps after one warm-up; GB = 1e9 bytes\n%s\n",
            o->n_threads >= 2 ? 2 : 1,
-           o->is_paired ? "paired (--paired): each timed rep is followed by one probe of the "
-                          "limit its roofline is bound by (an sgemm 2048^3; a read sweep of 256 "
-                          "MiB, or of 16 MiB for calls in L3); the median over reps of (the call "
-                          "at the probed limit) / (the rep): the same ratio as the limit column "
-                          "with each rep set against the machine of its own seconds\n"
+           o->is_paired ? "paired: each timed rep of a call beyond the caches (more than 32 "
+                          "MiB) is followed by one probe of the limit its roofline is bound by "
+                          "(an sgemm 2048^3 or a read sweep of 256 MiB); the median over reps "
+                          "of (the call at the probed limit) / (the rep): the same ratio as the "
+                          "limit column with each rep set against the machine of its own "
+                          "seconds\n"
                         : "");
 }
 

@@ -230,7 +230,7 @@ struct bench_probe {
     int32_t blas_threads_after; /* and after it */
     const attn_executor *ex;    /* runs the sweeps, or NULL */
     sgemm_operands g;
-    float *buf; /* PROBE_DRAM_BYTES; its first L3_BYTES serve the L3 probe */
+    float *buf; /* PROBE_DRAM_BYTES */
     size_t n;
     float sink;
 };
@@ -261,29 +261,27 @@ int bench_probe_create(int32_t n_threads, int32_t blas_threads_after, const attn
 typedef struct probe_sweep {
     float *buf;
     size_t per; /* floats a slice */
-    bool is_l3;
     float sums[PROBE_SLICES];
 } probe_sweep;
 
 static void probe_sweep_task(void *arg, int32_t i) {
     probe_sweep *w = arg;
     sweep_job job = {w->buf + (size_t)i * w->per, w->per, 0.0f};
-    (void)(w->is_l3 ? sweep_l3_thread : sweep_thread)(&job);
+    (void)sweep_thread(&job);
     w->sums[i] = job.sum;
 }
 
 /* One sweep on the executor's threads, the ones the engine's kernels run on: fresh threads
  * beside a pool that has just run start on a busy core and read a fifth less. */
-static double probe_sweep_gbs(bench_probe *p, bool is_l3) {
-    size_t n = is_l3 ? L3_BYTES / sizeof(float) : p->n;
-    probe_sweep w = {.buf = p->buf, .per = n / PROBE_SLICES, .is_l3 = is_l3};
+static double probe_sweep_gbs(bench_probe *p) {
+    probe_sweep w = {.buf = p->buf, .per = p->n / PROBE_SLICES};
     double t0 = bench_seconds();
     p->ex->run(p->ex->ctx, probe_sweep_task, &w, PROBE_SLICES);
     double s = bench_seconds() - t0;
     for (int32_t i = 0; i < PROBE_SLICES; i++) {
         p->sink += w.sums[i];
     }
-    return (double)(w.per * PROBE_SLICES * sizeof(float)) * (is_l3 ? L3_SWEEPS : 1) / s * 1e-9;
+    return (double)(w.per * PROBE_SLICES * sizeof(float)) / s * 1e-9;
 }
 
 /* Task i of an sgemm on the executor: C's i-th band of SGEMM_N / n rows, single-threaded BLAS. */
@@ -322,9 +320,8 @@ double bench_probe_run(bench_probe *p, bench_bound bound) {
     if (bound == BENCH_BOUND_SGEMM) {
         return probe_sgemm_gflops(p);
     }
-    bool is_l3 = bound == BENCH_BOUND_L3;
-    return p->ex != NULL ? probe_sweep_gbs(p, is_l3)
-                         : sweep_gbs(p->buf, p->n, p->n_threads, is_l3, &p->sink);
+    return p->ex != NULL ? probe_sweep_gbs(p)
+                         : sweep_gbs(p->buf, p->n, p->n_threads, false, &p->sink);
 }
 
 void bench_probe_destroy(bench_probe *p) {

@@ -38,8 +38,7 @@ int bench_limits_measure(size_t bw_bytes, int32_t n_runs, uint64_t seed, machine
 /* The limit a case's roofline is bound by. */
 typedef enum bench_bound {
     BENCH_BOUND_SGEMM, /* FLOPs: one cblas_sgemm SGEMM_N^3, GFLOP/s */
-    BENCH_BOUND_DRAM,  /* bytes beyond the caches: one sweep of a 256 MiB buffer, GB/s */
-    BENCH_BOUND_L3,    /* bytes in L3: L3_BYTES swept as bench_limits_measure does, GB/s */
+    BENCH_BOUND_DRAM,  /* bytes beyond the caches: one read sweep of a 256 MiB buffer, GB/s */
 } bench_bound;
 
 typedef struct bench_probe bench_probe;
