@@ -505,7 +505,7 @@ static int add_result(preset_run *run, const case_result *r) {
 /* The pairing of case r's reps (at pr), or NULL when unpaired. A call whose data could sit in
  * the caches (2 x L3_BYTES or less: the small presets) is not paired: every probe sweeps them
  * out, and the rep after it would time the refill (small's decode at L=2048: 0.20 ms against
- * 0.14 with an untimed rep between). */
+ * 0.14, even with an untimed rep between). */
 static const pairing *pairing_of(const preset_run *run, const case_result *r, pairing *pr) {
     if (run->probe == NULL || r->bytes <= 2.0 * (double)L3_BYTES) {
         return NULL;
