@@ -287,13 +287,15 @@ static double probe_sweep_gbs(bench_probe *p) {
 /* Task i of an sgemm on the executor: C's i-th band of SGEMM_N / n rows, single-threaded BLAS. */
 typedef struct probe_sgemm {
     const sgemm_operands *g;
-    int32_t rows;
+    int32_t rows; /* a band's, the last one's the rest */
+    int32_t n_bands;
 } probe_sgemm;
 
 static void probe_sgemm_task(void *arg, int32_t i) {
     const probe_sgemm *w = arg;
     size_t at = (size_t)i * (size_t)w->rows * SGEMM_N;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, w->rows, SGEMM_N, SGEMM_N, 1.0f,
+    int32_t rows = i == w->n_bands - 1 ? SGEMM_N - i * w->rows : w->rows;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, SGEMM_N, SGEMM_N, 1.0f,
                 w->g->a + at, SGEMM_N, w->g->b, SGEMM_N, 0.0f, w->g->c + at, SGEMM_N);
 }
 
@@ -309,9 +311,10 @@ static double probe_sgemm_gflops(bench_probe *p) {
         openblas_set_num_threads(p->blas_threads_after);
         return gf;
     }
-    probe_sgemm w = {.g = &p->g, .rows = SGEMM_N / p->n_threads};
+    /* one band per executor thread: blas_threads is --threads, which the executor has too */
+    probe_sgemm w = {.g = &p->g, .rows = SGEMM_N / p->blas_threads, .n_bands = p->blas_threads};
     double t0 = bench_seconds();
-    p->ex->run(p->ex->ctx, probe_sgemm_task, &w, p->n_threads);
+    p->ex->run(p->ex->ctx, probe_sgemm_task, &w, w.n_bands);
     double s = bench_seconds() - t0;
     return 2.0 * SGEMM_N * (double)SGEMM_N * SGEMM_N / s * 1e-9;
 }
