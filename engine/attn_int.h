@@ -291,10 +291,14 @@ void attn__mla_end(const attn_model *m, int32_t layer, attn_workspace *ws, int32
 void attn__task_run(const struct attn__task *t);
 
 /* Runs tasks[0..n) on ex (NULL: the calling thread). */
-/* Work (multiply-adds) below which parallel parts run on the calling thread: handing them to
- * another thread and waiting for it costs some tens of microseconds on a loaded 2-core VM, more
- * than half of such work (a small model's decode step: 0.07 ms alone, 0.11 ms split in two). */
-#define ATTN__PARALLEL_MIN_MACS ((int64_t)1 << 20)
+/* Work (multiply-adds) below which parallel parts run on the calling thread. Both executors
+ * (attn_bench's pool, the daemon's team) poll for a forward's next batch between its calls, so
+ * a hand-off costs microseconds, not the tens a sleep-wake took when this was 1 << 20: at that
+ * bound every part of the small preset's decode ran on one thread (attn_bench, three alternated
+ * runs at 1 << 16: decode at L=512 0.069-0.078 -> 0.042-0.047 ms, at L=2048 0.097-0.113 ->
+ * 0.083-0.093). 1 << 17 keeps those (the smallest of them, the output projection, is 1 << 18)
+ * while a tiny model's calls (tests) stay on their thread. */
+#define ATTN__PARALLEL_MIN_MACS ((int64_t)1 << 17)
 
 void attn__tasks_run(const attn_executor *ex, const struct attn__task *tasks, int32_t n);
 

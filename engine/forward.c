@@ -10,8 +10,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Output rows (weight rows) per projection task when an executor spreads a few tokens' work. */
-#define LINEAR_SLICE 256
+/* Output rows (weight rows) per projection task when an executor spreads a few tokens' work:
+ * enough tasks that two threads end together (the small preset's 768-row QKV projection was 3
+ * tasks of 256 rows, two of them on one thread), each still 64 rows x hidden of streaming. */
+#define LINEAR_SLICE 64
 
 /* Many tokens: the weight rows are cut into LINEAR_WIDE_TASKS ranges, each one sgemm, or, for
  * half-precision weights, one sgemm per LINEAR_PANEL rows widened into the task's own panel (each

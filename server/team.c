@@ -143,7 +143,10 @@ static void *helper_main(void *arg) {
 
 static void team_run(void *ctx, attn_task_fn fn, void *arg, int32_t n) {
     struct team *t = ctx;
-    if (n <= 1 || t->n_helpers == 0) {
+    /* Every core busy (this worker among them): no helper could join, and publishing the batch
+     * would only take the lock twice. A core that frees up meanwhile goes to the next job. */
+    bool is_full = __atomic_load_n(&t->n_computing, __ATOMIC_RELAXED) >= t->n_cores;
+    if (n <= 1 || t->n_helpers == 0 || is_full) {
         for (int32_t i = 0; i < n; i++) {
             fn(arg, i);
         }

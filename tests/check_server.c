@@ -260,7 +260,7 @@ START_TEST(test_server_prefill_decode_equals_stateless) {
     ck_assert_int_eq((int)metric("attnd_queue_depth"), 0);
     ck_assert_int_eq((int)metric("attnd_jobs_in_flight"), 0);
     ck_assert_int_ge(metric("attnd_engine_steps_total"), 5);
-    /* tiny's calls are far below the engine's parallel threshold (ATTN__PARALLEL_MIN_MACS):
+    /* tiny's calls are below the engine's parallel threshold (ATTN__PARALLEL_MIN_MACS):
      * they run on their worker alone, so the team is given no task (check_team.c shares work
      * that is worth it) */
     double threads = metric("attnd_threads"), tasks = metric("attnd_team_tasks_total");
