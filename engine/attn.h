@@ -485,8 +485,11 @@ int32_t attn_kv_import_blocks(attn_kv_pool *pool, int32_t layer, const uint8_t *
 /* ---- forward ------------------------------------------------------------------------------- */
 
 /* Runs task(arg, i) for every i in [0, n) and returns when all have finished. The engine uses
- * it, when given, to spread independent work over the caller's threads: attention (one KV head
- * of one sequence and query tile each) and the projections (slices of weight rows). With an
+ * it, when given, to spread work over the caller's threads: attention (one KV head of one
+ * sequence and query tile each) and the projections (slices of weight rows). Each thread must
+ * start its tasks in increasing i (claiming them from a shared counter does, as does any fixed
+ * split of [0, n) walked in order): a task may wait for one of lower i that another thread runs
+ * (a decode's projection of a KV group, then that group's attention). With an
  * executor, run BLAS single-threaded (e.g. openblas_set_num_threads(1)): the engine calls it from
  * the executor's threads. Without one, everything runs on the calling thread and BLAS may use
  * its own threads. The engine itself never starts a thread. */

@@ -245,6 +245,7 @@ struct attn_workspace {
     struct attn__split *splits; /* (max_tasks): the chunk's split-K groups, merged after */
     int32_t n_splits;
     struct chunk_part *parts; /* (max_tokens) */
+    int32_t *group_ready;     /* (n_kv_heads): a pipelined chunk's groups projected (atomic) */
     /* Multi-head latent attention only (else NULL): */
     float *mla_qa;  /* (max_tokens, q_lora_rank): x W_qa, normalized */
     float *mla_ckv; /* (max_tokens, kv_lora_rank + qk_rope_head_dim): x W_kva, c normalized */
@@ -508,6 +509,14 @@ size_t attn__qk_norm_len(const attn_config *cfg, bool is_k);
  * head_dim values at row + n_heads * head_dim) in place, by cfg's qk_norm with layer l's
  * weights. A no-op for ATTN_QK_NORM_NONE. */
 void attn__qk_norm_apply(const attn_config *cfg, const struct attn__layer *l, float *row);
+
+/* The same for query heads [q_first, q_first + n_q) and KV heads [k_first, k_first + n_k) only,
+ * when attn__qk_norm_is_per_head (else the norm spans every head, and all are normalized). */
+void attn__qk_norm_heads(const attn_config *cfg, const struct attn__layer *l, float *row,
+                         int32_t q_first, int32_t n_q, int32_t k_first, int32_t n_k);
+
+/* Whether cfg's qk_norm treats each head alone (OLMo 2's spans the whole projection). */
+bool attn__qk_norm_is_per_head(const attn_config *cfg);
 
 /* Sets m->fingerprint from its config and tensors as held (fingerprint.c): the last step of
  * every constructor. */

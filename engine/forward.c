@@ -59,6 +59,7 @@ void attn_workspace_destroy(attn_workspace *ws) {
     free(ws->splits);
     free(ws->tasks);
     free(ws->parts);
+    free(ws->group_ready);
     free(ws->mla_qa);
     free(ws->mla_ckv);
     free(ws->mla_q);
@@ -105,6 +106,7 @@ int attn_workspace_create(const attn_model *m, int32_t max_tokens, const attn_ex
     ws->tasks = calloc((size_t)ws->max_tasks, sizeof *ws->tasks);
     ws->splits = calloc((size_t)ws->max_tasks, sizeof *ws->splits);
     ws->parts = calloc(t, sizeof *ws->parts);
+    ws->group_ready = calloc((size_t)c->n_kv_heads, sizeof *ws->group_ready);
     bool panels_ok = true;
     if (m->weights_dtype != ATTN_DTYPE_F32 && max_tokens > LINEAR_SMALL_ROWS) {
         /* one panel per wide task, as wide as the widest projection input */
@@ -123,7 +125,7 @@ int attn_workspace_create(const attn_model *m, int32_t max_tokens, const attn_ex
     }
     if (ws->x == NULL || ws->qkv == NULL || ws->attn == NULL || ws->y == NULL ||
         ws->scratch == NULL || ws->lse == NULL || ws->tasks == NULL || ws->splits == NULL ||
-        ws->parts == NULL || !mla_ok || !panels_ok) {
+        ws->parts == NULL || ws->group_ready == NULL || !mla_ok || !panels_ok) {
         attn_workspace_destroy(ws);
         return ATTN_ENOMEM;
     }
@@ -375,18 +377,24 @@ int32_t attn__step_max_position(const attn_step *st, int32_t first) {
     return max;
 }
 
-/* Normalizes (qk_norm) and rotates (RoPE) the part's q and k rows, and appends its k and v to
- * the cache. Rows the caller projected (attn_forward_qkv) are not normalized, and rotated only
- * when it asks (rope). */
-static void rope_and_append(const attn_model *m, int32_t layer, const attn_step *st,
-                            const struct chunk_part *p, float *qkv, bool is_caller_projected,
-                            bool rope) {
+/* Query heads [q_first, q_first + n_q) and KV heads [k_first, k_first + n_k) of a layer. */
+struct head_range {
+    int32_t q_first, n_q, k_first, n_k;
+};
+
+/* Normalizes (qk_norm) and rotates (RoPE) the part's q and k rows of the heads hr, and writes
+ * their k and v (and q, for a cache that keeps them) at the part's cache slots, which
+ * attn__kv_grow took (the last p->n). Rows the caller projected (attn_forward_qkv) are not
+ * normalized, and rotated only when it asks (rope). */
+static void prepare_heads(const attn_model *m, int32_t layer, const attn_step *st,
+                          const struct chunk_part *p, float *qkv, bool is_caller_projected,
+                          bool rope, struct head_range hr) {
     const attn_config *c = &m->cfg;
     const struct attn__layer *l = &m->layers[layer - m->layer_first];
     bool is_local = attn_config_layer_is_sliding(c, layer);
     size_t n_qkv = n_qkv_of(c), hd = (size_t)c->head_dim;
     size_t k_off = (size_t)c->n_heads * hd, v_off = k_off + (size_t)c->n_kv_heads * hd;
-    int32_t base = st->kv->len;
+    int32_t base = st->kv->len - p->n;
     struct attn__rope_frame frame;
     bool rotates = attn_config_layer_rotates(c, layer) && (!is_caller_projected || rope);
     if (rotates) {
@@ -396,25 +404,35 @@ static void rope_and_append(const attn_model *m, int32_t layer, const attn_step 
             attn__rope_depends_on_call(c) ? attn__step_max_position(st, base - p->first) : 0;
         attn__rope_frame_init(m, is_local, max_pos, &frame);
     }
-    attn__kv_grow(st->kv, p->n);
     for (int32_t i = 0; i < p->n; i++) {
         float *row = qkv + (size_t)(p->row + i) * n_qkv;
         int32_t idx = base + i;
         int32_t pos = st->positions ? st->positions[p->first + i] : idx;
         if (!is_caller_projected) {
-            attn__qk_norm_apply(c, l, row);
+            attn__qk_norm_heads(c, l, row, hr.q_first, hr.n_q, hr.k_first, hr.n_k);
         }
         if (rotates) {
-            attn__rope_apply(c, &frame, row, c->n_heads, row + k_off, c->n_kv_heads, pos);
+            attn__rope_apply(c, &frame, row + hr.q_first * hd, hr.n_q,
+                             row + k_off + hr.k_first * hd, hr.n_k, pos);
         }
-        for (int32_t h = 0; h < c->n_kv_heads; h++) {
+        for (int32_t h = hr.k_first; h < hr.k_first + hr.n_k; h++) {
             attn__kv_put_k(st->kv, h, idx, row + k_off + h * hd);
             attn__kv_put_v(st->kv, h, idx, row + v_off + h * hd);
         }
-        for (int32_t h = 0; st->kv->has_queries && h < c->n_heads; h++) {
+        for (int32_t h = hr.q_first; st->kv->has_queries && h < hr.q_first + hr.n_q; h++) {
             attn__kv_put_q(st->kv, h, idx, row + h * hd);
         }
     }
+}
+
+/* Appends the part's tokens to its cache, every head prepared (prepare_heads). */
+static void rope_and_append(const attn_model *m, int32_t layer, const attn_step *st,
+                            const struct chunk_part *p, float *qkv, bool is_caller_projected,
+                            bool rope) {
+    const attn_config *c = &m->cfg;
+    attn__kv_grow(st->kv, p->n);
+    struct head_range all = {0, c->n_heads, 0, c->n_kv_heads};
+    prepare_heads(m, layer, st, p, qkv, is_caller_projected, rope, all);
 }
 
 /* Projects a cross step's context through the layer's K and V (in chunks of the workspace's
@@ -621,6 +639,119 @@ static void inspect_steps(const attn_config *c, const attn_step *steps, int32_t 
     }
 }
 
+/* ---- decode chunks whose projection and attention overlap ----------------------------------- */
+
+/* A chunk of a few tokens a step (decode, a batch of sessions) runs its q/k/v projection and its
+ * attention as one executor batch, KV group by group: group g's projection (its query heads'
+ * rows, its key and value rows, then their norm, RoPE and append) is one task, each of the
+ * group's attention tasks waits for it, and the batch puts group g's attention next to group
+ * g + 2's projection. Both stream from memory, and one thread's attention (held to ~10 GB/s by
+ * its own outstanding misses) beside the other's projection (~17 GB/s) read about 27 GB/s
+ * together (a probe), where the two threads on attention alone read ~17: llama8b's decode at
+ * L=8192 went from 1.16x and 1.22x of its roofline to 1.11x and 1.09x (attn_bench, paired,
+ * alternated), L=2048 and the batches unchanged. Needs enough groups to alternate; a model with
+ * fewer (the small preset's 2) splits its attention across threads instead. */
+#define PIPE_MIN_GROUPS 4
+
+struct pipe_job {
+    const attn_model *m;
+    int32_t layer;
+    attn_workspace *ws;
+    const attn_step *steps;
+    const struct chunk_part *parts;
+    int32_t n_parts;
+    struct linear_job qkv; /* the chunk's rows against the whole w_qkv */
+    int32_t per_group;     /* attention tasks per group: tasks[r * n_groups + g] */
+};
+
+static bool can_pipeline(const attn_model *m, int32_t layer, const attn_workspace *ws,
+                         const attn_step *steps, const struct chunk_part *parts, int32_t n_parts,
+                         int32_t rows) {
+    const attn_config *c = &m->cfg;
+    if (!ws->has_ex || c->kv_lora_rank > 0 || attn_config_layer_is_linear(c, layer) ||
+        c->n_kv_heads < PIPE_MIN_GROUPS || !attn__qk_norm_is_per_head(c) ||
+        rows > LINEAR_SMALL_ROWS ||
+        (int64_t)rows * c->hidden_size * (int64_t)n_qkv_of(c) < ATTN__PARALLEL_MIN_MACS) {
+        return false;
+    }
+    for (int32_t i = 0; i < n_parts; i++) {
+        if (steps[parts[i].step].cross != NULL) {
+            return false;
+        }
+    }
+    return true;
+}
+
+static void pipe_project(const struct pipe_job *j, int32_t g) {
+    const attn_config *c = &j->m->cfg;
+    int32_t r = c->n_heads / c->n_kv_heads, hd = c->head_dim;
+    int32_t k_row = c->n_heads * hd, v_row = k_row + c->n_kv_heads * hd;
+    linear_rows(&j->qkv, g * r * hd, r * hd, NULL);
+    linear_rows(&j->qkv, k_row + g * hd, hd, NULL);
+    linear_rows(&j->qkv, v_row + g * hd, hd, NULL);
+    struct head_range hr = {g * r, r, g, 1};
+    for (int32_t i = 0; i < j->n_parts; i++) {
+        prepare_heads(j->m, j->layer, &j->steps[j->parts[i].step], &j->parts[i], j->ws->qkv, false,
+                      false, hr);
+    }
+    __atomic_store_n(&j->ws->group_ready[g], 1, __ATOMIC_RELEASE);
+}
+
+static void pipe_attend(const struct pipe_job *j, int32_t g, int32_t r) {
+    /* Group g's projection was claimed before this task (it comes earlier in the batch), so it
+     * is running on another thread: this wait ends. */
+    while (!__atomic_load_n(&j->ws->group_ready[g], __ATOMIC_ACQUIRE)) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+    }
+    attn__task_run(&j->ws->tasks[(size_t)r * j->m->cfg.n_kv_heads + g]);
+}
+
+/* Task i of the batch: projections 0 and 1, then each group's attention tasks followed by the
+ * projection two groups on, while there is one. */
+static void pipe_task(void *arg, int32_t i) {
+    const struct pipe_job *j = arg;
+    int32_t n_groups = j->m->cfg.n_kv_heads, per = j->per_group;
+    if (i < 2) {
+        pipe_project(j, i);
+        return;
+    }
+    int32_t k = i - 2, paired = (n_groups - 2) * (per + 1);
+    if (k < paired) {
+        int32_t g = k / (per + 1), r = k % (per + 1);
+        if (r < per) {
+            pipe_attend(j, g, r);
+        } else {
+            pipe_project(j, g + 2);
+        }
+        return;
+    }
+    k -= paired;
+    pipe_attend(j, n_groups - 2 + k / per, k % per);
+}
+
+/* The chunk's projection, appends and attention (tasks already bound, none split). */
+static void run_pipelined(const attn_model *m, int32_t layer, attn_workspace *ws,
+                          const attn_step *steps, const struct chunk_part *parts, int32_t n_parts,
+                          const float *x, int32_t rows, int32_t n_tasks) {
+    const attn_config *c = &m->cfg;
+    const struct attn__layer *l = &m->layers[layer - m->layer_first];
+    struct pipe_job j = {m,
+                         layer,
+                         ws,
+                         steps,
+                         parts,
+                         n_parts,
+                         {x, rows, c->hidden_size, l->w_qkv, l->b_qkv, l->w_qkv_h,
+                          m->weights_dtype == ATTN_DTYPE_BF16, NULL, (int32_t)n_qkv_of(c), ws->qkv},
+                         n_tasks / c->n_kv_heads};
+    for (int32_t g = 0; g < c->n_kv_heads; g++) {
+        ws->group_ready[g] = 0;
+    }
+    ws->ex.run(ws->ex.ctx, pipe_task, &j, c->n_kv_heads + n_tasks);
+}
+
 static void run_chunk(const attn_model *m, int32_t layer, attn_workspace *ws,
                       const attn_step *steps, const struct chunk_part *parts, int32_t n_parts,
                       int32_t rows) {
@@ -646,9 +777,10 @@ static void run_chunk(const attn_model *m, int32_t layer, attn_workspace *ws,
      * split each task that many times over. */
     int32_t max_ways = ws->max_tokens / (rows > 0 ? rows : 1);
     ws->n_splits = 0;
+    bool is_pipelined = can_pipeline(m, layer, ws, steps, parts, n_parts, rows);
     if (is_mla) {
         n_tasks = attn__mla_begin(m, layer, ws, steps, parts, n_parts, x, rows);
-    } else {
+    } else if (!is_pipelined) {
         linear_held(ws, x, rows, hidden, l->w_qkv, l->w_qkv_h, l->b_qkv, (int32_t)n_qkv_of(c),
                     ws->qkv);
     }
@@ -672,13 +804,19 @@ static void run_chunk(const attn_model *m, int32_t layer, attn_workspace *ws,
             for (int32_t r = 0; r < parts[i].n; r++) {
                 attn__qk_norm_apply(c, l, ws->qkv + (size_t)(parts[i].row + r) * n_qkv_of(c));
             }
+        } else if (is_pipelined) {
+            attn__kv_grow(st->kv, parts[i].n); /* the rows come in pipe_project */
         } else {
             rope_and_append(m, layer, st, &parts[i], ws->qkv, false, false);
         }
-        n_tasks +=
-            part_tasks(m, layer, ws, st, &parts[i], ws->tasks + n_tasks, &scratch_used, max_ways);
+        n_tasks += part_tasks(m, layer, ws, st, &parts[i], ws->tasks + n_tasks, &scratch_used,
+                              is_pipelined ? 1 : max_ways);
     }
-    attn__tasks_run(ws->has_ex ? &ws->ex : NULL, ws->tasks, n_tasks);
+    if (is_pipelined) {
+        run_pipelined(m, layer, ws, steps, parts, n_parts, x, rows, n_tasks);
+    } else {
+        attn__tasks_run(ws->has_ex ? &ws->ex : NULL, ws->tasks, n_tasks);
+    }
     for (int32_t i = 0; i < ws->n_splits; i++) {
         attn__tasks_merge(ws->tasks + ws->splits[i].first, ws->splits[i].n);
     }

@@ -48,31 +48,41 @@ static void layer_norm(float *x, size_t n, const float *w, float eps) {
     }
 }
 
-void attn__qk_norm_apply(const attn_config *cfg, const struct attn__layer *l, float *row) {
+void attn__qk_norm_heads(const attn_config *cfg, const struct attn__layer *l, float *row,
+                         int32_t q_first, int32_t n_q, int32_t k_first, int32_t n_k) {
     size_t hd = (size_t)cfg->head_dim;
     float *q = row, *k = row + (size_t)cfg->n_heads * hd;
     switch (cfg->qk_norm) {
     case ATTN_QK_NORM_HEAD:
-        for (int32_t h = 0; h < cfg->n_heads; h++) {
+        for (int32_t h = q_first; h < q_first + n_q; h++) {
             rms_norm(q + h * hd, hd, l->q_norm, cfg->qk_norm_eps);
         }
-        for (int32_t h = 0; h < cfg->n_kv_heads; h++) {
+        for (int32_t h = k_first; h < k_first + n_k; h++) {
             rms_norm(k + h * hd, hd, l->k_norm, cfg->qk_norm_eps);
         }
         return;
     case ATTN_QK_NORM_WIDTH:
+        /* one norm over every head: callers pass them all (attn__qk_norm_is_per_head) */
         rms_norm(q, (size_t)cfg->n_heads * hd, l->q_norm, cfg->qk_norm_eps);
         rms_norm(k, (size_t)cfg->n_kv_heads * hd, l->k_norm, cfg->qk_norm_eps);
         return;
     case ATTN_QK_NORM_HEAD_LAYERNORM:
-        for (int32_t h = 0; h < cfg->n_heads; h++) {
+        for (int32_t h = q_first; h < q_first + n_q; h++) {
             layer_norm(q + h * hd, hd, l->q_norm + h * hd, cfg->qk_norm_eps);
         }
-        for (int32_t h = 0; h < cfg->n_kv_heads; h++) {
+        for (int32_t h = k_first; h < k_first + n_k; h++) {
             layer_norm(k + h * hd, hd, l->k_norm + h * hd, cfg->qk_norm_eps);
         }
         return;
     case ATTN_QK_NORM_NONE:
         return;
     }
+}
+
+void attn__qk_norm_apply(const attn_config *cfg, const struct attn__layer *l, float *row) {
+    attn__qk_norm_heads(cfg, l, row, 0, cfg->n_heads, 0, cfg->n_kv_heads);
+}
+
+bool attn__qk_norm_is_per_head(const attn_config *cfg) {
+    return cfg->qk_norm != ATTN_QK_NORM_WIDTH;
 }

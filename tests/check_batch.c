@@ -262,6 +262,118 @@ START_TEST(test_batch_many_decodes_with_threads) {
 }
 END_TEST
 
+/* ---- pipelined decode --------------------------------------------------------------------- */
+
+/* Eight decodes on a model with 4 KV groups and an executor: the chunk's projection and
+ * attention run as one executor batch, group by group (forward.c's pipeline), and every
+ * output, weight and cache row still matches ref. */
+static void check_pipelined_decodes(const attn_config *cfg) {
+    harness_threads state;
+    attn_executor ex = harness_thread_executor(&state);
+    batch_env e;
+    seq seqs[8];
+    env_init(&e, cfg, 96, 16, &ex);
+    for (int i = 0; i < 8; i++) {
+        memset(&seqs[i], 0, sizeof(seqs[i]));
+        seqs[i].past = 3 + 11 * i;
+        seqs[i].n_new = i == 5 ? 2 : 1; /* a speculative pair among the single tokens */
+        seqs[i].want_weights = i % 3 == 1;
+        seq_prefill(&e, &seqs[i], (uint64_t)(70 + i));
+    }
+    int32_t runs = state.n_runs;
+    ck_assert_int_eq(run_batch(&e, seqs, 8), ATTN_OK);
+    /* q/k/v with attention, then the output projection: two batches, not three */
+    ck_assert_int_eq(state.n_runs - runs, 2);
+    ck_assert_int_gt(state.n_tasks_other, 0);
+    for (int i = 0; i < 8; i++) {
+        char what[96];
+        snprintf(what, sizeof(what), "pipelined decode %d (past %d)", i, (int)seqs[i].past);
+        seq_expect_ref(&e, &seqs[i], what);
+        seq_release(&seqs[i]);
+    }
+    env_release(&e);
+}
+
+START_TEST(test_batch_pipelined_decodes) {
+    attn_config cfg = harness_config(8, 4, 32);
+    cfg.hidden_size = 256;
+    check_pipelined_decodes(&cfg);
+    cfg.sliding_window = 9;
+    cfg.rope_style = ATTN_ROPE_STYLE_INTERLEAVED;
+    cfg.has_sinks = true;
+    check_pipelined_decodes(&cfg);
+    attn_config gqa = harness_config(16, 4, 16); /* four query heads a group */
+    gqa.hidden_size = 256;
+    gqa.has_qkv_bias = false;
+    check_pipelined_decodes(&gqa);
+}
+END_TEST
+
+/* A per-head q/k norm (RMSNorm, LayerNorm with a weight per head) is applied group by group in
+ * the pipeline: with BF16 weights, a sequence's outputs with an executor (pipelined) equal those
+ * without one (everything in order on the calling thread). */
+static void check_pipelined_norm(attn_qk_norm norm) {
+    attn_config cfg = harness_config(8, 4, 32);
+    cfg.hidden_size = 256;
+    harness_model hm;
+    harness_model_init(&hm, &cfg, 31); /* for its random projections */
+    attn_layer_weights lw = harness_weights(&cfg, &hm.layers[0]);
+    cfg.qk_norm = norm;
+    bool is_shared = norm == ATTN_QK_NORM_HEAD; /* one weight for every head, or one each */
+    float *q_norm = harness_random_x(5, 1, 32 * (is_shared ? 1 : cfg.n_heads));
+    float *k_norm = harness_random_x(6, 1, 32 * (is_shared ? 1 : cfg.n_kv_heads));
+    lw.q_norm = q_norm;
+    lw.k_norm = k_norm;
+    attn_load_params params = {0, 0, 0, NULL, ATTN_DTYPE_BF16};
+    attn_model *m = NULL;
+    ck_assert_int_eq(attn_model_create(&cfg, &lw, &params, &m), ATTN_OK);
+    harness_threads state;
+    attn_executor ex = harness_thread_executor(&state);
+    attn_workspace *ws[2] = {NULL, NULL};
+    attn_kv_pool *pool = NULL;
+    ck_assert_int_eq(attn_workspace_create(m, 16, &ex, &ws[0]), ATTN_OK);
+    ck_assert_int_eq(attn_workspace_create(m, 16, NULL, &ws[1]), ATTN_OK);
+    ck_assert_int_eq(attn_kv_pool_create(m, (size_t)8 << 20, 16, &pool), ATTN_OK);
+    const int32_t n = 24;
+    float *x = harness_random_x(7, n, cfg.hidden_size);
+    float *out[2];
+    for (int w = 0; w < 2; w++) {
+        attn_kv *kv = NULL;
+        ck_assert_int_eq(attn_kv_create(pool, &kv), ATTN_OK);
+        out[w] = harness_calloc((size_t)n * cfg.hidden_size, sizeof(float));
+        /* a 12-token prefill (itself a few rows: pipelined too), then single tokens */
+        for (int32_t t = 0; t < n; t += t == 0 ? 12 : 1) {
+            attn_step st;
+            memset(&st, 0, sizeof(st));
+            st.kv = kv;
+            st.x = x + (size_t)t * cfg.hidden_size;
+            st.n_tokens = t == 0 ? 12 : 1;
+            st.out = out[w] + (size_t)t * cfg.hidden_size;
+            ck_assert_int_eq(attn_forward(m, 0, ws[w], &st, 1), ATTN_OK);
+        }
+        attn_kv_destroy(kv);
+    }
+    ck_assert_int_gt(state.n_tasks_other, 0);
+    harness_expect_close_tol(out[0], out[1], (size_t)n * cfg.hidden_size, 1e-6, 1e-6,
+                             "pipelined vs on the calling thread");
+    free(out[0]);
+    free(out[1]);
+    free(x);
+    free(q_norm);
+    free(k_norm);
+    attn_kv_pool_destroy(pool);
+    attn_workspace_destroy(ws[0]);
+    attn_workspace_destroy(ws[1]);
+    attn_model_destroy(m);
+    harness_model_release(&hm);
+}
+
+START_TEST(test_batch_pipelined_per_head_norms) {
+    check_pipelined_norm(ATTN_QK_NORM_HEAD);
+    check_pipelined_norm(ATTN_QK_NORM_HEAD_LAYERNORM);
+}
+END_TEST
+
 /* ---- all or nothing ------------------------------------------------------------------------ */
 
 typedef struct snapshot {
@@ -397,6 +509,8 @@ Suite *batch_suite(void) {
     tcase_add_test(tc, test_batch_equals_each_alone);
     tcase_add_test(tc, test_batch_chunked_over_small_workspace);
     tcase_add_test(tc, test_batch_many_decodes_with_threads);
+    tcase_add_test(tc, test_batch_pipelined_decodes);
+    tcase_add_test(tc, test_batch_pipelined_per_head_norms);
     tcase_add_test(tc, test_batch_enospc_is_all_or_nothing);
     tcase_add_test(tc, test_batch_bad_step_fails_whole_batch);
     suite_add_tcase(s, tc);
