@@ -311,19 +311,25 @@ static void linear_wide_task(void *arg, int32_t i) {
  * to be single-threaded); without one, a single call uses BLAS's own threads. A lone token on
  * the calling thread uses sgemv, which OpenBLAS threads well. Weights are w (float), or wh
  * (half precision, of the model's weights_dtype) when w is NULL. */
+static struct linear_job linear_job_of(const attn_workspace *ws, const float *x, int32_t n,
+                                       int32_t in_dim, const float *w, const uint16_t *wh,
+                                       const float *b, int32_t out_dim, float *y) {
+    return (struct linear_job){x,
+                               n,
+                               in_dim,
+                               w,
+                               b,
+                               w == NULL ? wh : NULL,
+                               ws->model->weights_dtype == ATTN_DTYPE_BF16,
+                               ws->panels,
+                               out_dim,
+                               y};
+}
+
 static void linear_held(const attn_workspace *ws, const float *x, int32_t n, int32_t in_dim,
                         const float *w, const uint16_t *wh, const float *b, int32_t out_dim,
                         float *y) {
-    struct linear_job j = {x,
-                           n,
-                           in_dim,
-                           w,
-                           b,
-                           w == NULL ? wh : NULL,
-                           ws->model->weights_dtype == ATTN_DTYPE_BF16,
-                           ws->panels,
-                           out_dim,
-                           y};
+    struct linear_job j = linear_job_of(ws, x, n, in_dim, w, wh, b, out_dim, y);
     int32_t n_slices = (out_dim + LINEAR_SLICE - 1) / LINEAR_SLICE;
     bool spread = ws->has_ex && (int64_t)n * in_dim * out_dim >= ATTN__PARALLEL_MIN_MACS;
     if (spread && n > LINEAR_SMALL_ROWS && out_dim >= 8 * LINEAR_WIDE_TASKS) {
@@ -664,6 +670,10 @@ struct pipe_job {
     int32_t per_group;     /* attention tasks per group: tasks[r * n_groups + g] */
 };
 
+/* A pipelined chunk's parts are a query tile each (part_tasks binds a tile's groups in order),
+ * so its tasks form (parts, groups) in that order. */
+_Static_assert(LINEAR_SMALL_ROWS <= ATTN__Q_TILE, "a pipelined part is one query tile");
+
 static bool can_pipeline(const attn_model *m, int32_t layer, const attn_workspace *ws,
                          const attn_step *steps, const struct chunk_part *parts, int32_t n_parts,
                          int32_t rows) {
@@ -743,8 +753,8 @@ static void run_pipelined(const attn_model *m, int32_t layer, attn_workspace *ws
                          steps,
                          parts,
                          n_parts,
-                         {x, rows, c->hidden_size, l->w_qkv, l->b_qkv, l->w_qkv_h,
-                          m->weights_dtype == ATTN_DTYPE_BF16, NULL, (int32_t)n_qkv_of(c), ws->qkv},
+                         linear_job_of(ws, x, rows, c->hidden_size, l->w_qkv, l->w_qkv_h, l->b_qkv,
+                                       (int32_t)n_qkv_of(c), ws->qkv),
                          n_tasks / c->n_kv_heads};
     for (int32_t g = 0; g < c->n_kv_heads; g++) {
         ws->group_ready[g] = 0;
