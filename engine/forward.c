@@ -708,8 +708,9 @@ static void pipe_project(const struct pipe_job *j, int32_t g) {
 }
 
 static void pipe_attend(const struct pipe_job *j, int32_t g, int32_t r) {
-    /* Group g's projection was claimed before this task (it comes earlier in the batch), so it
-     * is running on another thread: this wait ends. */
+    /* Group g's projection comes earlier in the batch. Each thread starting its tasks in
+     * increasing order (attn_executor's contract), the lowest-numbered waiting task's projection
+     * is finished or running on a thread that waits for nothing lower: every wait ends. */
     while (!__atomic_load_n(&j->ws->group_ready[g], __ATOMIC_ACQUIRE)) {
 #if defined(__x86_64__) || defined(__i386__)
         __builtin_ia32_pause();
