@@ -1012,6 +1012,9 @@ static int deepseek_extra(const struct attn__reason *why, const cJSON *j, attn_c
     c->qk_nope_head_dim = 128;
     c->qk_rope_head_dim = 64;
     c->v_head_dim = 128;
+    /* not rms_norm_eps: modeling_deepseek_v3 (and V2) builds q_a_layernorm and kv_a_layernorm
+     * without the config's eps, so they keep the RMSNorm default, as DeepSeek's own inference
+     * code does; rms_norm_eps is the decoder's other norms' */
     c->mla_norm_eps = 1e-6f;
     const cJSON *ql = cJSON_GetObjectItemCaseSensitive(j, "q_lora_rank");
     if (ql != NULL && cJSON_IsNull(ql)) {
@@ -1022,8 +1025,7 @@ static int deepseek_extra(const struct attn__reason *why, const cJSON *j, attn_c
     if ((rc = get_int(why, j, "kv_lora_rank", &c->kv_lora_rank)) != ATTN_OK ||
         (rc = get_int(why, j, "qk_nope_head_dim", &c->qk_nope_head_dim)) != ATTN_OK ||
         (rc = get_int(why, j, "qk_rope_head_dim", &c->qk_rope_head_dim)) != ATTN_OK ||
-        (rc = get_int(why, j, "v_head_dim", &c->v_head_dim)) != ATTN_OK ||
-        (rc = get_float(why, j, "rms_norm_eps", &c->mla_norm_eps)) != ATTN_OK) {
+        (rc = get_int(why, j, "v_head_dim", &c->v_head_dim)) != ATTN_OK) {
         return rc;
     }
     if (c->kv_lora_rank <= 0) {
