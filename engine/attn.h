@@ -28,7 +28,7 @@ enum attn_status {
     ATTN_ENOMEM = -2,       /* a heap allocation failed */
     ATTN_ERANGE = -3,       /* a position or length is past capacity (max_seq, cache length) */
     ATTN_ESHAPE = -4,       /* a dimension does not match the model or the other tensors */
-    ATTN_EIO = -5,          /* a model file is missing, unreadable or malformed */
+    ATTN_EIO = -5,          /* a model file is missing, unreadable, malformed or inconsistent */
     ATTN_ENOSPC = -6,       /* the KV pool has no free blocks: free some caches and retry */
     ATTN_EUNSUPPORTED = -7, /* the model uses a feature the engine does not implement */
     ATTN_ECANCELED = -8,    /* the caller's cancel check said stop; outputs are incomplete */

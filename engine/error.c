@@ -19,7 +19,7 @@ const char *attn_strerror(int code) {
     case ATTN_ESHAPE:
         return "shape mismatch";
     case ATTN_EIO:
-        return "model file missing, unreadable or malformed";
+        return "model file missing, unreadable, malformed or inconsistent";
     case ATTN_ENOSPC:
         return "KV pool has no free blocks";
     case ATTN_EUNSUPPORTED:

@@ -308,21 +308,21 @@ static const struct family families[] = {
      .rotary = ROTARY_ENGINE_FIELDS},
 };
 
-/* Families known by name and not served yet, with what their attention needs. */
+/* Families known by name and not served yet, with why. */
 static const struct {
     const char *model_type;
-    const char *needs;
+    const char *reason;
 } unserved[] = {
     {"qwen3_moe", "its attention has not been validated"},
     {"qwen2_moe", "its attention has not been validated"},
     {"mixtral", "its attention has not been validated"},
     {"gemma", "its attention has not been validated"},
-    {"olmo", "clip_qkv"},
-    {"granitemoe", "attention_multiplier as the softmax scale"},
-    {"phi", "partial rotary and a dense output projection"},
+    {"olmo", "its attention needs clip_qkv"},
+    {"granitemoe", "its attention needs attention_multiplier as the softmax scale"},
+    {"phi", "its attention needs partial rotary and a dense output projection"},
     {"starcoder2", "its attention has not been validated"},
-    {"llama4", "chunked attention and layers without RoPE"},
-    {"smollm3", "layers without RoPE (no_rope_layers)"},
+    {"llama4", "its attention needs chunked attention and layers without RoPE"},
+    {"smollm3", "its attention needs layers without RoPE (no_rope_layers)"},
 };
 
 #define SERVED_LIST                                                                                \
@@ -1172,10 +1172,10 @@ static int pick_family(const struct attn__reason *why, const cJSON *j, const cha
     }
     for (size_t i = 0; name != NULL && i < sizeof unserved / sizeof unserved[0]; i++) {
         if (strcmp(unserved[i].model_type, name) == 0) {
-            return attn__fail(why, ATTN_EUNSUPPORTED,
-                              "config.json: model_type '%s' is not served yet (its attention "
-                              "needs %s); served: " SERVED_LIST,
-                              name, unserved[i].needs);
+            return attn__fail(
+                why, ATTN_EUNSUPPORTED,
+                "config.json: model_type '%s' is not served yet (%s); served: " SERVED_LIST, name,
+                unserved[i].reason);
         }
     }
     if (trust_layout != NULL && strcmp(trust_layout, "llama") == 0) {
