@@ -170,6 +170,30 @@ static void mask_row(const struct attn__task *t, int32_t row_t, int64_t j0, int3
     }
 }
 
+/* Whether row t may see any key of [j0, j0 + nb): a block whose scores are all -inf while one
+ * is visible overflowed float (|q . k| beyond 3.4e38), which is not the same as a masked row. */
+static bool any_visible(const struct attn__task *t, int32_t row_t, int64_t j0, int64_t nb) {
+    int64_t lo, hi;
+    visible_range(&t->mask, t->kv.n_keys, row_t, &lo, &hi);
+    const uint8_t *valid = t->mask.key_valid;
+    const uint8_t *own =
+        t->mask.pair_valid != NULL ? t->mask.pair_valid + (size_t)row_t * t->mask.pair_ld : NULL;
+    int64_t from = j0 > lo ? j0 : lo, to = j0 + nb - 1 < hi ? j0 + nb - 1 : hi;
+    for (int64_t j = from; j <= to; j++) {
+        if ((valid == NULL || valid[j]) && (own == NULL || own[j])) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* A row's running sum while every visible score it met overflowed to -inf and none was finite
+ * (its m is still -inf): its softmax is over values float cannot hold, so its output is NaN
+ * (null in an answer), never the zero row of a query that sees no key. A finite score later
+ * clears it (l *= 0 when m moves off -inf): beside a finite score, an overflowed one's weight
+ * is exactly 0. */
+#define L_OVERFLOWED (-1.0f)
+
 static float *lse_cell(const struct attn__task *t, int32_t r) {
     return t->lse + (size_t)(r / t->n_q) * t->lse_head_stride + (size_t)(r % t->n_q) * t->lse_ld;
 }
@@ -196,6 +220,9 @@ static void run_tiled(const struct attn__task *t, const struct tile_ctx *tc, con
             float bmax = attn__row_max(sr, nb);
             if (bmax == -INFINITY) {
                 memset(sr, 0, (size_t)nb * sizeof(float));
+                if (m[r] == -INFINITY && any_visible(t, r % t->n_q, j0, nb)) {
+                    l[r] = L_OVERFLOWED;
+                }
                 continue;
             }
             float m_new = m[r] > bmax ? m[r] : bmax;
@@ -231,12 +258,12 @@ static void run_tiled(const struct attn__task *t, const struct tile_ctx *tc, con
                 orow[c] *= corr;
             }
         }
-        float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+        float inv = l[r] > 0.0f ? 1.0f / l[r] : l[r] == L_OVERFLOWED ? NAN : 0.0f;
         for (int32_t c = 0; c < t->d_v; c++) {
             orow[c] *= inv;
         }
         if (t->lse != NULL) {
-            *lse_cell(t, r) = l[r] > 0.0f ? m_sum + logf(l[r]) : -INFINITY;
+            *lse_cell(t, r) = l[r] > 0.0f ? m_sum + logf(l[r]) : isnan(inv) ? NAN : -INFINITY;
         }
     }
 }
@@ -283,9 +310,14 @@ static void run_materialized(const struct attn__task *t, const struct tile_ctx *
             mx = w[j] > mx ? w[j] : mx;
         }
         if (mx == -INFINITY) {
-            memset(w, 0, (size_t)n * sizeof(float));
+            /* no key visible (a zero row), or every visible score overflowed (NaN: see
+             * L_OVERFLOWED) */
+            float fill = any_visible(t, r % t->n_q, c0, n) ? NAN : 0.0f;
+            for (int64_t j = 0; j < n; j++) {
+                w[j] = fill;
+            }
             if (t->lse != NULL) {
-                *lse_cell(t, r) = -INFINITY;
+                *lse_cell(t, r) = fill == 0.0f ? -INFINITY : NAN;
             }
             continue;
         }
@@ -401,9 +433,9 @@ static void task_inspect(const struct attn__task *t) {
             int64_t from = j0 > a ? j0 : a, to = j0 + nb - 1 < b ? j0 + nb - 1 : b;
             for (int64_t j = from; j <= to; j++) {
                 float score = s[j - j0];
-                float value = ins->kind == ATTN_INSPECT_SCORES ? score
-                              : score == -INFINITY             ? 0.0f
-                                                               : expf(score - lse);
+                float value = ins->kind == ATTN_INSPECT_SCORES    ? score
+                              : score == -INFINITY && !isnan(lse) ? 0.0f
+                                                                  : expf(score - lse);
                 attn__inspect_put(ins, t->inspect_rows, hs, rs, (int32_t)(j - k_first), value);
             }
         }
@@ -470,10 +502,19 @@ void attn__tasks_merge(const struct attn__task *parts, int32_t n) {
             t->out + (size_t)(r / t->n_q) * t->out_head_stride + (size_t)(r % t->n_q) * t->out_ld;
         memset(dst, 0, (size_t)t->d_v * sizeof(float));
         if (mx == -INFINITY) {
-            if (t->lse != NULL) {
-                *lse_cell(t, r) = -INFINITY;
+            /* no key visible, and no sink: a zero row, as the whole task gives; NaN where a part
+             * met only overflowed scores (L_OVERFLOWED) */
+            bool overflowed = false;
+            for (int32_t i = 0; i < n; i++) {
+                overflowed = overflowed || scratch_of(&parts[i]).l[r] == L_OVERFLOWED;
             }
-            continue; /* no key visible, and no sink: a zero row, as the whole task gives */
+            for (int32_t c = 0; overflowed && c < t->d_v; c++) {
+                dst[c] = NAN;
+            }
+            if (t->lse != NULL) {
+                *lse_cell(t, r) = overflowed ? NAN : -INFINITY;
+            }
+            continue;
         }
         float sum = t->sinks != NULL ? expf(t->sinks[r / t->n_q] - mx) : 0.0f;
         for (int32_t i = 0; i < n; i++) {

@@ -146,6 +146,93 @@ START_TEST(test_qkv_matches_ref) {
 }
 END_TEST
 
+/* One decode step over `past` keys k = +1e20 e0, its own key k_new, q = -1e20 e0: the first
+ * rows' scores are -1e40 / 4, beyond float, so they are -inf; out (H, HD) and, if w, weights
+ * (H, past + 1). */
+static void overflow_step(const attn_model *m, attn_workspace *ws, int32_t past, float k_new,
+                          float *out, float *w) {
+    attn_kv_pool *pool = NULL;
+    ck_assert_int_eq(attn_kv_pool_create_typed(m, 8 << 20, 64, ATTN_DTYPE_F32, &pool), ATTN_OK);
+    attn_kv *kv = NULL;
+    ck_assert_int_eq(attn_kv_create_for_layer(pool, 0, &kv), ATTN_OK);
+    enum { CHUNK = 16 };
+    float *q = harness_calloc((size_t)H * CHUNK * HD, sizeof(float));
+    float *k = harness_calloc((size_t)HK * CHUNK * HD, sizeof(float));
+    float *v = harness_calloc((size_t)HK * CHUNK * HD, sizeof(float));
+    float *o = harness_calloc((size_t)H * CHUNK * HD, sizeof(float));
+    for (int32_t done = 0; done < past; done += CHUNK) {
+        int32_t n = past - done < CHUNK ? past - done : CHUNK;
+        for (int32_t i = 0; i < HK * n; i++) {
+            k[(size_t)i * HD] = 1e20f;
+            v[(size_t)i * HD + 1] = 1.0f;
+        }
+        attn_qkv_step st = {.kv = kv, .n_tokens = n, .q = q, .k = k, .v = v, .out = o};
+        ck_assert_int_eq(attn_forward_qkv(m, 0, ws, &st, 1), ATTN_OK);
+    }
+    memset(k, 0, (size_t)HK * HD * sizeof(float));
+    memset(v, 0, (size_t)HK * HD * sizeof(float));
+    for (int32_t h = 0; h < HK; h++) {
+        k[(size_t)h * HD] = k_new;
+        v[(size_t)h * HD + 2] = 5.0f;
+    }
+    for (int32_t h = 0; h < H; h++) {
+        q[(size_t)h * HD] = -1e20f;
+    }
+    attn_qkv_step st = {.kv = kv, .n_tokens = 1, .q = q, .k = k, .v = v, .out = out, .weights = w};
+    ck_assert_int_eq(attn_forward_qkv(m, 0, ws, &st, 1), ATTN_OK);
+    free(q);
+    free(k);
+    free(v);
+    free(o);
+    attn_kv_destroy(kv);
+    attn_kv_pool_destroy(pool);
+}
+
+/* Scores that overflow float are not a masked row: where every key's score is -inf the answer is
+ * NaN (null to a client), never the zero row a query that sees no key gets; where one key's score
+ * is finite, it takes all the weight, exactly. Short (one task) and long (split across the
+ * executor's threads, then merged), tiled and materialized. */
+START_TEST(test_qkv_overflowed_scores) {
+    attn_config c = geometry(0);
+    c.max_seq = 4096;
+    attn_model *m = NULL;
+    ck_assert_int_eq(attn_model_create_geometry(&c, NULL, &m), ATTN_OK);
+    harness_threads state;
+    attn_executor ex = harness_thread_executor(&state);
+    attn_workspace *ws = NULL;
+    ck_assert_int_eq(attn_workspace_create(m, 16, &ex, &ws), ATTN_OK);
+    static const int32_t pasts[] = {20, 2300};
+    for (size_t i = 0; i < sizeof pasts / sizeof pasts[0]; i++) {
+        int32_t past = pasts[i];
+        float out[H * HD];
+        float *w = harness_calloc((size_t)H * (past + 1), sizeof(float));
+        for (int with_weights = 0; with_weights < 2; with_weights++) {
+            overflow_step(m, ws, past, 1e20f, out, with_weights ? w : NULL);
+            for (int32_t e = 0; e < H * HD; e++) {
+                ck_assert_msg(isnan(out[e]), "past %d, weights %d: all -inf: out[%d] = %g",
+                              (int)past, with_weights, (int)e, (double)out[e]);
+            }
+            for (int32_t e = 0; with_weights && e < H * (past + 1); e++) {
+                ck_assert_msg(isnan(w[e]), "past %d: weight %d = %g", (int)past, (int)e,
+                              (double)w[e]);
+            }
+            overflow_step(m, ws, past, 0.0f, out, with_weights ? w : NULL);
+            for (int32_t h = 0; h < H; h++) {
+                for (int32_t e = 0; e < HD; e++) {
+                    ck_assert_float_eq(out[h * HD + e], e == 2 ? 5.0f : 0.0f);
+                }
+                for (int32_t j = 0; with_weights && j <= past; j++) {
+                    ck_assert_float_eq(w[(size_t)h * (past + 1) + j], j == past ? 1.0f : 0.0f);
+                }
+            }
+        }
+        free(w);
+    }
+    attn_workspace_destroy(ws);
+    attn_model_destroy(m);
+}
+END_TEST
+
 /* Three caches in one call, at different lengths, with weights for one: as each alone. */
 START_TEST(test_qkv_batch_equals_alone) {
     attn_config c = geometry(0);
@@ -276,6 +363,7 @@ Suite *qkv_suite(void) {
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_qkv_matches_ref);
     tcase_add_test(tc, test_qkv_batch_equals_alone);
+    tcase_add_test(tc, test_qkv_overflowed_scores);
     tcase_add_test(tc, test_qkv_refusals);
     suite_add_tcase(s, tc);
     return s;
