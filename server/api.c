@@ -355,14 +355,25 @@ static const char *rank_words(const struct tensor_spec *s, char *buf, size_t siz
     return buf;
 }
 
+/* A JSON number as the float32 it rounds to (to nearest), or false where that is infinite:
+ * magnitudes up to FLT_MAX plus half its unit in the last place (2^103) round to FLT_MAX, so
+ * FLT_MAX printed with 9 digits (3.40282347e+38, a little above it) reads back as itself. */
+static bool to_float32(double d, float *out) {
+    static const double rounds_to_inf = (double)FLT_MAX + 0x1p103;
+    if (!isfinite(d) || fabs(d) >= rounds_to_inf) {
+        return false;
+    }
+    *out = fabs(d) <= FLT_MAX ? (float)d : d > 0 ? FLT_MAX : -FLT_MAX;
+    return true;
+}
+
 static int check_value(double d, const struct tensor_spec *s, int64_t flat, struct api_error *err,
                        float *out) {
-    if (!isfinite(d) || fabs(d) > FLT_MAX) {
+    if (!to_float32(d, out)) {
         return fail(err, ERROR_INVALID_REQUEST, s->name,
                     "%s: value %lld (row-major) is not a finite float32 number", s->name,
                     (long long)flat);
     }
-    *out = (float)d;
     return 0;
 }
 
@@ -1672,10 +1683,9 @@ static int get_scale(struct json_reader *jr, float *out, struct api_error *err) 
     if (json_read_number(jr, &d) != 0) {
         return syntax_error(jr, err);
     }
-    if (!isfinite(d) || d <= 0 || d > FLT_MAX) {
+    if (d <= 0 || !to_float32(d, out)) {
         return fail(err, ERROR_INVALID_REQUEST, "scale", "scale: expected a finite number > 0");
     }
-    *out = (float)d;
     if (*out == 0.0f) {
         return fail(err, ERROR_INVALID_REQUEST, "scale", "scale: too small for float32");
     }

@@ -2,6 +2,7 @@
  * and response files of proto/examples as inputs and expectations; plus server/b64.c and the
  * error table against proto/errors.json and proto/openapi.yaml. */
 #include <check.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -308,6 +309,45 @@ START_TEST(test_api_raw_tensors_refuse_non_finite_values) {
             ck_assert_mem_eq(r.x, raw, sizeof raw); /* this host is little-endian */
             api_attend_request_release(&r);
         }
+    }
+}
+END_TEST
+
+/* A JSON number is the float32 it rounds to: FLT_MAX as the server prints it (3.40282347e+38,
+ * above FLT_MAX by less than half an ulp) and as numpy does (3.4028235e+38) read back as FLT_MAX;
+ * from FLT_MAX + 2^103 on, which rounds to infinity, a value is refused. */
+START_TEST(test_api_float32_range_edges) {
+    static const struct {
+        const char *text;
+        float want; /* 0: refused */
+    } cases[] = {
+        {"3.40282347e+38", FLT_MAX},
+        {"-3.40282347e+38", -FLT_MAX},
+        {"3.4028235e+38", FLT_MAX},
+        {"3.4028235677973362e+38", FLT_MAX}, /* just below FLT_MAX + 2^103 */
+        {"3.4028235677973366e+38", 0},       /* FLT_MAX + 2^103: a tie, to infinity */
+        {"-3.5e38", 0},
+        {"1e39", 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char body[2048] = "{\"x\":[[";
+        strcat(body, cases[i].text);
+        for (int e = 1; e < 64; e++) {
+            strcat(body, ",0.5");
+        }
+        strcat(body, "]]}");
+        struct api_attend_request r;
+        struct api_error err;
+        int rc = api_attend_request_parse(body, strlen(body), &tiny, &r, &err);
+        if (cases[i].want == 0) {
+            ck_assert_msg(rc == ERROR_INVALID_REQUEST && strcmp(err.param, "x") == 0,
+                          "%s: rc %d (%s)", cases[i].text, rc, err.message);
+            ck_assert_ptr_null(r.x);
+            continue;
+        }
+        ck_assert_msg(rc == 0, "%s: %s", cases[i].text, err.message);
+        ck_assert_msg(r.x[0] == cases[i].want, "%s: read as %.9g", cases[i].text, (double)r.x[0]);
+        api_attend_request_release(&r);
     }
 }
 END_TEST
@@ -768,6 +808,7 @@ Suite *api_suite(void) {
     tcase_add_test(tc, test_api_error_table_matches_proto);
     tcase_add_test(tc, test_api_error_example_exact);
     tcase_add_test(tc, test_api_attend_examples_parse);
+    tcase_add_test(tc, test_api_float32_range_edges);
     tcase_add_test(tc, test_api_session_requests_parse);
     tcase_add_test(tc, test_api_sdpa_golden_float);
     tcase_add_test(tc, test_api_sdpa_golden_base64);
