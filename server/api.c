@@ -1237,7 +1237,7 @@ static const struct attend_route kv_route = {
     F(LAYER) | F(STEPS) | F(ENCODING) | F(BINARY_OUTPUT) | F(ROPE),
     F(SESSION_ID) | F(Q) | F(K) | F(V) | F(POSITIONS) | F(EXPECT_N_PAST) | F(RETURN_WEIGHTS) |
         F(CAPTURE) | F(HEAD_MASK),
-    F(SESSION_ID) | F(Q) | F(K) | F(V),
+    F(Q) | F(K) | F(V), /* and a session_id, here or in X-Session-Id (job__attend_admit) */
 };
 
 /* One member of an attend body into r. */

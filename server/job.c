@@ -605,6 +605,15 @@ void job__attend_admit(struct job *job) {
         }
         snprintf(job->at.session_id, sizeof job->at.session_id, "%s", hdr);
     }
+    if (job->at.q != NULL && job->at.session_id[0] == '\0') {
+        /* q/k/v append to a session's cache: there is no stateless form */
+        job__refuse(job, ERROR_INVALID_REQUEST,
+                    rq != NULL ? "session_id: required (in the body or the X-Session-Id header)"
+                               : "session_id: required",
+                    "session_id");
+        job__free(job);
+        return;
+    }
     if (job->at.session_id[0] != '\0') {
         if (rq != NULL) {
             snprintf(rq->session, sizeof rq->session, "%s", job->at.session_id);

@@ -113,6 +113,15 @@ void job__batch_step_freed(struct job *step) {
 }
 
 void job__batch_admit(struct job *batch) {
+    if (batch->rq != NULL && http_request_header(batch->rq->http, "X-Session-Id") != NULL) {
+        /* one id for many sessions' steps: neither the steps' nor a proxy's to route by */
+        job__refuse(batch, ERROR_INVALID_REQUEST,
+                    "X-Session-Id names one session; a call with steps names each step's "
+                    "session_id in its step",
+                    "X-Session-Id");
+        job__free(batch);
+        return;
+    }
     int32_t n = batch->at.n_steps;
     batch->slots = calloc((size_t)n, sizeof *batch->slots);
     batch->steps = calloc((size_t)n, sizeof *batch->steps);

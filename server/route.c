@@ -481,6 +481,11 @@ static void on_headers(void *ctx, struct http_request *req) {
                           "Host");
         return;
     }
+    if (http_request_header_count(req, "X-Session-Id") > 1) {
+        route_reply_error(rq, ERROR_INVALID_REQUEST, "more than one X-Session-Id header",
+                          "X-Session-Id");
+        return;
+    }
     if (rq->kind == ROUTE_NONE) {
         route_reply_error(rq, ERROR_NOT_FOUND, NULL, NULL);
         return;

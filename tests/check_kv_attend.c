@@ -212,6 +212,23 @@ START_TEST(test_kv_attend_sessions) {
     cJSON_Delete(e);
     sprintf(bad, "{\"q\":%s,\"k\":%s,\"v\":%s}", qj, vj, vj);
     cJSON_Delete(post("/v1/kv/attend", bad, 400));
+    /* ... unless X-Session-Id names it, as on /v1/attend */
+    char u[200];
+    snprintf(u, sizeof u, "%s/v1/kv/attend", d_.base);
+    const char *hdr[] = {"X-Session-Id: h", NULL};
+    struct http_client_response r;
+    http_client_request("POST", u, bad, strlen(bad), hdr, &r);
+    ck_assert_msg(r.status == 200, "header only: %ld %s", r.status, r.body);
+    cJSON *j = http_client_json(&r);
+    ck_assert_str_eq(cJSON_GetObjectItemCaseSensitive(j, "session_id")->valuestring, "h");
+    ck_assert_int_eq(cJSON_GetObjectItemCaseSensitive(j, "n_past")->valueint, 0);
+    cJSON_Delete(j);
+    http_client_response_release(&r);
+    sprintf(bad, "{\"session_id\":\"s\",\"q\":%s,\"k\":%s,\"v\":%s}", qj, vj, vj);
+    http_client_request("POST", u, bad, strlen(bad), hdr, &r);
+    ck_assert_msg(r.status == 400 && strstr(r.body, "\"param\":\"session_id\"") != NULL,
+                  "header and body differ: %ld %s", r.status, r.body);
+    http_client_response_release(&r);
     cJSON_Delete(post("/v1/kv/attend", "{\"session_id\":\"s\",\"x\":[[0]]}", 400));
     sprintf(bad, "{\"q\":%s,\"x\":[[0]]}", qj);
     cJSON_Delete(post("/v1/attend", bad, 400));

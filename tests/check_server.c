@@ -780,6 +780,18 @@ START_TEST(test_server_request_errors) {
     body = http_client_attend_body("err", x, 0, 1, TINY_HIDDEN, false, NULL);
     expect_error("POST", "/v1/attend", body, hdr, 400, "invalid_request", "session_id");
     free(body);
+    /* One X-Session-Id at most, and none with steps (it names one session, they many). */
+    const char *hdr_two[] = {"X-Session-Id: err", "X-Session-Id: other", NULL};
+    char *two = http_client_attend_body(NULL, x, 0, 1, TINY_HIDDEN, false, NULL);
+    expect_error("POST", "/v1/attend", two, hdr_two, 400, "invalid_request", "X-Session-Id");
+    free(two);
+    char *step = http_client_attend_body("err", x, 0, 1, TINY_HIDDEN, false, NULL);
+    char *steps = malloc(strlen(step) + 32);
+    sprintf(steps, "{\"steps\":[%s]}", step);
+    const char *hdr_err[] = {"X-Session-Id: err", NULL};
+    expect_error("POST", "/v1/attend", steps, hdr_err, 400, "invalid_request", "X-Session-Id");
+    free(steps);
+    free(step);
     /* The header alone names the session (for proxies). */
     const char *hdr_ok[] = {"X-Session-Id: err", NULL};
     body = http_client_attend_body(NULL, x, 2, 1, TINY_HIDDEN, false, ",\"expect_n_past\":2");
