@@ -64,7 +64,7 @@ static const struct option options[] = {
      "Llama attention, you vouching for it. Known families that are not served, and config "
      "fields or tensors that change attention, are refused all the same"},
     {"preset", "ATTND_PRESET", OPTION_PRESET, offsetof(struct config, preset), "small", 0, 0,
-     "built-in model geometry when --model is empty: tiny, small or llama8b"},
+     "built-in model geometry when --model is empty: tiny, small, small-linear or llama8b"},
     {"seed", "ATTND_SEED", OPTION_U64, offsetof(struct config, seed), "0", 0, 0,
      "seed of the preset's random weights"},
     {"layers", "ATTND_LAYERS", OPTION_LAYERS, offsetof(struct config, layers), "all", 0, 0,
@@ -242,7 +242,8 @@ static int apply(struct config *cfg, const struct option *o, const char *value, 
     case OPTION_PRESET: {
         attn_config probe;
         if (attn_config_preset(value, &probe) != ATTN_OK) {
-            set_err(err, err_size, "%s: unknown preset '%s' (expected tiny, small or llama8b)",
+            set_err(err, err_size,
+                    "%s: unknown preset '%s' (expected tiny, small, small-linear or llama8b)",
                     source, value);
             return -1;
         }

@@ -642,18 +642,21 @@ void job__attend_admit(struct job *job) {
         job->pj.session = s;
     }
     if (job->at.is_cross && attn_model_config(srv->model)->kv_lora_rank > 0) {
+        bool sent = job->at.context != NULL;
         job__refuse(job, ERROR_INVALID_REQUEST,
-                    "cross: the model's multi-head latent attention caches a latent, which "
-                    "has no context form",
-                    "cross");
+                    sent ? "context: the model's multi-head latent attention caches a latent, "
+                           "which has no context form"
+                         : "cross: the model's multi-head latent attention caches a latent, "
+                           "which has no context form",
+                    sent ? "context" : "cross");
         job__unpin(job);
         job__free(job);
         return;
     }
     if (attn_config_layer_is_linear(attn_model_config(srv->model), job->at.layer)) {
         /* Linear attention has no scores, positions or context. */
-        static const char *const names[] = {"return_weights", "key_mask", "positions", "cross",
-                                            "capture"};
+        const char *names[] = {"return_weights", "key_mask", "positions",
+                               job->at.context != NULL ? "context" : "cross", "capture"};
         bool given[] = {job->at.return_weights, job->at.key_mask != NULL, job->at.positions != NULL,
                         job->at.is_cross, job->at.capture != 0};
         for (int i = 0; i < 5; i++) {

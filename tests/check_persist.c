@@ -19,6 +19,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "../engine/attn.h"
 #include "http_client.h"
 
 #define HIDDEN 64
@@ -268,6 +269,18 @@ START_TEST(test_persist_import_refusals_create_nothing) {
                                     strcmp(code, "unsupported_session_version") == 0),
                       "byte %zu flipped: %ld %s", at[i], st, code);
     }
+    /* a KV dtype code that names no dtype, the checksum made good: damage, not another model */
+    char seal[8], dtype = file[48];
+    memcpy(seal, file + len - 8, 8);
+    file[48] = 9;
+    uint64_t sum = attn_checksum64(file, len - 8);
+    for (int b = 0; b < 8; b++) {
+        file[len - 8 + b] = (char)(sum >> (8 * b));
+    }
+    ck_assert_int_eq(put(&a_, "t", file, len, code, sizeof code), 400);
+    ck_assert_str_eq(code, "corrupt_session");
+    file[48] = dtype;
+    memcpy(file + len - 8, seal, 8);
     file[8] = 2; /* format version 2 */
     ck_assert_int_eq(put(&a_, "t", file, len, code, sizeof code), 400);
     ck_assert_str_eq(code, "unsupported_session_version");
