@@ -481,6 +481,15 @@ static void on_headers(void *ctx, struct http_request *req) {
                           "Host");
         return;
     }
+    /* RFC 9112 section 6.1: libmicrohttpd decodes the chunked coding alone; with any other the
+     * body's length is unknown, and it would wait for the idle timeout. */
+    const char *te = http_request_header(req, "Transfer-Encoding");
+    if (te != NULL && strcasecmp(te, "chunked") != 0) {
+        route_reply_error(rq, ERROR_INVALID_REQUEST,
+                          "Transfer-Encoding: only chunked is understood (no other coding)",
+                          "Transfer-Encoding");
+        return;
+    }
     if (http_request_header_count(req, "X-Session-Id") > 1) {
         route_reply_error(rq, ERROR_INVALID_REQUEST, "more than one X-Session-Id header",
                           "X-Session-Id");

@@ -573,6 +573,34 @@ START_TEST(test_transport_http11_needs_one_host) {
 }
 END_TEST
 
+/* A transfer coding other than chunked leaves the body's length unknown: a 400 naming the header
+ * at once (the library would wait for the idle timeout), the connection closed; chunked in any
+ * case is read as before. */
+START_TEST(test_transport_unknown_transfer_coding_is_refused) {
+    start(NULL, NULL);
+    static const char *const codings[] = {"gzip", "gzip, chunked", "chunked, gzip", "identity"};
+    for (size_t i = 0; i < sizeof codings / sizeof codings[0]; i++) {
+        char req[256], *out;
+        snprintf(req, sizeof req,
+                 "POST /v1/attend HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: %s\r\n\r\n{}",
+                 codings[i]);
+        long status = exchange(req, 2000, &out);
+        ck_assert_msg(status == 400, "%s: %ld %.300s", codings[i], status, out);
+        ck_assert_msg(strstr(out, "\"param\":\"Transfer-Encoding\"") != NULL, "%s: %.300s",
+                      codings[i], out);
+        free(out);
+    }
+    char *out;
+    long status = exchange("POST /v1/attend HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: Chunked\r\n"
+                           "Connection: close\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+                           5000, &out);
+    ck_assert_msg(status == 400 && strstr(out, "\"param\":\"x\"") != NULL, "chunked: %.300s", out);
+    free(out);
+    ck_assert_int_eq(exchange(HEALTH, 5000, NULL), 200);
+    stop_with(0);
+}
+END_TEST
+
 START_TEST(test_transport_bearer_scheme_is_case_insensitive) {
     const char *args[] = {"--api-key", "k-123", NULL};
     start(NULL, args);
@@ -704,6 +732,7 @@ Suite *transport_suite(void) {
     tcase_add_test(tc, test_transport_abandoned_sdpa_stops_at_a_tile);
     tc = daemon_case(s, "protocol");
     tcase_add_test(tc, test_transport_http11_needs_one_host);
+    tcase_add_test(tc, test_transport_unknown_transfer_coding_is_refused);
     tcase_add_test(tc, test_transport_bearer_scheme_is_case_insensitive);
     tc = daemon_case(s, "drain");
     tcase_add_test(tc, test_transport_drain_deadline_cuts_trickling_upload);
