@@ -830,7 +830,7 @@ START_TEST(test_kinds_mla_model) {
     cJSON_Delete(j);
     free(b);
     b = cross_body("ds", x, 1, x, 2, 64, "");
-    post_refused_attend(b, "cross");
+    post_refused_attend(b, "context"); /* the field sent is named */
     free(b);
     free(x);
     stop();
