@@ -152,19 +152,35 @@ static void softcap_block(float *s, int32_t rows, int32_t nb, size_t lds, float 
     }
 }
 
+/* What row t of a task may see: keys lo..hi by position, then those key_valid and its own
+ * pair_valid row (each NULL when absent) leave. */
+struct row_sight {
+    int64_t lo, hi;
+    const uint8_t *valid, *own;
+};
+
+static struct row_sight sight_of(const struct attn__task *t, int32_t row_t) {
+    struct row_sight v;
+    visible_range(&t->mask, t->kv.n_keys, row_t, &v.lo, &v.hi);
+    v.valid = t->mask.key_valid;
+    v.own =
+        t->mask.pair_valid != NULL ? t->mask.pair_valid + (size_t)row_t * t->mask.pair_ld : NULL;
+    return v;
+}
+
+static bool sees(const struct row_sight *v, int64_t j) {
+    return j >= v->lo && j <= v->hi && (v->valid == NULL || v->valid[j]) &&
+           (v->own == NULL || v->own[j]);
+}
+
 /* Replaces the scores of keys [j0, j0 + nb) that row t may not see by -inf. */
 static void mask_row(const struct attn__task *t, int32_t row_t, int64_t j0, int32_t nb, float *s) {
-    int64_t lo, hi;
-    visible_range(&t->mask, t->kv.n_keys, row_t, &lo, &hi);
-    const uint8_t *valid = t->mask.key_valid;
-    const uint8_t *own =
-        t->mask.pair_valid != NULL ? t->mask.pair_valid + (size_t)row_t * t->mask.pair_ld : NULL;
-    if (valid == NULL && own == NULL && lo <= j0 && j0 + nb - 1 <= hi) {
+    struct row_sight v = sight_of(t, row_t);
+    if (v.valid == NULL && v.own == NULL && v.lo <= j0 && j0 + nb - 1 <= v.hi) {
         return; /* the usual case away from the diagonal and the window edge */
     }
     for (int32_t jj = 0; jj < nb; jj++) {
-        int64_t j = j0 + jj;
-        if (j < lo || j > hi || (valid != NULL && !valid[j]) || (own != NULL && !own[j])) {
+        if (!sees(&v, j0 + jj)) {
             s[jj] = -INFINITY;
         }
     }
@@ -173,14 +189,9 @@ static void mask_row(const struct attn__task *t, int32_t row_t, int64_t j0, int3
 /* Whether row t may see any key of [j0, j0 + nb): a block whose scores are all -inf while one
  * is visible overflowed float (|q . k| beyond 3.4e38), which is not the same as a masked row. */
 static bool any_visible(const struct attn__task *t, int32_t row_t, int64_t j0, int64_t nb) {
-    int64_t lo, hi;
-    visible_range(&t->mask, t->kv.n_keys, row_t, &lo, &hi);
-    const uint8_t *valid = t->mask.key_valid;
-    const uint8_t *own =
-        t->mask.pair_valid != NULL ? t->mask.pair_valid + (size_t)row_t * t->mask.pair_ld : NULL;
-    int64_t from = j0 > lo ? j0 : lo, to = j0 + nb - 1 < hi ? j0 + nb - 1 : hi;
-    for (int64_t j = from; j <= to; j++) {
-        if ((valid == NULL || valid[j]) && (own == NULL || own[j])) {
+    struct row_sight v = sight_of(t, row_t);
+    for (int64_t j = j0 > v.lo ? j0 : v.lo; j < j0 + nb && j <= v.hi; j++) {
+        if (sees(&v, j)) {
             return true;
         }
     }
