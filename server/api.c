@@ -2004,41 +2004,49 @@ static int64_t spec_number(const char *s, const char *stop, int64_t dflt, int32_
     return neg ? n - v : v;
 }
 
-/* A spec of indices in [lo, n) ("" or "all": all of them) into a sorted list without repeats. */
+/* A spec of indices in [lo, n) ("" or "all": all of them; else comma-separated indices and
+ * ranges a:b, none empty) into a sorted list without repeats. */
 static int spec_indices(const char *name, const char *spec, int32_t lo, int32_t n, int32_t **out,
                         int32_t *n_out, struct api_error *err) {
     *out = NULL;
     *n_out = 0;
     int32_t count = n - lo > 0 ? n - lo : 0;
     int32_t *a = malloc((size_t)(count > 0 ? count : 1) * sizeof *a);
-    if (a == NULL) {
+    uint8_t *chosen = calloc((size_t)(count > 0 ? count : 1), 1); /* by index - lo */
+    if (a == NULL || chosen == NULL) {
+        free(a);
+        free(chosen);
         return out_of_memory(err, name);
     }
-    int32_t m = 0;
-    if (spec[0] == '\0' || strcmp(spec, "all") == 0) {
-        for (int32_t i = lo; i < n; i++) {
-            a[m++] = i;
-        }
-    }
-    for (const char *p = m == 0 && strcmp(spec, "all") != 0 ? spec : ""; *p;) {
+    bool is_all = spec[0] == '\0' || strcmp(spec, "all") == 0;
+    for (const char *p = spec; !is_all;) {
         const char *comma = strchr(p, ',');
         const char *stop = comma != NULL ? comma : p + strlen(p);
         const char *colon = memchr(p, ':', (size_t)(stop - p));
-        bool ok = true;
+        bool ok = stop > p;
         int64_t a0 = spec_number(p, colon != NULL ? colon : stop, lo, n, &ok);
         int64_t a1 = colon != NULL ? spec_number(colon + 1, stop, n, n, &ok) : a0 + 1;
         if (!ok || a0 < lo || a1 > n || a0 >= a1) {
             free(a);
+            free(chosen);
             return fail(err, ERROR_INVALID_REQUEST, name,
                         "%s: '%.*s' is not an index or range a:b of [%d, %d)", name,
                         (int)(stop - p), p, (int)lo, (int)n);
         }
-        for (int64_t i = a0; i < a1 && m < count; i++) {
-            a[m++] = (int32_t)i;
+        memset(chosen + (a0 - lo), 1, (size_t)(a1 - a0));
+        if (comma == NULL) {
+            break;
         }
-        p = comma != NULL ? comma + 1 : stop;
+        p = comma + 1;
     }
-    *n_out = sort_unique(a, m);
+    int32_t m = 0;
+    for (int32_t i = 0; i < count; i++) {
+        if (is_all || chosen[i]) {
+            a[m++] = lo + i;
+        }
+    }
+    free(chosen);
+    *n_out = m;
     *out = a;
     return 0;
 }

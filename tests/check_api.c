@@ -352,6 +352,53 @@ START_TEST(test_api_float32_range_edges) {
 }
 END_TEST
 
+/* GET .../attention's heads= and rows= lists: the indices named, sorted, each once, however
+ * often and in whatever order they are named (a list of more items than indices once lost the
+ * items past that count); an empty item is refused, not read as index 0. */
+START_TEST(test_api_attention_lists) {
+    static const struct {
+        const char *heads, *rows;
+        int32_t want_heads[8], n_heads, want_rows[10], n_rows; /* n_heads < 0: refused */
+    } cases[] = {
+        {"0:4,0:4,7", "", {0, 1, 2, 3, 7}, 5, {0}, 10},
+        {"0,0,0,0,0,0,0,0,5", "0,0,0,0,3", {0, 5}, 2, {0, 3}, 2},
+        {"-1,6,-2:", "9:,-1,2:4", {6, 7}, 2, {2, 3, 9}, 3},
+        {"all", "all", {0}, 8, {0}, 10},
+        {",5", "", {0}, -1, {0}, 0},
+        {"5,,6", "", {0}, -1, {0}, 0},
+        {"5,", "", {0}, -1, {0}, 0},
+        {"1", ",", {0}, -1, {0}, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct api_attention_request r;
+        memset(&r, 0, sizeof r);
+        struct api_error err;
+        ck_assert_int_eq(api_attention_query(&r, "heads", cases[i].heads, &tiny, &err), 0);
+        if (cases[i].rows[0] != '\0') {
+            ck_assert_int_eq(api_attention_query(&r, "rows", cases[i].rows, &tiny, &err), 0);
+        }
+        struct api_selection sel;
+        int rc = api_attention_select(&r, 8, 10, 0, &sel, &err);
+        if (cases[i].n_heads < 0) {
+            ck_assert_msg(rc == ERROR_INVALID_REQUEST, "heads '%s' rows '%s': accepted",
+                          cases[i].heads, cases[i].rows);
+            ck_assert_str_eq(err.param, cases[i].rows[0] == ',' ? "rows" : "heads");
+            continue;
+        }
+        ck_assert_msg(rc == 0, "case %zu: %s", i, err.message);
+        ck_assert_int_eq(sel.n_heads, cases[i].n_heads);
+        ck_assert_int_eq(sel.n_rows, cases[i].n_rows);
+        for (int32_t h = 0; h < sel.n_heads && cases[i].n_heads < 8; h++) {
+            ck_assert_int_eq(sel.heads[h], cases[i].want_heads[h]);
+        }
+        for (int32_t w = 0; w < sel.n_rows && cases[i].n_rows < 10; w++) {
+            ck_assert_int_eq(sel.rows[w], cases[i].want_rows[w]);
+        }
+        api_selection_release(&sel);
+    }
+}
+END_TEST
+
 START_TEST(test_api_attend_rejects_bad_requests) {
     /* A valid 1 x 64 row to build requests around. */
     char row[1024] = "[[";
@@ -809,6 +856,7 @@ Suite *api_suite(void) {
     tcase_add_test(tc, test_api_error_example_exact);
     tcase_add_test(tc, test_api_attend_examples_parse);
     tcase_add_test(tc, test_api_float32_range_edges);
+    tcase_add_test(tc, test_api_attention_lists);
     tcase_add_test(tc, test_api_session_requests_parse);
     tcase_add_test(tc, test_api_sdpa_golden_float);
     tcase_add_test(tc, test_api_sdpa_golden_base64);
