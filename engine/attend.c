@@ -198,12 +198,27 @@ static bool any_visible(const struct attn__task *t, int32_t row_t, int64_t j0, i
     return false;
 }
 
-/* A row's running sum while every visible score it met overflowed to -inf and none was finite
- * (its m is still -inf): its softmax is over values float cannot hold, so its output is NaN
- * (null in an answer), never the zero row of a query that sees no key. A finite score later
- * clears it (l *= 0 when m moves off -inf): beside a finite score, an overflowed one's weight
- * is exactly 0. */
+/* Scores float cannot hold. A row's running sum l is L_OVERFLOWED while every visible score it
+ * met overflowed to -inf and none was finite (its m is still -inf): its softmax is over values
+ * float cannot hold, so its output is NaN (null in an answer), never the zero row of a query
+ * that sees no key. A finite score later clears it (l *= 0 when m moves off -inf): beside a
+ * finite score, an overflowed one's weight is exactly 0. A visible score of +inf (overflowed
+ * upward: which of several is largest is lost) or NaN (+inf and -inf products in one q . k)
+ * makes l NaN for good: attn__exp_shift passes NaN on, and so does every later step. */
 #define L_OVERFLOWED (-1.0f)
+
+static bool row_is_undefined(float l) {
+    return isnan(l) || l == L_OVERFLOWED;
+}
+
+static bool has_nan(const float *s, int32_t n) {
+    for (int32_t j = 0; j < n; j++) {
+        if (isnan(s[j])) {
+            return true;
+        }
+    }
+    return false;
+}
 
 static float *lse_cell(const struct attn__task *t, int32_t r) {
     return t->lse + (size_t)(r / t->n_q) * t->lse_head_stride + (size_t)(r % t->n_q) * t->lse_ld;
@@ -230,10 +245,14 @@ static void run_tiled(const struct attn__task *t, const struct tile_ctx *tc, con
             mask_row(t, r % t->n_q, j0, nb, sr);
             float bmax = attn__row_max(sr, nb);
             if (bmax == -INFINITY) {
-                memset(sr, 0, (size_t)nb * sizeof(float));
-                if (m[r] == -INFINITY && any_visible(t, r % t->n_q, j0, nb)) {
+                /* masked, overflowed downward, or NaN (which the maximum passes over; masked keys
+                 * hold -inf, so a NaN left is a visible key's) */
+                if (has_nan(sr, nb)) {
+                    l[r] = NAN;
+                } else if (m[r] == -INFINITY && any_visible(t, r % t->n_q, j0, nb)) {
                     l[r] = L_OVERFLOWED;
                 }
+                memset(sr, 0, (size_t)nb * sizeof(float));
                 continue;
             }
             float m_new = m[r] > bmax ? m[r] : bmax;
@@ -269,7 +288,7 @@ static void run_tiled(const struct attn__task *t, const struct tile_ctx *tc, con
                 orow[c] *= corr;
             }
         }
-        float inv = l[r] > 0.0f ? 1.0f / l[r] : l[r] == L_OVERFLOWED ? NAN : 0.0f;
+        float inv = l[r] > 0.0f ? 1.0f / l[r] : row_is_undefined(l[r]) ? NAN : 0.0f;
         for (int32_t c = 0; c < t->d_v; c++) {
             orow[c] *= inv;
         }
@@ -321,8 +340,8 @@ static void run_materialized(const struct attn__task *t, const struct tile_ctx *
             mx = w[j] > mx ? w[j] : mx;
         }
         if (mx == -INFINITY) {
-            /* no key visible (a zero row), or every visible score overflowed (NaN: see
-             * L_OVERFLOWED) */
+            /* no key visible (a zero row), or every visible score overflowed or is NaN (NaN:
+             * see L_OVERFLOWED); a +inf or NaN beside finite scores makes the sum NaN below */
             float fill = any_visible(t, r % t->n_q, c0, n) ? NAN : 0.0f;
             for (int64_t j = 0; j < n; j++) {
                 w[j] = fill;
@@ -512,18 +531,20 @@ void attn__tasks_merge(const struct attn__task *parts, int32_t n) {
         float *dst =
             t->out + (size_t)(r / t->n_q) * t->out_head_stride + (size_t)(r % t->n_q) * t->out_ld;
         memset(dst, 0, (size_t)t->d_v * sizeof(float));
-        if (mx == -INFINITY) {
-            /* no key visible, and no sink: a zero row, as the whole task gives; NaN where a part
-             * met only overflowed scores (L_OVERFLOWED) */
-            bool overflowed = false;
-            for (int32_t i = 0; i < n; i++) {
-                overflowed = overflowed || scratch_of(&parts[i]).l[r] == L_OVERFLOWED;
-            }
-            for (int32_t c = 0; overflowed && c < t->d_v; c++) {
+        /* NaN where a part met a +inf or NaN score, or where every part that saw a key met only
+         * overflowed ones and no sink is there (see L_OVERFLOWED); else with no key visible and
+         * no sink a zero row, as the whole task gives */
+        bool undefined = false;
+        for (int32_t i = 0; i < n; i++) {
+            float l = scratch_of(&parts[i]).l[r];
+            undefined = undefined || isnan(l) || (mx == -INFINITY && l == L_OVERFLOWED);
+        }
+        if (undefined || mx == -INFINITY) {
+            for (int32_t c = 0; undefined && c < t->d_v; c++) {
                 dst[c] = NAN;
             }
             if (t->lse != NULL) {
-                *lse_cell(t, r) = overflowed ? NAN : -INFINITY;
+                *lse_cell(t, r) = undefined ? NAN : -INFINITY;
             }
             continue;
         }

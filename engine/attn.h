@@ -689,8 +689,9 @@ typedef struct attn_sdpa_params {
 size_t attn_sdpa_scratch_bytes(const attn_sdpa_params *p);
 
 /* Computes p->out (and p->weights). A query that sees no key (all masked) gets a zero output
- * row and zero weights, never NaN; one whose every visible score overflows float (-inf: |scale q
- * . k| beyond 3.4e38) gets NaN, as its softmax cannot be computed in float. scratch must hold
+ * row and zero weights, never NaN; one whose visible scores float cannot hold (all overflowing
+ * to -inf, any to +inf or NaN: |scale q . k| beyond 3.4e38) gets NaN, as its softmax cannot be
+ * computed in float. scratch must hold
  * attn_sdpa_scratch_bytes(p) bytes, aligned for float. Returns ATTN_EINVAL (NULL tensors or
  * scratch, a size < 1, window < -1, a negative or non-finite scale, a mask_ld below n_k other than
  * 0; for ATTN_SDPA_LINEAR a window, a mask, a scale or weights; an unknown kind), ATTN_ESHAPE

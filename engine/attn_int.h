@@ -396,7 +396,8 @@ int attn__model_hold_weights(attn_model *m, attn_dtype dtype);
 /* The largest of s[0 .. n) (-inf for none; NaNs passed over). SIMD where available. */
 float attn__row_max(const float *s, int32_t n);
 
-/* s[j] = exp(s[j] - m) for j < n (-inf gives 0); returns the sum. SIMD where available. */
+/* s[j] = exp(s[j] - m) for j < n (-inf gives 0, NaN stays NaN); returns the sum. SIMD where
+ * available. */
 float attn__exp_shift(float *s, int32_t n, float m);
 
 /* s[j] = cap tanh(s[j] / cap) for j < n (Gemma's score soft-cap), within a few ulp of tanhf.

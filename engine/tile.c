@@ -342,7 +342,8 @@ __attribute__((target("avx2,fma"))) static float row_max_avx2(const float *s, in
     return best;
 }
 
-/* s[j] = exp(s[j] - m) for j < n, returning the sum; -inf scores give exactly 0. */
+/* s[j] = exp(s[j] - m) for j < n, returning the sum; -inf scores give exactly 0, and a NaN (a
+ * NaN score, or +inf at m = +inf) stays NaN, as expf gives it: the caller tells such a row. */
 __attribute__((target("avx2,fma"))) static float exp_shift_avx2(float *s, int32_t n, float m) {
     const __m256 mv = _mm256_set1_ps(m), lo = _mm256_set1_ps(-87.0f);
     __m256 sum = _mm256_setzero_ps();
@@ -350,7 +351,8 @@ __attribute__((target("avx2,fma"))) static float exp_shift_avx2(float *s, int32_
     for (; j + 8 <= n; j += 8) {
         __m256 x = _mm256_sub_ps(_mm256_loadu_ps(s + j), mv);
         __m256 dead = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-        __m256 y = _mm256_andnot_ps(dead, exp_avx2(_mm256_max_ps(x, lo)));
+        /* max_ps returns its second operand when either is NaN: x, so NaN passes on */
+        __m256 y = _mm256_andnot_ps(dead, exp_avx2(_mm256_max_ps(lo, x)));
         _mm256_storeu_ps(s + j, y);
         sum = _mm256_add_ps(sum, y);
     }

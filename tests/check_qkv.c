@@ -146,11 +146,11 @@ START_TEST(test_qkv_matches_ref) {
 }
 END_TEST
 
-/* One decode step over `past` keys k = +1e20 e0, its own key k_new, q = -1e20 e0: the first
- * rows' scores are -1e40 / 4, beyond float, so they are -inf; out (H, HD) and, if w, weights
- * (H, past + 1). */
-static void overflow_step(const attn_model *m, attn_workspace *ws, int32_t past, float k_new,
-                          float *out, float *w) {
+/* One decode step of q = -1e20 e0 + 1e20 e1 over `past` keys k = k_past e0 and its own key
+ * k_new0 e0 + k_new1 e1: scores of +-1e40 (beyond float: +-inf) and NaN (+inf and -inf products
+ * in one dot product) where the keys say so. out (H, HD) and, if w, weights (H, past + 1). */
+static void overflow_step(const attn_model *m, attn_workspace *ws, int32_t past, float k_past,
+                          float k_new0, float k_new1, float *out, float *w) {
     attn_kv_pool *pool = NULL;
     ck_assert_int_eq(attn_kv_pool_create_typed(m, 8 << 20, 64, ATTN_DTYPE_F32, &pool), ATTN_OK);
     attn_kv *kv = NULL;
@@ -163,7 +163,7 @@ static void overflow_step(const attn_model *m, attn_workspace *ws, int32_t past,
     for (int32_t done = 0; done < past; done += CHUNK) {
         int32_t n = past - done < CHUNK ? past - done : CHUNK;
         for (int32_t i = 0; i < HK * n; i++) {
-            k[(size_t)i * HD] = 1e20f;
+            k[(size_t)i * HD] = k_past;
             v[(size_t)i * HD + 1] = 1.0f;
         }
         attn_qkv_step st = {.kv = kv, .n_tokens = n, .q = q, .k = k, .v = v, .out = o};
@@ -172,11 +172,13 @@ static void overflow_step(const attn_model *m, attn_workspace *ws, int32_t past,
     memset(k, 0, (size_t)HK * HD * sizeof(float));
     memset(v, 0, (size_t)HK * HD * sizeof(float));
     for (int32_t h = 0; h < HK; h++) {
-        k[(size_t)h * HD] = k_new;
+        k[(size_t)h * HD] = k_new0;
+        k[(size_t)h * HD + 1] = k_new1;
         v[(size_t)h * HD + 2] = 5.0f;
     }
     for (int32_t h = 0; h < H; h++) {
         q[(size_t)h * HD] = -1e20f;
+        q[(size_t)h * HD + 1] = 1e20f;
     }
     attn_qkv_step st = {.kv = kv, .n_tokens = 1, .q = q, .k = k, .v = v, .out = out, .weights = w};
     ck_assert_int_eq(attn_forward_qkv(m, 0, ws, &st, 1), ATTN_OK);
@@ -188,10 +190,12 @@ static void overflow_step(const attn_model *m, attn_workspace *ws, int32_t past,
     attn_kv_pool_destroy(pool);
 }
 
-/* Scores that overflow float are not a masked row: where every key's score is -inf the answer is
- * NaN (null to a client), never the zero row a query that sees no key gets; where one key's score
- * is finite, it takes all the weight, exactly. Short (one task) and long (split across the
- * executor's threads, then merged), tiled and materialized. */
+/* Scores that overflow float are not a masked row and never a guess: where every key's score is
+ * -inf, where any is +inf (which of them is largest is lost) or NaN, the answer is NaN (null to a
+ * client), never the zero row a query that sees no key gets, nor an even split among the +inf
+ * keys; where one key's score is finite and the rest -inf, it takes all the weight, exactly.
+ * Short (one task) and long (split across the executor's threads, then merged), tiled and
+ * materialized. */
 START_TEST(test_qkv_overflowed_scores) {
     attn_config c = geometry(0);
     c.max_seq = 4096;
@@ -201,28 +205,41 @@ START_TEST(test_qkv_overflowed_scores) {
     attn_executor ex = harness_thread_executor(&state);
     attn_workspace *ws = NULL;
     ck_assert_int_eq(attn_workspace_create(m, 16, &ex, &ws), ATTN_OK);
-    static const int32_t pasts[] = {20, 2300};
+    static const struct {
+        float k_past, k_new0, k_new1;
+        bool is_nan; /* else one-hot on the new key */
+        const char *what;
+    } cases[] = {
+        {1e20f, 1e20f, 0.0f, true, "every score -inf"},
+        {1e20f, 0.0f, 0.0f, false, "-inf beside one finite"},
+        {-1e20f, 0.0f, 0.0f, true, "many +inf"},
+        {0.0f, -1e20f, 0.0f, true, "one +inf"},
+        {0.0f, 1e20f, 1e20f, true, "one NaN"},
+    };
+    /* 24 and 2304 keys fill whole vectors (and 64-token blocks), 21 leaves a scalar tail */
+    static const int32_t pasts[] = {20, 23, 2303};
     for (size_t i = 0; i < sizeof pasts / sizeof pasts[0]; i++) {
         int32_t past = pasts[i];
         float out[H * HD];
         float *w = harness_calloc((size_t)H * (past + 1), sizeof(float));
-        for (int with_weights = 0; with_weights < 2; with_weights++) {
-            overflow_step(m, ws, past, 1e20f, out, with_weights ? w : NULL);
-            for (int32_t e = 0; e < H * HD; e++) {
-                ck_assert_msg(isnan(out[e]), "past %d, weights %d: all -inf: out[%d] = %g",
-                              (int)past, with_weights, (int)e, (double)out[e]);
-            }
-            for (int32_t e = 0; with_weights && e < H * (past + 1); e++) {
-                ck_assert_msg(isnan(w[e]), "past %d: weight %d = %g", (int)past, (int)e,
-                              (double)w[e]);
-            }
-            overflow_step(m, ws, past, 0.0f, out, with_weights ? w : NULL);
-            for (int32_t h = 0; h < H; h++) {
-                for (int32_t e = 0; e < HD; e++) {
-                    ck_assert_float_eq(out[h * HD + e], e == 2 ? 5.0f : 0.0f);
-                }
-                for (int32_t j = 0; with_weights && j <= past; j++) {
-                    ck_assert_float_eq(w[(size_t)h * (past + 1) + j], j == past ? 1.0f : 0.0f);
+        for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+            for (int with_weights = 0; with_weights < 2; with_weights++) {
+                overflow_step(m, ws, past, cases[k].k_past, cases[k].k_new0, cases[k].k_new1, out,
+                              with_weights ? w : NULL);
+                for (int32_t h = 0; h < H; h++) {
+                    for (int32_t e = 0; e < HD; e++) {
+                        float got = out[h * HD + e];
+                        ck_assert_msg(cases[k].is_nan ? isnan(got) : got == (e == 2 ? 5.0f : 0.0f),
+                                      "%s, past %d, weights %d: out[%d][%d] = %g", cases[k].what,
+                                      (int)past, with_weights, (int)h, (int)e, (double)got);
+                    }
+                    for (int32_t j = 0; with_weights && j <= past; j++) {
+                        float got = w[(size_t)h * (past + 1) + j];
+                        ck_assert_msg(cases[k].is_nan ? isnan(got)
+                                                      : got == (j == past ? 1.0f : 0.0f),
+                                      "%s, past %d: weight [%d][%d] = %g", cases[k].what, (int)past,
+                                      (int)h, (int)j, (double)got);
+                    }
                 }
             }
         }
