@@ -217,8 +217,10 @@ static void attend_finish(struct job *job, bool ok) {
     }
     attn_kv_destroy(job->temp_cross);
     job->temp_cross = NULL;
-    if (job->pj.turn != NULL && !ok) {
-        session_drop_empty_layers(job->srv->sessions, job->pj.turn);
+    if (job->pj.turn != NULL && !ok && job->made_layer_kv) {
+        /* a failed call leaves the session as it was: a cache it made goes, one it found stays
+         * (even empty, as a truncate to 0 leaves it) */
+        session_drop_layer_if_empty(job->pj.turn, job->at.layer);
     }
     job__unpin(job);
 }
@@ -394,6 +396,8 @@ static int attend_prepare(struct pool_job *pj, struct pool_step *step) {
     }
     attn_kv *kv;
     if (pj->turn != NULL) {
+        job->made_layer_kv = job->made_layer_kv ||
+                             session_kv_find(session_turn_session(pj->turn), job->at.layer) == NULL;
         int rc = session_kv_get(srv->sessions, pj->turn, job->at.layer, &kv);
         if (rc != 0) {
             return rc;

@@ -66,7 +66,9 @@ struct job {
     bool has_inspect;
     float *selected;
     float *captures[4];
-    attn_kv *temp_kv; /* a stateless call's cache */
+    attn_kv *temp_kv;   /* a stateless call's cache */
+    bool made_layer_kv; /* this call created its session's cache of the layer (dropped again
+                           if the call fails with it still empty) */
     /* Cross-attention: the cache a context is projected into (a stateless call's, or a
      * session's new context, which done installs when the call succeeds) */
     attn_kv *temp_cross;

@@ -689,14 +689,15 @@ void session_cross_install(struct session_turn *t, int32_t layer, attn_kv *cross
     refresh(s);
 }
 
-void session_drop_empty_layers(struct session_store *st, struct session_turn *t) {
+void session_drop_layer_if_empty(struct session_turn *t, int32_t layer) {
     struct session *s = t->s;
-    for (int32_t i = 0; i < s->layer_count; i++) {
-        if (s->kv[i] != NULL && s->n_tokens[i] == 0) {
-            attn_kv_destroy(s->kv[i]);
-            s->kv[i] = NULL;
-            s->bytes[i] = 0;
-        }
+    int32_t i = layer - s->layer_first;
+    if (i >= 0 && i < s->layer_count && s->kv[i] != NULL && attn_kv_len(s->kv[i]) == 0) {
+        attn_kv_destroy(s->kv[i]);
+        s->kv[i] = NULL;
+        s->n_tokens[i] = 0;
+        s->n_held[i] = 0;
+        s->bytes[i] = 0;
     }
 }
 

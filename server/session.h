@@ -235,8 +235,9 @@ void session_kv_install(struct session_turn *t, int32_t layer, attn_kv *kv);
  * layer, freeing the one it replaces. */
 void session_cross_install(struct session_turn *t, int32_t layer, attn_kv *cross);
 
-/* Drops layer caches that hold no tokens (after a failed first call on a layer). */
-void session_drop_empty_layers(struct session_store *st, struct session_turn *t);
+/* Drops the turn's session's cache of `layer` (absolute) if it holds no tokens (after a failed
+ * call that created it). */
+void session_drop_layer_if_empty(struct session_turn *t, int32_t layer);
 
 /* Re-reads the session's per-layer token and byte counts from the engine, once the turn's job
  * has no step running (e.g. after its forward has finished). */

@@ -383,7 +383,9 @@ START_TEST(test_session_clear_and_drop_empty_layers) {
     t = hold(b, 5);
     ck_assert_int_eq(session_kv_get(st, t, 1, &kv), 0);
     ck_assert_int_eq(session_n_layers_used(b), 1);
-    session_drop_empty_layers(st, t);
+    session_drop_layer_if_empty(t, 0); /* another layer: nothing happens */
+    ck_assert_int_eq(session_n_layers_used(b), 1);
+    session_drop_layer_if_empty(t, 1);
     ck_assert_int_eq(session_n_layers_used(b), 0);
     ck_assert_int_eq(session_kv_get(st, t, 2, &kv), ATTN_EINVAL);
     let_go(t, 6);
