@@ -646,13 +646,13 @@ void job__attend_admit(struct job *job) {
         job->pj.session = s;
     }
     if (job->at.is_cross && attn_model_config(srv->model)->kv_lora_rank > 0) {
-        bool sent = job->at.context != NULL;
-        job__refuse(job, ERROR_INVALID_REQUEST,
-                    sent ? "context: the model's multi-head latent attention caches a latent, "
-                           "which has no context form"
-                         : "cross: the model's multi-head latent attention caches a latent, "
-                           "which has no context form",
-                    sent ? "context" : "cross");
+        const char *field = job->at.context != NULL ? "context" : "cross"; /* as sent */
+        char msg[160];
+        snprintf(msg, sizeof msg,
+                 "%s: the model's multi-head latent attention caches a latent, which has no "
+                 "context form",
+                 field);
+        job__refuse(job, ERROR_INVALID_REQUEST, msg, field);
         job__unpin(job);
         job__free(job);
         return;

@@ -156,11 +156,12 @@ int snapshot_read_header(const uint8_t *p, size_t len, struct snapshot_info *inf
     info->n_tokens = (int32_t)get_u32(p + 60);
     info->file_bytes = get_u64(p + 64);
     info->saved_unix_ms = (int64_t)get_u64(p + 72);
-    uint32_t flags = get_u32(p + 80), dtype = get_u32(p + 48);
+    uint32_t flags = get_u32(p + 80);
     info->has_queries = (flags & SNAPSHOT_FLAG_QUERIES) != 0;
     /* a cache's dtype is a concrete one (never AUTO); another code is damage, not another model */
-    bool is_dtype = dtype == ATTN_DTYPE_F32 || dtype == ATTN_DTYPE_BF16 ||
-                    dtype == ATTN_DTYPE_F16 || dtype == ATTN_DTYPE_Q8_0;
+    attn_dtype dt = info->kv_dtype;
+    bool is_dtype = dt == ATTN_DTYPE_F32 || dt == ATTN_DTYPE_BF16 || dt == ATTN_DTYPE_F16 ||
+                    dt == ATTN_DTYPE_Q8_0;
     if (!is_dtype || header_bytes != SNAPSHOT_HEADER_BYTES || id_len == 0 ||
         id_len > API_SESSION_ID_MAX || info->n_sections < 0 || info->n_tokens < 0 ||
         (flags & ~SNAPSHOT_FLAG_QUERIES) != 0) {
