@@ -179,6 +179,56 @@ static int parse_tensor(const struct attn__reason *why, const cJSON *e, uint64_t
     return t->name != NULL ? ATTN_OK : ATTN_ENOMEM;
 }
 
+static int by_begin(const void *a, const void *b) {
+    const struct attn__st_tensor *x = *(const struct attn__st_tensor *const *)a;
+    const struct attn__st_tensor *y = *(const struct attn__st_tensor *const *)b;
+    return x->begin < y->begin   ? -1
+           : x->begin > y->begin ? 1
+                                 : (x->end > y->end) - (x->end < y->end);
+}
+
+static int by_name(const void *a, const void *b) {
+    return strcmp((*(const struct attn__st_tensor *const *)a)->name,
+                  (*(const struct attn__st_tensor *const *)b)->name);
+}
+
+/* A header names each tensor once and gives each bytes of its own (the format lays them end to
+ * end; the safetensors library refuses overlaps): a repeated name or shared bytes would make
+ * which weights are read depend on the reader. */
+static int check_layout(const struct attn__reason *why, const struct attn__st_header *h) {
+    if (h->n_tensors < 2) {
+        return ATTN_OK;
+    }
+    const struct attn__st_tensor **order = malloc((size_t)h->n_tensors * sizeof *order);
+    if (order == NULL) {
+        return ATTN_ENOMEM;
+    }
+    for (int32_t i = 0; i < h->n_tensors; i++) {
+        order[i] = &h->tensors[i];
+    }
+    int rc = ATTN_OK;
+    qsort(order, (size_t)h->n_tensors, sizeof *order, by_name);
+    for (int32_t i = 1; i < h->n_tensors && rc == ATTN_OK; i++) {
+        if (strcmp(order[i - 1]->name, order[i]->name) == 0) {
+            rc = attn__fail(why, ATTN_EIO, "safetensors header: %s is named twice", order[i]->name);
+        }
+    }
+    qsort(order, (size_t)h->n_tensors, sizeof *order, by_begin);
+    for (int32_t i = 1; i < h->n_tensors && rc == ATTN_OK; i++) {
+        if (order[i]->begin < order[i - 1]->end) {
+            rc = attn__fail(why, ATTN_EIO,
+                            "safetensors header: the data of %s and %s overlap (bytes %llu..%llu "
+                            "and %llu..%llu)",
+                            order[i - 1]->name, order[i]->name,
+                            (unsigned long long)order[i - 1]->begin,
+                            (unsigned long long)order[i - 1]->end,
+                            (unsigned long long)order[i]->begin, (unsigned long long)order[i]->end);
+        }
+    }
+    free(order);
+    return rc;
+}
+
 /* Parses a safetensors header; see attn_int.h. */
 int attn__safetensors_header_parse(const uint8_t *buf, size_t len, uint64_t file_size,
                                    struct attn__st_header *out, char *err, size_t err_size) {
@@ -221,6 +271,9 @@ int attn__safetensors_header_parse(const uint8_t *buf, size_t len, uint64_t file
             goto out;
         }
         h.n_tensors++;
+    }
+    if ((rc = check_layout(&why, &h)) != ATTN_OK) {
+        goto out;
     }
     *out = h;
     h.tensors = NULL;
@@ -694,6 +747,17 @@ int attn_model_load_hf(const char *dir, const attn_load_params *p, attn_model **
         if ((rc = read_layer(&ld, &m->cfg, m->layer_first + i, &m->layers[i])) != ATTN_OK) {
             goto out;
         }
+    }
+    /* the shards read, screened as a whole: a tensor one holds that the index leaves out is
+     * still in the checkpoint (transformers loads whole shards) */
+    for (int i = 0; ld.weight_map != NULL && i < ld.n_shards && rc == ATTN_OK; i++) {
+        const struct attn__st_header *h = &ld.shard_headers[i];
+        for (int32_t t = 0; t < h->n_tensors && rc == ATTN_OK; t++) {
+            rc = screen_tensor(&ld, &cfg, lay.family, h->tensors[t].name);
+        }
+    }
+    if (rc != ATTN_OK) {
+        goto out;
     }
     attn_dtype held =
         p != NULL && p->weights_dtype != ATTN_DTYPE_AUTO ? p->weights_dtype : ld.weights_dtype;

@@ -573,6 +573,9 @@ START_TEST(test_load_bad_folders) {
         {DATA "bad_truncated", ATTN_EIO},
         {DATA "bad_no_config", ATTN_EIO},
         {DATA "bad_missing_shard", ATTN_EIO},
+        {DATA "bad_overlap", ATTN_EIO},
+        {DATA "bad_name_twice", ATTN_EIO},
+        {DATA "refuse_unlisted_qk_norm", ATTN_EUNSUPPORTED},
         {DATA "bad_missing_tensor", 0},
         {DATA "no_such_folder", ATTN_EIO},
     };

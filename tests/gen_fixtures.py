@@ -1307,6 +1307,43 @@ def gen_bad(out):
                {"metadata": {}, "weight_map": {n: "model-00001-of-00001.safetensors"
                                                for n, _ in tensors}})
 
+    def edit_header(path, edit):
+        """Rewrites a safetensors file's header text through edit (str -> str), data unchanged."""
+        with open(path, "rb") as f:
+            raw = f.read()
+        n = struct.unpack("<Q", raw[:8])[0]
+        text = edit(raw[8:8 + n].decode().rstrip()).encode()
+        text += b" " * ((8 - (8 + len(text)) % 8) % 8)
+        with open(path, "wb") as f:
+            f.write(struct.pack("<Q", len(text)) + text + raw[8 + n:])
+
+    # Bytes shared by two tensors (k_proj's range moved into q_proj's) and a name given twice
+    # (a second q_proj on o_proj's bytes): which weights are read would depend on the reader.
+    def overlap(text):
+        h = json.loads(text)
+        q = h["model.layers.0.self_attn.q_proj.weight"]["data_offsets"]
+        k = h["model.layers.0.self_attn.k_proj.weight"]["data_offsets"]
+        h["model.layers.0.self_attn.k_proj.weight"]["data_offsets"] = [q[0], q[0] + k[1] - k[0]]
+        return json.dumps(h, separators=(",", ":"))
+
+    def twice(text):
+        h = json.loads(text)
+        o = json.dumps(h["model.layers.0.self_attn.o_proj.weight"], separators=(",", ":"))
+        return text[:-1] + ',"model.layers.0.self_attn.q_proj.weight":' + o + "}"
+
+    edit_header(os.path.join(folder("bad_overlap"), "model.safetensors"), overlap)
+    edit_header(os.path.join(folder("bad_name_twice"), "model.safetensors"), twice)
+
+    # A shard holding a tensor its index leaves out (Qwen3's q norm in a llama checkpoint):
+    # transformers loads whole shards, so it is part of the checkpoint and refused by name.
+    path = folder("refuse_unlisted_qk_norm", tensors=tensors + [
+        ("model.layers.0.self_attn.q_norm.weight", np.ones(hd, np.float32))])
+    os.rename(os.path.join(path, "model.safetensors"),
+              os.path.join(path, "model-00001-of-00001.safetensors"))
+    write_json(os.path.join(path, "model.safetensors.index.json"),
+               {"metadata": {}, "weight_map": {n: "model-00001-of-00001.safetensors"
+                                               for n, _ in tensors}})
+
 
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
