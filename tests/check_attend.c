@@ -377,11 +377,7 @@ START_TEST(test_attend_rope_large_positions) {
     attn_config cfg = harness_config(4, 1, 128);
     cfg.max_seq = 8192;
     cfg.rope_theta = 500000.0f;
-    cfg.rope_scaling.type = ATTN_ROPE_SCALING_LLAMA3;
-    cfg.rope_scaling.factor = 8.0f;
-    cfg.rope_scaling.low_freq_factor = 1.0f;
-    cfg.rope_scaling.high_freq_factor = 4.0f;
-    cfg.rope_scaling.original_max_position = 8192;
+    cfg.rope_scaling = harness_llama3_scaling(8192);
     scenario sc = scenario_default(&cfg, 5, chunks, 3);
     sc.positions = positions;
     check_scenario(&sc);

@@ -309,11 +309,7 @@ START_TEST(test_batch_pipelined_decodes) {
     attn_config partial = harness_config(8, 4, 32); /* half the dims rotated, llama3's scaling */
     partial.hidden_size = 256;
     partial.rotary_dim = 16;
-    partial.rope_scaling.type = ATTN_ROPE_SCALING_LLAMA3;
-    partial.rope_scaling.factor = 8.0f;
-    partial.rope_scaling.low_freq_factor = 1.0f;
-    partial.rope_scaling.high_freq_factor = 4.0f;
-    partial.rope_scaling.original_max_position = 64;
+    partial.rope_scaling = harness_llama3_scaling(64);
     check_pipelined_decodes(&partial);
 }
 END_TEST

@@ -73,6 +73,17 @@ void harness_expect_kv(const attn_kv *kv, const attn_config *cfg, const float *k
 
 /* ---- configs and models -------------------------------------------------------------------- */
 
+attn_rope_scaling harness_llama3_scaling(int32_t original_max_position) {
+    attn_rope_scaling s;
+    memset(&s, 0, sizeof s);
+    s.type = ATTN_ROPE_SCALING_LLAMA3;
+    s.factor = 8.0f;
+    s.low_freq_factor = 1.0f;
+    s.high_freq_factor = 4.0f;
+    s.original_max_position = original_max_position;
+    return s;
+}
+
 attn_config harness_config(int32_t n_heads, int32_t n_kv_heads, int32_t head_dim) {
     attn_config c;
     memset(&c, 0, sizeof(c));

@@ -32,6 +32,9 @@ void harness_expect_zero(const float *a, size_t n, const char *what);
  * biases, no window, no scaling, default softmax scale. Tests change what they sweep. */
 attn_config harness_config(int32_t n_heads, int32_t n_kv_heads, int32_t head_dim);
 
+/* Llama 3.1's RoPE scaling (factor 8, low 1, high 4) over original_max_position positions. */
+attn_rope_scaling harness_llama3_scaling(int32_t original_max_position);
+
 /* A short human-readable summary of cfg for failure messages. */
 void harness_describe(const attn_config *cfg, char *buf, size_t size);
 

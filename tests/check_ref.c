@@ -119,11 +119,7 @@ static attn_config tiny_config(void) {
     attn_config c = harness_config(4, 2, 16);
     c.n_layers = 2;
     c.max_seq = 256;
-    c.rope_scaling.type = ATTN_ROPE_SCALING_LLAMA3;
-    c.rope_scaling.factor = 8.0f;
-    c.rope_scaling.low_freq_factor = 1.0f;
-    c.rope_scaling.high_freq_factor = 4.0f;
-    c.rope_scaling.original_max_position = 64;
+    c.rope_scaling = harness_llama3_scaling(64);
     return c;
 }
 
@@ -218,11 +214,7 @@ START_TEST(test_ref_llama3_inv_freq_regimes) {
     attn_config cfg = harness_config(32, 8, 128);
     double f[64];
     cfg.rope_theta = 500000.0f;
-    cfg.rope_scaling.type = ATTN_ROPE_SCALING_LLAMA3;
-    cfg.rope_scaling.factor = 8.0f;
-    cfg.rope_scaling.low_freq_factor = 1.0f;
-    cfg.rope_scaling.high_freq_factor = 4.0f;
-    cfg.rope_scaling.original_max_position = 8192;
+    cfg.rope_scaling = harness_llama3_scaling(8192);
     ref_rope_inv_freq(&cfg, f);
     ck_assert_double_eq_tol(f[0], 1.0, 1e-15);
     double base63 = pow(500000.0, -126.0 / 128.0);
