@@ -435,6 +435,17 @@ load_w1(const int DT, const void *w, size_t i) {
     return DT == 1 ? attn__bf16_to_f32(h) : _cvtsh_ss(h);
 }
 
+/* The byte offset of value c in a row held as DT (Q8_0: within a few bytes), for prefetching. */
+#define KV_BYTE_OF(DT, c)                                                                          \
+    ((DT) == 0 ? (size_t)(c)*4 : (DT) < 3 ? (size_t)(c)*2 : (size_t)(c)*17 / 16)
+
+/* How far ahead of its reads a lone row's dot product prefetches the weights, in bytes: one
+ * llama-sized bf16 row. Streaming rows one after another is a single sequential read, which the
+ * hardware prefetchers follow, but they run too few lines ahead to keep DRAM busy once the
+ * widening and FMAs fill the core (on Zen 5: 36 GB/s a thread without, 41 with, against 39 read).
+ */
+#define ROW1_PREFETCH_BYTES 8192
+
 /* y[i][j] = x_i . w_j for an MX x MW block: MX input rows against MW weight rows, each k-step
  * loading MX + MW vectors for MX * MW FMAs. Always inlined with constant MX, MW and DT so the
  * accumulators live in registers. */
@@ -451,6 +462,14 @@ dot_block(const int DT, const int MX, const int MW, const float *x, size_t ldx, 
     }
     int32_t c = 0;
     for (; c + 8 <= k; c += 8) {
+        if (c % 32 == 0) {
+#pragma GCC unroll 3
+            for (int b = 0; b < MW; b++) {
+                _mm_prefetch((const char *)w + KV_BYTE_OF(DT, (size_t)b * ldw + c) +
+                                 ROW1_PREFETCH_BYTES,
+                             _MM_HINT_T0);
+            }
+        }
         __m256 wv[3];
 #pragma GCC unroll 3
         for (int b = 0; b < MW; b++) {
@@ -479,17 +498,6 @@ dot_block(const int DT, const int MX, const int MW, const float *x, size_t ldx, 
         }
     }
 }
-
-/* The byte offset of value c in a row held as DT (Q8_0: within a few bytes), for prefetching. */
-#define KV_BYTE_OF(DT, c)                                                                          \
-    ((DT) == 0 ? (size_t)(c)*4 : (DT) < 3 ? (size_t)(c)*2 : (size_t)(c)*17 / 16)
-
-/* How far ahead of its reads a lone row's dot product prefetches the weights, in bytes: one
- * llama-sized bf16 row. Streaming rows one after another is a single sequential read, which the
- * hardware prefetchers follow, but they run too few lines ahead to keep DRAM busy once the
- * widening and FMAs fill the core (on Zen 5: 36 GB/s a thread without, 41 with, against 39 read).
- */
-#define ROW1_PREFETCH_BYTES 8192
 
 /* x . w for one input row and one weight row: eight accumulators (64 values a step), so neither
  * the FMA latency nor a second stream bounds a lone token's projection. Weight rows taken one
