@@ -1613,8 +1613,8 @@ START_TEST(test_server_small_forwards_run_inline) {
     const int32_t t = 6, n_dec = 3;
     float *x = http_client_random_rows(17, t + n_dec, TINY_HIDDEN);
     /* the default, named: make asan runs every daemon with ATTND_INLINE_MACS=0 */
-    const char *args[] = {"--preset", "tiny",          "--seed",  "3", "--workers",
-                          "2",        "--inline-macs", "4194304", NULL};
+    const char *args[] = {"--preset", "tiny",          "--seed",   "3", "--workers",
+                          "2",        "--inline-macs", "67108864", NULL};
     start(args);
     double steps_inline, steps_worker;
     float *a = inline_sequence(x, t, n_dec, &steps_inline);
