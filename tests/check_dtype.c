@@ -49,9 +49,12 @@ START_TEST(test_dtype_conversions_round_to_nearest_even) {
 }
 END_TEST
 
-/* The AVX2 kernel and the portable loop agree, for both kinds, many shapes (odd k included). */
+/* The AVX2 kernel and the portable loop both match the exact sum, for both kinds, many shapes
+ * (odd k included; a lone row with k below, at and past 16, a 64-step with a tail, long rows). */
 START_TEST(test_dtype_rows_dot_half_kernels_agree) {
-    static const int32_t shapes[][3] = {{1, 64, 7}, {3, 65, 5}, {4, 128, 9}, {9, 37, 3}};
+    static const int32_t shapes[][3] = {{1, 64, 7},   {3, 65, 5},   {4, 128, 9},  {9, 37, 3},
+                                        {1, 5, 3},    {1, 16, 4},   {1, 100, 6},  {2, 77, 5},
+                                        {1, 8192, 2}, {1, 8200, 2}, {1, 4096, 65}};
     ref_rng rng;
     ref_rng_init(&rng, 6100);
     for (int bf = 0; bf < 2; bf++) {
@@ -69,7 +72,27 @@ START_TEST(test_dtype_rows_dot_half_kernels_agree) {
             }
             attn__rows_dot_half(x, m, k, w, bf, n, y, (size_t)n);
             attn__rows_dot_half_portable(x, m, k, w, bf, n, want, (size_t)n);
-            harness_expect_close_tol(y, want, (size_t)m * n, 1e-5, 1e-5, "rows_dot_half");
+            /* against the exact sum of the products (the weights as stored): float32
+             * accumulation in any order, within 2e-7 (about 3.4 float32 roundings) of the
+             * products' magnitudes (k = 8192: the kernel's eight accumulators 1e-6 and 1.4e-5
+             * off, the portable loop's one 3.5e-5 and 4e-5, of 2100; k = 64: up to 6.8e-7 of
+             * 11.4) */
+            for (int32_t i = 0; i < m * n; i++) {
+                const float *xi = x + (size_t)(i / n) * k;
+                const uint16_t *wj = w + (size_t)(i % n) * k;
+                double exact = 0, magnitude = 0;
+                for (int32_t c = 0; c < k; c++) {
+                    double t =
+                        (double)xi[c] * (bf ? attn__bf16_to_f32(wj[c]) : attn__f16_to_f32(wj[c]));
+                    exact += t;
+                    magnitude += fabs(t);
+                }
+                double tol = 2e-7 * magnitude + 1e-7;
+                ck_assert_msg(fabs(y[i] - exact) <= tol && fabs(want[i] - exact) <= tol,
+                              "m %d k %d bf16 %d, element %d: kernel %.9g, portable %.9g, "
+                              "exact %.9g (tol %.3g)",
+                              m, k, bf, i, (double)y[i], (double)want[i], exact, tol);
+            }
             free(want);
             free(y);
             free(w);
