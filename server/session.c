@@ -896,16 +896,23 @@ int session_restore_begin(struct session_store *st, const char *id, int64_t now_
     if (s == NULL || !s->is_on_disk) {
         return ERROR_SESSION_NOT_FOUND;
     }
-    int rc = fit_max_sessions(st);
-    if (rc != 0) {
-        return rc;
-    }
-    if (s->kv == NULL && alloc_layers(s, st->layer_count) != 0) {
-        return ATTN_ENOMEM; /* what was made stays for the next try; session_free frees it */
-    }
+    /* Off the disk list first: the eviction below may spill another session, whose file can
+     * push the disk over its budget, and the oldest files are then dropped: not this one (it
+     * was freed under the caller). */
     lru_unlink(st, s);
     st->n_on_disk--;
     st->disk_used -= s->disk_bytes;
+    int rc = fit_max_sessions(st);
+    if (rc == 0 && s->kv == NULL && alloc_layers(s, st->layer_count) != 0) {
+        rc = ATTN_ENOMEM; /* what was made stays for the next try; session_free frees it */
+    }
+    if (rc != 0) {
+        lru_push_front(st, s); /* still on disk, the most recently asked for */
+        st->n_on_disk++;
+        st->disk_used += s->disk_bytes;
+        fit_disk_budget(st); /* a spill above may have filled it while this was off */
+        return rc;
+    }
     s->is_on_disk = false;
     s->restore_error = 0;
     lru_push_front(st, s);

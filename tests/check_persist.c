@@ -484,6 +484,39 @@ START_TEST(test_persist_disk_budget_drops_the_oldest) {
 }
 END_TEST
 
+/* Restoring the oldest file when memory holds one session at most: the session it evicts goes
+ * to disk, over the disk budget, and the oldest file is dropped for it, which must not be the one
+ * being restored (it was freed under the restore: a crash). */
+START_TEST(test_persist_restore_of_the_oldest_file_survives_the_budget) {
+    const char *args[] = {"--preset",          "tiny", "--kv-dtype",  "f32",
+                          "--max-sessions",    "1",    "--state-dir", dir_,
+                          "--state-budget-mb", "1",    NULL};
+    http_client_daemon_start(&a_, args);
+    enum { N = 12 };
+    float *xs[N];
+    for (int i = 0; i < N; i++) {
+        xs[i] = rows(130 + i);
+    }
+    fill(&a_, N, xs);
+    int oldest = -1;
+    for (int i = 0; i < N && oldest < 0; i++) {
+        char path[64];
+        snprintf(path, sizeof path, "/v1/sessions/p%d", i);
+        oldest = status_of(&a_, "GET", path, NULL, 0, NULL, 0) == 200 ? i : -1;
+    }
+    ck_assert_int_gt(oldest, 0); /* the budget dropped some, and kept this one */
+    char id[32];
+    snprintf(id, sizeof id, "p%d", oldest);
+    float *got = step(&a_, id, xs[oldest], T_SPILL, 1, 0);
+    expect_like_fresh(&a_, got, xs[oldest], T_SPILL + 1, id);
+    free(got);
+    for (int i = 0; i < N; i++) {
+        free(xs[i]);
+    }
+    stop_ok(&a_);
+}
+END_TEST
+
 /* SIGKILL while sessions are being spilled: after a restart no half-written file is left, and
  * every session the daemon finds restores exactly. */
 START_TEST(test_persist_kill9_during_spills_corrupts_nothing) {
@@ -571,6 +604,7 @@ Suite *persist_suite(void) {
     tcase_add_test(tc, test_persist_disk_tier_restores_exactly);
     tcase_add_test(tc, test_persist_restart_brings_sessions_back);
     tcase_add_test(tc, test_persist_disk_budget_drops_the_oldest);
+    tcase_add_test(tc, test_persist_restore_of_the_oldest_file_survives_the_budget);
     tcase_add_test(tc, test_persist_kill9_during_spills_corrupts_nothing);
     tcase_add_test(tc, test_persist_state_dir_is_locked);
     suite_add_tcase(s, tc);
