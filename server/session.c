@@ -451,6 +451,9 @@ int session_create(struct session_store *st, const char *id, int64_t now_ms, str
     if (state == SESSION_STATE_TOMBSTONE) {
         return ERROR_SESSION_EVICTED;
     }
+    if (st->disk.is_foreign != NULL && st->disk.is_foreign(st->disk.ctx, id)) {
+        return ERROR_SESSION_FILE_FOREIGN;
+    }
     int rc = fit_max_sessions(st);
     if (rc != 0) {
         return rc;
@@ -488,8 +491,8 @@ static void collect_if_unused(struct session_store *st, struct session *s) {
         back_to_disk(st, s);
         return;
     }
-    if (s->restore_error != 0) {
-        tomb_add(st, s->id);
+    if (s->restore_error != 0 && s->restore_error != ERROR_SESSION_FILE_FOREIGN) {
+        tomb_add(st, s->id); /* a foreign file keeps its id from being created instead */
     }
     unlink_session(st, s);
     session_free(st, s);

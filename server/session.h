@@ -73,6 +73,10 @@ struct session_disk_ops {
     size_t (*save)(void *ctx, struct session *s);
     /* Removes the file of the session id (dropped from disk, or restored). */
     void (*remove)(void *ctx, const char *id);
+    /* Whether the directory holds a file for the session id that this server leaves alone
+     * (another model's, say): a session of that id is not created, since its file would
+     * replace that one. */
+    bool (*is_foreign)(void *ctx, const char *id);
     void *ctx;
 };
 
@@ -104,8 +108,9 @@ struct session *session_find(struct session_store *st, const char *id, enum sess
 
 /* Creates an empty session (ERROR_SESSION_EXISTS for an id on disk too). If max_sessions are live,
  * first evicts the least recently used idle session (tombstoned, reason max_sessions). Returns 0,
- * ERROR_SESSION_EXISTS, ERROR_SESSION_EVICTED (tombstoned id), ERROR_KV_BUDGET_EXHAUSTED
- * (max_sessions live and all pinned) or ATTN_ENOMEM. */
+ * ERROR_SESSION_EXISTS, ERROR_SESSION_EVICTED (tombstoned id), ERROR_SESSION_FILE_FOREIGN (the
+ * disk tier leaves a file of that id alone), ERROR_KV_BUDGET_EXHAUSTED (max_sessions live and all
+ * pinned) or ATTN_ENOMEM. */
 int session_create(struct session_store *st, const char *id, int64_t now_ms, struct session **out);
 
 /* Takes s's turn. Returns NULL if another job holds it (then it is not this job's turn). The

@@ -21,6 +21,8 @@ struct spill {
     struct pool *pool;
     size_t max_pending; /* written bytes queued at most; past it an eviction drops instead */
     struct metrics_disk m;
+    char **foreign; /* sorted: ids whose files this server leaves alone (see is_foreign) */
+    int32_t n_foreign, cap_foreign;
 };
 
 /* One write or restore in flight. */
@@ -45,6 +47,48 @@ static int64_t unix_ms(void) {
 
 static int64_t mono_ms(void) {
     return (int64_t)(uv_hrtime() / 1000000);
+}
+
+/* ---- files left alone ----------------------------------------------------------------------- */
+
+static int by_id(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* session_disk_ops.is_foreign */
+static bool is_foreign(void *ctx, const char *id) {
+    const struct spill *sp = ctx;
+    return sp->n_foreign > 0 &&
+           bsearch(&id, sp->foreign, (size_t)sp->n_foreign, sizeof *sp->foreign, by_id) != NULL;
+}
+
+/* Remembers that DIR/<id>.session is left alone, so no session of that id writes over it.
+ * Returns 0, or -1 out of memory (the id is then only logged). */
+static int foreign_add(struct spill *sp, const char *id) {
+    if (is_foreign(sp, id)) {
+        return 0;
+    }
+    if (sp->n_foreign == sp->cap_foreign) {
+        int32_t cap = sp->cap_foreign > 0 ? 2 * sp->cap_foreign : 16;
+        char **a = realloc(sp->foreign, (size_t)cap * sizeof *a);
+        if (a == NULL) {
+            return -1;
+        }
+        sp->foreign = a;
+        sp->cap_foreign = cap;
+    }
+    char *copy = strdup(id);
+    if (copy == NULL) {
+        return -1;
+    }
+    int32_t at = sp->n_foreign;
+    while (at > 0 && strcmp(sp->foreign[at - 1], id) > 0) {
+        sp->foreign[at] = sp->foreign[at - 1];
+        at--;
+    }
+    sp->foreign[at] = copy;
+    sp->n_foreign++;
+    return 0;
 }
 
 /* ---- writing -------------------------------------------------------------------------------- */
@@ -156,6 +200,14 @@ static void restore_done(void *ctx, int status, uint8_t *data, size_t len) {
                  seconds * 1e3);
         statedir_remove(sp->dir, name, NULL, NULL); /* memory holds the truth now */
         session_restore_end(sp->p.sessions, op->turn, 0, mono_ms());
+    } else if (rc == ERROR_FINGERPRINT_MISMATCH) {
+        /* A sound file this server cannot hold (a sliding window saved with another
+         * --kv-block-tokens): left alone, as at start, not lost. */
+        LOG_WARN("spill", "left alone %s: %s", name, op->msg);
+        if (foreign_add(sp, op->id) != 0) {
+            LOG_WARN("spill", "out of memory: session %s may be created over %s", op->id, name);
+        }
+        session_restore_end(sp->p.sessions, op->turn, ERROR_SESSION_FILE_FOREIGN, mono_ms());
     } else if (rc == ERROR_KV_BUDGET_EXHAUSTED || rc == ATTN_ENOMEM) {
         /* The file is fine; memory is short. It stays on disk for a later request. */
         LOG_WARN("spill", "session=%s not restored: %s", op->id, op->msg);
@@ -233,6 +285,15 @@ static void on_file(void *ctx, const char *name, const uint8_t *head, size_t n, 
     if (rc != 0) {
         LOG_WARN("spill", "left alone %s: %s", name, msg);
         sc->n_other++;
+        size_t n_id = strlen(name) - strlen(SUFFIX); /* the scan passes names with the suffix */
+        char id[API_SESSION_ID_MAX + 1];
+        if (n_id <= API_SESSION_ID_MAX) {
+            memcpy(id, name, n_id);
+            id[n_id] = '\0';
+            if (foreign_add(sc->sp, id) != 0) {
+                LOG_WARN("spill", "out of memory: session %s may be created over %s", id, name);
+            }
+        }
         return;
     }
     if (sc->n == sc->cap) {
@@ -270,7 +331,7 @@ int spill_open(const struct spill_params *p, struct spill **out, char *err, size
     struct session_store_stats st;
     session_store_get_stats(p->sessions, &st);
     sp->max_pending = st.bytes_limit > ((size_t)256 << 20) ? st.bytes_limit : (size_t)256 << 20;
-    struct session_disk_ops ops = {save, remove_file, sp};
+    struct session_disk_ops ops = {save, remove_file, is_foreign, sp};
     session_store_set_disk(p->sessions, &ops, p->budget_bytes);
     /* The files of this model come back, oldest first so that the newest heads the disk list;
      * their times are wall-clock, the store's monotonic: they keep their order, not their age. */
@@ -310,6 +371,10 @@ void spill_close(struct spill *sp) {
         return;
     }
     statedir_close(sp->dir);
+    for (int32_t i = 0; i < sp->n_foreign; i++) {
+        free(sp->foreign[i]);
+    }
+    free(sp->foreign);
     free(sp);
 }
 

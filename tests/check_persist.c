@@ -404,6 +404,13 @@ START_TEST(test_persist_restart_brings_sessions_back) {
     char *log = http_client_daemon_log(&b_);
     ck_assert_msg(strstr(log, "left alone") != NULL, "%s", log);
     free(log);
+    /* nor is a session of such a file's id created: at SIGTERM it would replace the file */
+    char code[64];
+    char *body0 = http_client_attend_body("p0", xs[0], 0, 2, HIDDEN, true, ",\"layer\":0");
+    ck_assert_int_eq(status_of(&b_, "POST", "/v1/attend", body0, strlen(body0), code, sizeof code),
+                     409);
+    ck_assert_str_eq(code, "session_file_foreign");
+    free(body0);
     stop_ok(&b_);
     /* the same model keeping queries: its caches would hold what these files lack, so they are
      * left alone too, not lost */
@@ -429,7 +436,6 @@ START_TEST(test_persist_restart_brings_sessions_back) {
     fclose(f);
     http_client_daemon_start(&a_, args);
     ck_assert_int_eq(count_location(&a_, "disk"), N_SPILL);
-    char code[64];
     char *body = http_client_attend_body("p3", xs[3], T_SPILL, 1, HIDDEN, true, ",\"layer\":0");
     ck_assert_int_eq(status_of(&a_, "POST", "/v1/attend", body, strlen(body), code, sizeof code),
                      410);
@@ -513,6 +519,42 @@ START_TEST(test_persist_restore_of_the_oldest_file_survives_the_budget) {
     for (int i = 0; i < N; i++) {
         free(xs[i]);
     }
+    stop_ok(&a_);
+}
+END_TEST
+
+/* A sliding window's cache saved with 16-token blocks cannot be held with 128-token ones (its
+ * first token held does not start a block): that server leaves the file alone (409
+ * session_file_foreign, the id not created) instead of losing it; the first block size restores
+ * it exactly. */
+START_TEST(test_persist_other_block_size_leaves_the_file_alone) {
+    const char *args16[] = {
+        "--model", "tests/data/hf_gemma2_f32", "--kv-block-tokens", "16", "--state-dir", dir_,
+        NULL};
+    const char *args128[] = {"--model", "tests/data/hf_gemma2_f32", "--state-dir", dir_, NULL};
+    float *x = rows(170);
+    http_client_daemon_start(&a_, args16);
+    free(step(&a_, "w", x, 0, 40, 0));
+    stop_ok(&a_);
+    char path[256];
+    snprintf(path, sizeof path, "%s/w.session", dir_);
+    http_client_daemon_start(&b_, args128);
+    char code[64];
+    char *body = http_client_attend_body("w", x, 40, 1, HIDDEN, true, ",\"layer\":0");
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(
+            status_of(&b_, "POST", "/v1/attend", body, strlen(body), code, sizeof code), 409);
+        ck_assert_str_eq(code, "session_file_foreign");
+    }
+    free(body);
+    ck_assert(http_client_metric(b_.base, "attnd_restore_failures_total") == 0);
+    stop_ok(&b_);
+    ck_assert_int_eq(access(path, F_OK), 0);
+    http_client_daemon_start(&a_, args16);
+    float *got = step(&a_, "w", x, 40, 1, 0);
+    expect_like_fresh(&a_, got, x, 41, "w");
+    free(got);
+    free(x);
     stop_ok(&a_);
 }
 END_TEST
@@ -605,6 +647,7 @@ Suite *persist_suite(void) {
     tcase_add_test(tc, test_persist_restart_brings_sessions_back);
     tcase_add_test(tc, test_persist_disk_budget_drops_the_oldest);
     tcase_add_test(tc, test_persist_restore_of_the_oldest_file_survives_the_budget);
+    tcase_add_test(tc, test_persist_other_block_size_leaves_the_file_alone);
     tcase_add_test(tc, test_persist_kill9_during_spills_corrupts_nothing);
     tcase_add_test(tc, test_persist_state_dir_is_locked);
     suite_add_tcase(s, tc);
