@@ -480,6 +480,20 @@ static int check_shape(struct loader *ld, const struct attn__st_tensor *t, int32
 }
 
 /* Reads tensor `name` of shape (rows[, cols]) (cols 0: a vector) into dst as float. */
+/* A NaN or infinity in an attention tensor would make every answer null: refused by name. */
+static int check_finite(struct loader *ld, const char *name, const float *x, size_t n,
+                        int32_t cols) {
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(x[i])) {
+            size_t c = cols > 0 ? (size_t)cols : 1;
+            return attn__fail(&ld->why, ATTN_EIO,
+                              "%s: value %g at row %zu, column %zu is not finite", name,
+                              (double)x[i], i / c, i % c);
+        }
+    }
+    return ATTN_OK;
+}
+
 static int tensor_read(struct loader *ld, const char *name, int32_t rows, int32_t cols,
                        float *dst) {
     int shard;
@@ -540,14 +554,16 @@ static int tensor_read(struct loader *ld, const char *name, int32_t rows, int32_
         rc = attn__fail(&ld->why, ATTN_EIO, "%s: short read from %s", name, path);
     }
     fclose(f);
-    if (rc != ATTN_OK || dt == DTYPE_F32) {
+    if (rc != ATTN_OK) {
         return rc;
     }
-    const uint16_t *h = buf;
-    for (size_t i = 0; i < n; i++) {
-        dst[i] = dt == DTYPE_F16 ? half_to_float(h[i]) : bf16_to_float(h[i]);
+    if (dt != DTYPE_F32) {
+        const uint16_t *h = buf;
+        for (size_t i = 0; i < n; i++) {
+            dst[i] = dt == DTYPE_F16 ? half_to_float(h[i]) : bf16_to_float(h[i]);
+        }
     }
-    return ATTN_OK;
+    return check_finite(ld, name, dst, n, cols);
 }
 
 static int tensor_exists(struct loader *ld, const char *name, bool *out) {
@@ -695,6 +711,50 @@ static int open_index(struct loader *ld) {
     return ATTN_OK;
 }
 
+/* Whether held (BF16 or F16, for the projections) can hold every projection weight: a finite
+ * weight past its range would become infinite, and every answer null. Rounding (to nearest
+ * even, or to a subnormal or zero) is what converting down means; overflow is refused, naming
+ * the weight. Latent attention's tensors stay float whatever held is. */
+static int check_holdable(struct loader *ld, const attn_model *m, attn_dtype held) {
+    const attn_config *c = &m->cfg;
+    if ((held != ATTN_DTYPE_BF16 && held != ATTN_DTYPE_F16) || c->kv_lora_rank > 0) {
+        return ATTN_OK;
+    }
+    bool is_bf16 = held == ATTN_DTYPE_BF16;
+    int32_t hd = c->head_dim, q_rows = c->n_heads * hd, kv_rows = c->n_kv_heads * hd;
+    size_t hidden = (size_t)c->hidden_size, n_qkv = (size_t)(q_rows + 2 * kv_rows) * hidden;
+    size_t n_o = hidden * (size_t)q_rows;
+    for (int32_t i = 0; i < m->layer_count; i++) {
+        const struct attn__layer *l = &m->layers[i];
+        for (int o = 0; o < 2; o++) {
+            const float *w = o == 0 ? l->w_qkv : l->w_o;
+            size_t n = o == 0 ? n_qkv : n_o, cols = o == 0 ? hidden : (size_t)q_rows;
+            for (size_t k = 0; w != NULL && k < n; k++) {
+                uint16_t h = is_bf16 ? attn__f32_to_bf16(w[k]) : attn__f32_to_f16(w[k]);
+                float back = is_bf16 ? attn__bf16_to_f32(h) : attn__f16_to_f32(h);
+                if (!isinf(back)) {
+                    continue;
+                }
+                size_t row = k / cols;
+                const char *which = o == 1                             ? "o_proj"
+                                    : row < (size_t)q_rows             ? "q_proj"
+                                    : row < (size_t)(q_rows + kv_rows) ? "k_proj"
+                                                                       : "v_proj";
+                size_t r = o == 1                             ? row
+                           : row < (size_t)q_rows             ? row
+                           : row < (size_t)(q_rows + kv_rows) ? row - (size_t)q_rows
+                                                              : row - (size_t)(q_rows + kv_rows);
+                return attn__fail(&ld->why, ATTN_ERANGE,
+                                  "--weights-dtype %s: layer %d's %s weight %g (row %zu, column "
+                                  "%zu) is past %s's range: serve it as bf16 or f32",
+                                  attn_dtype_name(held), (int)(m->layer_first + i), which,
+                                  (double)w[k], r, k % cols, attn_dtype_name(held));
+            }
+        }
+    }
+    return ATTN_OK;
+}
+
 int attn_model_load_hf(const char *dir, const attn_load_params *p, attn_model **out, char *err,
                        size_t err_size) {
     if (err != NULL && err_size > 0) {
@@ -761,6 +821,9 @@ int attn_model_load_hf(const char *dir, const attn_load_params *p, attn_model **
     }
     attn_dtype held =
         p != NULL && p->weights_dtype != ATTN_DTYPE_AUTO ? p->weights_dtype : ld.weights_dtype;
+    if ((rc = check_holdable(&ld, m, held)) != ATTN_OK) {
+        goto out;
+    }
     if ((rc = attn__model_hold_weights(m, held)) != ATTN_OK) {
         attn__fail(&ld.why, rc, "cannot hold the weights in half precision: %s", attn_strerror(rc));
         goto out;

@@ -575,6 +575,8 @@ START_TEST(test_load_bad_folders) {
         {DATA "bad_missing_shard", ATTN_EIO},
         {DATA "bad_overlap", ATTN_EIO},
         {DATA "bad_name_twice", ATTN_EIO},
+        {DATA "bad_nan_weight", ATTN_EIO},
+        {DATA "bad_inf_f16", ATTN_EIO},
         {DATA "refuse_unlisted_qk_norm", ATTN_EUNSUPPORTED},
         {DATA "bad_missing_tensor", 0},
         {DATA "no_such_folder", ATTN_EIO},
@@ -597,6 +599,30 @@ START_TEST(test_load_bad_folders) {
                       cases[i].dir);
         ck_assert_msg(strlen(err) > 0, "%s: empty reason", cases[i].dir);
     }
+}
+END_TEST
+
+/* A weight past binary16's range is served as it is, or as bfloat16, and refused as binary16,
+ * naming it: it would be infinite, and every answer null. */
+START_TEST(test_load_weight_past_f16_range) {
+    static const attn_dtype ok[] = {ATTN_DTYPE_AUTO, ATTN_DTYPE_F32, ATTN_DTYPE_BF16};
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        attn_load_params p = {.weights_dtype = ok[i]};
+        attn_model *m = NULL;
+        char err[256] = "";
+        ck_assert_msg(attn_model_load_hf(DATA "big_weight_f32", &p, &m, err, sizeof err) == ATTN_OK,
+                      "%s", err);
+        attn_model_destroy(m);
+    }
+    attn_load_params p = {.weights_dtype = ATTN_DTYPE_F16};
+    attn_model *m = NULL;
+    char err[256] = "";
+    ck_assert_int_eq(attn_model_load_hf(DATA "big_weight_f32", &p, &m, err, sizeof err),
+                     ATTN_ERANGE);
+    ck_assert_ptr_null(m);
+    ck_assert_msg(strstr(err, "v_proj") != NULL && strstr(err, "row 3, column 5") != NULL &&
+                      strstr(err, "f16") != NULL,
+                  "%s", err);
 }
 END_TEST
 
@@ -661,6 +687,7 @@ Suite *load_suite(void) {
     tcase_add_test(tc, test_load_gpt_oss_bf16_matches_numpy);
     tcase_add_test(tc, test_load_layer_subset);
     tcase_add_test(tc, test_load_bad_folders);
+    tcase_add_test(tc, test_load_weight_past_f16_range);
     tcase_add_test(tc, test_load_reason_buffer);
     tcase_add_test(tc, test_load_bad_params);
     suite_add_tcase(s, tc);

@@ -1334,6 +1334,26 @@ def gen_bad(out):
     edit_header(os.path.join(folder("bad_overlap"), "model.safetensors"), overlap)
     edit_header(os.path.join(folder("bad_name_twice"), "model.safetensors"), twice)
 
+    # A NaN in an F32 k_proj and an infinity in an F16 o_proj: every answer would be null.
+    def with_value(name, at, value):
+        out = []
+        for n, a in tensors:
+            if n == name:
+                a = a.copy()
+                a[at] = value
+            out.append((n, a))
+        return out
+
+    folder("bad_nan_weight", tensors=with_value("model.layers.0.self_attn.k_proj.weight",
+                                                (1, 2), np.nan))
+    path = folder("bad_inf_f16", tensors=with_value("model.layers.0.self_attn.o_proj.weight",
+                                                    (0, 1), np.inf))
+    write_safetensors(os.path.join(path, "model.safetensors"),
+                      with_value("model.layers.0.self_attn.o_proj.weight", (0, 1), np.inf), "F16")
+    # A v_proj weight past binary16's range (65504): served as F32 or BF16, refused as F16.
+    folder("big_weight_f32", tensors=with_value("model.layers.0.self_attn.v_proj.weight",
+                                                (3, 5), 1e5))
+
     # A shard holding a tensor its index leaves out (Qwen3's q norm in a llama checkpoint):
     # transformers loads whole shards, so it is part of the checkpoint and refused by name.
     path = folder("refuse_unlisted_qk_norm", tensors=tensors + [
