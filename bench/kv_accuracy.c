@@ -20,18 +20,18 @@ static const attn_dtype kv_dtypes[] = {ATTN_DTYPE_F32, ATTN_DTYPE_BF16, ATTN_DTY
 
 struct fixture {
     const char *dir, *input, *expected;
-    int32_t layer, hidden, n_heads, prefill, decode;
+    int32_t n_layers, hidden, n_heads, prefill, decode; /* layers 0 .. n_layers - 1 */
 };
 
 /* A family of each kind: GQA with q/k norms, soft-cap and a window, sinks, F16, MQA groups, MLA. */
 static const struct fixture fixtures[] = {
-    {"tests/data/hf_qwen3_bf16", "qwen3", "qwen3_bf16", 1, 64, 4, 8, 3},
-    {"tests/data/hf_gemma2_f32", "gemma2", "gemma2_f32", 2, 64, 4, 11, 3},
-    {"tests/data/hf_gpt_oss_bf16", "gptoss", "gpt_oss_bf16", 2, 64, 4, 8, 3},
-    {"tests/data/hf_qwen2_f16", "alt", "qwen2_f16", 0, 32, 4, 9, 3},
-    {"tests/data/hf_falcon_new_f32", "falcon_new", "falcon_new_f32", 1, 64, 8, 7, 3},
-    {"tests/data/hf_stablelm_bf16", "stablelm", "stablelm_bf16", 1, 64, 4, 7, 3},
-    {"tests/data/hf_deepseek_v3_bf16", "dsv3", "dsv3_bf16", 1, 64, 4, 8, 3},
+    {"tests/data/hf_qwen3_bf16", "qwen3", "qwen3_bf16", 2, 64, 4, 8, 3},
+    {"tests/data/hf_gemma2_f32", "gemma2", "gemma2_f32", 3, 64, 4, 11, 3},
+    {"tests/data/hf_gpt_oss_bf16", "gptoss", "gpt_oss_bf16", 3, 64, 4, 8, 3},
+    {"tests/data/hf_qwen2_f16", "alt", "qwen2_f16", 1, 32, 4, 9, 3},
+    {"tests/data/hf_falcon_new_f32", "falcon_new", "falcon_new_f32", 2, 64, 8, 7, 3},
+    {"tests/data/hf_stablelm_bf16", "stablelm", "stablelm_bf16", 2, 64, 4, 7, 3},
+    {"tests/data/hf_deepseek_v3_bf16", "dsv3", "dsv3_bf16", 2, 64, 4, 8, 3},
 };
 
 struct errors {
@@ -131,6 +131,39 @@ static void print_row(const char *what, attn_dtype dt, const struct errors *e) {
     }
 }
 
+/* One layer of a fixture in every KV dtype against its fp64 expectation; the worst kept. */
+static void fixture_layer(const attn_model *m, const struct fixture *fx, int32_t layer,
+                          const float *x, const int32_t *pos, struct errors worst[N_DTYPES]) {
+    int32_t n = fx->prefill + fx->decode;
+    size_t n_out = (size_t)n * fx->hidden, n_w = (size_t)fx->n_heads * n * n;
+    char path[256], what[64];
+    snprintf(what, sizeof what, "%s l%d", fx->dir + strlen("tests/data/"), (int)layer);
+    snprintf(path, sizeof path, "tests/data/expected/%s_l%d_out.bin", fx->expected, (int)layer);
+    float *want = read_all(path, n_out * sizeof(float));
+    snprintf(path, sizeof path, "tests/data/expected/%s_l%d_weights.bin", fx->expected, (int)layer);
+    float *want_w = read_all(path, n_w * sizeof(float));
+    int32_t chunks[8] = {fx->prefill, 1, 1, 1, 1, 1, 1, 1};
+    float *out = xcalloc(n_out, sizeof(float)), *w = xcalloc(n_w, sizeof(float));
+    for (int d = 0; d < N_DTYPES; d++) {
+        if (run(m, layer, kv_dtypes[d], x, pos, n, chunks, 1 + fx->decode, out, w) != ATTN_OK) {
+            printf("%-34s %-5s refused by the pool (e.g. q8_0 on a latent of %s)\n", what,
+                   attn_dtype_name(kv_dtypes[d]), "kv_lora_rank % 32 != 0");
+            continue;
+        }
+        struct errors e;
+        out_errors(out, want, n_out, &e);
+        e.w_max = max_abs_diff(w, want_w, n_w);
+        print_row(what, kv_dtypes[d], &e);
+        worst[d].out_max = e.out_max > worst[d].out_max ? e.out_max : worst[d].out_max;
+        worst[d].out_rms = e.out_rms > worst[d].out_rms ? e.out_rms : worst[d].out_rms;
+        worst[d].w_max = e.w_max > worst[d].w_max ? e.w_max : worst[d].w_max;
+    }
+    free(w);
+    free(out);
+    free(want_w);
+    free(want);
+}
+
 static void fixtures_table(struct errors worst[N_DTYPES]) {
     for (size_t f = 0; f < sizeof fixtures / sizeof fixtures[0]; f++) {
         const struct fixture *fx = &fixtures[f];
@@ -141,39 +174,14 @@ static void fixtures_table(struct errors worst[N_DTYPES]) {
             exit(1);
         }
         int32_t n = fx->prefill + fx->decode;
-        size_t n_out = (size_t)n * fx->hidden, n_w = (size_t)fx->n_heads * n * n;
+        size_t n_out = (size_t)n * fx->hidden;
         snprintf(path, sizeof path, "tests/data/expected/%s_x.bin", fx->input);
         float *x = read_all(path, n_out * sizeof(float));
         snprintf(path, sizeof path, "tests/data/expected/%s_pos.bin", fx->input);
         int32_t *pos = read_all(path, (size_t)n * sizeof(int32_t));
-        snprintf(path, sizeof path, "tests/data/expected/%s_l%d_out.bin", fx->expected,
-                 (int)fx->layer);
-        float *want = read_all(path, n_out * sizeof(float));
-        snprintf(path, sizeof path, "tests/data/expected/%s_l%d_weights.bin", fx->expected,
-                 (int)fx->layer);
-        float *want_w = read_all(path, n_w * sizeof(float));
-        int32_t chunks[8] = {fx->prefill, 1, 1, 1, 1, 1, 1, 1};
-        float *out = xcalloc(n_out, sizeof(float)), *w = xcalloc(n_w, sizeof(float));
-        for (int d = 0; d < N_DTYPES; d++) {
-            if (run(m, fx->layer, kv_dtypes[d], x, pos, n, chunks, 1 + fx->decode, out, w) !=
-                ATTN_OK) {
-                printf("%-34s %-5s refused by the pool (e.g. q8_0 on a latent of %s)\n",
-                       fx->dir + strlen("tests/data/"), attn_dtype_name(kv_dtypes[d]),
-                       "kv_lora_rank % 32 != 0");
-                continue;
-            }
-            struct errors e;
-            out_errors(out, want, n_out, &e);
-            e.w_max = max_abs_diff(w, want_w, n_w);
-            print_row(fx->dir + strlen("tests/data/"), kv_dtypes[d], &e);
-            worst[d].out_max = e.out_max > worst[d].out_max ? e.out_max : worst[d].out_max;
-            worst[d].out_rms = e.out_rms > worst[d].out_rms ? e.out_rms : worst[d].out_rms;
-            worst[d].w_max = e.w_max > worst[d].w_max ? e.w_max : worst[d].w_max;
+        for (int32_t layer = 0; layer < fx->n_layers; layer++) {
+            fixture_layer(m, fx, layer, x, pos, worst);
         }
-        free(w);
-        free(out);
-        free(want_w);
-        free(want);
         free(pos);
         free(x);
         attn_model_destroy(m);

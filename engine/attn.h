@@ -33,6 +33,7 @@ enum attn_status {
     ATTN_EUNSUPPORTED = -7, /* the model uses a feature the engine does not implement */
     ATTN_ECANCELED = -8,    /* the caller's cancel check said stop; outputs are incomplete */
     ATTN_EDROPPED = -9,     /* a sliding layer's cache no longer holds the tokens this needs */
+    ATTN_EOVERFLOW = -10,   /* a key or value is past the range of the KV cache's dtype */
 };
 
 /* Returns a static, human-readable string for an attn_status code ("unknown error" otherwise). */

@@ -110,6 +110,10 @@ struct attn_kv {
     /* A layer's own cache (attn_kv_create_for_layer) in a pool that keeps queries: its tokens'
      * query rows are stored beside their keys. Never a plain cache (a context). */
     bool has_queries;
+    /* Set (atomically: a forward's tasks append in parallel) when a finite key, value or query
+     * became infinite in the pool's dtype (f16 past 65504, a q8_0 block's scale past binary16's
+     * range): the forward takes its tokens back and fails with ATTN_EOVERFLOW. */
+    int overflowed;
 };
 
 /* Where a task's keys and values live: block b (of block_tokens keys each, the last possibly
@@ -463,7 +467,7 @@ uint8_t *attn__kv_row_bytes_k(const attn_kv *kv, int32_t h, int32_t idx);
 /* Query head h's row of token idx in a pool that keeps queries. */
 uint8_t *attn__kv_row_bytes_q(const attn_kv *kv, int32_t h, int32_t idx);
 /* Stores query head h's row of token idx (a pool that keeps queries; a no-op otherwise). */
-void attn__kv_put_q(const attn_kv *kv, int32_t h, int32_t idx, const float *src);
+void attn__kv_put_q(attn_kv *kv, int32_t h, int32_t idx, const float *src);
 uint8_t *attn__kv_row_bytes_v(const attn_kv *kv, int32_t h, int32_t idx);
 
 /* Gives an empty row cache n_blocks blocks (the first n_dropped dropped, the rest taken from the
@@ -472,8 +476,8 @@ void attn__kv_adopt(attn_kv *kv, int32_t n_dropped, int32_t n_blocks, int32_t le
 
 /* Writes kv head h's key (or value) row at cache index idx (taken by attn__kv_grow) from src,
  * k_dim (v_dim) floats, in the pool's dtype. A latent cache has key rows only. */
-void attn__kv_put_k(const attn_kv *kv, int32_t h, int32_t idx, const float *src);
-void attn__kv_put_v(const attn_kv *kv, int32_t h, int32_t idx, const float *src);
+void attn__kv_put_k(attn_kv *kv, int32_t h, int32_t idx, const float *src);
+void attn__kv_put_v(attn_kv *kv, int32_t h, int32_t idx, const float *src);
 
 /* ---- kv_dtype.c: how a KV row is held in each dtype ----------------------------------------- */
 
@@ -486,10 +490,12 @@ size_t attn__kv_row_bytes(attn_dtype dt, int32_t d);
 
 /* dst (attn__kv_row_bytes(dt, d) bytes) = the d floats at src held as dt: BF16 and F16 round to
  * nearest even; Q8_0 scales each block by s, the smallest binary16 >= max|x| / 127, and rounds
- * x * (1 / s) to the nearest integer, half away from zero. Unlike llama.cpp (s rounded to
- * nearest, quantized by the unrounded scale) every value read back is then within half a step
- * of x; the layout is the same. */
-void attn__kv_encode(attn_dtype dt, const float *src, int32_t d, uint8_t *dst);
+ * x / s to the nearest integer, half away from zero. Unlike llama.cpp (s rounded to nearest,
+ * quantized by the unrounded scale) every value read back is then within half a step of x; the
+ * layout is the same. Returns true if a finite value could not be held: BF16 or F16 past its
+ * range (held as infinity), or a Q8_0 block whose s would pass binary16's (s is then held as
+ * infinity, so that no value of the block reads back finite, and wrong). */
+bool attn__kv_encode(attn_dtype dt, const float *src, int32_t d, uint8_t *dst);
 
 /* The portable attn__kv_widen. */
 void attn__kv_widen_portable(attn_dtype dt, const uint8_t *src, size_t row_bytes, int32_t n,

@@ -28,6 +28,8 @@ const char *attn_strerror(int code) {
         return "cancelled by the caller";
     case ATTN_EDROPPED:
         return "the sliding layer's cache dropped the tokens needed";
+    case ATTN_EOVERFLOW:
+        return "a key or value is past the range of the KV cache's dtype";
     default:
         return "unknown error";
     }

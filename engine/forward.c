@@ -849,6 +849,43 @@ static void run_chunk(const attn_model *m, int32_t layer, attn_workspace *ws,
     }
 }
 
+/* ---- keys and values past the cache's dtype ------------------------------------------------- */
+
+/* Takes back the n tokens a call appended to kv, as far as it can: a sliding layer's ring that
+ * dropped blocks during the call cannot (those tokens are gone; the ones appended stay, held as
+ * infinities, so that what sees them answers NaN, never a finite wrong number). */
+static void take_back(attn_kv *kv, int32_t n) {
+    if (kv != NULL && n > 0 && kv->len >= n) {
+        (void)attn_kv_truncate(kv, kv->len - n);
+    }
+}
+
+static bool overflowed(attn_kv *kv) {
+    return kv != NULL && __atomic_exchange_n(&kv->overflowed, 0, __ATOMIC_RELAXED) != 0;
+}
+
+/* After a forward: if a key or value could not be held in some cache's dtype (f16 past 65504, a
+ * q8_0 scale past binary16's), every cache of the call goes back to where it was and the call
+ * fails, as when it is refused before any append. */
+static int settle_overflow(const attn_step *steps, int32_t n_steps) {
+    bool any = false;
+    for (int32_t s = 0; s < n_steps; s++) {
+        any |= overflowed(steps[s].kv); /* both read, so that both flags clear */
+        any |= overflowed(steps[s].cross);
+    }
+    if (!any) {
+        return ATTN_OK;
+    }
+    for (int32_t s = 0; s < n_steps; s++) {
+        if (steps[s].cross != NULL) {
+            take_back(steps[s].cross, steps[s].n_context);
+        } else {
+            take_back(steps[s].kv, steps[s].n_tokens);
+        }
+    }
+    return ATTN_EOVERFLOW;
+}
+
 int attn_forward(const attn_model *m, int32_t layer, attn_workspace *ws, const attn_step *steps,
                  int32_t n_steps) {
     if (m != NULL && !m->has_weights) {
@@ -873,7 +910,7 @@ int attn_forward(const attn_model *m, int32_t layer, attn_workspace *ws, const a
         run_chunk(m, layer, ws, steps, ws->parts, n_parts, rows);
     }
     inspect_steps(&m->cfg, steps, n_steps, false);
-    return ATTN_OK;
+    return settle_overflow(steps, n_steps);
 }
 
 /* ---- attention on the caller's projections ------------------------------------------------ */
@@ -1006,5 +1043,12 @@ int attn_forward_qkv(const attn_model *m, int32_t layer, attn_workspace *ws,
         }
         inspect_steps(&m->cfg, mirror, n, false);
     }
-    return ATTN_OK;
+    bool any = false;
+    for (int32_t s = 0; s < n_steps; s++) {
+        any |= overflowed(steps[s].kv);
+    }
+    for (int32_t s = 0; any && s < n_steps; s++) {
+        take_back(steps[s].kv, steps[s].n_tokens);
+    }
+    return any ? ATTN_EOVERFLOW : ATTN_OK;
 }

@@ -440,18 +440,27 @@ uint8_t *attn__kv_row_bytes_q(const attn_kv *kv, int32_t h, int32_t idx) {
            ((size_t)h * pool->block_tokens + off) * pool->q_row_bytes;
 }
 
-void attn__kv_put_q(const attn_kv *kv, int32_t h, int32_t idx, const float *src) {
-    if (kv->has_queries) {
-        attn__kv_encode(kv->pool->dtype, src, kv->pool->head_dim, attn__kv_row_bytes_q(kv, h, idx));
+static void note_overflow(attn_kv *kv, bool overflows) {
+    if (overflows) {
+        __atomic_store_n(&kv->overflowed, 1, __ATOMIC_RELAXED);
     }
 }
 
-void attn__kv_put_k(const attn_kv *kv, int32_t h, int32_t idx, const float *src) {
-    attn__kv_encode(kv->pool->dtype, src, kv->pool->k_dim, attn__kv_row_bytes_k(kv, h, idx));
+void attn__kv_put_q(attn_kv *kv, int32_t h, int32_t idx, const float *src) {
+    if (kv->has_queries) {
+        note_overflow(kv, attn__kv_encode(kv->pool->dtype, src, kv->pool->head_dim,
+                                          attn__kv_row_bytes_q(kv, h, idx)));
+    }
 }
 
-void attn__kv_put_v(const attn_kv *kv, int32_t h, int32_t idx, const float *src) {
-    attn__kv_encode(kv->pool->dtype, src, kv->pool->v_dim, attn__kv_row_bytes_v(kv, h, idx));
+void attn__kv_put_k(attn_kv *kv, int32_t h, int32_t idx, const float *src) {
+    note_overflow(kv, attn__kv_encode(kv->pool->dtype, src, kv->pool->k_dim,
+                                      attn__kv_row_bytes_k(kv, h, idx)));
+}
+
+void attn__kv_put_v(attn_kv *kv, int32_t h, int32_t idx, const float *src) {
+    note_overflow(kv, attn__kv_encode(kv->pool->dtype, src, kv->pool->v_dim,
+                                      attn__kv_row_bytes_v(kv, h, idx)));
 }
 
 struct attn__kv_view attn__kv_view_of(const attn_kv *kv, int32_t h, int32_t n_keys) {

@@ -45,8 +45,9 @@ size_t attn__kv_row_bytes(attn_dtype dt, int32_t d) {
     }
 }
 
-/* One Q8_0 block from n <= 32 values (the rest of the block zero). */
-static void encode_q8_0_block(const float *x, int32_t n, uint8_t *dst) {
+/* One Q8_0 block from n <= 32 values (the rest of the block zero). Returns true if its scale
+ * overflowed binary16. */
+static bool encode_q8_0_block(const float *x, int32_t n, uint8_t *dst) {
     float amax = 0.0f;
     for (int32_t i = 0; i < n; i++) {
         float a = fabsf(x[i]);
@@ -59,39 +60,47 @@ static void encode_q8_0_block(const float *x, int32_t n, uint8_t *dst) {
     if (attn__f16_to_f32(scale_h) < want) {
         scale_h++; /* positive and finite: the next binary16 up */
     }
-    if ((scale_h & 0x7c00) == 0x7c00) {
-        scale_h = 0x7bff; /* past binary16's range: the largest finite scale, values clamped */
+    bool overflows = (scale_h & 0x7c00) == 0x7c00 && isfinite(amax);
+    if (overflows) {
+        scale_h = 0x7c00; /* infinity: the block reads back infinite or NaN, never clamped */
     }
     float scale = attn__f16_to_f32(scale_h);
-    float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
     memcpy(dst, &scale_h, sizeof scale_h);
     int8_t *q = (int8_t *)(dst + 2);
     for (int32_t i = 0; i < ATTN__QK8_0; i++) {
-        float v = i < n ? roundf(x[i] * inv) : 0.0f;
+        /* x / s, not x * (1 / s): the reciprocal's rounding could cost a hair past half a step */
+        float v = i < n && scale > 0.0f && isfinite(scale) ? roundf(x[i] / scale) : 0.0f;
+        v = overflows && i < n ? (x[i] < 0.0f ? -1.0f : 1.0f) : v;
         v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
         q[i] = v == v ? (int8_t)v : 0;
     }
+    return overflows;
 }
 
-void attn__kv_encode(attn_dtype dt, const float *src, int32_t d, uint8_t *dst) {
+bool attn__kv_encode(attn_dtype dt, const float *src, int32_t d, uint8_t *dst) {
+    bool overflows = false;
     switch (dt) {
     case ATTN_DTYPE_BF16:
     case ATTN_DTYPE_F16: {
         uint16_t *h = (uint16_t *)dst;
         for (int32_t i = 0; i < d; i++) {
             h[i] = dt == ATTN_DTYPE_BF16 ? attn__f32_to_bf16(src[i]) : attn__f32_to_f16(src[i]);
+            /* all exponent bits and no mantissa: infinity, from a finite value */
+            uint16_t inf = dt == ATTN_DTYPE_BF16 ? 0x7f80 : 0x7c00;
+            overflows |= (h[i] & 0x7fff) == inf && isfinite(src[i]);
         }
-        return;
+        return overflows;
     }
     case ATTN_DTYPE_Q8_0:
         for (int32_t c = 0; c < d; c += ATTN__QK8_0) {
             int32_t n = d - c < ATTN__QK8_0 ? d - c : ATTN__QK8_0;
-            encode_q8_0_block(src + c, n, dst + (size_t)c / ATTN__QK8_0 * ATTN__Q8_0_BYTES);
+            overflows |=
+                encode_q8_0_block(src + c, n, dst + (size_t)c / ATTN__QK8_0 * ATTN__Q8_0_BYTES);
         }
-        return;
+        return overflows;
     default:
         memcpy(dst, src, (size_t)d * sizeof(float));
-        return;
+        return false;
     }
 }
 

@@ -16,6 +16,9 @@ static const struct error_info table[] = {
     {ERROR_SESSION_NOT_FOUND, 404, "session_not_found", "not_found_error", "no such session"},
     {ERROR_METHOD_NOT_ALLOWED, 405, "method_not_allowed", "invalid_request_error",
      "method not allowed on this route"},
+    {ERROR_KV_OUT_OF_RANGE, 400, "kv_out_of_range", "invalid_request_error",
+     "a key or value of this request is past the range of the KV cache's dtype (f16: 65504; q8_0: "
+     "about 8.3e6); nothing was appended: serve this model with --kv-dtype bf16 or f32"},
     {ERROR_N_PAST_MISMATCH, 409, "n_past_mismatch", "conflict_error",
      "the session's cache length differs from expect_n_past"},
     {ERROR_SESSION_EXISTS, 409, "session_exists", "conflict_error",
@@ -66,6 +69,8 @@ static int map_engine_code(int code) {
         return ERROR_KV_BUDGET_EXHAUSTED;
     case ATTN_EDROPPED:
         return ERROR_TOKENS_DROPPED;
+    case ATTN_EOVERFLOW:
+        return ERROR_KV_OUT_OF_RANGE;
     default:
         return ERROR_INTERNAL;
     }

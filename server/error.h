@@ -33,6 +33,7 @@ enum error_code {
     ERROR_SESSION_LOST = -121,
     ERROR_QUERIES_NOT_KEPT = -122,
     ERROR_SESSION_FILE_FOREIGN = -123,
+    ERROR_KV_OUT_OF_RANGE = -124,
     /* Not in the table: the client went away, so there is nobody to answer. */
     ERROR_CANCELLED = -199,
 };

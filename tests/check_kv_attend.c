@@ -170,6 +170,51 @@ START_TEST(test_kv_attend_geometry_matches_sdpa) {
 }
 END_TEST
 
+/* A value past an f16 cache's range: 400 kv_out_of_range and nothing appended (the session
+ * continues from where it was, as a fresh feed would), alone or as one of several steps. */
+START_TEST(test_kv_attend_value_past_the_cache_dtype) {
+    const char *args[] = {"--preset", "tiny", "--kv-dtype", "f16", NULL};
+    http_client_daemon_start(&d_, args);
+    float *q = randoms(21, H), *k = randoms(22, HK), *v = randoms(23, HK);
+    float *big = randoms(24, HK);
+    for (int i = 0; i < HK * T * HD; i++) {
+        big[i] *= 1e6f;
+    }
+    char *b = qkv_body("s", q, k, v, 0, 5, "");
+    cJSON_Delete(post("/v1/kv/attend", b, 200));
+    free(b);
+    b = qkv_body("s", q, k, big, 5, 1, ",\"expect_n_past\":5");
+    cJSON *e = post("/v1/kv/attend", b, 400);
+    free(b);
+    ck_assert_str_eq(
+        cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(e, "error"), "code")
+            ->valuestring,
+        "kv_out_of_range");
+    cJSON_Delete(e);
+    b = qkv_body("s", q, k, v, 5, 1, ",\"expect_n_past\":5");
+    cJSON *a = post("/v1/kv/attend", b, 200);
+    free(b);
+    b = qkv_body("fresh", q, k, v, 0, 6, "");
+    cJSON *f = post("/v1/kv/attend", b, 200);
+    free(b);
+    size_t na, nf;
+    float *oa = http_client_json_floats(cJSON_GetObjectItemCaseSensitive(a, "output"), &na);
+    float *of = http_client_json_floats(cJSON_GetObjectItemCaseSensitive(f, "output"), &nf);
+    for (int h = 0; h < H; h++) {
+        expect_close(oa + (size_t)h * HD, of + ((size_t)h * 6 + 5) * HD, HD, "after the refusal");
+    }
+    free(oa);
+    free(of);
+    cJSON_Delete(a);
+    cJSON_Delete(f);
+    free(big);
+    free(v);
+    free(k);
+    free(q);
+    ck_assert_int_eq(http_client_daemon_stop(&d_, 10000), 0);
+}
+END_TEST
+
 /* On a model with weights: the session endpoints work on q/k/v caches. */
 START_TEST(test_kv_attend_sessions) {
     const char *args[] = {"--preset", "tiny", "--kv-dtype", "f32", NULL};
@@ -275,6 +320,7 @@ Suite *kvattend_suite(void) {
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_kv_attend_geometry_matches_sdpa);
     tcase_add_test(tc, test_kv_attend_sessions);
+    tcase_add_test(tc, test_kv_attend_value_past_the_cache_dtype);
     tcase_add_test(tc, test_kv_attend_bad_geometry_stops_the_start);
     suite_add_tcase(s, tc);
     return s;

@@ -82,11 +82,11 @@ START_TEST(test_kv_dtype_encodings_match_ref) {
     ck_assert_uint_eq(h, attn__f32_to_f16(1291.0f / 65536.0f));
     ck_assert_int_eq((int8_t)row[2 + 5], -127); /* -126.9 */
     ck_assert_int_eq((int8_t)row[2 + 6], 63);   /* 63.45 */
-    /* Past binary16's range the scale stays finite and values clamp to it. */
+    /* Past binary16's range the scale is infinite (reported): no value reads back finite. */
     x[5] = 1e9f;
-    attn__kv_encode(ATTN_DTYPE_Q8_0, x, 32, row);
+    ck_assert(attn__kv_encode(ATTN_DTYPE_Q8_0, x, 32, row));
     attn__kv_widen_portable(ATTN_DTYPE_Q8_0, row, 0, 1, 32, got, 0);
-    ck_assert(isfinite(got[5]) && got[5] == 65504.0f * 127.0f);
+    ck_assert(!isfinite(got[5]) && !isfinite(got[6]));
     ck_assert_str_eq(attn_dtype_name(ATTN_DTYPE_Q8_0), "q8_0");
     ck_assert_str_eq(attn_dtype_name((attn_dtype)9), "?");
 }
@@ -247,6 +247,89 @@ START_TEST(test_kv_dtype_layer_matches_ref) {
 }
 END_TEST
 
+/* A finite value a dtype cannot hold is reported, and held as infinity (a Q8_0 block: its
+ * scale), never clamped to a finite wrong one; a forward that met one takes its tokens back
+ * and fails (ATTN_EOVERFLOW), and the cache then continues as if it had not been called. */
+START_TEST(test_kv_dtype_overflow_takes_the_call_back) {
+    float x[32] = {0};
+    uint8_t row[32 * 4];
+    float got[32];
+    x[3] = 65504.0f;
+    ck_assert(!attn__kv_encode(ATTN_DTYPE_F16, x, 32, row));
+    x[3] = 70000.0f;
+    ck_assert(attn__kv_encode(ATTN_DTYPE_F16, x, 32, row));
+    attn__kv_widen_portable(ATTN_DTYPE_F16, row, 0, 1, 32, got, 0);
+    ck_assert(isinf(got[3]));
+    x[3] = 1e38f;
+    ck_assert(!attn__kv_encode(ATTN_DTYPE_BF16, x, 32, row));
+    x[3] = 3.4e38f;
+    ck_assert(attn__kv_encode(ATTN_DTYPE_BF16, x, 32, row));
+    x[3] = 8.0e6f; /* 8e6 / 127 = 62992: a binary16 scale still */
+    ck_assert(!attn__kv_encode(ATTN_DTYPE_Q8_0, x, 32, row));
+    x[3] = 1e7f;
+    x[4] = -2.0f;
+    ck_assert(attn__kv_encode(ATTN_DTYPE_Q8_0, x, 32, row));
+    attn__kv_widen_portable(ATTN_DTYPE_Q8_0, row, 0, 1, 32, got, 0);
+    for (int i = 0; i < 32; i++) {
+        ck_assert_msg(!isfinite(got[i]), "value %d read back %g", i, (double)got[i]);
+    }
+    ck_assert(!attn__kv_encode(ATTN_DTYPE_F32, x, 32, row));
+
+    attn_config cfg = harness_config(4, 2, 16);
+    harness_model hm;
+    harness_model_init(&hm, &cfg, 7600);
+    const int32_t hidden = cfg.hidden_size;
+    float *xs = harness_random_x(7601, 8, hidden);
+    float *big = harness_random_x(7602, 2, hidden);
+    for (int32_t i = 0; i < 2 * hidden; i++) {
+        big[i] *= 1e9f; /* keys and values far past 65504 and 8.3e6, finite in float */
+    }
+    static const attn_dtype narrow[] = {ATTN_DTYPE_F16, ATTN_DTYPE_Q8_0};
+    for (size_t t = 0; t < 2; t++) {
+        attn_kv_pool *pool = NULL;
+        attn_workspace *ws = NULL;
+        ck_assert_int_eq(attn_kv_pool_create_typed(hm.model, 1 << 20, 16, narrow[t], &pool),
+                         ATTN_OK);
+        ck_assert_int_eq(attn_workspace_create(hm.model, 16, NULL, &ws), ATTN_OK);
+        attn_kv *kv = NULL, *fresh = NULL;
+        ck_assert_int_eq(attn_kv_create(pool, &kv), ATTN_OK);
+        ck_assert_int_eq(attn_kv_create(pool, &fresh), ATTN_OK);
+        float *out = harness_calloc((size_t)8 * hidden, sizeof(float));
+        float *want = harness_calloc((size_t)8 * hidden, sizeof(float));
+        attn_step a = {.kv = kv, .x = xs, .n_tokens = 5, .out = out};
+        ck_assert_int_eq(attn_forward(hm.model, 0, ws, &a, 1), ATTN_OK);
+        attn_step bad = {.kv = kv, .x = big, .n_tokens = 2, .out = out + 5 * hidden};
+        ck_assert_int_eq(attn_forward(hm.model, 0, ws, &bad, 1), ATTN_EOVERFLOW);
+        ck_assert_int_eq(attn_kv_len(kv), 5);
+        attn_step b = {.kv = kv, .x = xs + 5 * hidden, .n_tokens = 3, .out = out + 5 * hidden};
+        ck_assert_int_eq(attn_forward(hm.model, 0, ws, &b, 1), ATTN_OK);
+        attn_step fa = {.kv = fresh, .x = xs, .n_tokens = 5, .out = want};
+        attn_step fb = {.kv = fresh, .x = xs + 5 * hidden, .n_tokens = 3, .out = want + 5 * hidden};
+        ck_assert_int_eq(attn_forward(hm.model, 0, ws, &fa, 1), ATTN_OK);
+        ck_assert_int_eq(attn_forward(hm.model, 0, ws, &fb, 1), ATTN_OK);
+        ck_assert_mem_eq(out, want, (size_t)8 * hidden * sizeof(float));
+        /* two steps in one call: the good one is taken back too (all or nothing) */
+        attn_kv *other = NULL;
+        ck_assert_int_eq(attn_kv_create(pool, &other), ATTN_OK);
+        attn_step pair[2] = {{.kv = other, .x = xs, .n_tokens = 4, .out = want},
+                             {.kv = kv, .x = big, .n_tokens = 2, .out = out}};
+        ck_assert_int_eq(attn_forward(hm.model, 0, ws, pair, 2), ATTN_EOVERFLOW);
+        ck_assert_int_eq(attn_kv_len(other), 0);
+        ck_assert_int_eq(attn_kv_len(kv), 8);
+        free(want);
+        free(out);
+        attn_kv_destroy(other);
+        attn_kv_destroy(fresh);
+        attn_kv_destroy(kv);
+        attn_workspace_destroy(ws);
+        attn_kv_pool_destroy(pool);
+    }
+    free(big);
+    free(xs);
+    harness_model_release(&hm);
+}
+END_TEST
+
 /* Blocks per budget grow as rows shrink: x2 for BF16 and F16, x3.76 for Q8_0 at head_dim 128;
  * AUTO follows the weights; a fork copies typed blocks; other values are refused. */
 START_TEST(test_kv_dtype_pool_capacity) {
@@ -320,6 +403,7 @@ Suite *kvdtype_suite(void) {
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_kv_dtype_encodings_match_ref);
     tcase_add_test(tc, test_kv_dtype_kernels_agree);
+    tcase_add_test(tc, test_kv_dtype_overflow_takes_the_call_back);
     tcase_add_test(tc, test_kv_dtype_layer_matches_ref);
     tcase_add_test(tc, test_kv_dtype_pool_capacity);
     suite_add_tcase(s, tc);
