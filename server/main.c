@@ -2,7 +2,8 @@
  * the open-file limit, build the model, the session store, the scheduler and the HTTP server,
  * run the loop, and on SIGINT/SIGTERM drain and tear everything down in reverse order. Startup
  * failures print one line and exit non-zero (1, or 2 for a bad option); a drained shutdown exits
- * 0, or EXIT_DRAIN_CUT when the drain deadline cut requests that were still being received.
+ * 0, or EXIT_DRAIN_CUT when the drain deadline cut requests that were still being received or a
+ * session's file could not be written.
  */
 #include <inttypes.h>
 #include <signal.h>
@@ -41,7 +42,8 @@ struct daemon {
     uv_loop_t loop;
     uv_signal_t sigint, sigterm;
     uv_timer_t tick, shutdown, drain_deadline;
-    int32_t n_cut; /* requests the drain deadline dropped */
+    int32_t n_cut;  /* requests the drain deadline dropped */
+    int32_t n_lost; /* sessions whose files could not be written at shutdown */
 };
 
 static void on_shutdown(uv_timer_t *t) {
@@ -61,7 +63,7 @@ static void on_shutdown(uv_timer_t *t) {
     if (d->srv.spill != NULL) {
         /* every request is finished, so every session is idle: all of them go to disk */
         spill_save_all(d->srv.spill);
-        spill_close(d->srv.spill);
+        d->n_lost = spill_close(d->srv.spill);
         d->srv.spill = NULL;
     }
     pool_destroy(d->srv.pool);
@@ -420,7 +422,8 @@ int main(int argc, char **argv) {
     session_store_destroy(srv->sessions);
     attn_model_destroy(model);
     uv_library_shutdown();
-    int status = d.n_cut > 0 ? EXIT_DRAIN_CUT : 0;
-    LOG_INFO("main", "exit status=%d n_cut=%d", status, (int)d.n_cut);
+    int status = d.n_cut > 0 || d.n_lost > 0 ? EXIT_DRAIN_CUT : 0;
+    LOG_INFO("main", "exit status=%d n_cut=%d sessions_lost=%d", status, (int)d.n_cut,
+             (int)d.n_lost);
     return status;
 }

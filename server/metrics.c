@@ -101,37 +101,38 @@ const double metrics_restore_le[METRICS_N_RESTORE_BUCKETS] = {0.001, 0.002, 0.00
                                                               0.1,   0.2,   0.5,   1,    2,    5};
 
 static void render_disk(const struct metrics_disk *d, struct strbuf *out) {
-    strbuf_printf(out,
-                  "# HELP attnd_spills_total Sessions written to --state-dir for memory.\n"
-                  "# TYPE attnd_spills_total counter\nattnd_spills_total %" PRIu64 "\n"
-                  "# HELP attnd_spill_failures_total Session writes that failed (the session "
-                  "was dropped).\n"
-                  "# TYPE attnd_spill_failures_total counter\n"
-                  "attnd_spill_failures_total %" PRIu64 "\n"
-                  "# HELP attnd_restores_total Sessions read back from --state-dir.\n"
-                  "# TYPE attnd_restores_total counter\nattnd_restores_total %" PRIu64 "\n"
-                  "# HELP attnd_restore_failures_total Session files refused at restore.\n"
-                  "# TYPE attnd_restore_failures_total counter\n"
-                  "attnd_restore_failures_total %" PRIu64 "\n"
-                  "# HELP attnd_corrupt_sessions_total Session files refused for a failed "
-                  "checksum or framing.\n"
-                  "# TYPE attnd_corrupt_sessions_total counter\n"
-                  "attnd_corrupt_sessions_total %" PRIu64 "\n"
-                  "# HELP attnd_disk_drops_total Sessions dropped from --state-dir (its budget, "
-                  "ttl).\n"
-                  "# TYPE attnd_disk_drops_total counter\nattnd_disk_drops_total %" PRIu64 "\n"
-                  "# HELP attnd_sessions_on_disk Sessions whose caches are in --state-dir.\n"
-                  "# TYPE attnd_sessions_on_disk gauge\nattnd_sessions_on_disk %" PRId64 "\n"
-                  "# HELP attnd_disk_bytes_used Bytes of session files in --state-dir.\n"
-                  "# TYPE attnd_disk_bytes_used gauge\nattnd_disk_bytes_used %zu\n"
-                  "# HELP attnd_disk_bytes_limit --state-budget-mb in bytes.\n"
-                  "# TYPE attnd_disk_bytes_limit gauge\nattnd_disk_bytes_limit %zu\n"
-                  "# HELP attnd_spill_pending_bytes Bytes of session files waiting to be "
-                  "written.\n"
-                  "# TYPE attnd_spill_pending_bytes gauge\nattnd_spill_pending_bytes %zu\n",
-                  d->spills, d->spill_failures, d->restores, d->restore_failures, d->corrupt,
-                  d->disk_drops, d->sessions_on_disk, d->bytes_on_disk, d->bytes_limit,
-                  d->pending_bytes);
+    strbuf_printf(
+        out,
+        "# HELP attnd_spills_total Session writes to --state-dir begun (for memory, or at "
+        "shutdown); attnd_spill_failures_total counts those that failed.\n"
+        "# TYPE attnd_spills_total counter\nattnd_spills_total %" PRIu64 "\n"
+        "# HELP attnd_spill_failures_total Session writes that failed (the session "
+        "was dropped).\n"
+        "# TYPE attnd_spill_failures_total counter\n"
+        "attnd_spill_failures_total %" PRIu64 "\n"
+        "# HELP attnd_restores_total Sessions read back from --state-dir.\n"
+        "# TYPE attnd_restores_total counter\nattnd_restores_total %" PRIu64 "\n"
+        "# HELP attnd_restore_failures_total Session files refused at restore.\n"
+        "# TYPE attnd_restore_failures_total counter\n"
+        "attnd_restore_failures_total %" PRIu64 "\n"
+        "# HELP attnd_corrupt_sessions_total Session files refused for a failed "
+        "checksum or framing.\n"
+        "# TYPE attnd_corrupt_sessions_total counter\n"
+        "attnd_corrupt_sessions_total %" PRIu64 "\n"
+        "# HELP attnd_disk_drops_total Sessions dropped from --state-dir (its budget, "
+        "ttl).\n"
+        "# TYPE attnd_disk_drops_total counter\nattnd_disk_drops_total %" PRIu64 "\n"
+        "# HELP attnd_sessions_on_disk Sessions whose caches are in --state-dir.\n"
+        "# TYPE attnd_sessions_on_disk gauge\nattnd_sessions_on_disk %" PRId64 "\n"
+        "# HELP attnd_disk_bytes_used Bytes of session files in --state-dir.\n"
+        "# TYPE attnd_disk_bytes_used gauge\nattnd_disk_bytes_used %zu\n"
+        "# HELP attnd_disk_bytes_limit --state-budget-mb in bytes.\n"
+        "# TYPE attnd_disk_bytes_limit gauge\nattnd_disk_bytes_limit %zu\n"
+        "# HELP attnd_spill_pending_bytes Bytes of session files waiting to be "
+        "written.\n"
+        "# TYPE attnd_spill_pending_bytes gauge\nattnd_spill_pending_bytes %zu\n",
+        d->spills, d->spill_failures, d->restores, d->restore_failures, d->corrupt, d->disk_drops,
+        d->sessions_on_disk, d->bytes_on_disk, d->bytes_limit, d->pending_bytes);
     strbuf_puts(out, "# HELP attnd_restore_duration_seconds From a request naming a session on "
                      "disk to its caches back in memory.\n"
                      "# TYPE attnd_restore_duration_seconds histogram\n");

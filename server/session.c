@@ -550,6 +550,7 @@ int32_t session_store_expire(struct session_store *st, int64_t now_ms, int64_t t
                  s->disk_bytes);
         drop(st, s);
         st->evictions[SESSION_EVICT_TTL]++;
+        st->disk_drops++; /* both: expired (ttl), and dropped from disk */
         n++;
         s = prev;
     }

@@ -21,6 +21,7 @@ struct spill {
     struct pool *pool;
     size_t max_pending; /* written bytes queued at most; past it an eviction drops instead */
     struct metrics_disk m;
+    uint64_t failures_before_save_all; /* spill_failures when the shutdown's writes began */
     char **foreign; /* sorted: ids whose files this server leaves alone (see is_foreign) */
     int32_t n_foreign, cap_foreign;
 };
@@ -361,21 +362,24 @@ void spill_save_all(struct spill *sp) {
     struct session_store_stats before;
     session_store_get_stats(sp->p.sessions, &before);
     sp->max_pending = SIZE_MAX; /* at shutdown every session waits its turn for the disk */
+    sp->failures_before_save_all = sp->m.spill_failures;
     session_store_spill_all(sp->p.sessions);
     LOG_INFO("spill", "shutdown: %d sessions in memory written to %s", (int)before.n_sessions,
              sp->p.dir);
 }
 
-void spill_close(struct spill *sp) {
+int32_t spill_close(struct spill *sp) {
     if (sp == NULL) {
-        return;
+        return 0;
     }
-    statedir_close(sp->dir);
+    statedir_close(sp->dir); /* runs the last writes' callbacks, which count their failures */
+    int32_t lost = (int32_t)(sp->m.spill_failures - sp->failures_before_save_all);
     for (int32_t i = 0; i < sp->n_foreign; i++) {
         free(sp->foreign[i]);
     }
     free(sp->foreign);
     free(sp);
+    return lost;
 }
 
 void spill_get_metrics(const struct spill *sp, struct metrics_disk *out) {

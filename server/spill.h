@@ -49,8 +49,9 @@ int spill_restore(struct spill *sp, const char *id, struct session **out);
  * no request is left). */
 void spill_save_all(struct spill *sp);
 
-/* Waits for the queued file operations and frees sp. NULL is a no-op. */
-void spill_close(struct spill *sp);
+/* Waits for the queued file operations and frees sp. Returns how many writes failed since
+ * spill_save_all (sessions lost at shutdown), 0 for NULL. */
+int32_t spill_close(struct spill *sp);
 
 /* The tier's counters, for GET /metrics. */
 void spill_get_metrics(const struct spill *sp, struct metrics_disk *out);
