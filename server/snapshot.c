@@ -137,9 +137,13 @@ static int fail(int code, char *msg, size_t msg_size, const char *text) {
 
 int snapshot_read_header(const uint8_t *p, size_t len, struct snapshot_info *info, char *msg,
                          size_t msg_size) {
-    if (len < SNAPSHOT_HEADER_BYTES || memcmp(p, magic, sizeof magic) != 0) {
+    if (len < sizeof magic || memcmp(p, magic, sizeof magic) != 0) {
         return fail(ERROR_CORRUPT_SESSION, msg, msg_size,
                     "not an attnd session file (its first bytes are not \"ATTNDSES\")");
+    }
+    if (len < SNAPSHOT_HEADER_BYTES) {
+        return fail(ERROR_CORRUPT_SESSION, msg, msg_size,
+                    "the session file is torn: it ends inside its header");
     }
     memset(info, 0, sizeof *info);
     info->version = get_u32(p + 8);
@@ -163,7 +167,7 @@ int snapshot_read_header(const uint8_t *p, size_t len, struct snapshot_info *inf
     bool is_dtype = dt == ATTN_DTYPE_F32 || dt == ATTN_DTYPE_BF16 || dt == ATTN_DTYPE_F16 ||
                     dt == ATTN_DTYPE_Q8_0;
     if (!is_dtype || header_bytes != SNAPSHOT_HEADER_BYTES || id_len == 0 ||
-        id_len > API_SESSION_ID_MAX || info->n_sections < 0 || info->n_tokens < 0 ||
+        id_len > API_SESSION_ID_MAX || info->n_sections < 1 || info->n_tokens < 0 ||
         (flags & ~SNAPSHOT_FLAG_QUERIES) != 0) {
         return fail(ERROR_CORRUPT_SESSION, msg, msg_size, "the session file's header is corrupt");
     }

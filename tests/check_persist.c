@@ -287,6 +287,24 @@ START_TEST(test_persist_import_refusals_create_nothing) {
     ck_assert_int_eq(put(&a_, "t", file, len, code, sizeof code), 400);
     ck_assert_str_eq(code, "unsupported_session_version");
     file[8] = 1;
+    /* well framed and sealed, but no layer at all: nothing to create (was 201 and no session) */
+    size_t id_len = (size_t)(unsigned char)file[52], bare = 96 + ((id_len + 7) & ~(size_t)7) + 8;
+    char *empty = malloc(bare);
+    memcpy(empty, file, bare - 8);
+    memset(empty + 56, 0, 4);
+    for (int b = 0; b < 8; b++) {
+        empty[64 + b] = (char)((uint64_t)bare >> (8 * b));
+    }
+    uint64_t esum = attn_checksum64(empty, bare - 8);
+    for (int b = 0; b < 8; b++) {
+        empty[bare - 8 + b] = (char)(esum >> (8 * b));
+    }
+    ck_assert_int_eq(put(&a_, "t", empty, bare, code, sizeof code), 400);
+    ck_assert_str_eq(code, "corrupt_session");
+    free(empty);
+    /* cut inside the header: torn, said so */
+    ck_assert_int_eq(put(&a_, "t", file, 40, code, sizeof code), 400);
+    ck_assert_str_eq(code, "corrupt_session");
     ck_assert_int_eq(status_of(&a_, "GET", "/v1/sessions/t", NULL, 0, NULL, 0), 404);
     ck_assert_int_eq(put(&a_, "t", file, len, NULL, 0), 201);
     free(x);
