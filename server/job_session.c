@@ -75,6 +75,11 @@ static int fork_prepare(struct pool_job *pj, struct pool_step *step) {
                             job->fk.new_id);
     case ERROR_KV_BUDGET_EXHAUSTED:
     case ATTN_ENOSPC:
+        if (rc == ERROR_KV_BUDGET_EXHAUSTED && session_store_is_full(job->srv->sessions)) {
+            return job__set_err(job, rc, NULL,
+                                "--max-sessions sessions are live and all are busy: the copy "
+                                "would be one more");
+        }
         return job__set_err(job, ERROR_KV_BUDGET_EXHAUSTED, NULL,
                             "the copy does not fit in the KV pool even after evicting idle "
                             "sessions");

@@ -428,6 +428,10 @@ static void evict(struct session_store *st, struct session *s, enum session_evic
     drop(st, s);
 }
 
+bool session_store_is_full(const struct session_store *st) {
+    return st->n_sessions >= st->max_sessions;
+}
+
 /* Makes room for one more session in memory under --max-sessions. */
 static int fit_max_sessions(struct session_store *st) {
     if (st->n_sessions >= st->max_sessions) {

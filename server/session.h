@@ -175,6 +175,9 @@ struct session *session_store_first_on_disk(struct session_store *st);
 
 /* ---- the disk tier --------------------------------------------------------------------------- */
 
+/* Whether --max-sessions sessions are in memory (one more needs an idle one evicted). */
+bool session_store_is_full(const struct session_store *st);
+
 /* Turns the disk tier on: sessions evicted for room (budget, max_sessions) go to ops->save
  * instead of being dropped; those on disk are bounded by budget_bytes, least recently used
  * dropped first (tombstoned, file removed). Expiry (ttl) drops from memory and disk alike. */
