@@ -27,9 +27,9 @@ const char *__asan_default_options(void) {
 }
 #endif
 
-static const int all_codes[] = {ATTN_OK,        ATTN_EINVAL,  ATTN_ENOMEM, ATTN_ERANGE,
-                                ATTN_ESHAPE,    ATTN_EIO,     ATTN_ENOSPC, ATTN_EUNSUPPORTED,
-                                ATTN_ECANCELED, ATTN_EDROPPED};
+static const int all_codes[] = {ATTN_OK,        ATTN_EINVAL,   ATTN_ENOMEM,   ATTN_ERANGE,
+                                ATTN_ESHAPE,    ATTN_EIO,      ATTN_ENOSPC,   ATTN_EUNSUPPORTED,
+                                ATTN_ECANCELED, ATTN_EDROPPED, ATTN_EOVERFLOW};
 #define N_CODES ((int)(sizeof(all_codes) / sizeof(all_codes[0])))
 
 /* A model, a pool, a workspace and a cache with 5 tokens in it. */
@@ -89,7 +89,7 @@ START_TEST(test_error_strerror_every_code) {
                           "codes %d and %d share the string \"%s\"", all_codes[i], all_codes[j], s);
         }
     }
-    static const int others[] = {1, -10, 42, INT_MIN, INT_MAX};
+    static const int others[] = {1, -11, 42, INT_MIN, INT_MAX};
     for (size_t i = 0; i < sizeof(others) / sizeof(others[0]); i++) {
         ck_assert_str_eq(attn_strerror(others[i]), "unknown error");
     }

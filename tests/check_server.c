@@ -755,6 +755,8 @@ static const char *const provoked[] = {
     "unsupported_session_version", /* check_persist.c: the same */
     "session_lost",                /* check_persist.c: test_persist_restart_brings_sessions_back */
     "queries_not_kept",            /* check_inspect_api.c: test_inspect_api_cached_attention */
+    "session_file_foreign",        /* check_persist.c: test_persist_restart_brings_sessions_back */
+    "kv_out_of_range", /* check_kv_attend.c: test_kv_attend_value_past_the_cache_dtype */
 };
 
 START_TEST(test_server_every_error_code_is_provoked) {
