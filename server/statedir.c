@@ -157,6 +157,31 @@ void statedir_release(uint8_t *data, size_t len) {
     }
 }
 
+/* The file work of op, on the I/O thread (or, at close, the thread that joined it). */
+static void execute(struct statedir *sd, struct op *op) {
+    switch (op->kind) {
+    case OP_WRITE:
+        op->status = do_write(sd, op);
+        free(op->data);
+        op->data = NULL;
+        break;
+    case OP_READ:
+        op->status = do_read(sd, op);
+        break;
+    case OP_REMOVE:
+        op->status = unlinkat(sd->dir_fd, op->name, 0) == 0 || errno == ENOENT ? 0 : -errno;
+        break;
+    }
+}
+
+/* op done, for run_done (mu held). */
+static void finish(struct statedir *sd, struct op *op) {
+    if (op->kind == OP_WRITE) {
+        sd->pending_write_bytes -= op->len;
+    }
+    push(&sd->done_head, &sd->done_tail, op);
+}
+
 static void thread_main(void *arg) {
     struct statedir *sd = arg;
     uv_mutex_lock(&sd->mu);
@@ -169,24 +194,9 @@ static void thread_main(void *arg) {
             break; /* stopping, and nothing is left */
         }
         uv_mutex_unlock(&sd->mu);
-        switch (op->kind) {
-        case OP_WRITE:
-            op->status = do_write(sd, op);
-            free(op->data);
-            op->data = NULL;
-            break;
-        case OP_READ:
-            op->status = do_read(sd, op);
-            break;
-        case OP_REMOVE:
-            op->status = unlinkat(sd->dir_fd, op->name, 0) == 0 || errno == ENOENT ? 0 : -errno;
-            break;
-        }
+        execute(sd, op);
         uv_mutex_lock(&sd->mu);
-        if (op->kind == OP_WRITE) {
-            sd->pending_write_bytes -= op->len;
-        }
-        push(&sd->done_head, &sd->done_tail, op);
+        finish(sd, op);
         uv_async_send(&sd->async);
     }
     uv_mutex_unlock(&sd->mu);
@@ -313,7 +323,21 @@ void statedir_close(struct statedir *sd) {
     uv_cond_signal(&sd->cv);
     uv_mutex_unlock(&sd->mu);
     uv_thread_join(&sd->thread); /* it leaves once the queue is empty */
-    run_done(sd);
+    /* The last callbacks may queue more (a write that failed removes its session's file): with
+     * the I/O thread gone, they run here, until nothing is left. */
+    for (;;) {
+        run_done(sd);
+        uv_mutex_lock(&sd->mu);
+        struct op *op = pop(&sd->todo_head, &sd->todo_tail);
+        uv_mutex_unlock(&sd->mu);
+        if (op == NULL) {
+            break;
+        }
+        execute(sd, op);
+        uv_mutex_lock(&sd->mu);
+        finish(sd, op);
+        uv_mutex_unlock(&sd->mu);
+    }
     uv_cond_destroy(&sd->cv);
     uv_mutex_destroy(&sd->mu);
     close(sd->lock_fd); /* releases the flock */
