@@ -145,6 +145,12 @@ void job__binary_answer(struct job *job, enum api_encoding enc) {
 
 /* Answers the request (if its client is still there) with the job's response or the error. */
 void job__answer(struct job *job, int status) {
+    const char *why = job->pj.session != NULL ? session_restore_reason(job->pj.session) : "";
+    if ((status == ERROR_SESSION_LOST || status == ERROR_SESSION_FILE_FOREIGN) &&
+        job->err_message[0] == '\0' && why[0] != '\0') {
+        /* the table's text, with the file's own reason */
+        job__set_err(job, status, "session_id", "%s: %s", error_info_get(status)->message, why);
+    }
     if (job->parent != NULL) {
         job__batch_step_answered(job, status);
         return;

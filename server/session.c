@@ -6,6 +6,7 @@
 #include "session.h"
 
 #include <assert.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -38,8 +39,9 @@ struct session {
      * file is whole, memory was short). */
     bool is_on_disk;
     int restore_error;
-    size_t disk_bytes;   /* its file's size (kept while a restore is under way) */
-    int32_t disk_tokens; /* its length when it was written */
+    char restore_why[200]; /* session_restore_reason */
+    size_t disk_bytes;     /* its file's size (kept while a restore is under way) */
+    int32_t disk_tokens;   /* its length when it was written */
 };
 
 struct tombstone {
@@ -612,6 +614,10 @@ int session_restore_error(const struct session *s) {
     return s->restore_error;
 }
 
+const char *session_restore_reason(const struct session *s) {
+    return s->restore_why;
+}
+
 bool session_is_on_disk(const struct session *s) {
     return s->is_on_disk;
 }
@@ -934,9 +940,10 @@ int session_restore_begin(struct session_store *st, const char *id, int64_t now_
 }
 
 void session_restore_end(struct session_store *st, struct session_turn *t, int status,
-                         int64_t now_ms) {
+                         const char *why, int64_t now_ms) {
     struct session *s = t->s;
     s->restore_error = status;
+    snprintf(s->restore_why, sizeof s->restore_why, "%s", why != NULL ? why : "");
     refresh(s);
     s->is_turn_taken = false;
     session_unpin(st, s, now_ms);

@@ -143,9 +143,12 @@ void session_unpin(struct session_store *st, struct session *s, int64_t now_ms);
 /* ---- getters (cheap, no side effects) -------------------------------------------------------- */
 
 const char *session_id(const struct session *s);
-int session_restore_error(const struct session *s); /* 0, or why its restore failed */
-bool session_is_on_disk(const struct session *s);   /* its caches are in a file */
-size_t session_disk_bytes(const struct session *s); /* that file's size */
+int session_restore_error(const struct session *s);
+
+/* Why the restore failed, as session_restore_end was told ("" if not). */
+const char *session_restore_reason(const struct session *s); /* 0, or why its restore failed */
+bool session_is_on_disk(const struct session *s);            /* its caches are in a file */
+size_t session_disk_bytes(const struct session *s);          /* that file's size */
 int32_t session_pins(const struct session *s);
 int64_t session_idle_ms(const struct session *s, int64_t now_ms); /* 0 while pinned */
 int32_t session_n_tokens(const struct session *s);                /* longest layer */
@@ -197,12 +200,12 @@ int session_restore_begin(struct session_store *st, const char *id, int64_t now_
                           struct session_turn **out);
 
 /* Ends a restore: status 0, the caches are installed (session_kv_install); else requests queued
- * on the session fail with status (session_restore_error), and when the last goes its id is
- * tombstoned (ERROR_SESSION_LOST: its file is bad) or it goes back to disk
- * (ERROR_KV_BUDGET_EXHAUSTED: memory was short; the file must still be there). Gives back the
- * turn and the pin. */
+ * on the session fail with status (session_restore_error) and why (session_restore_reason:
+ * NULL or a short text, copied), and when the last goes its id is tombstoned
+ * (ERROR_SESSION_LOST: its file is bad) or it goes back to disk (ERROR_KV_BUDGET_EXHAUSTED:
+ * memory was short; the file must still be there). Gives back the turn and the pin. */
 void session_restore_end(struct session_store *st, struct session_turn *t, int status,
-                         int64_t now_ms);
+                         const char *why, int64_t now_ms);
 
 /* Drops the session id from disk with a tombstone (its file could not be written). Returns 0 or
  * ERROR_SESSION_NOT_FOUND (not on disk). */

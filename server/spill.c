@@ -200,7 +200,7 @@ static void restore_done(void *ctx, int status, uint8_t *data, size_t len) {
         LOG_INFO("spill", "restored req=- session=%s bytes=%zu ms=%.2f", op->id, len,
                  seconds * 1e3);
         statedir_remove(sp->dir, name, NULL, NULL); /* memory holds the truth now */
-        session_restore_end(sp->p.sessions, op->turn, 0, mono_ms());
+        session_restore_end(sp->p.sessions, op->turn, 0, NULL, mono_ms());
     } else if (rc == ERROR_FINGERPRINT_MISMATCH) {
         /* A sound file this server cannot hold (a sliding window saved with another
          * --kv-block-tokens): left alone, as at start, not lost. */
@@ -208,17 +208,18 @@ static void restore_done(void *ctx, int status, uint8_t *data, size_t len) {
         if (foreign_add(sp, op->id) != 0) {
             LOG_WARN("spill", "out of memory: session %s may be created over %s", op->id, name);
         }
-        session_restore_end(sp->p.sessions, op->turn, ERROR_SESSION_FILE_FOREIGN, mono_ms());
+        session_restore_end(sp->p.sessions, op->turn, ERROR_SESSION_FILE_FOREIGN, op->msg,
+                            mono_ms());
     } else if (rc == ERROR_KV_BUDGET_EXHAUSTED || rc == ATTN_ENOMEM) {
         /* The file is fine; memory is short. It stays on disk for a later request. */
         LOG_WARN("spill", "session=%s not restored: %s", op->id, op->msg);
-        session_restore_end(sp->p.sessions, op->turn, ERROR_KV_BUDGET_EXHAUSTED, mono_ms());
+        session_restore_end(sp->p.sessions, op->turn, ERROR_KV_BUDGET_EXHAUSTED, NULL, mono_ms());
     } else {
         sp->m.restore_failures++;
         sp->m.corrupt += rc == ERROR_CORRUPT_SESSION;
         LOG_WARN("spill", "session=%s refused at restore, now gone: %s", op->id, op->msg);
         statedir_remove(sp->dir, name, NULL, NULL); /* never served */
-        session_restore_end(sp->p.sessions, op->turn, ERROR_SESSION_LOST, mono_ms());
+        session_restore_end(sp->p.sessions, op->turn, ERROR_SESSION_LOST, op->msg, mono_ms());
     }
     if (sp->pool != NULL) {
         pool_wake(sp->pool);
@@ -243,7 +244,7 @@ int spill_restore(struct spill *sp, const char *id, struct session **out) {
     file_name(name, sizeof name, id);
     *out = session_turn_session(op->turn);
     if (statedir_read(sp->dir, name, check, restore_done, op) != 0) {
-        session_restore_end(sp->p.sessions, op->turn, ERROR_KV_BUDGET_EXHAUSTED, mono_ms());
+        session_restore_end(sp->p.sessions, op->turn, ERROR_KV_BUDGET_EXHAUSTED, NULL, mono_ms());
         free(op);
         return ATTN_ENOMEM;
     }

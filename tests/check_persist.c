@@ -457,9 +457,14 @@ START_TEST(test_persist_restart_brings_sessions_back) {
     http_client_daemon_start(&a_, args);
     ck_assert_int_eq(count_location(&a_, "disk"), N_SPILL);
     char *body = http_client_attend_body("p3", xs[3], T_SPILL, 1, HIDDEN, true, ",\"layer\":0");
-    ck_assert_int_eq(status_of(&a_, "POST", "/v1/attend", body, strlen(body), code, sizeof code),
-                     410);
-    ck_assert_str_eq(code, "session_lost");
+    struct http_client_response lost;
+    call(&a_, "POST", "/v1/attend", body, strlen(body), &lost);
+    ck_assert_int_eq(lost.status, 410);
+    /* the answer says why: the file's checksum */
+    ck_assert_msg(strstr(lost.body, "\"session_lost\"") != NULL &&
+                      strstr(lost.body, "checksum") != NULL,
+                  "%s", lost.body);
+    http_client_response_release(&lost);
     ck_assert_int_eq(status_of(&a_, "POST", "/v1/attend", body, strlen(body), code, sizeof code),
                      410);
     ck_assert_str_eq(code, "session_evicted");
