@@ -73,8 +73,9 @@ class AttndError(Exception):
 
 
 class InvalidRequest(AttndError):
-    """400: the request itself is wrong (shape, field, JSON, context length, session file):
-    retrying it unchanged cannot succeed."""
+    """400: the request itself is wrong (shape, field, JSON, context length, session file, a key
+    or value past the KV cache dtype's range: ``kv_out_of_range``): retrying it unchanged cannot
+    succeed."""
 
 
 class Unauthorized(AttndError):
@@ -95,7 +96,8 @@ class Conflict(AttndError):
     ``session_exists``, ``fingerprint_mismatch``, ``tokens_dropped``, ``context_exists``. The
     usual reaction is to read the session (``Session.info()``) and resynchronise. Also
     ``queries_not_kept``: ``Session.attention()`` on a server started without
-    ``--keep-queries 1``, which no retry mends."""
+    ``--keep-queries 1``, which no retry mends; and ``session_file_foreign``: the server's
+    --state-dir holds a file of that id it leaves alone (another model's): use another id."""
 
 
 class Gone(AttndError):
@@ -139,6 +141,7 @@ STATUS_BY_CODE: Dict[str, int] = {
     "invalid_json": 400,
     "invalid_request": 400,
     "context_length_exceeded": 400,
+    "kv_out_of_range": 400,
     "corrupt_session": 400,
     "unsupported_session_version": 400,
     "unauthorized": 401,
@@ -151,6 +154,7 @@ STATUS_BY_CODE: Dict[str, int] = {
     "context_exists": 409,
     "fingerprint_mismatch": 409,
     "queries_not_kept": 409,
+    "session_file_foreign": 409,
     "session_evicted": 410,
     "session_lost": 410,
     "payload_too_large": 413,
