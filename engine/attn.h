@@ -339,6 +339,11 @@ attn_dtype attn_model_weights_dtype(const attn_model *m);
  * forger. */
 void attn_model_fingerprint(const attn_model *m, uint8_t out[ATTN_FINGERPRINT_BYTES]);
 
+/* The part of the fingerprint that is the attention config alone (every field, max_seq
+ * included), as one 64-bit word, never 0: with the layer range and the weights' dtype it tells
+ * which of them two fingerprints differ by, when the weights alone do not. */
+uint64_t attn_model_config_digest(const attn_model *m);
+
 /* The fingerprint's digest of n bytes, as one 64-bit word: a checksum for saved sessions (it
  * catches torn and flipped bytes at memory speed; like the fingerprint, it is not
  * cryptographic). */

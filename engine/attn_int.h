@@ -60,6 +60,7 @@ struct attn_model {
     attn_dtype weights_dtype; /* F32, BF16 or F16: how w_qkv and w_o are held */
     bool has_weights;         /* false: geometry only (attn_model_create_geometry), no tensors */
     uint8_t fingerprint[ATTN_FINGERPRINT_BYTES]; /* attn__model_fingerprint_compute, once made */
+    uint64_t config_digest; /* the fingerprint's digest of the attention config alone, likewise */
 };
 
 /* One thread at a time, together with all of its caches. */

@@ -218,6 +218,16 @@ void attn__model_fingerprint_compute(attn_model *m) {
         put_tensor(&d, 19, l->w_kvb, kvb * kvl, sizeof(float));
     }
     digest_final(&d, m->fingerprint);
+    struct digest cd;
+    digest_init(&cd);
+    put_config(&cd, c);
+    uint8_t word[ATTN_FINGERPRINT_BYTES];
+    digest_final(&cd, word);
+    m->config_digest = read64(word) != 0 ? read64(word) : 1; /* 0 means "not stated" in files */
+}
+
+uint64_t attn_model_config_digest(const attn_model *m) {
+    return m->config_digest;
 }
 
 void attn_model_fingerprint(const attn_model *m, uint8_t out[ATTN_FINGERPRINT_BYTES]) {

@@ -104,6 +104,12 @@ int snapshot_encode(struct session *s, const attn_model *m, struct snapshot_kv p
     put_u64(p + 64, total);
     put_u64(p + 72, (uint64_t)unix_ms);
     put_u32(p + 80, pool_kv.has_queries ? SNAPSHOT_FLAG_QUERIES : 0);
+    /* the fingerprint's parts, so that a refusal can name which differs */
+    put_u64(p + 84, attn_model_config_digest(m));
+    p[92] = (uint8_t)first;
+    p[93] = (uint8_t)(first >> 8);
+    p[94] = (uint8_t)(count < 255 ? count : 255);
+    p[95] = (uint8_t)attn_model_weights_dtype(m);
     memcpy(p + SNAPSHOT_HEADER_BYTES, id, id_len);
     size_t at = SNAPSHOT_HEADER_BYTES + pad8(id_len);
     for (int32_t l = first; l < first + count; l++) {
@@ -161,6 +167,10 @@ int snapshot_read_header(const uint8_t *p, size_t len, struct snapshot_info *inf
     info->file_bytes = get_u64(p + 64);
     info->saved_unix_ms = (int64_t)get_u64(p + 72);
     uint32_t flags = get_u32(p + 80);
+    info->config_digest = get_u64(p + 84);
+    info->layer_first = p[92] | p[93] << 8;
+    info->layer_count = p[94];
+    info->weights_dtype = (attn_dtype)p[95];
     info->has_queries = (flags & SNAPSHOT_FLAG_QUERIES) != 0;
     /* a cache's dtype is a concrete one (never AUTO); another code is damage, not another model */
     attn_dtype dt = info->kv_dtype;
@@ -246,10 +256,32 @@ int snapshot_match(const struct snapshot_info *info, const attn_model *m, struct
             snprintf(want + 2 * i, 3, "%02x", fp[i]);
             snprintf(got + 2 * i, 3, "%02x", info->fingerprint[i]);
         }
+        int32_t first = attn_model_layer_first(m), count = attn_model_layer_count(m);
+        attn_dtype wdt = attn_model_weights_dtype(m);
+        char why[200];
+        if (info->config_digest == 0) {
+            snprintf(why, sizeof why, "another config, weights, weights dtype or layer range");
+        } else if (info->config_digest != attn_model_config_digest(m)) {
+            snprintf(why, sizeof why,
+                     "another attention config: family, geometry, RoPE, window or maximum "
+                     "sequence length (--max-seq)");
+        } else if (info->layer_first != first || info->layer_count != (count < 255 ? count : 255)) {
+            snprintf(why, sizeof why,
+                     "the layers %d..%d, where this server holds %d..%d (--layers)",
+                     (int)info->layer_first, (int)(info->layer_first + info->layer_count - 1),
+                     (int)first, (int)(first + count - 1));
+        } else if (info->weights_dtype != wdt) {
+            snprintf(why, sizeof why,
+                     "weights held as %s, where this server holds them as %s (--weights-dtype)",
+                     attn_dtype_name(info->weights_dtype), attn_dtype_name(wdt));
+        } else {
+            snprintf(why, sizeof why,
+                     "other weights with the same config (another checkpoint, or --seed)");
+        }
         snprintf(msg, msg_size,
-                 "fingerprint: the session was saved by model %.16s..., this server runs "
-                 "%.16s... (another config, weights, weights dtype or layer range)",
-                 got, want);
+                 "fingerprint: the session was saved by model %.16s..., this server runs %.16s...: "
+                 "%s",
+                 got, want, why);
         return ERROR_FINGERPRINT_MISMATCH;
     }
     if (info->kv_dtype != kv.dtype) {

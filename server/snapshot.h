@@ -46,6 +46,11 @@ struct snapshot_info {
     int32_t n_tokens; /* the longest layer's length */
     int64_t saved_unix_ms;
     uint64_t file_bytes; /* the whole file's length, as the header states it */
+    /* What the fingerprint covers, stated apart (0 in files written before they were): the
+     * config's digest, the layer range (count 255 = 255 or more) and the weights' dtype. */
+    uint64_t config_digest;
+    int32_t layer_first, layer_count;
+    attn_dtype weights_dtype;
 };
 
 /* Writes s's caches (every used layer's own cache and cross-attention context) as a file into a

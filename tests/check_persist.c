@@ -241,12 +241,24 @@ START_TEST(test_persist_import_refusals_create_nothing) {
     size_t len;
     char *file = export(&a_, "s", &len);
     char code[64];
-    /* another model: the same geometry, other weights */
-    const char *b_args[] = {"--preset", "tiny", "--seed", "7", NULL};
-    http_client_daemon_start(&b_, b_args);
-    ck_assert_int_eq(put(&b_, "s", file, len, code, sizeof code), 409);
-    ck_assert_str_eq(code, "fingerprint_mismatch");
-    stop_ok(&b_);
+    /* another model, each refusal naming what differs: the weights (another seed), the config
+     * (another maximum sequence length), the weights' dtype */
+    static const struct {
+        const char *flag, *value, *named;
+    } other[] = {{"--seed", "7", "--seed"},
+                 {"--max-seq", "333", "--max-seq"},
+                 {"--weights-dtype", "f16", "--weights-dtype"}};
+    for (size_t i = 0; i < sizeof other / sizeof other[0]; i++) {
+        const char *b_args[] = {"--preset", "tiny", other[i].flag, other[i].value, NULL};
+        http_client_daemon_start(&b_, b_args);
+        struct http_client_response fr;
+        ck_assert_int_eq(call(&b_, "PUT", "/v1/sessions/s", file, len, &fr), 409);
+        ck_assert_msg(strstr(fr.body, "fingerprint_mismatch") != NULL &&
+                          strstr(fr.body, other[i].named) != NULL,
+                      "%s: %s", other[i].flag, fr.body);
+        http_client_response_release(&fr);
+        stop_ok(&b_);
+    }
     /* the same model, another KV dtype */
     const char *c_args[] = {"--preset", "tiny", "--kv-dtype", "f16", NULL};
     http_client_daemon_start(&b_, c_args);
