@@ -170,6 +170,24 @@ START_TEST(test_kv_attend_geometry_matches_sdpa) {
 }
 END_TEST
 
+/* a (the answer to one token at position n - 1) against a fresh session fed all n tokens at
+ * once, named fresh: a cache continued as if it had been built in one go. */
+static void expect_like_fresh(const cJSON *a, const char *fresh, const float *q, const float *k,
+                              const float *v, int n, const char *what) {
+    char *b = qkv_body(fresh, q, k, v, 0, n, "");
+    cJSON *f = post("/v1/kv/attend", b, 200);
+    free(b);
+    size_t na, nf;
+    float *oa = http_client_json_floats(cJSON_GetObjectItemCaseSensitive(a, "output"), &na);
+    float *of = http_client_json_floats(cJSON_GetObjectItemCaseSensitive(f, "output"), &nf);
+    for (int h = 0; h < H; h++) {
+        expect_close(oa + (size_t)h * HD, of + ((size_t)h * n + n - 1) * HD, HD, what);
+    }
+    free(oa);
+    free(of);
+    cJSON_Delete(f);
+}
+
 /* A value past an f16 cache's range: 400 kv_out_of_range and nothing appended (the session
  * continues from where it was, as a fresh feed would), alone or as one of several steps. */
 START_TEST(test_kv_attend_value_past_the_cache_dtype) {
@@ -194,19 +212,8 @@ START_TEST(test_kv_attend_value_past_the_cache_dtype) {
     b = qkv_body("s", q, k, v, 5, 1, ",\"expect_n_past\":5");
     cJSON *a = post("/v1/kv/attend", b, 200);
     free(b);
-    b = qkv_body("fresh", q, k, v, 0, 6, "");
-    cJSON *f = post("/v1/kv/attend", b, 200);
-    free(b);
-    size_t na, nf;
-    float *oa = http_client_json_floats(cJSON_GetObjectItemCaseSensitive(a, "output"), &na);
-    float *of = http_client_json_floats(cJSON_GetObjectItemCaseSensitive(f, "output"), &nf);
-    for (int h = 0; h < H; h++) {
-        expect_close(oa + (size_t)h * HD, of + ((size_t)h * 6 + 5) * HD, HD, "after the refusal");
-    }
-    free(oa);
-    free(of);
+    expect_like_fresh(a, "fresh", q, k, v, 6, "after the refusal");
     cJSON_Delete(a);
-    cJSON_Delete(f);
     free(big);
     free(v);
     free(k);
@@ -232,19 +239,8 @@ START_TEST(test_kv_attend_sessions) {
     b = qkv_body("s", q, k, v, 4, 1, ",\"expect_n_past\":4");
     cJSON_Delete(post("/v1/kv/attend", b, 200));
     free(b);
-    b = qkv_body("fresh", q, k, v, 0, 7, "");
-    cJSON *f = post("/v1/kv/attend", b, 200);
-    free(b);
-    size_t na, nf;
-    float *oa = http_client_json_floats(cJSON_GetObjectItemCaseSensitive(a, "output"), &na);
-    float *of = http_client_json_floats(cJSON_GetObjectItemCaseSensitive(f, "output"), &nf);
-    for (int h = 0; h < H; h++) {
-        expect_close(oa + (size_t)h * HD, of + ((size_t)h * 7 + 6) * HD, HD, "fork");
-    }
-    free(oa);
-    free(of);
+    expect_like_fresh(a, "fresh", q, k, v, 7, "fork");
     cJSON_Delete(a);
-    cJSON_Delete(f);
     /* mistakes: T disagrees, no session, x here, q on /v1/attend */
     char *qj = heads_json(q, H, 0, 2), *kj = heads_json(k, HK, 0, 3), *vj = heads_json(v, HK, 0, 2);
     char *bad = malloc(strlen(qj) + strlen(kj) + strlen(vj) + 128);
