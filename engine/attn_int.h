@@ -375,9 +375,11 @@ void attn__rows_dot(const float *x, int32_t m, int32_t k, const float *w, int32_
                     size_t ldy);
 
 /* attn__rows_dot against weight rows held in half precision (bfloat16 when is_bf16, else
- * binary16), widened in registers: AVX2 + F16C, else half.c's portable loop. */
+ * binary16), widened in registers: AVX2 + F16C, else half.c's portable loop. is_cached: the
+ * caller expects the weights to be in cache (a small matrix, read every call), where reading
+ * several rows side by side pays; else they are streamed a row at a time. */
 void attn__rows_dot_half(const float *x, int32_t m, int32_t k, const uint16_t *w, bool is_bf16,
-                         int32_t n, float *y, size_t ldy);
+                         bool is_cached, int32_t n, float *y, size_t ldy);
 
 /* ---- half.c: half-precision weights ------------------------------------------------------- */
 

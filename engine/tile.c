@@ -540,6 +540,71 @@ dot_row1(const int DT, const float *x, const void *w, int32_t k) {
     return sum;
 }
 
+/* Sixteen bfloat16 weights widened with in-lane unpacks: lo holds values 0-3 and 8-11, hi 4-7
+ * and 12-15 (bf16_lane_order puts x in that order). One load for both: vpmovzxwd, the
+ * one-step widening, is a cross-lane op that Zen 5 issues about once a cycle (a probe: 4.8 G
+ * FMA/s a core through it, 8.4 through unpacks), and a memory operand on each unpack would load
+ * the weights twice (the compiler folds them unless told the value is in a register). */
+__attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
+widen_bf16x16(const uint16_t *w, __m256 *lo, __m256 *hi) {
+    __m256i v = _mm256_loadu_si256((const __m256i *)w), z = _mm256_setzero_si256();
+    __asm__("" : "+x"(v)); /* one load, two unpacks of the register */
+    *lo = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, v));
+    *hi = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, v));
+}
+
+/* The longest input row put in widen_bf16x16's order on the stack (32 KiB); longer ones take
+ * dot_row1. */
+#define LANES_MAX_K 8192
+
+/* xl = x in widen_bf16x16's order: in each whole 16 values the middle two quads swapped, the
+ * tail as it is. */
+__attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
+bf16_lane_order(const float *x, int32_t k, float *xl) {
+    int32_t c = 0;
+    for (; c + 16 <= k; c += 16) {
+        __m256 a = _mm256_loadu_ps(x + c), b = _mm256_loadu_ps(x + c + 8);
+        _mm256_storeu_ps(xl + c, _mm256_permute2f128_ps(a, b, 0x20));
+        _mm256_storeu_ps(xl + c + 8, _mm256_permute2f128_ps(a, b, 0x31));
+    }
+    for (; c < k; c++) {
+        xl[c] = x[c];
+    }
+}
+
+/* y[r] = x . w_r for four bfloat16 weight rows side by side, xl in widen_bf16x16's order: each
+ * 16 values of x loaded once for eight FMAs, two accumulators a row. For weights in cache (four
+ * rows are four streams, which from DRAM read at a third of one: dot_row1 streams those). */
+__attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
+dot_rows4_lanes(const float *xl, const uint16_t *w, size_t ldw, int32_t k, float *y) {
+    __m256 acc[8];
+#pragma GCC unroll 8
+    for (int a = 0; a < 8; a++) {
+        acc[a] = _mm256_setzero_ps();
+    }
+    int32_t c = 0;
+    for (; c + 16 <= k; c += 16) {
+        __m256 x0 = _mm256_loadu_ps(xl + c), x1 = _mm256_loadu_ps(xl + c + 8);
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            __m256 lo, hi;
+            widen_bf16x16(w + (size_t)r * ldw + c, &lo, &hi);
+            acc[2 * r] = _mm256_fmadd_ps(x0, lo, acc[2 * r]);
+            acc[2 * r + 1] = _mm256_fmadd_ps(x1, hi, acc[2 * r + 1]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++) {
+        float t[8];
+        _mm256_storeu_ps(t, _mm256_add_ps(acc[2 * r], acc[2 * r + 1]));
+        float sum = ((t[0] + t[4]) + (t[1] + t[5])) + ((t[2] + t[6]) + (t[3] + t[7]));
+        for (int32_t i = c; i < k; i++) {
+            sum += xl[i] * attn__bf16_to_f32(w[(size_t)r * ldw + i]);
+        }
+        y[r] = sum;
+    }
+}
+
 /* Weight rows outer: each group of three is streamed from memory once and reused from L1 for
  * every input row. Fewer than four input rows (decode) take dot_row1, a weight row at a time. */
 __attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
@@ -589,8 +654,20 @@ __attribute__((target("avx2,fma,f16c"))) static void rows_dot_avx2(const float *
 }
 
 __attribute__((target("avx2,fma,f16c"))) static void
-rows_dot_half_avx2(const float *x, int32_t m, int32_t k, const uint16_t *w, bool is_bf16, int32_t n,
-                   float *y, size_t ldy) {
+rows_dot_half_avx2(const float *x, int32_t m, int32_t k, const uint16_t *w, bool is_bf16,
+                   bool is_cached, int32_t n, float *y, size_t ldy) {
+    if (is_bf16 && is_cached && m == 1 && k <= LANES_MAX_K) {
+        float xl[LANES_MAX_K];
+        bf16_lane_order(x, k, xl);
+        int32_t j = 0;
+        for (; j + 4 <= n; j += 4) {
+            dot_rows4_lanes(xl, w + (size_t)j * k, (size_t)k, k, y + j);
+        }
+        for (; j < n; j++) {
+            y[j] = dot_row1(1, x, w + (size_t)j * k, k);
+        }
+        return;
+    }
     if (is_bf16) {
         rows_dot_t(1, x, m, k, w, n, y, ldy);
     } else {
@@ -993,10 +1070,10 @@ void attn__softcap(float *s, int32_t n, float cap) {
 }
 
 void attn__rows_dot_half(const float *x, int32_t m, int32_t k, const uint16_t *w, bool is_bf16,
-                         int32_t n, float *y, size_t ldy) {
+                         bool is_cached, int32_t n, float *y, size_t ldy) {
 #ifdef TILE_HAVE_AVX2
     if (attn__tile_is_fast()) {
-        rows_dot_half_avx2(x, m, k, w, is_bf16, n, y, ldy);
+        rows_dot_half_avx2(x, m, k, w, is_bf16, is_cached, n, y, ldy);
         return;
     }
 #endif

@@ -57,7 +57,8 @@ START_TEST(test_dtype_rows_dot_half_kernels_agree) {
                                         {1, 8192, 2}, {1, 8200, 2}, {1, 4096, 65}};
     ref_rng rng;
     ref_rng_init(&rng, 6100);
-    for (int bf = 0; bf < 2; bf++) {
+    for (int v = 0; v < 4; v++) {
+        bool bf = v % 2 == 1, cached = v >= 2; /* the streaming and the in-cache kernels */
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
             int32_t m = shapes[s][0], k = shapes[s][1], n = shapes[s][2];
             float *x = harness_calloc((size_t)m * k, sizeof(float));
@@ -70,7 +71,7 @@ START_TEST(test_dtype_rows_dot_half_kernels_agree) {
             for (size_t i = 0; i < (size_t)n * k; i++) {
                 w[i] = bf ? attn__f32_to_bf16(wf[i]) : attn__f32_to_f16(wf[i]);
             }
-            attn__rows_dot_half(x, m, k, w, bf, n, y, (size_t)n);
+            attn__rows_dot_half(x, m, k, w, bf, cached, n, y, (size_t)n);
             attn__rows_dot_half_portable(x, m, k, w, bf, n, want, (size_t)n);
             /* against the exact sum of the products (the weights as stored): float32
              * accumulation in any order, within 2e-7 (about 3.4 float32 roundings) of the
