@@ -130,6 +130,23 @@ void job__batch_admit(struct job *batch) {
         job__free(batch);
         return;
     }
+    /* The sessions the steps name that are in memory, pinned while the steps are admitted: a
+     * step that creates its session may evict an idle one for --max-sessions, and that must not
+     * be a session a later step of this call continues (it was idle only because its step had
+     * not been admitted yet). */
+    struct session **held = calloc((size_t)n, sizeof *held);
+    if (held == NULL) {
+        job__refuse(batch, ERROR_INTERNAL, "out of memory", NULL);
+        job__free(batch);
+        return;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        const char *id = batch->at.steps[i].session_id;
+        held[i] = id[0] != '\0' ? session_find(batch->srv->sessions, id, NULL) : NULL;
+        if (held[i] != NULL) {
+            session_pin(batch->srv->sessions, held[i], job__now_ms());
+        }
+    }
     /* One more than the steps while they are admitted: a step refused at once answers inside
      * this loop, and the batch must not finish (and be freed) before the loop is over. */
     batch->n_open = n + 1;
@@ -145,6 +162,12 @@ void job__batch_admit(struct job *batch) {
         batch->steps[i] = step;
         job__attend_admit(step); /* queues it, or refuses it (answering its slot) */
     }
+    for (int32_t i = 0; i < n; i++) {
+        if (held[i] != NULL) {
+            session_unpin(batch->srv->sessions, held[i], job__now_ms());
+        }
+    }
+    free(held);
     if (--batch->n_open == 0) {
         finish(batch);
     }

@@ -211,6 +211,56 @@ START_TEST(test_steps_fail_alone) {
 }
 END_TEST
 
+/* Under --max-sessions, a step that makes a new session evicts the least recently used idle
+ * one, never a session a later step of the same call continues (it was idle only because its
+ * step had not been admitted yet): both steps run, an uninvolved session goes. */
+START_TEST(test_steps_new_session_spares_the_others) {
+    const char *args[] = {"--preset", "tiny", "--kv-dtype", "f32", "--max-sessions", "3", NULL};
+    http_client_daemon_start(&a_, args);
+    float *xs[N_STEPS];
+    for (int i = 0; i < N_STEPS; i++) {
+        xs[i] = http_client_random_rows(700 + (uint64_t)i, PROMPT + 1, HIDDEN);
+    }
+    /* s1 first (the least recently used), then s0 and s2 */
+    static const int order[] = {1, 0, 2};
+    for (int k = 0; k < 3; k++) {
+        char id[16];
+        snprintf(id, sizeof id, "s%d", order[k]);
+        char *body = http_client_attend_body(id, xs[order[k]], 0, PROMPT, HIDDEN, true, NULL);
+        cJSON_Delete(post(&a_, body, 200));
+        free(body);
+    }
+    char *x3 = http_client_matrix_json(xs[3], 1, HIDDEN);
+    char *x1 = http_client_matrix_json(xs[1] + PROMPT * HIDDEN, 1, HIDDEN);
+    size_t cap = strlen(x3) + strlen(x1) + 256;
+    char *body = malloc(cap);
+    snprintf(body, cap,
+             "{\"steps\":[{\"session_id\":\"s3\",\"x\":%s},{\"session_id\":\"s1\",\"x\":%s,"
+             "\"expect_n_past\":%d}]}",
+             x3, x1, PROMPT);
+    cJSON *got = post(&a_, body, 200);
+    const cJSON *results = cJSON_GetObjectItemCaseSensitive(got, "results");
+    for (int i = 0; i < 2; i++) {
+        const cJSON *r = cJSON_GetArrayItem(results, i);
+        ck_assert_msg(cJSON_GetObjectItemCaseSensitive(r, "error") == NULL, "step %d failed", i);
+    }
+    cJSON_Delete(got);
+    char u[128];
+    snprintf(u, sizeof u, "%s/v1/sessions/s0", a_.base);
+    struct http_client_response r;
+    http_client_request("GET", u, NULL, 0, NULL, &r);
+    ck_assert_int_eq(r.status, 410); /* the uninvolved one, the least recently used left */
+    http_client_response_release(&r);
+    free(body);
+    free(x1);
+    free(x3);
+    for (int i = 0; i < N_STEPS; i++) {
+        free(xs[i]);
+    }
+    stop_ok(&a_);
+}
+END_TEST
+
 START_TEST(test_steps_binary_and_malformed) {
     const char *args[] = {"--preset", "tiny", "--kv-dtype", "f32", NULL};
     http_client_daemon_start(&a_, args);
@@ -344,6 +394,7 @@ Suite *steps_suite(void) {
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_steps_batch_is_one_call_and_equals_steps_alone);
     tcase_add_test(tc, test_steps_fail_alone);
+    tcase_add_test(tc, test_steps_new_session_spares_the_others);
     tcase_add_test(tc, test_steps_binary_and_malformed);
     tcase_add_test(tc, test_steps_client_gone);
     suite_add_tcase(s, tc);
