@@ -1522,6 +1522,10 @@ static int parse_steps(struct json_reader *jr, const struct api_limits *lim,
         if (rc == 0) {
             rc = check_step(st, seen, n_positions, lim, route, err);
         }
+        if (rc == 0 && st->q != NULL && st->session_id[0] == '\0') {
+            /* as a call alone: q/k/v append to a session's cache, there is no stateless form */
+            rc = fail(err, ERROR_INVALID_REQUEST, "session_id", "session_id: required");
+        }
         for (int32_t j = 0; rc == 0 && st->session_id[0] && j < i; j++) {
             if (strcmp(r->steps[j].session_id, st->session_id) == 0) {
                 rc = fail(err, ERROR_INVALID_REQUEST, "session_id",
@@ -1561,6 +1565,17 @@ static int check_batch(struct api_attend_request *r, uint32_t seen,
     return 0;
 }
 
+/* q/k/v the caller rotated (no "rope": true) take no positions: none would enter the attention,
+ * so a forgotten "rope" must not pass as a rotated answer. */
+static int check_rope_positions(const struct api_attend_request *r, struct api_error *err) {
+    if (r->q != NULL && r->positions != NULL && !r->rope) {
+        return fail(err, ERROR_INVALID_REQUEST, "positions",
+                    "positions: only with \"rope\": true (q and k are taken as rotated already, "
+                    "so no position would enter the attention)");
+    }
+    return 0;
+}
+
 static int parse_attend(const struct api_body *body, const struct api_limits *lim,
                         const struct attend_route *route, struct api_attend_request *out,
                         struct api_error *err) {
@@ -1586,7 +1601,15 @@ static int parse_attend(const struct api_body *body, const struct api_limits *li
     }
     if (rc == 0 && r.steps != NULL) {
         rc = check_batch(&r, seen, route, err);
+        for (int32_t i = 0; rc == 0 && i < r.n_steps; i++) {
+            if ((rc = check_rope_positions(&r.steps[i], err)) != 0) {
+                rc = step_error(rc, i, err);
+            }
+        }
     } else if (rc == 0) {
+        rc = check_rope_positions(&r, err);
+    }
+    if (rc == 0 && r.steps == NULL) {
         rc = check_step(&r, seen, n_positions, lim, route, err);
         if (rc == 0) {
             rc = check_cross(&r, seen, err);

@@ -123,7 +123,7 @@ static int read_framing(struct job *job) {
     char *end;
     errno = 0;
     unsigned long long n = strtoull(h, &end, 10);
-    if (errno != 0 || end == h || *end != '\0' || h[0] == '-' || n > job->body_len) {
+    if (errno != 0 || end == h || *end != '\0' || h[0] < '0' || h[0] > '9' || n > job->body_len) {
         char msg[160];
         snprintf(msg, sizeof msg,
                  "Inference-Header-Content-Length: expected the JSON part's length in bytes, at "
@@ -602,7 +602,7 @@ void job__attend_admit(struct job *job) {
             job__refuse(job, ERROR_INVALID_REQUEST,
                         "the X-Session-Id header must be 1 to 128 characters from "
                         "[A-Za-z0-9._:-]",
-                        "session_id");
+                        "X-Session-Id");
             job__free(job);
             return;
         }

@@ -244,8 +244,15 @@ START_TEST(test_framing_mistakes_are_400) {
     http_client_response_release(&r);
     char u[200];
     snprintf(u, sizeof u, "%s/v1/attend", daemon_.base);
+    /* a sign is no length, nor is a plus (strtoull would take both) */
     const char *bad[] = {"Inference-Header-Content-Length: -3", NULL};
     http_client_request("POST", u, body, len, bad, &r);
+    expect_error(&r, "Inference-Header-Content-Length", "length");
+    http_client_response_release(&r);
+    char plus[96];
+    snprintf(plus, sizeof plus, "Inference-Header-Content-Length: +%zu", strlen(head));
+    const char *bad_plus[] = {plus, NULL};
+    http_client_request("POST", u, body, len, bad_plus, &r);
     expect_error(&r, "Inference-Header-Content-Length", "length");
     http_client_response_release(&r);
     free(body);

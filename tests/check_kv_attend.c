@@ -273,6 +273,31 @@ START_TEST(test_kv_attend_sessions) {
     cJSON_Delete(post("/v1/kv/attend", "{\"session_id\":\"s\",\"x\":[[0]]}", 400));
     sprintf(bad, "{\"q\":%s,\"x\":[[0]]}", qj);
     cJSON_Delete(post("/v1/attend", bad, 400));
+    /* positions without "rope": true would enter nothing: refused, not ignored */
+    sprintf(bad, "{\"session_id\":\"s\",\"q\":%s,\"k\":%s,\"v\":%s,\"positions\":[3,9]}", qj, vj,
+            vj);
+    e = post("/v1/kv/attend", bad, 400);
+    ck_assert_str_eq(
+        cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(e, "error"), "param")
+            ->valuestring,
+        "positions");
+    cJSON_Delete(e);
+    /* a step without its session: the whole call refused, naming the step, nothing applied */
+    bad = realloc(bad, 2 * (strlen(qj) + 2 * strlen(vj)) + 256);
+    sprintf(bad,
+            "{\"steps\":[{\"session_id\":\"m1\",\"q\":%s,\"k\":%s,\"v\":%s},{\"q\":%s,\"k\":%s,"
+            "\"v\":%s}]}",
+            qj, vj, vj, qj, vj, vj);
+    e = post("/v1/kv/attend", bad, 400);
+    ck_assert_str_eq(
+        cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(e, "error"), "param")
+            ->valuestring,
+        "steps[1].session_id");
+    cJSON_Delete(e);
+    snprintf(u, sizeof u, "%s/v1/sessions/m1", d_.base);
+    http_client_request("GET", u, NULL, 0, NULL, &r);
+    ck_assert_int_eq(r.status, 404);
+    http_client_response_release(&r);
     free(bad);
     free(qj);
     free(kj);

@@ -811,6 +811,11 @@ START_TEST(test_server_request_errors) {
     expect_error("POST", "/v1/attend", steps, hdr_err, 400, "invalid_request", "X-Session-Id");
     free(steps);
     free(step);
+    /* A header that is no session id is named as the header. */
+    const char *hdr_bad[] = {"X-Session-Id: a b", NULL};
+    body = http_client_attend_body(NULL, x, 0, 1, TINY_HIDDEN, false, NULL);
+    expect_error("POST", "/v1/attend", body, hdr_bad, 400, "invalid_request", "X-Session-Id");
+    free(body);
     /* The header alone names the session (for proxies). */
     const char *hdr_ok[] = {"X-Session-Id: err", NULL};
     body = http_client_attend_body(NULL, x, 2, 1, TINY_HIDDEN, false, ",\"expect_n_past\":2");

@@ -688,8 +688,9 @@ class Stream:
     ``usage`` holds the closing StreamUsage once iteration has finished. A failure at a later step
     arrives as an error event and is raised here as its typed exception (the steps before it
     stay in the cache). Leaving a stream early (``close()``, ``break`` in a ``with`` block, or
-    garbage collection) closes its connection, which stops the server's remaining steps: the
-    cache then holds the events received plus at most the step that was running, so resync with
+    garbage collection) closes its connection, which stops the server's remaining steps once it
+    sees the close; until then it goes on, and the socket buffers hold many small events, so the
+    cache holds at least the events received, maybe every token sent: resync with
     ``Session.info()`` or ``expect_n_past`` before continuing.
     """
 
