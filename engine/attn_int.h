@@ -447,6 +447,13 @@ void attn__rope_apply(const attn_config *cfg, struct attn__rope_frame *f, float 
  * length; the K/V rows are written afterwards with attn__kv_row_k / attn__kv_row_v. */
 void attn__kv_grow(attn_kv *kv, int32_t n_new);
 
+/* A failed forward's take-back: kv's length back to len, its blocks kept (reserved ones stay
+ * reserved, for the thread that reserved them to give back: a forward never touches the pool's
+ * free list when its blocks were reserved, see attn_kv_reserve). Returns false, changing
+ * nothing, if the tokens len's next query would see are no longer held (a ring that dropped
+ * blocks during the forward, which only an append without a reservation does). */
+bool attn__kv_take_back(attn_kv *kv, int32_t len);
+
 /* The running state of kv head g of a linear-attention cache (its blocks taken): S (d_k x d_v)
  * then z (d_k), in double. */
 double *attn__kv_state(const attn_kv *kv, int32_t g);

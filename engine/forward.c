@@ -858,12 +858,14 @@ static void run_chunk(const attn_model *m, int32_t layer, attn_workspace *ws,
 
 /* ---- keys and values past the cache's dtype ------------------------------------------------- */
 
-/* Takes back the n tokens a call appended to kv, as far as it can: a sliding layer's ring that
- * dropped blocks during the call cannot (those tokens are gone; the ones appended stay, held as
- * infinities, so that what sees them answers NaN, never a finite wrong number). */
+/* Takes back the n tokens a call appended to kv: its length only, on the worker that ran the
+ * call (the blocks stay, reserved: giving them back is the pool's owner's, see attn_kv_reserve).
+ * A ring that dropped blocks during the call, which only an append without a reservation does,
+ * cannot; the tokens appended then stay, held as infinities, so that what sees them answers NaN,
+ * never a finite wrong number. */
 static void take_back(attn_kv *kv, int32_t n) {
     if (kv != NULL && n > 0 && kv->len >= n) {
-        (void)attn_kv_truncate(kv, kv->len - n);
+        (void)attn__kv_take_back(kv, kv->len - n);
     }
 }
 

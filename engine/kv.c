@@ -408,6 +408,17 @@ void attn__kv_adopt(attn_kv *kv, int32_t n_dropped, int32_t n_blocks, int32_t le
     kv->len = len;
 }
 
+bool attn__kv_take_back(attn_kv *kv, int32_t len) {
+    if (kv->is_state || len < 0 || len > kv->len) {
+        return false;
+    }
+    if (kv->n_dropped > 0 && len < attn_kv_truncate_min(kv)) {
+        return false;
+    }
+    kv->len = len;
+    return true;
+}
+
 void attn__kv_grow(attn_kv *kv, int32_t n_new) {
     take_blocks(kv, kv->len + n_new); /* a no-op for reserved blocks: the pool is not touched */
     kv->len += n_new;

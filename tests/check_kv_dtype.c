@@ -298,9 +298,16 @@ START_TEST(test_kv_dtype_overflow_takes_the_call_back) {
         float *want = harness_calloc((size_t)8 * hidden, sizeof(float));
         attn_step a = {.kv = kv, .x = xs, .n_tokens = 5, .out = out};
         ck_assert_int_eq(attn_forward(hm.model, 0, ws, &a, 1), ATTN_OK);
+        /* reserved first, as the server does: the failed forward gives its length back and
+         * leaves the pool's free list alone (another thread owns it), the blocks reserved */
+        ck_assert_int_eq(attn_kv_reserve(kv, 20), ATTN_OK);
+        int32_t free_before = attn_kv_pool_blocks_free(pool);
         attn_step bad = {.kv = kv, .x = big, .n_tokens = 2, .out = out + 5 * hidden};
         ck_assert_int_eq(attn_forward(hm.model, 0, ws, &bad, 1), ATTN_EOVERFLOW);
         ck_assert_int_eq(attn_kv_len(kv), 5);
+        ck_assert_int_eq(attn_kv_pool_blocks_free(pool), free_before);
+        ck_assert_int_eq(attn_kv_truncate(kv, 5), ATTN_OK); /* the owner unreserves */
+        ck_assert_int_gt(attn_kv_pool_blocks_free(pool), free_before);
         attn_step b = {.kv = kv, .x = xs + 5 * hidden, .n_tokens = 3, .out = out + 5 * hidden};
         ck_assert_int_eq(attn_forward(hm.model, 0, ws, &b, 1), ATTN_OK);
         attn_step fa = {.kv = fresh, .x = xs, .n_tokens = 5, .out = want};
