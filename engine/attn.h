@@ -478,9 +478,10 @@ int attn_kv_export(const attn_kv *kv, uint8_t *out, size_t size);
 /* Recreates in pool, for layer (or -1: attn_kv_create's plain cache, as a cross-attention
  * context is), the cache attn_kv_export wrote (*out, new). ATTN_EUNSUPPORTED
  * when the bytes describe another shape, dtype, window or kind of layer than this pool holds for
- * this layer (or a ring's first held token that does not start one of this pool's blocks);
- * ATTN_EIO when they are inconsistent or of the wrong size; ATTN_ENOSPC when the pool lacks the
- * blocks; ATTN_EINVAL for a layer the model does not have. Nothing is created on failure. */
+ * this layer; ATTN_EDROPPED for a ring whose first held token does not start one of this pool's
+ * blocks (a pool of another block size: it would hold tokens the bytes lack); ATTN_EIO when they
+ * are inconsistent or of the wrong size; ATTN_ENOSPC when the pool lacks the blocks; ATTN_EINVAL
+ * for a layer the model does not have. Nothing is created on failure. */
 int attn_kv_import(attn_kv_pool *pool, int32_t layer, const uint8_t *data, size_t size,
                    attn_kv **out);
 

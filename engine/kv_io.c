@@ -165,7 +165,7 @@ static int kv_io_check(const attn_kv_pool *pool, int32_t layer, const uint8_t *d
     /* A ring drops whole blocks: the first one held must start a block of this pool, or tokens
      * this pool would keep are missing from the bytes. Anything else starts at token 0. */
     if (!is_state && first > 0 && (window == 0 || first % pool->block_tokens != 0)) {
-        return window == 0 ? ATTN_EIO : ATTN_EUNSUPPORTED;
+        return window == 0 ? ATTN_EIO : ATTN_EDROPPED; /* the tokens before first are not there */
     }
     plan->is_state = is_state;
     plan->has_state = has_state;

@@ -149,7 +149,10 @@ void job__answer(struct job *job, int status) {
     if ((status == ERROR_SESSION_LOST || status == ERROR_SESSION_FILE_FOREIGN) &&
         job->err_message[0] == '\0' && why[0] != '\0') {
         /* the table's text, with the file's own reason */
-        job__set_err(job, status, "session_id", "%s: %s", error_info_get(status)->message, why);
+        job__set_err(job, status, "session_id", "%s: %s",
+                     status == ERROR_SESSION_LOST ? "the session's file failed its checks"
+                                                  : "the session's file is left alone",
+                     why);
     }
     if (job->parent != NULL) {
         job__batch_step_answered(job, status);

@@ -45,7 +45,7 @@ struct job {
     struct api_error parse_err;
     uv_work_t parse_work;
     /* Detail for an error found by prepare. */
-    char err_message[256];
+    char err_message[512];
     char err_param[64];
     /* The answer, made by run (worker) or prepare (control jobs). */
     char *response;
@@ -102,7 +102,7 @@ struct batch_slot {
     int status;     /* 0 or the error code */
     char *response; /* its AttendResponse (and raw tensors when framed), malloc'd */
     size_t len, json_len;
-    char message[256];
+    char message[512];
     char param[64];
 };
 

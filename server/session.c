@@ -39,7 +39,7 @@ struct session {
      * file is whole, memory was short). */
     bool is_on_disk;
     int restore_error;
-    char restore_why[200]; /* session_restore_reason */
+    char restore_why[256]; /* session_restore_reason: a restore's message, as long */
     size_t disk_bytes;     /* its file's size (kept while a restore is under way) */
     int32_t disk_tokens;   /* its length when it was written */
 };

@@ -314,9 +314,14 @@ static int section_error(struct restore *r, int rc, int32_t layer) {
     if (rc == ATTN_EUNSUPPORTED || rc == ATTN_EINVAL) {
         snprintf(r->msg, r->msg_size,
                  "layer %d: this server does not hold that layer with the saved shape, window "
-                 "or kind, or with queries kept as the file has them or not (--keep-queries), or "
-                 "the saved sliding window's first token held does not start a KV block here "
-                 "(saved with another --kv-block-tokens)",
+                 "or kind, or with queries kept as the file has them or not (--keep-queries)",
+                 (int)layer);
+        return ERROR_FINGERPRINT_MISMATCH;
+    }
+    if (rc == ATTN_EDROPPED) {
+        snprintf(r->msg, r->msg_size,
+                 "layer %d: a sliding window's cache saved with another --kv-block-tokens (its "
+                 "first token held does not start a block of this server's)",
                  (int)layer);
         return ERROR_FINGERPRINT_MISMATCH;
     }
