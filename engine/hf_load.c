@@ -746,9 +746,10 @@ static int check_holdable(struct loader *ld, const attn_model *m, attn_dtype hel
                                                               : row - (size_t)(q_rows + kv_rows);
                 return attn__fail(&ld->why, ATTN_ERANGE,
                                   "--weights-dtype %s: layer %d's %s weight %g (row %zu, column "
-                                  "%zu) is past %s's range: serve it as bf16 or f32",
+                                  "%zu) is past %s's range: serve it as %s",
                                   attn_dtype_name(held), (int)(m->layer_first + i), which,
-                                  (double)w[k], r, k % cols, attn_dtype_name(held));
+                                  (double)w[k], r, k % cols, attn_dtype_name(held),
+                                  is_bf16 ? "f32" : "bf16 or f32");
             }
         }
     }

@@ -96,7 +96,7 @@ static const struct option options[] = {
      "67108864", 0, (int64_t)1 << 40,
      "a forward of at most this many multiply-adds on an idle server runs on the event loop "
      "thread instead of a worker (two thread hand-offs saved: a small preset's step, one "
-     "llama8b layer's decode up to ~5000 keys); 0 = never"},
+     "llama8b layer's decode up to ~3000 keys); 0 = never"},
     {"spin-us", "ATTND_SPIN_US", OPTION_I32, offsetof(struct config, spin_us), "200", 0, 1000000,
      "after answering, while no worker computes, the event loop polls its connections this many "
      "microseconds before it sleeps, so a client's next request needs no thread wake-up; 0 = "

@@ -17,8 +17,9 @@ static const struct error_info table[] = {
     {ERROR_METHOD_NOT_ALLOWED, 405, "method_not_allowed", "invalid_request_error",
      "method not allowed on this route"},
     {ERROR_KV_OUT_OF_RANGE, 400, "kv_out_of_range", "invalid_request_error",
-     "a key or value of this request is past the range of the KV cache's dtype (f16: 65504; q8_0: "
-     "about 8.3e6); nothing was appended: serve this model with --kv-dtype bf16 or f32"},
+     "a key or value is past the range of the KV cache's dtype (f16: 65504; q8_0: about 8.3e6; "
+     "bf16: about 3.39e38); the call appended nothing (a stream: nothing from the token that met "
+     "it on): serve such a model with a wider --kv-dtype (bf16, or f32)"},
     {ERROR_N_PAST_MISMATCH, 409, "n_past_mismatch", "conflict_error",
      "the session's cache length differs from expect_n_past"},
     {ERROR_SESSION_EXISTS, 409, "session_exists", "conflict_error",
@@ -40,7 +41,8 @@ static const struct error_info table[] = {
      "with --keep-queries 1"},
     {ERROR_SESSION_FILE_FOREIGN, 409, "session_file_foreign", "conflict_error",
      "--state-dir holds a file for this id that this server leaves alone (another model, KV dtype "
-     "or KV block size, a newer format, or unreadable); remove the file or use another id"},
+     "or KV block size, a newer format, or unreadable); use another id, or remove the file and "
+     "restart (the id stays refused while this server runs)"},
     {ERROR_SESSION_LOST, 410, "session_lost", "gone_error",
      "the session's file failed its checks when it was read back from disk; it is gone"},
     {ERROR_PAYLOAD_TOO_LARGE, 413, "payload_too_large", "invalid_request_error",

@@ -137,8 +137,10 @@ static int load_model(const struct config *cfg, attn_model **model, char *source
     if (cfg->model[0] != '\0') {
         int rc = attn_model_load_hf(cfg->model, &lp, model, err, sizeof err);
         if (rc != ATTN_OK) {
-            fprintf(stderr, "attnd: --model %s: %s (%s)\n", cfg->model,
-                    err[0] ? err : attn_strerror(rc), attn_strerror(rc));
+            /* the loader's reason names what it refused; its code adds nothing to it (and
+             * ERANGE's text, about positions, would mislead for a weight past a dtype) */
+            fprintf(stderr, "attnd: --model %s: %s\n", cfg->model,
+                    err[0] ? err : attn_strerror(rc));
             return -1;
         }
         snprintf(source, source_size, "%s", cfg->model);
