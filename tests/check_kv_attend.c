@@ -42,6 +42,17 @@ static cJSON *post(const char *path, const char *body, long want) {
     return j;
 }
 
+/* POSTs body to path expecting status, and the error's field (code or param) to be want. */
+static void expect_error(const char *path, const char *body, long status, const char *field,
+                         const char *want) {
+    cJSON *e = post(path, body, status);
+    const cJSON *v =
+        cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(e, "error"), field);
+    ck_assert_msg(cJSON_IsString(v) && strcmp(v->valuestring, want) == 0, "%s: want %s %s", path,
+                  field, want);
+    cJSON_Delete(e);
+}
+
 /* A (heads, n, HD) slice [first, first + n) of a (heads, T, HD) tensor as JSON (malloc'd). */
 static char *heads_json(const float *a, int heads, int first, int n) {
     size_t cap = (size_t)heads * n * HD * 18 + 64, at = 0;
@@ -202,13 +213,8 @@ START_TEST(test_kv_attend_value_past_the_cache_dtype) {
     cJSON_Delete(post("/v1/kv/attend", b, 200));
     free(b);
     b = qkv_body("s", q, k, big, 5, 1, ",\"expect_n_past\":5");
-    cJSON *e = post("/v1/kv/attend", b, 400);
+    expect_error("/v1/kv/attend", b, 400, "code", "kv_out_of_range");
     free(b);
-    ck_assert_str_eq(
-        cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(e, "error"), "code")
-            ->valuestring,
-        "kv_out_of_range");
-    cJSON_Delete(e);
     b = qkv_body("s", q, k, v, 5, 1, ",\"expect_n_past\":5");
     cJSON *a = post("/v1/kv/attend", b, 200);
     free(b);
@@ -245,12 +251,7 @@ START_TEST(test_kv_attend_sessions) {
     char *qj = heads_json(q, H, 0, 2), *kj = heads_json(k, HK, 0, 3), *vj = heads_json(v, HK, 0, 2);
     char *bad = malloc(strlen(qj) + strlen(kj) + strlen(vj) + 128);
     sprintf(bad, "{\"session_id\":\"s\",\"q\":%s,\"k\":%s,\"v\":%s}", qj, kj, vj);
-    cJSON *e = post("/v1/kv/attend", bad, 400);
-    ck_assert_str_eq(
-        cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(e, "error"), "param")
-            ->valuestring,
-        "k");
-    cJSON_Delete(e);
+    expect_error("/v1/kv/attend", bad, 400, "param", "k");
     sprintf(bad, "{\"q\":%s,\"k\":%s,\"v\":%s}", qj, vj, vj);
     cJSON_Delete(post("/v1/kv/attend", bad, 400));
     /* ... unless X-Session-Id names it, as on /v1/attend */
@@ -276,24 +277,14 @@ START_TEST(test_kv_attend_sessions) {
     /* positions without "rope": true would enter nothing: refused, not ignored */
     sprintf(bad, "{\"session_id\":\"s\",\"q\":%s,\"k\":%s,\"v\":%s,\"positions\":[3,9]}", qj, vj,
             vj);
-    e = post("/v1/kv/attend", bad, 400);
-    ck_assert_str_eq(
-        cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(e, "error"), "param")
-            ->valuestring,
-        "positions");
-    cJSON_Delete(e);
+    expect_error("/v1/kv/attend", bad, 400, "param", "positions");
     /* a step without its session: the whole call refused, naming the step, nothing applied */
     bad = realloc(bad, 2 * (strlen(qj) + 2 * strlen(vj)) + 256);
     sprintf(bad,
             "{\"steps\":[{\"session_id\":\"m1\",\"q\":%s,\"k\":%s,\"v\":%s},{\"q\":%s,\"k\":%s,"
             "\"v\":%s}]}",
             qj, vj, vj, qj, vj, vj);
-    e = post("/v1/kv/attend", bad, 400);
-    ck_assert_str_eq(
-        cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(e, "error"), "param")
-            ->valuestring,
-        "steps[1].session_id");
-    cJSON_Delete(e);
+    expect_error("/v1/kv/attend", bad, 400, "param", "steps[1].session_id");
     snprintf(u, sizeof u, "%s/v1/sessions/m1", d_.base);
     http_client_request("GET", u, NULL, 0, NULL, &r);
     ck_assert_int_eq(r.status, 404);
