@@ -603,7 +603,12 @@ typedef struct attn_step {
  * cache (attn_kv_create_for_layer) of a layer with another window, a cross step with positions,
  * key_valid, a ring cross cache or a negative n_context), ATTN_ESHAPE
  * (a cache from another model's pool), ATTN_ERANGE (a position outside [0, max_seq) or a cache
- * that would exceed max_seq), ATTN_ENOSPC (not enough free blocks for all the appends). */
+ * that would exceed max_seq), ATTN_ENOSPC (not enough free blocks for all the appends),
+ * ATTN_EOVERFLOW (a key, value or kept query not finite or past the cache dtype's range: found
+ * as it is appended, after which every cache goes back to its length; its blocks stay with it,
+ * as reserved ones, for attn_kv_truncate to give back. The one exception to all-or-nothing: a
+ * ring that had to drop blocks during the call, which only a cache appended to without
+ * attn_kv_reserve does, keeps its new tokens, held as non-finite values). */
 int attn_forward(const attn_model *m, int32_t layer, attn_workspace *ws, const attn_step *steps,
                  int32_t n_steps);
 

@@ -502,9 +502,11 @@ size_t attn__kv_row_bytes(attn_dtype dt, int32_t d);
  * nearest even; Q8_0 scales each block by s, the smallest binary16 >= max|x| / 127, and rounds
  * x / s to the nearest integer, half away from zero. Unlike llama.cpp (s rounded to nearest,
  * quantized by the unrounded scale) every value read back is then within half a step of x; the
- * layout is the same. Returns true if a finite value could not be held: BF16 or F16 past its
- * range (held as infinity), or a Q8_0 block whose s would pass binary16's (s is then held as
- * infinity, so that no value of the block reads back finite, and wrong). */
+ * layout is the same. Returns true if a value is not finite, or could not be held: BF16 or F16
+ * past its range (held as infinity), or a Q8_0 block whose s would pass binary16's (s is then
+ * held as infinity, so that no value of the block reads back finite, and wrong). A cache never
+ * keeps such a row: the forward that wrote it takes its tokens back (a key that overflowed
+ * float in a projection or RoPE would poison every later answer of the session). */
 bool attn__kv_encode(attn_dtype dt, const float *src, int32_t d, uint8_t *dst);
 
 /* The portable attn__kv_widen. */

@@ -49,9 +49,11 @@ size_t attn__kv_row_bytes(attn_dtype dt, int32_t d) {
  * overflowed binary16. */
 static bool encode_q8_0_block(const float *x, int32_t n, uint8_t *dst) {
     float amax = 0.0f;
+    bool is_finite = true;
     for (int32_t i = 0; i < n; i++) {
         float a = fabsf(x[i]);
-        amax = a > amax ? a : amax; /* a NaN is skipped here and becomes 0 below */
+        amax = a > amax ? a : amax;
+        is_finite &= isfinite(a) != 0;
     }
     /* The smallest binary16 scale >= max / 127 (llama.cpp rounds it to nearest, so a block's
      * largest value may land past 127 and be clamped: up to 0.56 of a step off, not 0.5). */
@@ -60,7 +62,7 @@ static bool encode_q8_0_block(const float *x, int32_t n, uint8_t *dst) {
     if (attn__f16_to_f32(scale_h) < want) {
         scale_h++; /* positive and finite: the next binary16 up */
     }
-    bool overflows = (scale_h & 0x7c00) == 0x7c00 && isfinite(amax);
+    bool overflows = (scale_h & 0x7c00) == 0x7c00 || !is_finite;
     if (overflows) {
         scale_h = 0x7c00; /* infinity: the block reads back infinite or NaN, never clamped */
     }
@@ -85,9 +87,9 @@ bool attn__kv_encode(attn_dtype dt, const float *src, int32_t d, uint8_t *dst) {
         uint16_t *h = (uint16_t *)dst;
         for (int32_t i = 0; i < d; i++) {
             h[i] = dt == ATTN_DTYPE_BF16 ? attn__f32_to_bf16(src[i]) : attn__f32_to_f16(src[i]);
-            /* all exponent bits and no mantissa: infinity, from a finite value */
-            uint16_t inf = dt == ATTN_DTYPE_BF16 ? 0x7f80 : 0x7c00;
-            overflows |= (h[i] & 0x7fff) == inf && isfinite(src[i]);
+            /* all exponent bits: infinity (or NaN), from a value past the range or already so */
+            uint16_t exp = dt == ATTN_DTYPE_BF16 ? 0x7f80 : 0x7c00;
+            overflows |= (h[i] & exp) == exp;
         }
         return overflows;
     }
@@ -100,7 +102,10 @@ bool attn__kv_encode(attn_dtype dt, const float *src, int32_t d, uint8_t *dst) {
         return overflows;
     default:
         memcpy(dst, src, (size_t)d * sizeof(float));
-        return false;
+        for (int32_t i = 0; i < d; i++) {
+            overflows |= !isfinite(src[i]); /* a projection or RoPE that overflowed float */
+        }
+        return overflows;
     }
 }
 

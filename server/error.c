@@ -17,9 +17,10 @@ static const struct error_info table[] = {
     {ERROR_METHOD_NOT_ALLOWED, 405, "method_not_allowed", "invalid_request_error",
      "method not allowed on this route"},
     {ERROR_KV_OUT_OF_RANGE, 400, "kv_out_of_range", "invalid_request_error",
-     "a key or value is past the range of the KV cache's dtype (f16: 65504; q8_0: about 8.3e6; "
-     "bf16: about 3.39e38); the call appended nothing (a stream: nothing from the token that met "
-     "it on): serve such a model with a wider --kv-dtype (bf16, or f32)"},
+     "a key or value is not finite (a projection or RoPE overflowed float32) or past the range of "
+     "the KV cache's dtype (f16: 65504; q8_0: about 8.3e6; bf16: about 3.39e38); the call appended "
+     "nothing (a stream: nothing from the token that met it on): smaller inputs, or a wider "
+     "--kv-dtype (bf16, or f32)"},
     {ERROR_N_PAST_MISMATCH, 409, "n_past_mismatch", "conflict_error",
      "the session's cache length differs from expect_n_past"},
     {ERROR_SESSION_EXISTS, 409, "session_exists", "conflict_error",

@@ -274,6 +274,17 @@ START_TEST(test_kv_dtype_overflow_takes_the_call_back) {
         ck_assert_msg(!isfinite(got[i]), "value %d read back %g", i, (double)got[i]);
     }
     ck_assert(!attn__kv_encode(ATTN_DTYPE_F32, x, 32, row));
+    /* a value already infinite or NaN (a projection or RoPE that overflowed float) is reported
+     * in every dtype: no cache keeps it */
+    static const attn_dtype all[] = {ATTN_DTYPE_F32, ATTN_DTYPE_BF16, ATTN_DTYPE_F16,
+                                     ATTN_DTYPE_Q8_0};
+    for (size_t t = 0; t < 4; t++) {
+        float y[32] = {0};
+        y[7] = INFINITY;
+        ck_assert_msg(attn__kv_encode(all[t], y, 32, row), "%s inf", attn_dtype_name(all[t]));
+        y[7] = NAN;
+        ck_assert_msg(attn__kv_encode(all[t], y, 32, row), "%s nan", attn_dtype_name(all[t]));
+    }
 
     attn_config cfg = harness_config(4, 2, 16);
     harness_model hm;
