@@ -73,13 +73,16 @@ static int fork_prepare(struct pool_job *pj, struct pool_step *step) {
         return job__set_err(job, rc, "new_id",
                             "%s was evicted or expired; DELETE it before reusing the id",
                             job->fk.new_id);
+    case ERROR_SESSION_FILE_FOREIGN:
+        return job__set_err(job, rc, "new_id",
+                            "--state-dir holds a file named %s that this server leaves alone; "
+                            "use another id",
+                            job->fk.new_id);
     case ERROR_KV_BUDGET_EXHAUSTED:
+        return job__set_err(job, rc, NULL,
+                            "--max-sessions sessions are live and all are busy: the copy would "
+                            "be one more");
     case ATTN_ENOSPC:
-        if (rc == ERROR_KV_BUDGET_EXHAUSTED && session_store_is_full(job->srv->sessions)) {
-            return job__set_err(job, rc, NULL,
-                                "--max-sessions sessions are live and all are busy: the copy "
-                                "would be one more");
-        }
         return job__set_err(job, ERROR_KV_BUDGET_EXHAUSTED, NULL,
                             "the copy does not fit in the KV pool even after evicting idle "
                             "sessions");
@@ -168,6 +171,12 @@ void job_submit_delete(struct route_req *rq, struct session *s) {
 
 static int export_prepare(struct pool_job *pj, struct pool_step *step) {
     struct job *job = (struct job *)pj;
+    if (session_n_layers_used(pj->session) == 0) {
+        /* the call that made it failed, and this export's pin alone kept it: there is nothing
+         * to save (a file with no layer is no session, PUT refuses it) */
+        return job__set_err(job, ERROR_SESSION_NOT_FOUND, "session_id",
+                            "the session holds no cache (the call that would have made it failed)");
+    }
     job->snap_kv = snapshot_kv_of(session_store_kv_pool(job->srv->sessions));
     return 0;
 }

@@ -250,6 +250,15 @@ static int alloc_layers(struct session *s, int32_t n) {
     s->cross = calloc((size_t)n, sizeof *s->cross);
     if (s->kv == NULL || s->n_tokens == NULL || s->n_held == NULL || s->bytes == NULL ||
         s->cross == NULL) {
+        /* all or none: a later try (a restore) allocates again only when kv is NULL */
+        free(s->kv);
+        free(s->n_tokens);
+        free(s->n_held);
+        free(s->bytes);
+        free(s->cross);
+        s->kv = s->cross = NULL;
+        s->n_tokens = s->n_held = NULL;
+        s->bytes = NULL;
         return -1;
     }
     s->layer_count = n;
@@ -428,10 +437,6 @@ static void evict(struct session_store *st, struct session *s, enum session_evic
     LOG_INFO("session", "evicted req=- session=%s reason=%s tokens=%d bytes=%zu", s->id,
              evict_reasons[why], (int)session_n_tokens(s), session_bytes(s));
     drop(st, s);
-}
-
-bool session_store_is_full(const struct session_store *st) {
-    return st->n_sessions >= st->max_sessions;
 }
 
 /* Makes room for one more session in memory under --max-sessions. */
@@ -823,7 +828,7 @@ int session_fork(struct session_store *st, struct session_turn *t, const char *n
     }
     int rc = make_room(st, blocks_held(st, s), s);
     if (rc != 0) {
-        return rc;
+        return rc == ERROR_KV_BUDGET_EXHAUSTED ? ATTN_ENOSPC : rc; /* the pool, not the count */
     }
     /* session_create may evict for --max-sessions; s is not idle (its turn is held), so it
      * stays. */
@@ -918,7 +923,7 @@ int session_restore_begin(struct session_store *st, const char *id, int64_t now_
     st->disk_used -= s->disk_bytes;
     int rc = fit_max_sessions(st);
     if (rc == 0 && s->kv == NULL && alloc_layers(s, st->layer_count) != 0) {
-        rc = ATTN_ENOMEM; /* what was made stays for the next try; session_free frees it */
+        rc = ATTN_ENOMEM; /* alloc_layers made nothing: the next try allocates again */
     }
     if (rc != 0) {
         lru_push_front(st, s); /* still on disk, the most recently asked for */

@@ -178,9 +178,6 @@ struct session *session_store_first_on_disk(struct session_store *st);
 
 /* ---- the disk tier --------------------------------------------------------------------------- */
 
-/* Whether --max-sessions sessions are in memory (one more needs an idle one evicted). */
-bool session_store_is_full(const struct session_store *st);
-
 /* Turns the disk tier on: sessions evicted for room (budget, max_sessions) go to ops->save
  * instead of being dropped; those on disk are bounded by budget_bytes, least recently used
  * dropped first (tombstoned, file removed). Expiry (ttl) drops from memory and disk alike. */
@@ -262,7 +259,9 @@ int session_truncate(struct session_store *st, struct session_turn *t, int32_t l
 
 /* Creates session new_id holding copies of all the turn's session's caches, evicting idle
  * sessions if blocks are short. Returns 0, ERROR_SESSION_EXISTS, ERROR_SESSION_EVICTED,
- * ERROR_KV_BUDGET_EXHAUSTED or ATTN_ENOMEM; on failure nothing is created. */
+ * ERROR_SESSION_FILE_FOREIGN, ATTN_ENOSPC (the pool cannot hold the copy even after evicting
+ * idle sessions), ERROR_KV_BUDGET_EXHAUSTED (--max-sessions live and all busy) or ATTN_ENOMEM;
+ * on failure nothing is created. */
 int session_fork(struct session_store *st, struct session_turn *t, const char *new_id,
                  int64_t now_ms, struct session **out);
 

@@ -21,7 +21,8 @@ struct spill {
     struct pool *pool;
     size_t max_pending; /* written bytes queued at most; past it an eviction drops instead */
     struct metrics_disk m;
-    uint64_t failures_before_save_all; /* spill_failures when the shutdown's writes began */
+    uint64_t n_not_written; /* sessions save() could not queue, dropped (pending, size, memory) */
+    uint64_t lost_before_save_all; /* failed writes and n_not_written when shutdown's began */
     char **foreign; /* sorted: ids whose files this server leaves alone (see is_foreign) */
     int32_t n_foreign, cap_foreign;
 };
@@ -112,9 +113,8 @@ static void write_done(void *ctx, int status, uint8_t *data, size_t len) {
     free(op);
 }
 
-/* session_disk_ops.save: the session's caches as a file, queued for the I/O thread. */
-static size_t save(void *ctx, struct session *s) {
-    struct spill *sp = ctx;
+/* Queues s's file; its size, or 0 if it is not written. */
+static size_t write_session(struct spill *sp, struct session *s) {
     if (statedir_pending_bytes(sp->dir) > sp->max_pending) {
         LOG_WARN("spill", "session=%s not written: %zu bytes already wait for the disk",
                  session_id(s), statedir_pending_bytes(sp->dir));
@@ -139,6 +139,14 @@ static size_t save(void *ctx, struct session *s) {
         return 0;
     }
     sp->m.spills++;
+    return len;
+}
+
+/* session_disk_ops.save: the session's caches as a file, queued for the I/O thread. */
+static size_t save(void *ctx, struct session *s) {
+    struct spill *sp = ctx;
+    size_t len = write_session(sp, s);
+    sp->n_not_written += len == 0; /* the session is dropped as without a disk tier */
     return len;
 }
 
@@ -242,12 +250,14 @@ int spill_restore(struct spill *sp, const char *id, struct session **out) {
     snprintf(op->id, sizeof op->id, "%s", id);
     char name[API_SESSION_ID_MAX + 16];
     file_name(name, sizeof name, id);
-    *out = session_turn_session(op->turn);
+    struct session *s = session_turn_session(op->turn);
     if (statedir_read(sp->dir, name, check, restore_done, op) != 0) {
+        /* back to disk: the caller gets no session to queue on */
         session_restore_end(sp->p.sessions, op->turn, ERROR_KV_BUDGET_EXHAUSTED, NULL, mono_ms());
         free(op);
         return ATTN_ENOMEM;
     }
+    *out = s;
     return 0;
 }
 
@@ -363,7 +373,7 @@ void spill_save_all(struct spill *sp) {
     struct session_store_stats before;
     session_store_get_stats(sp->p.sessions, &before);
     sp->max_pending = SIZE_MAX; /* at shutdown every session waits its turn for the disk */
-    sp->failures_before_save_all = sp->m.spill_failures;
+    sp->lost_before_save_all = sp->m.spill_failures + sp->n_not_written;
     session_store_spill_all(sp->p.sessions);
     LOG_INFO("spill", "shutdown: %d sessions in memory written to %s", (int)before.n_sessions,
              sp->p.dir);
@@ -374,7 +384,7 @@ int32_t spill_close(struct spill *sp) {
         return 0;
     }
     statedir_close(sp->dir); /* runs the last writes' callbacks, which count their failures */
-    int32_t lost = (int32_t)(sp->m.spill_failures - sp->failures_before_save_all);
+    int32_t lost = (int32_t)(sp->m.spill_failures + sp->n_not_written - sp->lost_before_save_all);
     for (int32_t i = 0; i < sp->n_foreign; i++) {
         free(sp->foreign[i]);
     }

@@ -49,8 +49,9 @@ int spill_restore(struct spill *sp, const char *id, struct session **out);
  * no request is left). */
 void spill_save_all(struct spill *sp);
 
-/* Waits for the queued file operations and frees sp. Returns how many writes failed since
- * spill_save_all (sessions lost at shutdown), 0 for NULL. */
+/* Waits for the queued file operations and frees sp. Returns how many sessions were lost since
+ * spill_save_all (writes that failed, or that could not be queued: a file past the budget, no
+ * memory), 0 for NULL. */
 int32_t spill_close(struct spill *sp);
 
 /* The tier's counters, for GET /metrics. */

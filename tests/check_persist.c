@@ -443,6 +443,14 @@ START_TEST(test_persist_restart_brings_sessions_back) {
                      409);
     ck_assert_str_eq(code, "session_file_foreign");
     free(body0);
+    /* nor as a fork's copy: the refusal names new_id */
+    free(step(&b_, "z", xs[0], 0, 2, 0));
+    struct http_client_response fr;
+    call(&b_, "POST", "/v1/sessions/z/fork", "{\"new_id\":\"p0\"}", 15, &fr);
+    ck_assert_msg(fr.status == 409 && strstr(fr.body, "session_file_foreign") != NULL &&
+                      strstr(fr.body, "\"param\":\"new_id\"") != NULL,
+                  "%ld %s", fr.status, fr.body);
+    http_client_response_release(&fr);
     stop_ok(&b_);
     /* the same model keeping queries: its caches would hold what these files lack, so they are
      * left alone too, not lost */
