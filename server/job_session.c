@@ -15,9 +15,24 @@
 
 /* ---- session operations --------------------------------------------------------------------- */
 
+/* A session with no cache at all exists only because this job's pin kept it: the call that was
+ * making it failed before this job's turn came. It is answered as the id will be once the pin
+ * goes: 404 (a 200 would describe a session that then vanishes, and a fork would copy it). */
+static int require_cache(struct job *job) {
+    if (session_n_layers_used(job->pj.session) == 0) {
+        return job__set_err(job, ERROR_SESSION_NOT_FOUND, "session_id",
+                            "the session holds no cache (the call that would have made it failed)");
+    }
+    return 0;
+}
+
 static int truncate_prepare(struct pool_job *pj, struct pool_step *step) {
     struct job *job = (struct job *)pj;
     struct session *s = pj->session;
+    int nothing = require_cache(job);
+    if (nothing != 0) {
+        return nothing;
+    }
     int32_t layer = job->tr.has_layer ? job->tr.layer : -1;
     int rc = session_truncate(job->srv->sessions, pj->turn, layer, job->tr.n_tokens);
     if (rc == ERROR_TOKENS_DROPPED) {
@@ -62,6 +77,10 @@ static int truncate_prepare(struct pool_job *pj, struct pool_step *step) {
 
 static int fork_prepare(struct pool_job *pj, struct pool_step *step) {
     struct job *job = (struct job *)pj;
+    int nothing = require_cache(job);
+    if (nothing != 0) {
+        return nothing;
+    }
     struct session *copy;
     int rc = session_fork(job->srv->sessions, pj->turn, job->fk.new_id, job__now_ms(), &copy);
     switch (rc) {
@@ -80,8 +99,8 @@ static int fork_prepare(struct pool_job *pj, struct pool_step *step) {
                             job->fk.new_id);
     case ERROR_KV_BUDGET_EXHAUSTED:
         return job__set_err(job, rc, NULL,
-                            "--max-sessions sessions are live and all are busy: the copy would "
-                            "be one more");
+                            "--max-sessions sessions are live and none is idle but the source: "
+                            "the copy would be one more");
     case ATTN_ENOSPC:
         return job__set_err(job, ERROR_KV_BUDGET_EXHAUSTED, NULL,
                             "the copy does not fit in the KV pool even after evicting idle "
@@ -171,11 +190,9 @@ void job_submit_delete(struct route_req *rq, struct session *s) {
 
 static int export_prepare(struct pool_job *pj, struct pool_step *step) {
     struct job *job = (struct job *)pj;
-    if (session_n_layers_used(pj->session) == 0) {
-        /* the call that made it failed, and this export's pin alone kept it: there is nothing
-         * to save (a file with no layer is no session, PUT refuses it) */
-        return job__set_err(job, ERROR_SESSION_NOT_FOUND, "session_id",
-                            "the session holds no cache (the call that would have made it failed)");
+    int nothing = require_cache(job); /* (a file with no layer is no session: PUT refuses it) */
+    if (nothing != 0) {
+        return nothing;
     }
     job->snap_kv = snapshot_kv_of(session_store_kv_pool(job->srv->sessions));
     return 0;
@@ -228,7 +245,7 @@ static bool take_query(void *ctx, const char *name, const char *value) {
 }
 
 static int attention_prepare(struct pool_job *pj, struct pool_step *step) {
-    return 0;
+    return require_cache((struct job *)pj);
 }
 
 /* Worker, holding the session's turn: nothing changes the cache while its rows are recomputed. */
