@@ -145,6 +145,17 @@ void job__binary_answer(struct job *job, enum api_encoding enc) {
 
 /* Answers the request (if its client is still there) with the job's response or the error. */
 void job__answer(struct job *job, int status) {
+    if (status == ATTN_EOVERFLOW && job->err_message[0] == '\0') {
+        struct session_store_stats st;
+        session_store_get_stats(job->srv->sessions, &st);
+        if (st.kv_dtype == ATTN_DTYPE_F32) {
+            /* no wider dtype to offer: float32 itself overflowed */
+            job__set_err(job, status, NULL,
+                         "a key or value is not finite: a projection or RoPE overflowed float32; "
+                         "the call appended nothing (a stream: nothing from the token that met "
+                         "it on): send smaller inputs");
+        }
+    }
     const char *why = job->pj.session != NULL ? session_restore_reason(job->pj.session) : "";
     if ((status == ERROR_SESSION_LOST || status == ERROR_SESSION_FILE_FOREIGN) &&
         job->err_message[0] == '\0' && why[0] != '\0') {

@@ -22,7 +22,9 @@ struct spill {
     size_t max_pending; /* written bytes queued at most; past it an eviction drops instead */
     struct metrics_disk m;
     uint64_t n_not_written; /* sessions save() could not queue, dropped (pending, size, memory) */
-    uint64_t lost_before_save_all; /* failed writes and n_not_written when shutdown's began */
+    /* failed writes and n_not_written when shutdown's writes began (a file dropped for
+     * --state-budget-mb then is the disk tier's policy, as at any time, not a loss) */
+    uint64_t lost_before_save_all;
     char **foreign; /* sorted: ids whose files this server leaves alone (see is_foreign) */
     int32_t n_foreign, cap_foreign;
 };
@@ -375,7 +377,7 @@ void spill_save_all(struct spill *sp) {
     sp->max_pending = SIZE_MAX; /* at shutdown every session waits its turn for the disk */
     sp->lost_before_save_all = sp->m.spill_failures + sp->n_not_written;
     session_store_spill_all(sp->p.sessions);
-    LOG_INFO("spill", "shutdown: %d sessions in memory written to %s", (int)before.n_sessions,
+    LOG_INFO("spill", "shutdown: %d sessions in memory, writing them to %s", (int)before.n_sessions,
              sp->p.dir);
 }
 
