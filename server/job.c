@@ -146,15 +146,15 @@ void job__binary_answer(struct job *job, enum api_encoding enc) {
 /* Answers the request (if its client is still there) with the job's response or the error. */
 void job__answer(struct job *job, int status) {
     if (status == ATTN_EOVERFLOW && job->err_message[0] == '\0') {
-        struct session_store_stats st;
-        session_store_get_stats(job->srv->sessions, &st);
-        if (st.kv_dtype == ATTN_DTYPE_F32) {
-            /* no wider dtype to offer: float32 itself overflowed */
-            job__set_err(job, status, NULL,
-                         "a key or value is not finite: a projection or RoPE overflowed float32; "
-                         "the call appended nothing (a stream: nothing from the token that met "
-                         "it on): send smaller inputs");
-        }
+        /* the table's text, which names the flags that mend it, over the engine's; with an f32
+         * cache there is no wider dtype to offer: float32 itself overflowed */
+        bool is_f32 =
+            attn_kv_pool_dtype(session_store_kv_pool(job->srv->sessions)) == ATTN_DTYPE_F32;
+        job__set_err(job, status, NULL, "%s",
+                     is_f32 ? "a key or value is not finite: a projection or RoPE overflowed "
+                              "float32; the call appended nothing (a stream: nothing from the "
+                              "token that met it on): send smaller inputs"
+                            : error_info_get(status)->message);
     }
     const char *why = job->pj.session != NULL ? session_restore_reason(job->pj.session) : "";
     if ((status == ERROR_SESSION_LOST || status == ERROR_SESSION_FILE_FOREIGN) &&

@@ -116,10 +116,8 @@ void route_reply_error(struct route_req *rq, int code, const char *message, cons
     default:
         break;
     }
-    /* An engine code's own text says more than the generic message of its table row, but for
-     * an overflowed cache, whose row names the flags that mend it. */
-    if ((message == NULL || message[0] == '\0') && code < 0 && code > -100 &&
-        code != ATTN_EOVERFLOW) {
+    /* An engine code's own text says more than the generic message of its table row. */
+    if ((message == NULL || message[0] == '\0') && code < 0 && code > -100) {
         message = attn_strerror(code);
     }
     rq->error_name = e->name;
