@@ -696,8 +696,13 @@ q8_values(const uint8_t *row, int32_t c) {
  * line of the rows this far ahead (the hardware prefetcher stops at page boundaries, and a block
  * spans several pages). Every row, not one row in three as before: the small preset's 32-session
  * decode step (K/V out of L3) 4.1-4.5 -> 3.1-4.0 ms median over four alternated runs. Q8_0's
- * block loop keeps its own prefetch, a block 8 rows ahead. */
-#define KV_PREFETCH_ROWS 16
+ * block loop keeps its own prefetch, a block 8 rows ahead.
+ * As far as the weighted sum's (PV_KEYS): near a block's end each kernel prefetches the rows the
+ * other reads first (the scores kernel the block's values, the weighted sum the next block's
+ * keys), and from there the other prefetches PV_KEYS on; 16 here left rows 16-31 of every value
+ * and key run to demand misses (llama8b, 32 sessions at L=2048, bf16: 20.0-20.5 -> 18.6-18.8 ms;
+ * 24, 40 and 48 rows in between; 64 slower). */
+#define KV_PREFETCH_ROWS 32
 
 /* Row r of a block of n rows at base, rb bytes apart, for prefetching: past the block's end, the
  * rows read after it (`after`: the block's values after its keys, the next block's keys after
@@ -847,6 +852,7 @@ qk_kv_rows(const int DT, const int MX, const float *q, size_t ldq, const uint8_t
 
 /* Keys per run of pv_kv_rows: a run's value rows stay in L1 while its strips walk them. */
 #define PV_KEYS 32
+_Static_assert(PV_KEYS == KV_PREFETCH_ROWS, "the two kernels hand prefetching over at block edges");
 
 /* o[:, c .. c + 8 CW) += p v over keys [j0, j1) for MX <= 4 rows, the MX x CW accumulators in
  * registers for the whole run (NS sets over alternate keys when one row alone would wait on the
