@@ -694,6 +694,11 @@ static int warm_pool(preset_run *run) {
         rc = attn_kv_fork(seed, &forks[n]);
         n += rc == ATTN_OK;
     }
+    if (rc == ATTN_ENOSPC && n > 0) {
+        /* A linear layer's state spans several blocks: the last free ones may not hold a whole
+         * fork (small-linear with a bf16 pool: two blocks a state, an odd number free). */
+        rc = ATTN_OK;
+    }
     for (int32_t i = 0; i < n; i++) {
         attn_kv_destroy(forks[i]);
     }
