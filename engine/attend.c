@@ -85,33 +85,29 @@ static struct attn__kv_after values_of(const struct attn__kv_view *v, int64_t b)
 
 static const struct attn__kv_after nothing_after = {NULL, 0};
 
-/* s (rows x nb, ld lds) = q (rows x d_k) k_block^T. Keys held in a narrower dtype stream through
- * the decode kernels as they are, and are widened a block at a time for the prefill kernels,
- * whose arithmetic per key dwarfs the widening. */
+/* s (rows x nb, ld lds) = q (rows x d_k) k_block^T. A few rows (decode) take the decode kernels,
+ * which stream the keys in their dtype, float32 included (its older kernels prefetched a few rows
+ * ahead, not across a block's edge: a 64 MiB float32 cache read at 25 GB/s, now 40); the prefill
+ * kernels take keys in a narrower dtype widened a block at a time, their arithmetic per key
+ * dwarfing the widening. */
 static void scores_block(const struct attn__task *t, const struct tile_ctx *tc, const float *q,
                          int32_t rows, const uint8_t *kb, int32_t nb, struct attn__kv_after after,
                          float *s, size_t lds) {
     const float *k = (const float *)(const void *)kb;
+    if (tc->mode == TILE_MODE_SMALL) {
+        attn__small_qk_kv(t->kv.dtype, q, (size_t)t->d_k, rows, kb, t->kv.k_row_bytes, nb, after,
+                          t->d_k, s, lds, tc->widen);
+        return;
+    }
     if (t->kv.dtype != ATTN_DTYPE_F32) {
-        if (tc->mode == TILE_MODE_SMALL) {
-            attn__small_qk_kv(t->kv.dtype, q, (size_t)t->d_k, rows, kb, t->kv.k_row_bytes, nb,
-                              after, t->d_k, s, lds, tc->widen);
-            return;
-        }
         attn__kv_widen(t->kv.dtype, kb, t->kv.k_row_bytes, nb, t->d_k, tc->widen, (size_t)t->d_k);
         k = tc->widen;
     }
-    switch (tc->mode) {
-    case TILE_MODE_FAST:
+    if (tc->mode == TILE_MODE_FAST) {
         attn__tile_qk(q, (size_t)t->d_k, rows, k, nb, t->d_k, s, lds, tc->pack);
-        break;
-    case TILE_MODE_BLAS:
+    } else {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, nb, t->d_k, 1.0f, q, t->d_k, k,
                     t->d_k, 0.0f, s, (int)lds);
-        break;
-    case TILE_MODE_SMALL:
-        attn__small_qk(q, (size_t)t->d_k, rows, k, (size_t)t->d_k, nb, t->d_k, s, lds);
-        break;
     }
 }
 
@@ -121,27 +117,21 @@ static void accumulate_block(const struct attn__task *t, const struct tile_ctx *
                              struct attn__kv_after after, float *o) {
     const float *v = (const float *)(const void *)vb;
     size_t ldv = t->kv.v_row_bytes / sizeof(float);
+    if (tc->mode == TILE_MODE_SMALL) {
+        attn__small_pv_kv(t->kv.dtype, p, ldp, rows, vb, t->kv.v_row_bytes, nb, after, t->d_v, o,
+                          (size_t)t->d_v, tc->widen);
+        return;
+    }
     if (t->kv.dtype != ATTN_DTYPE_F32) {
-        if (tc->mode == TILE_MODE_SMALL) {
-            attn__small_pv_kv(t->kv.dtype, p, ldp, rows, vb, t->kv.v_row_bytes, nb, after, t->d_v,
-                              o, (size_t)t->d_v, tc->widen);
-            return;
-        }
         attn__kv_widen(t->kv.dtype, vb, t->kv.v_row_bytes, nb, t->d_v, tc->widen, (size_t)t->d_v);
         v = tc->widen;
         ldv = (size_t)t->d_v;
     }
-    switch (tc->mode) {
-    case TILE_MODE_FAST:
+    if (tc->mode == TILE_MODE_FAST) {
         attn__tile_pv(p, ldp, rows, v, ldv, nb, t->d_v, o, (size_t)t->d_v);
-        break;
-    case TILE_MODE_BLAS:
+    } else {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, t->d_v, nb, 1.0f, p, (int)ldp,
                     v, (int)ldv, 1.0f, o, t->d_v);
-        break;
-    case TILE_MODE_SMALL:
-        attn__small_pv(p, ldp, rows, v, ldv, nb, t->d_v, o, (size_t)t->d_v);
-        break;
     }
 }
 

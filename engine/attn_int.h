@@ -10,7 +10,7 @@
 #define ATTN__Q_TILE 64
 
 /* Below this many query rows a task's inner products take the dot-product kernels
- * (attn__small_qk/pv: no packing, each key read once); from it on, the register-blocked tile
+ * (attn__small_qk_kv/pv_kv: no packing, each key read once); from it on, the register-blocked tile
  * kernels, or cblas_sgemm on CPUs without AVX2/FMA. */
 #define ATTN__BLAS_MIN_ROWS 16
 
@@ -340,13 +340,6 @@ void attn__tile_qk(const float *q, size_t ldq, int32_t m, const float *k, int32_
 void attn__tile_pv(const float *p, size_t ldp, int32_t m, const float *v, size_t ldv, int32_t n,
                    int32_t d, float *o, size_t ldo);
 
-/* The same products for a few rows (decode), dispatched to AVX2 or to simd.c's portable loops:
- * s = q k^T in dot-product form (no packing), o += p v. */
-void attn__small_qk(const float *q, size_t ldq, int32_t m, const float *k, size_t ldk, int32_t n,
-                    int32_t d, float *s, size_t lds);
-void attn__small_pv(const float *p, size_t ldp, int32_t m, const float *v, size_t ldv, int32_t n,
-                    int32_t d, float *o, size_t ldo);
-
 /* The rows a decode kernel's caller reads after the block it passes, which the kernel prefetches
  * into as it nears the block's end (rows NULL: none, or unknown). */
 struct attn__kv_after {
@@ -354,9 +347,10 @@ struct attn__kv_after {
     size_t row_bytes;
 };
 
-/* attn__small_qk / attn__small_pv against key or value rows held in a KV dtype (BF16, F16,
- * Q8_0), row_bytes apart: widened in registers as they stream (AVX2 + F16C), else into widen
- * (n x d floats) for the portable loops. */
+/* The products of a few query rows (decode), s = q k^T in dot-product form and o += p v, against
+ * key or value rows held in a KV dtype (F32, BF16, F16, Q8_0), row_bytes apart: read as they
+ * stream, widened in registers (AVX2 + F16C), else widened into widen (n x d floats) for simd.c's
+ * portable loops. */
 void attn__small_qk_kv(attn_dtype dt, const float *q, size_t ldq, int32_t m, const uint8_t *k,
                        size_t row_bytes, int32_t n, struct attn__kv_after after, int32_t d,
                        float *s, size_t lds, float *widen);

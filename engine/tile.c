@@ -149,62 +149,6 @@ __attribute__((always_inline, target("avx2,fma"))) static inline __m128 hsum4x8(
     return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
 }
 
-/* Four query rows against two keys in dot-product form: 8 accumulators, 6 loads per 8 FMAs, and
- * one shuffle tree for all eight sums instead of a horizontal sum per product. */
-__attribute__((target("avx2,fma"))) static void
-qk_dot4x2(const float *q, size_t ldq, const float *k, size_t ldk, int32_t d, float *s, size_t lds) {
-    __m256 acc[8];
-    for (int a = 0; a < 8; a++) {
-        acc[a] = _mm256_setzero_ps();
-    }
-    for (int32_t c = 0; c < d; c += 8) {
-        /* The hardware prefetcher stops at page boundaries; a block is 8 pages of keys. */
-        _mm_prefetch((const char *)(k + 8 * ldk + c), _MM_HINT_T0);
-        _mm_prefetch((const char *)(k + 9 * ldk + c), _MM_HINT_T0);
-        __m256 k0 = _mm256_loadu_ps(k + c), k1 = _mm256_loadu_ps(k + ldk + c);
-        __m256 q0 = _mm256_loadu_ps(q + c), q1 = _mm256_loadu_ps(q + ldq + c);
-        __m256 q2 = _mm256_loadu_ps(q + 2 * ldq + c), q3 = _mm256_loadu_ps(q + 3 * ldq + c);
-        acc[0] = _mm256_fmadd_ps(q0, k0, acc[0]);
-        acc[1] = _mm256_fmadd_ps(q1, k0, acc[1]);
-        acc[2] = _mm256_fmadd_ps(q2, k0, acc[2]);
-        acc[3] = _mm256_fmadd_ps(q3, k0, acc[3]);
-        acc[4] = _mm256_fmadd_ps(q0, k1, acc[4]);
-        acc[5] = _mm256_fmadd_ps(q1, k1, acc[5]);
-        acc[6] = _mm256_fmadd_ps(q2, k1, acc[6]);
-        acc[7] = _mm256_fmadd_ps(q3, k1, acc[7]);
-    }
-    float t[8];
-    _mm256_storeu_ps(t, hsum8x8(acc));
-    for (int r = 0; r < 4; r++) {
-        s[r * lds] = t[r];
-        s[r * lds + 1] = t[4 + r];
-    }
-}
-
-/* Dot-product form for a few query rows (decode): no packing, each key row read once. The
- * 4-row x 2-key kernel covers the common case (d a multiple of 8); other shapes take the
- * portable loops. */
-__attribute__((target("avx2,fma"))) static void qk_dot_avx2(const float *q, size_t ldq, int32_t m,
-                                                            const float *k, size_t ldk, int32_t n,
-                                                            int32_t d, float *s, size_t lds) {
-    int32_t i = 0;
-    if (d % 8 == 0) {
-        for (; i + 4 <= m; i += 4) {
-            int32_t j = 0;
-            for (; j + 2 <= n; j += 2) {
-                qk_dot4x2(q + i * ldq, ldq, k + (size_t)j * ldk, ldk, d, s + i * lds + j, lds);
-            }
-            if (j < n) {
-                attn__qk(q + i * ldq, ldq, 4, k + (size_t)j * ldk, ldk, n - j, d, s + i * lds + j,
-                         lds);
-            }
-        }
-    }
-    if (i < m) {
-        attn__qk(q + i * ldq, ldq, m - i, k, ldk, n, d, s + i * lds, lds);
-    }
-}
-
 /* o[:, 0..c_fast) += p v over n keys, register block by register block. */
 __attribute__((target("avx2,fma"))) static void pv_columns(const float *p, size_t ldp, int32_t m,
                                                            const float *v, size_t ldv, int32_t n,
@@ -1114,28 +1058,6 @@ float attn__exp_shift(float *s, int32_t n, float m) {
         total += s[j];
     }
     return total;
-}
-
-void attn__small_qk(const float *q, size_t ldq, int32_t m, const float *k, size_t ldk, int32_t n,
-                    int32_t d, float *s, size_t lds) {
-#ifdef TILE_HAVE_AVX2
-    if (attn__tile_is_fast()) {
-        qk_dot_avx2(q, ldq, m, k, ldk, n, d, s, lds);
-        return;
-    }
-#endif
-    attn__qk(q, ldq, m, k, ldk, n, d, s, lds);
-}
-
-void attn__small_pv(const float *p, size_t ldp, int32_t m, const float *v, size_t ldv, int32_t n,
-                    int32_t d, float *o, size_t ldo) {
-#ifdef TILE_HAVE_AVX2
-    if (attn__tile_is_fast()) {
-        pv_avx2(p, ldp, m, v, ldv, n, d, o, ldo);
-        return;
-    }
-#endif
-    attn__pv(p, ldp, m, v, ldv, n, d, o, ldo);
 }
 
 void attn__tile_qk(const float *q, size_t ldq, int32_t m, const float *k, int32_t n, int32_t d,

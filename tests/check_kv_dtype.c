@@ -93,14 +93,17 @@ START_TEST(test_kv_dtype_encodings_match_ref) {
 END_TEST
 
 /* The AVX2 decode kernels and the block widening agree with the portable loops over widened
- * rows, for every dtype and shapes with odd keys, few and many rows, dims not a multiple of 8. */
+ * rows, for every dtype (float32 too: a decode's attention takes the same kernels) and shapes
+ * with odd keys, few and many rows, dims not a multiple of 8. */
 START_TEST(test_kv_dtype_kernels_agree) {
     static const int32_t shapes[][3] = {{1, 7, 64},  {4, 16, 128},  {3, 5, 80},
                                         {9, 33, 37}, {4, 128, 128}, {2, 1, 16}};
+    static const attn_dtype dtypes[] = {ATTN_DTYPE_F32, ATTN_DTYPE_BF16, ATTN_DTYPE_F16,
+                                        ATTN_DTYPE_Q8_0};
     ref_rng rng;
     ref_rng_init(&rng, 7200);
-    for (size_t t = 0; t < 3; t++) {
-        attn_dtype dt = kv_dtypes[t];
+    for (size_t t = 0; t < sizeof dtypes / sizeof dtypes[0]; t++) {
+        attn_dtype dt = dtypes[t];
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
             int32_t m = shapes[si][0], n = shapes[si][1], d = shapes[si][2];
             size_t rb = attn__kv_row_bytes(dt, d) + 6; /* rows further apart than they are long */
