@@ -86,6 +86,7 @@ typedef enum case_kind {
     CASE_KIND_PREFILL = 0, /* S new tokens into an empty cache */
     CASE_KIND_DECODE = 1,  /* 1 new token into one cache of length L */
     CASE_KIND_BATCH = 2,   /* B caches of length BATCH_LEN, 1 new token each, one forward */
+    CASE_KIND_ATTEND = 3,  /* attention alone: 1 token's q, k and v into a cache of length L */
 } case_kind;
 
 typedef struct bench_opts {
@@ -185,6 +186,9 @@ static void case_name(char *buf, size_t size, const char *preset, const char *dt
     case CASE_KIND_BATCH:
         snprintf(buf, size, "%s.batch_B%" PRId32 "_L%d@%s", preset, n, BATCH_LEN, dtypes);
         break;
+    case CASE_KIND_ATTEND:
+        snprintf(buf, size, "%s.attend_L%" PRId32 "@%s", preset, n, dtypes);
+        break;
     }
 }
 
@@ -270,6 +274,17 @@ static void step_cost(const attn_model *model, attn_dtype dt, attn_dtype kv_dt, 
     *flops = proj + attn;
     double act = 2.0 * m * c->hidden_size * 4.0;
     *bytes = layer_weight_bytes(c, dt) + kv + act;
+}
+
+/* FLOPs and bytes of attention alone for one new token after n_past (attn_forward_qkv): the
+ * scores and weighted sum, the K/V read and the new row written, q, k, v read and out written. */
+static void attend_cost(const attn_model *model, attn_dtype kv_dt, int32_t n_past, double *flops,
+                        double *bytes) {
+    const attn_config *c = attn_model_config(model);
+    double d_q = (double)c->n_heads * c->head_dim, d_kv = (double)c->n_kv_heads * c->head_dim;
+    *flops = 4.0 * d_q * visible_keys(c, n_past, 1);
+    *bytes = kv_token_bytes(model, kv_dt) * (keys_read(c, n_past, 1) + 1) +
+             4.0 * (2 * d_q + 2 * d_kv);
 }
 
 /* ---- timing loop ---------------------------------------------------------------------------- */
@@ -416,6 +431,23 @@ static int decode_rep(void *p, double *seconds) {
         rc = attn_kv_truncate(c->kvs[i], c->n_past);
     }
     return rc;
+}
+
+/* One cache of length n_past and one new token's q, k and v (attn_forward_qkv, as
+ * /v1/kv/attend runs it): a decode's attention without its projections. */
+typedef struct attend_ctx {
+    preset_run *run;
+    attn_kv *kv;
+    int32_t n_past;
+    attn_qkv_step step;
+} attend_ctx;
+
+static int attend_rep(void *p, double *seconds) {
+    attend_ctx *c = p;
+    double t0 = bench_seconds();
+    int rc = attn_forward_qkv(c->run->model, 0, c->run->ws, &c->step, 1);
+    *seconds = bench_seconds() - t0;
+    return rc == ATTN_OK ? attn_kv_truncate(c->kv, c->n_past) : rc;
 }
 
 /* ---- reporting ------------------------------------------------------------------------------ */
@@ -576,6 +608,36 @@ static int time_decode(preset_run *run, attn_kv *const *kvs, int32_t n_seq, int3
     return add_result(run, r);
 }
 
+/* Attention alone (attn_forward_qkv) is served for softmax attention with expanded heads: not a
+ * linear layer's state, not multi-head latent attention. */
+static bool has_attend(const preset_run *run) {
+    return run->cfg->kv_lora_rank == 0 && !attn_config_layer_is_linear(run->cfg, 0);
+}
+
+static int time_attend(preset_run *run, attn_kv *kv, int32_t n_past, case_result *r) {
+    const attn_config *c = run->cfg;
+    size_t d_q = (size_t)c->n_heads * c->head_dim, d_kv = (size_t)c->n_kv_heads * c->head_dim;
+    /* q, k and v side by side in the run's hidden states, which hold many tokens' worth */
+    attend_ctx ctx = {.run = run,
+                      .kv = kv,
+                      .n_past = n_past,
+                      .step = {.kv = kv,
+                               .n_tokens = 1,
+                               .q = run->x,
+                               .k = run->x + d_q,
+                               .v = run->x + d_q + d_kv,
+                               .out = run->out}};
+    r->n_new = 1;
+    attend_cost(run->model, run->kv_dtype, n_past, &r->flops, &r->bytes);
+    pairing pr;
+    int rc = measure(&run->policy, attend_rep, &ctx, pairing_of(run, r, &pr), r);
+    if (rc != ATTN_OK) {
+        fprintf(stderr, "attn_bench: %s: %s\n", r->name, attn_strerror(rc));
+        return rc;
+    }
+    return add_result(run, r);
+}
+
 /* The batched cases, with kvs[0] at BATCH_LEN tokens: the other caches are forks of it, so they
  * hold their own blocks (distinct memory to read) without 31 more prefills. */
 static int run_batch_cases(preset_run *run, attn_kv *kv0) {
@@ -629,7 +691,10 @@ static int run_decode_cases(preset_run *run) {
         case_name(r.name, sizeof(r.name), run->name, run->dtypes, r.kind, len);
         bool need_decode = case_selected(run->opts, r.name);
         bool at_batch = need_batch && len == BATCH_LEN;
-        if (!need_decode && !at_batch) {
+        case_result ra = {.kind = CASE_KIND_ATTEND};
+        case_name(ra.name, sizeof(ra.name), run->name, run->dtypes, ra.kind, len);
+        bool need_attend = has_attend(run) && case_selected(run->opts, ra.name);
+        if (!need_decode && !at_batch && !need_attend) {
             continue;
         }
         if (kv == NULL) {
@@ -662,6 +727,9 @@ static int run_decode_cases(preset_run *run) {
         }
         if (rc == ATTN_OK && need_decode) {
             rc = time_decode(run, &kv, 1, len, &r);
+        }
+        if (rc == ATTN_OK && need_attend) {
+            rc = time_attend(run, kv, len, &ra);
         }
         if (rc == ATTN_OK && at_batch) {
             rc = run_batch_cases(run, kv);
@@ -725,6 +793,8 @@ static int32_t blocks_needed(const preset_run *run, int32_t block_tokens) {
     int32_t s = max_selected(run, CASE_KIND_PREFILL, prefill_lens,
                              sizeof(prefill_lens) / sizeof(prefill_lens[0]));
     int32_t l = max_selected(run, CASE_KIND_DECODE, run->decode_lens, (size_t)run->n_decode_lens);
+    int32_t la = max_selected(run, CASE_KIND_ATTEND, run->decode_lens, (size_t)run->n_decode_lens);
+    l = la > l ? la : l;
     int32_t b = run->has_batch ? max_selected(run, CASE_KIND_BATCH, batch_sizes,
                                               sizeof(batch_sizes) / sizeof(batch_sizes[0]))
                                : 0;
