@@ -366,8 +366,11 @@ load_w8(const int DT, const void *w, size_t i) {
 
 __attribute__((always_inline, target("avx2,fma,f16c"))) static inline float
 load_w1(const int DT, const void *w, size_t i) {
+    /* memcpy: a row need not be aligned to its element (the kernels' tests space rows oddly) */
     if (DT == 0) {
-        return ((const float *)w)[i];
+        float f;
+        memcpy(&f, (const float *)w + i, sizeof f);
+        return f;
     }
     if (DT == 3) {
         const uint8_t *blk = (const uint8_t *)w + i / ATTN__QK8_0 * ATTN__Q8_0_BYTES;
@@ -375,7 +378,8 @@ load_w1(const int DT, const void *w, size_t i) {
         memcpy(&h, blk, sizeof h);
         return _cvtsh_ss(h) * (float)(int8_t)blk[2 + i % ATTN__QK8_0];
     }
-    uint16_t h = ((const uint16_t *)w)[i];
+    uint16_t h;
+    memcpy(&h, (const uint16_t *)w + i, sizeof h);
     return DT == 1 ? attn__bf16_to_f32(h) : _cvtsh_ss(h);
 }
 
