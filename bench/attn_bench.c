@@ -31,7 +31,7 @@ static const int32_t decode_lens[] = {512, 2048, 8192};
 /* The long-context presets' (small's geometry, softmax or linear): where a state pays off. */
 static const int32_t long_decode_lens[] = {512, 8192, 65536};
 static const int32_t batch_sizes[] = {1, 8, 32};
-enum { BATCH_LEN = 2048, MAX_RESULTS = 256, MAX_BATCH = 32, MAX_DTYPE_PAIRS = 8 };
+enum { BATCH_LEN = 2048, MAX_RESULTS = 512, MAX_BATCH = 32, MAX_DTYPE_PAIRS = 8 };
 
 /* The presets run: the engine's own, or llama8b's dimensions with another family's attention
  * (so that the cost of that attention shows against the plain layer of the same size). */
@@ -350,6 +350,7 @@ typedef struct preset_run {
     const int32_t *decode_lens; /* ascending */
     int32_t n_decode_lens;
     bool has_batch;
+    bool has_attend; /* attention alone runs (see preset_set_lens) */
     rep_policy policy;
     const char *name;
     char dtypes[16];      /* "<weights>/<kv>", the case names' suffix */
@@ -525,6 +526,7 @@ static void print_result_line(const bench_opts *o, const machine_limits *lim,
  * cases; stderr shows progress meanwhile. */
 static int add_result(preset_run *run, const case_result *r) {
     if (run->results->n >= MAX_RESULTS) {
+        fprintf(stderr, "attn_bench: more than %d cases: raise MAX_RESULTS\n", MAX_RESULTS);
         return ATTN_ERANGE;
     }
     run->results->items[run->results->n++] = *r;
@@ -608,12 +610,6 @@ static int time_decode(preset_run *run, attn_kv *const *kvs, int32_t n_seq, int3
     return add_result(run, r);
 }
 
-/* Attention alone (attn_forward_qkv) is served for softmax attention with expanded heads: not a
- * linear layer's state, not multi-head latent attention. */
-static bool has_attend(const preset_run *run) {
-    return run->cfg->kv_lora_rank == 0 && !attn_config_layer_is_linear(run->cfg, 0);
-}
-
 static int time_attend(preset_run *run, attn_kv *kv, int32_t n_past, case_result *r) {
     const attn_config *c = run->cfg;
     size_t d_q = (size_t)c->n_heads * c->head_dim, d_kv = (size_t)c->n_kv_heads * c->head_dim;
@@ -693,7 +689,7 @@ static int run_decode_cases(preset_run *run) {
         bool at_batch = need_batch && len == BATCH_LEN;
         case_result ra = {.kind = CASE_KIND_ATTEND};
         case_name(ra.name, sizeof(ra.name), run->name, run->dtypes, ra.kind, len);
-        bool need_attend = has_attend(run) && case_selected(run->opts, ra.name);
+        bool need_attend = run->has_attend && case_selected(run->opts, ra.name);
         if (!need_decode && !at_batch && !need_attend) {
             continue;
         }
@@ -793,7 +789,9 @@ static int32_t blocks_needed(const preset_run *run, int32_t block_tokens) {
     int32_t s = max_selected(run, CASE_KIND_PREFILL, prefill_lens,
                              sizeof(prefill_lens) / sizeof(prefill_lens[0]));
     int32_t l = max_selected(run, CASE_KIND_DECODE, run->decode_lens, (size_t)run->n_decode_lens);
-    int32_t la = max_selected(run, CASE_KIND_ATTEND, run->decode_lens, (size_t)run->n_decode_lens);
+    int32_t la = run->has_attend ? max_selected(run, CASE_KIND_ATTEND, run->decode_lens,
+                                                (size_t)run->n_decode_lens)
+                                 : 0;
     l = la > l ? la : l;
     int32_t b = run->has_batch ? max_selected(run, CASE_KIND_BATCH, batch_sizes,
                                               sizeof(batch_sizes) / sizeof(batch_sizes[0]))
@@ -860,6 +858,14 @@ static void preset_set_lens(preset_run *run, const struct bench_preset *bp) {
     run->decode_lens = bp->is_long ? long_decode_lens : decode_lens;
     run->n_decode_lens = bp->is_long ? 3 : (int32_t)(sizeof decode_lens / sizeof decode_lens[0]);
     run->has_batch = !bp->is_long;
+    /* Attention alone (attn_forward_qkv) serves softmax attention with expanded heads: not a
+     * linear layer's state, not multi-head latent attention. */
+    attn_config c;
+    bool known = attn_config_preset(bp->engine_preset, &c) == ATTN_OK;
+    if (known && bp->adjust != NULL) {
+        bp->adjust(&c);
+    }
+    run->has_attend = known && c.kv_lora_rank == 0 && !attn_config_layer_is_linear(&c, 0);
 }
 
 /* Whether the preset, in dtype pair d, has a case the filters select. */
@@ -1156,6 +1162,8 @@ static void print_header(const bench_opts *o, const machine_limits *before,
            "not counted\n"
            "bytes per call = weights once + K/V read (keys visible to any new token, per "
            "sequence) + K/V written (new tokens) + x read + output written\n"
+           "attend_L: attention alone (one token's q, k, v given, no projections): its QK^T and "
+           "PV FLOPs; bytes the K/V read and written, q, k, v read and the output written\n"
            "limit: prefill as %% of the sgemm peak; decode and batch as roofline time / "
            "measured time, roofline = max(bytes / %d-thread bandwidth, FLOPs / sgemm peak) "
            "(1.00 = at the roofline), the bandwidth of a 16 MiB buffer (L3) for calls that read "
