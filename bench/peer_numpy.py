@@ -44,6 +44,8 @@ def case_name(preset, kind, n):
         return f"{preset}.prefill_S{n}"
     if kind == "decode":
         return f"{preset}.decode_L{n}"
+    if kind == "attend":
+        return f"{preset}.attend_L{n}"
     return f"{preset}.batch_B{n}_L{BATCH_LEN}"
 
 
@@ -171,6 +173,14 @@ def main():
             cache.n = n + 1
             return self.wo @ self.attend_one(q[0], cache, n + 1)
 
+        def attend(self, q, k, v, cache):
+            """One token's q (n_heads, D), k and v (n_kv_heads, D) appended: attention alone."""
+            n = cache.n
+            cache.k[:, n] = k
+            cache.v[:, n] = v
+            cache.n = n + 1
+            return self.attend_one(q, cache, n + 1)
+
         def decode_batch(self, xs, caches):
             """xs (B, hidden), one token for each cache: one GEMM per projection."""
             p, b = self.p, xs.shape[0]
@@ -206,10 +216,13 @@ def main():
             c.n = self.n
             return c
 
-    def cost(p, n_seq, n_past, n_new):
+    def cost(p, n_seq, n_past, n_new, attend_only=False):
         """FLOPs and bytes per call, counted as attn_bench states them (no sliding window)."""
         m = n_seq * n_new
         dq, dkv, h = p["n_heads"] * p["head_dim"], p["n_kv_heads"] * p["head_dim"], p["hidden"]
+        if attend_only:  # one token's q, k and v given: the K/V read and written, q k v out
+            flops = 4.0 * p["n_heads"] * p["head_dim"] * (n_past + 1)
+            return flops, 2.0 * dkv * 4 * (n_past + 2) + 4.0 * (2 * dq + 2 * dkv)
         visible = sum(n_past + i + 1 for i in range(n_new))
         flops = 2.0 * m * (dq + 2 * dkv) * h + 2.0 * m * h * dq
         flops += 4.0 * p["n_heads"] * p["head_dim"] * visible * n_seq
@@ -218,9 +231,9 @@ def main():
         nbytes = weights + kv_tok * n_seq * ((n_past + n_new) + n_new) + 2.0 * m * h * 4
         return flops, nbytes
 
-    def report(name, p, n_seq, n_past, n_new, timing):
+    def report(name, p, n_seq, n_past, n_new, timing, attend_only=False):
         med, best, reps = timing
-        flops, nbytes = cost(p, n_seq, n_past, n_new)
+        flops, nbytes = cost(p, n_seq, n_past, n_new, attend_only)
         line = (f"RESULT impl=numpy case={name} ms={med * 1e3:.4f} min_ms={best * 1e3:.4f} "
                 f"reps={reps} tok_s={n_seq * n_new / med:.2f} gflops={flops / med * 1e-9:.2f} "
                 f"gbs={nbytes / med * 1e-9:.3f}")
@@ -253,11 +266,13 @@ def main():
         for length in DECODE_LENS:
             cname = case_name(name, "decode", length)
             need_decode = selected(args, cname)
+            need_attend = selected(args, case_name(name, "attend", length))
             at_batch = need_batch and length == BATCH_LEN
-            if not (need_decode or at_batch):
+            if not (need_decode or at_batch or need_attend):
                 continue
             if cache is None:
                 longest = max(n for n in DECODE_LENS if selected(args, case_name(name, "decode", n))
+                              or selected(args, case_name(name, "attend", n))
                               or (at_batch and n == BATCH_LEN))
                 cache = Cache(p, longest + 1)
             while cache.n < length:  # chunked prefill, as attn_bench fills its cache
@@ -272,6 +287,21 @@ def main():
                     return dt
 
                 report(cname, p, 1, length, 1, measure(rep))
+            if need_attend:
+                dq, dkv = p["n_heads"] * p["head_dim"], p["n_kv_heads"] * p["head_dim"]
+                q = x[0, :dq].reshape(p["n_heads"], p["head_dim"])
+                k = x[1, :dkv].reshape(p["n_kv_heads"], p["head_dim"])
+                v = x[2, :dkv].reshape(p["n_kv_heads"], p["head_dim"])
+
+                def rep():
+                    t0 = time.perf_counter()
+                    layer.attend(q, k, v, cache)
+                    dt = time.perf_counter() - t0
+                    cache.n = length
+                    return dt
+
+                report(case_name(name, "attend", length), p, 1, length, 1, measure(rep),
+                       attend_only=True)
             if at_batch:
                 run_batch(name, p, layer, x, cache)
 
