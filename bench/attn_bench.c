@@ -283,8 +283,8 @@ static void attend_cost(const attn_model *model, attn_dtype kv_dt, int32_t n_pas
     const attn_config *c = attn_model_config(model);
     double d_q = (double)c->n_heads * c->head_dim, d_kv = (double)c->n_kv_heads * c->head_dim;
     *flops = 4.0 * d_q * visible_keys(c, n_past, 1);
-    *bytes = kv_token_bytes(model, kv_dt) * (keys_read(c, n_past, 1) + 1) +
-             4.0 * (2 * d_q + 2 * d_kv);
+    *bytes =
+        kv_token_bytes(model, kv_dt) * (keys_read(c, n_past, 1) + 1) + 4.0 * (2 * d_q + 2 * d_kv);
 }
 
 /* ---- timing loop ---------------------------------------------------------------------------- */
