@@ -93,10 +93,10 @@ static const struct option options[] = {
      offsetof(struct config, max_batch_tokens), "256", 16, 65536,
      "tokens per engine call: the cap of a batch of decode steps and the prefill chunk size"},
     {"inline-macs", "ATTND_INLINE_MACS", OPTION_I64, offsetof(struct config, inline_macs),
-     "67108864", 0, (int64_t)1 << 40,
+     "134217728", 0, (int64_t)1 << 40,
      "a forward of at most this many multiply-adds on an idle server runs on the event loop "
-     "thread instead of a worker (two thread hand-offs saved: a small preset's step, one "
-     "llama8b layer's decode up to ~3000 keys); 0 = never"},
+     "thread instead of a worker (two thread hand-offs saved: a small preset's step, a 32-session "
+     "small step up to ~3300 keys, one llama8b layer's decode up to ~11000 keys); 0 = never"},
     {"spin-us", "ATTND_SPIN_US", OPTION_I32, offsetof(struct config, spin_us), "200", 0, 1000000,
      "after answering, while no worker computes, the event loop polls its connections this many "
      "microseconds before it sleeps, so a client's next request needs no thread wake-up; 0 = "
