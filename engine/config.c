@@ -258,7 +258,9 @@ int attn__config_check_why(attn_config *cfg, const char **why) {
         return refuse(ATTN_ERANGE, "num_attention_heads x head_dim must be <= 1048576", why);
     }
     if (c.rotary_dim == 0) {
-        c.rotary_dim = c.head_dim & ~1;
+        /* all of the head: an odd head_dim is refused below (rotate_half pairs i with i + D/2;
+         * rotating D - 1 of its dims would be a plausible wrong answer, not the model's) */
+        c.rotary_dim = c.head_dim;
     }
     if (c.rotary_dim != -1 &&
         (c.rotary_dim < 0 || c.rotary_dim % 2 != 0 || c.rotary_dim > c.head_dim)) {

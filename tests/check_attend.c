@@ -436,6 +436,16 @@ START_TEST(test_attend_config_defaults) {
     ck_assert_float_eq(got->rope_theta, 10000.0f);
     ck_assert_float_eq_tol(got->softmax_scale, 0.25f, 1e-7f);
     harness_model_release(&hm);
+
+    /* An odd head_dim has no default RoPE to give (rotate_half pairs i with i + D/2): refused,
+     * not rotated on D - 1 dims; without RoPE it is served. */
+    attn_config odd = harness_config(2, 1, 17);
+    odd.rotary_dim = 0;
+    const char *why = NULL;
+    ck_assert_int_eq(attn__config_check_why(&odd, &why), ATTN_ESHAPE);
+    ck_assert_ptr_nonnull(why);
+    odd.rotary_dim = -1;
+    ck_assert_int_eq(attn__config_check_why(&odd, &why), ATTN_OK);
 }
 END_TEST
 
