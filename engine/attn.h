@@ -201,8 +201,8 @@ int attn_config_preset(const char *name, attn_config *out);
  * softmax_scale). Returns ATTN_EINVAL for a value out of its range (a count < 1, a non-finite or
  * non-positive theta or scale, bad scaling parameters), ATTN_ESHAPE for dimensions that do not
  * fit together (n_kv_heads not dividing n_heads, hidden_size not divisible without a head_dim,
- * rotary_dim odd or > head_dim, an odd head_dim with rotary_dim 0), ATTN_ERANGE for sizes past the engine's limits. Callers that
- * need a reason validate their own inputs first. */
+ * rotary_dim odd or > head_dim, an odd head_dim with rotary_dim 0), ATTN_ERANGE for sizes past the
+ * engine's limits. Callers that need a reason validate their own inputs first. */
 int attn_config_check(attn_config *cfg);
 
 /* ---- models -------------------------------------------------------------------------------- */
