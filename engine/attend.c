@@ -88,9 +88,8 @@ static const struct attn__kv_after nothing_after = {NULL, 0};
 /* s (rows x nb, ld lds) = q (rows x d_k) k_block^T. A few rows (decode) take the decode kernels,
  * which stream the keys in their dtype, float32 included (its older kernels prefetched a few rows
  * ahead, not across a block's edge: llama8b's layer at L=32768, 268 MB of float32 K/V, read at
- * 25-26 GB/s, since at 31-49 in three alternated runs); the prefill
- * kernels take keys in a narrower dtype widened a block at a time, their arithmetic per key
- * dwarfing the widening. */
+ * 25-26 GB/s, since at 31-49 in three alternated runs); the prefill kernels take keys in a
+ * narrower dtype widened a block at a time, their arithmetic per key dwarfing the widening. */
 static void scores_block(const struct attn__task *t, const struct tile_ctx *tc, const float *q,
                          int32_t rows, const uint8_t *kb, int32_t nb, struct attn__kv_after after,
                          float *s, size_t lds) {
