@@ -550,6 +550,18 @@ static const pairing *pairing_of(const preset_run *run, const case_result *r, pa
     return pr;
 }
 
+/* Times case r's reps of fn (paired as pairing_of says) and keeps the result; a failure is
+ * reported by the case's name. */
+static int time_case(preset_run *run, rep_fn fn, void *ctx, case_result *r) {
+    pairing pr;
+    int rc = measure(&run->policy, fn, ctx, pairing_of(run, r, &pr), r);
+    if (rc != ATTN_OK) {
+        fprintf(stderr, "attn_bench: %s: %s\n", r->name, attn_strerror(rc));
+        return rc;
+    }
+    return add_result(run, r);
+}
+
 static int run_prefill_cases(preset_run *run) {
     for (size_t i = 0; i < sizeof(prefill_lens) / sizeof(prefill_lens[0]); i++) {
         case_result r = {.kind = CASE_KIND_PREFILL, .n_new = prefill_lens[i]};
@@ -560,13 +572,7 @@ static int run_prefill_cases(preset_run *run) {
         step_cost(run->model, run->weights_dtype, run->kv_dtype, 1, 0, prefill_lens[i], &r.flops,
                   &r.bytes);
         prefill_ctx ctx = {.run = run, .n_new = prefill_lens[i]};
-        pairing pr;
-        int rc = measure(&run->policy, prefill_rep, &ctx, pairing_of(run, &r, &pr), &r);
-        if (rc != ATTN_OK) {
-            fprintf(stderr, "attn_bench: %s: %s\n", r.name, attn_strerror(rc));
-            return rc;
-        }
-        rc = add_result(run, &r);
+        int rc = time_case(run, prefill_rep, &ctx, &r);
         if (rc != ATTN_OK) {
             return rc;
         }
@@ -601,13 +607,7 @@ static int time_decode(preset_run *run, attn_kv *const *kvs, int32_t n_seq, int3
     r->n_new = n_seq;
     step_cost(run->model, run->weights_dtype, run->kv_dtype, n_seq, n_past, 1, &r->flops,
               &r->bytes);
-    pairing pr;
-    int rc = measure(&run->policy, decode_rep, &ctx, pairing_of(run, r, &pr), r);
-    if (rc != ATTN_OK) {
-        fprintf(stderr, "attn_bench: %s: %s\n", r->name, attn_strerror(rc));
-        return rc;
-    }
-    return add_result(run, r);
+    return time_case(run, decode_rep, &ctx, r);
 }
 
 static int time_attend(preset_run *run, attn_kv *kv, int32_t n_past, case_result *r) {
@@ -625,13 +625,7 @@ static int time_attend(preset_run *run, attn_kv *kv, int32_t n_past, case_result
                                .out = run->out}};
     r->n_new = 1;
     attend_cost(run->model, run->kv_dtype, n_past, &r->flops, &r->bytes);
-    pairing pr;
-    int rc = measure(&run->policy, attend_rep, &ctx, pairing_of(run, r, &pr), r);
-    if (rc != ATTN_OK) {
-        fprintf(stderr, "attn_bench: %s: %s\n", r->name, attn_strerror(rc));
-        return rc;
-    }
-    return add_result(run, r);
+    return time_case(run, attend_rep, &ctx, r);
 }
 
 /* The batched cases, with kvs[0] at BATCH_LEN tokens: the other caches are forks of it, so they
