@@ -801,9 +801,10 @@ qk_kv_rows(const int DT, const int MX, const float *q, size_t ldq, const uint8_t
         }                                                                                          \
     } while (0)
 
-/* Keys per run of pv_kv_rows: a run's value rows stay in L1 while its strips walk them. */
-#define PV_KEYS 32
-_Static_assert(PV_KEYS == KV_PREFETCH_ROWS, "the two kernels hand prefetching over at block edges");
+/* Keys per run of pv_kv_rows: a run's value rows stay in L1 while its strips walk them. Each run
+ * prefetches the next, so this is also the weighted sum's prefetch distance, which must be the
+ * scores kernel's for the two to hand prefetching over at a block's edge. */
+#define PV_KEYS KV_PREFETCH_ROWS
 
 /* o[:, c .. c + 8 CW) += p v over keys [j0, j1) for MX <= 4 rows, the MX x CW accumulators in
  * registers for the whole run (NS sets over alternate keys when one row alone would wait on the
