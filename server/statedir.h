@@ -21,7 +21,7 @@
 struct statedir; /* opaque */
 
 /* Loop thread, when an operation has finished: status 0 or a negative errno (or check's code);
- * for a read, the file's bytes (data, len: a read-only mapping, the callee's to release with
+ * for a read, the file's bytes (data, len: memory of its own, the callee's to release with
  * statedir_release). */
 typedef void (*statedir_done_fn)(void *ctx, int status, uint8_t *data, size_t len);
 

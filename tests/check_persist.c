@@ -9,6 +9,7 @@
  */
 #include <check.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -340,6 +341,24 @@ static void fill(const struct http_client_daemon *d, int n, float **xs) {
     }
 }
 
+/* Evicts dir's files from the page cache, so that the restores that follow read them from the
+ * device (with O_DIRECT, where the filesystem has it) and not from memory. */
+static void drop_page_cache(const char *dir) {
+    DIR *d = opendir(dir);
+    ck_assert_ptr_nonnull(d);
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        char p[512];
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        int fd = open(p, O_RDONLY);
+        if (fd >= 0) {
+            posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+            close(fd);
+        }
+    }
+    closedir(d);
+}
+
 /* Each session's next step, from wherever it is, against a fresh computation. */
 static void expect_all_continue(const struct http_client_daemon *d, int n, float **xs, int at) {
     for (int i = 0; i < n; i++) {
@@ -384,6 +403,7 @@ START_TEST(test_persist_disk_tier_restores_exactly) {
                       strstr(r.body, "\"n_tokens\":600") != NULL,
                   "%s", r.body);
     http_client_response_release(&r);
+    drop_page_cache(dir_);
     expect_all_continue(&a_, N_SPILL, xs, T_SPILL);
     ck_assert(http_client_metric(a_.base, "attnd_spills_total") >= N_SPILL);
     ck_assert(http_client_metric(a_.base, "attnd_restores_total") >= N_SPILL);
@@ -408,6 +428,31 @@ START_TEST(test_persist_disk_tier_restores_exactly) {
     ck_assert_int_eq(status_of(&a_, "DELETE", path, NULL, 0, NULL, 0), 204);
     ck_assert_int_eq(status_of(&a_, "GET", path, NULL, 0, NULL, 0), 404);
     ck_assert_int_eq(count_location(&a_, "disk"), before - 1);
+    for (int i = 0; i < N_SPILL; i++) {
+        free(xs[i]);
+    }
+    stop_ok(&a_);
+}
+END_TEST
+
+/* A state directory on tmpfs (whose files are always in memory, and which has no O_DIRECT):
+ * restores copy from the page cache. */
+START_TEST(test_persist_disk_tier_on_tmpfs_restores_exactly) {
+    ck_assert_int_eq(rmdir(dir_), 0); /* setup's, on /tmp: this test's lives in /dev/shm */
+    snprintf(dir_, sizeof dir_, "/dev/shm/attnd-persist.XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(dir_));
+    const char *args[] = {"--preset", "tiny",        "--kv-dtype", "f32", "--kv-budget-mb",
+                          "1",        "--state-dir", dir_,         NULL};
+    http_client_daemon_start(&a_, args);
+    float *xs[N_SPILL];
+    for (int i = 0; i < N_SPILL; i++) {
+        xs[i] = rows(10 + i);
+    }
+    fill(&a_, N_SPILL, xs);
+    ck_assert_int_gt(count_location(&a_, "disk"), N_SPILL / 2);
+    expect_all_continue(&a_, N_SPILL, xs, T_SPILL);
+    ck_assert(http_client_metric(a_.base, "attnd_restores_total") >= N_SPILL / 2);
+    ck_assert(http_client_metric(a_.base, "attnd_restore_failures_total") == 0);
     for (int i = 0; i < N_SPILL; i++) {
         free(xs[i]);
     }
@@ -714,6 +759,7 @@ Suite *persist_suite(void) {
     tcase_add_test(tc, test_persist_export_import_continues_exactly);
     tcase_add_test(tc, test_persist_import_refusals_create_nothing);
     tcase_add_test(tc, test_persist_disk_tier_restores_exactly);
+    tcase_add_test(tc, test_persist_disk_tier_on_tmpfs_restores_exactly);
     tcase_add_test(tc, test_persist_restart_brings_sessions_back);
     tcase_add_test(tc, test_persist_disk_budget_drops_the_oldest);
     tcase_add_test(tc, test_persist_restore_of_the_oldest_file_survives_the_budget);
