@@ -64,9 +64,20 @@ static void digest_update(struct digest *d, const void *data, size_t n) {
             d->n_stripe = 0;
         }
     }
+    /* Whole stripes, only once the partial stripe is empty (the loop above emptied it). The
+     * lanes live in locals: through d, every round stored and reloaded its lane (p may alias d,
+     * as far as the compiler knows), which halved the speed (10 GB/s against 20). */
+    uint64_t a0 = d->acc[0], a1 = d->acc[1], a2 = d->acc[2], a3 = d->acc[3];
     for (; n >= 32; p += 32, n -= 32) {
-        fold(d, p); /* only once the partial stripe is empty: the loop above emptied it */
+        a0 = round64(a0, read64(p));
+        a1 = round64(a1, read64(p + 8));
+        a2 = round64(a2, read64(p + 16));
+        a3 = round64(a3, read64(p + 24));
     }
+    d->acc[0] = a0;
+    d->acc[1] = a1;
+    d->acc[2] = a2;
+    d->acc[3] = a3;
     memcpy(d->stripe + d->n_stripe, p, n); /* n is 0 here unless the stripe was empty */
     d->n_stripe += n;
 }

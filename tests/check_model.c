@@ -443,6 +443,28 @@ START_TEST(test_model_fingerprint) {
 }
 END_TEST
 
+/* The session files' checksum is part of their format: every saved file is checked with it, so
+ * it must give the words it gave when the format was made (values from that build's code), at
+ * every length around its 32-byte stripe, whatever the implementation becomes. */
+START_TEST(test_model_checksum_is_stable) {
+    static uint8_t b[4096];
+    for (int i = 0; i < 4096; i++) {
+        b[i] = (uint8_t)(i * 131 + 7);
+    }
+    static const struct {
+        size_t n;
+        uint64_t sum;
+    } want[] = {
+        {0, 0x69a1013026774a91ull},    {1, 0xce979fe4445bff2bull},  {31, 0xcee80093f90fb378ull},
+        {32, 0xb0c9b23aa9840134ull},   {33, 0x95765198f08d6260ull}, {100, 0xc886e70f61542769ull},
+        {4096, 0xdb3d5ddd9a5cb80aull},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        ck_assert_msg(attn_checksum64(b, want[i].n) == want[i].sum, "n=%zu", want[i].n);
+    }
+}
+END_TEST
+
 /* `extern` keeps this prototype out of the Makefile's suite-table scan, which matches lines
  * starting with `Suite *`. */
 extern Suite *model_suite(void);
@@ -459,6 +481,7 @@ Suite *model_suite(void) {
     tcase_add_test(tc, test_model_bytes);
     tcase_add_test(tc, test_model_random_deterministic);
     tcase_add_test(tc, test_model_fingerprint);
+    tcase_add_test(tc, test_model_checksum_is_stable);
     suite_add_tcase(s, tc);
     /* Their own case, so that CK_RUN_CASE=model can run the rest without fork (valgrind) even
      * while an engine that dereferences a NULL out-param crashes these. */
