@@ -193,7 +193,7 @@ static void restore_done(void *ctx, int status, uint8_t *data, size_t len) {
             rc = snapshot_restore(sp->p.sessions, op->turn, data, len, op->msg, sizeof op->msg);
         }
     }
-    statedir_release(data, len);
+    statedir_release(sp->dir, data, len);
     double seconds = (double)(uv_hrtime() - op->started_ns) / 1e9;
     char name[API_SESSION_ID_MAX + 16];
     file_name(name, sizeof name, op->id);

@@ -46,8 +46,9 @@ int statedir_read(struct statedir *sd, const char *name,
                   int (*check)(void *ctx, const uint8_t *data, size_t len), statedir_done_fn done,
                   void *ctx);
 
-/* Releases a read's bytes. NULL is a no-op. */
-void statedir_release(uint8_t *data, size_t len);
+/* Releases a read's bytes (loop thread). NULL is a no-op. The last buffer of up to 32 MiB is
+ * kept for the next read: up to that much memory beyond the KV budget while sessions spill. */
+void statedir_release(struct statedir *sd, uint8_t *data, size_t len);
 
 /* Removes file `name` (missing is fine). done may be NULL. Returns 0 or -ENOMEM. */
 int statedir_remove(struct statedir *sd, const char *name, statedir_done_fn done, void *ctx);
