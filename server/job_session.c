@@ -92,6 +92,11 @@ static int fork_prepare(struct pool_job *pj, struct pool_step *step) {
         return job__set_err(job, rc, "new_id",
                             "%s was evicted or expired; DELETE it before reusing the id",
                             job->fk.new_id);
+    case ERROR_SESSION_LOST:
+        return job__set_err(job, rc, "new_id",
+                            "%s was lost (its file failed its checks when read back); DELETE it "
+                            "before reusing the id",
+                            job->fk.new_id);
     case ERROR_SESSION_FILE_FOREIGN:
         return job__set_err(job, rc, "new_id",
                             "--state-dir holds a file named %s that this server leaves alone; "
@@ -183,6 +188,7 @@ void job_submit_delete(struct route_req *rq, struct session *s) {
     job->pj.session = s;
     job->pj.kind = POOL_JOB_CONTROL;
     job->pj.ops = &delete_ops;
+    job->pj.ignores_restore_error = true; /* a session whose file failed is deleted all the same */
     job__submit(job);
 }
 

@@ -408,8 +408,9 @@ static void dispatch_one(struct pool *pool, int32_t i, int32_t n_cand) {
         return;
     }
     /* A session whose file could not be read back: every job queued on it fails the same way,
-     * rather than start from an empty cache. */
-    int rc = j->session != NULL ? session_restore_error(j->session) : 0;
+     * rather than start from an empty cache; a DELETE deletes it. */
+    int rc =
+        j->session != NULL && !j->ignores_restore_error ? session_restore_error(j->session) : 0;
     if (rc == 0) {
         rc = j->ops->prepare(j, &j->step);
     }

@@ -98,6 +98,9 @@ struct pool_job {
     bool is_batchable;       /* a forward of <= POOL_BATCH_STEP_MAX_TOKENS tokens per step */
     int32_t layer;           /* for batching: steps must share the layer */
     bool is_qkv;             /* its steps are q/k/v ones (attn_forward_qkv): batched only so */
+    /* Runs on its session whatever the session's restore from disk came to (DELETE), where every
+     * other job queued on it fails with the restore's error. */
+    bool ignores_restore_error;
     /* Set by the pool: the session's turn (session.h), held from the job's first prepare until
      * after its done returns POOL_AFTER_FINISHED. NULL for stateless jobs. */
     struct session_turn *turn;

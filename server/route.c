@@ -89,7 +89,7 @@ struct session *route_find_session(struct server *srv, const char *id, enum sess
                                    int *rc) {
     struct session *s = session_find(srv->sessions, id, state);
     *rc = s != NULL                           ? 0
-          : *state == SESSION_STATE_TOMBSTONE ? ERROR_SESSION_EVICTED
+          : *state == SESSION_STATE_TOMBSTONE ? session_gone_code(srv->sessions, id)
                                               : ERROR_SESSION_NOT_FOUND;
     if (s == NULL && *state == SESSION_STATE_ON_DISK && srv->spill != NULL) {
         *rc = spill_restore(srv->spill, id, &s);
@@ -411,9 +411,11 @@ static struct session *path_session(struct route_req *rq) {
     session_find(rq->srv->sessions, rq->session, &state);
     struct session *s = session_lookup(rq->srv->sessions, rq->session);
     if (s == NULL) {
-        route_reply_error(
-            rq, state == SESSION_STATE_TOMBSTONE ? ERROR_SESSION_EVICTED : ERROR_SESSION_NOT_FOUND,
-            NULL, "session_id");
+        route_reply_error(rq,
+                          state == SESSION_STATE_TOMBSTONE
+                              ? session_gone_code(rq->srv->sessions, rq->session)
+                              : ERROR_SESSION_NOT_FOUND,
+                          NULL, "session_id");
     }
     return s;
 }

@@ -46,6 +46,8 @@ struct session {
 
 struct tombstone {
     char id[129];
+    bool
+        is_lost; /* its file failed its checks at restore (session_lost), else evicted or expired */
     struct tombstone *hash_next;
 };
 
@@ -117,7 +119,7 @@ static void tomb_unlink(struct session_store *st, struct tombstone *t) {
 
 /* Remembers id in the ring slot at ring_next, forgetting the tombstone that held it (the oldest)
  * if any. Forgotten tombstones leave NULL holes, reused when the ring comes round. */
-static void tomb_add(struct session_store *st, const char *id) {
+static void tomb_add(struct session_store *st, const char *id, bool is_lost) {
     if (tomb_find(st, id) != NULL) {
         return;
     }
@@ -132,11 +134,17 @@ static void tomb_add(struct session_store *st, const char *id) {
         st->n_tombstones++;
     }
     strcpy(t->id, id);
+    t->is_lost = is_lost;
     struct tombstone **b = tomb_bucket_of(st, id);
     t->hash_next = *b;
     *b = t;
     st->ring[st->ring_next] = t;
     st->ring_next = (st->ring_next + 1) % st->max_tombstones;
+}
+
+int session_gone_code(struct session_store *st, const char *id) {
+    const struct tombstone *t = tomb_find(st, id);
+    return t != NULL && t->is_lost ? ERROR_SESSION_LOST : ERROR_SESSION_EVICTED;
 }
 
 bool session_tombstone_forget(struct session_store *st, const char *id) {
@@ -380,7 +388,7 @@ static void drop(struct session_store *st, struct session *s) {
     if (s->is_on_disk) {
         st->disk.remove(st->disk.ctx, s->id);
     }
-    tomb_add(st, s->id);
+    tomb_add(st, s->id, false);
     unlink_session(st, s);
     session_free(st, s);
 }
@@ -460,7 +468,7 @@ int session_create(struct session_store *st, const char *id, int64_t now_ms, str
         return ERROR_SESSION_EXISTS;
     }
     if (state == SESSION_STATE_TOMBSTONE) {
-        return ERROR_SESSION_EVICTED;
+        return session_gone_code(st, id);
     }
     if (st->disk.is_foreign != NULL && st->disk.is_foreign(st->disk.ctx, id)) {
         return ERROR_SESSION_FILE_FOREIGN;
@@ -503,7 +511,8 @@ static void collect_if_unused(struct session_store *st, struct session *s) {
         return;
     }
     if (s->restore_error != 0 && s->restore_error != ERROR_SESSION_FILE_FOREIGN) {
-        tomb_add(st, s->id); /* a foreign file keeps its id from being created instead */
+        /* a foreign file keeps its id from being created instead */
+        tomb_add(st, s->id, s->restore_error == ERROR_SESSION_LOST);
     }
     unlink_session(st, s);
     session_free(st, s);
@@ -532,6 +541,11 @@ struct session *session_turn_session(const struct session_turn *t) {
 
 void session_clear(struct session_store *st, struct session_turn *t) {
     struct session *s = t->s;
+    if (s->restore_error == ERROR_KV_BUDGET_EXHAUSTED && st->disk.remove != NULL) {
+        /* its restore found memory short and left the file for the next try: deleted, the
+         * session must not come back from it (at the next restart) */
+        st->disk.remove(st->disk.ctx, s->id);
+    }
     s->restore_error = 0; /* deleted on purpose: the id is free again */
     for (int32_t i = 0; i < st->layer_count; i++) {
         attn_kv_destroy(s->kv[i]);
@@ -824,7 +838,7 @@ int session_fork(struct session_store *st, struct session_turn *t, const char *n
         return ERROR_SESSION_EXISTS;
     }
     if (state == SESSION_STATE_TOMBSTONE) {
-        return ERROR_SESSION_EVICTED;
+        return session_gone_code(st, new_id);
     }
     int rc = make_room(st, blocks_held(st, s), s);
     if (rc != 0) {

@@ -123,11 +123,16 @@ void session_turn_give(struct session_store *st, struct session_turn *t);
 /* The session a turn belongs to. */
 struct session *session_turn_session(const struct session_turn *t);
 
-/* Frees every cache of the session (DELETE). The session itself goes once its pins and turn do,
- * unless later requests create caches first. */
+/* Frees every cache of the session (DELETE), and forgets how its restore from disk failed (the
+ * file a restore short of memory kept is removed): the id is free again. The session itself goes
+ * once its pins and turn do, unless later requests create caches first. */
 void session_clear(struct session_store *st, struct session_turn *t);
 
 /* Forgets a tombstone. Returns true if there was one. */
+/* What a request naming a tombstoned id is told: ERROR_SESSION_LOST if its file failed its checks
+ * when read back, else ERROR_SESSION_EVICTED (evicted or expired). */
+int session_gone_code(struct session_store *st, const char *id);
+
 bool session_tombstone_forget(struct session_store *st, const char *id);
 
 /* Evicts (with tombstones, reason ttl) idle sessions unused for more than ttl_ms. Returns how

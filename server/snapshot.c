@@ -143,6 +143,9 @@ static int fail(int code, char *msg, size_t msg_size, const char *text) {
 
 int snapshot_read_header(const uint8_t *p, size_t len, struct snapshot_info *info, char *msg,
                          size_t msg_size) {
+    if (len == 0) {
+        return fail(ERROR_CORRUPT_SESSION, msg, msg_size, "the session file is empty (torn?)");
+    }
     if (len < sizeof magic || memcmp(p, magic, sizeof magic) != 0) {
         return fail(ERROR_CORRUPT_SESSION, msg, msg_size,
                     "not an attnd session file (its first bytes are not \"ATTNDSES\")");

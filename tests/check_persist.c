@@ -460,6 +460,75 @@ START_TEST(test_persist_disk_tier_on_tmpfs_restores_exactly) {
 }
 END_TEST
 
+/* The status line's code of a raw answer read from fd (then closed), or 0 if none came. */
+static long raw_status(int fd) {
+    char *out = NULL;
+    ssize_t n = http_client_raw_read_until(fd, "\r\n\r\n", 30000, &out);
+    long st = n > 12 && strncmp(out, "HTTP/1.1 ", 9) == 0 ? atol(out + 9) : 0;
+    free(out);
+    close(fd);
+    return st;
+}
+
+/* A DELETE that comes while the session's file is being read back, a file that then fails its
+ * checksum, deletes the session (204: the id is free again, no 410 left behind) instead of
+ * answering the restore's error. Both requests are on the wire before either is answered; the
+ * restore of a cold 512 KiB file takes long enough for the DELETE to queue behind it (else the
+ * DELETE removes the file and the attend finds no session: 204 all the same). */
+START_TEST(test_persist_delete_during_a_failed_restore_deletes) {
+    const char *args[] = {"--preset", "tiny",        "--kv-dtype", "f32", "--max-sessions",
+                          "1",        "--state-dir", dir_,         NULL};
+    http_client_daemon_start(&a_, args);
+    float *x = rows(7);
+    free(step(&a_, "victim", x, 0, 1000, 0));
+    free(step(&a_, "victim", x, 0, 1000, 1));
+    free(step(&a_, "other", x, 0, 1, 0)); /* one session at a time: victim goes to disk */
+    char p[256];
+    snprintf(p, sizeof p, "%s/victim.session", dir_);
+    for (int i = 0; i < 1000 && access(p, F_OK) != 0; i++) {
+        http_client_sleep_ms(5); /* the I/O thread writes it */
+    }
+    FILE *f = fopen(p, "r+b");
+    ck_assert_ptr_nonnull(f);
+    fseek(f, 0, SEEK_END);
+    long mid = ftell(f) / 2;
+    fseek(f, mid, SEEK_SET);
+    int c = fgetc(f);
+    fseek(f, mid, SEEK_SET);
+    fputc(c ^ 0x10, f);
+    fclose(f);
+    drop_page_cache(dir_);
+    char *body = http_client_attend_body("victim", x, 1000, 1, HIDDEN, true,
+                                         ",\"layer\":0,\"expect_n_past\":1000");
+    size_t blen = strlen(body);
+    char *req = malloc(blen + 256);
+    int n = snprintf(req, blen + 256,
+                     "POST /v1/attend HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     "Connection: close\r\nContent-Length: %zu\r\n\r\n%s",
+                     blen, body);
+    static const char del[] =
+        "DELETE /v1/sessions/victim HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    int fa = http_client_raw_send(a_.port, req, (size_t)n, 0);
+    int fd = http_client_raw_send(a_.port, del, sizeof del - 1, 0);
+    ck_assert_int_ge(fa, 0);
+    ck_assert_int_ge(fd, 0);
+    long attend_status = raw_status(fa);
+    ck_assert_int_eq(raw_status(fd), 204);
+    /* the attend failed either way: the file's checksum (410), or no session left (409) */
+    ck_assert_msg(attend_status == 410 || attend_status == 409, "attend: %ld", attend_status);
+    ck_assert_int_eq(status_of(&a_, "GET", "/v1/sessions/victim", NULL, 0, NULL, 0), 404);
+    for (int i = 0; i < 1000 && access(p, F_OK) == 0; i++) {
+        http_client_sleep_ms(5); /* the I/O thread removes it */
+    }
+    ck_assert_int_ne(access(p, F_OK), 0);
+    free(step(&a_, "victim", x, 0, 1, 0)); /* a new session of that id */
+    free(req);
+    free(body);
+    free(x);
+    stop_ok(&a_);
+}
+END_TEST
+
 /* Every session in memory is written at SIGTERM; the same model finds them all, another leaves
  * the files alone; a file corrupted on disk is refused once (410 session_lost), then forgotten. */
 START_TEST(test_persist_restart_brings_sessions_back) {
@@ -532,11 +601,22 @@ START_TEST(test_persist_restart_brings_sessions_back) {
     http_client_response_release(&lost);
     ck_assert_int_eq(status_of(&a_, "POST", "/v1/attend", body, strlen(body), code, sizeof code),
                      410);
-    ck_assert_str_eq(code, "session_evicted");
+    ck_assert_str_eq(code, "session_lost"); /* the tombstone keeps what happened */
     free(body);
     ck_assert(http_client_metric(a_.base, "attnd_corrupt_sessions_total") == 1);
+    /* an empty file is a torn one */
+    snprintf(p, sizeof p, "%s/p4.session", dir_);
+    ck_assert_int_eq(truncate(p, 0), 0);
+    body = http_client_attend_body("p4", xs[4], T_SPILL, 1, HIDDEN, true, ",\"layer\":0");
+    call(&a_, "POST", "/v1/attend", body, strlen(body), &lost);
+    ck_assert_msg(lost.status == 410 && strstr(lost.body, "\"session_lost\"") != NULL &&
+                      strstr(lost.body, "empty") != NULL,
+                  "%ld %s", lost.status, lost.body);
+    http_client_response_release(&lost);
+    free(body);
+    ck_assert(http_client_metric(a_.base, "attnd_corrupt_sessions_total") == 2);
     for (int i = 0; i < N_SPILL; i++) {
-        if (i != 3) {
+        if (i != 3 && i != 4) {
             char id[32];
             snprintf(id, sizeof id, "p%d", i);
             float *got = step(&a_, id, xs[i], T_SPILL, 1, 0);
@@ -760,6 +840,7 @@ Suite *persist_suite(void) {
     tcase_add_test(tc, test_persist_import_refusals_create_nothing);
     tcase_add_test(tc, test_persist_disk_tier_restores_exactly);
     tcase_add_test(tc, test_persist_disk_tier_on_tmpfs_restores_exactly);
+    tcase_add_test(tc, test_persist_delete_during_a_failed_restore_deletes);
     tcase_add_test(tc, test_persist_restart_brings_sessions_back);
     tcase_add_test(tc, test_persist_disk_budget_drops_the_oldest);
     tcase_add_test(tc, test_persist_restore_of_the_oldest_file_survives_the_budget);
