@@ -958,6 +958,14 @@ int session_restore_begin(struct session_store *st, const char *id, int64_t now_
     return 0;
 }
 
+void session_restore_prepare_room(struct session_store *st, struct session_turn *t) {
+    /* a lower bound of the blocks, so that nobody is evicted for nothing; a shortfall is left
+     * for session_store_make_room at install, which answers it */
+    size_t block = attn_kv_pool_block_bytes(st->kv_pool);
+    size_t blocks = block > 0 ? t->s->disk_bytes / block : 0;
+    make_room(st, blocks < INT32_MAX ? (int32_t)blocks : INT32_MAX, t->s);
+}
+
 void session_restore_end(struct session_store *st, struct session_turn *t, int status,
                          const char *why, int64_t now_ms) {
     struct session *s = t->s;

@@ -201,6 +201,12 @@ int session_add_on_disk(struct session_store *st, const char *id, size_t bytes, 
 int session_restore_begin(struct session_store *st, const char *id, int64_t now_ms,
                           struct session_turn **out);
 
+/* While a restore's file is read: evicts idle sessions for the room its caches will take at
+ * least (its file's bytes over a block's), so that their copies out of the pool (a spill's file
+ * image) run beside the disk's read instead of after it. Whatever more the caches need, and any
+ * shortfall, is found when they are installed. */
+void session_restore_prepare_room(struct session_store *st, struct session_turn *t);
+
 /* Ends a restore: status 0, the caches are installed (session_kv_install); else requests queued
  * on the session fail with status (session_restore_error) and why (session_restore_reason:
  * NULL or a short text, copied), and when the last goes its id is tombstoned
