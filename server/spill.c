@@ -37,6 +37,10 @@ struct spill_op {
     uint64_t started_ns;
     int check_rc; /* the I/O thread's verdict on the file, and why */
     char msg[256];
+    /* a restore's caches, taken into the pool while the I/O thread checks the file */
+    bool is_imported;
+    int import_rc;
+    char import_msg[256];
 };
 
 static void file_name(char *out, size_t size, const char *id) {
@@ -174,6 +178,33 @@ static int check(void *ctx, const uint8_t *data, size_t len) {
     return op->check_rc != 0 ? -EBADMSG : 0;
 }
 
+/* Loop: the file's caches into the pool (its model first), all or nothing; why not in
+ * op->import_msg. */
+static void import_file(struct spill_op *op, const uint8_t *data, size_t len) {
+    struct spill *sp = op->sp;
+    struct snapshot_info info;
+    char *msg = op->import_msg;
+    size_t size = sizeof op->import_msg;
+    int rc = snapshot_read_header(data, len, &info, msg, size);
+    if (rc == 0) {
+        rc = snapshot_match(&info, sp->p.model, sp->p.kv, msg, size);
+    }
+    if (rc == 0) {
+        rc = snapshot_restore(sp->p.sessions, op->turn, data, len, msg, size);
+    }
+    op->is_imported = true;
+    op->import_rc = rc;
+}
+
+/* Loop, while the I/O thread checksums the file: its caches go into the pool now, so that the
+ * copy runs beside the checksum instead of after it (0.35 of a 2048-token llama8b layer's
+ * 3.5 ms). The session's turn is held: nobody reads them before restore_done, which takes them
+ * out again if the file fails (snapshot_restore checks every section's framing itself, so
+ * unchecked bytes can be wrong, never unsafe). */
+static void restore_arrived(void *ctx, const uint8_t *data, size_t len) {
+    import_file(ctx, data, len);
+}
+
 static void restore_done(void *ctx, int status, uint8_t *data, size_t len) {
     struct spill_op *op = ctx;
     struct spill *sp = op->sp;
@@ -183,15 +214,15 @@ static void restore_done(void *ctx, int status, uint8_t *data, size_t len) {
         if (op->check_rc == 0) {
             snprintf(op->msg, sizeof op->msg, "cannot read it: %s", strerror(-status));
         }
+        if (op->is_imported && op->import_rc == 0) {
+            session_clear(sp->p.sessions, op->turn); /* taken in from a file that failed */
+        }
     } else {
-        struct snapshot_info info;
-        rc = snapshot_read_header(data, len, &info, op->msg, sizeof op->msg);
-        if (rc == 0) {
-            rc = snapshot_match(&info, sp->p.model, sp->p.kv, op->msg, sizeof op->msg);
+        if (!op->is_imported) {
+            import_file(op, data, len);
         }
-        if (rc == 0) {
-            rc = snapshot_restore(sp->p.sessions, op->turn, data, len, op->msg, sizeof op->msg);
-        }
+        rc = op->import_rc;
+        memcpy(op->msg, op->import_msg, sizeof op->msg);
     }
     statedir_release(sp->dir, data, len);
     double seconds = (double)(uv_hrtime() - op->started_ns) / 1e9;
@@ -253,7 +284,7 @@ int spill_restore(struct spill *sp, const char *id, struct session **out) {
     char name[API_SESSION_ID_MAX + 16];
     file_name(name, sizeof name, id);
     struct session *s = session_turn_session(op->turn);
-    if (statedir_read(sp->dir, name, check, restore_done, op) != 0) {
+    if (statedir_read(sp->dir, name, check, restore_arrived, restore_done, op) != 0) {
         /* back to disk: the caller gets no session to queue on */
         session_restore_end(sp->p.sessions, op->turn, ERROR_KV_BUDGET_EXHAUSTED, NULL, mono_ms());
         free(op);

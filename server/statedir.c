@@ -30,6 +30,8 @@ struct op {
     size_t len;
     void (*prepare)(uint8_t *data, size_t len);
     int (*check)(void *ctx, const uint8_t *data, size_t len);
+    statedir_arrived_fn arrived;
+    struct op *arrived_next; /* in the arrived list, while the check runs */
     statedir_done_fn done;
     void *ctx;
     int status;
@@ -42,12 +44,13 @@ struct statedir {
     uv_thread_t thread;
     uv_mutex_t mu;
     uv_cond_t cv;
-    struct op *todo_head, *todo_tail; /* queued, under mu */
-    struct op *done_head, *done_tail; /* finished, under mu, for the loop */
-    int32_t n_busy;                   /* queued or running, under mu */
-    size_t pending_write_bytes;       /* under mu */
-    bool is_stopping;                 /* under mu */
-    uint8_t *spare;                   /* under mu: a released read's buffer, for the next */
+    struct op *todo_head, *todo_tail;       /* queued, under mu */
+    struct op *done_head, *done_tail;       /* finished, under mu, for the loop */
+    struct op *arrived_head, *arrived_tail; /* read and being checked, under mu, for the loop */
+    int32_t n_busy;                         /* queued or running, under mu */
+    size_t pending_write_bytes;             /* under mu */
+    bool is_stopping;                       /* under mu */
+    uint8_t *spare;                         /* under mu: a released read's buffer, for the next */
     size_t spare_bytes;
     uv_async_t async;
 };
@@ -213,15 +216,11 @@ static int do_read(struct statedir *sd, struct op *op) {
     struct stat stbuf;
     int rc = fstat(fd, &stbuf) == 0 ? 0 : -errno;
     size_t n = rc == 0 ? (size_t)stbuf.st_size : 0;
-    if (rc == 0 && n == 0) { /* no buffer to read into: the check says what it is */
-        close(fd);
-        return op->check != NULL ? op->check(op->ctx, (const uint8_t *)"", 0) : -EBADMSG;
-    }
-    uint8_t *buf = rc == 0 ? buffer_new(sd, n) : NULL;
-    if (rc == 0 && buf == NULL) {
+    uint8_t *buf = rc == 0 && n > 0 ? buffer_new(sd, n) : NULL; /* empty: no bytes, no buffer */
+    if (rc == 0 && n > 0 && buf == NULL) {
         rc = -ENOMEM;
     }
-    if (rc == 0) {
+    if (rc == 0 && n > 0) {
         int direct =
             is_cached(fd, n) ? -1 : openat(sd->dir_fd, op->name, O_RDONLY | O_DIRECT | O_CLOEXEC);
         rc = direct >= 0 ? read_whole(direct, buf, n) : -EINVAL;
@@ -233,9 +232,6 @@ static int do_read(struct statedir *sd, struct op *op) {
         }
     }
     close(fd);
-    if (rc == 0 && op->check != NULL) {
-        rc = op->check(op->ctx, buf, n);
-    }
     if (rc != 0) {
         statedir_release(sd, buf, n);
         return rc;
@@ -275,6 +271,22 @@ static void execute(struct statedir *sd, struct op *op) {
         break;
     case OP_READ:
         op->status = do_read(sd, op);
+        if (op->status == 0 && op->arrived != NULL && op->len > 0) {
+            /* the loop takes the bytes in while they are checked here */
+            uv_mutex_lock(&sd->mu);
+            op->arrived_next = NULL;
+            if (sd->arrived_tail != NULL) {
+                sd->arrived_tail->arrived_next = op;
+            } else {
+                sd->arrived_head = op;
+            }
+            sd->arrived_tail = op;
+            uv_mutex_unlock(&sd->mu);
+            uv_async_send(&sd->async);
+        }
+        if (op->status == 0 && op->check != NULL) {
+            op->status = op->check(op->ctx, op->len > 0 ? op->data : (const uint8_t *)"", op->len);
+        }
         break;
     case OP_REMOVE:
         op->status = unlinkat(sd->dir_fd, op->name, 0) == 0 || errno == ENOENT ? 0 : -errno;
@@ -315,9 +327,17 @@ static void thread_main(void *arg) {
 /* Runs the done callbacks of finished operations. */
 static void run_done(struct statedir *sd) {
     uv_mutex_lock(&sd->mu);
+    struct op *arrived = sd->arrived_head;
+    sd->arrived_head = sd->arrived_tail = NULL;
     struct op *list = sd->done_head;
     sd->done_head = sd->done_tail = NULL;
     uv_mutex_unlock(&sd->mu);
+    /* first: an operation's done may be in this same list, and never comes before its arrived */
+    for (struct op *op = arrived; op != NULL;) {
+        struct op *next = op->arrived_next; /* read first: the op may be done, and freed below */
+        op->arrived(op->ctx, op->data, op->len);
+        op = next;
+    }
     while (list != NULL) {
         struct op *op = list;
         list = op->next;
@@ -496,12 +516,13 @@ int statedir_write(struct statedir *sd, const char *name, uint8_t *data, size_t 
 }
 
 int statedir_read(struct statedir *sd, const char *name,
-                  int (*check)(void *ctx, const uint8_t *data, size_t len), statedir_done_fn done,
-                  void *ctx) {
+                  int (*check)(void *ctx, const uint8_t *data, size_t len),
+                  statedir_arrived_fn arrived, statedir_done_fn done, void *ctx) {
     struct op *op;
     int rc = queue(sd, OP_READ, name, NULL, 0, done, ctx, &op);
     if (rc == 0) {
         op->check = check;
+        op->arrived = arrived;
         start(sd, op);
     }
     return rc;

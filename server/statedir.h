@@ -39,12 +39,18 @@ void statedir_close(struct statedir *sd);
 int statedir_write(struct statedir *sd, const char *name, uint8_t *data, size_t len,
                    void (*prepare)(uint8_t *data, size_t len), statedir_done_fn done, void *ctx);
 
+/* Loop thread, for a read whose bytes are in (a file of at least one byte), while check runs on
+ * them on the I/O thread: the caller may take them in (read only) before check has said whether
+ * they are sound; done comes after, with the verdict and the same bytes. */
+typedef void (*statedir_arrived_fn)(void *ctx, const uint8_t *data, size_t len);
+
 /* Reads file `name` whole, then calls check(ctx, data, len) on the I/O thread (NULL: none;
- * nonzero fails the read with that status; it may write into ctx's memory, which the loop does
- * not touch until done). Returns 0 or -ENOMEM. */
+ * nonzero fails the read with that status; it may write into ctx's memory that neither arrived
+ * nor the loop touch until done) and, meanwhile, arrived on the loop (NULL: none). done gets the
+ * bytes whenever the read itself succeeded, whatever check said. Returns 0 or -ENOMEM. */
 int statedir_read(struct statedir *sd, const char *name,
-                  int (*check)(void *ctx, const uint8_t *data, size_t len), statedir_done_fn done,
-                  void *ctx);
+                  int (*check)(void *ctx, const uint8_t *data, size_t len),
+                  statedir_arrived_fn arrived, statedir_done_fn done, void *ctx);
 
 /* Releases a read's bytes (loop thread). NULL is a no-op. The last buffer of up to 32 MiB is
  * kept for the next read: up to that much memory beyond the KV budget while sessions spill. */
