@@ -42,6 +42,7 @@ struct session {
     char restore_why[256]; /* session_restore_reason: a restore's message, as long */
     size_t disk_bytes;     /* its file's size (kept while a restore is under way) */
     int32_t disk_tokens;   /* its length when it was written */
+    int32_t disk_blocks;   /* the KV blocks it held when this process wrote it (0: unknown) */
 };
 
 struct tombstone {
@@ -406,8 +407,11 @@ static void fit_disk_budget(struct session_store *st) {
 
 /* Moves s (idle, in memory) to disk: the disk tier takes its caches' bytes, and they go back to
  * the pool. Returns false if the tier could not take them. */
+static int32_t blocks_held(const struct session_store *st, const struct session *s);
+
 static bool spill(struct session_store *st, struct session *s) {
     int32_t tokens = session_n_tokens(s);
+    int32_t blocks = blocks_held(st, s);
     size_t bytes = st->disk.save(st->disk.ctx, s);
     if (bytes == 0) {
         return false;
@@ -424,6 +428,7 @@ static bool spill(struct session_store *st, struct session *s) {
     s->is_on_disk = true;
     s->disk_bytes = bytes;
     s->disk_tokens = tokens;
+    s->disk_blocks = blocks;
     lru_push_front(st, s);
     st->n_on_disk++;
     st->disk_used += bytes;
@@ -959,11 +964,11 @@ int session_restore_begin(struct session_store *st, const char *id, int64_t now_
 }
 
 void session_restore_prepare_room(struct session_store *st, struct session_turn *t) {
-    /* a lower bound of the blocks, so that nobody is evicted for nothing; a shortfall is left
-     * for session_store_make_room at install, which answers it */
-    size_t block = attn_kv_pool_block_bytes(st->kv_pool);
-    size_t blocks = block > 0 ? t->s->disk_bytes / block : 0;
-    make_room(st, blocks < INT32_MAX ? (int32_t)blocks : INT32_MAX, t->s);
+    /* the blocks the caches held when they were written, which they take again (a file found
+     * at start: not known, nothing done); make_room evicts nobody when they could not be had */
+    if (t->s->disk_blocks > 0) {
+        make_room(st, t->s->disk_blocks, t->s);
+    }
 }
 
 void session_restore_end(struct session_store *st, struct session_turn *t, int status,

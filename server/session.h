@@ -201,10 +201,11 @@ int session_add_on_disk(struct session_store *st, const char *id, size_t bytes, 
 int session_restore_begin(struct session_store *st, const char *id, int64_t now_ms,
                           struct session_turn **out);
 
-/* While a restore's file is read: evicts idle sessions for the room its caches will take at
- * least (its file's bytes over a block's), so that their copies out of the pool (a spill's file
- * image) run beside the disk's read instead of after it. Whatever more the caches need, and any
- * shortfall, is found when they are installed. */
+/* While a restore's file is read: evicts idle sessions for the blocks its caches held when this
+ * process wrote them (nobody when they could not all be had, or for a file found at start), so
+ * that the evictions' copies out of the pool run beside the disk's read instead of after it. A
+ * file that then fails its checks has moved those sessions to disk for nothing (as spills, like
+ * any eviction with --state-dir). */
 void session_restore_prepare_room(struct session_store *st, struct session_turn *t);
 
 /* Ends a restore: status 0, the caches are installed (session_kv_install); else requests queued

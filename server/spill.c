@@ -27,6 +27,7 @@ struct spill {
     uint64_t lost_before_save_all;
     char **foreign; /* sorted: ids whose files this server leaves alone (see is_foreign) */
     int32_t n_foreign, cap_foreign;
+    bool is_closing; /* shutdown's writes have begun: a restore still under way stays on disk */
 };
 
 /* One write or restore in flight. */
@@ -198,21 +199,34 @@ static void import_file(struct spill_op *op, const uint8_t *data, size_t len) {
 
 /* Loop, while the I/O thread checksums the file: its caches go into the pool now, so that the
  * copy runs beside the checksum instead of after it (0.35 of a 2048-token llama8b layer's
- * 3.5 ms). The session's turn is held: nobody reads them before restore_done, which takes them
- * out again if the file fails (snapshot_restore checks every section's framing itself, so
- * unchecked bytes can be wrong, never unsafe). */
+ * 3.5 ms). The session's turn is held, so no request reads them before restore_done, which
+ * takes them out again if the file fails (snapshot_restore checks every section's framing
+ * itself: unchecked bytes can be wrong, never unsafe). Until then GET /v1/sessions may show
+ * their length; and the room they take may have moved idle sessions to disk for a file that
+ * then fails, as session_restore_prepare_room may have. */
 static void restore_arrived(void *ctx, const uint8_t *data, size_t len) {
-    import_file(ctx, data, len);
+    struct spill_op *op = ctx;
+    if (!op->sp->is_closing) { /* at shutdown the session stays in its file */
+        import_file(op, data, len);
+    }
 }
 
 static void restore_done(void *ctx, int status, uint8_t *data, size_t len) {
     struct spill_op *op = ctx;
     struct spill *sp = op->sp;
     int rc = 0;
-    if (status != 0) {
+    if (status != 0 || sp->is_closing) {
         rc = op->check_rc != 0 ? op->check_rc : ERROR_SESSION_LOST;
         if (op->check_rc == 0) {
             snprintf(op->msg, sizeof op->msg, "cannot read it: %s", strerror(-status));
+        }
+        if (status == -ENOMEM || (status == 0 && sp->is_closing)) {
+            /* The file is fine, or not known to be bad: memory is short (for the read's
+             * buffer), or shutdown has written every other session and would not write this
+             * one again. It stays on disk. */
+            rc = ERROR_KV_BUDGET_EXHAUSTED;
+            snprintf(op->msg, sizeof op->msg, "%s",
+                     status == 0 ? "attnd is shutting down" : "no memory to read the file into");
         }
         if (op->is_imported && op->import_rc == 0) {
             session_clear(sp->p.sessions, op->turn); /* taken in from a file that failed */
@@ -409,6 +423,7 @@ void spill_save_all(struct spill *sp) {
     struct session_store_stats before;
     session_store_get_stats(sp->p.sessions, &before);
     sp->max_pending = SIZE_MAX; /* at shutdown every session waits its turn for the disk */
+    sp->is_closing = true;
     sp->lost_before_save_all = sp->m.spill_failures + sp->n_not_written;
     session_store_spill_all(sp->p.sessions);
     LOG_INFO("spill", "shutdown: %d sessions in memory, writing them to %s", (int)before.n_sessions,

@@ -203,11 +203,11 @@ static int read_whole(int fd, uint8_t *buf, size_t n) {
     return 0;
 }
 
-/* Reads the file whole into fresh memory. A file the page cache holds is copied from it. One
- * that is not (a spill written a while ago) is read with O_DIRECT: the device gets the whole
- * file as one request of many segments in flight at once, where the page cache's readahead fed
- * it a window at a time (cold 8 MiB: 3 ms against 9-10, on a disk that streams 3.3 GB/s). A
- * filesystem without O_DIRECT (tmpfs) reads through the cache. */
+/* Reads the file whole into a buffer of its own (buffer_new). A file the page cache holds is
+ * copied from it. One that is not (a spill written a while ago) is read with O_DIRECT: the
+ * device gets the whole file as one request of many segments in flight at once, where the page
+ * cache's readahead fed it a window at a time (cold 8 MiB: 3 ms against 9-10, on a disk that
+ * streams 3.3 GB/s). A filesystem without O_DIRECT (tmpfs) reads through the cache. */
 static int do_read(struct statedir *sd, struct op *op) {
     int fd = openat(sd->dir_fd, op->name, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {

@@ -52,7 +52,7 @@ int statedir_read(struct statedir *sd, const char *name,
                   int (*check)(void *ctx, const uint8_t *data, size_t len),
                   statedir_arrived_fn arrived, statedir_done_fn done, void *ctx);
 
-/* Releases a read's bytes (loop thread). NULL is a no-op. The last buffer of up to 32 MiB is
+/* Releases a read's bytes (any thread). NULL is a no-op. The last buffer of up to 32 MiB is
  * kept for the next read: up to that much memory beyond the KV budget while sessions spill. */
 void statedir_release(struct statedir *sd, uint8_t *data, size_t len);
 
