@@ -320,7 +320,10 @@ static void handle_model(struct route_req *rq) {
  * request being answered and are not "pending". */
 static int describe(struct session *s, int32_t own_pins, int64_t now, struct api_session *out,
                     struct api_session_layer **layers) {
-    int32_t n = session_n_layers_used(s);
+    /* a session being read back is described as its file says until the read ends: its caches
+     * may be in the pool before the file's checksum has answered */
+    bool in_file = session_is_on_disk(s) || session_is_restoring(s);
+    int32_t n = in_file ? 0 : session_n_layers_used(s);
     *layers = calloc((size_t)(n > 0 ? n : 1), sizeof **layers);
     if (*layers == NULL) {
         return -1;
@@ -339,10 +342,11 @@ static int describe(struct session *s, int32_t own_pins, int64_t now, struct api
     out->location = "memory";
     out->layers = *layers;
     out->n_layers = n;
-    if (session_is_on_disk(s)) {
+    if (in_file) {
         out->location = "disk";
+        out->n_tokens = session_disk_tokens(s);
         out->bytes = session_disk_bytes(s);
-        out->pending = 0;
+        out->pending = session_is_on_disk(s) ? 0 : out->pending;
     }
     return 0;
 }

@@ -43,6 +43,7 @@ struct session {
     size_t disk_bytes;     /* its file's size (kept while a restore is under way) */
     int32_t disk_tokens;   /* its length when it was written */
     int32_t disk_blocks;   /* the KV blocks it held when this process wrote it (0: unknown) */
+    bool is_restoring;     /* its file is being read back (session_restore_begin .. _end) */
 };
 
 struct tombstone {
@@ -650,6 +651,14 @@ size_t session_disk_bytes(const struct session *s) {
     return s->disk_bytes;
 }
 
+bool session_is_restoring(const struct session *s) {
+    return s->is_restoring;
+}
+
+int32_t session_disk_tokens(const struct session *s) {
+    return s->disk_tokens;
+}
+
 int32_t session_n_layers_used(const struct session *s) {
     int32_t n = 0;
     for (int32_t i = 0; i < s->layer_count; i++) {
@@ -952,6 +961,7 @@ int session_restore_begin(struct session_store *st, const char *id, int64_t now_
         return rc;
     }
     s->is_on_disk = false;
+    s->is_restoring = true;
     s->restore_error = 0;
     lru_push_front(st, s);
     st->n_sessions++;
@@ -974,6 +984,7 @@ void session_restore_prepare_room(struct session_store *st, struct session_turn 
 void session_restore_end(struct session_store *st, struct session_turn *t, int status,
                          const char *why, int64_t now_ms) {
     struct session *s = t->s;
+    s->is_restoring = false;
     s->restore_error = status;
     snprintf(s->restore_why, sizeof s->restore_why, "%s", why != NULL ? why : "");
     refresh(s);

@@ -153,7 +153,10 @@ int session_restore_error(const struct session *s);
 /* Why the restore failed, as session_restore_end was told ("" if not). */
 const char *session_restore_reason(const struct session *s); /* 0, or why its restore failed */
 bool session_is_on_disk(const struct session *s);            /* its caches are in a file */
-size_t session_disk_bytes(const struct session *s);          /* that file's size */
+/* Its file is being read back: its caches are not all in, nor checked, until the read ends. */
+bool session_is_restoring(const struct session *s);
+int32_t session_disk_tokens(const struct session *s); /* its length when its file was written */
+size_t session_disk_bytes(const struct session *s);   /* that file's size */
 int32_t session_pins(const struct session *s);
 int64_t session_idle_ms(const struct session *s, int64_t now_ms); /* 0 while pinned */
 int32_t session_n_tokens(const struct session *s);                /* longest layer */
