@@ -385,16 +385,22 @@ static int count_location(const struct http_client_daemon *d, const char *where)
     return n;
 }
 
-START_TEST(test_persist_disk_tier_restores_exactly) {
+/* Starts a_ (preset tiny, f32 K/V, a 1 MiB pool, --state-dir dir_) and fills sessions p0..
+ * with xs (rows seeded from 10, the caller's to free): more than half of them go to disk. */
+static void start_spilled(float **xs) {
     const char *args[] = {"--preset", "tiny",        "--kv-dtype", "f32", "--kv-budget-mb",
                           "1",        "--state-dir", dir_,         NULL};
     http_client_daemon_start(&a_, args);
-    float *xs[N_SPILL];
     for (int i = 0; i < N_SPILL; i++) {
         xs[i] = rows(10 + i);
     }
     fill(&a_, N_SPILL, xs);
     ck_assert_int_gt(count_location(&a_, "disk"), N_SPILL / 2);
+}
+
+START_TEST(test_persist_disk_tier_restores_exactly) {
+    float *xs[N_SPILL];
+    start_spilled(xs);
     char u[300];
     snprintf(u, sizeof u, "%s/v1/sessions/p0", a_.base);
     struct http_client_response r;
@@ -441,15 +447,8 @@ START_TEST(test_persist_disk_tier_on_tmpfs_restores_exactly) {
     ck_assert_int_eq(rmdir(dir_), 0); /* setup's, on /tmp: this test's lives in /dev/shm */
     snprintf(dir_, sizeof dir_, "/dev/shm/attnd-persist.XXXXXX");
     ck_assert_ptr_nonnull(mkdtemp(dir_));
-    const char *args[] = {"--preset", "tiny",        "--kv-dtype", "f32", "--kv-budget-mb",
-                          "1",        "--state-dir", dir_,         NULL};
-    http_client_daemon_start(&a_, args);
     float *xs[N_SPILL];
-    for (int i = 0; i < N_SPILL; i++) {
-        xs[i] = rows(10 + i);
-    }
-    fill(&a_, N_SPILL, xs);
-    ck_assert_int_gt(count_location(&a_, "disk"), N_SPILL / 2);
+    start_spilled(xs);
     expect_all_continue(&a_, N_SPILL, xs, T_SPILL);
     ck_assert(http_client_metric(a_.base, "attnd_restores_total") >= N_SPILL / 2);
     ck_assert(http_client_metric(a_.base, "attnd_restore_failures_total") == 0);
