@@ -68,7 +68,8 @@ static void copy_payload(const attn_kv *kv, int32_t first, const uint8_t *in, ui
         int32_t heads = kind == 2 ? pool->n_heads : pool->n_kv_heads;
         for (int32_t g = 0; g < heads; g++) {
             /* a head's rows follow one another within a block: one copy per block, not per row
-             * (a 2048-token llama8b layer: 256 copies instead of 32768, 0.5 ms less a restore) */
+             * (a 2048-token llama8b layer: 256 copies instead of 32768; its restore's copy into
+             * the pool 0.5 -> 0.35 ms) */
             for (int32_t t = first, run; t < kv->len; t += run) {
                 run = pool->block_tokens - t % pool->block_tokens;
                 run = run < kv->len - t ? run : kv->len - t;

@@ -48,8 +48,8 @@ struct session {
 
 struct tombstone {
     char id[129];
-    bool
-        is_lost; /* its file failed its checks at restore (session_lost), else evicted or expired */
+    /* its file failed its checks at restore (session_lost), else evicted or expired */
+    bool is_lost;
     struct tombstone *hash_next;
 };
 
@@ -406,10 +406,10 @@ static void fit_disk_budget(struct session_store *st) {
     }
 }
 
-/* Moves s (idle, in memory) to disk: the disk tier takes its caches' bytes, and they go back to
- * the pool. Returns false if the tier could not take them. */
 static int32_t blocks_held(const struct session_store *st, const struct session *s);
 
+/* Moves s (idle, in memory) to disk: the disk tier takes its caches' bytes, and they go back to
+ * the pool. Returns false if the tier could not take them. */
 static bool spill(struct session_store *st, struct session *s) {
     int32_t tokens = session_n_tokens(s);
     int32_t blocks = blocks_held(st, s);

@@ -215,21 +215,17 @@ static void restore_done(void *ctx, int status, uint8_t *data, size_t len) {
     struct spill_op *op = ctx;
     struct spill *sp = op->sp;
     int rc = 0;
-    if (status != 0 || sp->is_closing) {
+    if (status == -ENOMEM || (status == 0 && sp->is_closing)) {
+        /* The file is fine, or not known to be bad: memory is short (for the read's buffer), or
+         * shutdown has written every other session and would not write this one again. It stays
+         * on disk. */
+        rc = ERROR_KV_BUDGET_EXHAUSTED;
+        snprintf(op->msg, sizeof op->msg, "%s",
+                 status == 0 ? "attnd is shutting down" : "no memory to read the file into");
+    } else if (status != 0) {
         rc = op->check_rc != 0 ? op->check_rc : ERROR_SESSION_LOST;
         if (op->check_rc == 0) {
             snprintf(op->msg, sizeof op->msg, "cannot read it: %s", strerror(-status));
-        }
-        if (status == -ENOMEM || (status == 0 && sp->is_closing)) {
-            /* The file is fine, or not known to be bad: memory is short (for the read's
-             * buffer), or shutdown has written every other session and would not write this
-             * one again. It stays on disk. */
-            rc = ERROR_KV_BUDGET_EXHAUSTED;
-            snprintf(op->msg, sizeof op->msg, "%s",
-                     status == 0 ? "attnd is shutting down" : "no memory to read the file into");
-        }
-        if (op->is_imported && op->import_rc == 0) {
-            session_clear(sp->p.sessions, op->turn); /* taken in from a file that failed */
         }
     } else {
         if (!op->is_imported) {
@@ -237,6 +233,9 @@ static void restore_done(void *ctx, int status, uint8_t *data, size_t len) {
         }
         rc = op->import_rc;
         memcpy(op->msg, op->import_msg, sizeof op->msg);
+    }
+    if (rc != 0 && op->is_imported && op->import_rc == 0) {
+        session_clear(sp->p.sessions, op->turn); /* taken in, but the session is not coming back */
     }
     statedir_release(sp->dir, data, len);
     double seconds = (double)(uv_hrtime() - op->started_ns) / 1e9;

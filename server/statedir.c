@@ -216,11 +216,11 @@ static int do_read(struct statedir *sd, struct op *op) {
     struct stat stbuf;
     int rc = fstat(fd, &stbuf) == 0 ? 0 : -errno;
     size_t n = rc == 0 ? (size_t)stbuf.st_size : 0;
-    uint8_t *buf = rc == 0 && n > 0 ? buffer_new(sd, n) : NULL; /* empty: no bytes, no buffer */
-    if (rc == 0 && n > 0 && buf == NULL) {
+    uint8_t *buf = NULL; /* an empty file: no bytes, no buffer */
+    if (rc == 0 && n > 0 && (buf = buffer_new(sd, n)) == NULL) {
         rc = -ENOMEM;
     }
-    if (rc == 0 && n > 0) {
+    if (buf != NULL) {
         int direct =
             is_cached(fd, n) ? -1 : openat(sd->dir_fd, op->name, O_RDONLY | O_DIRECT | O_CLOEXEC);
         rc = direct >= 0 ? read_whole(direct, buf, n) : -EINVAL;
