@@ -75,15 +75,16 @@ struct family {
     const char *const *key_aliases; /* older names for the same four (NULL entries: none), which
                                      * the config class maps onto them; or NULL */
     enum rotary_rule rotary;
-    double default_partial;     /* ROTARY_PARTIAL: partial_rotary_factor when absent; 0 = 1 */
-    attn_rope_style rope_style; /* how pairs rotate (Cohere, GLM: interleaved) */
-    const char *theta_alias;    /* an older name of rope_theta it may use instead, or NULL */
-    const char *bias_flag;      /* BIAS_QKV_IF_FLAG's flag; NULL = attention_bias */
-    int32_t longrope_original;  /* original_max_position_embeddings when absent (Phi3Config:
-                                   4096); 0 = max_position_embeddings */
-    bool has_sinks;             /* self_attn.sinks: one learned logit per query head (gpt-oss) */
-    bool rope_sliding_only;     /* full layers without RoPE (Cohere 2) */
-    int32_t default_pattern;    /* WINDOW_GEMMA3: sliding_window_pattern when absent; 0 = 6 */
+    double default_partial;        /* ROTARY_PARTIAL: partial_rotary_factor when absent; 0 = 1 */
+    attn_rope_style rope_style;    /* how pairs rotate (Cohere, GLM: interleaved) */
+    const char *theta_alias;       /* an older name of rope_theta it may use instead, or NULL */
+    const char *bias_flag;         /* BIAS_QKV_IF_FLAG's flag; NULL = attention_bias */
+    bool has_legacy_scaling_names; /* rope_scaling type "su" / "yarn" meant Phi-3's variants */
+    int32_t longrope_original;     /* original_max_position_embeddings when absent (Phi3Config:
+                                      4096); 0 = max_position_embeddings */
+    bool has_sinks;                /* self_attn.sinks: one learned logit per query head (gpt-oss) */
+    bool rope_sliding_only;        /* full layers without RoPE (Cohere 2) */
+    int32_t default_pattern;       /* WINDOW_GEMMA3: sliding_window_pattern when absent; 0 = 6 */
     const char *default_rope_scaling; /* rope_scaling (JSON) when absent, or NULL */
 };
 
@@ -95,6 +96,9 @@ static int falcon_extra(const struct attn__reason *why, const cJSON *j, attn_con
 static int deepseek_extra(const struct attn__reason *why, const cJSON *j, attn_config *c);
 
 static const char *const gpt2_keys[] = {"n_embd", "n_head", "n_layer", "n_positions"};
+/* GPT2Config.attribute_map: the standard names set the same four (the later one applied wins). */
+static const char *const gpt2_aliases[] = {"hidden_size", "num_attention_heads",
+                                           "num_hidden_layers", "max_position_embeddings"};
 static const char *const stablelm_reads[] = {"qk_layernorm", NULL};
 static const char *const cohere_reads[] = {"use_qk_norm", NULL};
 static const char *const cohere2_reads[] = {"layer_types", "sliding_window_pattern", NULL};
@@ -178,6 +182,7 @@ static const struct family families[] = {
      .window = WINDOW_ALL,
      .tensors = ATTN__HF_FUSED_QKV,
      .rotary = ROTARY_PARTIAL,
+     .has_legacy_scaling_names = true,
      .longrope_original = 4096},
     /* GPT-NeoX / Pythia: per-head fused query_key_value, biases, a quarter of each head
      * rotated. */
@@ -211,6 +216,7 @@ static const struct family families[] = {
      .attn_name = "attn",
      .prefixes = {"transformer.h", "h"},
      .keys = gpt2_keys,
+     .key_aliases = gpt2_aliases,
      .rotary = ROTARY_NONE,
      .read_extra =
          gpt2_extra}, /* StableLM 2: a quarter of each head rotated, q/k/v biases with use_qkv_bias,
@@ -550,16 +556,34 @@ static int parse_rope_scaling(const struct attn__reason *why, const cJSON *j, co
     if (!cJSON_IsObject(rs)) {
         return attn__fail(why, ATTN_EIO, "config.json: rope_scaling must be an object or null");
     }
-    const cJSON *type = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
-    if (type == NULL) {
-        type = cJSON_GetObjectItemCaseSensitive(rs, "type");
-    }
-    if (!cJSON_IsString(type)) {
+    const cJSON *rope_type = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
+    const cJSON *legacy = cJSON_GetObjectItemCaseSensitive(rs, "type");
+    const cJSON *type = rope_type != NULL ? rope_type : legacy;
+    if (!cJSON_IsString(type) || (legacy != NULL && !cJSON_IsString(legacy))) {
         return attn__fail(why, ATTN_EIO, "config.json: rope_scaling needs a string rope_type");
+    }
+    if (rope_type != NULL && legacy != NULL &&
+        strcmp(rope_type->valuestring, legacy->valuestring) != 0) {
+        /* transformers v4's configs copy type over rope_type, later code reads rope_type first */
+        return attn__fail(why, ATTN_EIO,
+                          "config.json: rope_scaling's type '%s' and rope_type '%s' differ, and "
+                          "transformers versions differ on which applies",
+                          legacy->valuestring, rope_type->valuestring);
+    }
+    const char *name = type->valuestring;
+    if (f->has_legacy_scaling_names && legacy != NULL &&
+        (strcmp(name, "su") == 0 || strcmp(name, "yarn") == 0)) {
+        /* Phi3Config._rope_scaling_adjustment renames type "su" and "yarn" to longrope; the
+         * releases before it ran Phi-3's own variants, whose yarn scales attention otherwise. */
+        return attn__fail(why, ATTN_EUNSUPPORTED,
+                          "config.json: %s rope_scaling type '%s' is an old name transformers "
+                          "versions compute differently (Phi-3's own variant, later longrope); "
+                          "name the rope_type",
+                          f->model_type, name);
     }
     const struct scaling_kind *kind = NULL;
     for (size_t i = 0; i < sizeof scaling_kinds / sizeof scaling_kinds[0]; i++) {
-        if (strcmp(type->valuestring, scaling_kinds[i].name) == 0) {
+        if (strcmp(name, scaling_kinds[i].name) == 0) {
             kind = &scaling_kinds[i];
         }
     }
@@ -567,7 +591,7 @@ static int parse_rope_scaling(const struct attn__reason *why, const cJSON *j, co
         return attn__fail(why, ATTN_EUNSUPPORTED,
                           "config.json: rope_scaling type '%s' is not supported (default, linear, "
                           "llama3, yarn, longrope, dynamic are)",
-                          type->valuestring);
+                          name);
     }
     int rc = check_scaling_keys(why, rs, kind);
     if (rc != ATTN_OK) {
@@ -667,35 +691,66 @@ static int parse_rope_scaling(const struct attn__reason *why, const cJSON *j, co
     return ATTN_OK; /* ranges are checked with the whole config (attn__config_check_why) */
 }
 
-/* rope_theta, or the family's older name for it; both present and different is ambiguous. */
+/* rope_theta, or the family's older name for it; both present and different is ambiguous.
+ * *given: whether either was there (else c->rope_theta stays the family's default). */
 static int parse_theta(const struct attn__reason *why, const cJSON *j, const struct family *f,
-                       attn_config *c) {
+                       attn_config *c, bool *given) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, "rope_theta");
+    *given = v != NULL && !cJSON_IsNull(v);
     int rc = get_float(why, j, "rope_theta", &c->rope_theta);
-    if (rc != ATTN_OK || f->theta_alias == NULL ||
-        cJSON_GetObjectItemCaseSensitive(j, f->theta_alias) == NULL) {
+    const cJSON *a =
+        f->theta_alias != NULL ? cJSON_GetObjectItemCaseSensitive(j, f->theta_alias) : NULL;
+    if (rc != ATTN_OK || a == NULL || cJSON_IsNull(a)) {
         return rc;
     }
     float alias = 0;
     if ((rc = get_float(why, j, f->theta_alias, &alias)) != ATTN_OK) {
         return rc;
     }
-    if (cJSON_GetObjectItemCaseSensitive(j, "rope_theta") != NULL && alias != c->rope_theta) {
+    if (*given && alias != c->rope_theta) {
         return attn__fail(why, ATTN_EIO, "config.json: rope_theta and %s differ", f->theta_alias);
     }
     c->rope_theta = alias;
+    *given = true;
+    return ATTN_OK;
+}
+
+/* A value the rotary object (rope_parameters, or rope_scaling) repeats from the config's top
+ * level, key: transformers v5 reads it there (rope_scaling is v5's old name for
+ * rope_parameters), v4 at the top level and never in rope_scaling. So it must agree with the
+ * top level's, or, absent there, with the default v4 takes (*value on entry), unless the object
+ * is rope_parameters, which only v5 reads. *value: the one that applies. */
+static int agree_inner(const struct attn__reason *why, const cJSON *inner, bool is_v5_only,
+                       const char *key, bool top_given, double *value) {
+    const cJSON *v = inner != NULL ? cJSON_GetObjectItemCaseSensitive(inner, key) : NULL;
+    if (v == NULL || cJSON_IsNull(v)) {
+        return ATTN_OK;
+    }
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) {
+        return attn__fail(why, ATTN_EIO, "config.json: %s.%s must be a number",
+                          is_v5_only ? "rope_parameters" : "rope_scaling", key);
+    }
+    if ((top_given || !is_v5_only) && (float)v->valuedouble != (float)*value) {
+        return attn__fail(why, ATTN_EIO,
+                          "config.json: %s.%s (%g) differs from the %s %s (%g), and transformers "
+                          "versions differ on which applies",
+                          is_v5_only ? "rope_parameters" : "rope_scaling", key, v->valuedouble,
+                          top_given ? "config's" : "default", key, *value);
+    }
+    *value = v->valuedouble;
     return ATTN_OK;
 }
 
 /* The fraction of each head that rotates, by the family's rule: *partial in (0, 1]. */
-static int parse_partial(const struct attn__reason *why, const cJSON *j, const cJSON *rp,
-                         const struct family *f, double *partial) {
+static int parse_partial(const struct attn__reason *why, const cJSON *j, const cJSON *inner,
+                         bool is_v5_only, const struct family *f, double *partial) {
     int rc;
     double factor = -1;
     *partial = 1.0;
-    if ((rc = get_double(why, j, "partial_rotary_factor", &factor)) != ATTN_OK ||
-        (rp != NULL && (rc = get_double(why, rp, "partial_rotary_factor", &factor)) != ATTN_OK)) {
+    if ((rc = get_double(why, j, "partial_rotary_factor", &factor)) != ATTN_OK) {
         return rc;
     }
+    bool top_given = factor >= 0;
     if (f->rotary == ROTARY_PARTIAL_NEOX) {
         /* configuration_gpt_neox.py: rotary_pct, 0.25 when absent. */
         *partial = 0.25;
@@ -711,6 +766,10 @@ static int parse_partial(const struct attn__reason *why, const cJSON *j, const c
         *partial = factor;
     } else if (f->rotary == ROTARY_PARTIAL && f->default_partial > 0) {
         *partial = f->default_partial;
+    }
+    if ((rc = agree_inner(why, inner, is_v5_only, "partial_rotary_factor",
+                          top_given || f->rotary == ROTARY_PARTIAL_NEOX, partial)) != ATTN_OK) {
+        return rc;
     }
     if (!(*partial > 0.0 && *partial <= 1.0)) {
         return attn__fail(why, ATTN_EIO,
@@ -735,21 +794,35 @@ static int parse_rope(const struct attn__reason *why, const cJSON *j, const stru
         return ATTN_OK;
     }
     int rc;
-    if ((rc = parse_theta(why, j, f, c)) != ATTN_OK) {
+    bool theta_given = false;
+    if ((rc = parse_theta(why, j, f, c, &theta_given)) != ATTN_OK) {
         return rc;
     }
     const cJSON *rp = cJSON_GetObjectItemCaseSensitive(j, "rope_parameters");
     const cJSON *rs = cJSON_GetObjectItemCaseSensitive(j, "rope_scaling");
     if (!cJSON_IsObject(rp)) {
         rp = NULL;
-    } else {
-        if ((rc = get_float(why, rp, "rope_theta", &c->rope_theta)) != ATTN_OK) {
-            return rc;
-        }
-        if (rs == NULL || cJSON_IsNull(rs)) {
-            rs = rp;
-        }
+    } else if (rs == NULL || cJSON_IsNull(rs)) {
+        rs = rp;
+    } else if (!cJSON_Compare(rs, rp, true)) {
+        return attn__fail(why, ATTN_EIO,
+                          "config.json: rope_scaling and rope_parameters differ, and transformers "
+                          "versions differ on which applies");
     }
+    /* the object both name (rope_parameters, which only v5 reads, when there is one) */
+    const cJSON *inner = cJSON_IsObject(rs) ? rs : NULL;
+    bool is_v5_only = rp != NULL;
+    /* the family's default when none was written (0: config.c's, 10000) */
+    double theta = theta_given || c->rope_theta != 0 ? c->rope_theta : 10000.0;
+    if ((rc = agree_inner(why, inner, is_v5_only, "rope_theta", theta_given, &theta)) != ATTN_OK) {
+        return rc;
+    }
+    theta_given |= inner != NULL && cJSON_GetObjectItemCaseSensitive(inner, "rope_theta") != NULL;
+    if (theta_given && theta == 0) {
+        /* the engine reads 0 as its default, 10000, and checks the range of any other value */
+        return attn__fail(why, ATTN_EINVAL, "config.json: rope_theta must be finite and > 1");
+    }
+    c->rope_theta = (float)theta;
     c->rope_style = f->rope_style;
     const cJSON *style = cJSON_GetObjectItemCaseSensitive(j, "rope_style");
     if (style != NULL && !cJSON_IsNull(style)) {
@@ -769,7 +842,7 @@ static int parse_rope(const struct attn__reason *why, const cJSON *j, const stru
         }
     }
     double partial = 1.0;
-    if ((rc = parse_partial(why, j, rp, f, &partial)) != ATTN_OK) {
+    if ((rc = parse_partial(why, j, inner, is_v5_only, f, &partial)) != ATTN_OK) {
         return rc;
     }
     /* int(head_dim * partial_rotary_factor), as the modeling code computes it; multi-head latent
@@ -879,15 +952,22 @@ static int read_layer_types(const struct attn__reason *why, const cJSON *j, attn
     return ATTN_OK;
 }
 
-/* sliding_window, or the family's default when absent; null is none. */
+/* sliding_window, or the family's default when absent; null is none. One that applies
+ * (is_used) must be >= 1: the modeling code takes any value but None as a window. */
 static int read_window(const struct attn__reason *why, const cJSON *j, const struct family *f,
-                       int32_t *window) {
+                       bool is_used, int32_t *window) {
     *window = f->default_window;
-    if (cJSON_GetObjectItemCaseSensitive(j, "sliding_window") == NULL) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, "sliding_window");
+    if (v == NULL) {
         return ATTN_OK;
     }
     *window = 0;
-    return get_int(why, j, "sliding_window", window);
+    int rc = get_int(why, j, "sliding_window", window);
+    if (rc == ATTN_OK && is_used && !cJSON_IsNull(v) && *window < 1) {
+        return attn__fail(why, ATTN_EIO,
+                          "config.json: sliding_window must be >= 1 (null for none)");
+    }
+    return rc;
 }
 
 /* Which layers slide, by the family's rule (configuration_*.py), unless layer_types lists them. */
@@ -900,15 +980,16 @@ static int parse_window(const struct attn__reason *why, const cJSON *j, const st
     if (f->window == WINDOW_NOT_READ) {
         return ATTN_OK;
     }
-    if ((rc = read_window(why, j, f, &window)) != ATTN_OK) {
+    if (f->window == WINDOW_QWEN2 &&
+        ((rc = get_bool(why, j, "use_sliding_window", &use)) != ATTN_OK ||
+         (rc = get_int(why, j, "max_window_layers", &max_window_layers)) != ATTN_OK)) {
+        return rc;
+    }
+    if ((rc = read_window(why, j, f, f->window != WINDOW_QWEN2 || use, &window)) != ATTN_OK) {
         return rc;
     }
     if (f->window == WINDOW_QWEN2) {
         /* configuration_qwen2.py: without use_sliding_window there is no window at all. */
-        if ((rc = get_bool(why, j, "use_sliding_window", &use)) != ATTN_OK ||
-            (rc = get_int(why, j, "max_window_layers", &max_window_layers)) != ATTN_OK) {
-            return rc;
-        }
         window = use ? window : 0;
     }
     if (f->window != WINDOW_ALL && (rc = read_layer_types(why, j, c, &n_sliding)) != ATTN_OK) {
@@ -955,6 +1036,14 @@ static int granite_extra(const struct attn__reason *why, const cJSON *j, attn_co
 /* modeling_gpt2.py: scores are divided by sqrt(head_dim) only when scale_attn_weights (true
  * when absent). */
 static int gpt2_extra(const struct attn__reason *why, const cJSON *j, attn_config *c) {
+    if (c->n_kv_heads != c->n_heads) {
+        /* GPT2Config has no such field and its attention one K/V head per query head: a config
+         * that names fewer is not the model transformers runs from it */
+        return attn__fail(why, ATTN_EUNSUPPORTED,
+                          "config.json: num_key_value_heads %d: gpt2 attention has one K/V head "
+                          "per query head (n_head %d)",
+                          c->n_kv_heads, c->n_heads);
+    }
     bool scale = true;
     int rc = get_bool(why, j, "scale_attn_weights", &scale);
     c->softmax_scale = scale ? 0.0f : 1.0f; /* 0: the engine's head_dim^-1/2 */
@@ -1078,10 +1167,15 @@ static int gemma_softcap(const struct attn__reason *why, const cJSON *j, float d
     if (cJSON_GetObjectItemCaseSensitive(j, "attn_logit_softcapping") == NULL) {
         return ATTN_OK;
     }
-    c->logit_softcap = 0;
+    if (cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(j, "attn_logit_softcapping"))) {
+        c->logit_softcap = 0; /* none */
+        return ATTN_OK;
+    }
     int rc = get_float(why, j, "attn_logit_softcapping", &c->logit_softcap);
-    if (rc == ATTN_OK && c->logit_softcap < 0) {
-        return attn__fail(why, ATTN_EIO, "config.json: attn_logit_softcapping must be >= 0");
+    if (rc == ATTN_OK && !(c->logit_softcap > 0)) {
+        /* the modeling code caps whenever it is not None: 0 divides by zero */
+        return attn__fail(why, ATTN_EIO,
+                          "config.json: attn_logit_softcapping must be > 0 (null for none)");
     }
     return rc;
 }

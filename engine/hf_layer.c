@@ -254,6 +254,9 @@ static int read_gpt2(const struct attn__hf_reader *rd, const attn_config *c,
                      const struct attn__hf_layout *lay, const char *prefix, int32_t layer,
                      struct attn__layer *l, float *tmp) {
     const struct names *n = &layouts[ATTN__HF_GPT2];
+    if (c->n_kv_heads != c->n_heads) {
+        return ATTN_EINVAL; /* c_attn is 3 x heads wide; w_qkv and tmp hold heads + 2 kv_heads */
+    }
     int32_t hidden = c->hidden_size, n_qkv = 3 * c->n_heads * c->head_dim;
     int32_t hd_all = c->n_heads * c->head_dim;
     int rc = read_named(rd, prefix, layer, lay, n->weights[0], hidden, n_qkv, tmp);

@@ -120,6 +120,98 @@ START_TEST(test_family_repeated_keys_and_ranges_are_named) {
 }
 END_TEST
 
+/* A whole config.json text, parsed. */
+static struct parsed parse_text(const char *json) {
+    struct parsed p;
+    memset(&p, 0, sizeof p);
+    p.rc = attn__hf_config_parse(json, strlen(json), NULL, &p.cfg, &p.lay, p.err, sizeof p.err);
+    return p;
+}
+
+/* A field written twice under two names that transformers versions (or a config class's
+ * attribute_map) read differently is refused unless the two agree; a value the modeling code
+ * would take literally (0) is not read as "absent". (Found by an outside audit: each of these
+ * was served, some from a model no transformers version runs.) */
+START_TEST(test_family_version_ambiguities_are_refused) {
+    struct parsed p = parse(
+        "llama", ",\"rope_scaling\":{\"type\":\"dynamic\",\"rope_type\":\"linear\",\"factor\":4}",
+        NULL);
+    expect_refused(&p, ATTN_EIO, "type 'dynamic' and rope_type 'linear' differ", "type/rope_type");
+    p = parse("llama",
+              ",\"rope_scaling\":{\"type\":\"linear\",\"rope_type\":\"linear\",\"factor\":4}",
+              NULL);
+    expect_ok(&p, "type and rope_type agreeing");
+    ck_assert_float_eq(p.cfg.rope_scaling.factor, 4.0f);
+    /* v5 reads rope_theta and partial_rotary_factor inside rope_scaling, v4 never */
+    p = parse("llama",
+              ",\"rope_scaling\":{\"rope_type\":\"linear\",\"factor\":2,\"rope_theta\":500}", NULL);
+    expect_refused(&p, ATTN_EIO, "rope_scaling.rope_theta (500) differs", "theta inside");
+    p = parse("llama",
+              ",\"rope_scaling\":{\"rope_type\":\"linear\",\"factor\":2,\"rope_theta\":10000}",
+              NULL);
+    expect_ok(&p, "theta inside agreeing");
+    p = parse("phi3",
+              ",\"partial_rotary_factor\":0.75,\"rope_scaling\":{\"rope_type\":\"default\","
+              "\"partial_rotary_factor\":0.5}",
+              NULL);
+    expect_refused(&p, ATTN_EIO, "rope_scaling.partial_rotary_factor (0.5) differs", "partial");
+    /* rope_parameters, which only v5 reads, holds its own theta; beside a top-level one or a
+     * rope_scaling that says otherwise, which applies depends on the version */
+    p = parse_text("{\"model_type\":\"llama\",\"hidden_size\":64,\"num_attention_heads\":4,"
+                   "\"num_hidden_layers\":2,\"rope_parameters\":{\"rope_type\":\"linear\","
+                   "\"factor\":2,\"rope_theta\":500}}");
+    expect_ok(&p, "v5 rope_parameters");
+    ck_assert_float_eq(p.cfg.rope_theta, 500.0f);
+    ck_assert_int_eq(p.cfg.rope_scaling.type, ATTN_ROPE_SCALING_LINEAR);
+    p = parse("llama", ",\"rope_parameters\":{\"rope_type\":\"default\",\"rope_theta\":500}", NULL);
+    expect_refused(&p, ATTN_EIO, "rope_parameters.rope_theta (500) differs", "both thetas");
+    p = parse("llama",
+              ",\"rope_scaling\":{\"rope_type\":\"linear\",\"factor\":4},"
+              "\"rope_parameters\":{\"rope_type\":\"default\"}",
+              NULL);
+    expect_refused(&p, ATTN_EIO, "rope_scaling and rope_parameters differ", "both objects");
+    p = parse("llama",
+              ",\"rope_scaling\":{\"rope_type\":\"linear\",\"factor\":4},"
+              "\"rope_parameters\":{\"rope_type\":\"linear\",\"factor\":4}",
+              NULL);
+    expect_ok(&p, "both objects agreeing");
+    /* Phi3Config renames type su and yarn, which older releases computed their own way */
+    p = parse("phi3", ",\"rope_scaling\":{\"type\":\"yarn\",\"factor\":4}", NULL);
+    expect_refused(&p, ATTN_EUNSUPPORTED, "type 'yarn' is an old name", "phi3 yarn");
+    /* GPT2Config.attribute_map: num_attention_heads sets n_head */
+    const char *gpt2 = "{\"model_type\":\"gpt2\",\"n_embd\":64,\"n_layer\":2%s}";
+    char text[256];
+    snprintf(text, sizeof text, gpt2, ",\"n_head\":4,\"num_attention_heads\":8");
+    p = parse_text(text);
+    expect_refused(&p, ATTN_EIO, "n_head and num_attention_heads differ", "gpt2 alias");
+    snprintf(text, sizeof text, gpt2, ",\"num_attention_heads\":8");
+    p = parse_text(text);
+    expect_ok(&p, "gpt2 alias alone");
+    ck_assert_int_eq(p.cfg.n_heads, 8);
+    ck_assert_int_eq(p.cfg.head_dim, 8);
+    /* a K/V head count GPT-2 has no place for (it overran the fused projection's buffer) */
+    snprintf(text, sizeof text, gpt2, ",\"n_head\":4,\"num_key_value_heads\":2");
+    p = parse_text(text);
+    expect_refused(&p, ATTN_EUNSUPPORTED, "num_key_value_heads 2", "gpt2 kv heads");
+    /* 0 as written: rope_theta 0 is no rotation table at all, a cap of 0 divides by zero, a
+     * window of 0 hides every key; none of them is "absent" */
+    p = parse_text("{\"model_type\":\"llama\",\"hidden_size\":64,\"num_attention_heads\":4,"
+                   "\"num_hidden_layers\":2,\"rope_theta\":0}");
+    expect_refused(&p, ATTN_EINVAL, "rope_theta must be finite and > 1", "rope_theta 0");
+    p = parse("gemma2", ",\"attn_logit_softcapping\":0", NULL);
+    expect_refused(&p, ATTN_EIO, "attn_logit_softcapping must be > 0", "cap 0");
+    p = parse("gemma2", ",\"attn_logit_softcapping\":null", NULL);
+    expect_ok(&p, "cap null");
+    ck_assert_float_eq(p.cfg.logit_softcap, 0.0f);
+    p = parse("mistral", ",\"num_key_value_heads\":2,\"sliding_window\":0", NULL);
+    expect_refused(&p, ATTN_EIO, "sliding_window must be >= 1", "window 0");
+    p = parse("qwen2",
+              ",\"num_key_value_heads\":2,\"sliding_window\":0,\"use_sliding_window\":false", NULL);
+    expect_ok(&p, "an unused window of 0");
+    ck_assert_int_eq(p.cfg.sliding_window, 0);
+}
+END_TEST
+
 /* The fused and transposed layouts: each family's config names, rotary rule and refusals. */
 START_TEST(test_family_layout_rules) {
     /* Phi-3: a partial rotary factor, floored as int(head_dim x factor) in double (0.7 x 10 is
@@ -286,10 +378,10 @@ START_TEST(test_family_layout_rules) {
     p.rc = attn__hf_config_parse(by_layer, strlen(by_layer), NULL, &p.cfg, &p.lay, p.err,
                                  sizeof p.err);
     expect_refused(&p, ATTN_EUNSUPPORTED, "scale_attn_by_inverse_layer_idx", "gpt2 by layer");
-    p = parse("gpt2", "", NULL); /* Llama's names mean nothing to GPT-2 */
-    expect_refused(
-        &p, ATTN_EIO, "n_embd",
-        "gpt2 with llama's names"); /* StableLM 2: a quarter rotated, q/k/v biases with
+    p = parse("gpt2", "", NULL); /* GPT2Config.attribute_map reads Llama's names as its own */
+    expect_ok(&p, "gpt2 with llama's names");
+    ck_assert(p.cfg.hidden_size == 64 && p.cfg.n_heads == 4 &&
+              p.cfg.n_layers == 2); /* StableLM 2: a quarter rotated, q/k/v biases with
                                      * use_qkv_bias, the per-head LayerNorm only with qk_layernorm
                                      * (eps layer_norm_eps), its weights one tensor per head. */
     p = parse("stablelm", ",\"num_key_value_heads\":2,\"use_qkv_bias\":true", NULL);
@@ -447,10 +539,11 @@ START_TEST(test_family_engine_fields_are_attnd_only) {
     expect_refused(&p, ATTN_EUNSUPPORTED, "rope_style", "llama rope_style");
     p = parse("qwen2", ",\"num_key_value_heads\":2,\"partial_rotary_factor\":0.5", NULL);
     expect_refused(&p, ATTN_EUNSUPPORTED, "partial_rotary_factor", "qwen2 partial rotary");
-    p = parse("llama",
-              ",\"rope_parameters\":{\"rope_type\":\"default\",\"rope_theta\":5e5,\"partial_rotary_"
-              "factor\":0.5}",
-              NULL);
+    p = parse(
+        "llama",
+        ",\"rope_parameters\":{\"rope_type\":\"default\",\"rope_theta\":10000,\"partial_rotary_"
+        "factor\":0.5}",
+        NULL);
     expect_refused(&p, ATTN_EUNSUPPORTED, "partial_rotary_factor", "v5 rope_parameters");
     p = parse("llama", ",\"partial_rotary_factor\":1.0", NULL);
     expect_ok(&p, "llama with a whole rotary");
@@ -637,6 +730,7 @@ Suite *family_suite(void) {
     tcase_add_test(tc, test_family_screened_fields);
     tcase_add_test(tc, test_family_repeated_keys_and_ranges_are_named);
     tcase_add_test(tc, test_family_layout_rules);
+    tcase_add_test(tc, test_family_version_ambiguities_are_refused);
     tcase_add_test(tc, test_family_engine_fields_are_attnd_only);
     tcase_add_test(tc, test_family_defaults_and_windows);
     tcase_add_test(tc, test_family_qk_norms);
