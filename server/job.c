@@ -292,6 +292,24 @@ static int inspect_size(struct job *job, int32_t n_keys) {
     return 0;
 }
 
+/* A batch's steps answer in one response, so API_WEIGHTS_MAX_VALUES holds for the weights of
+ * all of them (each checked alone first): a step's count joins its batch's as it is sized, and
+ * the step that would pass the limit fails, naming return_weights. */
+static int charge_batch_weights(struct job *job, int64_t values) {
+    struct job *batch = job->parent;
+    if (batch == NULL || values == 0) {
+        return 0;
+    }
+    if (batch->n_weights + values > API_WEIGHTS_MAX_VALUES) {
+        return job__set_err(job, ERROR_INVALID_REQUEST, "return_weights",
+                            "return_weights: this step's %lld values and the %lld of the call's "
+                            "other steps exceed the limit of %d values in one response",
+                            (long long)values, (long long)batch->n_weights, API_WEIGHTS_MAX_VALUES);
+    }
+    batch->n_weights += values;
+    return 0;
+}
+
 /* Allocates the output buffers once n_past (the self cache's length) and n_keys (the keys the
  * queries see: n_past + T, or a context's tokens) are known, after the length checks. */
 static int attend_size(struct job *job, int32_t n_past, int32_t n_keys) {
@@ -336,7 +354,10 @@ static int attend_size(struct job *job, int32_t n_past, int32_t n_keys) {
         return job__set_err(job, ERROR_INTERNAL, NULL, "out of memory for the output");
     }
     int rc = inspect_size(job, n_keys);
-    if (rc != 0) {
+    int64_t n_returned = is_full              ? n_weights
+                         : job->at.sel.is_set ? api_selection_values(&job->at.sel, lim->n_heads)
+                                              : 0;
+    if (rc != 0 || (rc = charge_batch_weights(job, n_returned)) != 0) {
         return rc;
     }
     job->n_past0 = n_past;

@@ -94,6 +94,7 @@ struct job {
     struct batch_slot *slots; /* a batch's: what each step answered, (at.n_steps) */
     struct job **steps;       /* a batch's: its steps not yet freed (NULL once a step is) */
     int32_t n_open;           /* a batch's steps not yet answered */
+    int64_t n_weights;        /* a batch's: the weights its sized steps return, all together */
 };
 
 /* What a step of a batch answered. */

@@ -328,6 +328,71 @@ START_TEST(test_steps_binary_and_malformed) {
 }
 END_TEST
 
+/* return_weights' limit holds for a whole response: steps that each fit alone (tiny: 4 heads
+ * x 1024 x 1024 values) fit together up to the limit (four of them exactly), and the step that
+ * would pass it fails alone, naming return_weights, its session left unmade. */
+START_TEST(test_steps_weights_limit_is_per_response) {
+    const char *args[] = {"--preset", "tiny", "--kv-dtype", "f32", NULL};
+    http_client_daemon_start(&a_, args);
+    enum { T = 1024, STEPS = 5 };
+    float *x = http_client_random_rows(600, T, HIDDEN);
+    char head[1024];
+    size_t hl = (size_t)snprintf(head, sizeof head, "{\"binary_output\":true,\"steps\":[");
+    for (int i = 0; i < STEPS; i++) {
+        hl += (size_t)snprintf(head + hl, sizeof head - hl,
+                               "%s{\"session_id\":\"w%d\",\"x\":{\"shape\":[%d,%d],"
+                               "\"binary_data_size\":%d},\"return_weights\":true}",
+                               i > 0 ? "," : "", i, T, HIDDEN, T * HIDDEN * 4);
+    }
+    hl += (size_t)snprintf(head + hl, sizeof head - hl, "]}");
+    size_t part = (size_t)T * HIDDEN * 4, len = hl + STEPS * part;
+    char *body = malloc(len);
+    memcpy(body, head, hl);
+    for (int i = 0; i < STEPS; i++) {
+        memcpy(body + hl + i * part, x, part);
+    }
+    char u[128], h[80];
+    snprintf(u, sizeof u, "%s/v1/attend", a_.base);
+    snprintf(h, sizeof h, "Inference-Header-Content-Length: %zu", hl);
+    const char *hdrs[] = {h, NULL};
+    struct http_client_response r;
+    http_client_request("POST", u, body, len, hdrs, &r);
+    ck_assert_msg(r.status == 200, "%ld %s", r.status, r.body);
+    char n[32];
+    size_t json_len = (size_t)strtoull(
+        http_client_header(&r, "Inference-Header-Content-Length", n, sizeof n), NULL, 10);
+    cJSON *got = cJSON_ParseWithLength(r.body, json_len);
+    ck_assert_ptr_nonnull(got);
+    const cJSON *results = cJSON_GetObjectItemCaseSensitive(got, "results");
+    int n_failed = 0, failed = -1;
+    for (int i = 0; i < STEPS; i++) {
+        const cJSON *res = cJSON_GetArrayItem(results, i);
+        const cJSON *e = cJSON_GetObjectItemCaseSensitive(res, "error");
+        if (e != NULL) {
+            n_failed++;
+            failed = i;
+            ck_assert_int_eq(cJSON_GetObjectItemCaseSensitive(res, "status")->valueint, 400);
+            ck_assert_str_eq(cJSON_GetObjectItemCaseSensitive(e, "param")->valuestring,
+                             "return_weights");
+        } else {
+            ck_assert_ptr_nonnull(cJSON_GetObjectItemCaseSensitive(res, "weights"));
+        }
+    }
+    ck_assert_int_eq(n_failed, 1);
+    /* four steps' outputs and weights, nothing of the fifth's */
+    ck_assert_uint_eq(r.len, json_len + (STEPS - 1) * ((size_t)T * HIDDEN + 4 * (size_t)T * T) * 4);
+    cJSON_Delete(got);
+    http_client_response_release(&r);
+    snprintf(u, sizeof u, "%s/v1/sessions/w%d", a_.base, failed);
+    http_client_request("GET", u, NULL, 0, NULL, &r);
+    ck_assert_int_eq(r.status, 404);
+    http_client_response_release(&r);
+    free(body);
+    free(x);
+    stop_ok(&a_);
+}
+END_TEST
+
 /* A client that goes while its batch runs: every step still finishes or stops, each session
  * holds whole steps only, and the daemon serves on (under ASan: nothing touches a freed batch). */
 START_TEST(test_steps_client_gone) {
@@ -397,6 +462,7 @@ Suite *steps_suite(void) {
     tcase_add_test(tc, test_steps_new_session_spares_the_others);
     tcase_add_test(tc, test_steps_binary_and_malformed);
     tcase_add_test(tc, test_steps_client_gone);
+    tcase_add_test(tc, test_steps_weights_limit_is_per_response);
     suite_add_tcase(s, tc);
     return s;
 }
