@@ -496,10 +496,16 @@ static void on_headers(void *ctx, struct http_request *req) {
                           "Transfer-Encoding");
         return;
     }
-    if (http_request_header_count(req, "X-Session-Id") > 1) {
-        route_reply_error(rq, ERROR_INVALID_REQUEST, "more than one X-Session-Id header",
-                          "X-Session-Id");
-        return;
+    /* Headers that decide what a request means: two copies could be read either way (by a
+     * proxy one, by attnd the other), so neither is. */
+    static const char *const once[] = {"X-Session-Id", "Inference-Header-Content-Length"};
+    for (size_t i = 0; i < sizeof once / sizeof once[0]; i++) {
+        if (http_request_header_count(req, once[i]) > 1) {
+            char msg[96];
+            snprintf(msg, sizeof msg, "more than one %s header", once[i]);
+            route_reply_error(rq, ERROR_INVALID_REQUEST, msg, once[i]);
+            return;
+        }
     }
     if (rq->kind == ROUTE_NONE) {
         route_reply_error(rq, ERROR_NOT_FOUND, NULL, NULL);

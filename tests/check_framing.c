@@ -255,6 +255,13 @@ START_TEST(test_framing_mistakes_are_400) {
     http_client_request("POST", u, body, len, bad_plus, &r);
     expect_error(&r, "Inference-Header-Content-Length", "length");
     http_client_response_release(&r);
+    /* two lengths, even one of them right: which splits the body depends on who reads it */
+    char right[96];
+    snprintf(right, sizeof right, "Inference-Header-Content-Length: %zu", strlen(head));
+    const char *two[] = {right, "Inference-Header-Content-Length: 5", NULL};
+    http_client_request("POST", u, body, len, two, &r);
+    expect_error(&r, "Inference-Header-Content-Length", "more than one");
+    http_client_response_release(&r);
     free(body);
     /* a datatype other than FP32, b64 and binary_data_size together, binary_output with stream
      * or with encoding_format */
