@@ -603,14 +603,68 @@ static int take_binary(struct json_reader *r, const struct tensor_spec *s, size_
     return 0;
 }
 
-/* A tensor object whose shape is missing or wrong: what one looks like. */
-static int tensor_object_error(const struct tensor_spec *s, struct api_error *err) {
+/* A tensor object whose shape is missing or wrong: what is wrong, and what one looks like. */
+static int tensor_object_error(const struct tensor_spec *s, const char *what,
+                               struct api_error *err) {
     char ranks[32];
     return fail(err, ERROR_INVALID_REQUEST, s->name,
-                "%s: a tensor object is {\"shape\": [the %s sizes %s], \"b64\": \"...\"} or, "
-                "with the binary tensor extension, {\"shape\": [...], \"binary_data_size\": "
+                "%s: %s; a tensor object is {\"shape\": [the %s sizes %s], \"b64\": \"...\"} "
+                "or, with the binary tensor extension, {\"shape\": [...], \"binary_data_size\": "
                 "bytes}",
-                s->name, rank_words(s, ranks, sizeof ranks), s->doc);
+                s->name, what, rank_words(s, ranks, sizeof ranks), s->doc);
+}
+
+/* A tensor object's shape, checked as a nested array's would be once its rank is known (the
+ * rank first: [1, 1, 64] for a (T, hidden) tensor is a rank mistake, not a size one). */
+static int read_shape(struct json_reader *r, const struct tensor_spec *s, int64_t *dims,
+                      int *rank_out, struct api_error *err) {
+    if (json_peek(r) != JSON_TYPE_ARRAY) {
+        return tensor_object_error(s, "shape is not an array of sizes", err);
+    }
+    json_array_begin(r);
+    int d = 0, more;
+    while ((more = json_array_next(r)) == 1) {
+        double v;
+        if (json_peek(r) != JSON_TYPE_NUMBER) {
+            return tensor_object_error(s, "shape holds something other than a number", err);
+        }
+        if (json_read_number(r, &v) != 0) {
+            return syntax_error(r, err);
+        }
+        if (d == s->rank) {
+            char what[64];
+            snprintf(what, sizeof what, "shape has more than %d sizes", s->rank);
+            return tensor_object_error(s, what, err);
+        }
+        if (v == floor(v) && v > (double)MAX_TENSOR_VALUES) {
+            return fail(err, ERROR_INVALID_REQUEST, s->name, "%s: too many values", s->name);
+        }
+        if (v != floor(v) || v < 0) {
+            char what[64];
+            snprintf(what, sizeof what, "shape[%d] is %.17g, not a size", d, v);
+            return tensor_object_error(s, what, err);
+        }
+        dims[d++] = (int64_t)v;
+    }
+    if (more < 0) {
+        return syntax_error(r, err);
+    }
+    int min = s->min_rank > 0 ? s->min_rank : s->rank;
+    if (d < min) {
+        char what[64];
+        snprintf(what, sizeof what, "shape has %d size%s", d, d == 1 ? "" : "s");
+        return tensor_object_error(s, what, err);
+    }
+    int64_t product = 1;
+    for (int i = 0; i < d; i++) {
+        int rc = check_dim(s, i, dims[i], product, err);
+        if (rc != 0) {
+            return rc;
+        }
+        product *= dims[i];
+    }
+    *rank_out = d;
+    return 0;
 }
 
 static int parse_b64(struct json_reader *r, const struct tensor_spec *s, float **out, int64_t *dims,
@@ -647,39 +701,9 @@ static int parse_b64(struct json_reader *r, const struct tensor_spec *s, float *
             }
             continue;
         }
-        if (json_peek(r) != JSON_TYPE_ARRAY) {
-            return tensor_object_error(s, err);
+        if ((rc = read_shape(r, s, dims, &rank, err)) != 0) {
+            return rc;
         }
-        json_array_begin(r);
-        int d = 0, more;
-        int64_t product = 1;
-        while ((more = json_array_next(r)) == 1) {
-            double v;
-            if (d == s->rank || json_peek(r) != JSON_TYPE_NUMBER) {
-                return tensor_object_error(s, err);
-            }
-            if (json_read_number(r, &v) != 0) {
-                return syntax_error(r, err);
-            }
-            if (v != floor(v) || v < 1 || v > (double)MAX_TENSOR_VALUES) {
-                return tensor_object_error(s, err);
-            }
-            dims[d] = (int64_t)v;
-            rc = check_dim(s, d, dims[d], product, err);
-            if (rc != 0) {
-                return rc;
-            }
-            product *= dims[d];
-            d++;
-        }
-        if (more < 0) {
-            return syntax_error(r, err);
-        }
-        int min = s->min_rank > 0 ? s->min_rank : s->rank;
-        if (d < min || d > s->rank) {
-            return tensor_object_error(s, err);
-        }
-        rank = d;
         has_shape = true;
     }
     if (rc != 0) {
@@ -693,7 +717,11 @@ static int parse_b64(struct json_reader *r, const struct tensor_spec *s, float *
         return rc;
     }
     if (!has_shape || (text.text == NULL) == (binary_size < 0)) {
-        return tensor_object_error(s, err);
+        return tensor_object_error(s,
+                                   !has_shape          ? "no shape"
+                                   : text.text == NULL ? "neither b64 nor binary_data_size"
+                                                       : "both b64 and binary_data_size",
+                                   err);
     }
     int64_t total = 1;
     for (int d = 0; d < rank; d++) {

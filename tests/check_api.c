@@ -465,6 +465,41 @@ START_TEST(test_api_attend_rejects_bad_requests) {
 }
 END_TEST
 
+/* A tensor object's mistakes are named as a nested array's are: the rank first (a [1, 1, 64] x
+ * is a rank mistake, not a size one), then each size, then what the object lacks (found by an
+ * outside audit: each was one generic sentence). */
+START_TEST(test_api_tensor_object_mistakes_say_what) {
+    static const struct {
+        const char *x;
+        const char *says;
+    } cases[] = {
+        {"{\"shape\":[1,1,64],\"b64\":\"AAAA\"}", "shape has more than 2 sizes"},
+        {"{\"shape\":[64],\"b64\":\"AAAA\"}", "shape has 1 size;"},
+        {"{\"shape\":[],\"b64\":\"AAAA\"}", "shape has 0 sizes"},
+        {"{\"shape\":[0,64],\"b64\":\"\"}", "dimension 0 is empty"},
+        {"{\"shape\":[64,1],\"b64\":\"AAAA\"}", "dimension 1 is 1, expected 64"},
+        {"{\"shape\":[1.5,64],\"b64\":\"AAAA\"}", "shape[0] is 1.5, not a size"},
+        {"{\"shape\":[1,\"64\"],\"b64\":\"AAAA\"}", "other than a number"},
+        {"{\"shape\":\"1,64\",\"b64\":\"AAAA\"}", "shape is not an array"},
+        {"{\"shape\":[1e15,64],\"b64\":\"AAAA\"}", "too many values"},
+        {"{\"b64\":\"AAAA\"}", "no shape"},
+        {"{\"shape\":[1,64]}", "neither b64 nor binary_data_size"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char body[256];
+        snprintf(body, sizeof body, "{\"x\":%s}", cases[i].x);
+        struct api_attend_request r;
+        struct api_error err;
+        int rc = api_attend_request_parse(body, strlen(body), &tiny, &r, &err);
+        ck_assert_msg(rc == ERROR_INVALID_REQUEST && strcmp(err.param, "x") == 0, "%s: %d %s", body,
+                      rc, err.param);
+        ck_assert_msg(strstr(err.message, cases[i].says) != NULL, "%s: '%s' does not say '%s'",
+                      body, err.message, cases[i].says);
+        ck_assert_ptr_null(r.x);
+    }
+}
+END_TEST
+
 /* Every strict prefix of a valid request (a body cut short anywhere) is refused cleanly, with
  * no leak (the ASan build checks) and nothing allocated left behind in the struct. */
 START_TEST(test_api_truncated_bodies_are_refused) {
@@ -861,6 +896,7 @@ Suite *api_suite(void) {
     tcase_add_test(tc, test_api_sdpa_golden_float);
     tcase_add_test(tc, test_api_sdpa_golden_base64);
     tcase_add_test(tc, test_api_attend_rejects_bad_requests);
+    tcase_add_test(tc, test_api_tensor_object_mistakes_say_what);
     tcase_add_test(tc, test_api_sdpa_rejects_bad_requests);
     tcase_add_test(tc, test_api_sdpa_work_is_bounded);
     tcase_add_test(tc, test_api_nul_in_names_and_ids_is_refused);
