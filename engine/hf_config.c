@@ -340,14 +340,18 @@ static const struct {
 enum neutral {
     NEUTRAL_NULL,     /* absent or null */
     NEUTRAL_FALSE,    /* absent, null or false */
+    NEUTRAL_TRUE,     /* absent, null or true */
     NEUTRAL_ONE,      /* absent, null or 1 */
+    NEUTRAL_ROPE,     /* absent, null or "rope" */
     NEUTRAL_ALL_FULL, /* absent, null, or a list of "full_attention" only */
 };
 
-static const struct {
+struct screen {
     const char *field;
     enum neutral neutral;
-} screened[] = {
+};
+
+static const struct screen screened[] = {
     {"attn_logit_softcapping", NEUTRAL_NULL},
     {"query_pre_attn_scalar", NEUTRAL_NULL},
     {"rope_local_base_freq", NEUTRAL_NULL},
@@ -368,6 +372,22 @@ static const struct {
     {"rotary_pct", NEUTRAL_ONE},
     {"scale_attn_by_inverse_layer_idx", NEUTRAL_FALSE},
     {"layer_types", NEUTRAL_ALL_FULL},
+};
+
+/* Fields the served families read as a window, a theta, a scale, causality, a K/V layout or a
+ * rotation, and Llama's config ignores. A checkpoint served by --trust-layout llama is another
+ * model, whose attention such a field most likely changes: refused there unless neutral. */
+static const struct screen trusted_screened[] = {
+    {"sliding_window", NEUTRAL_NULL},     {"use_sliding_window", NEUTRAL_FALSE},
+    {"rotary_emb_base", NEUTRAL_NULL},    {"position_embedding_type", NEUTRAL_ROPE},
+    {"scale_attn_weights", NEUTRAL_TRUE}, {"softmax_scale", NEUTRAL_NULL},
+    {"attn_scale", NEUTRAL_NULL},         {"attention_scale", NEUTRAL_NULL},
+    {"is_causal", NEUTRAL_TRUE},          {"causal", NEUTRAL_TRUE},
+    {"multi_query", NEUTRAL_FALSE},       {"new_decoder_architecture", NEUTRAL_FALSE},
+    {"n_head_kv", NEUTRAL_NULL},          {"num_kv_heads", NEUTRAL_NULL},
+    {"kv_lora_rank", NEUTRAL_NULL},       {"q_lora_rank", NEUTRAL_NULL},
+    {"qk_rope_head_dim", NEUTRAL_NULL},   {"rope_interleave", NEUTRAL_FALSE},
+    {"rope_type", NEUTRAL_NULL},
 };
 
 /* ---- field readers ----------------------------------------------------------------------------
@@ -882,6 +902,10 @@ static bool is_neutral(const cJSON *v, enum neutral n) {
         return false;
     case NEUTRAL_FALSE:
         return cJSON_IsFalse(v);
+    case NEUTRAL_TRUE:
+        return cJSON_IsTrue(v);
+    case NEUTRAL_ROPE:
+        return cJSON_IsString(v) && strcmp(v->valuestring, "rope") == 0;
     case NEUTRAL_ONE:
         return cJSON_IsNumber(v) && v->valuedouble == 1.0;
     case NEUTRAL_ALL_FULL: {
@@ -900,8 +924,21 @@ static bool is_neutral(const cJSON *v, enum neutral n) {
     return false;
 }
 
-/* Every screened field holds its neutral value, except the ones the family reads itself. */
-static int screen_fields(const struct attn__reason *why, const cJSON *j, const struct family *f) {
+/* Every screened field holds its neutral value, except the ones the family reads itself; and
+ * for a trusted layout every field other families read. */
+static int screen_fields(const struct attn__reason *why, const cJSON *j, const struct family *f,
+                         bool is_trusted) {
+    for (size_t i = 0; is_trusted && i < sizeof trusted_screened / sizeof trusted_screened[0];
+         i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, trusted_screened[i].field);
+        if (!is_neutral(v, trusted_screened[i].neutral)) {
+            return attn__fail(why, ATTN_EUNSUPPORTED,
+                              "config.json: %s changes other families' attention, and "
+                              "--trust-layout llama does not compute it; refused rather than "
+                              "served wrong",
+                              trusted_screened[i].field);
+        }
+    }
     for (size_t i = 0; i < sizeof screened / sizeof screened[0]; i++) {
         const char *name = screened[i].field;
         bool is_read = false;
@@ -1096,6 +1133,14 @@ static int falcon_extra(const struct attn__reason *why, const cJSON *j, attn_con
  * dims, which qk_rope_head_dim restates). */
 static int deepseek_extra(const struct attn__reason *why, const cJSON *j, attn_config *c) {
     int rc;
+    if (c->n_kv_heads != c->n_heads) {
+        /* modeling_deepseek: the latent expands to one K/V head per query head, and repeat_kv
+         * by heads / num_key_value_heads would then repeat them again: no model runs so */
+        return attn__fail(why, ATTN_EUNSUPPORTED,
+                          "config.json: num_key_value_heads %d: multi-head latent attention has "
+                          "one K/V head per query head (num_attention_heads %d)",
+                          c->n_kv_heads, c->n_heads);
+    }
     c->q_lora_rank = 1536;
     c->kv_lora_rank = 512;
     c->qk_nope_head_dim = 128;
@@ -1252,7 +1297,8 @@ static const struct family *family_find(const char *model_type) {
 
 /* The family whose rules apply; lay->family gets the name served. */
 static int pick_family(const struct attn__reason *why, const cJSON *j, const char *trust_layout,
-                       const struct family **out, struct attn__hf_layout *lay) {
+                       const struct family **out, bool *is_trusted, struct attn__hf_layout *lay) {
+    *is_trusted = false;
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(j, "model_type");
     if (mt != NULL && !cJSON_IsString(mt)) {
         return attn__fail(why, ATTN_EIO, "config.json: model_type must be a string");
@@ -1277,6 +1323,7 @@ static int pick_family(const struct attn__reason *why, const cJSON *j, const cha
                  name != NULL ? name : "a config without model_type");
         attn__make_one_line(lay->family);
         *out = family_find("llama");
+        *is_trusted = true;
         return ATTN_OK;
     }
     if (trust_layout != NULL) {
@@ -1301,7 +1348,8 @@ static int parse_config(const struct attn__reason *why, const cJSON *j, const ch
     memset(c, 0, sizeof *c);
     memset(lay, 0, sizeof *lay);
     const struct family *f = NULL;
-    int rc = pick_family(why, j, trust_layout, &f, lay);
+    bool is_trusted = false;
+    int rc = pick_family(why, j, trust_layout, &f, &is_trusted, lay);
     if (rc != ATTN_OK) {
         return rc;
     }
@@ -1319,7 +1367,7 @@ static int parse_config(const struct attn__reason *why, const cJSON *j, const ch
         lay->prefixes[0] = "language_model.model.layers";
         lay->prefixes[1] = "model.language_model.layers";
     }
-    if ((rc = screen_fields(why, j, f)) != ATTN_OK) {
+    if ((rc = screen_fields(why, j, f, is_trusted)) != ATTN_OK) {
         return rc;
     }
     lay->is_norm_one_plus = f->is_norm_one_plus;

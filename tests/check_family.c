@@ -73,6 +73,34 @@ START_TEST(test_family_model_type_decides) {
 
     p = parse("foo", "", "gpt2");
     expect_refused(&p, ATTN_EINVAL, "gpt2", "a layout that cannot be trusted");
+    /* A trusted layout is another model: fields other families read as a window, theta,
+     * scale, causality, K/V layout or rotation are refused there unless neutral (an outside
+     * audit found each served as plain Llama attention); Llama itself ignores them, as its
+     * config class does. */
+    static const char *const others[][2] = {
+        {",\"sliding_window\":4", "sliding_window"},
+        {",\"rotary_emb_base\":500", "rotary_emb_base"},
+        {",\"position_embedding_type\":\"alibi\"", "position_embedding_type"},
+        {",\"scale_attn_weights\":false", "scale_attn_weights"},
+        {",\"softmax_scale\":0.5", "softmax_scale"},
+        {",\"is_causal\":false", "is_causal"},
+        {",\"multi_query\":true", "multi_query"},
+        {",\"kv_lora_rank\":16", "kv_lora_rank"},
+        {",\"rope_interleave\":true", "rope_interleave"},
+    };
+    for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
+        p = parse("foo", others[i][0], "llama");
+        expect_refused(&p, ATTN_EUNSUPPORTED, others[i][1], others[i][0]);
+        ck_assert_ptr_nonnull(strstr(p.err, "--trust-layout"));
+    }
+    p = parse("foo",
+              ",\"sliding_window\":null,\"position_embedding_type\":\"rope\","
+              "\"scale_attn_weights\":true,\"is_causal\":true,\"multi_query\":false",
+              "llama");
+    expect_ok(&p, "trusted, neutral values");
+    p = parse("llama", ",\"sliding_window\":4", NULL);
+    expect_ok(&p, "llama's own config ignores a window");
+    ck_assert_int_eq(p.cfg.sliding_window, 0);
 
     /* Known and not served: refused with what it needs, trusted or not. */ static const char
         *const unserved[] = {"qwen3_moe", "gemma",  "mixtral",    "olmo",
@@ -328,6 +356,8 @@ START_TEST(test_family_layout_rules) {
     /* DeepSeek: the MLA dims (V3's defaults when absent), q_lora_rank null for q_proj, one
      * latent, head_dim the score's whatever the config's head_dim says, rope_interleave false
      * rotating halves, the yarn mscale_all_dim correction; a zero kv_lora_rank is refused. */
+    p = parse("deepseek_v3", ",\"head_dim\":64,\"num_key_value_heads\":2", NULL);
+    expect_refused(&p, ATTN_EUNSUPPORTED, "num_key_value_heads 2", "MLA with fewer K/V heads");
     p = parse("deepseek_v3", ",\"head_dim\":64,\"num_key_value_heads\":4", NULL);
     expect_ok(&p, "deepseek_v3 defaults");
     ck_assert(p.cfg.q_lora_rank == 1536 && p.cfg.kv_lora_rank == 512 &&
