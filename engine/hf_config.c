@@ -596,9 +596,12 @@ static int parse_rope_scaling(const struct attn__reason *why, const cJSON *j, co
         /* Phi3Config._rope_scaling_adjustment renames type "su" and "yarn" to longrope; the
          * releases before it ran Phi-3's own variants, whose yarn scales attention otherwise. */
         return attn__fail(why, ATTN_EUNSUPPORTED,
-                          "config.json: %s rope_scaling type '%s' is an old name transformers "
-                          "versions compute differently (Phi-3's own variant, later longrope); "
-                          "name the rope_type",
+                          strcmp(name, "su") == 0
+                              ? "config.json: %s rope_scaling type '%s' is LongRoPE's old name; "
+                                "replace it by \"rope_type\": \"longrope\""
+                              : "config.json: %s rope_scaling type '%s' is an old name that "
+                                "transformers releases compute differently (Phi-3's own YaRN, "
+                                "later LongRoPE); replace it by the rope_type meant",
                           f->model_type, name);
     }
     const struct scaling_kind *kind = NULL;
@@ -735,35 +738,83 @@ static int parse_theta(const struct attn__reason *why, const cJSON *j, const str
     return ATTN_OK;
 }
 
-/* A value the rotary object (rope_parameters, or rope_scaling) repeats from the config's top
- * level, key: transformers v5 reads it there (rope_scaling is v5's old name for
- * rope_parameters), v4 at the top level and never in rope_scaling. So it must agree with the
- * top level's, or, absent there, with the default v4 takes (*value on entry), unless the object
- * is rope_parameters, which only v5 reads. *value: the one that applies. */
-static int agree_inner(const struct attn__reason *why, const cJSON *inner, bool is_v5_only,
-                       const char *key, bool top_given, double *value) {
-    const cJSON *v = inner != NULL ? cJSON_GetObjectItemCaseSensitive(inner, key) : NULL;
-    if (v == NULL || cJSON_IsNull(v)) {
-        return ATTN_OK;
+/* The rotary objects a config may hold, each NULL when absent: rope_scaling (v4's, which v5
+ * also reads) and rope_parameters (v5's alone). */
+struct rotary_objects {
+    const cJSON *scaling, *params;
+};
+
+/* A value the rotary objects may repeat from the config's top level (key: rope_theta or
+ * partial_rotary_factor). v4 reads it at the top level only, v5 inside the objects too. So one
+ * inside must agree with the top level's value (top: its name there), or, when the config gives
+ * none (top NULL), with the default v4 takes (*value on entry), unless it sits in a
+ * rope_parameters with no rope_scaling beside it, which only v5 reads. Compared as float
+ * (as_float) where the value is held as one. *value: the one that applies. */
+static int agree_inner(const struct attn__reason *why, const struct rotary_objects *o,
+                       const char *key, const char *top, bool as_float, double *value) {
+    const cJSON *objs[2] = {o->scaling, o->params};
+    static const char *const names[2] = {"rope_scaling", "rope_parameters"};
+    for (int i = 0; i < 2; i++) {
+        const cJSON *v = objs[i] != NULL ? cJSON_GetObjectItemCaseSensitive(objs[i], key) : NULL;
+        if (v == NULL || cJSON_IsNull(v)) {
+            continue;
+        }
+        if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) {
+            return attn__fail(why, ATTN_EIO, "config.json: %s.%s must be a number", names[i], key);
+        }
+        bool is_v5_only = i == 1 && o->scaling == NULL;
+        bool differs = as_float ? (float)v->valuedouble != (float)*value : v->valuedouble != *value;
+        if ((top != NULL || !is_v5_only) && differs) {
+            return attn__fail(why, ATTN_EIO,
+                              "config.json: %s.%s (%.9g) differs from %s %s (%.9g), and "
+                              "transformers versions differ on which applies",
+                              names[i], key, v->valuedouble,
+                              top != NULL ? "the config's" : "the default", top != NULL ? top : key,
+                              *value);
+        }
+        *value = v->valuedouble;
     }
-    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) {
-        return attn__fail(why, ATTN_EIO, "config.json: %s.%s must be a number",
-                          is_v5_only ? "rope_parameters" : "rope_scaling", key);
-    }
-    if ((top_given || !is_v5_only) && (float)v->valuedouble != (float)*value) {
-        return attn__fail(why, ATTN_EIO,
-                          "config.json: %s.%s (%g) differs from the %s %s (%g), and transformers "
-                          "versions differ on which applies",
-                          is_v5_only ? "rope_parameters" : "rope_scaling", key, v->valuedouble,
-                          top_given ? "config's" : "default", key, *value);
-    }
-    *value = v->valuedouble;
     return ATTN_OK;
 }
 
+/* A rotary object's type: rope_type, or its old name type; NULL when the two differ. */
+static const cJSON *scaling_type(const cJSON *o, bool *is_consistent) {
+    const cJSON *rt = cJSON_GetObjectItemCaseSensitive(o, "rope_type");
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(o, "type");
+    *is_consistent = rt == NULL || t == NULL || cJSON_Compare(rt, t, true);
+    return rt != NULL ? rt : t;
+}
+
+/* Whether rope_scaling and rope_parameters name the same scaling: one type, and the same value
+ * for every other key but rope_theta and partial_rotary_factor (agree_inner's). Exporters that
+ * write both for v4 and v5 readers leave rope_theta in rope_parameters only. */
+static bool same_scaling(const cJSON *a, const cJSON *b) {
+    bool ok_a, ok_b;
+    const cJSON *ta = scaling_type(a, &ok_a), *tb = scaling_type(b, &ok_b);
+    if (!ok_a || !ok_b || (ta == NULL) != (tb == NULL) ||
+        (ta != NULL && !cJSON_Compare(ta, tb, true))) {
+        return false;
+    }
+    static const char *const skip[] = {"rope_type", "type", "rope_theta", "partial_rotary_factor"};
+    const cJSON *pair[2][2] = {{a, b}, {b, a}};
+    for (int p = 0; p < 2; p++) {
+        for (const cJSON *it = pair[p][0]->child; it != NULL; it = it->next) {
+            bool is_skipped = false;
+            for (size_t i = 0; i < sizeof skip / sizeof skip[0]; i++) {
+                is_skipped |= strcmp(it->string, skip[i]) == 0;
+            }
+            const cJSON *other = cJSON_GetObjectItemCaseSensitive(pair[p][1], it->string);
+            if (!is_skipped && (other == NULL || !cJSON_Compare(it, other, true))) {
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
 /* The fraction of each head that rotates, by the family's rule: *partial in (0, 1]. */
-static int parse_partial(const struct attn__reason *why, const cJSON *j, const cJSON *inner,
-                         bool is_v5_only, const struct family *f, double *partial) {
+static int parse_partial(const struct attn__reason *why, const cJSON *j,
+                         const struct rotary_objects *o, const struct family *f, double *partial) {
     int rc;
     double factor = -1;
     *partial = 1.0;
@@ -787,8 +838,10 @@ static int parse_partial(const struct attn__reason *why, const cJSON *j, const c
     } else if (f->rotary == ROTARY_PARTIAL && f->default_partial > 0) {
         *partial = f->default_partial;
     }
-    if ((rc = agree_inner(why, inner, is_v5_only, "partial_rotary_factor",
-                          top_given || f->rotary == ROTARY_PARTIAL_NEOX, partial)) != ATTN_OK) {
+    const char *top = f->rotary == ROTARY_PARTIAL_NEOX ? "rotary_pct (or its default)"
+                      : top_given                      ? "partial_rotary_factor"
+                                                       : NULL;
+    if ((rc = agree_inner(why, o, "partial_rotary_factor", top, false, partial)) != ATTN_OK) {
         return rc;
     }
     if (!(*partial > 0.0 && *partial <= 1.0)) {
@@ -820,24 +873,26 @@ static int parse_rope(const struct attn__reason *why, const cJSON *j, const stru
     }
     const cJSON *rp = cJSON_GetObjectItemCaseSensitive(j, "rope_parameters");
     const cJSON *rs = cJSON_GetObjectItemCaseSensitive(j, "rope_scaling");
-    if (!cJSON_IsObject(rp)) {
-        rp = NULL;
-    } else if (rs == NULL || cJSON_IsNull(rs)) {
-        rs = rp;
-    } else if (!cJSON_Compare(rs, rp, true)) {
+    struct rotary_objects o = {cJSON_IsObject(rs) ? rs : NULL, cJSON_IsObject(rp) ? rp : NULL};
+    if (o.scaling != NULL && o.params != NULL && !same_scaling(o.scaling, o.params)) {
         return attn__fail(why, ATTN_EIO,
-                          "config.json: rope_scaling and rope_parameters differ, and transformers "
-                          "versions differ on which applies");
+                          "config.json: rope_scaling and rope_parameters name different scalings "
+                          "(type or another key), and transformers versions differ on which "
+                          "applies");
     }
-    /* the object both name (rope_parameters, which only v5 reads, when there is one) */
-    const cJSON *inner = cJSON_IsObject(rs) ? rs : NULL;
-    bool is_v5_only = rp != NULL;
+    if (o.params != NULL && (rs == NULL || cJSON_IsNull(rs))) {
+        rs = o.params;
+    }
     /* the family's default when none was written (0: config.c's, 10000) */
     double theta = theta_given || c->rope_theta != 0 ? c->rope_theta : 10000.0;
-    if ((rc = agree_inner(why, inner, is_v5_only, "rope_theta", theta_given, &theta)) != ATTN_OK) {
+    if ((rc = agree_inner(why, &o, "rope_theta", theta_given ? "rope_theta" : NULL, true,
+                          &theta)) != ATTN_OK) {
         return rc;
     }
-    theta_given |= inner != NULL && cJSON_GetObjectItemCaseSensitive(inner, "rope_theta") != NULL;
+    for (int i = 0; i < 2; i++) {
+        const cJSON *obj = i == 0 ? o.scaling : o.params;
+        theta_given |= obj != NULL && cJSON_GetObjectItemCaseSensitive(obj, "rope_theta") != NULL;
+    }
     if (theta_given && theta == 0) {
         /* the engine reads 0 as its default, 10000, and checks the range of any other value */
         return attn__fail(why, ATTN_EINVAL, "config.json: rope_theta must be finite and > 1");
@@ -862,7 +917,7 @@ static int parse_rope(const struct attn__reason *why, const cJSON *j, const stru
         }
     }
     double partial = 1.0;
-    if ((rc = parse_partial(why, j, inner, is_v5_only, f, &partial)) != ATTN_OK) {
+    if ((rc = parse_partial(why, j, &o, f, &partial)) != ATTN_OK) {
         return rc;
     }
     /* int(head_dim * partial_rotary_factor), as the modeling code computes it; multi-head latent

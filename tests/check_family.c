@@ -197,15 +197,45 @@ START_TEST(test_family_version_ambiguities_are_refused) {
               ",\"rope_scaling\":{\"rope_type\":\"linear\",\"factor\":4},"
               "\"rope_parameters\":{\"rope_type\":\"default\"}",
               NULL);
-    expect_refused(&p, ATTN_EIO, "rope_scaling and rope_parameters differ", "both objects");
+    expect_refused(&p, ATTN_EIO, "rope_scaling and rope_parameters name different scalings",
+                   "both objects");
     p = parse("llama",
               ",\"rope_scaling\":{\"rope_type\":\"linear\",\"factor\":4},"
               "\"rope_parameters\":{\"rope_type\":\"linear\",\"factor\":4}",
               NULL);
     expect_ok(&p, "both objects agreeing");
+    /* what exporters write for both readers: the same scaling, rope_theta in rope_parameters
+     * and at the top level, type in one and rope_type in the other (a review found these
+     * refused by a literal comparison) */
+    p = parse_text("{\"model_type\":\"llama\",\"hidden_size\":64,\"num_attention_heads\":4,"
+                   "\"num_hidden_layers\":2,\"rope_theta\":500000,\"rope_scaling\":{\"type\":"
+                   "\"llama3\",\"factor\":8,\"low_freq_factor\":1,\"high_freq_factor\":4,"
+                   "\"original_max_position_embeddings\":8192},\"rope_parameters\":{\"rope_type\":"
+                   "\"llama3\",\"factor\":8,\"low_freq_factor\":1,\"high_freq_factor\":4,"
+                   "\"original_max_position_embeddings\":8192,\"rope_theta\":500000}}");
+    expect_ok(&p, "an exporter's both objects");
+    ck_assert_float_eq(p.cfg.rope_theta, 500000.0f);
+    ck_assert_int_eq(p.cfg.rope_scaling.type, ATTN_ROPE_SCALING_LLAMA3);
+    /* beside a rope_scaling, v4 reads that and never a theta inside it: with none at the top
+     * level, an inner one other than the default is ambiguous even when rope_parameters agrees */
+    p = parse_text(
+        "{\"model_type\":\"llama\",\"hidden_size\":64,\"num_attention_heads\":4,"
+        "\"num_hidden_layers\":2,\"rope_scaling\":{\"rope_type\":\"linear\",\"factor\":2,"
+        "\"rope_theta\":500000},\"rope_parameters\":{\"rope_type\":\"linear\","
+        "\"factor\":2,\"rope_theta\":500000}}");
+    expect_refused(&p, ATTN_EIO, "rope_scaling.rope_theta (500000) differs from the default",
+                   "inner theta beside rope_scaling");
+    p = parse_text("{\"model_type\":\"phi3\",\"hidden_size\":64,\"num_attention_heads\":4,"
+                   "\"num_hidden_layers\":2,\"rope_scaling\":{\"rope_type\":\"default\","
+                   "\"partial_rotary_factor\":0.5},\"rope_parameters\":{\"rope_type\":\"default\","
+                   "\"partial_rotary_factor\":0.5}}");
+    expect_refused(&p, ATTN_EIO, "partial_rotary_factor (0.5) differs from the default",
+                   "inner partial beside rope_scaling");
     /* Phi3Config renames type su and yarn, which older releases computed their own way */
     p = parse("phi3", ",\"rope_scaling\":{\"type\":\"yarn\",\"factor\":4}", NULL);
     expect_refused(&p, ATTN_EUNSUPPORTED, "type 'yarn' is an old name", "phi3 yarn");
+    p = parse("phi3", ",\"rope_scaling\":{\"type\":\"su\",\"short_factor\":[1]}", NULL);
+    expect_refused(&p, ATTN_EUNSUPPORTED, "\"rope_type\": \"longrope\"", "phi3 su");
     /* GPT2Config.attribute_map: num_attention_heads sets n_head */
     const char *gpt2 = "{\"model_type\":\"gpt2\",\"n_embd\":64,\"n_layer\":2%s}";
     char text[256];
