@@ -293,8 +293,10 @@ static int inspect_size(struct job *job, int32_t n_keys) {
 }
 
 /* A batch's steps answer in one response, so API_WEIGHTS_MAX_VALUES holds for the weights of
- * all of them (each checked alone first): a step's count joins its batch's as it is sized, and
- * the step that would pass the limit fails, naming return_weights. */
+ * all of them (each checked alone first): a step's count joins its batch's as it is sized (its
+ * buffers allocated), and the step that would pass the limit fails, naming return_weights. A
+ * step that fails later gives its count back (job__batch_step_answered), which helps the steps
+ * sized after that, not those already refused. */
 static int charge_batch_weights(struct job *job, int64_t values) {
     struct job *batch = job->parent;
     if (batch == NULL || values == 0) {
@@ -302,11 +304,13 @@ static int charge_batch_weights(struct job *job, int64_t values) {
     }
     if (batch->n_weights + values > API_WEIGHTS_MAX_VALUES) {
         return job__set_err(job, ERROR_INVALID_REQUEST, "return_weights",
-                            "return_weights: this step's %lld values and the %lld of the call's "
-                            "other steps exceed the limit of %d values in one response",
+                            "return_weights: this step's %lld values and the %lld the call's "
+                            "steps prepared so far hold exceed the limit of %d values in one "
+                            "response",
                             (long long)values, (long long)batch->n_weights, API_WEIGHTS_MAX_VALUES);
     }
     batch->n_weights += values;
+    job->n_charged = values;
     return 0;
 }
 

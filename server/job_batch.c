@@ -99,6 +99,8 @@ void job__batch_step_answered(struct job *step, int status) {
     } else {
         snprintf(s->message, sizeof s->message, "%s", step->err_message);
         snprintf(s->param, sizeof s->param, "%s", step->err_param);
+        batch->n_weights -= step->n_charged; /* its weights are not in the answer */
+        step->n_charged = 0;
     }
     if (--batch->n_open == 0) {
         finish(batch);

@@ -94,7 +94,8 @@ struct job {
     struct batch_slot *slots; /* a batch's: what each step answered, (at.n_steps) */
     struct job **steps;       /* a batch's: its steps not yet freed (NULL once a step is) */
     int32_t n_open;           /* a batch's steps not yet answered */
-    int64_t n_weights;        /* a batch's: the weights its sized steps return, all together */
+    int64_t n_weights;        /* a batch's: the weights its sized steps hold, all together */
+    int64_t n_charged;        /* a step's share of its batch's n_weights */
 };
 
 /* What a step of a batch answered. */
