@@ -614,19 +614,29 @@ static int tensor_object_error(const struct tensor_spec *s, const char *what,
                 s->name, what, rank_words(s, ranks, sizeof ranks), s->doc);
 }
 
+/* tensor_object_error, or the syntax error where the bytes are no JSON value at all. */
+static int wrong_type_or(struct json_reader *r, const struct tensor_spec *s, const char *what,
+                         struct api_error *err) {
+    if (json_peek(r) == JSON_TYPE_INVALID) {
+        json_read_null(r); /* records the syntax error at this byte */
+        return syntax_error(r, err);
+    }
+    return tensor_object_error(s, what, err);
+}
+
 /* A tensor object's shape, checked as a nested array's would be once its rank is known (the
  * rank first: [1, 1, 64] for a (T, hidden) tensor is a rank mistake, not a size one). */
 static int read_shape(struct json_reader *r, const struct tensor_spec *s, int64_t *dims,
                       int *rank_out, struct api_error *err) {
     if (json_peek(r) != JSON_TYPE_ARRAY) {
-        return tensor_object_error(s, "shape is not an array of sizes", err);
+        return wrong_type_or(r, s, "shape is not an array of sizes", err);
     }
     json_array_begin(r);
     int d = 0, more;
     while ((more = json_array_next(r)) == 1) {
         double v;
         if (json_peek(r) != JSON_TYPE_NUMBER) {
-            return tensor_object_error(s, "shape holds something other than a number", err);
+            return wrong_type_or(r, s, "shape holds something other than a number", err);
         }
         if (json_read_number(r, &v) != 0) {
             return syntax_error(r, err);
@@ -636,15 +646,13 @@ static int read_shape(struct json_reader *r, const struct tensor_spec *s, int64_
             snprintf(what, sizeof what, "shape has more than %d sizes", s->rank);
             return tensor_object_error(s, what, err);
         }
-        if (v == floor(v) && v > (double)MAX_TENSOR_VALUES) {
-            return fail(err, ERROR_INVALID_REQUEST, s->name, "%s: too many values", s->name);
-        }
         if (v != floor(v) || v < 0) {
             char what[64];
             snprintf(what, sizeof what, "shape[%d] is %.17g, not a size", d, v);
             return tensor_object_error(s, what, err);
         }
-        dims[d++] = (int64_t)v;
+        /* past the cap, one more than it: check_dim names it once the rank is known */
+        dims[d++] = v > (double)MAX_TENSOR_VALUES ? MAX_TENSOR_VALUES + 1 : (int64_t)v;
     }
     if (more < 0) {
         return syntax_error(r, err);

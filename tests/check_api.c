@@ -482,6 +482,7 @@ START_TEST(test_api_tensor_object_mistakes_say_what) {
         {"{\"shape\":[1,\"64\"],\"b64\":\"AAAA\"}", "other than a number"},
         {"{\"shape\":\"1,64\",\"b64\":\"AAAA\"}", "shape is not an array"},
         {"{\"shape\":[1e15,64],\"b64\":\"AAAA\"}", "too many values"},
+        {"{\"shape\":[1e15,1,64],\"b64\":\"AAAA\"}", "shape has more than 2 sizes"},
         {"{\"b64\":\"AAAA\"}", "no shape"},
         {"{\"shape\":[1,64]}", "neither b64 nor binary_data_size"},
     };
@@ -496,6 +497,15 @@ START_TEST(test_api_tensor_object_mistakes_say_what) {
         ck_assert_msg(strstr(err.message, cases[i].says) != NULL, "%s: '%s' does not say '%s'",
                       body, err.message, cases[i].says);
         ck_assert_ptr_null(r.x);
+    }
+    /* bytes that are no JSON value inside a shape are a JSON mistake, as anywhere else */
+    static const char *const broken[] = {"{\"x\":{\"shape\":[1,@],\"b64\":\"\"}}",
+                                         "{\"x\":{\"shape\":[1,", "{\"x\":{\"shape\":@}}"};
+    for (size_t i = 0; i < sizeof broken / sizeof broken[0]; i++) {
+        struct api_attend_request r;
+        struct api_error err;
+        int rc = api_attend_request_parse(broken[i], strlen(broken[i]), &tiny, &r, &err);
+        ck_assert_msg(rc == ERROR_INVALID_JSON, "%s: %d %s", broken[i], rc, err.message);
     }
 }
 END_TEST
