@@ -1263,12 +1263,9 @@ static int gemma_scale(const struct attn__reason *why, const cJSON *j, attn_conf
 /* The score soft-cap: `def_cap` when absent, none when null. */
 static int gemma_softcap(const struct attn__reason *why, const cJSON *j, float def_cap,
                          attn_config *c) {
-    c->logit_softcap = def_cap;
-    if (cJSON_GetObjectItemCaseSensitive(j, "attn_logit_softcapping") == NULL) {
-        return ATTN_OK;
-    }
-    if (cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(j, "attn_logit_softcapping"))) {
-        c->logit_softcap = 0; /* none */
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, "attn_logit_softcapping");
+    c->logit_softcap = v == NULL ? def_cap : 0; /* null: none */
+    if (v == NULL || cJSON_IsNull(v)) {
         return ATTN_OK;
     }
     int rc = get_float(why, j, "attn_logit_softcapping", &c->logit_softcap);
