@@ -298,6 +298,27 @@ static void reserve_body(struct http_request *r) {
     }
 }
 
+/* MHD's log callback, called with the request target as received, before it splits off the
+ * query or unescapes it in place; MHD ended it with a NUL where the version begins. */
+static void *on_target(void *cls, const char *uri, struct MHD_Connection *conn) {
+    const union MHD_ConnectionInfo *info =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    struct http_conn *hc = info != NULL ? info->socket_context : NULL;
+    if (hc != NULL) {
+        hc->target = uri;
+        hc->target_len = strlen(uri);
+    }
+    return NULL; /* no request context yet: on_access makes it */
+}
+
+bool http_request_target_has_nul(const struct http_request *r) {
+    const struct http_conn *hc = r->hc;
+    /* Without a NUL in it, the target's C string runs to the NUL before the version (MHD's
+     * url is the same bytes, split and unescaped in place) */
+    return hc != NULL && hc->target == r->url && r->version[0] != '\0' &&
+           hc->target + hc->target_len != r->version - 1;
+}
+
 static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const char *url,
                                  const char *method, const char *version, const char *upload_data,
                                  size_t *upload_data_size, void **con_cls) {
@@ -492,7 +513,8 @@ int http_server_create(uv_loop_t *loop, const struct http_params *p, const struc
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION,
         http__conn_notify, s, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)p->idle_timeout_s,
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)(p->max_connections + HTTP_CONN_SLACK),
-        MHD_OPTION_UNESCAPE_CALLBACK, unescape_url, s, MHD_OPTION_END);
+        MHD_OPTION_UNESCAPE_CALLBACK, unescape_url, s, MHD_OPTION_URI_LOG_CALLBACK, on_target, s,
+        MHD_OPTION_END);
     if (s->daemon == NULL) {
         snprintf(err, err_size, "libmicrohttpd failed to start on %s port %d", p->host,
                  (int)s->port);

@@ -112,6 +112,9 @@ const char *http_request_version(const struct http_request *r);
 const char *http_request_header(const struct http_request *r, const char *name);
 /* How many times the header appears (case-insensitive name). */
 int32_t http_request_header_count(const struct http_request *r, const char *name);
+
+/* Whether the request target held a NUL byte (the path handed over ends at it). */
+bool http_request_target_has_nul(const struct http_request *r);
 /* The body (NUL-terminated; empty until on_request). */
 /* Calls fn for each query argument (?name=value&..., decoded) in order, until it returns
  * false. A name without '=' has the value "". */

@@ -47,6 +47,10 @@ struct http_conn {
     struct http_conn *check_prev, *check_next; /* in srv's FIN-check list */
     bool is_checking;
     struct http_request *req; /* headers in, not yet completed; or NULL */
+    /* The last request target MHD parsed, as MHD's log callback saw it: where it starts and
+     * its length as a C string (see http_request_target_has_nul). */
+    const char *target;
+    size_t target_len;
 };
 
 struct http_request {

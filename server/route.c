@@ -478,6 +478,13 @@ static void on_headers(void *ctx, struct http_request *req) {
     rq->kind = match(http_request_path(req), rq->session, sizeof rq->session, &is_id_valid);
     const char *method = http_request_method(req);
     const struct route_entry *e = &entries[rq->kind];
+    /* A NUL byte in the request target: MHD hands the path over as a C string, cut at it, so
+     * /v1/sessions/a<NUL>b would act on session a. */
+    if (http_request_target_has_nul(req)) {
+        http_request_add_header(req, "Connection", "close");
+        route_reply_error(rq, ERROR_INVALID_REQUEST, "the request target holds a NUL byte", NULL);
+        return;
+    }
     /* RFC 9112 section 3.2: an HTTP/1.1 request without Host, or with several, is a 400. */
     int32_t n_host = http_request_header_count(req, "Host");
     if (n_host > 1 || (n_host == 0 && strcmp(http_request_version(req), "HTTP/1.1") == 0)) {
@@ -494,6 +501,18 @@ static void on_headers(void *ctx, struct http_request *req) {
         route_reply_error(rq, ERROR_INVALID_REQUEST,
                           "Transfer-Encoding: only chunked is understood (no other coding)",
                           "Transfer-Encoding");
+        return;
+    }
+    /* RFC 9112 section 6.3: two Content-Lengths, or one beside Transfer-Encoding, leave where
+     * the body ends to whoever reads it (a proxy one way, attnd the other: a request smuggled
+     * in the body). Refused, and the connection closed, since its next bytes cannot be framed. */
+    if (http_request_header_count(req, "Content-Length") > 1 ||
+        (te != NULL && http_request_header(req, "Content-Length") != NULL)) {
+        http_request_add_header(req, "Connection", "close");
+        route_reply_error(rq, ERROR_INVALID_REQUEST,
+                          te != NULL ? "Content-Length beside Transfer-Encoding"
+                                     : "more than one Content-Length header",
+                          "Content-Length");
         return;
     }
     /* Headers that decide what a request means: two copies could be read either way (by a

@@ -81,6 +81,19 @@ static int raw_status(const char *method, const char *path, const char *body) {
     return status;
 }
 
+/* A raw request of n bytes (NULs and all); the first answer's status, and whether the server
+ * then closed the connection (no second answer to bytes that followed). */
+static int raw_bytes_status(const char *req, size_t n, bool *closed) {
+    int fd = http_client_raw_send(daemon_.port, req, n, 0);
+    char *seen;
+    http_client_raw_read_until(fd, "\r\n\r\n", 10000, &seen);
+    int status = strncmp(seen, "HTTP/1.1 ", 9) == 0 ? atoi(seen + 9) : -1;
+    free(seen);
+    *closed = http_client_raw_closed_within(fd, 5000);
+    close(fd);
+    return status;
+}
+
 static void assert_utf8(const char *what, const char *text, size_t n) {
     for (size_t i = 0; i < n;) {
         size_t len = utf8_seq_len((const unsigned char *)text + i, n - i);
@@ -137,8 +150,47 @@ START_TEST(test_hostile_nul_never_aliases_a_shorter_name) {
     http_client_response_release(&r);
     const char *fork = "{\"new_id\":\"ctl\\u0000\"}";
     ck_assert_int_eq(status_of("POST", "/v1/sessions/ctl/fork", fork), 400);
+    /* A raw NUL in the request target: MHD hands the path over cut at it, so it once read as
+     * "ctl" (found by an outside audit: the DELETE below deleted ctl). */
+    static const char nul_delete[] = "DELETE /v1/sessions/ctl\0zzz HTTP/1.1\r\nHost: a\r\n\r\n";
+    static const char nul_get[] = "GET /v1/sessions/ctl\0 HTTP/1.1\r\nHost: a\r\n\r\n";
+    bool closed;
+    ck_assert_int_eq(raw_bytes_status(nul_delete, sizeof nul_delete - 1, &closed), 400);
+    ck_assert_int_eq(raw_bytes_status(nul_get, sizeof nul_get - 1, &closed), 400);
     /* ctl is untouched by all of it. */
     ck_assert_int_eq(session_tokens("ctl"), 4);
+    free(x);
+    stop_ok();
+}
+END_TEST
+
+/* RFC 9112 section 6.3: a body whose end two readers would place differently (two
+ * Content-Lengths, or one beside Transfer-Encoding) is refused and the connection closed, so a
+ * request hidden in it never runs (found by an outside audit: the second was served). */
+START_TEST(test_hostile_ambiguous_body_length_is_refused) {
+    const char *args[] = {"--preset", "tiny", NULL};
+    http_client_daemon_start(&daemon_, args);
+    float *x = http_client_random_rows(5, 2, TINY_HIDDEN);
+    char *body = http_client_attend_body("ctl", x, 0, 2, TINY_HIDDEN, false, NULL);
+    ck_assert_int_eq(status_of("POST", "/v1/attend", body), 200);
+    free(body);
+    static const char smuggled[] = "DELETE /v1/sessions/ctl HTTP/1.1\r\nHost: a\r\n\r\n";
+    char req[512];
+    int n = snprintf(req, sizeof req,
+                     "POST /v1/sessions/ctl/truncate HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n"
+                     "Content-Length: %zu\r\n\r\n{}%s",
+                     2 + strlen(smuggled), smuggled);
+    bool closed = false;
+    ck_assert_int_eq(raw_bytes_status(req, (size_t)n, &closed), 400);
+    ck_assert(closed);
+    n = snprintf(req, sizeof req,
+                 "POST /v1/sessions/ctl/truncate HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: "
+                 "chunked\r\nContent-Length: 5\r\n\r\n2\r\n{}\r\n0\r\n\r\n%s",
+                 smuggled);
+    closed = false;
+    ck_assert_int_eq(raw_bytes_status(req, (size_t)n, &closed), 400);
+    ck_assert(closed);
+    ck_assert_int_eq(session_tokens("ctl"), 2);
     free(x);
     stop_ok();
 }
@@ -408,6 +460,7 @@ Suite *hostile_suite(void) {
     tcase_set_timeout(tc, 120);
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_hostile_nul_never_aliases_a_shorter_name);
+    tcase_add_test(tc, test_hostile_ambiguous_body_length_is_refused);
     tcase_add_test(tc, test_hostile_one_request_is_one_log_line);
     tcase_add_test(tc, test_hostile_error_bodies_are_valid_utf8);
     tcase_add_test(tc, test_hostile_many_keys_never_stall_the_loop);
