@@ -1041,8 +1041,11 @@ void session_store_spill_all(struct session_store *st) {
     struct session *s = st->lru_tail;
     while (s != NULL) {
         struct session *prev = s->lru_prev;
-        if (is_idle(s) && session_n_layers_used(s) > 0) {
-            evict(st, s, SESSION_EVICT_BUDGET);
+        /* not an eviction: neither counted as one nor logged with a budget's reason; one that
+         * cannot be written is lost with the process, as any session without a disk tier */
+        if (is_idle(s) && session_n_layers_used(s) > 0 && st->disk.save != NULL && spill(st, s)) {
+            LOG_INFO("session", "spilled req=- session=%s reason=shutdown tokens=%d bytes=%zu",
+                     s->id, (int)s->disk_tokens, s->disk_bytes);
         }
         s = prev;
     }
