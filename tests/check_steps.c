@@ -261,6 +261,20 @@ START_TEST(test_steps_new_session_spares_the_others) {
 }
 END_TEST
 
+/* POSTs a framed body (its first hl bytes the JSON, raw tensors after) to a_'s /v1/attend and
+ * expects 200; returns the answer's JSON length (its raw tensors follow in *r). */
+static size_t post_framed(const char *body, size_t hl, size_t len, struct http_client_response *r) {
+    char u[128], h[80];
+    snprintf(u, sizeof u, "%s/v1/attend", a_.base);
+    snprintf(h, sizeof h, "Inference-Header-Content-Length: %zu", hl);
+    const char *hdrs[] = {h, NULL};
+    http_client_request("POST", u, body, len, hdrs, r);
+    ck_assert_msg(r->status == 200, "%ld %s", r->status, r->body);
+    char n[32];
+    return (size_t)strtoull(http_client_header(r, "Inference-Header-Content-Length", n, sizeof n),
+                            NULL, 10);
+}
+
 START_TEST(test_steps_binary_and_malformed) {
     const char *args[] = {"--preset", "tiny", "--kv-dtype", "f32", NULL};
     http_client_daemon_start(&a_, args);
@@ -274,16 +288,8 @@ START_TEST(test_steps_binary_and_malformed) {
     char *body = malloc(len);
     memcpy(body, head, hl);
     memcpy(body + hl, x, 3 * HIDDEN * 4);
-    char u[128], h[80];
-    snprintf(u, sizeof u, "%s/v1/attend", a_.base);
-    snprintf(h, sizeof h, "Inference-Header-Content-Length: %zu", hl);
-    const char *hdrs[] = {h, NULL};
     struct http_client_response r;
-    http_client_request("POST", u, body, len, hdrs, &r);
-    ck_assert_msg(r.status == 200, "%ld %s", r.status, r.body);
-    char n[32];
-    size_t json_len = (size_t)strtoull(
-        http_client_header(&r, "Inference-Header-Content-Length", n, sizeof n), NULL, 10);
+    size_t json_len = post_framed(body, hl, len, &r);
     /* output 1x64, then output 2x64 and weights 4x2x2 */
     ck_assert_uint_eq(r.len, json_len + (64 + 128 + 16) * 4);
     /* the second step's output, against the same step in JSON */
@@ -319,6 +325,7 @@ START_TEST(test_steps_binary_and_malformed) {
                       bad[i][0], cJSON_PrintUnformatted(e));
         cJSON_Delete(e);
     }
+    char u[128];
     snprintf(u, sizeof u, "%s/v1/sessions/q", a_.base);
     http_client_request("GET", u, NULL, 0, NULL, &r);
     ck_assert_int_eq(r.status, 404);
@@ -351,16 +358,8 @@ START_TEST(test_steps_weights_limit_is_per_response) {
     for (int i = 0; i < STEPS; i++) {
         memcpy(body + hl + i * part, x, part);
     }
-    char u[128], h[80];
-    snprintf(u, sizeof u, "%s/v1/attend", a_.base);
-    snprintf(h, sizeof h, "Inference-Header-Content-Length: %zu", hl);
-    const char *hdrs[] = {h, NULL};
     struct http_client_response r;
-    http_client_request("POST", u, body, len, hdrs, &r);
-    ck_assert_msg(r.status == 200, "%ld %s", r.status, r.body);
-    char n[32];
-    size_t json_len = (size_t)strtoull(
-        http_client_header(&r, "Inference-Header-Content-Length", n, sizeof n), NULL, 10);
+    size_t json_len = post_framed(body, hl, len, &r);
     cJSON *got = cJSON_ParseWithLength(r.body, json_len);
     ck_assert_ptr_nonnull(got);
     const cJSON *results = cJSON_GetObjectItemCaseSensitive(got, "results");
@@ -383,6 +382,7 @@ START_TEST(test_steps_weights_limit_is_per_response) {
     ck_assert_uint_eq(r.len, json_len + (STEPS - 1) * ((size_t)T * HIDDEN + 4 * (size_t)T * T) * 4);
     cJSON_Delete(got);
     http_client_response_release(&r);
+    char u[128];
     snprintf(u, sizeof u, "%s/v1/sessions/w%d", a_.base, failed);
     http_client_request("GET", u, NULL, 0, NULL, &r);
     ck_assert_int_eq(r.status, 404);
