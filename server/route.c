@@ -45,22 +45,24 @@ struct route_entry {
     bool needs_auth;
 };
 
+/* RFC 9110 section 9.1: HEAD wherever GET is. It runs as GET does (a handler that is not PUT or
+ * DELETE answers as GET); libmicrohttpd sends the headers only. */
 static const struct route_entry entries[] = {
     {ROUTE_NONE, METRICS_ENDPOINT_OTHER, "", false},
     {ROUTE_ATTEND, METRICS_ENDPOINT_ATTEND, "POST", true},
     {ROUTE_SDPA, METRICS_ENDPOINT_SDPA, "POST", true},
-    {ROUTE_SESSIONS, METRICS_ENDPOINT_SESSIONS, "GET", true},
-    {ROUTE_SESSION, METRICS_ENDPOINT_SESSION, "GET, PUT, DELETE", true},
+    {ROUTE_SESSIONS, METRICS_ENDPOINT_SESSIONS, "GET, HEAD", true},
+    {ROUTE_SESSION, METRICS_ENDPOINT_SESSION, "GET, HEAD, PUT, DELETE", true},
     {ROUTE_TRUNCATE, METRICS_ENDPOINT_TRUNCATE, "POST", true},
     {ROUTE_FORK, METRICS_ENDPOINT_FORK, "POST", true},
-    {ROUTE_EXPORT, METRICS_ENDPOINT_EXPORT, "GET", true},
+    {ROUTE_EXPORT, METRICS_ENDPOINT_EXPORT, "GET, HEAD", true},
     {ROUTE_KV_ATTEND, METRICS_ENDPOINT_KV_ATTEND, "POST", true},
-    {ROUTE_MODEL, METRICS_ENDPOINT_MODEL, "GET", true},
-    {ROUTE_HEALTHZ, METRICS_ENDPOINT_HEALTHZ, "GET", false},
-    {ROUTE_READYZ, METRICS_ENDPOINT_READYZ, "GET", false},
-    {ROUTE_METRICS, METRICS_ENDPOINT_METRICS, "GET", false},
+    {ROUTE_MODEL, METRICS_ENDPOINT_MODEL, "GET, HEAD", true},
+    {ROUTE_HEALTHZ, METRICS_ENDPOINT_HEALTHZ, "GET, HEAD", false},
+    {ROUTE_READYZ, METRICS_ENDPOINT_READYZ, "GET, HEAD", false},
+    {ROUTE_METRICS, METRICS_ENDPOINT_METRICS, "GET, HEAD", false},
     {ROUTE_UI, METRICS_ENDPOINT_OTHER, "GET, HEAD", false}, /* its API calls carry the key */
-    {ROUTE_ATTENTION, METRICS_ENDPOINT_ATTENTION, "GET", true},
+    {ROUTE_ATTENTION, METRICS_ENDPOINT_ATTENTION, "GET, HEAD", true},
 };
 
 /* ---- replies -------------------------------------------------------------------------------- */

@@ -835,8 +835,21 @@ START_TEST(test_server_request_errors) {
     http_client_response_release(&r);
     r = call("POST", "/v1/sessions/err", NULL, NULL);
     check_error(&r, 405, "method_not_allowed", NULL);
-    ck_assert_str_eq(http_client_header(&r, "Allow", allow, sizeof allow), "GET, PUT, DELETE");
+    ck_assert_str_eq(http_client_header(&r, "Allow", allow, sizeof allow),
+                     "GET, HEAD, PUT, DELETE");
     http_client_response_release(&r);
+    /* HEAD wherever GET is (RFC 9110 section 9.1; health checkers use it): GET's status and
+     * headers, no body (found by an outside audit: 405) */
+    const char *heads[][2] = {{"/healthz", "200"},
+                              {"/v1/model", "200"},
+                              {"/metrics", "200"},
+                              {"/v1/sessions/never", "404"}};
+    for (size_t i = 0; i < sizeof heads / sizeof heads[0]; i++) {
+        r = call("HEAD", heads[i][0], NULL, NULL);
+        ck_assert_msg(r.status == atol(heads[i][1]), "HEAD %s: %ld", heads[i][0], r.status);
+        ck_assert_uint_eq(r.len, 0);
+        http_client_response_release(&r);
+    }
     body = http_client_attend_body("err", x, 3, 1, TINY_HIDDEN, false, ",\"expect_n_past\":7");
     expect_error("POST", "/v1/attend", body, NULL, 409, "n_past_mismatch", "expect_n_past");
     free(body);

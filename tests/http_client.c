@@ -97,6 +97,9 @@ static CURLcode perform(CURL *c, const char *method, const char *url, const char
         list = curl_slist_append(list, headers[i]);
     }
     curl_easy_setopt(c, CURLOPT_URL, url);
+    /* HEAD: no body follows the headers (set first: it resets the method, POSTFIELDS below
+     * sets it again) */
+    curl_easy_setopt(c, CURLOPT_NOBODY, strcmp(method, "HEAD") == 0 ? 1L : 0L);
     curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, list);
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
