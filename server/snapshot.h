@@ -43,9 +43,10 @@ struct snapshot_info {
     bool has_queries; /* header flag bit 0 */
     char id[API_SESSION_ID_MAX + 1];
     int32_t n_sections;
-    int32_t n_tokens; /* the longest layer's length */
-    int64_t saved_unix_ms;
-    uint64_t file_bytes; /* the whole file's length, as the header states it */
+    int32_t n_tokens;      /* the longest layer's length */
+    int64_t saved_unix_ms; /* the session's last use (the disk tier's files; older files and
+                            * exports: when written), wall-clock ms */
+    uint64_t file_bytes;   /* the whole file's length, as the header states it */
     /* What the fingerprint covers, stated apart (0 in files written before they were): the
      * config's digest, the layer range (count 255 = 255 or more) and the weights' dtype. */
     uint64_t config_digest;

@@ -133,7 +133,11 @@ static size_t write_session(struct spill *sp, struct session *s) {
     uint8_t *file;
     size_t len;
     struct spill_op *op = calloc(1, sizeof *op);
-    if (op == NULL || snapshot_encode(s, sp->p.model, sp->p.kv, unix_ms(), &file, &len) != 0) {
+    /* the header's time is the session's last use, so that a restart lists the sessions read
+     * back in the order they were used: files written together at shutdown share their mtime
+     * (one tick of the kernel's clock) */
+    int64_t last_used = unix_ms() - session_idle_ms(s, mono_ms());
+    if (op == NULL || snapshot_encode(s, sp->p.model, sp->p.kv, last_used, &file, &len) != 0) {
         free(op);
         return 0;
     }
@@ -316,7 +320,7 @@ struct found {
     char id[API_SESSION_ID_MAX + 1];
     uint64_t bytes;
     int32_t n_tokens;
-    int64_t mtime_ms;
+    int64_t used_ms; /* the session's last use, from its header (wall clock) */
 };
 
 struct scan {
@@ -370,12 +374,12 @@ static void on_file(void *ctx, const char *name, const uint8_t *head, size_t n, 
     snprintf(f->id, sizeof f->id, "%s", info.id);
     f->bytes = size;
     f->n_tokens = info.n_tokens;
-    f->mtime_ms = mtime_ms;
+    f->used_ms = info.saved_unix_ms;
 }
 
-static int by_mtime(const void *a, const void *b) {
+static int by_use(const void *a, const void *b) {
     const struct found *x = a, *y = b;
-    return (x->mtime_ms > y->mtime_ms) - (x->mtime_ms < y->mtime_ms);
+    return (x->used_ms > y->used_ms) - (x->used_ms < y->used_ms);
 }
 
 int spill_open(const struct spill_params *p, struct spill **out, char *err, size_t err_size) {
@@ -394,13 +398,14 @@ int spill_open(const struct spill_params *p, struct spill **out, char *err, size
     sp->max_pending = st.bytes_limit > ((size_t)256 << 20) ? st.bytes_limit : (size_t)256 << 20;
     struct session_disk_ops ops = {save, remove_file, is_foreign, sp};
     session_store_set_disk(p->sessions, &ops, p->budget_bytes);
-    /* The files of this model come back, oldest first so that the newest heads the disk list;
-     * their times are wall-clock, the store's monotonic: they keep their order, not their age. */
+    /* The files of this model come back, least recently used first (by the last use their
+     * headers state) so that the most recent heads the disk list; their times are wall-clock,
+     * the store's monotonic: they keep their order, not their age. */
     struct scan sc = {sp, NULL, 0, 0, 0};
     int32_t n_files =
         statedir_scan(sp->dir, SUFFIX, SNAPSHOT_HEADER_BYTES + API_SESSION_ID_MAX, on_file, &sc);
     if (sc.n > 1) {
-        qsort(sc.all, (size_t)sc.n, sizeof *sc.all, by_mtime);
+        qsort(sc.all, (size_t)sc.n, sizeof *sc.all, by_use);
     }
     int64_t now = mono_ms();
     for (int32_t i = 0; i < sc.n; i++) {

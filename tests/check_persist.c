@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -631,6 +632,49 @@ START_TEST(test_persist_restart_brings_sessions_back) {
 END_TEST
 
 /* The disk budget holds about a dozen files: the oldest go, with a tombstone. */
+/* A restart lists the sessions it reads back most recently used first, as before it: files
+ * written together at shutdown share their mtime (a tick of the kernel's clock), so the order
+ * comes from the last use each header states (found by an outside audit: an arbitrary order). */
+START_TEST(test_persist_restart_keeps_the_order_of_use) {
+    const char *args[] = {"--preset", "tiny", "--kv-dtype", "f32", "--state-dir", dir_, NULL};
+    http_client_daemon_start(&a_, args);
+    enum { N = 5 };
+    float *x = rows(90);
+    char id[16];
+    for (int i = 0; i < N; i++) {
+        snprintf(id, sizeof id, "u%d", i);
+        free(step(&a_, id, x, 0, 1, 0));
+    }
+    /* used again in this order, a few milliseconds apart: u2 last */
+    static const int order[N] = {3, 0, 4, 1, 2};
+    for (int i = 0; i < N; i++) {
+        nanosleep(&(struct timespec){0, 5000000}, NULL);
+        snprintf(id, sizeof id, "u%d", order[i]);
+        free(step(&a_, id, x, 1, 1, 0));
+    }
+    stop_ok(&a_);
+    http_client_daemon_start(&a_, args);
+    struct http_client_response r;
+    call(&a_, "GET", "/v1/sessions", NULL, 0, &r);
+    cJSON *j = http_client_json(&r);
+    const cJSON *list = cJSON_GetObjectItemCaseSensitive(j, "sessions");
+    ck_assert_int_eq(cJSON_GetArraySize(list), N);
+    for (int i = 0; i < N; i++) {
+        const cJSON *sess = cJSON_GetArrayItem(list, i);
+        snprintf(id, sizeof id, "u%d", order[N - 1 - i]);
+        ck_assert_str_eq(cJSON_GetObjectItemCaseSensitive(sess, "location")->valuestring, "disk");
+        ck_assert_msg(
+            strcmp(cJSON_GetObjectItemCaseSensitive(sess, "session_id")->valuestring, id) == 0,
+            "place %d: %s, want %s", i,
+            cJSON_GetObjectItemCaseSensitive(sess, "session_id")->valuestring, id);
+    }
+    cJSON_Delete(j);
+    http_client_response_release(&r);
+    free(x);
+    stop_ok(&a_);
+}
+END_TEST
+
 START_TEST(test_persist_disk_budget_drops_the_oldest) {
     const char *args[] = {"--preset",          "tiny", "--kv-dtype",  "f32",
                           "--kv-budget-mb",    "1",    "--state-dir", dir_,
@@ -841,6 +885,7 @@ Suite *persist_suite(void) {
     tcase_add_test(tc, test_persist_disk_tier_on_tmpfs_restores_exactly);
     tcase_add_test(tc, test_persist_delete_during_a_failed_restore_deletes);
     tcase_add_test(tc, test_persist_restart_brings_sessions_back);
+    tcase_add_test(tc, test_persist_restart_keeps_the_order_of_use);
     tcase_add_test(tc, test_persist_disk_budget_drops_the_oldest);
     tcase_add_test(tc, test_persist_restore_of_the_oldest_file_survives_the_budget);
     tcase_add_test(tc, test_persist_other_block_size_leaves_the_file_alone);
