@@ -321,6 +321,7 @@ struct found {
     uint64_t bytes;
     int32_t n_tokens;
     int64_t used_ms; /* the session's last use, from its header (wall clock) */
+    bool is_too_big; /* alone larger than --state-budget-mb */
 };
 
 struct scan {
@@ -372,13 +373,21 @@ static void on_file(void *ctx, const char *name, const uint8_t *head, size_t n, 
     }
     struct found *f = &sc->all[sc->n++];
     snprintf(f->id, sizeof f->id, "%s", info.id);
-    f->bytes = size;
+    /* a file longer than its header says (torn, or extended: its restore will say it is lost)
+     * costs the budget no more than a sound one would */
+    f->bytes = size < info.file_bytes ? size : info.file_bytes;
+    f->is_too_big = f->bytes > sc->sp->p.budget_bytes;
     f->n_tokens = info.n_tokens;
     f->used_ms = info.saved_unix_ms;
 }
 
+/* Least recently used first, and before all a file the budget cannot hold at all: the budget
+ * then drops it first, not every other session before it. */
 static int by_use(const void *a, const void *b) {
     const struct found *x = a, *y = b;
+    if (x->is_too_big != y->is_too_big) {
+        return x->is_too_big ? -1 : 1;
+    }
     return (x->used_ms > y->used_ms) - (x->used_ms < y->used_ms);
 }
 

@@ -209,20 +209,25 @@ static int read_whole(int fd, uint8_t *buf, size_t n) {
  * cache's readahead fed it a window at a time (cold 8 MiB: 3 ms against 9-10, on a disk that
  * streams 3.3 GB/s). A filesystem without O_DIRECT (tmpfs) reads through the cache. */
 static int do_read(struct statedir *sd, struct op *op) {
-    int fd = openat(sd->dir_fd, op->name, O_RDONLY | O_CLOEXEC);
+    /* non-blocking: a FIFO put in a file's place must not hold the I/O thread */
+    int fd = openat(sd->dir_fd, op->name, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) {
         return -errno;
     }
     struct stat stbuf;
     int rc = fstat(fd, &stbuf) == 0 ? 0 : -errno;
+    if (rc == 0 && !S_ISREG(stbuf.st_mode)) {
+        rc = -EINVAL; /* not a file of ours */
+    }
     size_t n = rc == 0 ? (size_t)stbuf.st_size : 0;
     uint8_t *buf = NULL; /* an empty file: no bytes, no buffer */
     if (rc == 0 && n > 0 && (buf = buffer_new(sd, n)) == NULL) {
         rc = -ENOMEM;
     }
     if (buf != NULL) {
-        int direct =
-            is_cached(fd, n) ? -1 : openat(sd->dir_fd, op->name, O_RDONLY | O_DIRECT | O_CLOEXEC);
+        int direct = is_cached(fd, n) ? -1
+                                      : openat(sd->dir_fd, op->name,
+                                               O_RDONLY | O_DIRECT | O_NONBLOCK | O_CLOEXEC);
         rc = direct >= 0 ? read_whole(direct, buf, n) : -EINVAL;
         if (direct >= 0) {
             close(direct);
@@ -361,27 +366,6 @@ static void on_async(uv_async_t *h) {
     run_done(h->data);
 }
 
-/* Removes what a crash left half-written: NAME.tmp files are never read. */
-static void remove_leftovers(struct statedir *sd) {
-    int fd = dup(sd->dir_fd);
-    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
-    if (d == NULL) {
-        if (fd >= 0) {
-            close(fd);
-        }
-        return;
-    }
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        size_t n = strlen(e->d_name);
-        if (n > 4 && strcmp(e->d_name + n - 4, ".tmp") == 0) {
-            LOG_INFO("statedir", "removed %s: a write that a crash interrupted", e->d_name);
-            unlinkat(sd->dir_fd, e->d_name, 0);
-        }
-    }
-    closedir(d);
-}
-
 int statedir_open(uv_loop_t *loop, const char *dir, struct statedir **out, char *err,
                   size_t err_size) {
     if (strlen(dir) >= sizeof((struct statedir *)0)->dir) {
@@ -418,7 +402,6 @@ int statedir_open(uv_loop_t *loop, const char *dir, struct statedir **out, char 
         free(sd);
         return -1;
     }
-    remove_leftovers(sd);
     uv_mutex_init(&sd->mu);
     uv_cond_init(&sd->cv);
     uv_async_init(loop, &sd->async, on_async);
@@ -566,22 +549,38 @@ int32_t statedir_scan(struct statedir *sd, const char *suffix, size_t head_max,
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
         size_t n = strlen(e->d_name);
-        if (n <= sl || strcmp(e->d_name + n - sl, suffix) != 0) {
-            continue;
-        }
-        int f = openat(sd->dir_fd, e->d_name, O_RDONLY | O_CLOEXEC);
         struct stat stbuf;
-        if (f < 0 || fstat(f, &stbuf) != 0 || !S_ISREG(stbuf.st_mode)) {
-            if (f >= 0) {
-                close(f);
+        if (n > sl + 4 && strcmp(e->d_name + n - 4, ".tmp") == 0 &&
+            memcmp(e->d_name + n - 4 - sl, suffix, sl) == 0) {
+            /* NAME.tmp, a write a crash interrupted (never read): this directory's own only */
+            if (fstatat(sd->dir_fd, e->d_name, &stbuf, AT_SYMLINK_NOFOLLOW) == 0 &&
+                S_ISREG(stbuf.st_mode) && unlinkat(sd->dir_fd, e->d_name, 0) == 0) {
+                LOG_INFO("statedir", "removed %s: a write that a crash interrupted", e->d_name);
             }
             continue;
         }
-        ssize_t got = pread(f, head, head_max, 0);
-        close(f);
-        int64_t mtime_ms =
-            (int64_t)stbuf.st_mtim.tv_sec * 1000 + (int64_t)stbuf.st_mtim.tv_nsec / 1000000;
-        fn(ctx, e->d_name, head, got > 0 ? (size_t)got : 0, (uint64_t)stbuf.st_size, mtime_ms);
+        if (n <= sl || strcmp(e->d_name + n - sl, suffix) != 0) {
+            continue;
+        }
+        /* Only a regular file (a symlink's target counts) is opened: opening a FIFO would
+         * block the start for good, a device's open may act. Any other entry comes with no
+         * bytes, so that the caller leaves it alone and keeps its name from new sessions. */
+        ssize_t got = 0;
+        uint64_t size = 0;
+        int64_t mtime_ms = 0;
+        if (fstatat(sd->dir_fd, e->d_name, &stbuf, 0) == 0 && S_ISREG(stbuf.st_mode)) {
+            int f = openat(sd->dir_fd, e->d_name, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+            if (f >= 0 && fstat(f, &stbuf) == 0 && S_ISREG(stbuf.st_mode)) {
+                got = pread(f, head, head_max, 0);
+                size = (uint64_t)stbuf.st_size;
+                mtime_ms =
+                    (int64_t)stbuf.st_mtim.tv_sec * 1000 + (int64_t)stbuf.st_mtim.tv_nsec / 1000000;
+            }
+            if (f >= 0) {
+                close(f);
+            }
+        }
+        fn(ctx, e->d_name, head, got > 0 ? (size_t)got : 0, size, mtime_ms);
         n_files++;
     }
     closedir(d);
