@@ -348,8 +348,11 @@ void job__import_admit(struct job *job) {
     }
     enum session_state state;
     session_find(srv->sessions, rq->session, &state);
-    if (state == SESSION_STATE_TOMBSTONE) {
-        session_tombstone_forget(srv->sessions, rq->session); /* a PUT brings the id back */
+    /* a PUT brings the id back, if it succeeds: a failed one leaves the tombstone as it was */
+    bool was_gone = state == SESSION_STATE_TOMBSTONE;
+    bool was_lost = was_gone && session_gone_code(srv->sessions, rq->session) == ERROR_SESSION_LOST;
+    if (was_gone) {
+        session_tombstone_forget(srv->sessions, rq->session);
     }
     struct session *s;
     rc = session_create(srv->sessions, rq->session, job__now_ms(), &s);
@@ -360,6 +363,9 @@ void job__import_admit(struct job *job) {
                                 "first to replace it"
                               : NULL,
                           "session_id");
+        if (was_gone) {
+            session_tombstone_add(srv->sessions, rq->session, was_lost);
+        }
         job__free(job);
         return;
     }
@@ -382,7 +388,10 @@ void job__import_admit(struct job *job) {
             route_reply_error(rq, ERROR_INTERNAL, "out of memory", NULL);
         }
     }
-    job__unpin(job);
+    job__unpin(job); /* a failed import's empty session goes with its pin */
+    if (rc != 0 && was_gone) {
+        session_tombstone_add(srv->sessions, rq->session, was_lost);
+    }
     job__free(job);
 }
 

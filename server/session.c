@@ -149,6 +149,10 @@ int session_gone_code(struct session_store *st, const char *id) {
     return t != NULL && t->is_lost ? ERROR_SESSION_LOST : ERROR_SESSION_EVICTED;
 }
 
+void session_tombstone_add(struct session_store *st, const char *id, bool is_lost) {
+    tomb_add(st, id, is_lost);
+}
+
 bool session_tombstone_forget(struct session_store *st, const char *id) {
     struct tombstone *t = tomb_find(st, id);
     if (t == NULL) {

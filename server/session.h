@@ -135,6 +135,10 @@ int session_gone_code(struct session_store *st, const char *id);
 
 bool session_tombstone_forget(struct session_store *st, const char *id);
 
+/* Remembers id as evicted (is_lost: lost) again, as a PUT that forgot its tombstone and then
+ * failed must leave it. */
+void session_tombstone_add(struct session_store *st, const char *id, bool is_lost);
+
 /* Evicts (with tombstones, reason ttl) idle sessions unused for more than ttl_ms. Returns how
  * many. */
 int32_t session_store_expire(struct session_store *st, int64_t now_ms, int64_t ttl_ms);
