@@ -216,6 +216,9 @@ static bool key_matches(const char *header, const char *key) {
         given++;
     }
     size_t gl = strlen(given), kl = strlen(key);
+    while (gl > 0 && (given[gl - 1] == ' ' || given[gl - 1] == '\t')) {
+        gl--; /* optional whitespace around a field value is not part of it (section 5.5) */
+    }
     unsigned diff = (unsigned)(gl != kl);
     for (size_t i = 0; i < kl; i++) {
         diff |= (unsigned)(unsigned char)key[i] ^ (unsigned)(unsigned char)given[i < gl ? i : 0];
@@ -519,7 +522,8 @@ static void on_headers(void *ctx, struct http_request *req) {
     }
     /* Headers that decide what a request means: two copies could be read either way (by a
      * proxy one, by attnd the other), so neither is. */
-    static const char *const once[] = {"X-Session-Id", "Inference-Header-Content-Length"};
+    static const char *const once[] = {"X-Session-Id", "Inference-Header-Content-Length",
+                                       "Authorization"};
     for (size_t i = 0; i < sizeof once / sizeof once[0]; i++) {
         if (http_request_header_count(req, once[i]) > 1) {
             char msg[96];

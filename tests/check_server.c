@@ -892,6 +892,14 @@ START_TEST(test_server_auth_on_and_off) {
     r = call("GET", "/v1/model", NULL, right);
     ck_assert_int_eq(r.status, 200);
     http_client_response_release(&r);
+    /* whitespace after the value is not part of it; two keys are refused, whichever is right
+     * (a proxy and attnd could each read another; found by an outside audit) */
+    const char *spaced[] = {"Authorization: Bearer k-123 \t", NULL};
+    r = call("GET", "/v1/model", NULL, spaced);
+    ck_assert_int_eq(r.status, 200);
+    http_client_response_release(&r);
+    const char *two[] = {"Authorization: Bearer k-123", "Authorization: Bearer k-124", NULL};
+    expect_error("GET", "/v1/model", NULL, two, 400, "invalid_request", "Authorization");
     /* Health, readiness and metrics never need the key. */
     const char *open_paths[] = {"/healthz", "/readyz", "/metrics"};
     for (int i = 0; i < 3; i++) {
