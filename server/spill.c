@@ -97,26 +97,17 @@ static int foreign_add(struct spill *sp, const char *id) {
     if (is_foreign(sp, id)) {
         return 0;
     }
-    if (sp->n_foreign == sp->cap_foreign) {
-        int32_t cap = sp->cap_foreign > 0 ? 2 * sp->cap_foreign : 16;
-        char **a = realloc(sp->foreign, (size_t)cap * sizeof *a);
-        if (a == NULL) {
-            return -1;
-        }
-        sp->foreign = a;
-        sp->cap_foreign = cap;
-    }
-    char *copy = strdup(id);
-    if (copy == NULL) {
+    if (foreign_append(sp, id) != 0) {
         return -1;
     }
-    int32_t at = sp->n_foreign;
-    while (at > 0 && strcmp(sp->foreign[at - 1], id) > 0) {
+    /* into its place: the list stays sorted for is_foreign's bsearch */
+    int32_t at = sp->n_foreign - 1;
+    char *copy = sp->foreign[at];
+    while (at > 0 && strcmp(sp->foreign[at - 1], copy) > 0) {
         sp->foreign[at] = sp->foreign[at - 1];
         at--;
     }
     sp->foreign[at] = copy;
-    sp->n_foreign++;
     return 0;
 }
 
