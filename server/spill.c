@@ -343,11 +343,11 @@ struct scan {
 };
 
 static void on_file(void *ctx, const char *name, const uint8_t *head, size_t n, uint64_t size,
-                    int64_t mtime_ms) {
+                    bool is_file) {
     struct scan *sc = ctx;
     struct snapshot_info info;
-    char msg[256];
-    int rc = snapshot_read_header(head, n, &info, msg, sizeof msg);
+    char msg[256] = "not a regular file";
+    int rc = is_file ? snapshot_read_header(head, n, &info, msg, sizeof msg) : -1;
     if (rc == 0) {
         rc = snapshot_match(&info, sc->sp->p.model, sc->sp->p.kv, msg, sizeof msg);
     }

@@ -529,7 +529,7 @@ size_t statedir_pending_bytes(const struct statedir *sd) {
 
 int32_t statedir_scan(struct statedir *sd, const char *suffix, size_t head_max,
                       void (*fn)(void *ctx, const char *name, const uint8_t *head, size_t n,
-                                 uint64_t size, int64_t mtime_ms),
+                                 uint64_t size, bool is_file),
                       void *ctx) {
     int fd = dup(sd->dir_fd);
     DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
@@ -563,24 +563,23 @@ int32_t statedir_scan(struct statedir *sd, const char *suffix, size_t head_max,
             continue;
         }
         /* Only a regular file (a symlink's target counts) is opened: opening a FIFO would
-         * block the start for good, a device's open may act. Any other entry comes with no
-         * bytes, so that the caller leaves it alone and keeps its name from new sessions. */
+         * block the start for good, a device's open may act. Any other entry comes as no file,
+         * so that the caller leaves it alone and keeps its name from new sessions. */
         ssize_t got = 0;
         uint64_t size = 0;
-        int64_t mtime_ms = 0;
+        bool is_file = false;
         if (fstatat(sd->dir_fd, e->d_name, &stbuf, 0) == 0 && S_ISREG(stbuf.st_mode)) {
             int f = openat(sd->dir_fd, e->d_name, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
             if (f >= 0 && fstat(f, &stbuf) == 0 && S_ISREG(stbuf.st_mode)) {
                 got = pread(f, head, head_max, 0);
                 size = (uint64_t)stbuf.st_size;
-                mtime_ms =
-                    (int64_t)stbuf.st_mtim.tv_sec * 1000 + (int64_t)stbuf.st_mtim.tv_nsec / 1000000;
+                is_file = true;
             }
             if (f >= 0) {
                 close(f);
             }
         }
-        fn(ctx, e->d_name, head, got > 0 ? (size_t)got : 0, size, mtime_ms);
+        fn(ctx, e->d_name, head, got > 0 ? (size_t)got : 0, size, is_file);
         n_files++;
     }
     closedir(d);

@@ -14,6 +14,7 @@
 #define SERVER_STATEDIR_H
 
 #include <stddef.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include <uv.h>
@@ -63,14 +64,13 @@ int statedir_remove(struct statedir *sd, const char *name, statedir_done_fn done
 size_t statedir_pending_bytes(const struct statedir *sd);
 
 /* Calls fn for every entry of the directory whose name ends in suffix: a regular file (or a
- * symlink to one) with its first bytes (up to head_max), its size and modification time (ms
- * since the epoch); any other kind (a directory, a FIFO, a dangling link) with none (n, size and
- * mtime 0), never opened. Removes the regular files NAME.tmp (NAME ending in suffix) that a
- * crash left half-written. Synchronous: for start-up, before any operation is queued. Returns
- * the number of entries passed to fn. */
+ * symlink to one: is_file) with its first bytes (up to head_max) and its size; any other kind
+ * (a directory, a FIFO, a dangling link) with none, never opened. Removes the regular files
+ * NAME.tmp (NAME ending in suffix) that a crash left half-written. Synchronous: for start-up,
+ * before any operation is queued. Returns the number of entries passed to fn. */
 int32_t statedir_scan(struct statedir *sd, const char *suffix, size_t head_max,
                       void (*fn)(void *ctx, const char *name, const uint8_t *head, size_t n,
-                                 uint64_t size, int64_t mtime_ms),
+                                 uint64_t size, bool is_file),
                       void *ctx);
 
 #endif /* SERVER_STATEDIR_H */
