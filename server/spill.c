@@ -312,7 +312,8 @@ int spill_restore(struct spill *sp, const char *id, struct session **out) {
     char name[API_SESSION_ID_MAX + 16];
     file_name(name, sizeof name, id);
     struct session *s = session_turn_session(op->turn);
-    if (statedir_read(sp->dir, name, check, restore_arrived, restore_done, op) != 0) {
+    if (statedir_read(sp->dir, name, session_disk_bytes(s), check, restore_arrived, restore_done,
+                      op) != 0) {
         /* back to disk: the caller gets no session to queue on */
         session_restore_end(sp->p.sessions, op->turn, ERROR_KV_BUDGET_EXHAUSTED, NULL, mono_ms());
         free(op);

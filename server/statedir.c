@@ -28,6 +28,7 @@ struct op {
     char name[256];
     uint8_t *data;
     size_t len;
+    size_t max_len; /* a read's: a longer file fails (-EFBIG) before any byte is read */
     void (*prepare)(uint8_t *data, size_t len);
     int (*check)(void *ctx, const uint8_t *data, size_t len);
     statedir_arrived_fn arrived;
@@ -218,6 +219,9 @@ static int do_read(struct statedir *sd, struct op *op) {
     int rc = fstat(fd, &stbuf) == 0 ? 0 : -errno;
     if (rc == 0 && !S_ISREG(stbuf.st_mode)) {
         rc = -EINVAL; /* not a file of ours */
+    }
+    if (rc == 0 && (uint64_t)stbuf.st_size > op->max_len) {
+        rc = -EFBIG; /* longer than the file written (or its header states): torn, not read */
     }
     size_t n = rc == 0 ? (size_t)stbuf.st_size : 0;
     uint8_t *buf = NULL; /* an empty file: no bytes, no buffer */
@@ -498,12 +502,13 @@ int statedir_write(struct statedir *sd, const char *name, uint8_t *data, size_t 
     return rc;
 }
 
-int statedir_read(struct statedir *sd, const char *name,
+int statedir_read(struct statedir *sd, const char *name, size_t max_len,
                   int (*check)(void *ctx, const uint8_t *data, size_t len),
                   statedir_arrived_fn arrived, statedir_done_fn done, void *ctx) {
     struct op *op;
     int rc = queue(sd, OP_READ, name, NULL, 0, done, ctx, &op);
     if (rc == 0) {
+        op->max_len = max_len;
         op->check = check;
         op->arrived = arrived;
         start(sd, op);

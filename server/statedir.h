@@ -45,11 +45,12 @@ int statedir_write(struct statedir *sd, const char *name, uint8_t *data, size_t 
  * they are sound; done comes after, with the verdict and the same bytes. */
 typedef void (*statedir_arrived_fn)(void *ctx, const uint8_t *data, size_t len);
 
-/* Reads file `name` whole, then calls check(ctx, data, len) on the I/O thread (NULL: none;
+/* Reads file `name` whole (a file longer than max_len fails with -EFBIG, unread), then calls
+ * check(ctx, data, len) on the I/O thread (NULL: none;
  * nonzero fails the read with that status; it may write into ctx's memory that neither arrived
  * nor the loop touch until done) and, meanwhile, arrived on the loop (NULL: none). done gets the
  * bytes whenever the read itself succeeded, whatever check said. Returns 0 or -ENOMEM. */
-int statedir_read(struct statedir *sd, const char *name,
+int statedir_read(struct statedir *sd, const char *name, size_t max_len,
                   int (*check)(void *ctx, const uint8_t *data, size_t len),
                   statedir_arrived_fn arrived, statedir_done_fn done, void *ctx);
 
