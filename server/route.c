@@ -532,13 +532,16 @@ static void on_headers(void *ctx, struct http_request *req) {
             return;
         }
     }
-    if (rq->kind == ROUTE_NONE) {
-        route_reply_error(rq, ERROR_NOT_FOUND, NULL, NULL);
-        return;
-    }
-    if (e->needs_auth && srv->cfg->api_key[0] != '\0' &&
+    /* every /v1/ path needs the key, a route or not: without it, 404s would map the API */
+    bool needs_auth = e->needs_auth ||
+                      (rq->kind == ROUTE_NONE && strncmp(http_request_path(req), "/v1/", 4) == 0);
+    if (needs_auth && srv->cfg->api_key[0] != '\0' &&
         !key_matches(http_request_header(req, "Authorization"), srv->cfg->api_key)) {
         route_reply_error(rq, ERROR_UNAUTHORIZED, NULL, "Authorization");
+        return;
+    }
+    if (rq->kind == ROUTE_NONE) {
+        route_reply_error(rq, ERROR_NOT_FOUND, NULL, NULL);
         return;
     }
     if (!method_allowed(rq->kind, method)) {

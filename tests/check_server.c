@@ -900,6 +900,9 @@ START_TEST(test_server_auth_on_and_off) {
     http_client_response_release(&r);
     const char *two[] = {"Authorization: Bearer k-123", "Authorization: Bearer k-124", NULL};
     expect_error("GET", "/v1/model", NULL, two, 400, "invalid_request", "Authorization");
+    /* a /v1/ path that is no route needs the key too: its 404 would map the API */
+    expect_error("GET", "/v1/nothing", NULL, NULL, 401, "unauthorized", "Authorization");
+    expect_error("GET", "/v1/nothing", NULL, right, 404, "not_found", NULL);
     /* Health, readiness and metrics never need the key. */
     const char *open_paths[] = {"/healthz", "/readyz", "/metrics"};
     for (int i = 0; i < 3; i++) {
