@@ -6,87 +6,14 @@
  * is refused by name (ATTN_EUNSUPPORTED) rather than served approximately. Tensor screening (every
  * attention tensor must be consumed) is hf_load.c's, from the layout this file fills in.
  */
-#include "attn_int.h"
+#include "hf_int.h"
 
-#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- the family table ------------------------------------------------------------------------ */
-
-/* Which projections have biases. */
-enum bias_rule {
-    BIAS_NONE,               /* never (Mistral) */
-    BIAS_ALL,                /* q, k, v and o always (GPT-2) */
-    BIAS_IF_ATTENTION_BIAS,  /* q, k, v and o, iff attention_bias (Llama) */
-    BIAS_QKV,                /* q, k and v always, o never (Qwen2) */
-    BIAS_QKV_IF_FLAG,        /* q, k and v iff the family's bias flag, o never (GLM, StableLM) */
-    BIAS_AS_THE_TENSORS_SAY, /* attnd's own layout: whatever the checkpoint holds */
-};
-
-/* How sliding_window applies, and to which layers (layer_types, where given, always decides). */
-enum window_rule {
-    WINDOW_NOT_READ, /* the family's attention never reads it (Llama) */
-    WINDOW_ALL,      /* every layer, when set (Mistral, attnd) */
-    WINDOW_QWEN2,    /* only with use_sliding_window; layers >= max_window_layers slide */
-    WINDOW_GEMMA2,   /* layers 0, 2, 4...: (i + 1) % 2 != 0 */
-    WINDOW_GEMMA3,   /* all but every sliding_window_pattern-th: (i + 1) % pattern != 0 */
-};
-
-/* Which rotary embedding the family applies. */
-enum rotary_rule {
-    ROTARY_WHOLE_HEADS,   /* every dim of a head (Llama); a partial factor is refused */
-    ROTARY_PARTIAL,       /* the first partial_rotary_factor x head_dim dims (Phi-3) */
-    ROTARY_PARTIAL_NEOX,  /* the same, the factor named rotary_pct, 0.25 when absent */
-    ROTARY_NONE,          /* no rotary embedding: positions are in the caller's input (GPT-2) */
-    ROTARY_ENGINE_FIELDS, /* attnd's own: partial_rotary_factor and rope_style */
-};
-
-struct family;
-
-/* A family's own fields beyond the table's (Gemma's scalar, soft-cap and local RoPE). */
-typedef int (*read_extra_fn)(const struct attn__reason *why, const cJSON *j, attn_config *c);
-
-struct family {
-    const char *model_type;
-    int32_t default_kv_heads; /* num_key_value_heads when absent; 0 = num_attention_heads */
-    int32_t default_head_dim; /* head_dim when absent; 0 = hidden_size / num_attention_heads */
-    int32_t default_window;   /* sliding_window when absent (null stays none) */
-    enum bias_rule bias;
-    enum window_rule window;
-    attn_qk_norm qk_norm;        /* q_norm / k_norm tensors, eps from rms_norm_eps */
-    float default_norm_eps;      /* rms_norm_eps when absent */
-    const char *qk_norm_flag;    /* the norm applies only when this bool is true; NULL = always */
-    const char *norm_eps_key;    /* the norm's eps field; NULL = rms_norm_eps */
-    enum attn__hf_norms norms;   /* how the norm weights are stored */
-    float default_theta;         /* rope_theta when absent; 0 = the engine's 10000 */
-    bool is_norm_one_plus;       /* Gemma's RMSNorm: the weight applied is 1 + w */
-    const char *const *reads;    /* screened fields it computes itself (NULL-terminated), or NULL */
-    read_extra_fn read_extra;    /* or NULL */
-    const char *text_config_of;  /* a multimodal wrapper: read text_config as this family */
-    bool default_attention_bias; /* attention_bias when absent (GPT-NeoX: true) */
-    enum attn__hf_tensors tensors;  /* how a layer's projections are stored */
-    const char *attn_name;          /* the attention module's name; NULL = "self_attn" */
-    const char *prefixes[2];        /* where layers sit; NULL = model.layers, layers */
-    const char *const *keys;        /* the config's names for hidden_size, num_attention_heads,
-                                     * num_hidden_layers, max_position_embeddings; NULL = those */
-    const char *const *key_aliases; /* older names for the same four (NULL entries: none), which
-                                     * the config class maps onto them; or NULL */
-    enum rotary_rule rotary;
-    double default_partial;        /* ROTARY_PARTIAL: partial_rotary_factor when absent; 0 = 1 */
-    attn_rope_style rope_style;    /* how pairs rotate (Cohere, GLM: interleaved) */
-    const char *theta_alias;       /* an older name of rope_theta it may use instead, or NULL */
-    const char *bias_flag;         /* BIAS_QKV_IF_FLAG's flag; NULL = attention_bias */
-    bool has_legacy_scaling_names; /* rope_scaling type "su" / "yarn" meant Phi-3's variants */
-    int32_t longrope_original;     /* original_max_position_embeddings when absent (Phi3Config:
-                                      4096); 0 = max_position_embeddings */
-    bool has_sinks;                /* self_attn.sinks: one learned logit per query head (gpt-oss) */
-    bool rope_sliding_only;        /* full layers without RoPE (Cohere 2) */
-    int32_t default_pattern;       /* WINDOW_GEMMA3: sliding_window_pattern when absent; 0 = 6 */
-    const char *default_rope_scaling; /* rope_scaling (JSON) when absent, or NULL */
-};
+/* ---- the family table (its row type is in hf_int.h) ---------------------------------------- */
 
 static int gemma2_extra(const struct attn__reason *why, const cJSON *j, attn_config *c);
 static int granite_extra(const struct attn__reason *why, const cJSON *j, attn_config *c);
@@ -390,561 +317,6 @@ static const struct screen trusted_screened[] = {
     {"rope_type", NEUTRAL_NULL},
 };
 
-/* ---- field readers ----------------------------------------------------------------------------
- */
-
-/* Reads an optional integer field; absent or null leaves *out as is. */
-static int get_int(const struct attn__reason *why, const cJSON *obj, const char *key,
-                   int32_t *out) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    if (v == NULL || cJSON_IsNull(v)) {
-        return ATTN_OK;
-    }
-    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < 0 ||
-        v->valuedouble > INT32_MAX) {
-        return attn__fail(why, ATTN_EIO, "config.json: %s must be a non-negative integer", key);
-    }
-    *out = (int32_t)v->valuedouble;
-    return ATTN_OK;
-}
-
-/* get_int of key, or of alias (a name the config class maps onto key; NULL: none); both present
- * and different is ambiguous. */
-static int get_int_either(const struct attn__reason *why, const cJSON *obj, const char *key,
-                          const char *alias, int32_t *out) {
-    int rc = get_int(why, obj, key, out);
-    const cJSON *a = alias != NULL ? cJSON_GetObjectItemCaseSensitive(obj, alias) : NULL;
-    if (rc != ATTN_OK || a == NULL || cJSON_IsNull(a)) {
-        return rc;
-    }
-    int32_t value = 0;
-    if ((rc = get_int(why, obj, alias, &value)) != ATTN_OK) {
-        return rc;
-    }
-    const cJSON *k = cJSON_GetObjectItemCaseSensitive(obj, key);
-    if (k != NULL && !cJSON_IsNull(k) && value != *out) {
-        return attn__fail(why, ATTN_EIO, "config.json: %s and %s differ", key, alias);
-    }
-    *out = value;
-    return ATTN_OK;
-}
-
-static int get_float(const struct attn__reason *why, const cJSON *obj, const char *key,
-                     float *out) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    if (v == NULL || cJSON_IsNull(v)) {
-        return ATTN_OK;
-    }
-    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) {
-        return attn__fail(why, ATTN_EIO, "config.json: %s must be a number", key);
-    }
-    *out = (float)v->valuedouble;
-    return ATTN_OK;
-}
-
-/* Reads an optional number as the double Python holds (a rotary factor is multiplied in double
- * and floored, where a float's rounding could lose a dim); absent or null leaves *out as is. */
-static int get_double(const struct attn__reason *why, const cJSON *obj, const char *key,
-                      double *out) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    if (v == NULL || cJSON_IsNull(v)) {
-        return ATTN_OK;
-    }
-    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) {
-        return attn__fail(why, ATTN_EIO, "config.json: %s must be a number", key);
-    }
-    *out = v->valuedouble;
-    return ATTN_OK;
-}
-
-static int get_bool(const struct attn__reason *why, const cJSON *obj, const char *key, bool *out) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    if (v == NULL || cJSON_IsNull(v)) {
-        return ATTN_OK;
-    }
-    if (!cJSON_IsBool(v)) {
-        return attn__fail(why, ATTN_EIO, "config.json: %s must be true or false", key);
-    }
-    *out = cJSON_IsTrue(v);
-    return ATTN_OK;
-}
-
-/* ---- rotary embedding --------------------------------------------------------------------------
- */
-
-/* The keys each rope_scaling type reads; any other is refused by name, since transformers
- * versions add parameters that change the rotation. */
-struct scaling_kind {
-    const char *name;
-    attn_rope_scaling_type type;
-    const char *keys[8];
-};
-static const struct scaling_kind scaling_kinds[] = {
-    {"default", ATTN_ROPE_SCALING_NONE, {NULL}},
-    {"linear", ATTN_ROPE_SCALING_LINEAR, {"factor", NULL}},
-    {"llama3",
-     ATTN_ROPE_SCALING_LLAMA3,
-     {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings", NULL}},
-    {"yarn",
-     ATTN_ROPE_SCALING_YARN,
-     {"factor", "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
-      "original_max_position_embeddings", "truncate"}},
-    {"longrope",
-     ATTN_ROPE_SCALING_LONGROPE,
-     {"short_factor", "long_factor", "factor", "attention_factor",
-      "original_max_position_embeddings", NULL}},
-    {"dynamic", ATTN_ROPE_SCALING_DYNAMIC, {"factor", "original_max_position_embeddings", NULL}},
-};
-
-static int check_scaling_keys(const struct attn__reason *why, const cJSON *rs,
-                              const struct scaling_kind *k) {
-    static const char *const always[] = {"rope_type", "type", "rope_theta",
-                                         "partial_rotary_factor"};
-    for (const cJSON *it = rs->child; it != NULL; it = it->next) {
-        bool known = false;
-        for (size_t i = 0; i < sizeof always / sizeof always[0]; i++) {
-            known |= strcmp(it->string, always[i]) == 0;
-        }
-        for (size_t i = 0; i < 8 && k->keys[i] != NULL; i++) {
-            known |= strcmp(it->string, k->keys[i]) == 0;
-        }
-        if (!known) {
-            return attn__fail(why, ATTN_EUNSUPPORTED,
-                              "config.json: rope_scaling.%s is not part of %s scaling as attnd "
-                              "computes it; refused rather than served wrong",
-                              it->string, k->name);
-        }
-    }
-    return ATTN_OK;
-}
-
-/* A LongRoPE factor list: rotary_dim / 2 numbers. */
-static int get_factor_list(const struct attn__reason *why, const cJSON *rs, const char *key,
-                           int32_t half, float *out) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(rs, key);
-    if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) != half || half > ATTN_MAX_ROPE_FACTORS) {
-        return attn__fail(why, ATTN_EIO,
-                          "config.json: rope_scaling.%s must list rotary dims / 2 = %d numbers "
-                          "(at most %d)",
-                          key, half, ATTN_MAX_ROPE_FACTORS);
-    }
-    int32_t i = 0;
-    for (const cJSON *it = v->child; it != NULL; it = it->next, i++) {
-        if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble) || !(it->valuedouble > 0)) {
-            return attn__fail(why, ATTN_EIO, "config.json: rope_scaling.%s holds a value <= 0",
-                              key);
-        }
-        out[i] = (float)it->valuedouble;
-    }
-    return ATTN_OK;
-}
-
-/* original_max_position_embeddings where a type needs it. transformers reads it from
- * rope_scaling (llama3, yarn) or from the config itself (longrope; Phi3Config's default 4096);
- * both present and different is ambiguous. *found says whether either was there. */
-static int get_original(const struct attn__reason *why, const cJSON *j, const cJSON *rs,
-                        int32_t *out, bool *found) {
-    const char *key = "original_max_position_embeddings";
-    int32_t top = 0, inner = 0;
-    int rc;
-    if ((rc = get_int(why, j, key, &top)) != ATTN_OK ||
-        (rc = get_int(why, rs, key, &inner)) != ATTN_OK) {
-        return rc;
-    }
-    if (top > 0 && inner > 0 && top != inner) {
-        return attn__fail(why, ATTN_EIO,
-                          "config.json: original_max_position_embeddings differs between the "
-                          "config (%d) and rope_scaling (%d)",
-                          top, inner);
-    }
-    *found = top > 0 || inner > 0;
-    if (*found) {
-        *out = top > 0 ? top : inner;
-    }
-    return ATTN_OK;
-}
-
-/* The rope_scaling object (or v5's rope_parameters) into c->rope_scaling, with what
- * transformers derives from the config around it. Needs c->rotary_dim. */
-static int parse_rope_scaling(const struct attn__reason *why, const cJSON *j, const cJSON *rs,
-                              const struct family *f, attn_config *c) {
-    attn_rope_scaling *out = &c->rope_scaling;
-    memset(out, 0, sizeof *out);
-    if (rs == NULL || cJSON_IsNull(rs)) {
-        return ATTN_OK;
-    }
-    if (!cJSON_IsObject(rs)) {
-        return attn__fail(why, ATTN_EIO, "config.json: rope_scaling must be an object or null");
-    }
-    const cJSON *rope_type = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
-    const cJSON *legacy = cJSON_GetObjectItemCaseSensitive(rs, "type");
-    const cJSON *type = rope_type != NULL ? rope_type : legacy;
-    if (!cJSON_IsString(type) || (legacy != NULL && !cJSON_IsString(legacy))) {
-        return attn__fail(why, ATTN_EIO, "config.json: rope_scaling needs a string rope_type");
-    }
-    if (rope_type != NULL && legacy != NULL &&
-        strcmp(rope_type->valuestring, legacy->valuestring) != 0) {
-        /* transformers v4's configs copy type over rope_type, later code reads rope_type first */
-        return attn__fail(why, ATTN_EIO,
-                          "config.json: rope_scaling's type '%s' and rope_type '%s' differ, and "
-                          "transformers versions differ on which applies",
-                          legacy->valuestring, rope_type->valuestring);
-    }
-    const char *name = type->valuestring;
-    if (f->has_legacy_scaling_names && legacy != NULL &&
-        (strcmp(name, "su") == 0 || strcmp(name, "yarn") == 0)) {
-        /* Phi3Config._rope_scaling_adjustment renames type "su" and "yarn" to longrope; the
-         * releases before it ran Phi-3's own variants, whose yarn scales attention otherwise. */
-        return attn__fail(why, ATTN_EUNSUPPORTED,
-                          strcmp(name, "su") == 0
-                              ? "config.json: %s rope_scaling type '%s' is LongRoPE's old name; "
-                                "replace it by \"rope_type\": \"longrope\""
-                              : "config.json: %s rope_scaling type '%s' is an old name that "
-                                "transformers releases compute differently (Phi-3's own YaRN, "
-                                "later LongRoPE); replace it by the rope_type meant",
-                          f->model_type, name);
-    }
-    const struct scaling_kind *kind = NULL;
-    for (size_t i = 0; i < sizeof scaling_kinds / sizeof scaling_kinds[0]; i++) {
-        if (strcmp(name, scaling_kinds[i].name) == 0) {
-            kind = &scaling_kinds[i];
-        }
-    }
-    if (kind == NULL) {
-        return attn__fail(why, ATTN_EUNSUPPORTED,
-                          "config.json: rope_scaling type '%s' is not supported (default, linear, "
-                          "llama3, yarn, longrope, dynamic are)",
-                          name);
-    }
-    int rc = check_scaling_keys(why, rs, kind);
-    if (rc != ATTN_OK) {
-        return rc;
-    }
-    out->type = kind->type;
-    int32_t max_pos = 0;
-    bool has_original = false;
-    if ((rc = get_int(why, j, "max_position_embeddings", &max_pos)) != ATTN_OK ||
-        (rc = get_float(why, rs, "factor", &out->factor)) != ATTN_OK ||
-        (rc = get_original(why, j, rs, &out->original_max_position, &has_original)) != ATTN_OK) {
-        return rc;
-    }
-    switch (out->type) {
-    case ATTN_ROPE_SCALING_NONE:
-    case ATTN_ROPE_SCALING_LINEAR:
-        break;
-    case ATTN_ROPE_SCALING_LLAMA3:
-        if ((rc = get_float(why, rs, "low_freq_factor", &out->low_freq_factor)) != ATTN_OK ||
-            (rc = get_float(why, rs, "high_freq_factor", &out->high_freq_factor)) != ATTN_OK) {
-            return rc;
-        }
-        break;
-    case ATTN_ROPE_SCALING_YARN: {
-        bool truncate = true;
-        if ((rc = get_float(why, rs, "attention_factor", &out->attention_factor)) != ATTN_OK ||
-            (rc = get_float(why, rs, "beta_fast", &out->beta_fast)) != ATTN_OK ||
-            (rc = get_float(why, rs, "beta_slow", &out->beta_slow)) != ATTN_OK ||
-            (rc = get_float(why, rs, "mscale", &out->mscale)) != ATTN_OK ||
-            (rc = get_float(why, rs, "mscale_all_dim", &out->mscale_all_dim)) != ATTN_OK ||
-            (rc = get_bool(why, rs, "truncate", &truncate)) != ATTN_OK) {
-            return rc;
-        }
-        out->yarn_fractional_range = !truncate;
-        if (!has_original) {
-            out->original_max_position = max_pos;
-        } else if (max_pos > 0 && (double)max_pos / out->original_max_position != out->factor) {
-            /* Newer transformers take factor = max_position_embeddings / original, older ones
-             * rope_scaling.factor: with both given and different, which model is meant is not
-             * known. */
-            return attn__fail(why, ATTN_EUNSUPPORTED,
-                              "config.json: yarn rope_scaling.factor %g differs from "
-                              "max_position_embeddings / original_max_position_embeddings = "
-                              "%d / %d, and transformers versions differ on which applies; make "
-                              "them agree",
-                              out->factor, max_pos, out->original_max_position);
-        }
-        break;
-    }
-    case ATTN_ROPE_SCALING_LONGROPE: {
-        int32_t half = c->rotary_dim / 2;
-        if ((rc = get_factor_list(why, rs, "short_factor", half, out->short_factor)) != ATTN_OK ||
-            (rc = get_factor_list(why, rs, "long_factor", half, out->long_factor)) != ATTN_OK ||
-            (rc = get_float(why, rs, "attention_factor", &out->attention_factor)) != ATTN_OK) {
-            return rc;
-        }
-        if (!has_original && f->longrope_original > 0) {
-            out->original_max_position = f->longrope_original;
-            has_original = true;
-        }
-        if (has_original && max_pos > 0) {
-            out->factor = (float)((double)max_pos / out->original_max_position);
-        } else if (!has_original) {
-            out->original_max_position = max_pos;
-        }
-        if (out->attention_factor == 0 && !(out->factor > 0)) {
-            return attn__fail(why, ATTN_EIO,
-                              "config.json: longrope needs rope_scaling.factor, "
-                              "attention_factor or original_max_position_embeddings");
-        }
-        break;
-    }
-    case ATTN_ROPE_SCALING_DYNAMIC:
-        /* _compute_dynamic_ntk_parameters grows theta past max_position_embeddings. */
-        if (has_original && out->original_max_position != max_pos) {
-            return attn__fail(why, ATTN_EUNSUPPORTED,
-                              "config.json: dynamic rope_scaling with "
-                              "original_max_position_embeddings %d other than "
-                              "max_position_embeddings %d: implementations differ on which one "
-                              "theta grows past",
-                              out->original_max_position, max_pos);
-        }
-        out->original_max_position = max_pos;
-        break;
-    }
-    if ((out->type == ATTN_ROPE_SCALING_YARN || out->type == ATTN_ROPE_SCALING_DYNAMIC) &&
-        out->original_max_position <= 0) {
-        return attn__fail(why, ATTN_EIO,
-                          "config.json: %s rope_scaling needs max_position_embeddings (or "
-                          "original_max_position_embeddings)",
-                          kind->name);
-    }
-    if (out->type != ATTN_ROPE_SCALING_NONE && out->type != ATTN_ROPE_SCALING_LONGROPE &&
-        !(out->factor > 0)) {
-        return attn__fail(why, ATTN_EIO, "config.json: rope_scaling.factor must be > 0");
-    }
-    return ATTN_OK; /* ranges are checked with the whole config (attn__config_check_why) */
-}
-
-/* rope_theta, or the family's older name for it; both present and different is ambiguous.
- * *given: whether either was there (else c->rope_theta stays the family's default). */
-static int parse_theta(const struct attn__reason *why, const cJSON *j, const struct family *f,
-                       attn_config *c, bool *given) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, "rope_theta");
-    *given = v != NULL && !cJSON_IsNull(v);
-    int rc = get_float(why, j, "rope_theta", &c->rope_theta);
-    const cJSON *a =
-        f->theta_alias != NULL ? cJSON_GetObjectItemCaseSensitive(j, f->theta_alias) : NULL;
-    if (rc != ATTN_OK || a == NULL || cJSON_IsNull(a)) {
-        return rc;
-    }
-    float alias = 0;
-    if ((rc = get_float(why, j, f->theta_alias, &alias)) != ATTN_OK) {
-        return rc;
-    }
-    if (*given && alias != c->rope_theta) {
-        return attn__fail(why, ATTN_EIO, "config.json: rope_theta and %s differ", f->theta_alias);
-    }
-    c->rope_theta = alias;
-    *given = true;
-    return ATTN_OK;
-}
-
-/* The rotary objects a config may hold, each NULL when absent: rope_scaling (v4's, which v5
- * also reads) and rope_parameters (v5's alone). */
-struct rotary_objects {
-    const cJSON *scaling, *params;
-};
-
-/* A value the rotary objects may repeat from the config's top level (key: rope_theta or
- * partial_rotary_factor). v4 reads it at the top level only, v5 inside the objects too. So one
- * inside must agree with the top level's value (top: its name there), or, when the config gives
- * none (top NULL), with the default v4 takes (*value on entry), unless it sits in a
- * rope_parameters with no rope_scaling beside it, which only v5 reads. Compared as float
- * (as_float) where the value is held as one. *value: the one that applies. */
-static int agree_inner(const struct attn__reason *why, const struct rotary_objects *o,
-                       const char *key, const char *top, bool as_float, double *value) {
-    const cJSON *objs[2] = {o->scaling, o->params};
-    static const char *const names[2] = {"rope_scaling", "rope_parameters"};
-    for (int i = 0; i < 2; i++) {
-        const cJSON *v = objs[i] != NULL ? cJSON_GetObjectItemCaseSensitive(objs[i], key) : NULL;
-        if (v == NULL || cJSON_IsNull(v)) {
-            continue;
-        }
-        if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) {
-            return attn__fail(why, ATTN_EIO, "config.json: %s.%s must be a number", names[i], key);
-        }
-        bool is_v5_only = i == 1 && o->scaling == NULL;
-        bool differs = as_float ? (float)v->valuedouble != (float)*value : v->valuedouble != *value;
-        if ((top != NULL || !is_v5_only) && differs) {
-            return attn__fail(why, ATTN_EIO,
-                              "config.json: %s.%s (%.9g) differs from %s %s (%.9g), and "
-                              "transformers versions differ on which applies",
-                              names[i], key, v->valuedouble,
-                              top != NULL ? "the config's" : "the default", top != NULL ? top : key,
-                              *value);
-        }
-        *value = v->valuedouble;
-    }
-    return ATTN_OK;
-}
-
-/* A rotary object's type: rope_type, or its old name type; NULL when the two differ. */
-static const cJSON *scaling_type(const cJSON *o, bool *is_consistent) {
-    const cJSON *rt = cJSON_GetObjectItemCaseSensitive(o, "rope_type");
-    const cJSON *t = cJSON_GetObjectItemCaseSensitive(o, "type");
-    *is_consistent = rt == NULL || t == NULL || cJSON_Compare(rt, t, true);
-    return rt != NULL ? rt : t;
-}
-
-/* Whether rope_scaling and rope_parameters name the same scaling: one type, and the same value
- * for every other key but rope_theta and partial_rotary_factor (agree_inner's). Exporters that
- * write both for v4 and v5 readers leave rope_theta in rope_parameters only. */
-static bool same_scaling(const cJSON *a, const cJSON *b) {
-    bool ok_a, ok_b;
-    const cJSON *ta = scaling_type(a, &ok_a), *tb = scaling_type(b, &ok_b);
-    if (!ok_a || !ok_b || (ta == NULL) != (tb == NULL) ||
-        (ta != NULL && !cJSON_Compare(ta, tb, true))) {
-        return false;
-    }
-    static const char *const skip[] = {"rope_type", "type", "rope_theta", "partial_rotary_factor"};
-    const cJSON *pair[2][2] = {{a, b}, {b, a}};
-    for (int p = 0; p < 2; p++) {
-        for (const cJSON *it = pair[p][0]->child; it != NULL; it = it->next) {
-            bool is_skipped = false;
-            for (size_t i = 0; i < sizeof skip / sizeof skip[0]; i++) {
-                is_skipped |= strcmp(it->string, skip[i]) == 0;
-            }
-            const cJSON *other = cJSON_GetObjectItemCaseSensitive(pair[p][1], it->string);
-            if (!is_skipped && (other == NULL || !cJSON_Compare(it, other, true))) {
-                return false;
-            }
-        }
-    }
-    return true;
-}
-
-/* The fraction of each head that rotates, by the family's rule: *partial in (0, 1]. */
-static int parse_partial(const struct attn__reason *why, const cJSON *j,
-                         const struct rotary_objects *o, const struct family *f, double *partial) {
-    int rc;
-    double factor = -1;
-    *partial = 1.0;
-    if ((rc = get_double(why, j, "partial_rotary_factor", &factor)) != ATTN_OK) {
-        return rc;
-    }
-    bool top_given = factor >= 0;
-    if (f->rotary == ROTARY_PARTIAL_NEOX) {
-        /* configuration_gpt_neox.py: rotary_pct, 0.25 when absent. */
-        *partial = 0.25;
-        if ((rc = get_double(why, j, "rotary_pct", partial)) != ATTN_OK) {
-            return rc;
-        }
-        if (factor >= 0 && factor != *partial) {
-            return attn__fail(why, ATTN_EIO,
-                              "config.json: rotary_pct and partial_rotary_factor "
-                              "differ");
-        }
-    } else if (factor >= 0) {
-        *partial = factor;
-    } else if (f->rotary == ROTARY_PARTIAL && f->default_partial > 0) {
-        *partial = f->default_partial;
-    }
-    const char *top = f->rotary == ROTARY_PARTIAL_NEOX ? "rotary_pct (or its default)"
-                      : top_given                      ? "partial_rotary_factor"
-                                                       : NULL;
-    if ((rc = agree_inner(why, o, "partial_rotary_factor", top, false, partial)) != ATTN_OK) {
-        return rc;
-    }
-    if (!(*partial > 0.0 && *partial <= 1.0)) {
-        return attn__fail(why, ATTN_EIO,
-                          "config.json: the rotary fraction (partial_rotary_factor, rotary_pct) "
-                          "must be in (0, 1]");
-    }
-    if (*partial != 1.0 && f->rotary == ROTARY_WHOLE_HEADS) {
-        /* Their apply_rotary_pos_emb rotates whole heads: a partial table cannot be applied. */
-        return attn__fail(why, ATTN_EUNSUPPORTED,
-                          "config.json: partial_rotary_factor %g is not part of %s attention",
-                          *partial, f->model_type);
-    }
-    return ATTN_OK;
-}
-
-/* The rotary embedding: theta and scaling (also from transformers v5's rope_parameters), the
- * rotated fraction of each head, and, for attnd's own layout, rope_style. Needs c->head_dim. */
-static int parse_rope(const struct attn__reason *why, const cJSON *j, const struct family *f,
-                      attn_config *c) {
-    if (f->rotary == ROTARY_NONE) {
-        c->rotary_dim = -1; /* positions are in the caller's hidden states, as the model adds */
-        return ATTN_OK;
-    }
-    int rc;
-    bool theta_given = false;
-    if ((rc = parse_theta(why, j, f, c, &theta_given)) != ATTN_OK) {
-        return rc;
-    }
-    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(j, "rope_parameters");
-    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(j, "rope_scaling");
-    struct rotary_objects o = {cJSON_IsObject(rs) ? rs : NULL, cJSON_IsObject(rp) ? rp : NULL};
-    if (o.scaling != NULL && o.params != NULL && !same_scaling(o.scaling, o.params)) {
-        return attn__fail(why, ATTN_EIO,
-                          "config.json: rope_scaling and rope_parameters name different scalings "
-                          "(type or another key), and transformers versions differ on which "
-                          "applies");
-    }
-    if (o.params != NULL && (rs == NULL || cJSON_IsNull(rs))) {
-        rs = o.params;
-    }
-    /* the family's default when none was written (0: config.c's, 10000) */
-    double theta = theta_given || c->rope_theta != 0 ? c->rope_theta : 10000.0;
-    if ((rc = agree_inner(why, &o, "rope_theta", theta_given ? "rope_theta" : NULL, true,
-                          &theta)) != ATTN_OK) {
-        return rc;
-    }
-    for (int i = 0; i < 2; i++) {
-        const cJSON *obj = i == 0 ? o.scaling : o.params;
-        theta_given |= obj != NULL && cJSON_GetObjectItemCaseSensitive(obj, "rope_theta") != NULL;
-    }
-    if (theta_given && theta == 0) {
-        /* the engine reads 0 as its default, 10000, and checks the range of any other value */
-        return attn__fail(why, ATTN_EINVAL, "config.json: rope_theta must be finite and > 1");
-    }
-    c->rope_theta = (float)theta;
-    c->rope_style = f->rope_style;
-    const cJSON *style = cJSON_GetObjectItemCaseSensitive(j, "rope_style");
-    if (style != NULL && !cJSON_IsNull(style)) {
-        if (f->rotary != ROTARY_ENGINE_FIELDS) {
-            return attn__fail(why, ATTN_EUNSUPPORTED,
-                              "config.json: rope_style is attnd's own field, which %s attention "
-                              "does not read (model_type attnd serves it)",
-                              f->model_type);
-        }
-        if (cJSON_IsString(style) && strcmp(style->valuestring, "half") == 0) {
-            c->rope_style = f->rope_style;
-        } else if (cJSON_IsString(style) && strcmp(style->valuestring, "interleaved") == 0) {
-            c->rope_style = ATTN_ROPE_STYLE_INTERLEAVED;
-        } else {
-            return attn__fail(why, ATTN_EUNSUPPORTED,
-                              "config.json: rope_style must be \"half\" or \"interleaved\"");
-        }
-    }
-    double partial = 1.0;
-    if ((rc = parse_partial(why, j, &o, f, &partial)) != ATTN_OK) {
-        return rc;
-    }
-    /* int(head_dim * partial_rotary_factor), as the modeling code computes it; multi-head latent
-     * attention rotates its qk_rope_head_dim dims. */
-    c->rotary_dim = (int32_t)floor(c->head_dim * partial);
-    if (c->kv_lora_rank > 0) {
-        c->rotary_dim = c->qk_rope_head_dim;
-    }
-    if (c->rotary_dim % 2 != 0 || c->rotary_dim == 0) {
-        return attn__fail(why, ATTN_EUNSUPPORTED,
-                          "config.json: rotary dim %d (head_dim x the rotary fraction) must be "
-                          "even and > 0",
-                          c->rotary_dim);
-    }
-    if (rs != NULL || f->default_rope_scaling == NULL) {
-        return parse_rope_scaling(why, j, rs, f, c);
-    }
-    /* The scaling the family's config class sets when config.json names none. */
-    cJSON *fallback = cJSON_Parse(f->default_rope_scaling);
-    if (fallback == NULL) {
-        return attn__fail(why, ATTN_ENOMEM, "config.json: out of memory");
-    }
-    rc = parse_rope_scaling(why, j, fallback, f, c);
-    cJSON_Delete(fallback);
-    return rc;
-}
-
 /* ---- family rules ------------------------------------------------------------------------------
  */
 
@@ -1054,7 +426,7 @@ static int read_window(const struct attn__reason *why, const cJSON *j, const str
         return ATTN_OK;
     }
     *window = 0;
-    int rc = get_int(why, j, "sliding_window", window);
+    int rc = attn__hf_get_int(why, j, "sliding_window", window);
     if (rc == ATTN_OK && is_used && !cJSON_IsNull(v) && *window < 1) {
         return attn__fail(why, ATTN_EIO,
                           "config.json: sliding_window must be >= 1 (null for none)");
@@ -1073,8 +445,8 @@ static int parse_window(const struct attn__reason *why, const cJSON *j, const st
         return ATTN_OK;
     }
     if (f->window == WINDOW_QWEN2 &&
-        ((rc = get_bool(why, j, "use_sliding_window", &use)) != ATTN_OK ||
-         (rc = get_int(why, j, "max_window_layers", &max_window_layers)) != ATTN_OK)) {
+        ((rc = attn__hf_get_bool(why, j, "use_sliding_window", &use)) != ATTN_OK ||
+         (rc = attn__hf_get_int(why, j, "max_window_layers", &max_window_layers)) != ATTN_OK)) {
         return rc;
     }
     if ((rc = read_window(why, j, f, f->window != WINDOW_QWEN2 || use, &window)) != ATTN_OK) {
@@ -1088,7 +460,7 @@ static int parse_window(const struct attn__reason *why, const cJSON *j, const st
         return rc;
     }
     if (f->window == WINDOW_GEMMA3 &&
-        (rc = get_int(why, j, "sliding_window_pattern", &pattern)) != ATTN_OK) {
+        (rc = attn__hf_get_int(why, j, "sliding_window_pattern", &pattern)) != ATTN_OK) {
         return rc;
     }
     if (pattern < 1) {
@@ -1117,7 +489,7 @@ static int parse_window(const struct attn__reason *why, const cJSON *j, const st
  * of head_dim^-1/2. */
 static int granite_extra(const struct attn__reason *why, const cJSON *j, attn_config *c) {
     float multiplier = 1.0f;
-    int rc = get_float(why, j, "attention_multiplier", &multiplier);
+    int rc = attn__hf_get_float(why, j, "attention_multiplier", &multiplier);
     if (rc == ATTN_OK && !(multiplier > 0)) {
         return attn__fail(why, ATTN_EIO, "config.json: attention_multiplier must be > 0");
     }
@@ -1137,7 +509,7 @@ static int gpt2_extra(const struct attn__reason *why, const cJSON *j, attn_confi
                           c->n_kv_heads, c->n_heads);
     }
     bool scale = true;
-    int rc = get_bool(why, j, "scale_attn_weights", &scale);
+    int rc = attn__hf_get_bool(why, j, "scale_attn_weights", &scale);
     c->softmax_scale = scale ? 0.0f : 1.0f; /* 0: the engine's head_dim^-1/2 */
     return rc;
 }
@@ -1149,9 +521,9 @@ static int falcon_extra(const struct attn__reason *why, const cJSON *j, attn_con
     bool new_arch = false, multi_query = true;
     int32_t kv = -1;
     int rc;
-    if ((rc = get_bool(why, j, "new_decoder_architecture", &new_arch)) != ATTN_OK ||
-        (rc = get_bool(why, j, "multi_query", &multi_query)) != ATTN_OK ||
-        (rc = get_int_either(why, j, "num_kv_heads", "n_head_kv", &kv)) != ATTN_OK) {
+    if ((rc = attn__hf_get_bool(why, j, "new_decoder_architecture", &new_arch)) != ATTN_OK ||
+        (rc = attn__hf_get_bool(why, j, "multi_query", &multi_query)) != ATTN_OK ||
+        (rc = attn__hf_get_int_either(why, j, "num_kv_heads", "n_head_kv", &kv)) != ATTN_OK) {
         return rc;
     }
     if (c->head_dim * c->n_heads != c->hidden_size) {
@@ -1208,13 +580,13 @@ static int deepseek_extra(const struct attn__reason *why, const cJSON *j, attn_c
     const cJSON *ql = cJSON_GetObjectItemCaseSensitive(j, "q_lora_rank");
     if (ql != NULL && cJSON_IsNull(ql)) {
         c->q_lora_rank = 0;
-    } else if ((rc = get_int(why, j, "q_lora_rank", &c->q_lora_rank)) != ATTN_OK) {
+    } else if ((rc = attn__hf_get_int(why, j, "q_lora_rank", &c->q_lora_rank)) != ATTN_OK) {
         return rc;
     }
-    if ((rc = get_int(why, j, "kv_lora_rank", &c->kv_lora_rank)) != ATTN_OK ||
-        (rc = get_int(why, j, "qk_nope_head_dim", &c->qk_nope_head_dim)) != ATTN_OK ||
-        (rc = get_int(why, j, "qk_rope_head_dim", &c->qk_rope_head_dim)) != ATTN_OK ||
-        (rc = get_int(why, j, "v_head_dim", &c->v_head_dim)) != ATTN_OK) {
+    if ((rc = attn__hf_get_int(why, j, "kv_lora_rank", &c->kv_lora_rank)) != ATTN_OK ||
+        (rc = attn__hf_get_int(why, j, "qk_nope_head_dim", &c->qk_nope_head_dim)) != ATTN_OK ||
+        (rc = attn__hf_get_int(why, j, "qk_rope_head_dim", &c->qk_rope_head_dim)) != ATTN_OK ||
+        (rc = attn__hf_get_int(why, j, "v_head_dim", &c->v_head_dim)) != ATTN_OK) {
         return rc;
     }
     if (c->kv_lora_rank <= 0) {
@@ -1230,8 +602,9 @@ static int deepseek_extra(const struct attn__reason *why, const cJSON *j, attn_c
 static int deepseek_finish(const struct attn__reason *why, const cJSON *j, const struct family *f,
                            attn_config *c) {
     bool interleave = true;
-    int rc =
-        f->reads == deepseek_v3_reads ? get_bool(why, j, "rope_interleave", &interleave) : ATTN_OK;
+    int rc = f->reads == deepseek_v3_reads
+                 ? attn__hf_get_bool(why, j, "rope_interleave", &interleave)
+                 : ATTN_OK;
     if (rc != ATTN_OK) {
         return rc;
     }
@@ -1249,7 +622,7 @@ static int deepseek_finish(const struct attn__reason *why, const cJSON *j, const
 /* Gemma's softmax scale: query_pre_attn_scalar^-1/2 (256 when absent), not head_dim's. */
 static int gemma_scale(const struct attn__reason *why, const cJSON *j, attn_config *c) {
     float scalar = 256.0f;
-    int rc = get_float(why, j, "query_pre_attn_scalar", &scalar);
+    int rc = attn__hf_get_float(why, j, "query_pre_attn_scalar", &scalar);
     if (rc != ATTN_OK) {
         return rc;
     }
@@ -1268,7 +641,7 @@ static int gemma_softcap(const struct attn__reason *why, const cJSON *j, float d
     if (v == NULL || cJSON_IsNull(v)) {
         return ATTN_OK;
     }
-    int rc = get_float(why, j, "attn_logit_softcapping", &c->logit_softcap);
+    int rc = attn__hf_get_float(why, j, "attn_logit_softcapping", &c->logit_softcap);
     if (rc == ATTN_OK && !(c->logit_softcap > 0)) {
         /* the modeling code caps whenever it is not None: 0 divides by zero */
         return attn__fail(why, ATTN_EIO,
@@ -1290,7 +663,8 @@ static int gemma3_extra(const struct attn__reason *why, const cJSON *j, attn_con
     c->rope_theta_local = 10000.0f;
     if ((rc = gemma_scale(why, j, c)) != ATTN_OK ||
         (rc = gemma_softcap(why, j, 0.0f, c)) != ATTN_OK ||
-        (rc = get_float(why, j, "rope_local_base_freq", &c->rope_theta_local)) != ATTN_OK) {
+        (rc = attn__hf_get_float(why, j, "rope_local_base_freq", &c->rope_theta_local)) !=
+            ATTN_OK) {
         return rc;
     }
     if (!(c->rope_theta_local > 1.0f)) {
@@ -1302,8 +676,8 @@ static int gemma3_extra(const struct attn__reason *why, const cJSON *j, attn_con
 static int parse_bias(const struct attn__reason *why, const cJSON *j, const struct family *f,
                       attn_config *c, struct attn__hf_layout *lay) {
     bool attention_bias = f->default_attention_bias;
-    int rc =
-        get_bool(why, j, f->bias_flag != NULL ? f->bias_flag : "attention_bias", &attention_bias);
+    int rc = attn__hf_get_bool(why, j, f->bias_flag != NULL ? f->bias_flag : "attention_bias",
+                               &attention_bias);
     if (rc != ATTN_OK) {
         return rc;
     }
@@ -1438,11 +812,11 @@ static int parse_config(const struct attn__reason *why, const cJSON *j, const ch
     int32_t max_pos = 0;
     static const char *const no_aliases[4] = {NULL, NULL, NULL, NULL};
     const char *const *alias = f->key_aliases != NULL ? f->key_aliases : no_aliases;
-    if ((rc = get_int_either(why, j, key[0], alias[0], &c->hidden_size)) != ATTN_OK ||
-        (rc = get_int_either(why, j, key[1], alias[1], &c->n_heads)) != ATTN_OK ||
-        (rc = get_int_either(why, j, key[2], alias[2], &c->n_layers)) != ATTN_OK ||
-        (rc = get_int_either(why, j, key[3], alias[3], &max_pos)) != ATTN_OK ||
-        (rc = get_int(why, j, "head_dim", &c->head_dim)) != ATTN_OK) {
+    if ((rc = attn__hf_get_int_either(why, j, key[0], alias[0], &c->hidden_size)) != ATTN_OK ||
+        (rc = attn__hf_get_int_either(why, j, key[1], alias[1], &c->n_heads)) != ATTN_OK ||
+        (rc = attn__hf_get_int_either(why, j, key[2], alias[2], &c->n_layers)) != ATTN_OK ||
+        (rc = attn__hf_get_int_either(why, j, key[3], alias[3], &max_pos)) != ATTN_OK ||
+        (rc = attn__hf_get_int(why, j, "head_dim", &c->head_dim)) != ATTN_OK) {
         return rc;
     }
     if (c->head_dim == 0 && cJSON_GetObjectItemCaseSensitive(j, "head_dim") == NULL) {
@@ -1451,7 +825,7 @@ static int parse_config(const struct attn__reason *why, const cJSON *j, const ch
     bool has_norm = f->qk_norm != ATTN_QK_NORM_NONE;
     if (has_norm && f->qk_norm_flag != NULL) {
         has_norm = false;
-        if ((rc = get_bool(why, j, f->qk_norm_flag, &has_norm)) != ATTN_OK) {
+        if ((rc = attn__hf_get_bool(why, j, f->qk_norm_flag, &has_norm)) != ATTN_OK) {
             return rc;
         }
     }
@@ -1460,7 +834,7 @@ static int parse_config(const struct attn__reason *why, const cJSON *j, const ch
     if (has_norm) {
         const char *eps_key = f->norm_eps_key != NULL ? f->norm_eps_key : "rms_norm_eps";
         c->qk_norm_eps = f->default_norm_eps;
-        if ((rc = get_float(why, j, eps_key, &c->qk_norm_eps)) != ATTN_OK) {
+        if ((rc = attn__hf_get_float(why, j, eps_key, &c->qk_norm_eps)) != ATTN_OK) {
             return rc;
         }
         if (!(c->qk_norm_eps > 0)) {
@@ -1478,7 +852,7 @@ static int parse_config(const struct attn__reason *why, const cJSON *j, const ch
     /* An absent field takes the family's default; an explicit null means one per query head. */
     bool has_kv_field = cJSON_GetObjectItemCaseSensitive(j, "num_key_value_heads") != NULL;
     c->n_kv_heads = f->default_kv_heads > 0 && !has_kv_field ? f->default_kv_heads : c->n_heads;
-    if ((rc = get_int(why, j, "num_key_value_heads", &c->n_kv_heads)) != ATTN_OK) {
+    if ((rc = attn__hf_get_int(why, j, "num_key_value_heads", &c->n_kv_heads)) != ATTN_OK) {
         return rc;
     }
     if (c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads != 0) {
@@ -1501,7 +875,7 @@ static int parse_config(const struct attn__reason *why, const cJSON *j, const ch
         (f->read_extra != NULL && (rc = f->read_extra(why, j, c)) != ATTN_OK)) {
         return rc;
     }
-    if ((rc = parse_rope(why, j, f, c)) != ATTN_OK) {
+    if ((rc = attn__hf_parse_rope(why, j, f, c)) != ATTN_OK) {
         return rc;
     }
     return f->tensors == ATTN__HF_MLA ? deepseek_finish(why, j, f, c) : ATTN_OK;

@@ -256,6 +256,12 @@ START_TEST(test_family_version_ambiguities_are_refused) {
     p = parse_text("{\"model_type\":\"llama\",\"hidden_size\":64,\"num_attention_heads\":4,"
                    "\"num_hidden_layers\":2,\"rope_theta\":0}");
     expect_refused(&p, ATTN_EINVAL, "rope_theta must be finite and > 1", "rope_theta 0");
+    /* a finite double float cannot hold: it was narrowed to infinity (no rotation at all) */
+    p = parse_text("{\"model_type\":\"llama\",\"hidden_size\":64,\"num_attention_heads\":4,"
+                   "\"num_hidden_layers\":2,\"rope_theta\":1e300}");
+    expect_refused(&p, ATTN_EIO, "rope_theta 1e+300 is beyond float's range", "rope_theta 1e300");
+    p = parse("gemma2", ",\"attn_logit_softcapping\":1e39", NULL);
+    expect_refused(&p, ATTN_EIO, "attn_logit_softcapping 1e+39 is beyond", "cap 1e39");
     p = parse("gemma2", ",\"attn_logit_softcapping\":0", NULL);
     expect_refused(&p, ATTN_EIO, "attn_logit_softcapping must be > 0", "cap 0");
     p = parse("gemma2", ",\"attn_logit_softcapping\":null", NULL);

@@ -1,0 +1,90 @@
+/* engine/hf_fields.c: config.json's typed fields, read as the Python config classes hold them:
+ * an optional field absent or null leaves the caller's default, and a value of the wrong type or
+ * range is refused naming the key rather than coerced. */
+#include "hf_int.h"
+
+#include <math.h>
+
+/* Reads an optional integer field; absent or null leaves *out as is. */
+int attn__hf_get_int(const struct attn__reason *why, const cJSON *obj, const char *key,
+                     int32_t *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (v == NULL || cJSON_IsNull(v)) {
+        return ATTN_OK;
+    }
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < 0 ||
+        v->valuedouble > INT32_MAX) {
+        return attn__fail(why, ATTN_EIO, "config.json: %s must be a non-negative integer", key);
+    }
+    *out = (int32_t)v->valuedouble;
+    return ATTN_OK;
+}
+
+/* get_int of key, or of alias (a name the config class maps onto key; NULL: none); both present
+ * and different is ambiguous. */
+int attn__hf_get_int_either(const struct attn__reason *why, const cJSON *obj, const char *key,
+                            const char *alias, int32_t *out) {
+    int rc = attn__hf_get_int(why, obj, key, out);
+    const cJSON *a = alias != NULL ? cJSON_GetObjectItemCaseSensitive(obj, alias) : NULL;
+    if (rc != ATTN_OK || a == NULL || cJSON_IsNull(a)) {
+        return rc;
+    }
+    int32_t value = 0;
+    if ((rc = attn__hf_get_int(why, obj, alias, &value)) != ATTN_OK) {
+        return rc;
+    }
+    const cJSON *k = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (k != NULL && !cJSON_IsNull(k) && value != *out) {
+        return attn__fail(why, ATTN_EIO, "config.json: %s and %s differ", key, alias);
+    }
+    *out = value;
+    return ATTN_OK;
+}
+
+/* get_double narrowed to float; a value float cannot hold (beyond 3.4e38) is refused rather than
+ * taken as infinity (a rope_theta of 1e300 would stop every rotation). */
+int attn__hf_get_float(const struct attn__reason *why, const cJSON *obj, const char *key,
+                       float *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (v == NULL || cJSON_IsNull(v)) {
+        return ATTN_OK; /* *out may hold a default float cannot narrow from double: leave it */
+    }
+    double value = 0;
+    int rc = attn__hf_get_double(why, obj, key, &value);
+    if (rc != ATTN_OK) {
+        return rc;
+    }
+    if (!isfinite((float)value)) {
+        return attn__fail(why, ATTN_EIO, "config.json: %s %g is beyond float's range", key, value);
+    }
+    *out = (float)value;
+    return ATTN_OK;
+}
+
+/* Reads an optional number as the double Python holds (a rotary factor is multiplied in double
+ * and floored, where a float's rounding could lose a dim); absent or null leaves *out as is. */
+int attn__hf_get_double(const struct attn__reason *why, const cJSON *obj, const char *key,
+                        double *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (v == NULL || cJSON_IsNull(v)) {
+        return ATTN_OK;
+    }
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) {
+        return attn__fail(why, ATTN_EIO, "config.json: %s must be a number", key);
+    }
+    *out = v->valuedouble;
+    return ATTN_OK;
+}
+
+int attn__hf_get_bool(const struct attn__reason *why, const cJSON *obj, const char *key,
+                      bool *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (v == NULL || cJSON_IsNull(v)) {
+        return ATTN_OK;
+    }
+    if (!cJSON_IsBool(v)) {
+        return attn__fail(why, ATTN_EIO, "config.json: %s must be true or false", key);
+    }
+    *out = cJSON_IsTrue(v);
+    return ATTN_OK;
+}
