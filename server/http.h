@@ -93,6 +93,11 @@ int32_t http_server_n_requests(const struct http_server *s);
 /* Open connections (as counted against --max-connections). */
 int32_t http_server_n_connections(const struct http_server *s);
 
+/* Connections turned away at the limits (the canned 503 too_many_connections), and idle ones
+ * closed to admit a new one, since the start. */
+uint64_t http_server_n_refused(const struct http_server *s);
+uint64_t http_server_n_reclaimed(const struct http_server *s);
+
 /* The end of a drain's grace: drops every request whose body has not all arrived and every
  * connection without a request in progress (idle ones, and ones still sending headers).
  * Requests fully received are left to finish. Returns how many requests were cut (a request

@@ -617,6 +617,14 @@ int32_t http_server_n_connections(const struct http_server *s) {
     return conn_table_count(s->conns);
 }
 
+uint64_t http_server_n_refused(const struct http_server *s) {
+    return s->n_refused;
+}
+
+uint64_t http_server_n_reclaimed(const struct http_server *s) {
+    return s->n_reclaimed;
+}
+
 int32_t http_server_cut_unreceived(struct http_server *s) {
     int32_t n = 0;
     struct conn *next;

@@ -214,6 +214,19 @@ void metrics_render(const struct metrics *m, const struct metrics_gauges *g, str
                   g->sessions, g->kv_bytes_used, g->kv_bytes_limit, g->queue_depth,
                   g->jobs_in_flight, g->workers, g->threads, g->team_tasks, g->team_helped,
                   g->draining);
+    strbuf_printf(out,
+                  "# HELP attnd_connections Open connections (counted against "
+                  "--max-connections).\n"
+                  "# TYPE attnd_connections gauge\nattnd_connections %" PRId64 "\n"
+                  "# HELP attnd_connections_refused_total Connections turned away at the limits "
+                  "with 503 too_many_connections.\n"
+                  "# TYPE attnd_connections_refused_total counter\n"
+                  "attnd_connections_refused_total %" PRIu64 "\n"
+                  "# HELP attnd_connections_reclaimed_total Idle connections closed to admit a "
+                  "new one at the limits.\n"
+                  "# TYPE attnd_connections_reclaimed_total counter\n"
+                  "attnd_connections_reclaimed_total %" PRIu64 "\n",
+                  g->connections, g->connections_refused, g->connections_reclaimed);
     if (g->disk != NULL) {
         render_disk(g->disk, out);
     }

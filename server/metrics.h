@@ -85,6 +85,9 @@ struct metrics_gauges {
     int64_t threads;                 /* --threads: computing threads, workers and helpers */
     uint64_t team_tasks;             /* tasks of the executor calls the team shared */
     uint64_t team_helped;            /* of which its helpers ran */
+    int64_t connections;             /* open, as counted against --max-connections */
+    uint64_t connections_refused;    /* turned away with 503 too_many_connections */
+    uint64_t connections_reclaimed;  /* idle ones closed to admit a new one */
     int draining;                    /* 0 or 1 */
     const struct metrics_disk *disk; /* NULL: no disk tier */
 };

@@ -275,6 +275,9 @@ static void handle_metrics(struct route_req *rq) {
         .threads = srv->cfg->threads,
         .team_tasks = ts.tasks,
         .team_helped = ts.helped_tasks,
+        .connections = http_server_n_connections(srv->http),
+        .connections_refused = http_server_n_refused(srv->http),
+        .connections_reclaimed = http_server_n_reclaimed(srv->http),
         .draining = srv->is_draining,
     };
     struct metrics_disk disk;

@@ -305,6 +305,8 @@ START_TEST(test_transport_total_limit_reclaims_the_oldest_idle_connection) {
         ck_assert_msg(!http_client_raw_closed_within(fds[i], 0), "connection %d was closed", i);
     }
     ck_assert(!http_client_raw_closed_within(extra[0], 0));
+    ck_assert(http_client_metric(daemon_.base, "attnd_connections_reclaimed_total") >= 2);
+    ck_assert(http_client_metric(daemon_.base, "attnd_connections_refused_total") == 0);
     close(extra[0]);
     close(extra[1]);
     for (int i = 0; i < 20; i++) {
@@ -354,6 +356,9 @@ START_TEST(test_transport_busy_connections_get_503) {
         status = exchange(HEALTH, 2000, NULL);
     }
     ck_assert_int_eq(status, 200);
+    /* counted: the refusal never reaches a handler, so the request counters miss it */
+    ck_assert(http_client_metric(daemon_.base, "attnd_connections_refused_total") >= 1);
+    ck_assert(http_client_metric(daemon_.base, "attnd_connections") >= 2); /* busy[1], busy[2] */
     close(busy[1]);
     close(busy[2]);
     stop_with(0);
