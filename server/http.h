@@ -120,11 +120,11 @@ int32_t http_request_header_count(const struct http_request *r, const char *name
 
 /* Whether the request target held a NUL byte (the path handed over ends at it). */
 bool http_request_target_has_nul(const struct http_request *r);
-/* The body (NUL-terminated; empty until on_request). */
 /* Calls fn for each query argument (?name=value&..., decoded) in order, until it returns
  * false. A name without '=' has the value "". */
 void http_request_queries(const struct http_request *r,
                           bool (*fn)(void *ctx, const char *name, const char *value), void *ctx);
+/* The body (NUL-terminated; empty until on_request). */
 const char *http_request_body(const struct http_request *r, size_t *len);
 bool http_request_body_too_large(const struct http_request *r);
 /* Milliseconds (monotonic) when the headers arrived. */

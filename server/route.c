@@ -15,6 +15,7 @@
 #include "job.h"
 #include "log.h"
 #include "spill.h"
+#include "utf8.h"
 #include "ui.h"
 
 #define JSON_TYPE    "application/json"
@@ -38,31 +39,40 @@ enum route_kind {
     ROUTE_ATTENTION,
 };
 
+/* What a route does with a query string. */
+enum query_rule {
+    QUERY_REFUSED, /* an API route that takes none: any argument is a 400, never ignored */
+    QUERY_OWN,     /* its handler reads and checks them (the attention route) */
+    QUERY_IGNORED, /* probes and the page: /ui keeps its state there for the browser */
+};
+
 struct route_entry {
     enum route_kind kind;
     enum metrics_endpoint endpoint;
     const char *allow; /* the methods, as the Allow header lists them */
     bool needs_auth;
+    enum query_rule query;
 };
 
 /* RFC 9110 section 9.1: HEAD wherever GET is. It runs as GET does (a handler that is not PUT or
  * DELETE answers as GET); libmicrohttpd sends the headers only. */
 static const struct route_entry entries[] = {
-    {ROUTE_NONE, METRICS_ENDPOINT_OTHER, "", false},
-    {ROUTE_ATTEND, METRICS_ENDPOINT_ATTEND, "POST", true},
-    {ROUTE_SDPA, METRICS_ENDPOINT_SDPA, "POST", true},
-    {ROUTE_SESSIONS, METRICS_ENDPOINT_SESSIONS, "GET, HEAD", true},
-    {ROUTE_SESSION, METRICS_ENDPOINT_SESSION, "GET, HEAD, PUT, DELETE", true},
-    {ROUTE_TRUNCATE, METRICS_ENDPOINT_TRUNCATE, "POST", true},
-    {ROUTE_FORK, METRICS_ENDPOINT_FORK, "POST", true},
-    {ROUTE_EXPORT, METRICS_ENDPOINT_EXPORT, "GET, HEAD", true},
-    {ROUTE_KV_ATTEND, METRICS_ENDPOINT_KV_ATTEND, "POST", true},
-    {ROUTE_MODEL, METRICS_ENDPOINT_MODEL, "GET, HEAD", true},
-    {ROUTE_HEALTHZ, METRICS_ENDPOINT_HEALTHZ, "GET, HEAD", false},
-    {ROUTE_READYZ, METRICS_ENDPOINT_READYZ, "GET, HEAD", false},
-    {ROUTE_METRICS, METRICS_ENDPOINT_METRICS, "GET, HEAD", false},
-    {ROUTE_UI, METRICS_ENDPOINT_OTHER, "GET, HEAD", false}, /* its API calls carry the key */
-    {ROUTE_ATTENTION, METRICS_ENDPOINT_ATTENTION, "GET, HEAD", true},
+    {ROUTE_NONE, METRICS_ENDPOINT_OTHER, "", false, QUERY_IGNORED},
+    {ROUTE_ATTEND, METRICS_ENDPOINT_ATTEND, "POST", true, QUERY_REFUSED},
+    {ROUTE_SDPA, METRICS_ENDPOINT_SDPA, "POST", true, QUERY_REFUSED},
+    {ROUTE_SESSIONS, METRICS_ENDPOINT_SESSIONS, "GET, HEAD", true, QUERY_REFUSED},
+    {ROUTE_SESSION, METRICS_ENDPOINT_SESSION, "GET, HEAD, PUT, DELETE", true, QUERY_REFUSED},
+    {ROUTE_TRUNCATE, METRICS_ENDPOINT_TRUNCATE, "POST", true, QUERY_REFUSED},
+    {ROUTE_FORK, METRICS_ENDPOINT_FORK, "POST", true, QUERY_REFUSED},
+    {ROUTE_EXPORT, METRICS_ENDPOINT_EXPORT, "GET, HEAD", true, QUERY_REFUSED},
+    {ROUTE_KV_ATTEND, METRICS_ENDPOINT_KV_ATTEND, "POST", true, QUERY_REFUSED},
+    {ROUTE_MODEL, METRICS_ENDPOINT_MODEL, "GET, HEAD", true, QUERY_REFUSED},
+    {ROUTE_HEALTHZ, METRICS_ENDPOINT_HEALTHZ, "GET, HEAD", false, QUERY_IGNORED},
+    {ROUTE_READYZ, METRICS_ENDPOINT_READYZ, "GET, HEAD", false, QUERY_IGNORED},
+    {ROUTE_METRICS, METRICS_ENDPOINT_METRICS, "GET, HEAD", false, QUERY_IGNORED},
+    {ROUTE_UI, METRICS_ENDPOINT_OTHER, "GET, HEAD", false,
+     QUERY_IGNORED}, /* its API calls carry the key */
+    {ROUTE_ATTENTION, METRICS_ENDPOINT_ATTENTION, "GET, HEAD", true, QUERY_OWN},
 };
 
 /* ---- replies -------------------------------------------------------------------------------- */
@@ -472,6 +482,20 @@ static void handle_session(struct route_req *rq, const char *method) {
 
 /* ---- HTTP handlers -------------------------------------------------------------------------- */
 
+/* A query argument on a route that takes none: ignoring it would answer as if the client had
+ * not asked (POST /v1/attend?stream=true, GET /v1/sessions?limit=10), so it is refused by name. */
+static bool refuse_query(void *ctx, const char *name, const char *value) {
+    (void)value;
+    struct route_req *rq = ctx;
+    char shown[64], msg[160];
+    snprintf(shown, sizeof shown, "%s", name);
+    utf8_trim_partial(shown);
+    snprintf(msg, sizeof msg, "unknown query parameter '%s': %s takes none", shown,
+             http_request_path(rq->http));
+    route_reply_error(rq, ERROR_INVALID_REQUEST, msg, shown);
+    return false;
+}
+
 static void on_headers(void *ctx, struct http_request *req) {
     struct server *srv = ctx;
     struct route_req *rq = calloc(1, sizeof *rq);
@@ -576,6 +600,9 @@ static void on_headers(void *ctx, struct http_request *req) {
                           "[A-Za-z0-9._:-]",
                           "session_id");
         return;
+    }
+    if (e->query == QUERY_REFUSED) {
+        http_request_queries(req, refuse_query, rq); /* answers at the first argument */
     }
 }
 

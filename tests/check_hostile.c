@@ -191,6 +191,44 @@ START_TEST(test_hostile_ambiguous_body_length_is_refused) {
 }
 END_TEST
 
+/* A query argument on an API route that takes none is refused by name, never ignored: a
+ * POST /v1/attend?stream=true answered whole, or a DELETE ...?dry_run=1 that deletes, would be
+ * answers to another request than the one sent. Probes and the page ignore theirs. */
+START_TEST(test_hostile_query_arguments_are_not_ignored) {
+    const char *args[] = {"--preset", "tiny", NULL};
+    http_client_daemon_start(&daemon_, args);
+    float *x = http_client_random_rows(7, 2, TINY_HIDDEN);
+    char *body = http_client_attend_body("ctl", x, 0, 2, TINY_HIDDEN, false, NULL);
+    struct http_client_response r = call("POST", "/v1/attend?stream=true", body, strlen(body));
+    check_error(&r, 400, "invalid_request");
+    ck_assert_ptr_nonnull(strstr(r.body, "unknown query parameter 'stream'"));
+    ck_assert_ptr_nonnull(strstr(r.body, "\"param\":\"stream\""));
+    http_client_response_release(&r);
+    ck_assert_int_eq(status_of("POST", "/v1/attend", body), 200);
+    r = call("DELETE", "/v1/sessions/ctl?dry_run=1", NULL, 0);
+    check_error(&r, 400, "invalid_request");
+    http_client_response_release(&r);
+    ck_assert_int_eq(session_tokens("ctl"), 2); /* not deleted */
+    static const char *const refused[] = {"/v1/sessions?limit=1", "/v1/model?x",
+                                          "/v1/sessions/ctl?a=b",
+                                          "/v1/sessions/ctl/export?format=npz"};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        r = call("GET", refused[i], NULL, 0);
+        check_error(&r, 400, "invalid_request");
+        http_client_response_release(&r);
+    }
+    static const char *const ignored[] = {"/healthz?probe=1", "/readyz?x", "/metrics?name=a",
+                                          "/ui?session=ctl&layer=0"};
+    for (size_t i = 0; i < sizeof ignored / sizeof ignored[0]; i++) {
+        ck_assert_msg(status_of("GET", ignored[i], NULL) == 200, "%s", ignored[i]);
+    }
+    ck_assert_int_eq(status_of("GET", "/v1/sessions?", NULL), 200); /* an empty query */
+    free(body);
+    free(x);
+    stop_ok();
+}
+END_TEST
+
 /* ---- logs ----------------------------------------------------------------------------------- */
 
 START_TEST(test_hostile_one_request_is_one_log_line) {
@@ -456,6 +494,7 @@ Suite *hostile_suite(void) {
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_hostile_nul_never_aliases_a_shorter_name);
     tcase_add_test(tc, test_hostile_ambiguous_body_length_is_refused);
+    tcase_add_test(tc, test_hostile_query_arguments_are_not_ignored);
     tcase_add_test(tc, test_hostile_one_request_is_one_log_line);
     tcase_add_test(tc, test_hostile_error_bodies_are_valid_utf8);
     tcase_add_test(tc, test_hostile_many_keys_never_stall_the_loop);
