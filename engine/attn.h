@@ -242,6 +242,13 @@ typedef struct attn_load_params {
      * F16 round an F32 source to nearest even. The projections read the held dtype directly.
      * Multi-head latent attention's tensors stay F32. */
     attn_dtype weights_dtype;
+    /* attn_model_load_hf only: whose modeling code a checkpoint means where transformers' port
+     * of a family and the code shipped with the checkpoint (trust_remote_code) compute different
+     * attention: NULL (such a config is refused, naming both), "transformers" or "checkpoint".
+     * Today one case: deepseek_v2 under yarn with mscale_all_dim, whose softmax scale DeepSeek's
+     * modeling_deepseek.py (and vLLM, SGLang) multiply by mscale(factor, mscale_all_dim)^2 and
+     * transformers' DeepseekV2Attention does not. */
+    const char *modeling_code;
 } attn_load_params;
 
 /* One layer's weights in Hugging Face nn.Linear layout (out_features, in_features), row-major. */

@@ -596,13 +596,14 @@ struct attn__hf_layout {
 /* Parses config.json text, json[0..len) (no NUL needed), by the rules of its model_type's family
  * (hf_config.c's table), into *cfg (which attn_config_check accepts, though its defaults are not
  * filled in yet; max_seq defaults to 4096) and *layout, both written on success only.
- * trust_layout NULL, or "llama": an unknown model_type (or none) is then read as Llama. Returns
+ * p (NULL: the defaults): p->trust_layout NULL, or "llama": an unknown model_type (or none) is
+ * then read as Llama; p->modeling_code as attn_load_params says. Returns
  * ATTN_OK, ATTN_EIO (not a JSON object, a key repeated in an object, a field of the wrong type or
  * range, a required field missing), ATTN_EUNSUPPORTED (a family not served, a field that changes
  * attention in a way the engine does not compute, an unknown rope scaling), or what
  * attn__config_check_why returns for the config read (its reason in err), or ATTN_EINVAL
- * (another trust_layout). */
-int attn__hf_config_parse(const char *json, size_t len, const char *trust_layout, attn_config *cfg,
+ * (another trust_layout or modeling_code). */
+int attn__hf_config_parse(const char *json, size_t len, const attn_load_params *p, attn_config *cfg,
                           struct attn__hf_layout *layout, char *err, size_t err_size);
 
 /* ---- hf_layer.c: one layer's attention tensors, by the family's layout ---------------------- */

@@ -598,9 +598,12 @@ static int deepseek_extra(const struct attn__reason *why, const cJSON *j, attn_c
 }
 
 /* After the rotary embedding is read: V3's rope_interleave false rotates halves, and yarn's
- * mscale_all_dim grows the softmax scale by its mscale squared (modeling_deepseek_v3). */
+ * mscale_all_dim grows the softmax scale by its mscale squared (modeling_deepseek_v3, and every
+ * version of DeepSeek's own modeling_deepseek.py). transformers' DeepseekV2Attention leaves the
+ * scale at qk_head_dim^-1/2, so a deepseek_v2 config where the two differ means two attentions:
+ * refused unless modeling_code says whose (an outside audit found the V3 rule served for V2). */
 static int deepseek_finish(const struct attn__reason *why, const cJSON *j, const struct family *f,
-                           attn_config *c) {
+                           const char *modeling_code, attn_config *c) {
     bool interleave = true;
     int rc = f->reads == deepseek_v3_reads
                  ? attn__hf_get_bool(why, j, "rope_interleave", &interleave)
@@ -611,9 +614,22 @@ static int deepseek_finish(const struct attn__reason *why, const cJSON *j, const
     c->rope_style = interleave ? ATTN_ROPE_STYLE_INTERLEAVED : ATTN_ROPE_STYLE_HALF;
     double scale = 1.0 / sqrt((double)c->head_dim);
     const attn_rope_scaling *rs = &c->rope_scaling;
-    if (rs->type != ATTN_ROPE_SCALING_NONE && rs->mscale_all_dim > 0 && rs->factor > 1) {
+    /* transformers' yarn_get_mscale: 1 at factor <= 1; any mscale_all_dim but 0 applies */
+    if (rs->type != ATTN_ROPE_SCALING_NONE && rs->mscale_all_dim != 0 && rs->factor > 1) {
         double m = 0.1 * rs->mscale_all_dim * log((double)rs->factor) + 1.0;
-        scale *= m * m;
+        bool is_v2 = f->reads != deepseek_v3_reads;
+        if (is_v2 && modeling_code == NULL) {
+            return attn__fail(why, ATTN_EUNSUPPORTED,
+                              "config.json: deepseek_v2 with rope_scaling.mscale_all_dim %g: "
+                              "DeepSeek's modeling_deepseek.py (and vLLM) scale the softmax by "
+                              "qk_head_dim^-1/2 x %.6g, transformers' DeepseekV2Attention by "
+                              "qk_head_dim^-1/2 alone; say whose with --modeling-code checkpoint "
+                              "or transformers",
+                              (double)rs->mscale_all_dim, m * m);
+        }
+        if (!is_v2 || strcmp(modeling_code, "checkpoint") == 0) {
+            scale *= m * m;
+        }
     }
     c->softmax_scale = (float)scale;
     return ATTN_OK;
@@ -769,13 +785,13 @@ static int pick_family(const struct attn__reason *why, const cJSON *j, const cha
                       name);
 }
 
-static int parse_config(const struct attn__reason *why, const cJSON *j, const char *trust_layout,
+static int parse_config(const struct attn__reason *why, const cJSON *j, const attn_load_params *p,
                         attn_config *c, struct attn__hf_layout *lay) {
     memset(c, 0, sizeof *c);
     memset(lay, 0, sizeof *lay);
     const struct family *f = NULL;
     bool is_trusted = false;
-    int rc = pick_family(why, j, trust_layout, &f, &is_trusted, lay);
+    int rc = pick_family(why, j, p->trust_layout, &f, &is_trusted, lay);
     if (rc != ATTN_OK) {
         return rc;
     }
@@ -878,7 +894,7 @@ static int parse_config(const struct attn__reason *why, const cJSON *j, const ch
     if ((rc = attn__hf_parse_rope(why, j, f, c)) != ATTN_OK) {
         return rc;
     }
-    return f->tensors == ATTN__HF_MLA ? deepseek_finish(why, j, f, c) : ATTN_OK;
+    return f->tensors == ATTN__HF_MLA ? deepseek_finish(why, j, f, p->modeling_code, c) : ATTN_OK;
 }
 
 /* Parses config.json text; see attn_int.h. */
@@ -922,9 +938,16 @@ static int refuse_repeated_keys(const struct attn__reason *why, const cJSON *nod
     return rc;
 }
 
-int attn__hf_config_parse(const char *json, size_t len, const char *trust_layout, attn_config *cfg,
+int attn__hf_config_parse(const char *json, size_t len, const attn_load_params *p, attn_config *cfg,
                           struct attn__hf_layout *layout, char *err, size_t err_size) {
     const struct attn__reason why = {err, err_size};
+    static const attn_load_params defaults = {0};
+    p = p != NULL ? p : &defaults;
+    if (p->modeling_code != NULL && strcmp(p->modeling_code, "transformers") != 0 &&
+        strcmp(p->modeling_code, "checkpoint") != 0) {
+        return attn__fail(&why, ATTN_EINVAL, "modeling code '%s': transformers or checkpoint",
+                          p->modeling_code);
+    }
     cJSON *j = cJSON_ParseWithLength(json, len);
     if (j == NULL || !cJSON_IsObject(j)) {
         cJSON_Delete(j);
@@ -934,7 +957,7 @@ int attn__hf_config_parse(const char *json, size_t len, const char *trust_layout
     struct attn__hf_layout lay;
     int rc = refuse_repeated_keys(&why, j);
     if (rc == ATTN_OK) {
-        rc = parse_config(&why, j, trust_layout, &c, &lay);
+        rc = parse_config(&why, j, p, &c, &lay);
     }
     cJSON_Delete(j);
     if (rc == ATTN_OK) {

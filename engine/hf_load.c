@@ -778,8 +778,8 @@ int attn_model_load_hf(const char *dir, const attn_load_params *p, attn_model **
     if (rc != ATTN_OK) {
         goto out;
     }
-    if ((rc = attn__hf_config_parse(config_text, config_len, p ? p->trust_layout : NULL, &cfg, &lay,
-                                    err, err_size)) != ATTN_OK) {
+    if ((rc = attn__hf_config_parse(config_text, config_len, p, &cfg, &lay, err, err_size)) !=
+        ATTN_OK) {
         goto out;
     }
     int32_t first = p ? p->layer_first : 0;

@@ -63,6 +63,12 @@ static const struct option options[] = {
      "empty, or llama: serve a --model whose model_type attnd does not know (or that has none) as "
      "Llama attention, you vouching for it. Known families that are not served, and config "
      "fields or tensors that change attention, are refused all the same"},
+    {"modeling-code", "ATTND_MODELING_CODE", OPTION_STRING, offsetof(struct config, modeling_code),
+     "", 0, 0,
+     "empty, transformers or checkpoint: whose code a --model means where transformers' port of "
+     "its family and the modeling code shipped with the checkpoint compute different attention "
+     "(a deepseek_v2 under yarn with mscale_all_dim: the softmax scale). Empty refuses such a "
+     "model, naming both readings"},
     {"preset", "ATTND_PRESET", OPTION_PRESET, offsetof(struct config, preset), "small", 0, 0,
      "built-in model geometry when --model is empty: tiny, small, small-linear or llama8b"},
     {"seed", "ATTND_SEED", OPTION_U64, offsetof(struct config, seed), "0", 0, 0,
@@ -386,6 +392,13 @@ static int resolve(struct config *cfg, int32_t cores, char *err, size_t err_size
     if (attn_dtype_parse(cfg->kv_dtype, &dt) != ATTN_OK) {
         set_err(err, err_size, "--kv-dtype: '%s' is not a dtype (auto, f32, bf16, f16, q8_0)",
                 cfg->kv_dtype);
+        return -1;
+    }
+    if (cfg->modeling_code[0] != '\0' && strcmp(cfg->modeling_code, "transformers") != 0 &&
+        strcmp(cfg->modeling_code, "checkpoint") != 0) {
+        set_err(err, err_size,
+                "--modeling-code: '%s' is not one (empty, transformers or checkpoint)",
+                cfg->modeling_code);
         return -1;
     }
     if (cfg->trust_layout[0] != '\0' && strcmp(cfg->trust_layout, "llama") != 0) {

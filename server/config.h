@@ -21,6 +21,7 @@ struct config {
     int32_t port;              /* TCP port; 0 = an ephemeral port (logged as port=) */
     const char *model;         /* HF-style model folder, or "" for the built-in preset */
     const char *trust_layout;  /* "" or "llama": how to read an unknown model_type */
+    const char *modeling_code; /* "", "transformers" or "checkpoint" (attn_load_params) */
     const char *weights_dtype; /* auto, f32, bf16 or f16: how the projections are held */
     const char *kv_dtype;      /* auto, f32, bf16, f16 or q8_0: how the KV cache holds K/V */
     int32_t keep_queries;      /* 1: the KV pool keeps each token's queries (inspection) */

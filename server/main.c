@@ -119,8 +119,12 @@ static int load_model(const struct config *cfg, attn_model **model, char *source
     if (held == ATTN_DTYPE_AUTO && cfg->model[0] == '\0') {
         held = ATTN_DTYPE_BF16; /* a preset's random weights: the dtype checkpoints ship in */
     }
-    attn_load_params lp = {cfg->layer_first, cfg->layer_count, cfg->max_seq,
-                           cfg->trust_layout[0] != '\0' ? cfg->trust_layout : NULL, held};
+    attn_load_params lp = {cfg->layer_first,
+                           cfg->layer_count,
+                           cfg->max_seq,
+                           cfg->trust_layout[0] != '\0' ? cfg->trust_layout : NULL,
+                           held,
+                           cfg->modeling_code[0] != '\0' ? cfg->modeling_code : NULL};
     char err[512] = "";
     if (cfg->geometry[0] != '\0') {
         attn_config g;

@@ -329,7 +329,7 @@ static void check_pipelined_norm(attn_qk_norm norm) {
     float *k_norm = harness_random_x(6, 1, 32 * (is_shared ? 1 : cfg.n_kv_heads));
     lw.q_norm = q_norm;
     lw.k_norm = k_norm;
-    attn_load_params params = {0, 0, 0, NULL, ATTN_DTYPE_BF16};
+    attn_load_params params = {0, 0, 0, NULL, ATTN_DTYPE_BF16, NULL};
     attn_model *m = NULL;
     ck_assert_int_eq(attn_model_create(&cfg, &lw, &params, &m), ATTN_OK);
     harness_threads state;

@@ -136,7 +136,7 @@ START_TEST(test_dtype_half_model_matches_ref) {
         harness_model_init(&hm, &cfg, 6200 + d);
         round_layer(&cfg, &hm.layers[0], dts[d]);
         attn_layer_weights lw = harness_weights(&cfg, &hm.layers[0]);
-        attn_load_params p = {0, 0, 0, NULL, dts[d]};
+        attn_load_params p = {0, 0, 0, NULL, dts[d], NULL};
         attn_model *half = NULL, *f32 = NULL;
         ck_assert_int_eq(attn_model_create(&cfg, &lw, &p, &half), ATTN_OK);
         p.weights_dtype = ATTN_DTYPE_F32;
@@ -197,7 +197,7 @@ START_TEST(test_dtype_checkpoints_held_as_shipped) {
     ck_assert_int_eq(attn_model_load_hf(DATA "hf_tiny_f32", NULL, &m, err, sizeof err), ATTN_OK);
     ck_assert_int_eq(attn_model_weights_dtype(m), ATTN_DTYPE_F32);
     attn_model_destroy(m);
-    attn_load_params p = {0, 0, 0, NULL, ATTN_DTYPE_F32};
+    attn_load_params p = {0, 0, 0, NULL, ATTN_DTYPE_F32, NULL};
     ck_assert_int_eq(attn_model_load_hf(DATA "hf_tiny_bf16", &p, &m, err, sizeof err), ATTN_OK);
     ck_assert_int_eq(attn_model_weights_dtype(m), ATTN_DTYPE_F32);
     attn_model_destroy(m);

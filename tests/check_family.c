@@ -39,7 +39,8 @@ static struct parsed parse(const char *type, const char *extra, const char *trus
     memset(&p, 0, sizeof p);
     char json[1024];
     config_text(json, sizeof json, type, extra);
-    p.rc = attn__hf_config_parse(json, strlen(json), trust, &p.cfg, &p.lay, p.err, sizeof p.err);
+    attn_load_params lp = {.trust_layout = trust};
+    p.rc = attn__hf_config_parse(json, strlen(json), &lp, &p.cfg, &p.lay, p.err, sizeof p.err);
     return p;
 }
 
@@ -418,6 +419,49 @@ START_TEST(test_family_layout_rules) {
     expect_ok(&p, "deepseek yarn");
     double ms = 0.1 * log(40.0) + 1.0;
     ck_assert_float_eq_tol(p.cfg.softmax_scale, (float)(ms * ms / sqrt(192.0)), 1e-6f);
+    /* V2: DeepSeek's modeling_deepseek.py applies the same mscale^2, transformers' port of V2
+     * does not (found by an outside audit): refused until modeling_code says whose code */
+    static const char v2_yarn[] =
+        ",\"max_position_embeddings\":2560,\"rope_scaling\":{\"type\":\"yarn\",\"factor\":40,"
+        "\"original_max_position_embeddings\":64,\"mscale\":0.707,\"mscale_all_dim\":0.707}";
+    p = parse("deepseek_v2", v2_yarn, NULL);
+    expect_refused(&p, ATTN_EUNSUPPORTED, "deepseek_v2 with rope_scaling.mscale_all_dim 0.707",
+                   "V2 yarn without a modeling code");
+    ck_assert_ptr_nonnull(strstr(p.err, "--modeling-code checkpoint or transformers"));
+    double ms2 = 0.1 * 0.707 * log(40.0) + 1.0;
+    char json[1024];
+    config_text(json, sizeof json, "deepseek_v2", v2_yarn);
+    static const char *const codes[] = {"checkpoint", "transformers"};
+    for (int i = 0; i < 2; i++) {
+        attn_load_params lp = {.modeling_code = codes[i]};
+        p.rc = attn__hf_config_parse(json, strlen(json), &lp, &p.cfg, &p.lay, p.err, sizeof p.err);
+        expect_ok(&p, codes[i]);
+        double want = (i == 0 ? ms2 * ms2 : 1.0) / sqrt(192.0);
+        ck_assert_float_eq_tol(p.cfg.softmax_scale, (float)want, 1e-6f);
+        /* the rotary embedding's own attention factor is the same in both */
+        ck_assert_float_eq_tol(p.cfg.rope_scaling.mscale_all_dim, 0.707f, 1e-7f);
+    }
+    attn_load_params bad = {.modeling_code = "remote"};
+    p.rc = attn__hf_config_parse(json, strlen(json), &bad, &p.cfg, &p.lay, p.err, sizeof p.err);
+    expect_refused(&p, ATTN_EINVAL, "modeling code 'remote'", "an unknown modeling code");
+    /* where the two agree, no choice is asked for: no scaling, or mscale_all_dim 0 */
+    p = parse("deepseek_v2", "", NULL);
+    expect_ok(&p, "V2 without rope scaling");
+    ck_assert_float_eq_tol(p.cfg.softmax_scale, (float)(1.0 / sqrt(192.0)), 1e-7f);
+    p = parse("deepseek_v2",
+              ",\"max_position_embeddings\":2560,\"rope_scaling\":{\"type\":\"yarn\","
+              "\"factor\":40,\"original_max_position_embeddings\":64,\"mscale_all_dim\":0}",
+              NULL);
+    expect_ok(&p, "V2 yarn with mscale_all_dim 0");
+    ck_assert_float_eq_tol(p.cfg.softmax_scale, (float)(1.0 / sqrt(192.0)), 1e-7f);
+    /* V3: any mscale_all_dim but 0 applies, as transformers' `if mscale_all_dim:` reads it */
+    p = parse("deepseek_v3",
+              ",\"max_position_embeddings\":2560,\"rope_scaling\":{\"type\":\"yarn\",\"factor\":40,"
+              "\"original_max_position_embeddings\":64,\"mscale\":1.0,\"mscale_all_dim\":-0.5}",
+              NULL);
+    expect_ok(&p, "deepseek_v3 negative mscale_all_dim");
+    double msn = 0.1 * -0.5 * log(40.0) + 1.0;
+    ck_assert_float_eq_tol(p.cfg.softmax_scale, (float)(msn * msn / sqrt(192.0)), 1e-6f);
 
     /* GPT-2: its own config names, no rotary embedding, both biases, the scale rule. */
     const char *gpt2 = "{\"model_type\":\"gpt2\",\"n_embd\":64,\"n_head\":4,\"n_layer\":3,"
@@ -780,7 +824,7 @@ START_TEST(test_family_unconsumed_tensors_are_refused) {
                       cases[i].named);
         ck_assert_ptr_null(m);
         /* Trusting the layout does not serve what is known to be wrong. */
-        attn_load_params lp = {0, 0, 0, "llama", ATTN_DTYPE_AUTO};
+        attn_load_params lp = {0, 0, 0, "llama", ATTN_DTYPE_AUTO, NULL};
         ck_assert_int_eq(attn_model_load_hf(cases[i].dir, &lp, &m, err, sizeof err),
                          ATTN_EUNSUPPORTED);
     }

@@ -195,7 +195,7 @@ START_TEST(test_load_alt_config) {
 END_TEST
 
 START_TEST(test_load_max_seq_override) {
-    attn_load_params p = {0, 0, 100, NULL, ATTN_DTYPE_AUTO};
+    attn_load_params p = {0, 0, 100, NULL, ATTN_DTYPE_AUTO, NULL};
     attn_model *m = load_ok(DATA "hf_tiny_f32", &p);
     ck_assert_int_eq(attn_model_config(m)->max_seq, 100);
     attn_model_destroy(m);
@@ -375,13 +375,26 @@ START_TEST(test_load_deepseek_matches_numpy) {
     check_layer(m, 0, &dsv3, "dsv3_bf16");
     check_layer(m, 1, &dsv3, "dsv3_bf16");
     attn_model_destroy(m);
-    attn_load_params lp = {0, 0, 4096, NULL, ATTN_DTYPE_AUTO};
+    /* V2 under yarn with mscale_all_dim: DeepSeek's own code and transformers' port disagree on
+     * the softmax scale, so the checkpoint loads only once its user says whose code it means. */
+    attn_load_params lp = {0, 0, 4096, NULL, ATTN_DTYPE_AUTO, NULL};
+    char err[512] = "";
+    m = NULL;
+    ck_assert_int_eq(attn_model_load_hf(DATA "hf_deepseek_v2_f32", &lp, &m, err, sizeof err),
+                     ATTN_EUNSUPPORTED);
+    ck_assert_msg(strstr(err, "--modeling-code") != NULL, "%s", err);
+    ck_assert_ptr_null(m);
+    double mscale = 0.1 * 0.707 * log(40.0) + 1.0;
+    lp.modeling_code = "transformers"; /* DeepseekV2Attention: qk_head_dim^-1/2 alone */
+    m = load_ok(DATA "hf_deepseek_v2_f32", &lp);
+    ck_assert_float_eq_tol(attn_model_config(m)->softmax_scale, 0.25f, 1e-7f);
+    attn_model_destroy(m);
+    lp.modeling_code = "checkpoint"; /* the fixture's reference: modeling_deepseek.py's */
     m = load_ok(DATA "hf_deepseek_v2_f32", &lp);
     c = attn_model_config(m);
     ck_assert_str_eq(attn_model_family(m), "deepseek_v2");
     ck_assert(c->q_lora_rank == 0 && c->has_qkv_bias && c->has_o_bias);
     ck_assert_int_eq(c->rope_scaling.type, ATTN_ROPE_SCALING_YARN);
-    double mscale = 0.1 * 0.707 * log(40.0) + 1.0;
     ck_assert_float_eq_tol(c->softmax_scale, (float)(mscale * mscale / 4.0), 1e-6f);
     check_layer(m, 0, &dsv2, "dsv2_f32");
     attn_model_destroy(m);
@@ -448,7 +461,7 @@ START_TEST(test_load_gpt_oss_bf16_matches_numpy) {
         check_layer(m, layer, &gptoss, "gpt_oss_bf16");
     }
     attn_model_destroy(m);
-    attn_load_params only2 = {2, 1, 0, NULL, ATTN_DTYPE_AUTO};
+    attn_load_params only2 = {2, 1, 0, NULL, ATTN_DTYPE_AUTO, NULL};
     m = load_ok(DATA "hf_gpt_oss_bf16", &only2);
     check_layer(m, 2, &gptoss, "gpt_oss_bf16");
     attn_model_destroy(m);
@@ -484,7 +497,7 @@ START_TEST(test_load_layer_subset) {
     static const char *const dirs[2] = {DATA "hf_tiny_f32", DATA "hf_tiny_bf16"};
     static const char *const expected[2] = {"tiny_f32", "tiny_bf16"};
     for (int i = 0; i < 2; i++) {
-        attn_load_params p = {1, 1, 0, NULL, ATTN_DTYPE_AUTO};
+        attn_load_params p = {1, 1, 0, NULL, ATTN_DTYPE_AUTO, NULL};
         attn_model *full = load_ok(dirs[i], NULL);
         attn_model *m = load_ok(dirs[i], &p);
         ck_assert_int_eq(attn_model_layer_first(m), 1);
@@ -547,7 +560,7 @@ START_TEST(test_load_rope_scalings_match_numpy) {
     check_layer(m, 0, &yarnl, "llama_yarn_f32");
     attn_model_destroy(m);
 
-    attn_load_params longer = {0, 0, 32, NULL, ATTN_DTYPE_AUTO};
+    attn_load_params longer = {0, 0, 32, NULL, ATTN_DTYPE_AUTO, NULL};
     m = load_ok(DATA "hf_llama_dynamic_f32", &longer);
     s = &attn_model_config(m)->rope_scaling;
     ck_assert_int_eq(s->type, ATTN_ROPE_SCALING_DYNAMIC);
@@ -643,9 +656,10 @@ END_TEST
  * code for these, so any failure passes, but a model must not come back. */
 START_TEST(test_load_bad_params) {
     static const attn_load_params bad[] = {
-        {2, 0, 0, NULL, ATTN_DTYPE_AUTO},  {1, 2, 0, NULL, ATTN_DTYPE_AUTO},
-        {-1, 0, 0, NULL, ATTN_DTYPE_AUTO}, {0, -1, 0, NULL, ATTN_DTYPE_AUTO},
-        {0, 0, -5, NULL, ATTN_DTYPE_AUTO}, {0, 0, 0, NULL, (attn_dtype)9}};
+        {2, 0, 0, NULL, ATTN_DTYPE_AUTO, NULL},    {1, 2, 0, NULL, ATTN_DTYPE_AUTO, NULL},
+        {-1, 0, 0, NULL, ATTN_DTYPE_AUTO, NULL},   {0, -1, 0, NULL, ATTN_DTYPE_AUTO, NULL},
+        {0, 0, -5, NULL, ATTN_DTYPE_AUTO, NULL},   {0, 0, 0, NULL, (attn_dtype)9, NULL},
+        {0, 0, 0, NULL, ATTN_DTYPE_AUTO, "remote"}};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         attn_model *m = NULL;
         char err[256] = "";

@@ -223,7 +223,7 @@ START_TEST(test_model_create_layer_range) {
     }
     attn_layer_weights lw[2] = {harness_weights(&cfg, &layers[1]),
                                 harness_weights(&cfg, &layers[2])};
-    attn_load_params p = {1, 2, 0, NULL, ATTN_DTYPE_AUTO};
+    attn_load_params p = {1, 2, 0, NULL, ATTN_DTYPE_AUTO, NULL};
     attn_model *m = NULL;
     ck_assert_int_eq(attn_model_create(&cfg, lw, &p, &m), ATTN_OK);
     ck_assert_int_eq(attn_model_layer_first(m), 1);
@@ -291,9 +291,9 @@ START_TEST(test_model_layer_range_past_config_is_einval) {
     attn_config cfg = harness_config(4, 2, 16);
     cfg.n_layers = 3;
     static const attn_load_params bad[] = {
-        {2, 2, 0, NULL, ATTN_DTYPE_AUTO}, {3, 0, 0, NULL, ATTN_DTYPE_AUTO},
-        {0, 4, 0, NULL, ATTN_DTYPE_AUTO}, {-1, 1, 0, NULL, ATTN_DTYPE_AUTO},
-        {0, 0, 0, NULL, (attn_dtype)-1},  {0, 0, 0, NULL, (attn_dtype)4}};
+        {2, 2, 0, NULL, ATTN_DTYPE_AUTO, NULL}, {3, 0, 0, NULL, ATTN_DTYPE_AUTO, NULL},
+        {0, 4, 0, NULL, ATTN_DTYPE_AUTO, NULL}, {-1, 1, 0, NULL, ATTN_DTYPE_AUTO, NULL},
+        {0, 0, 0, NULL, (attn_dtype)-1, NULL},  {0, 0, 0, NULL, (attn_dtype)4, NULL}};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         attn_model *m = NULL;
         int rc = attn_model_create_random(&cfg, 1, &bad[i], &m);
@@ -311,7 +311,7 @@ START_TEST(test_model_bytes) {
     cfg.n_layers = 4;
     attn_model *all = NULL;
     attn_model *two = NULL;
-    attn_load_params p = {1, 2, 0, NULL, ATTN_DTYPE_AUTO};
+    attn_load_params p = {1, 2, 0, NULL, ATTN_DTYPE_AUTO, NULL};
     ck_assert_int_eq(attn_model_create_random(&cfg, 9, NULL, &all), ATTN_OK);
     ck_assert_int_eq(attn_model_create_random(&cfg, 9, &p, &two), ATTN_OK);
     size_t per_layer = sizeof(float) * ((size_t)(8 + 2 + 2) * 32 * 64 + (size_t)64 * 8 * 32 +
@@ -337,7 +337,7 @@ START_TEST(test_model_random_deterministic) {
     attn_model *b = NULL;
     attn_model *c = NULL;
     attn_model *sub = NULL;
-    attn_load_params p = {2, 2, 0, NULL, ATTN_DTYPE_AUTO};
+    attn_load_params p = {2, 2, 0, NULL, ATTN_DTYPE_AUTO, NULL};
     ck_assert_int_eq(attn_model_create_random(&cfg, 1234, NULL, &a), ATTN_OK);
     ck_assert_int_eq(attn_model_create_random(&cfg, 1234, NULL, &b), ATTN_OK);
     ck_assert_int_eq(attn_model_create_random(&cfg, 1235, NULL, &c), ATTN_OK);

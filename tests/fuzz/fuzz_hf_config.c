@@ -20,13 +20,15 @@ static bool is_one_line(const char *s) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size == 0)
         return 0;
-    const char *trust = (data[0] & 1) ? "llama" : NULL;
+    static const char *const codes[] = {NULL, "transformers", "checkpoint", NULL};
+    attn_load_params lp = {.trust_layout = (data[0] & 1) ? "llama" : NULL,
+                           .modeling_code = codes[(data[0] >> 1) & 3]};
     attn_config cfg;
     struct attn__hf_layout lay;
     char err[512];
     err[0] = '\0';
     int rc =
-        attn__hf_config_parse((const char *)data + 1, size - 1, trust, &cfg, &lay, err, sizeof err);
+        attn__hf_config_parse((const char *)data + 1, size - 1, &lp, &cfg, &lay, err, sizeof err);
     if (rc != 0) {
         if (rc >= 0 || err[0] == '\0' || !is_one_line(err))
             abort();
