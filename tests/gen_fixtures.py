@@ -1055,7 +1055,9 @@ def falcon_as_projections(w, cfg):
 # rope_interleave, no biases, 2 layers, BF16, the real config's head_dim (= qk_rope_head_dim) and
 # MoE fields. V2 (Lite's shape): q_lora_rank null (q_proj), rope 8, v 8, attention_bias (kv_a and
 # o biases; q_proj has none), yarn 40 over 64 with mscale = mscale_all_dim = 0.707 (the softmax
-# scale grows by mscale(40, 0.707)^2), F32, 1 layer, positions 100.. Its rms_norm_eps (1e-2) is
+# scale grows by mscale(40, 0.707)^2 as DeepSeek's own modeling_deepseek.py computes it, so attnd
+# loads it with --modeling-code checkpoint; transformers' port of V2 leaves that factor out), F32,
+# 1 layer, positions 100.. Its rms_norm_eps (1e-2) is
 # not the latent norms' (q_a_layernorm and kv_a_layernorm are built without it: 1e-6 always).
 DSV3 = {"hidden": 64, "n_heads": 4, "q_lora": 24, "kv_lora": 16, "nope": 8, "rope": 4, "v": 12,
         "bias": False, "interleave": True, "rope_theta": 10000.0, "eps": 1e-6, "n_layers": 2,
