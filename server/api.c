@@ -1050,6 +1050,18 @@ int64_t api_selection_values(const struct api_selection *sel, int32_t n_heads) {
     return h * sel->n_rows * k;
 }
 
+/* An lse is the log of a row's whole softmax denominator, over every key the row sees (what
+ * probs = exp(scores - lse) needs); a part of the keys would be another quantity, so it is
+ * refused rather than answered over all of them with the part echoed (found by an outside
+ * audit). */
+static int lse_of_part(struct api_error *err, const char *param, int64_t start, int64_t end,
+                       int32_t n_keys) {
+    return fail(err, ERROR_INVALID_REQUEST, param,
+                "%s: [%lld, %lld) is a part of the %d keys; an lse is over all the keys a row "
+                "sees (leave keys out)",
+                param, (long long)start, (long long)end, (int)n_keys);
+}
+
 int api_selection_resolve(struct api_selection *sel, int32_t n_heads, int32_t n_rows,
                           int32_t n_keys, int64_t n_batch, struct api_error *err) {
     for (int32_t i = 0; i < sel->n_heads; i++) {
@@ -1091,6 +1103,9 @@ int api_selection_resolve(struct api_selection *sel, int32_t n_heads, int32_t n_
         return fail(err, ERROR_INVALID_REQUEST, "return_weights.keys",
                     "return_weights.keys: [%lld, %lld) is not a range of this call's %d keys",
                     (long long)start, (long long)end, (int)n_keys);
+    }
+    if (sel->kind == ATTN_INSPECT_LSE && (start != 0 || end != n_keys)) {
+        return lse_of_part(err, "return_weights.keys", start, end, n_keys);
     }
     sel->key_first = (int32_t)start;
     sel->n_keys = (int32_t)(end - start);
@@ -1497,6 +1512,15 @@ static int check_step(const struct api_attend_request *st, uint32_t seen, int32_
         return fail(err, ERROR_INVALID_REQUEST, "positions",
                     "positions: has %d values, expected %d (one per token of %s)", (int)n_positions,
                     (int)st->n_tokens, st->q != NULL ? "q" : "x");
+    }
+    /* the rows are the call's own: known now, so a step's wrong row fails the body before any
+     * step runs (at run time it failed that step alone, after the others had advanced) */
+    for (int32_t i = 0; st->sel.is_set && i < st->sel.n_rows; i++) {
+        if (st->sel.rows[i] < -st->n_tokens || st->sel.rows[i] >= st->n_tokens) {
+            return fail(err, ERROR_INVALID_REQUEST, "return_weights.rows",
+                        "return_weights.rows: %d is outside this call's %d query rows",
+                        (int)st->sel.rows[i], (int)st->n_tokens);
+        }
     }
     if (st->return_weights && !st->sel.is_set && !st->is_cross &&
         (int64_t)lim->n_heads * st->n_tokens * st->n_tokens > API_WEIGHTS_MAX_VALUES) {
@@ -2001,8 +2025,9 @@ int api_attention_query(struct api_attention_request *r, const char *name, const
     char *end = NULL;
     switch (i) {
     case 0: {
-        long v = strtol(value, &end, 10);
-        if (len == 0 || *end != '\0' || v < lim->layer_first ||
+        /* digits only: strtol alone would take "+1" and " 1", which heads and rows refuse */
+        long v = value[0] >= '0' && value[0] <= '9' ? strtol(value, &end, 10) : -1;
+        if (len == 0 || (end != NULL && *end != '\0') || v < lim->layer_first ||
             v >= (long)lim->layer_first + lim->layer_count) {
             return fail(err, ERROR_INVALID_REQUEST, "layer",
                         "layer: expected one of the loaded layers %d-%d", (int)lim->layer_first,
@@ -2042,7 +2067,7 @@ int api_attention_query(struct api_attention_request *r, const char *name, const
 }
 
 /* One end of a range or an index: an optional '-' and digits, from s up to (not including)
- * stop; empty gives dflt. Negative values count from n. *ok false when malformed. */
+ * stop; empty gives dflt. Negative values count from n (-0 is 0). *ok false when malformed. */
 static int64_t spec_number(const char *s, const char *stop, int64_t dflt, int32_t n, bool *ok) {
     if (s == stop) {
         return dflt;
@@ -2060,7 +2085,7 @@ static int64_t spec_number(const char *s, const char *stop, int64_t dflt, int32_
         }
         v = v * 10 + (*s - '0');
     }
-    return neg ? n - v : v;
+    return neg && v > 0 ? n - v : v; /* -0 is 0, as in python: the start, not the end */
 }
 
 /* A spec of indices in [lo, n) ("" or "all": all of them; else comma-separated indices and
@@ -2136,6 +2161,8 @@ int api_attention_select(const struct api_attention_request *r, int32_t n_heads,
             rc = fail(err, ERROR_INVALID_REQUEST, "keys",
                       "keys: '%s' is not a range a:b of the cache's %d keys", r->keys,
                       (int)n_tokens);
+        } else if (r->kind == ATTN_INSPECT_LSE && (k0 != 0 || k1 != n_tokens)) {
+            rc = lse_of_part(err, "keys", k0, k1, n_tokens);
         }
         sel->key_first = (int32_t)k0;
         sel->n_keys = (int32_t)(k1 - k0);

@@ -147,6 +147,25 @@ START_TEST(test_inspect_api_selection) {
     }
     ck_assert_msg(cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(got[3], "weights")),
                   "base64 selection is not a {shape, b64} object");
+    /* an lse is over every key a row sees: a part of the keys is refused, not answered over all
+     * of them with the part echoed (found by an outside audit); the whole range is the lse */
+    static const char *const lse_parts[] = {"[1,6]", "[0,0]", "[-2,null]"};
+    for (int i = 0; i < 3; i++) {
+        char e[160], *b;
+        snprintf(e, sizeof e, ",\"return_weights\":{\"kind\":\"lse\",\"keys\":%s}", lse_parts[i]);
+        b = http_client_attend_body("p", x, 6, 1, HIDDEN, false, e);
+        cJSON *j = request(&d_, "POST", "/v1/attend", b, 400);
+        free(b);
+        const cJSON *er = cJSON_GetObjectItemCaseSensitive(j, "error");
+        ck_assert_str_eq(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(er, "param")),
+                         "return_weights.keys");
+        cJSON_Delete(j);
+    }
+    cJSON *whole = attend("l", x, 6, 1, ",\"return_weights\":{\"kind\":\"lse\",\"keys\":[0,null]}");
+    char *whole_echo = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(whole, "selection"));
+    ck_assert_msg(strstr(whole_echo, "\"keys\":[0,8]") != NULL, "%s", whole_echo);
+    free(whole_echo);
+    cJSON_Delete(whole);
     free(mx);
     free(l);
     free(p);
@@ -419,9 +438,19 @@ START_TEST(test_inspect_api_cached_attention) {
     ck_assert(isfinite(l[0]));
     free(l);
     cJSON_Delete(g);
-    static const char *const bad[] = {"?layer=9",        "?layer=1&rows=7", "?layer=1&keys=5:2",
-                                      "?heads=9",        "?kind=p",         "?x=1",
-                                      "?layer=1&layer=1"};
+    /* -0 is 0, as in python: keys=-0: is all of them, heads=-0 the first */
+    g = request(&d_, "GET", "/v1/sessions/cached/attention?layer=1&heads=-0&rows=-1&keys=-0:", NULL,
+                200);
+    char *echo = cJSON_PrintUnformatted(g); /* the resolved selection, at the top level */
+    ck_assert_msg(strstr(echo, "\"heads\":[0]") != NULL && strstr(echo, "\"keys\":[0,7]") != NULL,
+                  "%s", echo);
+    free(echo);
+    cJSON_Delete(g);
+    static const char *const bad[] = {"?layer=9",          "?layer=1&rows=7",
+                                      "?layer=1&keys=5:2", "?heads=9",
+                                      "?kind=p",           "?x=1",
+                                      "?layer=1&layer=1",  "?layer=+1",
+                                      "?layer=%201",       "?layer=1&kind=lse&keys=2:4"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char path[128];
         snprintf(path, sizeof path, "/v1/sessions/cached/attention%s", bad[i]);

@@ -325,6 +325,20 @@ START_TEST(test_steps_binary_and_malformed) {
                       bad[i][0], cJSON_PrintUnformatted(e));
         cJSON_Delete(e);
     }
+    /* a step's row outside its own rows is known from the body: the body fails, naming the
+     * step, and step 0 does not run (it used to, with step 1 failing alone at run time) */
+    char *x1 = http_client_matrix_json(x, 1, HIDDEN);
+    char rows_body[4096];
+    snprintf(rows_body, sizeof rows_body,
+             "{\"steps\":[{\"session_id\":\"q\",\"x\":%s},{\"session_id\":\"q2\",\"x\":%s,"
+             "\"return_weights\":{\"rows\":[1]}}]}",
+             x1, x1);
+    free(x1);
+    cJSON *e = post(&a_, rows_body, 400);
+    const cJSON *p =
+        cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(e, "error"), "param");
+    ck_assert_str_eq(cJSON_GetStringValue(p), "steps[1].return_weights.rows");
+    cJSON_Delete(e);
     char u[128];
     snprintf(u, sizeof u, "%s/v1/sessions/q", a_.base);
     http_client_request("GET", u, NULL, 0, NULL, &r);
