@@ -1208,6 +1208,12 @@ static int parse_positions(struct json_reader *r, int32_t max_seq, int32_t **out
     if (rc == 0 && more < 0) {
         rc = syntax_error(r, err);
     }
+    if (rc == 0 && n == 0) {
+        /* never one per token (a call has at least one); an empty array left no list behind,
+         * so every later check passed it as "no positions" (found by an outside audit) */
+        rc = fail(err, ERROR_INVALID_REQUEST, "positions",
+                  "positions: empty (one per token, or leave it out for the cache's order)");
+    }
     if (rc != 0) {
         free(pos);
         return rc;

@@ -432,8 +432,10 @@ START_TEST(test_api_attend_rejects_bad_requests) {
         {buf[11], ERROR_INVALID_REQUEST, "x"}, /* duplicate field */
         {buf[12], ERROR_INVALID_JSON, ""},     /* trailing garbage */
         {buf[13], ERROR_INVALID_REQUEST, "expect_n_past"},
-        {buf[14], ERROR_INVALID_REQUEST, "x"}, /* rank 1 */
-        {buf[15], ERROR_INVALID_REQUEST, "x"}, /* a string inside */
+        {buf[14], ERROR_INVALID_REQUEST, "x"},         /* rank 1 */
+        {buf[15], ERROR_INVALID_REQUEST, "x"},         /* a string inside */
+        {buf[16], ERROR_INVALID_REQUEST, "positions"}, /* empty: was taken as none */
+        {buf[17], ERROR_INVALID_REQUEST, "steps[0].positions"},
     };
     snprintf(buf[0], sizeof buf[0], "{\"x\":%s}", short_row);
     snprintf(buf[1], sizeof buf[1], "{\"x\":%s,\"bogus\":1}", row);
@@ -451,6 +453,8 @@ START_TEST(test_api_attend_rejects_bad_requests) {
     snprintf(buf[13], sizeof buf[13], "{\"x\":%s,\"expect_n_past\":-2}", row);
     snprintf(buf[14], sizeof buf[14], "{\"x\":[0.5,0.5]}");
     snprintf(buf[15], sizeof buf[15], "{\"x\":[[\"0.5\"%s}", row + 5);
+    snprintf(buf[16], sizeof buf[16], "{\"x\":%s,\"positions\":[]}", row);
+    snprintf(buf[17], sizeof buf[17], "{\"steps\":[{\"x\":%s,\"positions\":[]}]}", row);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         struct api_attend_request r;
         struct api_error err;
