@@ -525,6 +525,13 @@ static void put_rope_scaling(struct strbuf *b, const attn_rope_scaling *rs, int3
         strbuf_puts(b, ",\"beta_slow\":");
         put_float(b, rs->beta_slow);
         strbuf_printf(b, ",\"truncate\":%s", rs->yarn_fractional_range ? "false" : "true");
+        if (rs->mscale != 0 || rs->mscale_all_dim != 0) {
+            /* DeepSeek's: attention_factor above is their ratio */
+            strbuf_puts(b, ",\"mscale\":");
+            put_float(b, rs->mscale);
+            strbuf_puts(b, ",\"mscale_all_dim\":");
+            put_float(b, rs->mscale_all_dim);
+        }
     }
     if (rs->type == ATTN_ROPE_SCALING_LONGROPE) {
         put_float_list(b, "short_factor", rs->short_factor, rotary_dim / 2);
@@ -565,7 +572,11 @@ static void put_layer(struct strbuf *b, const attn_config *cfg, int32_t layer) {
     strbuf_puts(b, ",\"rope_scaling\":");
     put_rope_scaling(b, is_local_rope || !rotates ? &none : &cfg->rope_scaling, cfg->rotary_dim);
     strbuf_puts(b, ",\"softmax_scale\":");
-    put_float(b, cfg->softmax_scale);
+    if (attn_config_layer_is_linear(cfg, layer)) {
+        strbuf_puts(b, "null"); /* a linear layer's feature map takes no scale */
+    } else {
+        put_float(b, cfg->softmax_scale);
+    }
     strbuf_puts(b, ",\"qk_norm\":");
     if (cfg->qk_norm == ATTN_QK_NORM_NONE) {
         strbuf_puts(b, "null");
@@ -589,11 +600,16 @@ static void put_layer(struct strbuf *b, const attn_config *cfg, int32_t layer) {
 char *api_model_encode(const attn_config *cfg, const struct api_model_info *info, size_t *len) {
     struct strbuf b;
     strbuf_init(&b);
+    /* Multi-head latent attention in its config's terms, not the engine's geometry (one K/V
+     * head of qk_nope + qk_rope dims, the latent's): a K/V head per query head, and head_dim
+     * the rotated dims, as DeepseekV3Config sets it; attnd.mla holds the rest. */
+    bool is_mla = cfg->kv_lora_rank > 0;
+    int32_t head_dim = is_mla ? cfg->qk_rope_head_dim : cfg->head_dim;
     strbuf_printf(&b,
                   "{\"hidden_size\":%d,\"num_attention_heads\":%d,\"num_key_value_heads\":%d,"
                   "\"head_dim\":%d,\"rope_theta\":",
-                  (int)cfg->hidden_size, (int)cfg->n_heads, (int)cfg->n_kv_heads,
-                  (int)cfg->head_dim);
+                  (int)cfg->hidden_size, (int)cfg->n_heads,
+                  (int)(is_mla ? cfg->n_heads : cfg->n_kv_heads), (int)head_dim);
     if (cfg->rotary_dim > 0) {
         put_float(&b, cfg->rope_theta);
     } else {
@@ -609,8 +625,8 @@ char *api_model_encode(const attn_config *cfg, const struct api_model_info *info
         strbuf_puts(&b, "null");
     }
     strbuf_printf(&b, ",\"num_hidden_layers\":%d,\"partial_rotary_factor\":", (int)cfg->n_layers);
-    bool has_rope = cfg->rotary_dim > 0 && cfg->head_dim > 0;
-    put_float(&b, has_rope ? (float)cfg->rotary_dim / (float)cfg->head_dim : 0.0f);
+    bool has_rope = cfg->rotary_dim > 0 && head_dim > 0;
+    put_float(&b, has_rope ? (float)cfg->rotary_dim / (float)head_dim : 0.0f);
     strbuf_puts(&b, ",\"attnd\":{\"source\":");
     put_string(&b, info->source);
     strbuf_puts(&b, ",\"family\":");

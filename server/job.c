@@ -732,6 +732,11 @@ void job__attend_admit(struct job *job) {
 
 static void sdpa_admit(struct job *job);
 
+/* /v1/kv/attend on a model with multi-head latent attention, refused before its body is read. */
+#define MLA_HAS_NO_KV                                                                              \
+    "the model's multi-head latent attention caches a latent, not per-head k and v: "              \
+    "POST /v1/kv/attend does not serve it"
+
 /* Any thread: parses the body into the job (touches nothing else; limits are immutable). A
  * body framed by the binary tensor extension is its JSON, then the raw tensors. */
 static void parse_body(struct job *job) {
@@ -741,7 +746,14 @@ static void parse_body(struct job *job) {
         body.binary = (const uint8_t *)job->body + body.json_len;
         body.binary_len = job->body_len - body.json_len;
     }
-    if (job->kind == JOB_ATTEND && job->is_kv) {
+    if (job->kind == JOB_ATTEND && job->is_kv &&
+        attn_model_config(job->srv->model)->kv_lora_rank > 0) {
+        /* before the shapes: a latent model's k and v have no shape to be checked against (its
+         * geometry's one K/V head of qk_nope + qk_rope dims is the engine's, not the caller's) */
+        job->parse_rc = ERROR_INVALID_REQUEST;
+        snprintf(job->parse_err.message, sizeof job->parse_err.message, "%s", MLA_HAS_NO_KV);
+        snprintf(job->parse_err.param, sizeof job->parse_err.param, "k");
+    } else if (job->kind == JOB_ATTEND && job->is_kv) {
         job->parse_rc =
             api_kv_attend_request_parse_body(&body, &job->srv->limits, &job->at, &job->parse_err);
     } else if (job->kind == JOB_ATTEND) {
@@ -768,7 +780,8 @@ static bool has_capture(const struct job *job, uint32_t bits) {
 }
 
 /* What the model cannot do for an attend, whatever its sessions: x with no weights to project
- * it (--geometry), or q/k/v for a latent cache or a linear layer. Answers 400 and returns -1. */
+ * it (--geometry), captured k/v of a latent cache, or q/k/v for a linear layer (q/k/v for a
+ * latent cache never get here: parse_body refuses them). Answers 400 and returns -1. */
 static int refuse_attend(struct job *job) {
     const attn_model *m = job->srv->model;
     const attn_config *c = attn_model_config(m);
@@ -779,10 +792,6 @@ static int refuse_attend(struct job *job) {
                  "this server serves attention geometry alone (--geometry), with no weights to "
                  "project x: POST /v1/kv/attend takes q, k and v");
         param = job->at.steps != NULL ? "steps" : "x";
-    } else if (job->is_kv && c->kv_lora_rank > 0) {
-        snprintf(msg, sizeof msg,
-                 "the model's multi-head latent attention caches a latent, not per-head k and v");
-        param = "k";
     } else if (c->kv_lora_rank > 0 && has_capture(job, API_CAPTURE_K | API_CAPTURE_V)) {
         snprintf(msg, sizeof msg,
                  "capture: the model's multi-head latent attention has no per-head k and v (its "

@@ -727,6 +727,8 @@ START_TEST(test_kinds_linear_session) {
                                cJSON_GetObjectItemCaseSensitive(model, "attnd"), "layers"),
                            1);
     ck_assert_str_eq(cJSON_GetObjectItemCaseSensitive(l0, "attention")->valuestring, "linear");
+    /* its feature map takes no softmax scale, so none is shown (it showed head_dim^-1/2) */
+    ck_assert(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(l0, "softmax_scale")));
     cJSON_Delete(model);
     int bytes = -1;
     for (int32_t first = 0; first < n;) {
@@ -809,7 +811,23 @@ START_TEST(test_kinds_mla_model) {
     const cJSON *mla =
         cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(model, "attnd"), "mla");
     ck_assert_int_eq(cJSON_GetObjectItemCaseSensitive(mla, "cache_floats_per_token")->valueint, 20);
+    /* the config's terms, not the engine's geometry (one K/V head of nope + rope dims): a K/V
+     * head per query head, head_dim the rotated dims, as DeepseekV3Config has them (found by an
+     * outside audit: 1, 12 and a partial_rotary_factor of 1/3 no DeepSeek config holds) */
+    ck_assert_int_eq(cJSON_GetObjectItemCaseSensitive(model, "num_key_value_heads")->valueint, 4);
+    ck_assert_int_eq(cJSON_GetObjectItemCaseSensitive(model, "head_dim")->valueint, 4);
+    ck_assert_double_eq(
+        cJSON_GetObjectItemCaseSensitive(model, "partial_rotary_factor")->valuedouble, 1.0);
     cJSON_Delete(model);
+    /* /v1/kv/attend: refused for the latent before any shape (tensors shaped by the config's
+     * heads used to get a shape error against the engine's one K/V head) */
+    const char *qkv = "{\"session_id\":\"k\",\"q\":[[[1,2,3,4]]],\"k\":[[[1,2,3,4]]],"
+                      "\"v\":[[[1,2,3,4]]]}";
+    cJSON *e = post("/v1/kv/attend", qkv, 400);
+    const cJSON *err = cJSON_GetObjectItemCaseSensitive(e, "error");
+    ck_assert_ptr_nonnull(
+        strstr(cJSON_GetObjectItemCaseSensitive(err, "message")->valuestring, "latent"));
+    cJSON_Delete(e);
     float *x = http_client_random_rows(95, 5, 64);
     char *b = cross_body("ds", x, 5, NULL, 0, 64, ",\"return_weights\":true");
     cJSON *j = post("/v1/attend", b, 200);
