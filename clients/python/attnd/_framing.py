@@ -28,7 +28,14 @@ _F32 = np.dtype("<f4")
 def as_f32(a: Any, name: str) -> np.ndarray:
     """A C-contiguous little-endian float32 copy (or view) of ``a``: what every transport sends,
     so that the three give the server the same bits."""
-    arr = np.ascontiguousarray(np.asarray(a, dtype=_F32))
+    if a is None:
+        raise TypeError(f"{name}: expected an array of numbers, not None")
+    src = np.asarray(a)
+    if src.dtype.kind not in "biuf":
+        # complex would lose its imaginary part, strings and objects mean a caller's mistake
+        raise TypeError(f"{name}: expected real numbers, not {src.dtype} values")
+    with np.errstate(over="ignore"):
+        arr = np.ascontiguousarray(src.astype(_F32, copy=False))
     if arr.dtype != _F32:  # a big-endian host: asarray gives native order
         arr = arr.astype(_F32)
     if arr.size == 0:
@@ -36,6 +43,8 @@ def as_f32(a: Any, name: str) -> np.ndarray:
     # attnd refuses non-finite inputs (400); JSON cannot even carry them. Saying so here, with
     # the tensor's name, is the same answer for every transport and costs one pass.
     if not np.isfinite(arr).all():
+        if src.dtype.kind == "f" and np.isfinite(src).all():
+            raise ValueError(f"{name}: values beyond float32's range (|x| > 3.4e38)")
         raise ValueError(f"{name}: non-finite values (attnd takes finite float32 only)")
     return arr
 

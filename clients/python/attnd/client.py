@@ -49,6 +49,14 @@ _STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError,
           ConnectionAbortedError)
 
 
+def _answer_after_send_error(conn: http.client.HTTPConnection) -> Any:
+    """The response already in a connection whose request could not be sent whole, or None."""
+    try:
+        return conn.getresponse()
+    except (OSError, http.client.HTTPException):
+        return None
+
+
 @dataclass(frozen=True)
 class Selection:
     """Which part of a call's attention to return (``weights=Selection(...)``; a dict with the same
@@ -264,8 +272,23 @@ def _one_token(a: np.ndarray, rank: int) -> np.ndarray:
     return a
 
 
+def _int(v: Any, name: str) -> int:
+    """An int argument as given: a float (even 2.0), a bool or a string is a TypeError, never
+    truncated into another layer or length."""
+    if not _is_int(v):
+        raise TypeError(f"{name}: expected an int, not {v!r}")
+    return int(v)
+
+
 def _positions(p: Optional[Sequence[int]]) -> Optional[List[int]]:
-    return None if p is None else [int(v) for v in np.asarray(p).reshape(-1)]
+    if p is None:
+        return None
+    a = np.asarray(p)
+    if a.size == 0:
+        raise ValueError("positions: empty (one per token, or None for the cache's order)")
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"positions: expected ints, not {a.dtype} values")
+    return [int(v) for v in a.reshape(-1)]
 
 
 def _put(d: Dict[str, Any], key: str, value: Any) -> None:
@@ -479,8 +502,17 @@ class Client:
                 self._conn = self._new_conn()
             conn = self._conn
             try:
-                conn.request(method, self._prefix + path, body=body, headers=h)
-                resp = conn.getresponse()
+                try:
+                    conn.request(method, self._prefix + path, body=body, headers=h)
+                except (BrokenPipeError, ConnectionResetError) as e:
+                    # The server may have answered before it read the whole body (413 past
+                    # --max-body-mb, 401) and closed: its answer waits in the socket. Without
+                    # one, the connection was stale.
+                    resp = _answer_after_send_error(conn)
+                    if resp is None:
+                        raise e
+                else:
+                    resp = conn.getresponse()
             except _STALE as e:
                 self.close()
                 if reused and attempt == 0:
@@ -588,7 +620,10 @@ class Client:
     ) -> AttendResult:
         """A stateless forward: the tokens attend to each other only, and nothing is kept.
         ``weights``, ``capture`` and ``head_mask`` as for ``Session.attend``."""
-        body: Dict[str, Any] = {"layer": int(layer), "x": _one_token(_framing.as_f32(x, "x"), 2)}
+        body: Dict[str, Any] = {
+            "layer": _int(layer, "layer"),
+            "x": _one_token(_framing.as_f32(x, "x"), 2),
+        }
         _put(body, "positions", _positions(positions))
         _inspect(body, weights, capture, head_mask)
         return _result(self._call("/v1/attend", body))
@@ -619,7 +654,7 @@ class Client:
             _put(step, "expect_n_past", _opt_int(d.get("expect_n_past")))
             _inspect(step, d.get("weights"), d.get("capture"), d.get("head_mask"))
             body_steps.append(step)
-        doc = self._call("/v1/attend", {"layer": int(layer), "steps": body_steps})
+        doc = self._call("/v1/attend", {"layer": _int(layer, "layer"), "steps": body_steps})
         return _batch_results(doc)
 
     def kv_attend_batch(
@@ -645,7 +680,7 @@ class Client:
             _put(step, "expect_n_past", _opt_int(d.get("expect_n_past")))
             _inspect(step, d.get("weights"), d.get("capture"), d.get("head_mask"))
             body_steps.append(step)
-        body: Dict[str, Any] = {"layer": int(layer)}
+        body: Dict[str, Any] = {"layer": _int(layer, "layer")}
         _put(body, "rope", bool(rope))
         body["steps"] = body_steps
         return _batch_results(self._call("/v1/kv/attend", body))
@@ -815,7 +850,7 @@ class Session:
         those per-head tensors of the call in ``result.capture``. ``head_mask`` (n_heads factors)
         scales each head's output before o_proj, for this call only (the cache is unchanged by
         it)."""
-        body: Dict[str, Any] = {"session_id": self.id, "layer": int(layer)}
+        body: Dict[str, Any] = {"session_id": self.id, "layer": _int(layer, "layer")}
         body["x"] = _one_token(_framing.as_f32(x, "x"), 2)
         _put(body, "positions", _positions(positions))
         _put(body, "expect_n_past", _opt_int(expect_n_past))
@@ -842,7 +877,7 @@ class Session:
         ``capture`` and ``head_mask`` as for ``attend`` (q and k captured after any RoPE;
         ``head_out`` is the output before ``head_mask``, which here scales each head's rows of
         ``output``)."""
-        body: Dict[str, Any] = {"session_id": self.id, "layer": int(layer)}
+        body: Dict[str, Any] = {"session_id": self.id, "layer": _int(layer, "layer")}
         for name, t in (("q", q), ("k", k), ("v", v)):
             body[name] = _one_token(_framing.as_f32(t, name), 3)
         _put(body, "positions", _positions(positions))
@@ -864,7 +899,7 @@ class Session:
         ``weights`` is True or False only: selections, capture and head_mask do not stream."""
         if isinstance(weights, (Selection, Mapping)):
             raise TypeError("stream: weights is True or False (a selection does not stream)")
-        body: Dict[str, Any] = {"session_id": self.id, "layer": int(layer)}
+        body: Dict[str, Any] = {"session_id": self.id, "layer": _int(layer, "layer")}
         body["x"] = _one_token(_framing.as_f32(x, "x"), 2)
         _put(body, "positions", _positions(positions))
         _put(body, "expect_n_past", _opt_int(expect_n_past))
@@ -903,7 +938,7 @@ class Session:
             raise ValueError(f"reduce must be one of {REDUCES}, not {reduce!r}")
         query: List[Tuple[str, str]] = []
         if layer is not None:
-            query.append(("layer", str(int(layer))))
+            query.append(("layer", str(_int(layer, "layer"))))
         for name, spec in (("heads", _index_spec(heads, "heads")),
                            ("rows", _index_spec(rows, "rows")), ("keys", _keys_spec(keys))):
             if spec is not None:
@@ -920,9 +955,9 @@ class Session:
     def truncate(self, n_tokens: int, layer: Optional[int] = None) -> Dict[str, Any]:
         """Keeps the first n_tokens of every layer's cache (or of ``layer``'s only): the rollback of
         speculative decoding. Returns the session as truncated."""
-        doc: Dict[str, Any] = {"n_tokens": int(n_tokens)}
+        doc: Dict[str, Any] = {"n_tokens": _int(n_tokens, "n_tokens")}
         if layer is not None:
-            doc["layer"] = int(layer)
+            doc["layer"] = _int(layer, "layer")
         return self.client._post_json(_session_path(self.id) + "/truncate", doc)
 
     def fork(self, new_id: str) -> "Session":
@@ -947,8 +982,8 @@ def _session_path(session_id: str) -> str:
     return "/v1/sessions/" + urllib.parse.quote(str(session_id), safe="")
 
 
-def _opt_int(v: Any) -> Optional[int]:
-    return None if v is None else int(v)
+def _opt_int(v: Any, name: str = "expect_n_past") -> Optional[int]:
+    return None if v is None else _int(v, name)
 
 
 def _step_dict(

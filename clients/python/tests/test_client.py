@@ -362,6 +362,32 @@ class ClientTest(unittest.TestCase):
             s.attend(0, np.full((1, HIDDEN), np.nan, np.float32))
         # the connection survives error answers
         self.assertEqual(s.attend(0, xs(13, 1), expect_n_past=3).n_tokens, 4)
+        # arguments of the wrong kind fail here, never truncated into another layer or length
+        for call in (lambda: s.attend(0.0, xs(13, 1)), lambda: s.attend(True, xs(13, 1)),
+                     lambda: s.attend(0, xs(13, 1), expect_n_past=4.0),
+                     lambda: s.attend(0, xs(13, 1), positions=[4.0]),
+                     lambda: s.attend(0, xs(13, 1).astype(np.complex64)),
+                     lambda: s.attend(0, None), lambda: s.truncate(2.0)):
+            with self.assertRaises(TypeError):
+                call()
+        with self.assertRaises(ValueError):
+            s.attend(0, xs(13, 1).astype(np.float64) * 1e39)  # beyond float32, though finite
+        self.assertEqual(s.info()["n_tokens"], 4)
+
+    def test_payload_too_large_is_typed(self) -> None:
+        # A body past --max-body-mb is answered 413 before it is read, and the connection closed
+        # under the upload: the answer waits in the socket, not a broken connection.
+        d = Daemon("--max-body-mb", "1")
+        try:
+            for transport in ("binary", "base64", "json"):
+                with attnd.Client(d.url, transport=transport) as c:
+                    for _ in range(2):  # also on a connection that served a request before
+                        with self.assertRaises(attnd.PayloadTooLarge) as cm:
+                            c.attend(0, np.zeros((20000, HIDDEN), np.float32))
+                        self.assertEqual(cm.exception.status, 413)
+                        self.assertEqual(c.health()["status"], "ok")
+        finally:
+            self.assertEqual(d.stop(), 0)
 
     def test_api_key(self) -> None:
         d = Daemon("--api-key", "secret")
