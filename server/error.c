@@ -41,9 +41,9 @@ static const struct error_info table[] = {
      "the KV cache keeps no queries, so cached tokens' attention cannot be recomputed; start attnd "
      "with --keep-queries 1"},
     {ERROR_SESSION_FILE_FOREIGN, 409, "session_file_foreign", "conflict_error",
-     "--state-dir holds a file for this id that this server leaves alone (another model, KV dtype "
-     "or KV block size, a newer format, or unreadable); use another id, or remove the file and "
-     "restart (the id stays refused while this server runs)"},
+     "--state-dir holds a file for this id that this server leaves alone (another model, KV dtype, "
+     "KV block size or --keep-queries, a newer format, or unreadable); use another id, or remove "
+     "the file and restart (the id stays refused while this server runs)"},
     {ERROR_SESSION_LOST, 410, "session_lost", "gone_error",
      "the session's file failed its checks when it was read back from disk; it is gone"},
     {ERROR_PAYLOAD_TOO_LARGE, 413, "payload_too_large", "invalid_request_error",
