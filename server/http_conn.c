@@ -23,6 +23,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -246,14 +247,31 @@ static void log_limits(struct http_server *s) {
     s->n_refused_logged = s->n_refused;
 }
 
-/* Sends the canned 503 and closes. What the client already sent is read first, so that the
- * close does not reset the connection over unread bytes (which could lose the answer); bytes
- * that arrive later still may. */
+/* RFC 9110 section 6.6.1's Date: now, in IMF-fixdate. */
+static void http_date(char *buf, size_t size) {
+    time_t now = time(NULL);
+    struct tm tm;
+    gmtime_r(&now, &tm);
+    strftime(buf, size, "%a, %d %b %Y %H:%M:%S GMT", &tm);
+}
+
+/* Sends the 503 (its head made now: Date, and a request id as every answer has; the rest canned)
+ * and closes. What the client already sent is read first, so that the close does not reset the
+ * connection over unread bytes (which could lose the answer); bytes that arrive later still
+ * may. */
 static void refuse(struct http_server *s, int fd) {
     char sink[4096];
     for (int i = 0; i < 16 && recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0; i++) {
     }
-    ssize_t n = send(fd, s->refusal.data, s->refusal.len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    char date[64], head[256];
+    http_date(date, sizeof date);
+    int hl = snprintf(head, sizeof head,
+                      "HTTP/1.1 503 Service Unavailable\r\nDate: %s\r\nConnection: close\r\n"
+                      "Retry-After: 1\r\nX-Request-Id: %llu\r\n",
+                      date, (unsigned long long)++s->next_id);
+    struct iovec iov[2] = {{head, (size_t)hl}, {s->refusal.data, s->refusal.len}};
+    struct msghdr msg = {.msg_iov = iov, .msg_iovlen = 2};
+    ssize_t n = sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
     (void)n; /* best effort: the socket is new, its buffer empty */
     shutdown(fd, SHUT_WR);
     close(fd);
@@ -431,10 +449,7 @@ void http__direct_begin(struct http_request *r, int status, const char *content_
     struct strbuf *b = &r->out;
     const char *reason = MHD_get_reason_phrase_for((unsigned)status);
     char date[64];
-    time_t now = time(NULL);
-    struct tm tm;
-    gmtime_r(&now, &tm);
-    strftime(date, sizeof date, "%a, %d %b %Y %H:%M:%S GMT", &tm);
+    http_date(date, sizeof date);
     strbuf_printf(b, "HTTP/1.1 %d %s\r\nDate: %s\r\nConnection: close\r\nX-Request-Id: %llu\r\n",
                   status, reason != NULL ? reason : "", date, (unsigned long long)r->id);
     if (content_type != NULL) {
@@ -510,11 +525,10 @@ void http__direct_kick(struct http_request *r) {
 
 /* ---- the layer ------------------------------------------------------------------------------ */
 
+/* The canned end of the 503 refusal: its last headers and its body (refuse() writes the rest). */
 static void refusal_init(struct strbuf *b, const struct http_params *p) {
     strbuf_init(b);
-    strbuf_printf(b,
-                  "HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nRetry-After: 1\r\n"
-                  "Content-Type: %s\r\nContent-Length: %zu\r\n\r\n",
+    strbuf_printf(b, "Content-Type: %s\r\nContent-Length: %zu\r\n\r\n",
                   p->refusal_type != NULL ? p->refusal_type : "text/plain", p->refusal_len);
     strbuf_append(b, p->refusal_body != NULL ? p->refusal_body : "", p->refusal_len);
 }

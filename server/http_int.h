@@ -104,7 +104,7 @@ struct http_server {
     struct conn_limits limits;
     struct conn_table *conns;
     struct http_conn *check_head; /* connections whose FIN is decided after MHD's next pass */
-    struct strbuf refusal;        /* the whole canned 503 */
+    struct strbuf refusal;        /* the canned 503's last headers and body */
     uint64_t n_reclaimed, n_refused;
     uint64_t n_reclaimed_logged, n_refused_logged;
     uint64_t last_limit_log_ms;

@@ -326,6 +326,10 @@ static void expect_refusal(void) {
     ck_assert_msg(strncmp(seen, "HTTP/1.1 503 ", 13) == 0, "not a 503: %.300s", seen);
     ck_assert_ptr_nonnull(strstr(seen, "Connection: close\r\n"));
     ck_assert_ptr_nonnull(strstr(seen, "Retry-After: 1\r\n"));
+    /* as every answer (openapi): a request id and a Date (found missing by an outside audit) */
+    ck_assert_ptr_nonnull(strstr(seen, "\r\nX-Request-Id: "));
+    ck_assert_ptr_nonnull(strstr(seen, " GMT\r\n"));
+    ck_assert_ptr_nonnull(strstr(seen, "\r\nDate: "));
     cJSON *j = cJSON_Parse(body_of(seen));
     ck_assert_msg(j != NULL, "body is not JSON: %s", seen);
     const cJSON *e = cJSON_GetObjectItemCaseSensitive(j, "error");
