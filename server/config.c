@@ -42,8 +42,8 @@ static const struct option options[] = {
     {"port", "ATTND_PORT", OPTION_I32, offsetof(struct config, port), "8080", 0, 65535,
      "TCP port; 0 picks a free port (logged in the 'listening' line as port=)"},
     {"model", "ATTND_MODEL", OPTION_STRING, offsetof(struct config, model), "", 0, 0,
-     "Hugging Face style folder (config.json + model.safetensors); empty = the built-in preset "
-     "with seeded random weights"},
+     "Hugging Face style folder (config.json and model.safetensors, or its shards with "
+     "model.safetensors.index.json); empty = the built-in preset with seeded random weights"},
     {"weights-dtype", "ATTND_WEIGHTS_DTYPE", OPTION_STRING, offsetof(struct config, weights_dtype),
      "auto", 0, 0,
      "how the q/k/v and o projections are held: auto (a checkpoint's own BF16, F16 or F32, "
@@ -97,7 +97,8 @@ static const struct option options[] = {
      "more oversubscribe the cores"},
     {"max-batch-tokens", "ATTND_MAX_BATCH_TOKENS", OPTION_I32,
      offsetof(struct config, max_batch_tokens), "256", 16, 65536,
-     "tokens per engine call: the cap of a batch of decode steps and the prefill chunk size"},
+     "tokens per engine call, 16 to 65536: the cap of a batch of decode steps and the prefill "
+     "chunk size"},
     {"inline-macs", "ATTND_INLINE_MACS", OPTION_I64, offsetof(struct config, inline_macs),
      "134217728", 0, (int64_t)1 << 40,
      "a forward of at most this many multiply-adds on an idle server runs on the event loop "
@@ -177,8 +178,10 @@ static void *field(struct config *cfg, const struct option *o) {
     return (char *)cfg + o->offset;
 }
 
+/* Digits with an optional sign, nothing around them: strtoll alone skips leading blanks, so
+ * " 2" passed where "2 " did not. */
 static int parse_i64(const char *s, int64_t *out) {
-    if (*s == '\0') {
+    if (*s == '\0' || !(*s == '-' || *s == '+' || (*s >= '0' && *s <= '9'))) {
         return -1;
     }
     char *end;
@@ -192,7 +195,7 @@ static int parse_i64(const char *s, int64_t *out) {
 }
 
 static int parse_u64(const char *s, uint64_t *out) {
-    if (*s == '\0' || *s == '-') {
+    if (*s < '0' || *s > '9') {
         return -1;
     }
     char *end;
@@ -377,48 +380,69 @@ static const struct option *find_option(const char *name, size_t len) {
     return NULL;
 }
 
+/* Where each option's value came from, for the errors of checks made after all are read: the
+ * environment variable's name when it came from there, else the flag. */
+struct origins {
+    bool from_env[N_OPTIONS];
+    char buf[64];
+};
+
+static const char *origin_of(struct origins *o, const char *name) {
+    const struct option *opt = find_option(name, strlen(name));
+    if (opt != NULL && o->from_env[opt - options]) {
+        return opt->env;
+    }
+    snprintf(o->buf, sizeof o->buf, "--%s", name);
+    return o->buf;
+}
+
 /* Cross-option checks and the derived defaults. */
-static int resolve(struct config *cfg, int32_t cores, char *err, size_t err_size) {
+static int resolve(struct config *cfg, int32_t cores, struct origins *from, char *err,
+                   size_t err_size) {
     if (cfg->host[0] == '\0') {
-        set_err(err, err_size, "--host: must not be empty");
+        set_err(err, err_size, "%s: must not be empty", origin_of(from, "host"));
         return -1;
     }
     attn_dtype dt;
     if (attn_dtype_parse(cfg->weights_dtype, &dt) != ATTN_OK || dt == ATTN_DTYPE_Q8_0) {
-        set_err(err, err_size, "--weights-dtype: '%s' is not a dtype (auto, f32, bf16, f16)",
-                cfg->weights_dtype);
+        set_err(err, err_size, "%s: '%s' is not a dtype (auto, f32, bf16, f16)",
+                origin_of(from, "weights-dtype"), cfg->weights_dtype);
         return -1;
     }
     if (attn_dtype_parse(cfg->kv_dtype, &dt) != ATTN_OK) {
-        set_err(err, err_size, "--kv-dtype: '%s' is not a dtype (auto, f32, bf16, f16, q8_0)",
-                cfg->kv_dtype);
+        set_err(err, err_size, "%s: '%s' is not a dtype (auto, f32, bf16, f16, q8_0)",
+                origin_of(from, "kv-dtype"), cfg->kv_dtype);
         return -1;
     }
     if (cfg->modeling_code[0] != '\0' && strcmp(cfg->modeling_code, "transformers") != 0 &&
         strcmp(cfg->modeling_code, "checkpoint") != 0) {
-        set_err(err, err_size,
-                "--modeling-code: '%s' is not one (empty, transformers or checkpoint)",
-                cfg->modeling_code);
+        set_err(err, err_size, "%s: '%s' is not one (empty, transformers or checkpoint)",
+                origin_of(from, "modeling-code"), cfg->modeling_code);
         return -1;
     }
     if (cfg->trust_layout[0] != '\0' && strcmp(cfg->trust_layout, "llama") != 0) {
-        set_err(err, err_size, "--trust-layout: '%s' is not a layout (empty, or llama)",
-                cfg->trust_layout);
+        set_err(err, err_size, "%s: '%s' is not a layout (empty, or llama)",
+                origin_of(from, "trust-layout"), cfg->trust_layout);
         return -1;
     }
     if (cfg->geometry[0] != '\0') {
         attn_config g;
-        if (config_parse_geometry(cfg->geometry, &g, err, err_size) != 0) {
+        char why[256];
+        if (config_parse_geometry(cfg->geometry, &g, why, sizeof why) != 0) {
+            /* its reason begins "--geometry: " */
+            const char *rest = strncmp(why, "--geometry: ", 12) == 0 ? why + 12 : why;
+            set_err(err, err_size, "%s: %s", origin_of(from, "geometry"), rest);
             return -1;
         }
         if (cfg->model[0] != '\0') {
-            set_err(err, err_size, "--geometry: not with --model (a model brings its own)");
+            set_err(err, err_size, "%s: not with a model (a model brings its own geometry)",
+                    origin_of(from, "geometry"));
             return -1;
         }
     }
     if (cfg->kv_block_tokens != 0 && cfg->kv_block_tokens < 16) {
-        set_err(err, err_size, "--kv-block-tokens: %d is out of range (0, or 16..256)",
-                (int)cfg->kv_block_tokens);
+        set_err(err, err_size, "%s: %d is out of range [16, 256] (or 0: the engine's 128)",
+                origin_of(from, "kv-block-tokens"), (int)cfg->kv_block_tokens);
         return -1;
     }
     if (cores < 1) {
@@ -437,6 +461,8 @@ enum config_result config_parse(struct config *cfg, int argc, char *const *argv,
                                 int32_t cores, char *err, size_t err_size) {
     memset(cfg, 0, sizeof *cfg);
     err[0] = '\0';
+    struct origins from;
+    memset(&from, 0, sizeof from);
     for (int i = 0; i < N_OPTIONS; i++) {
         if (apply(cfg, &options[i], options[i].def, "default", err, err_size) != 0) {
             return CONFIG_ERROR;
@@ -453,6 +479,7 @@ enum config_result config_parse(struct config *cfg, int argc, char *const *argv,
                 if (apply(cfg, &options[i], eq + 1, options[i].env, err, err_size) != 0) {
                     return CONFIG_ERROR;
                 }
+                from.from_env[i] = true;
             }
         }
     }
@@ -488,8 +515,9 @@ enum config_result config_parse(struct config *cfg, int argc, char *const *argv,
         if (apply(cfg, o, value, source, err, err_size) != 0) {
             return CONFIG_ERROR;
         }
+        from.from_env[o - options] = false; /* flags win over the environment */
     }
-    return resolve(cfg, cores, err, err_size) == 0 ? CONFIG_OK : CONFIG_ERROR;
+    return resolve(cfg, cores, &from, err, err_size) == 0 ? CONFIG_OK : CONFIG_ERROR;
 }
 
 void config_help(FILE *f) {

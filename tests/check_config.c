@@ -137,6 +137,14 @@ START_TEST(test_config_bad_values_are_named) {
         {{"attnd", "stray", NULL}, NULL, "unexpected argument 'stray'"},
         {{"attnd", NULL}, "ATTND_QUEUE_DEPTH=many", "ATTND_QUEUE_DEPTH: 'many' is not an integer"},
         {{"attnd", NULL}, "ATTND_MAX_BODY_MB=0", "ATTND_MAX_BODY_MB: 0 is out of range"},
+        /* checks made once every value is read name where the value came from too (they named
+         * the flag the user never passed; found by an outside audit) */
+        {{"attnd", NULL}, "ATTND_KV_DTYPE=zz", "ATTND_KV_DTYPE: 'zz' is not a dtype"},
+        {{"attnd", NULL}, "ATTND_GEOMETRY=heads=4", "ATTND_GEOMETRY: kv_heads is required"},
+        {{"attnd", "--kv-dtype", "zz", NULL}, "ATTND_KV_DTYPE=bf16", "--kv-dtype: 'zz'"},
+        {{"attnd", "--modeling-code", "remote", NULL}, NULL, "--modeling-code: 'remote'"},
+        {{"attnd", "--workers", " 2", NULL}, NULL, "--workers: ' 2' is not an integer"},
+        {{"attnd", "--seed", " 2", NULL}, NULL, "--seed: ' 2' is not an unsigned"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         struct config cfg;
