@@ -239,8 +239,12 @@ static int get_int(struct json_reader *r, const char *name, int64_t min, int64_t
         return fail(err, ERROR_INVALID_REQUEST, name, "%s: expected an integer", name);
     }
     if (d < (double)min || d > (double)max) {
-        return fail(err, ERROR_INVALID_REQUEST, name, "%s: %.0f is out of range [%lld, %lld]", name,
-                    d, (long long)min, (long long)max);
+        /* past 2^53 a double holds no exact integer: %g says so rather than print 300 digits
+         * of 1e300, or 2^64 for 2^64 + 1 */
+        return fail(err, ERROR_INVALID_REQUEST, name,
+                    fabs(d) < 9007199254740992.0 ? "%s: %.0f is out of range [%lld, %lld]"
+                                                 : "%s: %.6g is out of range [%lld, %lld]",
+                    name, d, (long long)min, (long long)max);
     }
     *out = (int64_t)d;
     return 0;
