@@ -435,8 +435,10 @@ static int resolve(struct config *cfg, int32_t cores, struct origins *from, char
             return -1;
         }
         if (cfg->model[0] != '\0') {
-            set_err(err, err_size, "%s: not with a model (a model brings its own geometry)",
-                    origin_of(from, "geometry"));
+            char model[64];
+            snprintf(model, sizeof model, "%s", origin_of(from, "model"));
+            set_err(err, err_size, "%s: not with %s (a model brings its own)",
+                    origin_of(from, "geometry"), model);
             return -1;
         }
     }
