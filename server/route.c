@@ -70,8 +70,8 @@ static const struct route_entry entries[] = {
     {ROUTE_HEALTHZ, METRICS_ENDPOINT_HEALTHZ, "GET, HEAD", false, QUERY_IGNORED},
     {ROUTE_READYZ, METRICS_ENDPOINT_READYZ, "GET, HEAD", false, QUERY_IGNORED},
     {ROUTE_METRICS, METRICS_ENDPOINT_METRICS, "GET, HEAD", false, QUERY_IGNORED},
-    {ROUTE_UI, METRICS_ENDPOINT_OTHER, "GET, HEAD", false,
-     QUERY_IGNORED}, /* its API calls carry the key */
+    /* the page needs no key: its API calls carry it */
+    {ROUTE_UI, METRICS_ENDPOINT_OTHER, "GET, HEAD", false, QUERY_IGNORED},
     {ROUTE_ATTENTION, METRICS_ENDPOINT_ATTENTION, "GET, HEAD", true, QUERY_OWN},
 };
 
