@@ -59,6 +59,14 @@ static int pool_geometry(const attn_model *m, int32_t block_tokens, attn_dtype d
     g->q_row_bytes = keeps_queries ? attn__kv_row_bytes(dtype, c->head_dim) : 0;
     block_bytes += (size_t)c->n_heads * block_tokens * g->q_row_bytes;
     g->block_bytes = (block_bytes + ATTN__ALIGN - 1) / ATTN__ALIGN * ATTN__ALIGN;
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        /* a linear layer keeps one KV head's state in a block: a block too small for it made
+         * a pool every request of that layer then failed on */
+        if (attn_config_layer_is_linear(c, l)) {
+            return g->block_bytes >= attn__kv_state_doubles(g) * sizeof(double) ? ATTN_OK
+                                                                                : ATTN_EUNSUPPORTED;
+        }
+    }
     return ATTN_OK;
 }
 

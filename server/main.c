@@ -197,8 +197,21 @@ static int build_server(struct daemon *d, const struct config *cfg, attn_model *
                     "absorbed queries over a latent cache; it has no per-head queries to keep\n");
             return -1;
         }
+        int32_t min_tokens = 16;
+        while (min_tokens < 256 &&
+               attn_kv_block_bytes_ex(model, min_tokens, sp.kv_dtype, sp.keep_queries) == 0) {
+            min_tokens *= 2;
+        }
+        if (block == 0 && mc->kv_lora_rank == 0) {
+            /* a linear-attention layer's state must fit in one block */
+            fprintf(stderr,
+                    "attnd: --kv-block-tokens %d: a block is smaller than a linear-attention "
+                    "layer's state (head_dim^2 + head_dim doubles a KV head); use %d or more\n",
+                    (int)cfg->kv_block_tokens, (int)min_tokens);
+            return -1;
+        }
         if (block == 0) {
-            /* the one shape a pool refuses: Q8_0 blocks must tile a latent's value part */
+            /* the other shape a pool refuses: Q8_0 blocks must tile a latent's value part */
             fprintf(stderr,
                     "attnd: --kv-dtype %s: this model's cache cannot hold it: a latent cache "
                     "needs kv_lora_rank (%d) a multiple of 32 for q8_0 (%s)\n",

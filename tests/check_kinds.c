@@ -855,6 +855,32 @@ START_TEST(test_kinds_mla_model) {
 }
 END_TEST
 
+/* A block too small for a linear layer's state (small-linear, head_dim 64: 33 KB of doubles, a
+ * bf16 block of 64 tokens 32 KiB) stops the start naming --kv-block-tokens and the size that
+ * works; it started, and every attend then failed with a bare "invalid argument" (found by an
+ * outside audit). */
+START_TEST(test_kinds_linear_state_must_fit_a_block) {
+    attn_config cfg;
+    ck_assert_int_eq(attn_config_preset("small-linear", &cfg), ATTN_OK);
+    attn_load_params lp = {.weights_dtype = ATTN_DTYPE_BF16};
+    attn_model *m = NULL;
+    ck_assert_int_eq(attn_model_create_random(&cfg, 1, &lp, &m), ATTN_OK);
+    attn_kv_pool *pool = NULL;
+    ck_assert_int_eq(attn_kv_pool_create_typed(m, 64 << 20, 64, ATTN_DTYPE_BF16, &pool),
+                     ATTN_EUNSUPPORTED);
+    ck_assert_int_eq(attn_kv_pool_create_typed(m, 64 << 20, 128, ATTN_DTYPE_BF16, &pool), ATTN_OK);
+    attn_kv_pool_destroy(pool);
+    attn_model_destroy(m);
+    const char *args[] = {"--preset", "small-linear", "--kv-block-tokens", "32", NULL};
+    char *log = NULL;
+    int status = http_client_daemon_run(args, 10000, &log);
+    ck_assert_msg(status == 1 && strstr(log, "--kv-block-tokens 32") != NULL &&
+                      strstr(log, "use 128 or more") != NULL,
+                  "status %d: %s", status, log);
+    free(log);
+}
+END_TEST
+
 /* `extern` keeps this prototype out of the Makefile's suite-table scan, which matches lines
  * starting with `Suite *`. */
 extern Suite *kinds_suite(void);
@@ -872,6 +898,7 @@ Suite *kinds_suite(void) {
     tcase_add_test(tc, test_kinds_attend_cross_attention);
     tcase_add_test(tc, test_kinds_linear_session);
     tcase_add_test(tc, test_kinds_mla_model);
+    tcase_add_test(tc, test_kinds_linear_state_must_fit_a_block);
     suite_add_tcase(s, tc);
     return s;
 }
