@@ -153,6 +153,16 @@ void session_tombstone_add(struct session_store *st, const char *id, bool is_los
     tomb_add(st, id, is_lost);
 }
 
+void session_tombstones_each(const struct session_store *st,
+                             void (*fn)(void *ctx, const char *id, bool is_lost), void *ctx) {
+    for (int32_t i = 0; i < st->max_tombstones; i++) {
+        const struct tombstone *t = st->ring[(st->ring_next + i) % st->max_tombstones];
+        if (t != NULL) {
+            fn(ctx, t->id, t->is_lost);
+        }
+    }
+}
+
 bool session_tombstone_forget(struct session_store *st, const char *id) {
     struct tombstone *t = tomb_find(st, id);
     if (t == NULL) {

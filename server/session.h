@@ -139,6 +139,10 @@ bool session_tombstone_forget(struct session_store *st, const char *id);
  * failed must leave it. */
 void session_tombstone_add(struct session_store *st, const char *id, bool is_lost);
 
+/* Calls fn for every tombstone, oldest first (adding them in this order remakes the list). */
+void session_tombstones_each(const struct session_store *st,
+                             void (*fn)(void *ctx, const char *id, bool is_lost), void *ctx);
+
 /* Evicts (with tombstones, reason ttl) idle sessions unused for more than ttl_ms. Returns how
  * many. */
 int32_t session_store_expire(struct session_store *st, int64_t now_ms, int64_t ttl_ms);

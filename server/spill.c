@@ -8,12 +8,20 @@
 #include <string.h>
 #include <time.h>
 
+#include "api.h"
 #include "error.h"
 #include "log.h"
 #include "snapshot.h"
 #include "statedir.h"
 
 #define SUFFIX ".session"
+
+/* The tombstones a clean shutdown leaves (see save_tombstones), one list a model (by its
+ * fingerprint's first 16 hex digits), so that two models sharing a directory keep theirs; not a
+ * session file's name. */
+#define TOMBSTONES_NAME   "tombstones-%.16s.list"
+#define TOMBSTONES_HEADER "attnd-tombstones 1 "
+#define TOMBSTONES_MAX    ((size_t)64 << 20)
 
 struct spill {
     struct spill_params p;
@@ -403,6 +411,135 @@ static int by_use(const void *a, const void *b) {
     return (x->used_ms > y->used_ms) - (x->used_ms < y->used_ms);
 }
 
+/* ---- tombstones across restarts --------------------------------------------------------------
+ * An id dropped from disk (--state-budget-mb, a failed write, ttl) or lost answers 410 while the
+ * server runs; written at shutdown and read at the next start, it goes on doing so after a
+ * restart, instead of 404 and, for an attend, a fresh empty session under the old id. The file:
+ * a header line with the model's fingerprint, then "E <id>" (evicted) or "L <id>" (lost) a
+ * line, oldest first. Another model's list is another file, left alone. */
+
+static void fingerprint_hex(const attn_model *m, char out[2 * ATTN_FINGERPRINT_BYTES + 1]) {
+    uint8_t fp[ATTN_FINGERPRINT_BYTES];
+    attn_model_fingerprint(m, fp);
+    for (int i = 0; i < ATTN_FINGERPRINT_BYTES; i++) {
+        snprintf(out + 2 * i, 3, "%02x", fp[i]);
+    }
+}
+
+struct tomb_text {
+    char *data;
+    size_t len, cap;
+    int32_t n;
+    bool has_failed;
+};
+
+static void tomb_line(void *ctx, const char *id, bool is_lost) {
+    struct tomb_text *t = ctx;
+    size_t need = strlen(id) + 4;
+    if (!t->has_failed && t->len + need > t->cap) {
+        char *grown = realloc(t->data, 2 * (t->len + need));
+        t->has_failed = grown == NULL;
+        t->data = grown != NULL ? grown : t->data;
+        t->cap = grown != NULL ? 2 * (t->len + need) : t->cap;
+    }
+    if (!t->has_failed) {
+        t->len +=
+            (size_t)snprintf(t->data + t->len, t->cap - t->len, "%c %s\n", is_lost ? 'L' : 'E', id);
+        t->n++;
+    }
+}
+
+static void tombstones_written(void *ctx, int status, uint8_t *data, size_t len) {
+    (void)ctx;
+    (void)data;
+    (void)len;
+    if (status != 0) {
+        LOG_WARN("spill",
+                 "cannot write the tombstones: %s: evicted ids answer 404, not 410, after the "
+                 "restart",
+                 strerror(-status));
+    }
+}
+
+/* statedir_close_with's last step: the list, once every write of the shutdown has ended (a
+ * write that failed leaves a tombstone too). */
+static void save_tombstones(void *ctx) {
+    struct spill *sp = ctx;
+    char fp[2 * ATTN_FINGERPRINT_BYTES + 1], name[64];
+    fingerprint_hex(sp->p.model, fp);
+    snprintf(name, sizeof name, TOMBSTONES_NAME, fp);
+    struct tomb_text t = {NULL, 0, 4096, 0, false};
+    t.data = malloc(t.cap);
+    t.has_failed = t.data == NULL;
+    if (!t.has_failed) {
+        t.len = (size_t)snprintf(t.data, t.cap, "%s%s\n", TOMBSTONES_HEADER, fp);
+    }
+    session_tombstones_each(sp->p.sessions, tomb_line, &t);
+    if (t.has_failed) {
+        free(t.data);
+        LOG_WARN("spill", "out of memory for %s: evicted ids answer 404 after the restart", name);
+        return;
+    }
+    LOG_INFO("spill", "shutdown: %d tombstones of evicted or lost ids written to %s", (int)t.n,
+             name);
+    if (statedir_write(sp->dir, name, (uint8_t *)t.data, t.len, NULL, tombstones_written, sp) !=
+        0) {
+        LOG_WARN("spill", "out of memory for %s", name);
+    }
+}
+
+/* At start, after the session files: the last shutdown's tombstones, but for ids that have a
+ * file (a session on disk, or one left alone) now. */
+static void load_tombstones(struct spill *sp) {
+    char fp[2 * ATTN_FINGERPRINT_BYTES + 1], name[64];
+    fingerprint_hex(sp->p.model, fp);
+    snprintf(name, sizeof name, TOMBSTONES_NAME, fp);
+    uint8_t *data = NULL;
+    size_t len = 0;
+    int rc = statedir_read_now(sp->dir, name, TOMBSTONES_MAX, &data, &len);
+    if (rc == -ENOENT) {
+        return;
+    }
+    size_t hl = strlen(TOMBSTONES_HEADER);
+    if (rc != 0 || len < hl + 2 * ATTN_FINGERPRINT_BYTES + 1 ||
+        memcmp(data, TOMBSTONES_HEADER, hl) != 0 || data[hl + 2 * ATTN_FINGERPRINT_BYTES] != '\n') {
+        LOG_WARN("spill", "left alone %s: %s", name,
+                 rc != 0 ? strerror(-rc) : "not a tombstone list");
+        free(data);
+        return;
+    }
+    if (memcmp(data + hl, fp, 2 * ATTN_FINGERPRINT_BYTES) != 0) {
+        LOG_INFO("spill", "left alone %s: another model's", name);
+        free(data);
+        return;
+    }
+    int32_t n = 0, n_bad = 0;
+    const char *p = (const char *)data + hl + 2 * ATTN_FINGERPRINT_BYTES + 1;
+    const char *end = (const char *)data + len;
+    while (p < end) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        const char *stop = nl != NULL ? nl : end;
+        size_t n_id = stop - p > 2 ? (size_t)(stop - p) - 2 : 0;
+        enum session_state state = SESSION_STATE_UNKNOWN;
+        char id[API_SESSION_ID_MAX + 1];
+        if ((p[0] == 'E' || p[0] == 'L') && p[1] == ' ' && api_session_id_is_valid(p + 2, n_id)) {
+            memcpy(id, p + 2, n_id);
+            id[n_id] = '\0';
+            if (session_find(sp->p.sessions, id, &state) == NULL &&
+                state == SESSION_STATE_UNKNOWN && !is_foreign(sp, id)) {
+                session_tombstone_add(sp->p.sessions, id, p[0] == 'L');
+                n++;
+            }
+        } else {
+            n_bad++;
+        }
+        p = stop + 1;
+    }
+    free(data);
+    LOG_INFO("spill", "%d tombstones of evicted or lost ids read from %s%s", (int)n, name,
+             n_bad > 0 ? " (some lines malformed, skipped)" : "");
+}
+
 int spill_open(const struct spill_params *p, struct spill **out, char *err, size_t err_size) {
     struct spill *sp = calloc(1, sizeof *sp);
     if (sp == NULL) {
@@ -439,6 +576,7 @@ int spill_open(const struct spill_params *p, struct spill **out, char *err, size
     free(sc.all);
     LOG_INFO("spill", "state dir %s: %d sessions of this model found, %d other files left alone",
              p->dir, (int)sc.n, (int)(n_files - sc.n));
+    load_tombstones(sp);
     *out = sp;
     return 0;
 }
@@ -462,7 +600,8 @@ int32_t spill_close(struct spill *sp) {
     if (sp == NULL) {
         return 0;
     }
-    statedir_close(sp->dir); /* runs the last writes' callbacks, which count their failures */
+    /* runs the last writes' callbacks, which count their failures, then writes the tombstones */
+    statedir_close_with(sp->dir, save_tombstones, sp);
     int32_t lost = (int32_t)(sp->m.spill_failures + sp->n_not_written - sp->lost_before_save_all);
     for (int32_t i = 0; i < sp->n_foreign; i++) {
         free(sp->foreign[i]);

@@ -429,17 +429,9 @@ static void on_async_closed(uv_handle_t *h) {
     free(h->data);
 }
 
-void statedir_close(struct statedir *sd) {
-    if (sd == NULL) {
-        return;
-    }
-    uv_mutex_lock(&sd->mu);
-    sd->is_stopping = true;
-    uv_cond_signal(&sd->cv);
-    uv_mutex_unlock(&sd->mu);
-    uv_thread_join(&sd->thread); /* it leaves once the queue is empty */
-    /* The last callbacks may queue more (a write that failed removes its session's file): with
-     * the I/O thread gone, they run here, until nothing is left. */
+/* With the I/O thread gone: runs what is queued and the callbacks, which may queue more (a write
+ * that failed removes its session's file), here, until nothing is left. */
+static void drain_here(struct statedir *sd) {
     for (;;) {
         run_done(sd);
         uv_mutex_lock(&sd->mu);
@@ -452,6 +444,26 @@ void statedir_close(struct statedir *sd) {
         uv_mutex_lock(&sd->mu);
         finish(sd, op);
         uv_mutex_unlock(&sd->mu);
+    }
+}
+
+void statedir_close(struct statedir *sd) {
+    statedir_close_with(sd, NULL, NULL);
+}
+
+void statedir_close_with(struct statedir *sd, void (*last)(void *ctx), void *ctx) {
+    if (sd == NULL) {
+        return;
+    }
+    uv_mutex_lock(&sd->mu);
+    sd->is_stopping = true;
+    uv_cond_signal(&sd->cv);
+    uv_mutex_unlock(&sd->mu);
+    uv_thread_join(&sd->thread); /* it leaves once the queue is empty */
+    drain_here(sd);
+    if (last != NULL) {
+        last(ctx);
+        drain_here(sd);
     }
     if (sd->spare != NULL) {
         munmap(sd->spare, sd->spare_bytes);
@@ -590,4 +602,45 @@ int32_t statedir_scan(struct statedir *sd, const char *suffix, size_t head_max,
     closedir(d);
     free(head);
     return n_files;
+}
+
+int statedir_read_now(struct statedir *sd, const char *name, size_t max_len, uint8_t **data,
+                      size_t *len) {
+    char tmp[300];
+    snprintf(tmp, sizeof tmp, "%s.tmp", name);
+    struct stat st;
+    if (fstatat(sd->dir_fd, tmp, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode) &&
+        unlinkat(sd->dir_fd, tmp, 0) == 0) {
+        LOG_INFO("statedir", "removed %s: a write that a crash interrupted", tmp);
+    }
+    /* as the scan: only a regular file is opened (a FIFO's open would block the start) */
+    if (fstatat(sd->dir_fd, name, &st, 0) != 0) {
+        return -errno;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        return -EINVAL;
+    }
+    if ((uint64_t)st.st_size > max_len) {
+        return -EFBIG;
+    }
+    int fd = openat(sd->dir_fd, name, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        return -errno;
+    }
+    size_t n = (size_t)st.st_size, got = 0;
+    uint8_t *buf = malloc(n + 1);
+    int rc = buf == NULL ? -ENOMEM : 0;
+    while (rc == 0 && got < n) {
+        ssize_t r = pread(fd, buf + got, n - got, (off_t)got);
+        rc = r < 0 ? -errno : r == 0 ? -EIO : 0; /* shorter than its size: cut while read */
+        got += r > 0 ? (size_t)r : 0;
+    }
+    close(fd);
+    if (rc != 0) {
+        free(buf);
+        return rc;
+    }
+    *data = buf;
+    *len = n;
+    return 0;
 }

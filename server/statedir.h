@@ -35,6 +35,17 @@ int statedir_open(uv_loop_t *loop, const char *dir, struct statedir **out, char 
  * NULL is a no-op. */
 void statedir_close(struct statedir *sd);
 
+/* statedir_close, with last(ctx) called once every operation and callback is done: it may queue
+ * more (run before sd goes, on this thread), written after everything else. */
+void statedir_close_with(struct statedir *sd, void (*last)(void *ctx), void *ctx);
+
+/* Reads file `name` whole, now, on this thread (for start-up, before any operation is queued),
+ * first removing a NAME.tmp an interrupted write left. *data (malloc'd, the caller's to free)
+ * gets len bytes. Returns 0, -ENOENT (no such file), -EINVAL (not a regular file), -EFBIG
+ * (longer than max_len) or another negative errno. */
+int statedir_read_now(struct statedir *sd, const char *name, size_t max_len, uint8_t **data,
+                      size_t *len);
+
 /* Writes data (len bytes, taken: freed after) as file `name`, calling prepare(data, len) on the
  * I/O thread first (e.g. to checksum it there). done may be NULL. Returns 0 or -ENOMEM. */
 int statedir_write(struct statedir *sd, const char *name, uint8_t *data, size_t len,

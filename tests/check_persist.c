@@ -803,10 +803,48 @@ START_TEST(test_persist_disk_budget_drops_the_oldest) {
     float *got = step(&a_, id, xs[N_SPILL - 1], T_SPILL, 1, 0);
     expect_like_fresh(&a_, got, xs[N_SPILL - 1], T_SPILL + 1, id);
     free(got);
+    /* a tombstone cleared by DELETE frees its id, here and after a restart */
+    ck_assert_int_eq(status_of(&a_, "GET", "/v1/sessions/p1", NULL, 0, code, sizeof code), 410);
+    ck_assert_int_eq(status_of(&a_, "DELETE", "/v1/sessions/p1", NULL, 0, code, sizeof code), 204);
+    stop_ok(&a_);
+    /* the tombstones outlive a restart: p0 answers 410 still, and an attend on it is refused,
+     * not served from a fresh empty cache (it was 404 and a new session; found by an outside
+     * audit) */
+    http_client_daemon_start(&b_, args);
+    ck_assert_int_eq(status_of(&b_, "GET", "/v1/sessions/p0", NULL, 0, code, sizeof code), 410);
+    ck_assert_str_eq(code, "session_evicted");
+    char *body = http_client_attend_body("p0", xs[0], 0, 1, HIDDEN, false, NULL);
+    ck_assert_int_eq(status_of(&b_, "POST", "/v1/attend", body, strlen(body), code, sizeof code),
+                     410);
+    free(body);
+    ck_assert_int_eq(status_of(&b_, "GET", "/v1/sessions/p1", NULL, 0, code, sizeof code), 404);
+    got = step(&b_, id, xs[N_SPILL - 1], T_SPILL + 1, 1, 0); /* the newest, from its file */
+    expect_like_fresh(&b_, got, xs[N_SPILL - 1], T_SPILL + 2, id);
+    free(got);
+    stop_ok(&b_);
+    /* another model on the same directory knows none of them, and keeps this model's list */
+    const char *other[] = {"--preset",
+                           "tiny",
+                           "--seed",
+                           "7",
+                           "--kv-dtype",
+                           "f32",
+                           "--kv-budget-mb",
+                           "1",
+                           "--state-dir",
+                           dir_,
+                           "--state-budget-mb",
+                           "1",
+                           NULL};
+    http_client_daemon_start(&b_, other);
+    ck_assert_int_eq(status_of(&b_, "GET", "/v1/sessions/p0", NULL, 0, code, sizeof code), 404);
+    stop_ok(&b_);
+    http_client_daemon_start(&b_, args);
+    ck_assert_int_eq(status_of(&b_, "GET", "/v1/sessions/p0", NULL, 0, code, sizeof code), 410);
     for (int i = 0; i < N_SPILL; i++) {
         free(xs[i]);
     }
-    stop_ok(&a_);
+    stop_ok(&b_);
 }
 END_TEST
 
