@@ -142,9 +142,9 @@ START_TEST(test_kv_io_refusals_create_nothing) {
     float *out = harness_calloc((size_t)n * cfg.hidden_size, sizeof(float));
     attn_kv_pool *bf = NULL, *f32 = NULL;
     attn_workspace *ws = NULL;
-    ck_assert_int_eq(attn_kv_pool_create_typed(hm.model, 1 << 20, 16, ATTN_DTYPE_BF16, &bf),
+    ck_assert_int_eq(attn_kv_pool_create_typed(hm.model, 1 << 20, 64, ATTN_DTYPE_BF16, &bf),
                      ATTN_OK);
-    ck_assert_int_eq(attn_kv_pool_create_typed(hm.model, 1 << 20, 16, ATTN_DTYPE_F32, &f32),
+    ck_assert_int_eq(attn_kv_pool_create_typed(hm.model, 1 << 20, 64, ATTN_DTYPE_F32, &f32),
                      ATTN_OK);
     ck_assert_int_eq(attn_workspace_create(hm.model, 64, NULL, &ws), ATTN_OK);
     attn_kv *kv = filled(&hm, bf, ws, 0, x, n, out);
