@@ -174,6 +174,12 @@ static int kv_io_check(const attn_kv_pool *pool, int32_t layer, const uint8_t *d
     if (!is_state && first > 0 && (window == 0 || first % pool->block_tokens != 0)) {
         return window == 0 ? ATTN_EIO : ATTN_EDROPPED; /* the tokens before first are not there */
     }
+    /* and a ring drops only what no later query sees, keys before len - window + 1: a file
+     * whose first is past that lacks rows the next query reads (it read before the pool's
+     * blocks; found by an outside audit's fuzzer) */
+    if (!is_state && first > 0 && (int64_t)first > (int64_t)len - window + 1) {
+        return ATTN_EIO;
+    }
     plan->is_state = is_state;
     plan->has_state = has_state;
     plan->has_queries = has_queries;
