@@ -116,10 +116,11 @@ START_TEST(test_kv_io_round_trips) {
             ck_assert_int_eq(attn_kv_import(p32, layer, buf, bytes, &none), ATTN_EDROPPED);
             ck_assert_ptr_null(none);
             ck_assert_int_eq(attn_kv_pool_blocks_free(p32), attn_kv_pool_blocks_total(p32));
-            /* first 64 at len 70: the window (20) still sees 51..63, which such bytes lack; the
+            /* first 64 at len 71: the window (20) still sees 52..63, which such bytes lack; the
              * next attend read before the pool (found by an outside audit's fuzzer). f32 rows:
-             * 2 KV heads x 6 tokens x (K + V) x 32 floats after the header. */
-            size_t crafted_bytes = 32 + (size_t)2 * 6 * 2 * 32 * 4;
+             * 2 KV heads x 7 tokens x (K + V) x 32 floats after the header. */
+            ck_assert_int_eq(buf[24], 71); /* len: round_trip's step appended one */
+            size_t crafted_bytes = 32 + (size_t)2 * 7 * 2 * 32 * 4;
             uint8_t *crafted = harness_calloc(crafted_bytes, 1);
             memcpy(crafted, buf, 32);
             crafted[28] = 64; /* first */
