@@ -12,6 +12,7 @@
  */
 #include "attn_int.h"
 
+#include <math.h>
 #include <string.h>
 
 #define KV_IO_HEADER_INTS 8
@@ -149,6 +150,10 @@ static int kv_io_check(const attn_kv_pool *pool, int32_t layer, const uint8_t *d
     bool is_state = layer >= 0 && attn_config_layer_is_linear(c, layer);
     int32_t want_window =
         layer >= 0 && attn_config_layer_is_sliding(c, layer) ? c->sliding_window : 0;
+    if (kind < KV_IO_ROWS || kind > KV_IO_ROWS_QUERIES || dtype < ATTN_DTYPE_F32 ||
+        dtype > ATTN_DTYPE_Q8_0 || n_kv < 1 || k_dim < 1 || v_dim < 0 || window < 0) {
+        return ATTN_EIO; /* no cache of any server: damage, not another model's */
+    }
     /* What the bytes say must be what this pool holds for this layer: anything else is another
      * model, dtype or layer, refused whole. */
     /* a layer's own cache keeps queries as its pool does; a context never */
@@ -190,6 +195,72 @@ static int kv_io_check(const attn_kv_pool *pool, int32_t layer, const uint8_t *d
     return ATTN_OK;
 }
 
+/* Whether n halves (binary16 or bfloat16, little-endian) are all finite: an exponent of all ones
+ * (e_mask) is an infinity or a NaN. */
+static bool halves_finite(const uint8_t *p, size_t n, uint16_t e_mask) {
+    uint32_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint16_t h = (uint16_t)(p[2 * i] | (p[2 * i + 1] << 8));
+        bad |= (h & e_mask) == e_mask;
+    }
+    return bad == 0;
+}
+
+static bool floats_finite(const uint8_t *p, size_t n) {
+    uint32_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t w = (uint32_t)p[4 * i] | (uint32_t)p[4 * i + 1] << 8 |
+                     (uint32_t)p[4 * i + 2] << 16 | (uint32_t)p[4 * i + 3] << 24;
+        bad |= (w & 0x7f800000u) == 0x7f800000u;
+    }
+    return bad == 0;
+}
+
+/* Whether the rows of `bytes` (rows of row_bytes each, in the pool's dtype) hold finite values
+ * only: Q8_0's int8 always are, its block scales must be. */
+static bool rows_finite(const attn_kv_pool *pool, const uint8_t *p, size_t bytes,
+                        size_t row_bytes) {
+    switch (pool->dtype) {
+    case ATTN_DTYPE_BF16:
+        return halves_finite(p, bytes / 2, 0x7f80);
+    case ATTN_DTYPE_F16:
+        return halves_finite(p, bytes / 2, 0x7c00);
+    case ATTN_DTYPE_Q8_0:
+        for (size_t at = 0; at + ATTN__Q8_0_BYTES <= bytes; at += ATTN__Q8_0_BYTES) {
+            if (!halves_finite(p + at, 1, 0x7c00)) {
+                return false;
+            }
+        }
+        (void)row_bytes; /* a row is whole blocks */
+        return true;
+    default:
+        return floats_finite(p, bytes / 4);
+    }
+}
+
+/* The payload's values as a cache can hold them: every K, V and query value finite (a request
+ * putting a non-finite one in is refused, kv_out_of_range), and a linear state finite with its
+ * normalizer z (a sum of elu + 1 features) never negative. A file with a sound checksum and
+ * such values was imported, and every later answer of the session was null, or (a negative z)
+ * plausible and wrong (found by an outside audit's fuzzer). */
+static bool payload_sound(const attn_kv_pool *pool, const struct kv_io_plan *plan,
+                          const uint8_t *payload, size_t bytes) {
+    if (!plan->is_state) {
+        return rows_finite(pool, payload, bytes, pool->k_row_bytes);
+    }
+    size_t d = (size_t)pool->head_dim, per_head = attn__kv_state_doubles(pool);
+    for (int32_t g = 0; plan->has_state && g < pool->n_kv_heads; g++) {
+        for (size_t i = 0; i < per_head; i++) {
+            double v;
+            memcpy(&v, payload + ((size_t)g * per_head + i) * sizeof v, sizeof v);
+            if (!isfinite(v) || (i >= d * d && v < 0)) {
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
 int32_t attn_kv_import_blocks(attn_kv_pool *pool, int32_t layer, const uint8_t *data, size_t size) {
     struct kv_io_plan plan;
     int rc = kv_io_check(pool, layer, data, size, &plan);
@@ -213,6 +284,9 @@ int attn_kv_import(attn_kv_pool *pool, int32_t layer, const uint8_t *data, size_
     int rc = out == NULL ? ATTN_EINVAL : kv_io_check(pool, layer, data, size, &plan);
     if (rc != ATTN_OK) {
         return rc;
+    }
+    if (!payload_sound(pool, &plan, data + KV_IO_HEADER_INTS * 4, size - KV_IO_HEADER_INTS * 4)) {
+        return ATTN_EIO;
     }
     if (!plan.is_state && plan.n_blocks - plan.n_dropped > pool->n_free) {
         return ATTN_ENOSPC;

@@ -194,6 +194,13 @@ int snapshot_read_header(const uint8_t *p, size_t len, struct snapshot_info *inf
         return fail(ERROR_CORRUPT_SESSION, msg, msg_size,
                     "the session file's id is not a valid session id");
     }
+    for (size_t i = SNAPSHOT_HEADER_BYTES + id_len;
+         i < SNAPSHOT_HEADER_BYTES + pad8(id_len) && i < len; i++) {
+        if (p[i] != 0) { /* the format pads the id with zeros */
+            return fail(ERROR_CORRUPT_SESSION, msg, msg_size,
+                        "the session file's id padding is not zero");
+        }
+    }
     return 0;
 }
 
@@ -342,6 +349,15 @@ static int section_error(struct restore *r, int rc, int32_t layer) {
 static int count_blocks(void *ctx, int kind, int32_t layer, const uint8_t *payload, size_t n) {
     struct restore *r = ctx;
     const attn_model *m = session_store_model(r->st);
+    const attn_config *c = attn_model_config(m);
+    /* a layer no model of this fingerprint has, or a context on a linear layer (which never
+     * takes one), is damage: no server wrote it */
+    if (layer < 0 || layer >= c->n_layers ||
+        (kind == SECTION_CROSS && attn_config_layer_is_linear(c, layer))) {
+        snprintf(r->msg, r->msg_size, "layer %d: the saved %s is inconsistent", (int)layer,
+                 kind == SECTION_CROSS ? "context" : "cache");
+        return ERROR_CORRUPT_SESSION;
+    }
     if (layer < attn_model_layer_first(m) ||
         layer >= attn_model_layer_first(m) + attn_model_layer_count(m)) {
         return section_error(r, ATTN_EINVAL, layer);
@@ -394,6 +410,12 @@ int snapshot_restore(struct session_store *st, struct session_turn *t, const uin
             return section_error(&r, ATTN_ENOSPC, -1);
         }
         rc = walk_sections(p, len, &info, import_section, &r, msg, msg_size);
+    }
+    if (rc == 0 && session_n_tokens(session_turn_session(t)) != info.n_tokens) {
+        /* the header's count is what GET /v1/sessions shows of a session on disk */
+        snprintf(msg, msg_size, "the session file's header says %d tokens, its caches hold %d",
+                 (int)info.n_tokens, (int)session_n_tokens(session_turn_session(t)));
+        rc = ERROR_CORRUPT_SESSION;
     }
     if (rc != 0) {
         session_clear(st, t);

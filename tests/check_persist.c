@@ -235,6 +235,24 @@ START_TEST(test_persist_export_import_continues_exactly) {
 }
 END_TEST
 
+/* PUTs file (len bytes) with the n bytes at `at` replaced by `bytes` and the checksum made good
+ * (so that the deeper checks are what refuses it), then puts the file back as it was. */
+static long put_altered(const struct http_client_daemon *d, char *file, size_t len, size_t at,
+                        const void *bytes, size_t n, char *code, size_t code_size) {
+    char old[16], seal[8];
+    memcpy(old, file + at, n);
+    memcpy(seal, file + len - 8, 8);
+    memcpy(file + at, bytes, n);
+    uint64_t sum = attn_checksum64(file, len - 8);
+    for (int b = 0; b < 8; b++) {
+        file[len - 8 + b] = (char)(sum >> (8 * b));
+    }
+    long st = put(d, "t", file, len, code, code_size);
+    memcpy(file + at, old, n);
+    memcpy(file + len - 8, seal, 8);
+    return st;
+}
+
 START_TEST(test_persist_import_refusals_create_nothing) {
     const char *a_args[] = {"--preset", "tiny", NULL};
     http_client_daemon_start(&a_, a_args);
@@ -316,6 +334,24 @@ START_TEST(test_persist_import_refusals_create_nothing) {
     ck_assert_int_eq(put(&a_, "t", empty, bare, code, sizeof code), 400);
     ck_assert_str_eq(code, "corrupt_session");
     free(empty);
+    /* sealed files whose fields disagree with their caches, or whose values no cache holds
+     * (found by an outside audit's fuzzer: each was imported): the header's token count, the
+     * id's padding, a layer the model lacks, a NaN key (bf16 0x7fc0), a cache kind no server
+     * writes. The id "s" pads to 104; the first section's head is 16 bytes, its cache header
+     * 32, so its first key row starts at 152. */
+    static const struct {
+        size_t at, n;
+        const char *bytes;
+    } bad[] = {{60, 4, "\xe7\x03\0\0"},
+               {100, 1, "x"},
+               {108, 4, "\x07\0\0\0"},
+               {152, 2, "\xc0\x7f"},
+               {120, 4, "\x07\0\0\0"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        long st = put_altered(&a_, file, len, bad[i].at, bad[i].bytes, bad[i].n, code, sizeof code);
+        ck_assert_msg(st == 400 && strcmp(code, "corrupt_session") == 0, "case %zu: %ld %s", i, st,
+                      code);
+    }
     /* cut inside the header: torn, said so */
     ck_assert_int_eq(put(&a_, "t", file, 40, code, sizeof code), 400);
     ck_assert_str_eq(code, "corrupt_session");
