@@ -948,10 +948,10 @@ int attn__hf_config_parse(const char *json, size_t len, const attn_load_params *
         return attn__fail(&why, ATTN_EINVAL, "modeling code '%s': transformers or checkpoint",
                           p->modeling_code);
     }
-    cJSON *j = cJSON_ParseWithLength(json, len);
-    if (j == NULL || !cJSON_IsObject(j)) {
-        cJSON_Delete(j);
-        return attn__fail(&why, ATTN_EIO, "config.json: not a JSON object");
+    const char *problem = NULL;
+    cJSON *j = attn__hf_json_object(json, len, &problem);
+    if (j == NULL) {
+        return attn__fail(&why, ATTN_EIO, "config.json: %s", problem);
     }
     attn_config c;
     struct attn__hf_layout lay;

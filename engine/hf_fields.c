@@ -4,6 +4,7 @@
 #include "hf_int.h"
 
 #include <math.h>
+#include <string.h>
 
 /* Reads an optional integer field; absent or null leaves *out as is. */
 int attn__hf_get_int(const struct attn__reason *why, const cJSON *obj, const char *key,
@@ -87,4 +88,41 @@ int attn__hf_get_bool(const struct attn__reason *why, const cJSON *obj, const ch
     }
     *out = cJSON_IsTrue(v);
     return ATTN_OK;
+}
+
+/* Whether the JSON text holds a \u0000 escape (an escaped backslash before "u0000" is not one). */
+static bool has_nul_escape(const char *s, size_t len) {
+    for (size_t i = 0; i + 1 < len; i++) {
+        if (s[i] != '\\') {
+            continue;
+        }
+        if (s[i + 1] == 'u' && i + 5 < len && memcmp(s + i + 2, "0000", 4) == 0) {
+            return true;
+        }
+        i++; /* the escaped character, whatever it is */
+    }
+    return false;
+}
+
+cJSON *attn__hf_json_object(const char *text, size_t len, const char **problem) {
+    const char *end = NULL;
+    cJSON *j = cJSON_ParseWithLengthOpts(text, len, &end, false);
+    if (j == NULL || !cJSON_IsObject(j)) {
+        cJSON_Delete(j);
+        *problem = "not a JSON object";
+        return NULL;
+    }
+    for (const char *p = end; p != NULL && p < text + len; p++) {
+        if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
+            cJSON_Delete(j);
+            *problem = "more than one JSON value (bytes after the object)";
+            return NULL;
+        }
+    }
+    if (has_nul_escape(text, len)) {
+        cJSON_Delete(j);
+        *problem = "a \\u0000 escape, which would cut a key or string short";
+        return NULL;
+    }
+    return j;
 }

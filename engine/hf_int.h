@@ -93,6 +93,12 @@ int attn__hf_get_double(const struct attn__reason *why, const cJSON *obj, const 
                         double *out);
 int attn__hf_get_bool(const struct attn__reason *why, const cJSON *obj, const char *key, bool *out);
 
+/* Parses text[0..len) as one JSON object as Python's json (and so transformers) reads it, or
+ * returns NULL with *problem saying why: not a JSON object, a \u0000 escape (cJSON ends a key or
+ * string at it, so "rope_theta\u0000" would be read as rope_theta, which Python keeps apart), or
+ * anything but whitespace after the object. */
+cJSON *attn__hf_json_object(const char *text, size_t len, const char **problem);
+
 /* The rotary embedding (hf_rope.c): theta and scaling (also from transformers v5's
  * rope_parameters), the rotated fraction of each head, and, for attnd's own layout, rope_style.
  * Needs c->head_dim. */

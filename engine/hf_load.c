@@ -4,7 +4,7 @@
  * this file. config.json and each safetensors header are parsed from memory (attn_int.h), so the
  * fuzz targets reach the same code as a load. Only the attention tensors of the requested layers
  * are read; F16 and BF16 are converted to float once, here. */
-#include "attn_int.h"
+#include "hf_int.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -100,11 +100,11 @@ static int parse_json_file(struct loader *ld, const char *name, cJSON **out) {
     if (rc != ATTN_OK) {
         return rc;
     }
-    cJSON *j = cJSON_ParseWithLength(text, len);
+    const char *problem = NULL;
+    cJSON *j = attn__hf_json_object(text, len, &problem);
     free(text);
-    if (j == NULL || !cJSON_IsObject(j)) {
-        cJSON_Delete(j);
-        return attn__fail(&ld->why, ATTN_EIO, "%s/%s: not a JSON object", ld->dir, name);
+    if (j == NULL) {
+        return attn__fail(&ld->why, ATTN_EIO, "%s/%s: %s", ld->dir, name, problem);
     }
     *out = j;
     return ATTN_OK;
@@ -246,9 +246,10 @@ int attn__safetensors_header_parse(const uint8_t *buf, size_t len, uint64_t file
                           (unsigned long long)n, len - 8);
     }
     struct attn__st_header h = {8 + n, file_size - 8 - n, NULL, 0};
-    cJSON *j = cJSON_ParseWithLength((const char *)buf + 8, (size_t)n);
-    if (j == NULL || !cJSON_IsObject(j)) {
-        rc = attn__fail(&why, ATTN_EIO, "safetensors header is not a JSON object");
+    const char *problem = NULL;
+    cJSON *j = attn__hf_json_object((const char *)buf + 8, (size_t)n, &problem);
+    if (j == NULL) {
+        rc = attn__fail(&why, ATTN_EIO, "safetensors header: %s", problem);
         goto out;
     }
     size_t cap = 0;

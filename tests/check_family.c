@@ -146,6 +146,26 @@ START_TEST(test_family_repeated_keys_and_ranges_are_named) {
                        "\"num_hidden_layers\":2,\"rope_theta\":0.5}";
     p.rc = attn__hf_config_parse(slow, strlen(slow), NULL, &p.cfg, &p.lay, p.err, sizeof p.err);
     expect_refused(&p, ATTN_EINVAL, "rope_theta must be finite and > 1", "rope_theta 0.5");
+    /* read as Python's json reads them: "rope_theta\u0000" is not rope_theta (cJSON cut the
+     * key at the NUL and served 500000; found by an outside audit's fuzzer), and nothing may
+     * follow the object */
+    static const char *const odd[][2] = {
+        {"{\"model_type\":\"llama\",\"hidden_size\":64,\"num_attention_heads\":4,"
+         "\"num_hidden_layers\":2,\"rope_theta\\u0000\":500000}",
+         "\\u0000 escape"},
+        {"{\"model_type\":\"llama\",\"hidden_size\":64,\"num_attention_heads\":4,"
+         "\"num_hidden_layers\":2} {\"rope_theta\":5}",
+         "bytes after the object"}};
+    for (int i = 0; i < 2; i++) {
+        p.rc = attn__hf_config_parse(odd[i][0], strlen(odd[i][0]), NULL, &p.cfg, &p.lay, p.err,
+                                     sizeof p.err);
+        expect_refused(&p, ATTN_EIO, odd[i][1], odd[i][0]);
+    }
+    const char *escaped = "{\"model_type\":\"llama\",\"hidden_size\":64,\"num_attention_heads\":4,"
+                          "\"num_hidden_layers\":2,\"_name_or_path\":\"a\\\\u0000\"}\n";
+    p.rc =
+        attn__hf_config_parse(escaped, strlen(escaped), NULL, &p.cfg, &p.lay, p.err, sizeof p.err);
+    expect_ok(&p, "an escaped backslash before u0000, and a newline after the object");
 }
 END_TEST
 
