@@ -326,11 +326,19 @@ int config_parse_geometry(const char *spec, attn_config *out, char *err, size_t 
                     (int)(end - p), p);
             return -1;
         }
+        if (given[k]) {
+            set_err(err, err_size, "--geometry: %s given twice", keys[k]);
+            return -1;
+        }
         char *num_end;
         errno = 0;
         v[k] = strtod(eq + 1, &num_end);
+        /* counts (and rotary_dim, window) are whole numbers, never truncated; a scale or cap so
+         * small that float makes it 0 would read as "none" */
+        bool is_count = k < 5 || k == 6 || k == 7;
         if (errno != 0 || num_end != end || eq + 1 == end || !isfinite(v[k]) || v[k] < 0 ||
-            (k < 5 && (v[k] != floor(v[k]) || v[k] > 1048576))) {
+            (is_count && (v[k] != floor(v[k]) || v[k] > 1048576)) ||
+            (!is_count && v[k] != 0 && (float)v[k] == 0.0f)) {
             set_err(err, err_size, "--geometry: %s=%.*s is not a valid value", keys[k],
                     (int)(end - eq - 1), eq + 1);
             return -1;
@@ -351,6 +359,10 @@ int config_parse_geometry(const char *spec, attn_config *out, char *err, size_t 
     c.n_kv_heads = (int32_t)v[1];
     c.head_dim = (int32_t)v[2];
     c.n_layers = (int32_t)v[3];
+    if (v[0] * v[2] > 1048576) { /* hidden_size: heads x head_dim, an int32 */
+        set_err(err, err_size, "--geometry: heads x head_dim = %.0f is over 1048576", v[0] * v[2]);
+        return -1;
+    }
     c.hidden_size = c.n_heads * c.head_dim;
     c.max_seq = (int32_t)v[4];
     c.rope_theta = (float)v[5];

@@ -145,6 +145,21 @@ START_TEST(test_config_bad_values_are_named) {
         {{"attnd", "--modeling-code", "remote", NULL}, NULL, "--modeling-code: 'remote'"},
         {{"attnd", "--workers", " 2", NULL}, NULL, "--workers: ' 2' is not an integer"},
         {{"attnd", "--seed", " 2", NULL}, NULL, "--seed: ' 2' is not an unsigned"},
+        /* --geometry: no count truncated, no key twice, no overflow (an outside audit's fuzzer:
+         * window=2.5 served 2, scale=1e-50 the default scale, heads twice the last, and 65536 x
+         * 65536 overflowed int) */
+        {{"attnd", "--geometry", "heads=4,kv_heads=2,head_dim=16,layers=2,window=2.5", NULL},
+         NULL,
+         "window=2.5 is not a valid value"},
+        {{"attnd", "--geometry", "heads=4,kv_heads=2,head_dim=16,layers=2,scale=1e-50", NULL},
+         NULL,
+         "scale=1e-50 is not a valid value"},
+        {{"attnd", "--geometry", "heads=4,kv_heads=2,head_dim=16,layers=2,heads=8", NULL},
+         NULL,
+         "heads given twice"},
+        {{"attnd", "--geometry", "heads=65536,kv_heads=1,head_dim=65536,layers=1", NULL},
+         NULL,
+         "heads x head_dim = 4294967296 is over"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         struct config cfg;
