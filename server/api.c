@@ -1477,7 +1477,9 @@ static int check_cross(struct api_attend_request *r, uint32_t seen, struct api_e
 /* Puts prefix (and sep, if s is not empty) before the string s of a size-byte buffer, cutting
  * the end of s if it must. */
 static void prepend(char *s, size_t size, const char *prefix, const char *sep) {
-    size_t pl = strlen(prefix), sl = s[0] ? strlen(sep) : 0, n = strlen(s);
+    /* a message about the unnamed whole (": expected ...") takes the prefix as its name */
+    bool is_nameless = sep[0] != '\0' && strncmp(s, sep, strlen(sep)) == 0;
+    size_t pl = strlen(prefix), sl = s[0] && !is_nameless ? strlen(sep) : 0, n = strlen(s);
     if (pl + sl >= size) {
         return;
     }
@@ -1854,9 +1856,14 @@ static int sdpa_mask(struct api_sdpa_request *r, struct sdpa_dims *d, struct api
     int rank = d->mask_rank;
     int64_t b = rank == 3 ? d->m[0] : 1, tq = d->m[rank - 2], tk = d->m[rank - 1];
     if (rank == 3 && b != 1 && b != r->n_batch) {
-        return fail(err, ERROR_INVALID_REQUEST, "mask",
-                    "mask: dimension 0 is %lld, expected the batch %d or 1 for shape (B, Tq, Tk)",
-                    (long long)b, (int)r->n_batch);
+        return r->n_batch == 1
+                   ? fail(err, ERROR_INVALID_REQUEST, "mask",
+                          "mask: dimension 0 is %lld, expected 1 (the batch) for shape (B, Tq, Tk)",
+                          (long long)b)
+                   : fail(err, ERROR_INVALID_REQUEST, "mask",
+                          "mask: dimension 0 is %lld, expected the batch %d or 1 for shape (B, Tq, "
+                          "Tk)",
+                          (long long)b, (int)r->n_batch);
     }
     if (tq != 1 && tq != r->n_q) {
         return fail(err, ERROR_INVALID_REQUEST, "mask",

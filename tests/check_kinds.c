@@ -249,7 +249,7 @@ START_TEST(test_kinds_sdpa_mask_and_batch_refusals) {
         {"q3", "k3", "[[1,2,1],[1,1,1]]", "mask", "1 attends, 0 masks"},
         {"q3", "k3", "[[1,1],[1,1]]", "mask", "expected Tk = 3"},
         {"q3", "k3", "[[1,1,1],[1,1,1],[1,1,1]]", "mask", "expected Tq = 2 or 1"},
-        {"q3", "k3", "[[[1,1,1]],[[1,1,1]]]", "mask", "expected the batch 1 or 1"},
+        {"q3", "k3", "[[[1,1,1]],[[1,1,1]]]", "mask", "expected 1 (the batch)"},
         {"q4", "k4", "[[[1,1,1]],[[1,1,1]],[[1,1,1]]]", "mask", "expected the batch 2 or 1"},
         {"q4", "k4", "[1,1,1]", "mask", "rank 2 to 3"},
         {"q4", "k3", NULL, "k", "all batched (B, H, T, D) or none is"},
