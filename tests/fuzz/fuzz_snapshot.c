@@ -1,8 +1,9 @@
 /* tests/fuzz/fuzz_snapshot.c: session files (PUT /v1/sessions/{id}, and --state-dir's files read
  * back): snapshot_check, snapshot_match and snapshot_restore into a session of preset tiny's
- * store (f32 K/V, 64-token blocks). The target writes the model's fingerprint and the checksum
- * into each input, so the fuzzer gets past them to the framing and every cache's header and
- * payload (the checksum and the fingerprint have their own tests in check_persist.c). A refused
+ * store (f32 K/V, 16-token blocks), its layer 0 a 32-token sliding window (a ring, whose file
+ * says which blocks it dropped), layer 1 full. The target writes the model's fingerprint and the
+ * checksum into each input, so the fuzzer gets past them to the framing and every cache's header
+ * and payload (the checksum and the fingerprint have their own tests in check_persist.c). A refused
  * file must leave the session without caches; an accepted one must hold exactly what a re-export
  * says, within the model's limits. */
 #include <stdlib.h>
@@ -23,13 +24,17 @@ static void init(void) {
     attn_config cfg;
     attn_load_params lp;
     memset(&lp, 0, sizeof lp);
-    if (attn_config_preset("tiny", &cfg) != ATTN_OK ||
-        attn_model_create_random(&cfg, 0, &lp, &model_) != ATTN_OK) {
+    if (attn_config_preset("tiny", &cfg) != ATTN_OK) {
+        abort();
+    }
+    cfg.sliding_window = 32;
+    cfg.is_full_layer[1] = true;
+    if (attn_model_create_random(&cfg, 0, &lp, &model_) != ATTN_OK) {
         abort();
     }
     struct session_store_params sp = {.model = model_,
                                       .budget_bytes = (size_t)1 << 20,
-                                      .block_tokens = 64,
+                                      .block_tokens = 16,
                                       .kv_dtype = ATTN_DTYPE_F32,
                                       .max_sessions = 4,
                                       .max_tombstones = 4};
@@ -79,6 +84,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             attn_kv *kv = session_kv_find(s, l);
             if (kv != NULL && (attn_kv_len(kv) > attn_model_config(model_)->max_seq ||
                                attn_kv_first_held(kv) > attn_kv_len(kv))) {
+                abort();
+            }
+            /* a ring holds every key its next query sees: it drops only blocks wholly before
+             * len - window + 1 (an outside audit's fuzzer found a file that claimed more, and
+             * the next attend read before the pool) */
+            int32_t w = kv != NULL ? attn_kv_window(kv) : 0;
+            if (w > 0 && attn_kv_first_held(kv) > 0 &&
+                attn_kv_first_held(kv) > attn_kv_len(kv) - w + 1) {
                 abort();
             }
         }
