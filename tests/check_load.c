@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../engine/attn_int.h"
 #include "check_harness.h"
 #include "ref.h"
 
@@ -640,6 +641,45 @@ START_TEST(test_load_weight_past_f16_range) {
 END_TEST
 
 /* A short reason buffer is truncated but NUL-terminated; err may be NULL. */
+/* A safetensors header is read as Python's json reads it (the reference loader's): a \u0000 in
+ * a name (cJSON cut "...q_proj.weight\u0000junk" to q_proj.weight and loaded it; found by an
+ * outside audit's fuzzer) or a second value after the object is refused; spaces after it (the
+ * padding writers add) are not. */
+static int parse_header_text(const char *json, char *err, size_t err_size) {
+    size_t n = strlen(json), len = 8 + n + 4;
+    uint8_t *buf = harness_calloc(len, 1);
+    for (int b = 0; b < 8; b++) {
+        buf[b] = (uint8_t)((uint64_t)n >> (8 * b));
+    }
+    memcpy(buf + 8, json, n);
+    struct attn__st_header h;
+    int rc = attn__safetensors_header_parse(buf, len, len, &h, err, err_size);
+    if (rc == ATTN_OK) {
+        attn__safetensors_header_release(&h);
+    }
+    free(buf);
+    return rc;
+}
+
+START_TEST(test_load_safetensors_header_as_python_reads_it) {
+    char err[256];
+    ck_assert_int_eq(parse_header_text("{\"w\":{\"dtype\":\"F32\",\"shape\":[1],"
+                                       "\"data_offsets\":[0,4]}}   ",
+                                       err, sizeof err),
+                     ATTN_OK);
+    ck_assert_int_eq(parse_header_text("{\"w\\u0000junk\":{\"dtype\":\"F32\",\"shape\":[1],"
+                                       "\"data_offsets\":[0,4]}}",
+                                       err, sizeof err),
+                     ATTN_EIO);
+    ck_assert_msg(strstr(err, "u0000") != NULL, "%s", err);
+    ck_assert_int_eq(parse_header_text("{\"w\":{\"dtype\":\"F32\",\"shape\":[1],"
+                                       "\"data_offsets\":[0,4]}}{}",
+                                       err, sizeof err),
+                     ATTN_EIO);
+    ck_assert_msg(strstr(err, "after the object") != NULL, "%s", err);
+}
+END_TEST
+
 START_TEST(test_load_reason_buffer) {
     attn_model *m = NULL;
     char err[8];
@@ -702,6 +742,7 @@ Suite *load_suite(void) {
     tcase_add_test(tc, test_load_layer_subset);
     tcase_add_test(tc, test_load_bad_folders);
     tcase_add_test(tc, test_load_weight_past_f16_range);
+    tcase_add_test(tc, test_load_safetensors_header_as_python_reads_it);
     tcase_add_test(tc, test_load_reason_buffer);
     tcase_add_test(tc, test_load_bad_params);
     suite_add_tcase(s, tc);
