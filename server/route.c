@@ -14,6 +14,7 @@
 #include "error.h"
 #include "job.h"
 #include "log.h"
+#include "snapshot.h"
 #include "spill.h"
 #include "utf8.h"
 #include "ui.h"
@@ -322,11 +323,9 @@ static void handle_model(struct route_req *rq) {
     session_store_get_stats(srv->sessions, &st);
     info.kv_dtype = attn_dtype_name(st.kv_dtype);
     uint8_t fp[ATTN_FINGERPRINT_BYTES];
-    char hex[2 * ATTN_FINGERPRINT_BYTES + 1];
+    char hex[SNAPSHOT_FINGERPRINT_HEX];
     attn_model_fingerprint(srv->model, fp);
-    for (int i = 0; i < ATTN_FINGERPRINT_BYTES; i++) {
-        snprintf(hex + 2 * i, 3, "%02x", fp[i]);
-    }
+    snapshot_fingerprint_hex(fp, hex);
     info.fingerprint = hex;
     info.kv_bytes_per_token = st.block_bytes / (size_t)st.block_tokens;
     size_t len = 0;

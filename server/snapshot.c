@@ -256,16 +256,21 @@ int snapshot_check(const uint8_t *p, size_t len, struct snapshot_info *info, cha
     return walk_sections(p, len, info, NULL, NULL, msg, msg_size);
 }
 
+void snapshot_fingerprint_hex(const uint8_t fp[ATTN_FINGERPRINT_BYTES],
+                              char out[SNAPSHOT_FINGERPRINT_HEX]) {
+    for (int i = 0; i < ATTN_FINGERPRINT_BYTES; i++) {
+        snprintf(out + 2 * i, 3, "%02x", fp[i]);
+    }
+}
+
 int snapshot_match(const struct snapshot_info *info, const attn_model *m, struct snapshot_kv kv,
                    char *msg, size_t msg_size) {
     uint8_t fp[ATTN_FINGERPRINT_BYTES];
     attn_model_fingerprint(m, fp);
     if (memcmp(fp, info->fingerprint, sizeof fp) != 0) {
-        char want[2 * ATTN_FINGERPRINT_BYTES + 1], got[2 * ATTN_FINGERPRINT_BYTES + 1];
-        for (int i = 0; i < ATTN_FINGERPRINT_BYTES; i++) {
-            snprintf(want + 2 * i, 3, "%02x", fp[i]);
-            snprintf(got + 2 * i, 3, "%02x", info->fingerprint[i]);
-        }
+        char want[SNAPSHOT_FINGERPRINT_HEX], got[SNAPSHOT_FINGERPRINT_HEX];
+        snapshot_fingerprint_hex(fp, want);
+        snapshot_fingerprint_hex(info->fingerprint, got);
         int32_t first = attn_model_layer_first(m), count = attn_model_layer_count(m);
         attn_dtype wdt = attn_model_weights_dtype(m);
         char why[200];

@@ -77,6 +77,11 @@ int snapshot_read_header(const uint8_t *p, size_t len, struct snapshot_info *inf
 int snapshot_check(const uint8_t *p, size_t len, struct snapshot_info *info, char *msg,
                    size_t msg_size);
 
+/* A fingerprint as GET /v1/model's attnd.fingerprint shows it: 64 lowercase hex digits. */
+#define SNAPSHOT_FINGERPRINT_HEX (2 * ATTN_FINGERPRINT_BYTES + 1)
+void snapshot_fingerprint_hex(const uint8_t fp[ATTN_FINGERPRINT_BYTES],
+                              char out[SNAPSHOT_FINGERPRINT_HEX]);
+
 /* Compares a file's model fingerprint, KV dtype and kept queries with this server's. Returns 0
  * or ERROR_FINGERPRINT_MISMATCH naming what differs in msg. */
 int snapshot_match(const struct snapshot_info *info, const attn_model *m, struct snapshot_kv kv,

@@ -418,12 +418,10 @@ static int by_use(const void *a, const void *b) {
  * a header line with the model's fingerprint, then "E <id>" (evicted) or "L <id>" (lost) a
  * line, oldest first. Another model's list is another file, left alone. */
 
-static void fingerprint_hex(const attn_model *m, char out[2 * ATTN_FINGERPRINT_BYTES + 1]) {
+static void fingerprint_hex(const attn_model *m, char out[SNAPSHOT_FINGERPRINT_HEX]) {
     uint8_t fp[ATTN_FINGERPRINT_BYTES];
     attn_model_fingerprint(m, fp);
-    for (int i = 0; i < ATTN_FINGERPRINT_BYTES; i++) {
-        snprintf(out + 2 * i, 3, "%02x", fp[i]);
-    }
+    snapshot_fingerprint_hex(fp, out);
 }
 
 struct tomb_text {
@@ -465,7 +463,7 @@ static void tombstones_written(void *ctx, int status, uint8_t *data, size_t len)
  * write that failed leaves a tombstone too). */
 static void save_tombstones(void *ctx) {
     struct spill *sp = ctx;
-    char fp[2 * ATTN_FINGERPRINT_BYTES + 1], name[64];
+    char fp[SNAPSHOT_FINGERPRINT_HEX], name[64];
     fingerprint_hex(sp->p.model, fp);
     snprintf(name, sizeof name, TOMBSTONES_NAME, fp);
     struct tomb_text t = {NULL, 0, 4096, 0, false};
@@ -491,7 +489,7 @@ static void save_tombstones(void *ctx) {
 /* At start, after the session files: the last shutdown's tombstones, but for ids that have a
  * file (a session on disk, or one left alone) now. */
 static void load_tombstones(struct spill *sp) {
-    char fp[2 * ATTN_FINGERPRINT_BYTES + 1], name[64];
+    char fp[SNAPSHOT_FINGERPRINT_HEX], name[64];
     fingerprint_hex(sp->p.model, fp);
     snprintf(name, sizeof name, TOMBSTONES_NAME, fp);
     uint8_t *data = NULL;
