@@ -758,12 +758,8 @@ qk_kv_rows(const int DT, const int MX, const float *q, size_t ldq, const uint8_t
            int32_t n, struct attn__kv_after after, int32_t d, float *s, size_t lds) {
     int32_t j = 0;
     /* three keys a pass (12 accumulators hide the FMA latency better than 8: bf16 from L2 18.8
-     * -> 16.7 ns a key), two for Q8_0, whose scales take registers too */
-    for (; DT == 3 && j + 2 <= n; j += 2) {
-        const uint8_t *ahead[2] = {row_ahead(k, rb, n, after, j + KV_PREFETCH_ROWS),
-                                   row_ahead(k, rb, n, after, j + KV_PREFETCH_ROWS + 1)};
-        qk_kv_block(DT, MX, 2, q, ldq, k + (size_t)j * rb, rb, ahead, d, s + j, lds);
-    }
+     * -> 16.7 ns a key); Q8_0 one, as its scales took the registers of two and spilled
+     * accumulators to the stack (llama8b L=2048 on one thread: 0.49-0.50 -> 0.46-0.48 ms) */
     for (; DT != 3 && j + 3 <= n; j += 3) {
         const uint8_t *ahead[3];
 #pragma GCC unroll 3
@@ -811,8 +807,8 @@ qk_kv_rows(const int DT, const int MX, const float *q, size_t ldq, const uint8_t
  * FMA latency). Prefetches the same lines PV_KEYS rows ahead, for the next run. */
 __attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
 pv_strip(const int DT, const int MX, const int CW, const int NS, const float *p, size_t ldp,
-         const uint8_t *v, size_t rb, int32_t n, struct attn__kv_after after, int32_t j0,
-         int32_t j1, int32_t c, float *o, size_t ldo) {
+         int32_t pj, const uint8_t *v, size_t rb, int32_t n, struct attn__kv_after after,
+         int32_t j0, int32_t j1, int32_t c, float *o, size_t ldo) {
     __m256 acc[2][4][4];
 #pragma GCC unroll 2
     for (int u = 0; u < NS; u++) {
@@ -840,11 +836,11 @@ pv_strip(const int DT, const int MX, const int CW, const int NS, const float *p,
             __m256 vv[4];
 #pragma GCC unroll 4
             for (int w = 0; w < CW; w++) {
-                vv[w] = load_w8(DT, row, (size_t)c + 8 * w);
+                vv[w] = DT == 3 ? q8_values(row, c + 8 * w) : load_w8(DT, row, (size_t)c + 8 * w);
             }
 #pragma GCC unroll 4
             for (int a = 0; a < MX; a++) {
-                __m256 pa = _mm256_broadcast_ss(p + a * ldp + j + u);
+                __m256 pa = _mm256_broadcast_ss(p + a * ldp + (j + u - pj));
 #pragma GCC unroll 4
                 for (int w = 0; w < CW; w++) {
                     acc[u][a][w] = _mm256_fmadd_ps(pa, vv[w], acc[u][a][w]);
@@ -856,11 +852,11 @@ pv_strip(const int DT, const int MX, const int CW, const int NS, const float *p,
         const uint8_t *row = v + (size_t)j * rb;
 #pragma GCC unroll 4
         for (int w = 0; w < CW; w++) {
-            __m256 vw = load_w8(DT, row, (size_t)c + 8 * w);
+            __m256 vw = DT == 3 ? q8_values(row, c + 8 * w) : load_w8(DT, row, (size_t)c + 8 * w);
 #pragma GCC unroll 4
             for (int a = 0; a < MX; a++) {
                 acc[0][a][w] =
-                    _mm256_fmadd_ps(_mm256_broadcast_ss(p + a * ldp + j), vw, acc[0][a][w]);
+                    _mm256_fmadd_ps(_mm256_broadcast_ss(p + a * ldp + (j - pj)), vw, acc[0][a][w]);
             }
         }
     }
@@ -874,31 +870,95 @@ pv_strip(const int DT, const int MX, const int CW, const int NS, const float *p,
     }
 }
 
+/* o[:, c0 .. c1) += p v over keys [j0, j1), one value at a time: the columns after the last
+ * whole 8 (p as given, unscaled values widened with their scales). */
+__attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
+pv_columns1(const int DT, const int MX, const float *p, size_t ldp, const uint8_t *v, size_t rb,
+            int32_t j0, int32_t j1, int32_t c0, int32_t c1, float *o, size_t ldo) {
+    for (int32_t c = c0; c < c1; c++) {
+        for (int32_t j = j0; j < j1; j++) {
+            float x = load_w1(DT, v + (size_t)j * rb, (size_t)c);
+            for (int a = 0; a < MX; a++) {
+                o[a * ldo + c] += p[a * ldp + j] * x;
+            }
+        }
+    }
+}
+
+/* Q8_0 blocks whose scales a run folds into its weights at once (a quarter of a head of 1024). */
+#define Q8_RUN_BLOCKS 8
+
+/* ps[(b * MX + a) * PV_KEYS + jj] = p[a][j0 + jj] x the scale of block b0 + b of value row
+ * j0 + jj, for nj <= PV_KEYS keys and nb <= Q8_RUN_BLOCKS blocks: the weights of a run with its
+ * rows' scales in them, so the strips widen each 8 int8 and nothing more (the scale's load,
+ * widening, broadcast and multiply for every 8 values cost as much as the widening). */
+__attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
+q8_scaled_weights(const int MX, const float *p, size_t ldp, const uint8_t *v, size_t rb, int32_t j0,
+                  int32_t nj, int32_t b0, int32_t nb, float *ps) {
+    uint16_t sh[Q8_RUN_BLOCKS][PV_KEYS];
+    for (int32_t jj = 0; jj < nj; jj++) {
+        const uint8_t *row = v + (size_t)(j0 + jj) * rb + (size_t)b0 * ATTN__Q8_0_BYTES;
+        for (int32_t b = 0; b < nb; b++) {
+            memcpy(&sh[b][jj], row + (size_t)b * ATTN__Q8_0_BYTES, sizeof sh[b][jj]);
+        }
+    }
+    for (int32_t b = 0; b < nb; b++) {
+#pragma GCC unroll 4
+        for (int a = 0; a < MX; a++) {
+            const float *pa = p + a * ldp + j0;
+            float *out = ps + ((size_t)b * MX + a) * PV_KEYS;
+            int32_t jj = 0;
+            for (; jj + 8 <= nj; jj += 8) {
+                __m256 sv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sh[b] + jj)));
+                _mm256_storeu_ps(out + jj, _mm256_mul_ps(_mm256_loadu_ps(pa + jj), sv));
+            }
+            for (; jj < nj; jj++) {
+                out[jj] = pa[jj] * _cvtsh_ss(sh[b][jj]);
+            }
+        }
+    }
+}
+
 /* o (MX <= 4 rows, d columns) += p v for value rows held as DT, rb bytes apart. Runs of PV_KEYS
  * keys, each walked once per strip of output columns whose accumulators stay in registers: the
  * kernel before this one loaded and stored every accumulator every two keys, which held it to
- * the store port at about half the FMA rate (llama8b decode attention in L3: ~16 GB/s of bf16). */
+ * the store port at about half the FMA rate (llama8b decode attention in L3: ~16 GB/s of bf16).
+ * Q8_0 takes its weights scaled per block (q8_scaled_weights), Q8_RUN_BLOCKS blocks of columns
+ * at a time; a strip (16 or 32 columns from a multiple of its width) lies in one block. */
 __attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
 pv_kv_rows(const int DT, const int MX, const float *p, size_t ldp, const uint8_t *v, size_t rb,
            int32_t n, struct attn__kv_after after, int32_t d, float *o, size_t ldo) {
     /* strips of CW vectors: 8 accumulators for 2 or 4 rows, 6 for 3, 2 x 4 for a lone row */
     const int CW = MX == 2 || MX == 1 ? 4 : 2, NS = MX == 1 ? 2 : 1;
+    const int32_t chunk = DT == 3 ? Q8_RUN_BLOCKS * ATTN__QK8_0 : d;
+    float ps[DT == 3 ? Q8_RUN_BLOCKS * 4 * PV_KEYS : 1];
     for (int32_t j0 = 0; j0 < n; j0 += PV_KEYS) {
         int32_t j1 = n - j0 < PV_KEYS ? n : j0 + PV_KEYS;
-        int32_t c = 0;
-        for (; c + 8 * CW <= d; c += 8 * CW) {
-            pv_strip(DT, MX, CW, NS, p, ldp, v, rb, n, after, j0, j1, c, o, ldo);
-        }
-        for (; c + 8 <= d; c += 8) {
-            pv_strip(DT, MX, 1, NS, p, ldp, v, rb, n, after, j0, j1, c, o, ldo);
-        }
-        for (; c < d; c++) {
-            for (int32_t j = j0; j < j1; j++) {
-                float x = load_w1(DT, v + (size_t)j * rb, (size_t)c);
-                for (int a = 0; a < MX; a++) {
-                    o[a * ldo + c] += p[a * ldp + j] * x;
-                }
+        for (int32_t c0 = 0; c0 < d; c0 += chunk) {
+            int32_t c1 = d - c0 < chunk ? d : c0 + chunk;
+            const float *pc = p;
+            size_t ldpc = ldp;
+            int32_t pj = 0;
+            if (DT == 3) {
+                q8_scaled_weights(MX, p, ldp, v, rb, j0, j1 - j0, c0 / ATTN__QK8_0,
+                                  (c1 - c0 + ATTN__QK8_0 - 1) / ATTN__QK8_0, ps);
+                ldpc = PV_KEYS;
+                pj = j0;
             }
+            int32_t c = c0;
+            for (; c + 8 * CW <= c1; c += 8 * CW) {
+                if (DT == 3) {
+                    pc = ps + (size_t)((c - c0) / ATTN__QK8_0) * MX * PV_KEYS;
+                }
+                pv_strip(DT, MX, CW, NS, pc, ldpc, pj, v, rb, n, after, j0, j1, c, o, ldo);
+            }
+            for (; c + 8 <= c1; c += 8) {
+                if (DT == 3) {
+                    pc = ps + (size_t)((c - c0) / ATTN__QK8_0) * MX * PV_KEYS;
+                }
+                pv_strip(DT, MX, 1, NS, pc, ldpc, pj, v, rb, n, after, j0, j1, c, o, ldo);
+            }
+            pv_columns1(DT, MX, p, ldp, v, rb, j0, j1, c, c1, o, ldo);
         }
     }
 }
