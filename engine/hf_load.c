@@ -802,7 +802,14 @@ int attn_model_load_hf(const char *dir, const attn_load_params *p, attn_model **
         goto out;
     }
     if ((rc = attn__model_alloc(&cfg, p, &m)) != ATTN_OK) {
-        attn__fail(&ld.why, rc, "cannot allocate the model: %s", attn_strerror(rc));
+        /* Shapes are checked as each tensor is read, after this: name the sizes config.json
+         * asked for, since a wrong config is the likelier cause than a small machine. */
+        attn__fail(&ld.why, rc,
+                   "cannot allocate the model config.json describes (hidden_size %d, %d heads x "
+                   "%d, %d KV heads, %d layers to load, %d positions): %s",
+                   cfg.hidden_size, cfg.n_heads, cfg.head_dim, cfg.n_kv_heads,
+                   p != NULL && p->layer_count > 0 ? p->layer_count : cfg.n_layers - first,
+                   p != NULL && p->max_seq > 0 ? p->max_seq : cfg.max_seq, attn_strerror(rc));
         goto out;
     }
     for (int32_t i = 0; i < m->layer_count; i++) {

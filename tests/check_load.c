@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../engine/attn_int.h"
 #include "check_harness.h"
@@ -640,6 +641,39 @@ START_TEST(test_load_weight_past_f16_range) {
 }
 END_TEST
 
+/* A config.json whose sizes no machine holds (the weights are checked against it only as each
+ * tensor is read, after the allocation) is refused with the sizes it asked for, not a bare "out
+ * of memory" that reads as the machine's fault. */
+START_TEST(test_load_config_too_big_names_its_sizes) {
+    char dir[] = "/tmp/attnd-check-big-XXXXXX", path[64], target[4096];
+    ck_assert_ptr_nonnull(getcwd(target, sizeof target - 64));
+    strcat(target, "/" DATA "hf_tiny_f32/model.safetensors");
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("{\"model_type\": \"llama\", \"hidden_size\": 65536, \"num_attention_heads\": 512, "
+          "\"num_key_value_heads\": 512, \"head_dim\": 128, \"num_hidden_layers\": 64, "
+          "\"max_position_embeddings\": 256, \"attention_bias\": true}",
+          f);
+    ck_assert_int_eq(fclose(f), 0);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    ck_assert_int_eq(symlink(target, path), 0);
+    attn_model *m = NULL;
+    char err[512] = "";
+    int rc = attn_model_load_hf(dir, NULL, &m, err, sizeof err);
+    ck_assert_int_eq(unlink(path), 0);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    ck_assert_int_eq(unlink(path), 0);
+    ck_assert_int_eq(rmdir(dir), 0);
+    ck_assert_msg(rc == ATTN_ENOMEM, "got %d: %s", rc, err);
+    ck_assert_ptr_null(m);
+    ck_assert_msg(strstr(err, "hidden_size 65536") != NULL && strstr(err, "64 layers") != NULL &&
+                      strstr(err, "out of memory") != NULL,
+                  "%s", err);
+}
+END_TEST
+
 /* A short reason buffer is truncated but NUL-terminated; err may be NULL. */
 /* A safetensors header is read as Python's json reads it (the reference loader's): a \u0000 in
  * a name (cJSON cut "...q_proj.weight\u0000junk" to q_proj.weight and loaded it; found by an
@@ -742,6 +776,7 @@ Suite *load_suite(void) {
     tcase_add_test(tc, test_load_layer_subset);
     tcase_add_test(tc, test_load_bad_folders);
     tcase_add_test(tc, test_load_weight_past_f16_range);
+    tcase_add_test(tc, test_load_config_too_big_names_its_sizes);
     tcase_add_test(tc, test_load_safetensors_header_as_python_reads_it);
     tcase_add_test(tc, test_load_reason_buffer);
     tcase_add_test(tc, test_load_bad_params);
