@@ -21,6 +21,9 @@ static int gemma3_extra(const struct attn__reason *why, const cJSON *j, attn_con
 static int gpt2_extra(const struct attn__reason *why, const cJSON *j, attn_config *c);
 static int falcon_extra(const struct attn__reason *why, const cJSON *j, attn_config *c);
 static int deepseek_extra(const struct attn__reason *why, const cJSON *j, attn_config *c);
+static int mixtral_extra(const struct attn__reason *why, const cJSON *j, attn_config *c);
+static int qwen2_moe_extra(const struct attn__reason *why, const cJSON *j, attn_config *c);
+static int qwen3_moe_extra(const struct attn__reason *why, const cJSON *j, attn_config *c);
 
 static const char *const gpt2_keys[] = {"n_embd", "n_head", "n_layer", "n_positions"};
 /* GPT2Config.attribute_map: the standard names set the same four (the later one applied wins). */
@@ -51,6 +54,15 @@ static const struct family families[] = {
      .default_window = 4096,
      .bias = BIAS_NONE,
      .window = WINDOW_ALL},
+    /* Mixtral: Mistral's attention (MixtralAttention is MistralAttention) with MixtralConfig's
+     * defaults: 8 KV heads, theta 1e6, no window when absent; rope_scaling, which the releases
+     * that introduced Mixtral never read, is refused. block_sparse_moe.* is not read. */
+    {.model_type = "mixtral",
+     .default_kv_heads = 8,
+     .bias = BIAS_NONE,
+     .window = WINDOW_ALL,
+     .default_theta = 1e6f,
+     .read_extra = mixtral_extra},
     {.model_type = "qwen2",
      .default_kv_heads = 32,
      .default_window = 4096,
@@ -67,6 +79,26 @@ static const struct family families[] = {
      .qk_norm = ATTN_QK_NORM_HEAD,
      .default_norm_eps = 1e-6f,
      .reads = qwen_reads},
+    /* Qwen3-MoE: Qwen3's attention (Qwen3MoeAttention is Qwen3Attention: biases iff
+     * attention_bias, RMSNorm of each head of q and k, eps rms_norm_eps), 4 KV heads and
+     * hidden_size / heads as head_dim when absent; with use_sliding_window, releases differ on
+     * which layers slide (refused). The MoE block (mlp.*) is not attention and is not read. */
+    {.model_type = "qwen3_moe",
+     .default_kv_heads = 4,
+     .bias = BIAS_IF_ATTENTION_BIAS,
+     .window = WINDOW_NOT_READ,
+     .qk_norm = ATTN_QK_NORM_HEAD,
+     .default_norm_eps = 1e-6f,
+     .read_extra = qwen3_moe_extra},
+    /* Qwen2-MoE (Qwen1.5-MoE, Qwen2-57B-A14B): Qwen2's attention, q/k/v biases (qkv_bias) and
+     * never o, 16 KV heads when absent; use_sliding_window, qkv_bias false and a head_dim other
+     * than hidden_size / heads are read differently by transformers releases (refused). The MoE
+     * block (mlp.gate, mlp.experts.*, mlp.shared_expert*) is not read. */
+    {.model_type = "qwen2_moe",
+     .default_kv_heads = 16,
+     .bias = BIAS_QKV,
+     .window = WINDOW_NOT_READ,
+     .read_extra = qwen2_moe_extra},
     /* OLMo 2: RMSNorm over the whole q and k projections, before the split into heads. */
     {.model_type = "olmo2",
      .bias = BIAS_IF_ATTENTION_BIAS,
@@ -75,6 +107,14 @@ static const struct family families[] = {
      .default_norm_eps = 1e-5f},
     /* Granite: Llama's attention with attention_multiplier as the softmax scale. */
     {.model_type = "granite",
+     .bias = BIAS_IF_ATTENTION_BIAS,
+     .window = WINDOW_NOT_READ,
+     .reads = granite_reads,
+     .read_extra = granite_extra},
+    /* Granite MoE (granite-3.0 a400m / a800m, PowerMoE): Granite's attention
+     * (GraniteMoeAttention is LlamaAttention with attention_multiplier as the scale); the experts
+     * (block_sparse_moe.*) are not read. */
+    {.model_type = "granitemoe",
      .bias = BIAS_IF_ATTENTION_BIAS,
      .window = WINDOW_NOT_READ,
      .reads = granite_reads,
@@ -246,12 +286,8 @@ static const struct {
     const char *model_type;
     const char *reason;
 } unserved[] = {
-    {"qwen3_moe", "its attention has not been validated"},
-    {"qwen2_moe", "its attention has not been validated"},
-    {"mixtral", "its attention has not been validated"},
     {"gemma", "its attention has not been validated"},
     {"olmo", "its attention needs clip_qkv"},
-    {"granitemoe", "its attention needs attention_multiplier as the softmax scale"},
     {"phi", "its attention needs partial rotary and a dense output projection"},
     {"starcoder2", "its attention has not been validated"},
     {"llama4", "its attention needs chunked attention and layers without RoPE"},
@@ -259,8 +295,9 @@ static const struct {
 };
 
 #define SERVED_LIST                                                                                \
-    "llama, mistral, qwen2, qwen3, olmo2, granite, gemma2, gemma3, phi3, gpt_neox, falcon, "       \
-    "gpt2, stablelm, cohere, cohere2, glm, glm4, gpt_oss, deepseek_v2, deepseek_v3, attnd"
+    "llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, olmo2, granite, granitemoe, "    \
+    "gemma2, gemma3, phi3, gpt_neox, falcon, gpt2, stablelm, cohere, cohere2, glm, glm4, "         \
+    "gpt_oss, deepseek_v2, deepseek_v3, attnd"
 
 /* Fields that change attention, which none of the served families computes: refused unless they
  * hold their neutral value (absent, null, false, 0, or what is named). */
@@ -495,6 +532,79 @@ static int granite_extra(const struct attn__reason *why, const cJSON *j, attn_co
     }
     c->softmax_scale = multiplier;
     return rc;
+}
+
+/* use_sliding_window true: the MoE Qwens' releases disagree on which layers slide (Qwen2-MoE:
+ * v4's flash attention those from max_window_layers on, v5's layer_types the even ones below
+ * it; Qwen3-MoE: v4.51 those from max_window_layers on, later releases every layer). Refused,
+ * naming the fields; false (the default, and every published checkpoint's) is no window in all
+ * of them. */
+static int refuse_moe_window(const struct attn__reason *why, const cJSON *j, const char *family) {
+    bool use = false;
+    int rc = attn__hf_get_bool(why, j, "use_sliding_window", &use);
+    if (rc == ATTN_OK && use) {
+        return attn__fail(why, ATTN_EUNSUPPORTED,
+                          "config.json: %s with use_sliding_window true: transformers versions "
+                          "differ on which layers slide (max_window_layers, layer_types); refused "
+                          "rather than served as one of them",
+                          family);
+    }
+    return rc;
+}
+
+/* configuration_qwen3_moe.py / modeling_qwen3_moe.py: Qwen3's attention, no window. */
+static int qwen3_moe_extra(const struct attn__reason *why, const cJSON *j, attn_config *c) {
+    (void)c;
+    return refuse_moe_window(why, j, "qwen3_moe");
+}
+
+/* configuration_qwen2_moe.py / modeling_qwen2_moe.py: q/k/v biases with qkv_bias (true when
+ * absent; added in March 2025, huggingface/transformers#36735: the releases before it always
+ * have them, so false is refused), and head_dim hidden_size / heads (v4's attention takes that,
+ * raising on another head_dim where it reads one; v5's LlamaAttention reads head_dim: refused). */
+static int qwen2_moe_extra(const struct attn__reason *why, const cJSON *j, attn_config *c) {
+    bool qkv_bias = true;
+    int rc = refuse_moe_window(why, j, "qwen2_moe");
+    if (rc != ATTN_OK || (rc = attn__hf_get_bool(why, j, "qkv_bias", &qkv_bias)) != ATTN_OK) {
+        return rc;
+    }
+    if (!qkv_bias) {
+        return attn__fail(why, ATTN_EUNSUPPORTED,
+                          "config.json: qwen2_moe with qkv_bias false: transformers releases "
+                          "since 2025 drop the q/k/v biases, earlier ones always have them; "
+                          "refused rather than served as one of them");
+    }
+    if ((int64_t)c->head_dim * c->n_heads != c->hidden_size) {
+        return attn__fail(why, ATTN_EUNSUPPORTED,
+                          "config.json: qwen2_moe head_dim %d is not hidden_size / "
+                          "num_attention_heads (%d / %d): transformers v4 attends with the "
+                          "latter (or raises), v5 with head_dim; refused rather than served as "
+                          "one of them",
+                          c->head_dim, c->hidden_size, c->n_heads);
+    }
+    return ATTN_OK;
+}
+
+/* modeling_mixtral.py: the releases that introduced Mixtral built its rotary embedding from
+ * rope_theta alone (MixtralConfig had no rope_scaling), later ones through the config like
+ * Llama's, so a scaling other than "default" means two models. */
+static int mixtral_extra(const struct attn__reason *why, const cJSON *j, attn_config *c) {
+    (void)c;
+    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(j, "rope_scaling");
+    if (rs == NULL || cJSON_IsNull(rs)) {
+        return ATTN_OK;
+    }
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
+    if (type == NULL) {
+        type = cJSON_GetObjectItemCaseSensitive(rs, "type");
+    }
+    if (cJSON_IsObject(rs) && cJSON_IsString(type) && strcmp(type->valuestring, "default") == 0) {
+        return ATTN_OK;
+    }
+    return attn__fail(why, ATTN_EUNSUPPORTED,
+                      "config.json: mixtral with rope_scaling: the transformers releases that "
+                      "introduced Mixtral ignore it, later ones apply it; refused rather than "
+                      "served as one of them");
 }
 
 /* modeling_gpt2.py: scores are divided by sqrt(head_dim) only when scale_attn_weights (true

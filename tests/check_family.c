@@ -103,9 +103,9 @@ START_TEST(test_family_model_type_decides) {
     expect_ok(&p, "llama's own config ignores a window");
     ck_assert_int_eq(p.cfg.sliding_window, 0);
 
-    /* Known and not served: refused with what it needs, trusted or not. */ static const char
-        *const unserved[] = {"qwen3_moe", "gemma",  "mixtral",    "olmo",
-                             "phi",       "llama4", "starcoder2", "smollm3"};
+    /* Known and not served: refused with what it needs, trusted or not. */
+    static const char *const unserved[] = {"gemma",  "olmo",       "phi",
+                                           "llama4", "starcoder2", "smollm3"};
     for (size_t i = 0; i < sizeof unserved / sizeof unserved[0]; i++) {
         p = parse(unserved[i], "", "llama");
         expect_refused(&p, ATTN_EUNSUPPORTED, unserved[i], unserved[i]);
@@ -635,7 +635,8 @@ START_TEST(test_family_screened_fields) {
         {"layer_types", "[\"sliding_attention\",\"full_attention\"]",
          "[\"full_attention\",\"full_attention\"]"},
     };
-    static const char *const families[] = {"llama", "mistral", "qwen2", "qwen3", "olmo2", "attnd"};
+    static const char *const families[] = {"llama", "mistral",   "mixtral", "qwen2", "qwen2_moe",
+                                           "qwen3", "qwen3_moe", "olmo2",   "attnd"};
     for (size_t f = 0; f < sizeof families / sizeof families[0]; f++) {
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
             if (strncmp(families[f], "qwen", 4) == 0 &&
@@ -769,6 +770,116 @@ START_TEST(test_family_qk_norms) {
 }
 END_TEST
 
+/* The MoE families read their dense sibling's attention with their own config class's defaults
+ * (configuration_mixtral.py, _qwen2_moe.py, _qwen3_moe.py, _granitemoe.py), and refuse, naming
+ * it, each field that transformers releases read differently. */
+START_TEST(test_family_moe_rules) {
+    /* Mixtral: Mistral's attention; MixtralConfig's 8 KV heads, theta 1e6 and no window (not
+     * Mistral's 4096) when absent; attention_bias is not read (no biases, as Mistral). */
+    struct parsed p = parse_text("{\"model_type\":\"mixtral\",\"hidden_size\":64,"
+                                 "\"num_attention_heads\":8,\"num_hidden_layers\":2}");
+    expect_ok(&p, "mixtral defaults");
+    ck_assert_str_eq(p.lay.family, "mixtral");
+    ck_assert_int_eq(p.cfg.n_kv_heads, 8);
+    ck_assert_float_eq(p.cfg.rope_theta, 1e6f);
+    ck_assert_int_eq(p.cfg.sliding_window, 0);
+    ck_assert(!p.cfg.has_qkv_bias && !p.cfg.has_o_bias);
+    p = parse("mixtral", ",\"num_key_value_heads\":2,\"sliding_window\":16,\"attention_bias\":true",
+              NULL);
+    expect_ok(&p, "mixtral with a window");
+    ck_assert_int_eq(p.cfg.sliding_window, 16);
+    ck_assert(attn_config_layer_is_sliding(&p.cfg, 0) && attn_config_layer_is_sliding(&p.cfg, 1));
+    ck_assert(!p.cfg.has_qkv_bias && !p.cfg.has_o_bias);
+    /* rope_scaling: the releases that introduced Mixtral never read it, later ones apply it */
+    p = parse("mixtral",
+              ",\"num_key_value_heads\":2,\"rope_scaling\":{\"type\":\"linear\",\"factor\":2}",
+              NULL);
+    expect_refused(&p, ATTN_EUNSUPPORTED, "mixtral with rope_scaling", "mixtral rope_scaling");
+    ck_assert_ptr_nonnull(strstr(p.err, "transformers"));
+    p = parse("mixtral", ",\"num_key_value_heads\":2,\"rope_scaling\":null", NULL);
+    expect_ok(&p, "mixtral rope_scaling null");
+    p = parse("mixtral", ",\"num_key_value_heads\":2,\"rope_scaling\":{\"rope_type\":\"default\"}",
+              NULL);
+    expect_ok(&p, "mixtral default rope_scaling");
+
+    /* Qwen2-MoE: Qwen2's q/k/v biases (never o), 16 KV heads when absent, a window written but
+     * not used without use_sliding_window. */
+    p = parse_text("{\"model_type\":\"qwen2_moe\",\"hidden_size\":64,"
+                   "\"num_attention_heads\":16,\"num_hidden_layers\":2}");
+    expect_ok(&p, "qwen2_moe defaults");
+    ck_assert_int_eq(p.cfg.n_kv_heads, 16);
+    ck_assert(p.cfg.has_qkv_bias && !p.cfg.has_o_bias);
+    ck_assert_int_eq(p.cfg.sliding_window, 0);
+    p = parse("qwen2_moe",
+              ",\"num_key_value_heads\":2,\"sliding_window\":4,\"max_window_layers\":0,"
+              "\"use_sliding_window\":false,\"qkv_bias\":true,\"head_dim\":16,"
+              "\"layer_types\":[\"full_attention\",\"full_attention\"]",
+              NULL);
+    expect_ok(&p, "qwen2_moe as v5 saves it");
+    ck_assert_int_eq(p.cfg.sliding_window, 0);
+    ck_assert(p.cfg.has_qkv_bias && !p.cfg.has_o_bias);
+    /* v4's flash attention slides layers >= max_window_layers, v5's layer_types the even ones
+     * below it; v5 drops the q/k/v biases with qkv_bias false, v4 has them; v4's attention
+     * refuses a head_dim other than hidden_size / heads, v5's reads it */
+    static const struct {
+        const char *extra, *named;
+    } ambiguous[] = {
+        {",\"use_sliding_window\":true,\"sliding_window\":4,\"max_window_layers\":1",
+         "qwen2_moe with use_sliding_window true"},
+        {",\"use_sliding_window\":true", "use_sliding_window"},
+        {",\"qkv_bias\":false", "qkv_bias false"},
+        {",\"head_dim\":32", "head_dim 32 is not hidden_size / num_attention_heads"},
+        {",\"layer_types\":[\"sliding_attention\",\"full_attention\"]", "layer_types"},
+    };
+    for (size_t i = 0; i < sizeof ambiguous / sizeof ambiguous[0]; i++) {
+        char extra[256];
+        snprintf(extra, sizeof extra, ",\"num_key_value_heads\":2%s", ambiguous[i].extra);
+        p = parse("qwen2_moe", extra, NULL);
+        expect_refused(&p, ATTN_EUNSUPPORTED, ambiguous[i].named, extra);
+    }
+
+    /* Qwen3-MoE: Qwen3's attention (q/k norms per head, eps 1e-6, biases iff attention_bias)
+     * with Qwen3MoeConfig's 4 KV heads and no head_dim field: hidden_size / heads when absent,
+     * not Qwen3's 128. */
+    p = parse_text("{\"model_type\":\"qwen3_moe\",\"hidden_size\":64,"
+                   "\"num_attention_heads\":8,\"num_hidden_layers\":2}");
+    expect_ok(&p, "qwen3_moe defaults");
+    ck_assert_int_eq(p.cfg.n_kv_heads, 4);
+    ck_assert_int_eq(p.cfg.head_dim, 8);
+    ck_assert_int_eq(p.cfg.qk_norm, ATTN_QK_NORM_HEAD);
+    ck_assert_float_eq(p.cfg.qk_norm_eps, 1e-6f);
+    ck_assert(!p.cfg.has_qkv_bias && !p.cfg.has_o_bias);
+    ck_assert_int_eq(p.cfg.sliding_window, 0);
+    p = parse("qwen3_moe",
+              ",\"num_key_value_heads\":2,\"head_dim\":128,\"attention_bias\":true,"
+              "\"sliding_window\":null,\"max_window_layers\":48,\"use_sliding_window\":false",
+              NULL);
+    expect_ok(&p, "qwen3_moe as 30B-A3B writes it");
+    ck_assert_int_eq(p.cfg.head_dim, 128);
+    ck_assert(p.cfg.has_qkv_bias && p.cfg.has_o_bias);
+    /* v4.51 slides layers >= max_window_layers, later releases every layer */
+    p = parse("qwen3_moe",
+              ",\"num_key_value_heads\":2,\"use_sliding_window\":true,\"sliding_window\":16,"
+              "\"max_window_layers\":1",
+              NULL);
+    expect_refused(&p, ATTN_EUNSUPPORTED, "qwen3_moe with use_sliding_window true",
+                   "qwen3_moe window");
+    ck_assert_ptr_nonnull(strstr(p.err, "max_window_layers"));
+
+    /* Granite MoE: attention_multiplier (1.0 when absent) as the scale, biases iff
+     * attention_bias, one K/V head per query head when absent. */
+    p = parse("granitemoe", "", NULL);
+    expect_ok(&p, "granitemoe defaults");
+    ck_assert_float_eq(p.cfg.softmax_scale, 1.0f);
+    ck_assert_int_eq(p.cfg.n_kv_heads, 4);
+    ck_assert(!p.cfg.has_qkv_bias && !p.cfg.has_o_bias);
+    p = parse("granitemoe", ",\"attention_multiplier\":0.0078125,\"attention_bias\":true", NULL);
+    expect_ok(&p, "granitemoe");
+    ck_assert_float_eq(p.cfg.softmax_scale, 0.0078125f);
+    ck_assert(p.cfg.has_qkv_bias && p.cfg.has_o_bias);
+}
+END_TEST
+
 /* Gemma's own defaults: the scale from query_pre_attn_scalar (256), Gemma 2's cap of 50 and its
  * even local layers, Gemma 3's 5:1 pattern and local RoPE; a multimodal Gemma 3 needs its
  * text_config; bidirectional attention is refused. */
@@ -865,6 +976,7 @@ Suite *family_suite(void) {
     tcase_add_test(tc, test_family_defaults_and_windows);
     tcase_add_test(tc, test_family_qk_norms);
     tcase_add_test(tc, test_family_gemma_rules);
+    tcase_add_test(tc, test_family_moe_rules);
     tcase_add_test(tc, test_family_bias_rules);
     tcase_add_test(tc, test_family_unconsumed_tensors_are_refused);
     suite_add_tcase(s, tc);
