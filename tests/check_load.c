@@ -47,6 +47,10 @@ static const fixture yarnl = {"yarnl", 64, 4, 1, 16, 6, 3};
 static const fixture dyn = {"dyn", 64, 4, 2, 16, 14, 4};
 static const fixture gptoss = {"gptoss", 64, 4, 2, 24, 8, 3};
 static const fixture cohere2 = {"cohere2", 64, 4, 2, 16, 8, 3};
+static const fixture mixtral = {"mixtral", 64, 4, 2, 16, 9, 3};
+static const fixture qwen2_moe = {"qwen2_moe", 64, 4, 2, 16, 8, 3};
+static const fixture qwen3_moe = {"qwen3_moe", 64, 4, 1, 32, 8, 3};
+static const fixture granitemoe = {"granitemoe", 64, 4, 2, 16, 7, 3};
 static const fixture falcon_mq = {"falcon_mq", 64, 4, 1, 16, 7, 3};
 static const fixture falcon_new = {"falcon_new", 64, 8, 2, 8, 7, 3};
 static const fixture falcon_mha = {"falcon_mha", 64, 4, 4, 16, 7, 3};
@@ -400,6 +404,51 @@ START_TEST(test_load_deepseek_matches_numpy) {
     ck_assert_float_eq_tol(c->softmax_scale, (float)(mscale * mscale / 4.0), 1e-6f);
     check_layer(m, 0, &dsv2, "dsv2_f32");
     attn_model_destroy(m);
+}
+END_TEST
+
+/* The MoE families: the attention of the dense family each one's modeling code inherits, read
+ * from a checkpoint that also holds its MoE block (block_sparse_moe.*, mlp.experts.*,
+ * mlp.shared_expert*), accepted and not read. Mixtral (BF16): Mistral's window on every layer,
+ * theta 1e6; Qwen2-MoE (F16): q/k/v biases, a window written but not used; Qwen3-MoE (BF16):
+ * q/k norms, head_dim 32 apart from hidden / heads, positions 50..; Granite MoE (F32):
+ * attention_multiplier as the scale, q/k/v/o biases. */
+START_TEST(test_load_moe_families_match_numpy) {
+    static const struct {
+        const char *dir, *family, *expected;
+        const fixture *f;
+        int32_t n_layers, window;
+        bool has_qkv_bias, has_o_bias;
+        attn_qk_norm qk_norm;
+        float theta, scale; /* scale: head_dim^-1/2, Granite's attention_multiplier */
+    } cases[] = {
+        {DATA "hf_mixtral_bf16", "mixtral", "mixtral_bf16", &mixtral, 2, 5, false, false,
+         ATTN_QK_NORM_NONE, 1e6f, 0.25f},
+        {DATA "hf_qwen2_moe_f16", "qwen2_moe", "qwen2_moe_f16", &qwen2_moe, 2, 0, true, false,
+         ATTN_QK_NORM_NONE, 1e6f, 0.25f},
+        {DATA "hf_qwen3_moe_bf16", "qwen3_moe", "qwen3_moe_bf16", &qwen3_moe, 2, 0, false, false,
+         ATTN_QK_NORM_HEAD, 1e6f, 0.17677669f},
+        {DATA "hf_granitemoe_f32", "granitemoe", "granitemoe_f32", &granitemoe, 1, 0, true, true,
+         ATTN_QK_NORM_NONE, 10000.0f, 0.0625f},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        attn_model *m = load_ok(cases[i].dir, NULL);
+        const attn_config *c = attn_model_config(m);
+        ck_assert_str_eq(attn_model_family(m), cases[i].family);
+        ck_assert_int_eq(c->n_kv_heads, cases[i].f->n_kv_heads);
+        ck_assert_int_eq(c->head_dim, cases[i].f->head_dim);
+        ck_assert_int_eq(c->sliding_window, cases[i].window);
+        ck_assert(c->has_qkv_bias == cases[i].has_qkv_bias);
+        ck_assert(c->has_o_bias == cases[i].has_o_bias);
+        ck_assert_int_eq(c->qk_norm, cases[i].qk_norm);
+        ck_assert_float_eq(c->rope_theta, cases[i].theta);
+        ck_assert_float_eq_tol(c->softmax_scale, cases[i].scale, 1e-7f); /* 32^-1/2: 0.1767.. */
+        for (int32_t layer = 0; layer < cases[i].n_layers; layer++) {
+            ck_assert(attn_config_layer_is_sliding(c, layer) == (cases[i].window > 0));
+            check_layer(m, layer, cases[i].f, cases[i].expected);
+        }
+        attn_model_destroy(m);
+    }
 }
 END_TEST
 
@@ -770,6 +819,7 @@ Suite *load_suite(void) {
     tcase_add_test(tc, test_load_gpt_neox_f16_matches_numpy);
     tcase_add_test(tc, test_load_falcon_layouts_match_numpy);
     tcase_add_test(tc, test_load_deepseek_matches_numpy);
+    tcase_add_test(tc, test_load_moe_families_match_numpy);
     tcase_add_test(tc, test_load_gpt2_f32_matches_numpy);
     tcase_add_test(tc, test_load_norm_and_rotary_families_match_numpy);
     tcase_add_test(tc, test_load_gpt_oss_bf16_matches_numpy);

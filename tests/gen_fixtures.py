@@ -775,6 +775,100 @@ FALCON_MHA_CONFIG = {
 }
 FALCON_T, FALCON_DECODE, FALCON_MHA_POS0 = 7, 3, 30
 
+# The MoE families: their attention is a dense family's, their experts are not attention and are
+# not read, so each checkpoint also holds its MoE block's tensors under the real names (which the
+# loader must accept, never read).
+#
+# mixtral (modeling_mixtral: MixtralAttention is MistralAttention): GQA 4/2, head_dim 16, no
+# biases, the window (5) on every layer, theta 1e6 (MixtralConfig's), BF16, 2 layers;
+# block_sparse_moe.gate and block_sparse_moe.experts.{e}.w1/w2/w3.
+MIXTRAL = {
+    "hidden": 64, "n_heads": 4, "n_kv_heads": 2, "head_dim": 16, "n_layers": 2,
+    "rotary_dim": 16, "rope_theta": 1000000.0, "rope_style": "half", "sliding_window": 5,
+}
+MIXTRAL_CONFIG = {
+    "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "torch_dtype": "bfloat16",
+    "attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
+    "hidden_size": 64, "initializer_range": 0.02, "intermediate_size": 32,
+    "max_position_embeddings": 128, "num_attention_heads": 4, "num_experts_per_tok": 2,
+    "num_hidden_layers": 2, "num_key_value_heads": 2, "num_local_experts": 2,
+    "output_router_logits": False, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
+    "router_aux_loss_coef": 0.02, "router_jitter_noise": 0.0, "sliding_window": 5,
+    "tie_word_embeddings": False, "use_cache": True, "vocab_size": 8,
+}
+MIXTRAL_T, MIXTRAL_DECODE = 9, 3
+
+# qwen2_moe (Qwen1.5-MoE / Qwen2-57B-A14B's attention, modeling_qwen2_moe): q/k/v biases, no o
+# bias, GQA 4/2, head_dim 16; a sliding_window (4) and max_window_layers (1) written but
+# use_sliding_window false, so no layer slides (the prefill is longer than the window); theta 1e6;
+# F16, 2 layers (layer 1 in mlp_only_layers: a dense mlp.*_proj); mlp.gate, mlp.experts.{e}.*,
+# mlp.shared_expert.* and mlp.shared_expert_gate.
+QWEN2MOE = {
+    "hidden": 64, "n_heads": 4, "n_kv_heads": 2, "head_dim": 16, "n_layers": 2,
+    "rotary_dim": 16, "rope_theta": 1000000.0, "rope_style": "half", "sliding_window": 0,
+}
+QWEN2MOE_CONFIG = {
+    "architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "torch_dtype": "float16",
+    "attention_dropout": 0.0, "bos_token_id": 151643, "decoder_sparse_step": 1,
+    "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 64, "initializer_range": 0.02,
+    "intermediate_size": 48, "max_position_embeddings": 128, "max_window_layers": 1,
+    "mlp_only_layers": [1], "moe_intermediate_size": 16, "norm_topk_prob": False,
+    "num_attention_heads": 4, "num_experts": 2, "num_experts_per_tok": 1, "num_hidden_layers": 2,
+    "num_key_value_heads": 2, "output_router_logits": False, "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001, "shared_expert_intermediate_size": 48,
+    "sliding_window": 4, "tie_word_embeddings": False, "use_cache": True,
+    "use_sliding_window": False, "vocab_size": 8,
+}
+QWEN2MOE_T, QWEN2MOE_DECODE = 8, 3
+
+# qwen3_moe (Qwen3-30B-A3B's attention, modeling_qwen3_moe: Qwen3's): head_dim 32 given apart from
+# hidden / heads (64 / 4 = 16, what Qwen3MoeConfig takes when absent, as 30B-A3B's 128 is apart
+# from 2048 / 32), MQA 4/1, q/k RMSNorm per head (eps 1e-6), no biases, theta 1e6, no window
+# (use_sliding_window false, sliding_window null), BF16, 2 layers, positions from 50; mlp.gate and
+# mlp.experts.{e}.*.
+QWEN3MOE = {
+    "hidden": 64, "n_heads": 4, "n_kv_heads": 1, "head_dim": 32, "n_layers": 2,
+    "rotary_dim": 32, "rope_theta": 1000000.0, "rope_style": "half", "sliding_window": 0,
+    "qk_norm": "head", "norm_eps": 1e-6,
+}
+QWEN3MOE_CONFIG = {
+    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "torch_dtype": "bfloat16",
+    "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 151643,
+    "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 32, "hidden_act": "silu",
+    "hidden_size": 64, "initializer_range": 0.02, "intermediate_size": 96,
+    "max_position_embeddings": 128, "max_window_layers": 2, "mlp_only_layers": [],
+    "moe_intermediate_size": 16, "norm_topk_prob": True, "num_attention_heads": 4,
+    "num_experts": 2, "num_experts_per_tok": 1, "num_hidden_layers": 2, "num_key_value_heads": 1,
+    "output_router_logits": False, "rms_norm_eps": 1e-06, "rope_scaling": None,
+    "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001, "sliding_window": None,
+    "tie_word_embeddings": False, "use_cache": True, "use_sliding_window": False, "vocab_size": 8,
+}
+QWEN3MOE_T, QWEN3MOE_DECODE, QWEN3MOE_POS0 = 8, 3, 50
+
+# granitemoe (granite-3.0-1b-a400m's attention, modeling_granitemoe: Llama's with
+# attention_multiplier as the scale): GQA 4/2, head_dim 16, attention_multiplier 0.0625 (not
+# 16^-1/2 = 0.25), q/k/v/o biases (attention_bias), theta 10000, F32, 1 layer;
+# block_sparse_moe.input_linear, output_linear (ParallelExperts: (experts, out, in)) and
+# router.layer.
+GRANITEMOE = {
+    "hidden": 64, "n_heads": 4, "n_kv_heads": 2, "head_dim": 16, "n_layers": 1,
+    "rotary_dim": 16, "rope_theta": 10000.0, "rope_style": "half", "sliding_window": 0,
+    "attention_multiplier": 0.0625,
+}
+GRANITEMOE_CONFIG = {
+    "architectures": ["GraniteMoeForCausalLM"], "model_type": "granitemoe",
+    "torch_dtype": "float32", "attention_bias": True, "attention_dropout": 0.0,
+    "attention_multiplier": 0.0625, "bos_token_id": 0, "embedding_multiplier": 12.0,
+    "eos_token_id": 0, "hidden_act": "silu", "hidden_size": 64, "initializer_range": 0.02,
+    "intermediate_size": 16, "logits_scaling": 6.0, "max_position_embeddings": 128,
+    "num_attention_heads": 4, "num_experts_per_tok": 1, "num_hidden_layers": 1,
+    "num_key_value_heads": 2, "num_local_experts": 2, "output_router_logits": False,
+    "residual_multiplier": 0.22, "rms_norm_eps": 1e-06, "rope_scaling": None,
+    "rope_theta": 10000, "router_aux_loss_coef": 0.01, "tie_word_embeddings": True,
+    "use_cache": True, "vocab_size": 8,
+}
+GRANITEMOE_T, GRANITEMOE_DECODE = 7, 3
+
 # bad: a minimal valid model (hidden 8, 2 heads, 1 kv head) that each bad folder breaks once.
 BAD = {"hidden": 8, "n_heads": 2, "n_kv_heads": 1, "head_dim": 4}
 BAD_CONFIG = {
@@ -1259,6 +1353,69 @@ def gen_rope_scalings(out, exp):
     write_expected(exp, "cohere2_f32", layers, x, pos, COHERE2)
 
 
+def moe_block(rng, family, hid, layer, config):
+    """The tensors a real checkpoint of the family holds under model.layers.{layer} besides its
+    attention (the loader must accept them and never read them): name suffix -> array."""
+    e = config.get("num_experts", config.get("num_local_experts"))
+    out = {"post_attention_layernorm.weight": np.ones(hid, np.float32)}
+    if family == "mixtral":
+        i = config["intermediate_size"]
+        out["block_sparse_moe.gate.weight"] = uniform(rng, (e, hid), hid)
+        for x in range(e):
+            out[f"block_sparse_moe.experts.{x}.w1.weight"] = uniform(rng, (i, hid), hid)
+            out[f"block_sparse_moe.experts.{x}.w2.weight"] = uniform(rng, (hid, i), i)
+            out[f"block_sparse_moe.experts.{x}.w3.weight"] = uniform(rng, (i, hid), hid)
+    elif family == "granitemoe":
+        i = config["intermediate_size"]
+        out["block_sparse_moe.input_linear.weight"] = uniform(rng, (e, 2 * i, hid), hid)
+        out["block_sparse_moe.output_linear.weight"] = uniform(rng, (e, hid, i), i)
+        out["block_sparse_moe.router.layer.weight"] = uniform(rng, (e, hid), hid)
+    elif layer in config["mlp_only_layers"]:
+        i = config["intermediate_size"]
+        for n in ("gate_proj", "up_proj"):
+            out[f"mlp.{n}.weight"] = uniform(rng, (i, hid), hid)
+        out["mlp.down_proj.weight"] = uniform(rng, (hid, i), i)
+    else:  # qwen2_moe, qwen3_moe
+        i = config["moe_intermediate_size"]
+        out["mlp.gate.weight"] = uniform(rng, (e, hid), hid)
+        experts = [f"mlp.experts.{x}" for x in range(e)]
+        if family == "qwen2_moe":
+            experts.append("mlp.shared_expert")
+            out["mlp.shared_expert_gate.weight"] = uniform(rng, (1, hid), hid)
+        for m in experts:
+            i_m = config["shared_expert_intermediate_size"] if "shared" in m else i
+            out[f"{m}.gate_proj.weight"] = uniform(rng, (i_m, hid), hid)
+            out[f"{m}.up_proj.weight"] = uniform(rng, (i_m, hid), hid)
+            out[f"{m}.down_proj.weight"] = uniform(rng, (hid, i_m), i_m)
+    return out
+
+
+def gen_moe(out, exp):
+    """mixtral, qwen2_moe, qwen3_moe, granitemoe: the attention of the dense family each one's
+    modeling code inherits, beside its MoE block's tensors."""
+    rng = np.random.default_rng(51)
+    cases = [("mixtral", MIXTRAL, MIXTRAL_CONFIG, MIXTRAL_T, MIXTRAL_DECODE, 0, "BF16",
+              bf16_round, False, False),
+             ("qwen2_moe", QWEN2MOE, QWEN2MOE_CONFIG, QWEN2MOE_T, QWEN2MOE_DECODE, 0, "F16",
+              f16_round, True, False),
+             ("qwen3_moe", QWEN3MOE, QWEN3MOE_CONFIG, QWEN3MOE_T, QWEN3MOE_DECODE, QWEN3MOE_POS0,
+              "BF16", bf16_round, False, False),
+             ("granitemoe", GRANITEMOE, GRANITEMOE_CONFIG, GRANITEMOE_T, GRANITEMOE_DECODE, 0,
+              "F32", None, True, True)]
+    for family, cfg, config, t, n, pos0, dtype, rounding, qkv_bias, o_bias in cases:
+        hid = cfg["hidden"]
+        layers = [random_layer(rng, cfg, qkv_bias, o_bias) for _ in range(cfg["n_layers"])]
+        x, pos = gen_inputs(exp, family, rng, t + n, hid, pos0)
+        extra = [("model.embed_tokens.weight", np.zeros((8, hid), np.float32)),
+                 ("model.norm.weight", np.ones(hid, np.float32))]
+        for li in range(cfg["n_layers"]):
+            extra += [(f"model.layers.{li}.{k}", a)
+                      for k, a in moe_block(rng, family, hid, li, config).items()]
+        name = f"{family}_{dtype.lower()}"
+        write_folder(os.path.join(out, "hf_" + name), config, layer_tensors(layers, extra), dtype)
+        write_expected(exp, name, rounded(layers, rounding) if rounding else layers, x, pos, cfg)
+
+
 def gen_bad(out):
     rng = np.random.default_rng(3)
     tensors = layer_tensors([random_layer(rng, BAD, False, False)], [])
@@ -1381,6 +1538,7 @@ def main():
     gen_rope_scalings(out, exp)
     gen_falcon(out, exp)
     gen_deepseek(out, exp)
+    gen_moe(out, exp)
     gen_bad(out)
 
 
