@@ -1238,6 +1238,12 @@ START_TEST(test_server_family_checkpoints_match_the_reference) {
         {"tests/data/hf_falcon_new_f32", "falcon_new", "falcon_new_f32_l1", 64, 1, 7, 3, 0},
         /* multi-head latent attention: the latent cache, absorbed form */
         {"tests/data/hf_deepseek_v3_bf16", "dsv3", "dsv3_bf16_l1", 64, 1, 8, 3, 0},
+        /* the MoE families, their experts beside the attention: Mixtral's window on a ring,
+         * Qwen2-MoE's unused window, Qwen3-MoE's norms at positions 50.., Granite MoE's scale */
+        {"tests/data/hf_mixtral_bf16", "mixtral", "mixtral_bf16_l1", 64, 1, 9, 3, 0},
+        {"tests/data/hf_qwen2_moe_f16", "qwen2_moe", "qwen2_moe_f16_l0", 64, 0, 8, 3, 0},
+        {"tests/data/hf_qwen3_moe_bf16", "qwen3_moe", "qwen3_moe_bf16_l1", 64, 1, 8, 3, 50},
+        {"tests/data/hf_granitemoe_f32", "granitemoe", "granitemoe_f32_l0", 64, 0, 7, 3, 0},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         /* a float cache: the families' own arithmetic, at the float tolerance */
