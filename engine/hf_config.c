@@ -69,6 +69,17 @@ static const struct family families[] = {
      .bias = BIAS_QKV,
      .window = WINDOW_QWEN2,
      .reads = qwen_reads},
+    /* StarCoder2: Mistral's window on every layer (none when absent), biases on q/k/v/o iff
+     * use_bias (true when absent), 2 KV heads when absent; transformers 4.38 took head_dim from
+     * hidden_size and rotated without rope_scaling. */
+    {.model_type = "starcoder2",
+     .default_kv_heads = 2,
+     .bias = BIAS_IF_ATTENTION_BIAS,
+     .bias_flag = "use_bias",
+     .default_attention_bias = true,
+     .window = WINDOW_ALL,
+     .is_head_dim_derived = true,
+     .is_scaling_unread = true},
     /* Qwen3: Qwen2's window rule, Llama's bias rule, RMSNorm of each head of q and k. */
     {.model_type = "qwen3",
      .default_kv_heads = 32,
@@ -119,6 +130,14 @@ static const struct family families[] = {
      .window = WINDOW_NOT_READ,
      .reads = granite_reads,
      .read_extra = granite_extra},
+    /* Gemma (1): Llama's attention with GemmaConfig's defaults (16 KV heads, head_dim 256);
+     * transformers 4.38's GemmaRotaryEmbedding did not read rope_scaling. */
+    {.model_type = "gemma",
+     .default_kv_heads = 16,
+     .default_head_dim = 256,
+     .bias = BIAS_IF_ATTENTION_BIAS,
+     .window = WINDOW_NOT_READ,
+     .is_scaling_unread = true},
     /* Gemma 2: query_pre_attn_scalar, soft-capped scores, local (even) and global layers. */
     {.model_type = "gemma2",
      .default_kv_heads = 4,
@@ -286,18 +305,16 @@ static const struct {
     const char *model_type;
     const char *reason;
 } unserved[] = {
-    {"gemma", "its attention has not been validated"},
     {"olmo", "its attention needs clip_qkv"},
     {"phi", "its attention needs partial rotary and a dense output projection"},
-    {"starcoder2", "its attention has not been validated"},
     {"llama4", "its attention needs chunked attention and layers without RoPE"},
     {"smollm3", "its attention needs layers without RoPE (no_rope_layers)"},
 };
 
 #define SERVED_LIST                                                                                \
-    "llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, olmo2, granite, granitemoe, "    \
-    "gemma2, gemma3, phi3, gpt_neox, falcon, gpt2, stablelm, cohere, cohere2, glm, glm4, "         \
-    "gpt_oss, deepseek_v2, deepseek_v3, attnd"
+    "llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, olmo2, granite, "                \
+    "granitemoe, starcoder2, gemma, gemma2, gemma3, phi3, gpt_neox, falcon, gpt2, stablelm, "      \
+    "cohere, cohere2, glm, glm4, gpt_oss, deepseek_v2, deepseek_v3, attnd"
 
 /* Fields that change attention, which none of the served families computes: refused unless they
  * hold their neutral value (absent, null, false, 0, or what is named). */
@@ -995,6 +1012,14 @@ static int parse_config(const struct attn__reason *why, const cJSON *j, const at
                               "and no head_dim given");
         }
         c->head_dim = c->hidden_size / c->n_heads;
+    }
+    if (f->is_head_dim_derived &&
+        (c->hidden_size % c->n_heads != 0 || c->head_dim != c->hidden_size / c->n_heads)) {
+        return attn__fail(why, ATTN_EUNSUPPORTED,
+                          "config.json: head_dim %d is not hidden_size / num_attention_heads "
+                          "(%d / %d), which transformers' first %s releases use in its place: "
+                          "versions differ on which applies",
+                          c->head_dim, c->hidden_size, c->n_heads, f->model_type);
     }
     if ((rc = parse_window(why, j, f, c)) != ATTN_OK ||
         (rc = parse_bias(why, j, f, c, lay)) != ATTN_OK ||

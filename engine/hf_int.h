@@ -78,6 +78,12 @@ struct family {
     bool rope_sliding_only;        /* full layers without RoPE (Cohere 2) */
     int32_t default_pattern;       /* WINDOW_GEMMA3: sliding_window_pattern when absent; 0 = 6 */
     const char *default_rope_scaling; /* rope_scaling (JSON) when absent, or NULL */
+    /* Its first transformers releases took head_dim = hidden_size / num_attention_heads whatever
+     * the config said, later ones read head_dim: a head_dim other than that is refused. */
+    bool is_head_dim_derived;
+    /* Its first transformers releases rotated without reading rope_scaling, later ones apply
+     * it: any scaling but the default is refused. */
+    bool is_scaling_unread;
 };
 
 /* ---- field readers (hf_fields.c): each reads an optional field; absent or null leaves *out as

@@ -470,7 +470,16 @@ int attn__hf_parse_rope(const struct attn__reason *why, const cJSON *j, const st
                           c->rotary_dim);
     }
     if (rs != NULL || f->default_rope_scaling == NULL) {
-        return parse_rope_scaling(why, j, rs, f, c);
+        rc = parse_rope_scaling(why, j, rs, f, c);
+        if (rc == ATTN_OK && f->is_scaling_unread &&
+            c->rope_scaling.type != ATTN_ROPE_SCALING_NONE) {
+            return attn__fail(why, ATTN_EUNSUPPORTED,
+                              "config.json: rope_scaling (or rope_parameters) names a scaling, "
+                              "which transformers' first %s releases do not apply and later ones "
+                              "do: versions differ on which applies",
+                              f->model_type);
+        }
+        return rc;
     }
     /* The scaling the family's config class sets when config.json names none. */
     cJSON *fallback = cJSON_Parse(f->default_rope_scaling);

@@ -104,8 +104,7 @@ START_TEST(test_family_model_type_decides) {
     ck_assert_int_eq(p.cfg.sliding_window, 0);
 
     /* Known and not served: refused with what it needs, trusted or not. */
-    static const char *const unserved[] = {"gemma",  "olmo",       "phi",
-                                           "llama4", "starcoder2", "smollm3"};
+    static const char *const unserved[] = {"olmo", "phi", "llama4", "smollm3"};
     for (size_t i = 0; i < sizeof unserved / sizeof unserved[0]; i++) {
         p = parse(unserved[i], "", "llama");
         expect_refused(&p, ATTN_EUNSUPPORTED, unserved[i], unserved[i]);
@@ -920,6 +919,65 @@ START_TEST(test_family_gemma_rules) {
 }
 END_TEST
 
+/* StarCoder2 and Gemma: their config classes' defaults, StarCoder2's use_bias and window on every
+ * layer; a head_dim or a rope scaling that transformers releases read differently is refused. */
+START_TEST(test_family_starcoder2_and_gemma_rules) {
+    struct parsed p = parse("starcoder2", "", NULL);
+    expect_ok(&p, "starcoder2 defaults");
+    ck_assert_int_eq(p.cfg.n_kv_heads, 2);             /* Starcoder2Config: 2 when absent */
+    ck_assert(p.cfg.has_qkv_bias && p.cfg.has_o_bias); /* use_bias: true when absent */
+    ck_assert_int_eq(p.cfg.sliding_window, 0);
+    p = parse("starcoder2", ",\"use_bias\":false,\"attention_bias\":true,\"sliding_window\":16",
+              NULL);
+    expect_ok(&p, "starcoder2 without biases, with a window");
+    ck_assert(!p.cfg.has_qkv_bias && !p.cfg.has_o_bias);
+    ck_assert_int_eq(p.cfg.sliding_window, 16);
+    ck_assert(attn_config_layer_is_sliding(&p.cfg, 0) && attn_config_layer_is_sliding(&p.cfg, 1));
+    p = parse("starcoder2", ",\"head_dim\":16", NULL);
+    expect_ok(&p, "starcoder2 head_dim = hidden / heads");
+    p = parse("starcoder2", ",\"head_dim\":32", NULL);
+    expect_refused(&p, ATTN_EUNSUPPORTED, "head_dim 32 is not hidden_size / num_attention_heads",
+                   "starcoder2 head_dim");
+    static const char *const scalings[] = {
+        ",\"rope_scaling\":{\"rope_type\":\"linear\",\"factor\":2}",
+        ",\"rope_parameters\":{\"rope_type\":\"dynamic\",\"factor\":2,\"rope_theta\":10000},"
+        "\"max_position_embeddings\":64",
+    };
+    static const char *const unscaled[] = {"starcoder2", "gemma"};
+    for (int f = 0; f < 2; f++) {
+        for (int i = 0; i < 2; i++) {
+            char extra[256];
+            snprintf(extra, sizeof extra, ",\"num_key_value_heads\":2%s", scalings[i]);
+            p = parse(unscaled[f], extra, NULL);
+            expect_refused(&p, ATTN_EUNSUPPORTED, "rope_scaling", extra);
+            ck_assert_ptr_nonnull(strstr(p.err, "versions differ"));
+        }
+        p = parse(unscaled[f],
+                  ",\"num_key_value_heads\":2,\"rope_scaling\":null,\"rope_parameters\":"
+                  "{\"rope_type\":\"default\",\"rope_theta\":10000}",
+                  NULL);
+        expect_ok(&p, "no scaling, in both spellings");
+    }
+
+    /* GemmaConfig: 16 KV heads and head_dim 256 when absent; biases iff attention_bias; no
+     * window. */
+    p = parse_text("{\"model_type\":\"gemma\",\"hidden_size\":3072,\"num_attention_heads\":16,"
+                   "\"num_hidden_layers\":2,\"sliding_window\":4}");
+    expect_ok(&p, "gemma defaults");
+    ck_assert_int_eq(p.cfg.n_kv_heads, 16);
+    ck_assert_int_eq(p.cfg.head_dim, 256);
+    ck_assert_int_eq(p.cfg.sliding_window, 0);
+    ck_assert(!p.cfg.has_qkv_bias && !p.cfg.has_o_bias);
+    ck_assert_float_eq(p.cfg.softmax_scale, 0.0f); /* the engine's head_dim^-1/2 */
+    p = parse("gemma", ",\"num_key_value_heads\":1,\"head_dim\":32,\"attention_bias\":true", NULL);
+    expect_ok(&p, "gemma with biases");
+    ck_assert(p.cfg.has_qkv_bias && p.cfg.has_o_bias);
+    ck_assert_int_eq(p.cfg.head_dim, 32);
+    p = parse("gemma", ",\"num_key_value_heads\":1,\"query_pre_attn_scalar\":24", NULL);
+    expect_refused(&p, ATTN_EUNSUPPORTED, "query_pre_attn_scalar", "gemma 1 has no scalar");
+}
+END_TEST
+
 /* Biases come from each family's own rule, not from whichever tensors happen to be there. */
 START_TEST(test_family_bias_rules) {
     struct parsed p = parse("llama", ",\"attention_bias\":true", NULL);
@@ -977,6 +1035,7 @@ Suite *family_suite(void) {
     tcase_add_test(tc, test_family_qk_norms);
     tcase_add_test(tc, test_family_gemma_rules);
     tcase_add_test(tc, test_family_moe_rules);
+    tcase_add_test(tc, test_family_starcoder2_and_gemma_rules);
     tcase_add_test(tc, test_family_bias_rules);
     tcase_add_test(tc, test_family_unconsumed_tensors_are_refused);
     suite_add_tcase(s, tc);

@@ -51,6 +51,8 @@ static const fixture mixtral = {"mixtral", 64, 4, 2, 16, 9, 3};
 static const fixture qwen2_moe = {"qwen2_moe", 64, 4, 2, 16, 8, 3};
 static const fixture qwen3_moe = {"qwen3_moe", 64, 4, 1, 32, 8, 3};
 static const fixture granitemoe = {"granitemoe", 64, 4, 2, 16, 7, 3};
+static const fixture starcoder2 = {"starcoder2", 64, 4, 2, 16, 8, 3};
+static const fixture gemma = {"gemma", 64, 4, 1, 32, 7, 3};
 static const fixture falcon_mq = {"falcon_mq", 64, 4, 1, 16, 7, 3};
 static const fixture falcon_new = {"falcon_new", 64, 8, 2, 8, 7, 3};
 static const fixture falcon_mha = {"falcon_mha", 64, 4, 4, 16, 7, 3};
@@ -493,6 +495,34 @@ START_TEST(test_load_norm_and_rotary_families_match_numpy) {
 }
 END_TEST
 
+/* StarCoder2 (use_bias: q/k/v/o biases; the window on every layer; F16) and Gemma (MQA, head_dim
+ * 32 apart from hidden / heads; BF16), each layer from its own reference. */
+START_TEST(test_load_later_families_match_numpy) {
+    static const struct {
+        const char *dir, *family, *expected;
+        const fixture *f;
+        int32_t layers;
+    } cases[] = {
+        {DATA "hf_starcoder2_f16", "starcoder2", "starcoder2_f16", &starcoder2, 2},
+        {DATA "hf_gemma_bf16", "gemma", "gemma_bf16", &gemma, 2},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        attn_model *m = load_ok(cases[i].dir, NULL);
+        ck_assert_str_eq(attn_model_family(m), cases[i].family);
+        for (int32_t layer = 0; layer < cases[i].layers; layer++) {
+            check_layer(m, layer, cases[i].f, cases[i].expected);
+        }
+        attn_model_destroy(m);
+    }
+    attn_model *m = load_ok(DATA "hf_starcoder2_f16", NULL);
+    const attn_config *c = attn_model_config(m);
+    ck_assert(c->has_qkv_bias && c->has_o_bias);
+    ck_assert(attn_config_layer_is_sliding(c, 0) && attn_config_layer_is_sliding(c, 1));
+    ck_assert_int_eq(c->sliding_window, 3);
+    attn_model_destroy(m);
+}
+END_TEST
+
 /* gpt-oss: each head's learned sink in every softmax denominator (the weights sum to less than
  * 1), sliding and full layers from layer_types, q/k/v/o biases, head_dim 24 of hidden 64, yarn
  * 32x with gpt-oss's unrounded ramp, BF16; a later layer loads alone. */
@@ -823,6 +853,7 @@ Suite *load_suite(void) {
     tcase_add_test(tc, test_load_gpt2_f32_matches_numpy);
     tcase_add_test(tc, test_load_norm_and_rotary_families_match_numpy);
     tcase_add_test(tc, test_load_gpt_oss_bf16_matches_numpy);
+    tcase_add_test(tc, test_load_later_families_match_numpy);
     tcase_add_test(tc, test_load_layer_subset);
     tcase_add_test(tc, test_load_bad_folders);
     tcase_add_test(tc, test_load_weight_past_f16_range);

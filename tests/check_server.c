@@ -1244,6 +1244,9 @@ START_TEST(test_server_family_checkpoints_match_the_reference) {
         {"tests/data/hf_qwen2_moe_f16", "qwen2_moe", "qwen2_moe_f16_l0", 64, 0, 8, 3, 0},
         {"tests/data/hf_qwen3_moe_bf16", "qwen3_moe", "qwen3_moe_bf16_l1", 64, 1, 8, 3, 50},
         {"tests/data/hf_granitemoe_f32", "granitemoe", "granitemoe_f32_l0", 64, 0, 7, 3, 0},
+        /* use_bias and a window on every layer, at positions 10.. */
+        {"tests/data/hf_starcoder2_f16", "starcoder2", "starcoder2_f16_l1", 64, 1, 8, 3, 10},
+        {"tests/data/hf_gemma_bf16", "gemma", "gemma_bf16_l1", 64, 1, 7, 3, 3},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         /* a float cache: the families' own arithmetic, at the float tolerance */

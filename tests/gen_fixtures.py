@@ -868,6 +868,38 @@ GRANITEMOE_CONFIG = {
     "use_cache": True, "vocab_size": 8,
 }
 GRANITEMOE_T, GRANITEMOE_DECODE = 7, 3
+# starcoder2 (StarCoder2-3B's attention, shrunk): use_bias (q/k/v/o biases), GQA 4/2, head_dim 16,
+# the window (3) on every layer, rope_theta as the real checkpoints write it, F16, 2 layers,
+# positions from 10; the layers' LayerNorm biases and MLP (c_fc) to skip.
+STARCODER2 = {
+    "hidden": 64, "n_heads": 4, "n_kv_heads": 2, "head_dim": 16, "n_layers": 2,
+    "rotary_dim": 16, "rope_theta": 999999.4420358813, "rope_style": "half", "sliding_window": 3,
+}
+STARCODER2_CONFIG = {
+    "architectures": ["Starcoder2ForCausalLM"], "model_type": "starcoder2",
+    "torch_dtype": "float16", "hidden_size": 64, "intermediate_size": 256,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+    "rope_theta": 999999.4420358813, "sliding_window": 3, "use_bias": True,
+    "max_position_embeddings": 128, "norm_epsilon": 1e-05, "norm_type": "layer_norm",
+    "mlp_type": "default", "hidden_act": "gelu_pytorch_tanh", "attention_dropout": 0.1,
+    "residual_dropout": 0.1, "embedding_dropout": 0.1, "vocab_size": 8,
+}
+STARCODER2_T, STARCODER2_DECODE, STARCODER2_POS0 = 8, 3, 10
+
+# gemma (Gemma-2B's attention, shrunk): MQA 4/1, head_dim 32 apart from 64 / 4 (scale 32^-1/2), no
+# biases, theta 10000, rope_scaling null as its config writes it, BF16, 2 layers, positions from 3.
+GEMMA = {
+    "hidden": 64, "n_heads": 4, "n_kv_heads": 1, "head_dim": 32, "n_layers": 2,
+    "rotary_dim": 32, "rope_theta": 10000.0, "rope_style": "half", "sliding_window": 0,
+}
+GEMMA_CONFIG = {
+    "architectures": ["GemmaForCausalLM"], "model_type": "gemma", "torch_dtype": "bfloat16",
+    "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+    "num_key_value_heads": 1, "head_dim": 32, "num_hidden_layers": 2, "rope_theta": 10000.0,
+    "rope_scaling": None, "attention_bias": False, "attention_dropout": 0.0, "hidden_act": "gelu",
+    "max_position_embeddings": 128, "rms_norm_eps": 1e-06, "vocab_size": 8,
+}
+GEMMA_T, GEMMA_DECODE, GEMMA_POS0 = 7, 3, 3
 
 # bad: a minimal valid model (hidden 8, 2 heads, 1 kv head) that each bad folder breaks once.
 BAD = {"hidden": 8, "n_heads": 2, "n_kv_heads": 1, "head_dim": 4}
@@ -1414,6 +1446,29 @@ def gen_moe(out, exp):
         name = f"{family}_{dtype.lower()}"
         write_folder(os.path.join(out, "hf_" + name), config, layer_tensors(layers, extra), dtype)
         write_expected(exp, name, rounded(layers, rounding) if rounding else layers, x, pos, cfg)
+def gen_later_families(out, exp):
+    """starcoder2 and gemma."""
+    rng = np.random.default_rng(51)
+
+    def skipped(hidden, n_layers, names):
+        """Tensors of each layer outside its attention, which the loader must skip."""
+        return [(f"model.layers.{li}.{n}", np.zeros(shape, np.float32))
+                for li in range(n_layers) for n, shape in names(hidden)]
+
+    layers = [random_layer(rng, STARCODER2, True, True) for _ in range(STARCODER2["n_layers"])]
+    x, pos = gen_inputs(exp, "starcoder2", rng, STARCODER2_T + STARCODER2_DECODE,
+                        STARCODER2["hidden"], STARCODER2_POS0)
+    extra = skipped(64, 2, lambda h: [("input_layernorm.bias", (h,)),
+                                      ("mlp.c_fc.weight", (4 * h, h))])
+    write_folder(os.path.join(out, "hf_starcoder2_f16"), STARCODER2_CONFIG,
+                 layer_tensors(layers, extra), "F16")
+    write_expected(exp, "starcoder2_f16", rounded(layers, f16_round), x, pos, STARCODER2)
+
+    layers = [random_layer(rng, GEMMA, False, False) for _ in range(GEMMA["n_layers"])]
+    x, pos = gen_inputs(exp, "gemma", rng, GEMMA_T + GEMMA_DECODE, GEMMA["hidden"], GEMMA_POS0)
+    write_folder(os.path.join(out, "hf_gemma_bf16"), GEMMA_CONFIG, layer_tensors(layers, []),
+                 "BF16")
+    write_expected(exp, "gemma_bf16", rounded(layers, bf16_round), x, pos, GEMMA)
 
 
 def gen_bad(out):
@@ -1539,6 +1594,7 @@ def main():
     gen_falcon(out, exp)
     gen_deepseek(out, exp)
     gen_moe(out, exp)
+    gen_later_families(out, exp)
     gen_bad(out)
 
 
