@@ -153,6 +153,9 @@ typedef struct attn_config {
     /* Only sliding layers rotate; full layers attend without positions (Cohere 2's global
      * layers: NoPE). */
     bool rope_sliding_only;
+    /* Per absolute layer: true makes it attend without positions, its q and k unrotated
+     * whatever its kind (SmolLM3's no_rope_layers 0s: NoPE). Unused past n_layers. */
+    bool is_nope_layer[ATTN_MAX_LAYERS];
     float rope_theta_local; /* 0 = every layer rotates with rope_theta and rope_scaling; else the
                                sliding layers rotate with this theta and no scaling (Gemma 3) */
     /* Per absolute layer: true makes it a full-attention layer even when sliding_window is set
@@ -186,8 +189,9 @@ bool attn_config_layer_is_linear(const attn_config *cfg, int32_t layer);
 /* True if layer (absolute index) attends through cfg's sliding window. */
 bool attn_config_layer_is_sliding(const attn_config *cfg, int32_t layer);
 
-/* True if layer (absolute index) applies a rotary embedding: false without one (GPT-2), and for
- * the full layers of a rope_sliding_only config (Cohere 2's NoPE layers). */
+/* True if layer (absolute index) applies a rotary embedding: false without one (GPT-2), for
+ * the full layers of a rope_sliding_only config (Cohere 2's NoPE layers) and for the layers
+ * is_nope_layer names (SmolLM3's). */
 bool attn_config_layer_rotates(const attn_config *cfg, int32_t layer);
 
 /* Fills *out with a named preset: "tiny" (hidden 64, 4 heads, 2 kv heads, head_dim 16, 2 layers),

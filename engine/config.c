@@ -183,12 +183,13 @@ static int check_mla(attn_config *c, const char **why) {
     }
     c->head_dim = qk;
     c->rotary_dim = c->qk_rope_head_dim;
-    bool has_linear = false;
+    bool has_linear = false, has_nope = false;
     for (int32_t l = 0; l < c->n_layers; l++) {
         has_linear |= c->layer_kind[l] != ATTN_LAYER_SOFTMAX;
+        has_nope |= c->is_nope_layer[l];
     }
     if (c->sliding_window > 0 || c->qk_norm != ATTN_QK_NORM_NONE || c->logit_softcap > 0 ||
-        c->has_sinks || c->rope_sliding_only || c->rope_theta_local > 0 || has_linear) {
+        c->has_sinks || c->rope_sliding_only || has_nope || c->rope_theta_local > 0 || has_linear) {
         return refuse(ATTN_EUNSUPPORTED,
                       "multi-head latent attention does not combine with sliding_window, q/k "
                       "norms, soft-capping, sinks, layers without RoPE or linear layers",
@@ -342,5 +343,6 @@ bool attn_config_layer_is_sliding(const attn_config *cfg, int32_t layer) {
 
 bool attn_config_layer_rotates(const attn_config *cfg, int32_t layer) {
     return cfg->rotary_dim > 0 && !attn_config_layer_is_linear(cfg, layer) &&
-           (!cfg->rope_sliding_only || attn_config_layer_is_sliding(cfg, layer));
+           (!cfg->rope_sliding_only || attn_config_layer_is_sliding(cfg, layer)) &&
+           (layer < 0 || layer >= ATTN_MAX_LAYERS || !cfg->is_nope_layer[layer]);
 }

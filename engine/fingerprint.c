@@ -174,6 +174,19 @@ static void put_config(struct digest *d, const attn_config *c) {
         put_i32(d, c->is_full_layer[i]);
         put_i32(d, (int32_t)c->layer_kind[i]);
     }
+    /* Fields added since, each hashed only when set (tagged), so that a model without them keeps
+     * its fingerprint, and its saved sessions. */
+    bool has_nope = false;
+    for (int32_t i = 0; i < ATTN_MAX_LAYERS; i++) {
+        has_nope |= c->is_nope_layer[i];
+    }
+    if (has_nope) {
+        static const char nope_tag[] = "is_nope_layer";
+        digest_update(d, nope_tag, sizeof nope_tag);
+        for (int32_t i = 0; i < ATTN_MAX_LAYERS; i++) {
+            put_i32(d, c->is_nope_layer[i]);
+        }
+    }
 }
 
 /* One tensor: a tag (its place in the layer), its element size and count, its bytes; absent

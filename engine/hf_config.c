@@ -24,6 +24,8 @@ static int deepseek_extra(const struct attn__reason *why, const cJSON *j, attn_c
 static int mixtral_extra(const struct attn__reason *why, const cJSON *j, attn_config *c);
 static int qwen2_moe_extra(const struct attn__reason *why, const cJSON *j, attn_config *c);
 static int qwen3_moe_extra(const struct attn__reason *why, const cJSON *j, attn_config *c);
+static int smollm3_extra(const struct attn__reason *why, const cJSON *j, attn_config *c);
+static const struct family *family_find(const char *model_type);
 
 static const char *const gpt2_keys[] = {"n_embd", "n_head", "n_layer", "n_positions"};
 /* GPT2Config.attribute_map: the standard names set the same four (the later one applied wins). */
@@ -38,6 +40,7 @@ static const char *const deepseek_v3_reads[] = {"rope_interleave", NULL};
 static const char *const falcon_aliases[] = {NULL, "n_head", "n_layer", NULL};
 
 static const char *const qwen_reads[] = {"layer_types", NULL};
+static const char *const smollm3_reads[] = {"no_rope_layers", "layer_types", NULL};
 static const char *const granite_reads[] = {"attention_multiplier", NULL};
 static const char *const gemma2_reads[] = {"layer_types", "attn_logit_softcapping",
                                            "query_pre_attn_scalar", NULL};
@@ -293,6 +296,16 @@ static const struct family families[] = {
      .rope_style = ATTN_ROPE_STYLE_INTERLEAVED,
      .reads = deepseek_v3_reads,
      .read_extra = deepseek_extra},
+    /* SmolLM3: Llama's attention (biases iff attention_bias) with layers that attend without
+     * positions (no_rope_layers' 0s), use_sliding_window's window on the layers layer_types
+     * names (smollm3_extra reads both); 4 KV heads and theta 2e6 when absent. */
+    {.model_type = "smollm3",
+     .default_kv_heads = 4,
+     .default_theta = 2000000.0f,
+     .bias = BIAS_IF_ATTENTION_BIAS,
+     .window = WINDOW_NOT_READ,
+     .reads = smollm3_reads,
+     .read_extra = smollm3_extra},
     /* attnd's own layout: the engine's generic attention with every field explicit. */
     {.model_type = "attnd",
      .bias = BIAS_AS_THE_TENSORS_SAY,
@@ -308,13 +321,12 @@ static const struct {
     {"olmo", "its attention needs clip_qkv"},
     {"phi", "its attention needs partial rotary and a dense output projection"},
     {"llama4", "its attention needs chunked attention and layers without RoPE"},
-    {"smollm3", "its attention needs layers without RoPE (no_rope_layers)"},
 };
 
 #define SERVED_LIST                                                                                \
     "llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, olmo2, granite, "                \
     "granitemoe, starcoder2, gemma, gemma2, gemma3, phi3, gpt_neox, falcon, gpt2, stablelm, "      \
-    "cohere, cohere2, glm, glm4, gpt_oss, deepseek_v2, deepseek_v3, attnd"
+    "cohere, cohere2, glm, glm4, gpt_oss, deepseek_v2, deepseek_v3, smollm3, attnd"
 
 /* Fields that change attention, which none of the served families computes: refused unless they
  * hold their neutral value (absent, null, false, 0, or what is named). */
@@ -680,6 +692,85 @@ static int falcon_extra(const struct attn__reason *why, const cJSON *j, attn_con
                           c->n_kv_heads, c->n_heads);
     }
     return ATTN_OK;
+}
+
+/* configuration_smollm3.py: layer i rotates iff no_rope_layers[i] (1 or 0, at least
+ * num_hidden_layers of them; when null, every no_rope_layer_interval-th layer (4) is NoPE), as
+ * SmolLM3Attention's `if self.use_rope` reads it. */
+static int smollm3_nope_layers(const struct attn__reason *why, const cJSON *j, attn_config *c) {
+    const cJSON *list = cJSON_GetObjectItemCaseSensitive(j, "no_rope_layers");
+    if (list == NULL || cJSON_IsNull(list)) {
+        int32_t interval = 4;
+        int rc = attn__hf_get_int(why, j, "no_rope_layer_interval", &interval);
+        if (rc == ATTN_OK && interval < 1) {
+            rc = attn__fail(why, ATTN_EIO, "config.json: no_rope_layer_interval must be >= 1");
+        }
+        for (int32_t i = 0; rc == ATTN_OK && i < c->n_layers; i++) {
+            c->is_nope_layer[i] = (i + 1) % interval == 0;
+        }
+        return rc;
+    }
+    if (!cJSON_IsArray(list) || cJSON_GetArraySize(list) < c->n_layers) {
+        return attn__fail(why, ATTN_EIO,
+                          "config.json: no_rope_layers must list 1 (RoPE) or 0 (none) for each of "
+                          "the num_hidden_layers layers");
+    }
+    int32_t i = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, list) {
+        if (i == c->n_layers) {
+            break; /* entries past the layers are never read */
+        }
+        if (!cJSON_IsNumber(e) || (e->valuedouble != 0 && e->valuedouble != 1)) {
+            return attn__fail(why, ATTN_EIO,
+                              "config.json: no_rope_layers[%d] must be 1 (RoPE) or 0 (none)",
+                              (int)i);
+        }
+        c->is_nope_layer[i++] = e->valuedouble == 0;
+    }
+    return ATTN_OK;
+}
+
+/* SmolLM3's windows: layer_types, when null the NoPE layers if use_sliding_window and
+ * sliding_window are set (configuration_smollm3.py), name the layers whose mask slides;
+ * SmolLM3Attention passes sliding_window to the attention only with use_sliding_window. A sliding
+ * layer without use_sliding_window is sliding in eager and sdpa attention (the mask) and not in
+ * flash attention (no window passed): refused. */
+static int smollm3_window(const struct attn__reason *why, const cJSON *j, const struct family *f,
+                          attn_config *c) {
+    bool use = false;
+    int32_t window = 0, n_sliding = -1;
+    int rc;
+    if ((rc = attn__hf_get_bool(why, j, "use_sliding_window", &use)) != ATTN_OK ||
+        (rc = read_window(why, j, f, use, &window)) != ATTN_OK ||
+        (rc = read_layer_types(why, j, c, &n_sliding)) != ATTN_OK) {
+        return rc;
+    }
+    if (n_sliding < 0) {
+        n_sliding = 0;
+        for (int32_t i = 0; i < c->n_layers; i++) {
+            bool is_sliding = use && window > 0 && c->is_nope_layer[i];
+            c->is_full_layer[i] = !is_sliding;
+            n_sliding += is_sliding;
+        }
+    } else if (n_sliding > 0 && !use) {
+        return attn__fail(why, ATTN_EUNSUPPORTED,
+                          "config.json: layer_types names sliding_attention layers but "
+                          "use_sliding_window is false: transformers' eager and sdpa attention "
+                          "slide them (the mask follows layer_types), its flash attention does "
+                          "not (SmolLM3Attention passes no window)");
+    }
+    if (n_sliding > 0 && window == 0) {
+        return attn__fail(why, ATTN_EIO,
+                          "config.json: layer_types has sliding layers but no sliding_window");
+    }
+    c->sliding_window = n_sliding > 0 ? window : 0;
+    return ATTN_OK;
+}
+
+static int smollm3_extra(const struct attn__reason *why, const cJSON *j, attn_config *c) {
+    int rc = smollm3_nope_layers(why, j, c);
+    return rc != ATTN_OK ? rc : smollm3_window(why, j, family_find("smollm3"), c);
 }
 
 /* configuration_deepseek_v3.py (V2's alike): the MLA dimensions, q_lora_rank null for a plain

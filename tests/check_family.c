@@ -104,7 +104,7 @@ START_TEST(test_family_model_type_decides) {
     ck_assert_int_eq(p.cfg.sliding_window, 0);
 
     /* Known and not served: refused with what it needs, trusted or not. */
-    static const char *const unserved[] = {"olmo", "phi", "llama4", "smollm3"};
+    static const char *const unserved[] = {"olmo", "phi", "llama4"};
     for (size_t i = 0; i < sizeof unserved / sizeof unserved[0]; i++) {
         p = parse(unserved[i], "", "llama");
         expect_refused(&p, ATTN_EUNSUPPORTED, unserved[i], unserved[i]);
@@ -978,6 +978,69 @@ START_TEST(test_family_starcoder2_and_gemma_rules) {
 }
 END_TEST
 
+/* SmolLM3: NoPE layers from no_rope_layers (else every no_rope_layer_interval-th), its window on
+ * the layers layer_types names (else on the NoPE layers, with use_sliding_window); a sliding layer
+ * without use_sliding_window, which transformers' attention implementations treat differently,
+ * is refused. */
+START_TEST(test_family_smollm3_rules) {
+    const char *bare = "{\"model_type\":\"smollm3\",\"hidden_size\":64,\"num_attention_heads\":4,"
+                       "\"num_hidden_layers\":8}";
+    struct parsed p = parse_text(bare);
+    expect_ok(&p, "smollm3 defaults");
+    ck_assert_int_eq(p.cfg.n_kv_heads, 4);
+    ck_assert_float_eq(p.cfg.rope_theta, 2000000.0f);
+    ck_assert(!p.cfg.has_qkv_bias && !p.cfg.has_o_bias);
+    ck_assert_int_eq(p.cfg.sliding_window, 0);
+    for (int32_t layer = 0; layer < 8; layer++) { /* every 4th layer: 3 and 7 */
+        ck_assert(attn_config_layer_rotates(&p.cfg, layer) == (layer % 4 != 3));
+        ck_assert(!attn_config_layer_is_sliding(&p.cfg, layer));
+    }
+    p = parse("smollm3", ",\"num_key_value_heads\":null,\"no_rope_layer_interval\":2", NULL);
+    expect_ok(&p, "smollm3 interval 2");
+    ck_assert_int_eq(p.cfg.n_kv_heads, 4);
+    ck_assert(attn_config_layer_rotates(&p.cfg, 0) && !attn_config_layer_rotates(&p.cfg, 1));
+    p = parse("smollm3", ",\"no_rope_layers\":[0,1,1],\"no_rope_layer_interval\":1", NULL);
+    expect_ok(&p, "smollm3 list, longer than the layers, beside an interval");
+    ck_assert(!attn_config_layer_rotates(&p.cfg, 0) && attn_config_layer_rotates(&p.cfg, 1));
+    static const struct {
+        const char *extra, *named;
+        int rc;
+    } bad[] = {
+        {",\"no_rope_layers\":[1]", "no_rope_layers must list", ATTN_EIO},
+        {",\"no_rope_layers\":[1,2]", "no_rope_layers[1] must be 1 (RoPE) or 0", ATTN_EIO},
+        {",\"no_rope_layers\":{\"0\":1}", "no_rope_layers must list", ATTN_EIO},
+        {",\"no_rope_layer_interval\":0", "no_rope_layer_interval must be >= 1", ATTN_EIO},
+        {",\"sliding_window\":16,\"layer_types\":[\"sliding_attention\",\"full_attention\"]",
+         "use_sliding_window is false", ATTN_EUNSUPPORTED},
+        {",\"use_sliding_window\":true,\"layer_types\":[\"sliding_attention\","
+         "\"full_attention\"]",
+         "no sliding_window", ATTN_EIO},
+        {",\"use_sliding_window\":true,\"sliding_window\":0", "sliding_window must be >= 1",
+         ATTN_EIO},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        p = parse("smollm3", bad[i].extra, NULL);
+        expect_refused(&p, bad[i].rc, bad[i].named, bad[i].extra);
+    }
+    /* with use_sliding_window and a window, the NoPE layers slide (configuration_smollm3's
+     * layer_types when null); layer_types, when given, decides */
+    p = parse("smollm3",
+              ",\"use_sliding_window\":true,\"sliding_window\":16,\"no_rope_layers\":[1,0]", NULL);
+    expect_ok(&p, "smollm3 derived layer_types");
+    ck_assert_int_eq(p.cfg.sliding_window, 16);
+    ck_assert(!attn_config_layer_is_sliding(&p.cfg, 0) && attn_config_layer_is_sliding(&p.cfg, 1));
+    p = parse("smollm3",
+              ",\"use_sliding_window\":true,\"sliding_window\":16,\"no_rope_layers\":[1,0],"
+              "\"layer_types\":[\"sliding_attention\",\"full_attention\"]",
+              NULL);
+    expect_ok(&p, "smollm3 explicit layer_types");
+    ck_assert(attn_config_layer_is_sliding(&p.cfg, 0) && !attn_config_layer_is_sliding(&p.cfg, 1));
+    p = parse("smollm3", ",\"use_sliding_window\":false,\"sliding_window\":16", NULL);
+    expect_ok(&p, "smollm3 window unused");
+    ck_assert_int_eq(p.cfg.sliding_window, 0);
+}
+END_TEST
+
 /* Biases come from each family's own rule, not from whichever tensors happen to be there. */
 START_TEST(test_family_bias_rules) {
     struct parsed p = parse("llama", ",\"attention_bias\":true", NULL);
@@ -1036,6 +1099,7 @@ Suite *family_suite(void) {
     tcase_add_test(tc, test_family_gemma_rules);
     tcase_add_test(tc, test_family_moe_rules);
     tcase_add_test(tc, test_family_starcoder2_and_gemma_rules);
+    tcase_add_test(tc, test_family_smollm3_rules);
     tcase_add_test(tc, test_family_bias_rules);
     tcase_add_test(tc, test_family_unconsumed_tensors_are_refused);
     suite_add_tcase(s, tc);

@@ -1093,6 +1093,24 @@ START_TEST(test_server_families_served_or_refused_by_name) {
         cJSON_Delete(m);
         stop_ok();
     }
+    /* SmolLM3's NoPE layers say so: rope_theta and rope_scaling null, whatever their window */
+    const char *args[] = {
+        "--model", "tests/data/hf_smollm3_bf16", "--workers", "1", "--kv-budget-mb", "4", NULL};
+    start(args);
+    cJSON *m = call_json("GET", "/v1/model", NULL, 200);
+    const cJSON *layers =
+        cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(m, "attnd"), "layers");
+    static const char *const kinds[3] = {"sliding", "sliding", "full"};
+    for (int i = 0; i < 3; i++) {
+        const cJSON *l = cJSON_GetArrayItem(layers, i);
+        ck_assert_str_eq(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(l, "attention")),
+                         kinds[i]);
+        const cJSON *theta = cJSON_GetObjectItemCaseSensitive(l, "rope_theta");
+        ck_assert(i == 0 ? cJSON_GetNumberValue(theta) == 5e6 : cJSON_IsNull(theta));
+        ck_assert(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(l, "rope_scaling")));
+    }
+    cJSON_Delete(m);
+    stop_ok();
 }
 END_TEST
 
@@ -1247,6 +1265,8 @@ START_TEST(test_server_family_checkpoints_match_the_reference) {
         /* use_bias and a window on every layer, at positions 10.. */
         {"tests/data/hf_starcoder2_f16", "starcoder2", "starcoder2_f16_l1", 64, 1, 8, 3, 10},
         {"tests/data/hf_gemma_bf16", "gemma", "gemma_bf16_l1", 64, 1, 7, 3, 3},
+        /* a sliding layer without RoPE */
+        {"tests/data/hf_smollm3_bf16", "smollm3", "smollm3_bf16_l1", 64, 1, 8, 3, 40},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         /* a float cache: the families' own arithmetic, at the float tolerance */

@@ -232,7 +232,9 @@ def attention_layer(w, x, positions, cfg, li=0):
         one = np.float64(1.0)
         q = rms_norm(q, one + w["q_norm.weight"].astype(np.float64), eps)
         k = rms_norm(k, one + w["k_norm.weight"].astype(np.float64), eps)
-    if not (cfg.get("rope_sliding_only") and not sliding):
+    # modeling_smollm3: apply_rotary_pos_emb only `if self.use_rope` (no_rope_layers[i] == 1)
+    nope = not cfg.get("rope_layers", [1] * (li + 1))[li]
+    if not (cfg.get("rope_sliding_only") and not sliding) and not nope:
         # modeling_cohere2: apply_rotary_pos_emb only `if self.sliding_window is not None`
         q = rope(q, positions, cfg)
         k = rope(k, positions, cfg)
@@ -901,6 +903,26 @@ GEMMA_CONFIG = {
 }
 GEMMA_T, GEMMA_DECODE, GEMMA_POS0 = 7, 3, 3
 
+# smollm3: no_rope_layers [1, 0, 0] (layer 0 rotates, 1 and 2 do not), use_sliding_window with
+# layer_types sliding, sliding, full (window 3): a sliding RoPE layer, a sliding NoPE layer and a
+# full NoPE layer; GQA 4/2, head_dim 16, theta 5e6, no biases, BF16, positions from 40.
+SMOLLM3 = {
+    "hidden": 64, "n_heads": 4, "n_kv_heads": 2, "head_dim": 16, "n_layers": 3,
+    "rotary_dim": 16, "rope_theta": 5000000.0, "rope_style": "half", "sliding_window": 3,
+    "layer_sliding": [True, True, False], "rope_layers": [1, 0, 0],
+}
+SMOLLM3_CONFIG = {
+    "architectures": ["SmolLM3ForCausalLM"], "model_type": "smollm3", "torch_dtype": "bfloat16",
+    "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "num_hidden_layers": 3, "rope_theta": 5000000.0,
+    "rope_scaling": None, "no_rope_layers": [1, 0, 0], "no_rope_layer_interval": 4,
+    "use_sliding_window": True, "sliding_window": 3,
+    "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
+    "attention_bias": False, "mlp_bias": False, "max_position_embeddings": 128,
+    "rms_norm_eps": 1e-06, "vocab_size": 8,
+}
+SMOLLM3_T, SMOLLM3_DECODE, SMOLLM3_POS0 = 8, 3, 40
+
 # bad: a minimal valid model (hidden 8, 2 heads, 1 kv head) that each bad folder breaks once.
 BAD = {"hidden": 8, "n_heads": 2, "n_kv_heads": 1, "head_dim": 4}
 BAD_CONFIG = {
@@ -1447,7 +1469,7 @@ def gen_moe(out, exp):
         write_folder(os.path.join(out, "hf_" + name), config, layer_tensors(layers, extra), dtype)
         write_expected(exp, name, rounded(layers, rounding) if rounding else layers, x, pos, cfg)
 def gen_later_families(out, exp):
-    """starcoder2 and gemma."""
+    """starcoder2, gemma and smollm3 (layers without RoPE)."""
     rng = np.random.default_rng(51)
 
     def skipped(hidden, n_layers, names):
@@ -1469,6 +1491,13 @@ def gen_later_families(out, exp):
     write_folder(os.path.join(out, "hf_gemma_bf16"), GEMMA_CONFIG, layer_tensors(layers, []),
                  "BF16")
     write_expected(exp, "gemma_bf16", rounded(layers, bf16_round), x, pos, GEMMA)
+
+    layers = [random_layer(rng, SMOLLM3, False, False) for _ in range(SMOLLM3["n_layers"])]
+    x, pos = gen_inputs(exp, "smollm3", rng, SMOLLM3_T + SMOLLM3_DECODE, SMOLLM3["hidden"],
+                        SMOLLM3_POS0)
+    write_folder(os.path.join(out, "hf_smollm3_bf16"), SMOLLM3_CONFIG, layer_tensors(layers, []),
+                 "BF16")
+    write_expected(exp, "smollm3_bf16", rounded(layers, bf16_round), x, pos, SMOLLM3)
 
 
 def gen_bad(out):
