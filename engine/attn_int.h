@@ -568,6 +568,7 @@ enum attn__hf_tensors {
     ATTN__HF_GPT2,   /* Conv1D c_attn (in, q | k | v) and c_proj (in, out), transposed (GPT-2) */
     ATTN__HF_MLA,    /* DeepSeek: q_proj or q_a_proj / q_a_layernorm / q_b_proj, kv_a_proj_with_mqa,
                         kv_a_layernorm, kv_b_proj, o_proj */
+    ATTN__HF_DENSE,  /* q_proj, k_proj, v_proj, dense as the output projection (Phi) */
 };
 
 /* How a family stores its q/k norm weights (when the config applies a norm). */

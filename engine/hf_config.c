@@ -173,6 +173,15 @@ static const struct family families[] = {
      .rotary = ROTARY_PARTIAL,
      .has_legacy_scaling_names = true,
      .longrope_original = 4096},
+    /* Phi (1, 1.5, 2): q_proj / k_proj / v_proj and dense, all with biases, partial rotary (0.5
+     * when absent); transformers 4.37 took head_dim from hidden_size. qk_layernorm is screened. */
+    {.model_type = "phi",
+     .bias = BIAS_ALL,
+     .window = WINDOW_NOT_READ,
+     .tensors = ATTN__HF_DENSE,
+     .rotary = ROTARY_PARTIAL,
+     .default_partial = 0.5,
+     .is_head_dim_derived = true},
     /* GPT-NeoX / Pythia: per-head fused query_key_value, biases, a quarter of each head
      * rotated. */
     {.model_type = "gpt_neox",
@@ -319,14 +328,13 @@ static const struct {
     const char *reason;
 } unserved[] = {
     {"olmo", "its attention needs clip_qkv"},
-    {"phi", "its attention needs partial rotary and a dense output projection"},
     {"llama4", "its attention needs chunked attention and layers without RoPE"},
 };
 
 #define SERVED_LIST                                                                                \
     "llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, olmo2, granite, "                \
-    "granitemoe, starcoder2, gemma, gemma2, gemma3, phi3, gpt_neox, falcon, gpt2, stablelm, "      \
-    "cohere, cohere2, glm, glm4, gpt_oss, deepseek_v2, deepseek_v3, smollm3, attnd"
+    "granitemoe, starcoder2, gemma, gemma2, gemma3, phi3, phi, gpt_neox, falcon, gpt2, "           \
+    "stablelm, cohere, cohere2, glm, glm4, gpt_oss, deepseek_v2, deepseek_v3, smollm3, attnd"
 
 /* Fields that change attention, which none of the served families computes: refused unless they
  * hold their neutral value (absent, null, false, 0, or what is named). */

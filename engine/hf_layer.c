@@ -1,10 +1,10 @@
 /* engine/hf_layer.c: how each family lays out one layer's attention tensors in a checkpoint, and
  * how they become the engine's layer (fused q|k|v rows and o in nn.Linear layout). The bytes
  * come through a reader (hf_load.c opens the files); this file knows names, shapes and orders:
- * separate q/k/v/o projections (Llama and most), Phi-3's fused qkv_proj, GPT-NeoX's per-head
- * and Falcon's per-group interleaved query_key_value, and GPT-2's Conv1D c_attn / c_proj stored
- * transposed. It also
- * says which tensors under a layer's attention the engine consumes: the loader refuses the rest.
+ * separate q/k/v/o projections (Llama and most; Phi's o is dense), Phi-3's fused qkv_proj,
+ * GPT-NeoX's per-head and Falcon's per-group interleaved query_key_value, and GPT-2's Conv1D
+ * c_attn / c_proj stored transposed. It also says which tensors under a layer's attention the
+ * engine consumes: the loader refuses the rest.
  */
 #include "attn_int.h"
 
@@ -46,6 +46,10 @@ static const struct names layouts[] = {
                        {"c_attn.bias"},
                        "c_proj.bias",
                        {"bias", "masked_bias"}},
+    [ATTN__HF_DENSE] = {{"q_proj.weight", "k_proj.weight", "v_proj.weight", "dense.weight"},
+                        {"q_proj.bias", "k_proj.bias", "v_proj.bias"},
+                        "dense.bias",
+                        {"rotary_emb.inv_freq"}},
 };
 
 static bool in_list(const char *const *list, size_t n, const char *s) {
@@ -162,11 +166,12 @@ static void transpose(const float *src, int32_t rows, int32_t cols, float *dst) 
     }
 }
 
-/* Separate projections: q, k, v rows straight into w_qkv, o into w_o. */
+/* Separate projections (o_proj, or Phi's dense): q, k, v rows straight into w_qkv, o into
+ * w_o. */
 static int read_qkvo(const struct attn__hf_reader *rd, const attn_config *c,
                      const struct attn__hf_layout *lay, const char *prefix, int32_t layer,
                      struct attn__layer *l) {
-    const struct names *n = &layouts[ATTN__HF_QKVO];
+    const struct names *n = &layouts[lay->tensors];
     size_t hidden = (size_t)c->hidden_size;
     int32_t q_rows = c->n_heads * c->head_dim, kv_rows = c->n_kv_heads * c->head_dim;
     float *w_dst[4] = {l->w_qkv, l->w_qkv + (size_t)q_rows * hidden,
@@ -351,6 +356,7 @@ int attn__hf_layer_read(const struct attn__hf_reader *rd, const attn_config *c,
     }
     switch (lay->tensors) {
     case ATTN__HF_QKVO:
+    case ATTN__HF_DENSE:
         rc = read_qkvo(rd, c, lay, prefix, layer, l);
         break;
     case ATTN__HF_FUSED_QKV:

@@ -104,7 +104,7 @@ START_TEST(test_family_model_type_decides) {
     ck_assert_int_eq(p.cfg.sliding_window, 0);
 
     /* Known and not served: refused with what it needs, trusted or not. */
-    static const char *const unserved[] = {"olmo", "phi", "llama4"};
+    static const char *const unserved[] = {"olmo", "llama4"};
     for (size_t i = 0; i < sizeof unserved / sizeof unserved[0]; i++) {
         p = parse(unserved[i], "", "llama");
         expect_refused(&p, ATTN_EUNSUPPORTED, unserved[i], unserved[i]);
@@ -1041,6 +1041,39 @@ START_TEST(test_family_smollm3_rules) {
 }
 END_TEST
 
+/* Phi: biases on q/k/v and dense always, half of each head rotated when partial_rotary_factor is
+ * absent, one K/V head per query head when num_key_value_heads is; a head_dim other than
+ * hidden_size / heads (which transformers 4.37 and Phi's q/k LayerNorm use) is refused. */
+START_TEST(test_family_phi_rules) {
+    const char *bare = "{\"model_type\":\"phi\",\"hidden_size\":64,\"num_attention_heads\":4,"
+                       "\"num_hidden_layers\":2}";
+    struct parsed p = parse_text(bare);
+    expect_ok(&p, "phi defaults");
+    ck_assert_int_eq(p.cfg.n_kv_heads, 4);
+    ck_assert_int_eq(p.cfg.rotary_dim, 8);
+    ck_assert_float_eq(p.cfg.rope_theta, 10000.0f);
+    ck_assert(p.cfg.has_qkv_bias && p.cfg.has_o_bias);
+    ck_assert_int_eq(p.lay.tensors, ATTN__HF_DENSE);
+    ck_assert_str_eq(p.lay.attn_name, "self_attn");
+    /* what the layout consumes: q/k/v and dense with their biases, not o_proj */
+    ck_assert(attn__hf_tensor_is_consumed(&p.cfg, &p.lay, "dense.weight"));
+    ck_assert(attn__hf_tensor_is_consumed(&p.cfg, &p.lay, "dense.bias"));
+    ck_assert(attn__hf_tensor_is_consumed(&p.cfg, &p.lay, "k_proj.bias"));
+    ck_assert(!attn__hf_tensor_is_consumed(&p.cfg, &p.lay, "o_proj.weight"));
+    ck_assert(!attn__hf_tensor_is_consumed(&p.cfg, &p.lay, "q_layernorm.weight"));
+    p = parse("phi", ",\"partial_rotary_factor\":0.4,\"sliding_window\":4", NULL);
+    expect_ok(&p, "phi-2's factor");
+    ck_assert_int_eq(p.cfg.rotary_dim, 6);
+    ck_assert_int_eq(p.cfg.sliding_window, 0);
+    p = parse("phi", ",\"head_dim\":32", NULL);
+    expect_refused(&p, ATTN_EUNSUPPORTED, "head_dim 32", "phi head_dim");
+    p = parse("phi", ",\"qk_layernorm\":false", NULL);
+    expect_ok(&p, "phi without q/k norms");
+    p = parse("phi", ",\"qk_layernorm\":true", NULL);
+    expect_refused(&p, ATTN_EUNSUPPORTED, "qk_layernorm", "phi's q/k LayerNorm with bias");
+}
+END_TEST
+
 /* Biases come from each family's own rule, not from whichever tensors happen to be there. */
 START_TEST(test_family_bias_rules) {
     struct parsed p = parse("llama", ",\"attention_bias\":true", NULL);
@@ -1100,6 +1133,7 @@ Suite *family_suite(void) {
     tcase_add_test(tc, test_family_moe_rules);
     tcase_add_test(tc, test_family_starcoder2_and_gemma_rules);
     tcase_add_test(tc, test_family_smollm3_rules);
+    tcase_add_test(tc, test_family_phi_rules);
     tcase_add_test(tc, test_family_bias_rules);
     tcase_add_test(tc, test_family_unconsumed_tensors_are_refused);
     suite_add_tcase(s, tc);

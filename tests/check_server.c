@@ -1267,6 +1267,8 @@ START_TEST(test_server_family_checkpoints_match_the_reference) {
         {"tests/data/hf_gemma_bf16", "gemma", "gemma_bf16_l1", 64, 1, 7, 3, 3},
         /* a sliding layer without RoPE */
         {"tests/data/hf_smollm3_bf16", "smollm3", "smollm3_bf16_l1", 64, 1, 8, 3, 40},
+        /* dense as o, 6 of 16 dims rotated */
+        {"tests/data/hf_phi_f16", "phi", "phi_f16_l0", 64, 0, 7, 3, 0},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         /* a float cache: the families' own arithmetic, at the float tolerance */

@@ -923,6 +923,22 @@ SMOLLM3_CONFIG = {
 }
 SMOLLM3_T, SMOLLM3_DECODE, SMOLLM3_POS0 = 8, 3, 40
 
+# phi (Phi-2's attention, shrunk): q/k/v_proj and dense, all with biases, MHA, partial_rotary_factor
+# 0.4 of head_dim 16 (int(6.4) = 6 dims rotate), no qk_layernorm, F16, 2 layers.
+PHI = {
+    "hidden": 64, "n_heads": 4, "n_kv_heads": 4, "head_dim": 16, "n_layers": 2,
+    "rotary_dim": 6, "rope_theta": 10000.0, "rope_style": "half", "sliding_window": 0,
+}
+PHI_CONFIG = {
+    "architectures": ["PhiForCausalLM"], "model_type": "phi", "torch_dtype": "float16",
+    "hidden_size": 64, "intermediate_size": 256, "num_attention_heads": 4,
+    "num_key_value_heads": 4, "num_hidden_layers": 2, "partial_rotary_factor": 0.4,
+    "qk_layernorm": False, "rope_theta": 10000.0, "rope_scaling": None, "layer_norm_eps": 1e-05,
+    "max_position_embeddings": 128, "hidden_act": "gelu_new", "resid_pdrop": 0.1,
+    "embd_pdrop": 0.0, "attention_dropout": 0.0, "tie_word_embeddings": False, "vocab_size": 8,
+}
+PHI_T, PHI_DECODE = 7, 3
+
 # bad: a minimal valid model (hidden 8, 2 heads, 1 kv head) that each bad folder breaks once.
 BAD = {"hidden": 8, "n_heads": 2, "n_kv_heads": 1, "head_dim": 4}
 BAD_CONFIG = {
@@ -1469,7 +1485,8 @@ def gen_moe(out, exp):
         write_folder(os.path.join(out, "hf_" + name), config, layer_tensors(layers, extra), dtype)
         write_expected(exp, name, rounded(layers, rounding) if rounding else layers, x, pos, cfg)
 def gen_later_families(out, exp):
-    """starcoder2, gemma and smollm3 (layers without RoPE)."""
+    """starcoder2, gemma, smollm3 (layers without RoPE) and phi (dense as the output
+    projection)."""
     rng = np.random.default_rng(51)
 
     def skipped(hidden, n_layers, names):
@@ -1498,6 +1515,16 @@ def gen_later_families(out, exp):
     write_folder(os.path.join(out, "hf_smollm3_bf16"), SMOLLM3_CONFIG, layer_tensors(layers, []),
                  "BF16")
     write_expected(exp, "smollm3_bf16", rounded(layers, bf16_round), x, pos, SMOLLM3)
+
+    # modeling_phi: PhiAttention's output projection is self.dense (o_proj deleted)
+    layers = [random_layer(rng, PHI, True, True) for _ in range(PHI["n_layers"])]
+    stored = [{n.replace("o_proj.", "dense."): a for n, a in w.items()} for w in layers]
+    x, pos = gen_inputs(exp, "phi", rng, PHI_T + PHI_DECODE, PHI["hidden"])
+    extra = [("model.final_layernorm.weight", np.ones(64, np.float32))] + skipped(
+        64, 2, lambda h: [("input_layernorm.bias", (h,)), ("mlp.fc1.weight", (4 * h, h))])
+    write_folder(os.path.join(out, "hf_phi_f16"), PHI_CONFIG,
+                 extra + stored_tensors(stored, "model.layers", "self_attn"), "F16")
+    write_expected(exp, "phi_f16", rounded(layers, f16_round), x, pos, PHI)
 
 
 def gen_bad(out):
