@@ -143,6 +143,9 @@ typedef struct attn_config {
     float softmax_scale;    /* 0 = 1 / sqrt(head_dim) */
     attn_qk_norm qk_norm;   /* q/k normalization before RoPE */
     float qk_norm_eps;      /* its epsilon; 0 = 1e-6 */
+    float clip_qkv;         /* 0 = none; else every value of the q, k and v projections (biases
+                               added) is clamped to [-clip_qkv, clip_qkv], before the q/k norm
+                               and RoPE (OLMo's clip_qkv) */
     float logit_softcap;    /* 0 = none; else each score s, after the softmax scale, becomes
                                cap * tanh(s / cap) before the mask (Gemma 2) */
     /* Learned attention sinks (gpt-oss): each query head h of each layer has a logit sink_h

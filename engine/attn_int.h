@@ -512,21 +512,23 @@ struct attn__kv_view attn__kv_view_of(const attn_kv *kv, int32_t h, int32_t n_ke
 
 /* ---- model.c ----------------------------------------------------------------------------- */
 
-/* ---- qk_norm.c --------------------------------------------------------------------------------
+/* ---- qk_norm.c: clip_qkv and the q/k norms ---------------------------------------------------
  */
 
 /* Values in the q (is_k false) or k norm weight of cfg's qk_norm; 0 for none. */
 size_t attn__qk_norm_len(const attn_config *cfg, bool is_k);
 
-/* Normalizes one token's projected q (n_heads * head_dim values at row) and k (n_kv_heads *
- * head_dim values at row + n_heads * head_dim) in place, by cfg's qk_norm with layer l's
- * weights. A no-op for ATTN_QK_NORM_NONE. */
-void attn__qk_norm_apply(const attn_config *cfg, const struct attn__layer *l, float *row);
+/* What comes between the projections and RoPE, on one token's projected row in place: q
+ * (n_heads * head_dim values at row), k (n_kv_heads * head_dim values at row + n_heads *
+ * head_dim) and v (as many, after k). First cfg's clip_qkv clamps q, k and v, then cfg's qk_norm
+ * normalizes q and k with layer l's weights. A no-op without either. */
+void attn__qkv_finish_row(const attn_config *cfg, const struct attn__layer *l, float *row);
 
-/* The same for query heads [q_first, q_first + n_q) and KV heads [k_first, k_first + n_k) only,
- * when attn__qk_norm_is_per_head (else the norm spans every head, and all are normalized). */
-void attn__qk_norm_heads(const attn_config *cfg, const struct attn__layer *l, float *row,
-                         int32_t q_first, int32_t n_q, int32_t k_first, int32_t n_k);
+/* The same for query heads [q_first, q_first + n_q) and KV heads [k_first, k_first + n_k) (their
+ * k and v) only, when attn__qk_norm_is_per_head (else the norm spans every head: callers pass
+ * them all). */
+void attn__qkv_finish_heads(const attn_config *cfg, const struct attn__layer *l, float *row,
+                            int32_t q_first, int32_t n_q, int32_t k_first, int32_t n_k);
 
 /* Whether cfg's qk_norm treats each head alone (OLMo 2's spans the whole projection). */
 bool attn__qk_norm_is_per_head(const attn_config *cfg);

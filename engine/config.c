@@ -189,10 +189,11 @@ static int check_mla(attn_config *c, const char **why) {
         has_nope |= c->is_nope_layer[l];
     }
     if (c->sliding_window > 0 || c->qk_norm != ATTN_QK_NORM_NONE || c->logit_softcap > 0 ||
-        c->has_sinks || c->rope_sliding_only || has_nope || c->rope_theta_local > 0 || has_linear) {
+        c->has_sinks || c->rope_sliding_only || has_nope || c->rope_theta_local > 0 || has_linear ||
+        c->clip_qkv != 0) {
         return refuse(ATTN_EUNSUPPORTED,
                       "multi-head latent attention does not combine with sliding_window, q/k "
-                      "norms, soft-capping, sinks, layers without RoPE or linear layers",
+                      "norms, clip_qkv, soft-capping, sinks, layers without RoPE or linear layers",
                       why);
     }
     if (c->mla_norm_eps == 0) {
@@ -298,6 +299,9 @@ int attn__config_check_why(attn_config *cfg, const char **why) {
     }
     if (!isfinite(c.qk_norm_eps) || c.qk_norm_eps < 0) {
         return refuse(ATTN_EINVAL, "rms_norm_eps (qk_norm_eps) must be finite and >= 0", why);
+    }
+    if (!isfinite(c.clip_qkv) || c.clip_qkv < 0) {
+        return refuse(ATTN_EINVAL, "clip_qkv must be finite and >= 0 (0: none)", why);
     }
     if (!isfinite(c.logit_softcap) || c.logit_softcap < 0) {
         return refuse(ATTN_EINVAL, "attn_logit_softcapping (logit_softcap) must be finite and >= 0",

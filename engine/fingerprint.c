@@ -187,6 +187,11 @@ static void put_config(struct digest *d, const attn_config *c) {
             put_i32(d, c->is_nope_layer[i]);
         }
     }
+    if (c->clip_qkv != 0) {
+        static const char clip_tag[] = "clip_qkv";
+        digest_update(d, clip_tag, sizeof clip_tag);
+        put_f32(d, c->clip_qkv);
+    }
 }
 
 /* One tensor: a tag (its place in the layer), its element size and count, its bytes; absent

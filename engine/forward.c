@@ -395,10 +395,10 @@ struct head_range {
     int32_t q_first, n_q, k_first, n_k;
 };
 
-/* Normalizes (qk_norm) and rotates (RoPE) the part's q and k rows of the heads hr, and writes
- * their k and v (and q, for a cache that keeps them) at the part's cache slots, which
- * attn__kv_grow took (the last p->n). Rows the caller projected (attn_forward_qkv) are not
- * normalized, and rotated only when it asks (rope). */
+/* Clips (clip_qkv), normalizes (qk_norm) and rotates (RoPE) the part's q, k and v rows of the
+ * heads hr, and writes their k and v (and q, for a cache that keeps them) at the part's cache
+ * slots, which attn__kv_grow took (the last p->n). Rows the caller projected (attn_forward_qkv)
+ * are neither clipped nor normalized, and rotated only when it asks (rope). */
 static void prepare_heads(const attn_model *m, int32_t layer, const attn_step *st,
                           const struct chunk_part *p, float *qkv, bool is_caller_projected,
                           bool rope, struct head_range hr) {
@@ -422,7 +422,7 @@ static void prepare_heads(const attn_model *m, int32_t layer, const attn_step *s
         int32_t idx = base + i;
         int32_t pos = st->positions ? st->positions[p->first + i] : idx;
         if (!is_caller_projected) {
-            attn__qk_norm_heads(c, l, row, hr.q_first, hr.n_q, hr.k_first, hr.n_k);
+            attn__qkv_finish_heads(c, l, row, hr.q_first, hr.n_q, hr.k_first, hr.n_k);
         }
         if (rotates) {
             attn__rope_apply(c, &frame, row + hr.q_first * hd, hr.n_q,
@@ -449,7 +449,8 @@ static void rope_and_append(const attn_model *m, int32_t layer, const attn_step 
 }
 
 /* Projects a cross step's context through the layer's K and V (in chunks of the workspace's
- * rows), normalizes k where the layer does, and appends them to the cross cache, unrotated. */
+ * rows), clips and normalizes them where the layer does, and appends them to the cross cache,
+ * unrotated. */
 static void append_context(const attn_model *m, int32_t layer, attn_workspace *ws,
                            const attn_step *st) {
     const attn_config *c = &m->cfg;
@@ -464,7 +465,7 @@ static void append_context(const attn_model *m, int32_t layer, attn_workspace *w
         attn__kv_grow(st->cross, n);
         for (int32_t i = 0; i < n; i++) {
             float *row = ws->qkv + (size_t)i * n_qkv;
-            attn__qk_norm_apply(c, l, row);
+            attn__qkv_finish_row(c, l, row);
             for (int32_t h = 0; h < c->n_kv_heads; h++) {
                 attn__kv_put_k(st->cross, h, base + i, row + k_off + h * hd);
                 attn__kv_put_v(st->cross, h, base + i, row + v_off + h * hd);
@@ -808,7 +809,7 @@ static void run_chunk(const attn_model *m, int32_t layer, attn_workspace *ws,
         const struct chunk_part *p = &parts[i];
         float *rows_qkv = ws->qkv + (size_t)p->row * n_qkv_of(c);
         for (int32_t r = 0; r < p->n; r++) {
-            attn__qk_norm_apply(c, l, rows_qkv + (size_t)r * n_qkv_of(c));
+            attn__qkv_finish_row(c, l, rows_qkv + (size_t)r * n_qkv_of(c));
         }
         attn__kv_grow(steps[p->step].kv, p->n);
         attn__linear_advance(c, steps[p->step].kv, rows_qkv, n_qkv_of(c), p->n,
@@ -820,7 +821,7 @@ static void run_chunk(const attn_model *m, int32_t layer, attn_workspace *ws,
         if (st->cross != NULL) {
             /* Queries only: no RoPE, and nothing appended (x's own k and v go unused). */
             for (int32_t r = 0; r < parts[i].n; r++) {
-                attn__qk_norm_apply(c, l, ws->qkv + (size_t)(parts[i].row + r) * n_qkv_of(c));
+                attn__qkv_finish_row(c, l, ws->qkv + (size_t)(parts[i].row + r) * n_qkv_of(c));
             }
         } else if (is_pipelined) {
             attn__kv_grow(st->kv, parts[i].n); /* the rows come in pipe_project */

@@ -25,6 +25,7 @@ static int mixtral_extra(const struct attn__reason *why, const cJSON *j, attn_co
 static int qwen2_moe_extra(const struct attn__reason *why, const cJSON *j, attn_config *c);
 static int qwen3_moe_extra(const struct attn__reason *why, const cJSON *j, attn_config *c);
 static int smollm3_extra(const struct attn__reason *why, const cJSON *j, attn_config *c);
+static int olmo_extra(const struct attn__reason *why, const cJSON *j, attn_config *c);
 static const struct family *family_find(const char *model_type);
 
 static const char *const gpt2_keys[] = {"n_embd", "n_head", "n_layer", "n_positions"};
@@ -41,6 +42,7 @@ static const char *const falcon_aliases[] = {NULL, "n_head", "n_layer", NULL};
 
 static const char *const qwen_reads[] = {"layer_types", NULL};
 static const char *const smollm3_reads[] = {"no_rope_layers", "layer_types", NULL};
+static const char *const olmo_reads[] = {"clip_qkv", NULL};
 static const char *const granite_reads[] = {"attention_multiplier", NULL};
 static const char *const gemma2_reads[] = {"layer_types", "attn_logit_softcapping",
                                            "query_pre_attn_scalar", NULL};
@@ -113,6 +115,14 @@ static const struct family families[] = {
      .bias = BIAS_QKV,
      .window = WINDOW_NOT_READ,
      .read_extra = qwen2_moe_extra},
+    /* OLMo (1): Llama's attention with clip_qkv's clamp of q, k and v; transformers 4.40 took
+     * head_dim from hidden_size. */
+    {.model_type = "olmo",
+     .bias = BIAS_IF_ATTENTION_BIAS,
+     .window = WINDOW_NOT_READ,
+     .reads = olmo_reads,
+     .read_extra = olmo_extra,
+     .is_head_dim_derived = true},
     /* OLMo 2: RMSNorm over the whole q and k projections, before the split into heads. */
     {.model_type = "olmo2",
      .bias = BIAS_IF_ATTENTION_BIAS,
@@ -327,12 +337,11 @@ static const struct {
     const char *model_type;
     const char *reason;
 } unserved[] = {
-    {"olmo", "its attention needs clip_qkv"},
     {"llama4", "its attention needs chunked attention and layers without RoPE"},
 };
 
 #define SERVED_LIST                                                                                \
-    "llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, olmo2, granite, "                \
+    "llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, olmo, olmo2, granite, "          \
     "granitemoe, starcoder2, gemma, gemma2, gemma3, phi3, phi, gpt_neox, falcon, gpt2, "           \
     "stablelm, cohere, cohere2, glm, glm4, gpt_oss, deepseek_v2, deepseek_v3, smollm3, attnd"
 
@@ -700,6 +709,21 @@ static int falcon_extra(const struct attn__reason *why, const cJSON *j, attn_con
                           c->n_kv_heads, c->n_heads);
     }
     return ATTN_OK;
+}
+
+/* modeling_olmo.py: `if self.config.clip_qkv is not None`, the q, k and v projections are
+ * clamp_(min=-clip_qkv, max=clip_qkv). */
+static int olmo_extra(const struct attn__reason *why, const cJSON *j, attn_config *c) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, "clip_qkv");
+    if (v == NULL || cJSON_IsNull(v)) {
+        return ATTN_OK;
+    }
+    int rc = attn__hf_get_float(why, j, "clip_qkv", &c->clip_qkv);
+    if (rc == ATTN_OK && !(c->clip_qkv > 0)) {
+        /* 0 would zero q, k and v (and is the engine's "none"); OLMo's own code asserts > 0 */
+        return attn__fail(why, ATTN_EIO, "config.json: clip_qkv must be > 0 (null for none)");
+    }
+    return rc;
 }
 
 /* configuration_smollm3.py: layer i rotates iff no_rope_layers[i] (1 or 0, at least

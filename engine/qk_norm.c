@@ -1,4 +1,5 @@
-/* engine/qk_norm.c: the normalization some families apply to q and k before RoPE (attn.h,
+/* engine/qk_norm.c: what some families do to a token's projected q, k and v before RoPE: OLMo's
+ * clamp of q, k and v (attn_config.clip_qkv), then the normalization of q and k (attn.h,
  * attn_qk_norm): RMSNorm per head (Qwen3) or over the whole projection (OLMo 2), or LayerNorm of
  * each head with its own weight (StableLM 2, Cohere). Sums are taken in double, so the norm is
  * exact to float rounding whatever the width. */
@@ -48,10 +49,23 @@ static void layer_norm(float *x, size_t n, const float *w, float eps) {
     }
 }
 
-void attn__qk_norm_heads(const attn_config *cfg, const struct attn__layer *l, float *row,
-                         int32_t q_first, int32_t n_q, int32_t k_first, int32_t n_k) {
+/* x[0..n) clamped to [-c, c], as torch's clamp_(min=-c, max=c). */
+static void clip(float *x, size_t n, float c) {
+    for (size_t i = 0; i < n; i++) {
+        x[i] = x[i] < -c ? -c : x[i] > c ? c : x[i];
+    }
+}
+
+void attn__qkv_finish_heads(const attn_config *cfg, const struct attn__layer *l, float *row,
+                            int32_t q_first, int32_t n_q, int32_t k_first, int32_t n_k) {
     size_t hd = (size_t)cfg->head_dim;
     float *q = row, *k = row + (size_t)cfg->n_heads * hd;
+    float *v = k + (size_t)cfg->n_kv_heads * hd;
+    if (cfg->clip_qkv > 0) {
+        clip(q + q_first * hd, (size_t)n_q * hd, cfg->clip_qkv);
+        clip(k + k_first * hd, (size_t)n_k * hd, cfg->clip_qkv);
+        clip(v + k_first * hd, (size_t)n_k * hd, cfg->clip_qkv);
+    }
     switch (cfg->qk_norm) {
     case ATTN_QK_NORM_HEAD:
         for (int32_t h = q_first; h < q_first + n_q; h++) {
@@ -79,8 +93,8 @@ void attn__qk_norm_heads(const attn_config *cfg, const struct attn__layer *l, fl
     }
 }
 
-void attn__qk_norm_apply(const attn_config *cfg, const struct attn__layer *l, float *row) {
-    attn__qk_norm_heads(cfg, l, row, 0, cfg->n_heads, 0, cfg->n_kv_heads);
+void attn__qkv_finish_row(const attn_config *cfg, const struct attn__layer *l, float *row) {
+    attn__qkv_finish_heads(cfg, l, row, 0, cfg->n_heads, 0, cfg->n_kv_heads);
 }
 
 bool attn__qk_norm_is_per_head(const attn_config *cfg) {

@@ -594,7 +594,13 @@ static void put_layer(struct strbuf *b, const attn_config *cfg, int32_t layer) {
     } else {
         strbuf_puts(b, "null");
     }
-    strbuf_printf(b, ",\"sinks\":%s}", cfg->has_sinks ? "true" : "false");
+    strbuf_printf(b, ",\"sinks\":%s,\"clip_qkv\":", cfg->has_sinks ? "true" : "false");
+    if (cfg->clip_qkv > 0) {
+        put_float(b, cfg->clip_qkv);
+    } else {
+        strbuf_puts(b, "null");
+    }
+    strbuf_putc(b, '}');
 }
 
 char *api_model_encode(const attn_config *cfg, const struct api_model_info *info, size_t *len) {

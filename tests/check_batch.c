@@ -314,16 +314,17 @@ START_TEST(test_batch_pipelined_decodes) {
 }
 END_TEST
 
-/* A per-head q/k norm (RMSNorm, LayerNorm with a weight per head) is applied group by group in
- * the pipeline: with BF16 weights, a sequence's outputs with an executor (pipelined) equal those
- * without one (everything in order on the calling thread). */
-static void check_pipelined_norm(attn_qk_norm norm) {
+/* A per-head q/k norm (RMSNorm, LayerNorm with a weight per head) and clip_qkv's clamp are
+ * applied group by group in the pipeline: with BF16 weights, a sequence's outputs with an executor
+ * (pipelined) equal those without one (everything in order on the calling thread). */
+static void check_pipelined_norm(attn_qk_norm norm, float clip_qkv) {
     attn_config cfg = harness_config(8, 4, 32);
     cfg.hidden_size = 256;
     harness_model hm;
     harness_model_init(&hm, &cfg, 31); /* for its random projections */
     attn_layer_weights lw = harness_weights(&cfg, &hm.layers[0]);
     cfg.qk_norm = norm;
+    cfg.clip_qkv = clip_qkv;
     bool is_shared = norm == ATTN_QK_NORM_HEAD; /* one weight for every head, or one each */
     float *q_norm = harness_random_x(5, 1, 32 * (is_shared ? 1 : cfg.n_heads));
     float *k_norm = harness_random_x(6, 1, 32 * (is_shared ? 1 : cfg.n_kv_heads));
@@ -374,8 +375,10 @@ static void check_pipelined_norm(attn_qk_norm norm) {
 }
 
 START_TEST(test_batch_pipelined_per_head_norms) {
-    check_pipelined_norm(ATTN_QK_NORM_HEAD);
-    check_pipelined_norm(ATTN_QK_NORM_HEAD_LAYERNORM);
+    check_pipelined_norm(ATTN_QK_NORM_HEAD, 0.0f);
+    check_pipelined_norm(ATTN_QK_NORM_HEAD_LAYERNORM, 0.0f);
+    check_pipelined_norm(ATTN_QK_NORM_NONE, 0.05f);
+    check_pipelined_norm(ATTN_QK_NORM_HEAD, 0.05f);
 }
 END_TEST
 

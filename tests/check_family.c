@@ -104,7 +104,7 @@ START_TEST(test_family_model_type_decides) {
     ck_assert_int_eq(p.cfg.sliding_window, 0);
 
     /* Known and not served: refused with what it needs, trusted or not. */
-    static const char *const unserved[] = {"olmo", "llama4"};
+    static const char *const unserved[] = {"llama4"};
     for (size_t i = 0; i < sizeof unserved / sizeof unserved[0]; i++) {
         p = parse(unserved[i], "", "llama");
         expect_refused(&p, ATTN_EUNSUPPORTED, unserved[i], unserved[i]);
@@ -1074,6 +1074,34 @@ START_TEST(test_family_phi_rules) {
 }
 END_TEST
 
+/* OLMo: clip_qkv (none when absent or null) clamps q, k and v; biases iff attention_bias; a
+ * head_dim other than hidden_size / heads (transformers 4.40's) is refused. clip_qkv stays refused
+ * in the families that do not read it. */
+START_TEST(test_family_olmo_rules) {
+    struct parsed p = parse("olmo", "", NULL);
+    expect_ok(&p, "olmo defaults");
+    ck_assert_float_eq(p.cfg.clip_qkv, 0.0f);
+    ck_assert_int_eq(p.cfg.n_kv_heads, 4);
+    ck_assert(!p.cfg.has_qkv_bias && !p.cfg.has_o_bias);
+    p = parse("olmo", ",\"clip_qkv\":null,\"attention_bias\":true", NULL);
+    expect_ok(&p, "olmo clip null, biases");
+    ck_assert_float_eq(p.cfg.clip_qkv, 0.0f);
+    ck_assert(p.cfg.has_qkv_bias && p.cfg.has_o_bias);
+    p = parse("olmo", ",\"clip_qkv\":8.0", NULL);
+    expect_ok(&p, "olmo clip 8");
+    ck_assert_float_eq(p.cfg.clip_qkv, 8.0f);
+    static const char *const bad[] = {",\"clip_qkv\":0", ",\"clip_qkv\":-1", ",\"clip_qkv\":\"8\""};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        p = parse("olmo", bad[i], NULL);
+        expect_refused(&p, ATTN_EIO, "clip_qkv", bad[i]);
+    }
+    p = parse("olmo", ",\"head_dim\":8", NULL);
+    expect_refused(&p, ATTN_EUNSUPPORTED, "head_dim 8", "olmo head_dim");
+    p = parse("olmo2", ",\"clip_qkv\":8.0", NULL);
+    expect_refused(&p, ATTN_EUNSUPPORTED, "clip_qkv changes olmo2 attention", "olmo2 clip");
+}
+END_TEST
+
 /* Biases come from each family's own rule, not from whichever tensors happen to be there. */
 START_TEST(test_family_bias_rules) {
     struct parsed p = parse("llama", ",\"attention_bias\":true", NULL);
@@ -1134,6 +1162,7 @@ Suite *family_suite(void) {
     tcase_add_test(tc, test_family_starcoder2_and_gemma_rules);
     tcase_add_test(tc, test_family_smollm3_rules);
     tcase_add_test(tc, test_family_phi_rules);
+    tcase_add_test(tc, test_family_olmo_rules);
     tcase_add_test(tc, test_family_bias_rules);
     tcase_add_test(tc, test_family_unconsumed_tensors_are_refused);
     suite_add_tcase(s, tc);

@@ -426,6 +426,10 @@ START_TEST(test_model_fingerprint) {
     other.is_nope_layer[1] = true;
     fp_of(&other, 0, ATTN_DTYPE_F32, 0, b);
     ck_assert_mem_ne(a, b, sizeof a);
+    other = cfg;
+    other.clip_qkv = 8.0f;
+    fp_of(&other, 0, ATTN_DTYPE_F32, 0, b);
+    ck_assert_mem_ne(a, b, sizeof a);
     /* a checkpoint loaded twice agrees; held in F32 instead of its BF16 it differs */
     attn_model *m = NULL;
     char err[256] = "";

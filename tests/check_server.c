@@ -1093,6 +1093,17 @@ START_TEST(test_server_families_served_or_refused_by_name) {
         cJSON_Delete(m);
         stop_ok();
     }
+    /* OLMo's layers show clip_qkv */
+    const char *olmo_args[] = {
+        "--model", "tests/data/hf_olmo_f32", "--workers", "1", "--kv-budget-mb", "4", NULL};
+    start(olmo_args);
+    cJSON *om = call_json("GET", "/v1/model", NULL, 200);
+    const cJSON *ol = cJSON_GetArrayItem(
+        cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(om, "attnd"), "layers"),
+        1);
+    ck_assert(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(ol, "clip_qkv")) == 0.25);
+    cJSON_Delete(om);
+    stop_ok();
     /* SmolLM3's NoPE layers say so: rope_theta and rope_scaling null, whatever their window */
     const char *args[] = {
         "--model", "tests/data/hf_smollm3_bf16", "--workers", "1", "--kv-budget-mb", "4", NULL};
@@ -1269,6 +1280,8 @@ START_TEST(test_server_family_checkpoints_match_the_reference) {
         {"tests/data/hf_smollm3_bf16", "smollm3", "smollm3_bf16_l1", 64, 1, 8, 3, 40},
         /* dense as o, 6 of 16 dims rotated */
         {"tests/data/hf_phi_f16", "phi", "phi_f16_l0", 64, 0, 7, 3, 0},
+        /* q, k and v clamped by clip_qkv, at positions 50.. */
+        {"tests/data/hf_olmo_f32", "olmo", "olmo_f32_l1", 64, 1, 7, 3, 50},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         /* a float cache: the families' own arithmetic, at the float tolerance */

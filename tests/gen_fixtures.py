@@ -213,6 +213,9 @@ def attention_layer(w, x, positions, cfg, li=0):
         return y
 
     qp, kp = proj("q_proj"), proj("k_proj")
+    clip = cfg.get("clip_qkv")
+    if clip is not None:  # modeling_olmo: q, k and v clamped to [-clip_qkv, clip_qkv] as projected
+        qp, kp = np.clip(qp, -clip, clip), np.clip(kp, -clip, clip)
     norm, eps = cfg.get("qk_norm"), cfg.get("norm_eps")
     if norm == "width":  # modeling_olmo2: q_norm(q_proj(x)) over the whole width, then the heads
         qp, kp = rms_norm(qp, w["q_norm.weight"], eps), rms_norm(kp, w["k_norm.weight"], eps)
@@ -238,7 +241,10 @@ def attention_layer(w, x, positions, cfg, li=0):
         # modeling_cohere2: apply_rotary_pos_emb only `if self.sliding_window is not None`
         q = rope(q, positions, cfg)
         k = rope(k, positions, cfg)
-    v = proj("v_proj").reshape(t, hkv, d)
+    v = proj("v_proj")
+    if clip is not None:
+        v = np.clip(v, -clip, clip)
+    v = v.reshape(t, hkv, d)
     group = h // hkv
     kk = np.repeat(k, group, axis=1)  # (T, H, D): head i reads kv head i // group
     vv = np.repeat(v, group, axis=1)
@@ -939,6 +945,23 @@ PHI_CONFIG = {
 }
 PHI_T, PHI_DECODE = 7, 3
 
+# olmo (OLMo-7B-0424's attention, shrunk): clip_qkv 0.25, which clamps about a third of these q, k
+# and v values; MHA (num_key_value_heads absent), no biases, theta 10000, F32, 2 layers, positions
+# from 50.
+OLMO = {
+    "hidden": 64, "n_heads": 4, "n_kv_heads": 4, "head_dim": 16, "n_layers": 2,
+    "rotary_dim": 16, "rope_theta": 10000.0, "rope_style": "half", "sliding_window": 0,
+    "clip_qkv": 0.25,
+}
+OLMO_CONFIG = {
+    "architectures": ["OlmoForCausalLM"], "model_type": "olmo", "torch_dtype": "float32",
+    "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_hidden_layers": 2,
+    "clip_qkv": 0.25, "rope_theta": 10000.0, "rope_scaling": None, "attention_bias": False,
+    "attention_dropout": 0.0, "hidden_act": "silu", "max_position_embeddings": 128,
+    "pad_token_id": 1, "eos_token_id": 50279, "tie_word_embeddings": False, "vocab_size": 8,
+}
+OLMO_T, OLMO_DECODE, OLMO_POS0 = 7, 3, 50
+
 # bad: a minimal valid model (hidden 8, 2 heads, 1 kv head) that each bad folder breaks once.
 BAD = {"hidden": 8, "n_heads": 2, "n_kv_heads": 1, "head_dim": 4}
 BAD_CONFIG = {
@@ -1485,8 +1508,7 @@ def gen_moe(out, exp):
         write_folder(os.path.join(out, "hf_" + name), config, layer_tensors(layers, extra), dtype)
         write_expected(exp, name, rounded(layers, rounding) if rounding else layers, x, pos, cfg)
 def gen_later_families(out, exp):
-    """starcoder2, gemma, smollm3 (layers without RoPE) and phi (dense as the output
-    projection)."""
+    """starcoder2, gemma, smollm3, phi (dense as the output projection) and olmo (clip_qkv)."""
     rng = np.random.default_rng(51)
 
     def skipped(hidden, n_layers, names):
@@ -1525,6 +1547,13 @@ def gen_later_families(out, exp):
     write_folder(os.path.join(out, "hf_phi_f16"), PHI_CONFIG,
                  extra + stored_tensors(stored, "model.layers", "self_attn"), "F16")
     write_expected(exp, "phi_f16", rounded(layers, f16_round), x, pos, PHI)
+
+    layers = [random_layer(rng, OLMO, False, False) for _ in range(OLMO["n_layers"])]
+    x, pos = gen_inputs(exp, "olmo", rng, OLMO_T + OLMO_DECODE, OLMO["hidden"], OLMO_POS0)
+    q = x.astype(np.float64) @ layers[0]["q_proj.weight"].astype(np.float64).T
+    assert 0.2 < np.mean(np.abs(q) > OLMO["clip_qkv"]) < 0.6, "clip_qkv must clip some, not all"
+    write_folder(os.path.join(out, "hf_olmo_f32"), OLMO_CONFIG, layer_tensors(layers, []), "F32")
+    write_expected(exp, "olmo_f32", layers, x, pos, OLMO)
 
 
 def gen_bad(out):
