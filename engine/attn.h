@@ -110,6 +110,10 @@ typedef enum attn_qk_norm {
      * (StableLM 2's qk_layernorm, Cohere's use_qk_norm):
      * y = w_h * (x - mean(x)) / sqrt(mean((x - mean(x))^2) + eps). */
     ATTN_QK_NORM_HEAD_LAYERNORM = 3,
+    /* LayerNorm with a weight and a bias of each head's head_dim values, one weight and one bias
+     * of head_dim values for q and one for k, shared by the heads, before RoPE (Phi's
+     * qk_layernorm): y = w * (x - mean(x)) / sqrt(mean((x - mean(x))^2) + eps) + b. */
+    ATTN_QK_NORM_HEAD_LAYERNORM_BIAS = 4,
 } attn_qk_norm;
 
 /* What a layer's attention computes. */
@@ -260,17 +264,20 @@ typedef struct attn_load_params {
 
 /* One layer's weights in Hugging Face nn.Linear layout (out_features, in_features), row-major. */
 typedef struct attn_layer_weights {
-    const float *wq;     /* (n_heads * head_dim, hidden_size) */
-    const float *wk;     /* (n_kv_heads * head_dim, hidden_size) */
-    const float *wv;     /* (n_kv_heads * head_dim, hidden_size) */
-    const float *wo;     /* (hidden_size, n_heads * head_dim) */
-    const float *bq;     /* (n_heads * head_dim) when has_qkv_bias, else ignored */
-    const float *bk;     /* (n_kv_heads * head_dim) when has_qkv_bias */
-    const float *bv;     /* (n_kv_heads * head_dim) when has_qkv_bias */
-    const float *bo;     /* (hidden_size) when has_o_bias */
-    const float *q_norm; /* ATTN_QK_NORM_HEAD: (head_dim); WIDTH: (n_heads * head_dim) */
-    const float *k_norm; /* ATTN_QK_NORM_HEAD: (head_dim); WIDTH: (n_kv_heads * head_dim) */
-    const float *sinks;  /* (n_heads) when has_sinks */
+    const float *wq;          /* (n_heads * head_dim, hidden_size) */
+    const float *wk;          /* (n_kv_heads * head_dim, hidden_size) */
+    const float *wv;          /* (n_kv_heads * head_dim, hidden_size) */
+    const float *wo;          /* (hidden_size, n_heads * head_dim) */
+    const float *bq;          /* (n_heads * head_dim) when has_qkv_bias, else ignored */
+    const float *bk;          /* (n_kv_heads * head_dim) when has_qkv_bias */
+    const float *bv;          /* (n_kv_heads * head_dim) when has_qkv_bias */
+    const float *bo;          /* (hidden_size) when has_o_bias */
+    const float *q_norm;      /* ATTN_QK_NORM_HEAD, HEAD_LAYERNORM_BIAS: (head_dim); WIDTH,
+                                 HEAD_LAYERNORM: (n_heads * head_dim) */
+    const float *k_norm;      /* likewise, with n_kv_heads */
+    const float *sinks;       /* (n_heads) when has_sinks */
+    const float *q_norm_bias; /* (head_dim) with ATTN_QK_NORM_HEAD_LAYERNORM_BIAS, else ignored */
+    const float *k_norm_bias; /* (head_dim) likewise */
     /* Multi-head latent attention (kv_lora_rank > 0): wq is then W_q (n_heads * head_dim,
      * hidden_size) when q_lora_rank is 0, bq its bias; wk and wv are not read; wo is
      * (hidden_size, n_heads * v_head_dim). */

@@ -21,14 +21,16 @@
 struct attn__layer {
     float *w_qkv; /* (n_qkv, hidden_size): rows of Wq, then Wk, then Wv; n_qkv = (H + 2 Hkv) hd;
                      NULL when the model holds them in half precision (w_qkv_h) */
-    uint16_t *w_qkv_h; /* the same in attn_model.weights_dtype (BF16 or F16), else NULL */
-    uint16_t *w_o_h;   /* w_o likewise (w_o NULL then) */
-    float *b_qkv;      /* (n_qkv) or NULL */
-    float *w_o;        /* (hidden_size, n_heads * head_dim) */
-    float *b_o;        /* (hidden_size) or NULL */
-    float *q_norm;     /* NULL, or (attn__qk_norm_len(cfg, false)) */
-    float *k_norm;     /* NULL, or (attn__qk_norm_len(cfg, true)) */
-    float *sinks;      /* NULL, or (n_heads): each query head's sink logit */
+    uint16_t *w_qkv_h;  /* the same in attn_model.weights_dtype (BF16 or F16), else NULL */
+    uint16_t *w_o_h;    /* w_o likewise (w_o NULL then) */
+    float *b_qkv;       /* (n_qkv) or NULL */
+    float *w_o;         /* (hidden_size, n_heads * head_dim) */
+    float *b_o;         /* (hidden_size) or NULL */
+    float *q_norm;      /* NULL, or (attn__qk_norm_len(cfg, false)) */
+    float *k_norm;      /* NULL, or (attn__qk_norm_len(cfg, true)) */
+    float *q_norm_bias; /* NULL, or (head_dim) with ATTN_QK_NORM_HEAD_LAYERNORM_BIAS */
+    float *k_norm_bias; /* likewise */
+    float *sinks;       /* NULL, or (n_heads): each query head's sink logit */
     /* Multi-head latent attention (attn_config.kv_lora_rank > 0; w_qkv is then NULL): */
     float *w_q;       /* (n_heads * head_dim, hidden) when q_lora_rank is 0, else NULL */
     float *b_q;       /* its bias, or NULL */
@@ -579,6 +581,8 @@ enum attn__hf_norms {
     ATTN__HF_NORM_MATRIX,        /* q_norm.weight (n_heads, head_dim), k_norm.weight (Cohere) */
     ATTN__HF_NORM_PER_HEAD_LIST, /* q_layernorm.norms.<h>.weight, k_layernorm...: one per head
                                   * (StableLM 2) */
+    ATTN__HF_NORM_LAYERNORM,     /* q_layernorm.weight and .bias, k_layernorm...: one nn.LayerNorm
+                                  * each, for every head (Phi) */
 };
 
 /* What a checkpoint's family means for reading its tensors (hf_config.c fills it). */

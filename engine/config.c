@@ -291,8 +291,11 @@ int attn__config_check_why(attn_config *cfg, const char **why) {
         }
     }
     if (c.qk_norm != ATTN_QK_NORM_NONE && c.qk_norm != ATTN_QK_NORM_HEAD &&
-        c.qk_norm != ATTN_QK_NORM_WIDTH && c.qk_norm != ATTN_QK_NORM_HEAD_LAYERNORM) {
-        return refuse(ATTN_EINVAL, "qk_norm must be none, head, width or head_layernorm", why);
+        c.qk_norm != ATTN_QK_NORM_WIDTH && c.qk_norm != ATTN_QK_NORM_HEAD_LAYERNORM &&
+        c.qk_norm != ATTN_QK_NORM_HEAD_LAYERNORM_BIAS) {
+        return refuse(ATTN_EINVAL,
+                      "qk_norm must be none, head, width, head_layernorm or head_layernorm_bias",
+                      why);
     }
     if (c.qk_norm_eps == 0) {
         c.qk_norm_eps = 1e-6f;

@@ -245,6 +245,11 @@ void attn__model_fingerprint_compute(attn_model *m) {
         put_tensor(&d, 17, l->b_kva, kva, sizeof(float));
         put_tensor(&d, 18, l->kv_a_norm, kvl, sizeof(float));
         put_tensor(&d, 19, l->w_kvb, kvb * kvl, sizeof(float));
+        /* tensors added since: only when present, as put_config's later fields */
+        if (l->q_norm_bias != NULL) {
+            put_tensor(&d, 20, l->q_norm_bias, (size_t)c->head_dim, sizeof(float));
+            put_tensor(&d, 21, l->k_norm_bias, (size_t)c->head_dim, sizeof(float));
+        }
     }
     digest_final(&d, m->fingerprint);
     struct digest cd;

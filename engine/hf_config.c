@@ -33,6 +33,7 @@ static const char *const gpt2_keys[] = {"n_embd", "n_head", "n_layer", "n_positi
 static const char *const gpt2_aliases[] = {"hidden_size", "num_attention_heads",
                                            "num_hidden_layers", "max_position_embeddings"};
 static const char *const stablelm_reads[] = {"qk_layernorm", NULL};
+static const char *const phi_reads[] = {"qk_layernorm", NULL};
 static const char *const cohere_reads[] = {"use_qk_norm", NULL};
 static const char *const cohere2_reads[] = {"layer_types", "sliding_window_pattern", NULL};
 static const char *const neox_reads[] = {"rotary_pct", NULL};
@@ -184,10 +185,17 @@ static const struct family families[] = {
      .has_legacy_scaling_names = true,
      .longrope_original = 4096},
     /* Phi (1, 1.5, 2): q_proj / k_proj / v_proj and dense, all with biases, partial rotary (0.5
-     * when absent); transformers 4.37 took head_dim from hidden_size. qk_layernorm is screened. */
+     * when absent), and with qk_layernorm one LayerNorm (weight and bias) for every head of q and
+     * one for k; transformers 4.37 took head_dim from hidden_size. */
     {.model_type = "phi",
      .bias = BIAS_ALL,
      .window = WINDOW_NOT_READ,
+     .qk_norm = ATTN_QK_NORM_HEAD_LAYERNORM_BIAS,
+     .qk_norm_flag = "qk_layernorm",
+     .norm_eps_key = "layer_norm_eps",
+     .default_norm_eps = 1e-5f,
+     .norms = ATTN__HF_NORM_LAYERNORM,
+     .reads = phi_reads,
      .tensors = ATTN__HF_DENSE,
      .rotary = ROTARY_PARTIAL,
      .default_partial = 0.5,

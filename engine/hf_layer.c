@@ -117,6 +117,11 @@ bool attn__hf_tensor_is_consumed(const attn_config *c, const struct attn__hf_lay
     if (c->qk_norm == ATTN_QK_NORM_NONE) {
         return false;
     }
+    if (lay->norms == ATTN__HF_NORM_LAYERNORM) {
+        static const char *const phi[] = {"q_layernorm.weight", "q_layernorm.bias",
+                                          "k_layernorm.weight", "k_layernorm.bias"};
+        return in_list(phi, 4, suffix);
+    }
     if (lay->norms != ATTN__HF_NORM_PER_HEAD_LIST) {
         return strcmp(suffix, "q_norm.weight") == 0 || strcmp(suffix, "k_norm.weight") == 0;
     }
@@ -287,7 +292,10 @@ static int read_norms(const struct attn__hf_reader *rd, const attn_config *c,
                       struct attn__layer *l) {
     const char *norm[2] = {"q_norm.weight", "k_norm.weight"};
     const char *list[2] = {"q_layernorm.norms", "k_layernorm.norms"};
+    const char *layernorm[2][2] = {{"q_layernorm.weight", "q_layernorm.bias"},
+                                   {"k_layernorm.weight", "k_layernorm.bias"}};
     float *dst[2] = {l->q_norm, l->k_norm};
+    float *bias[2] = {l->q_norm_bias, l->k_norm_bias};
     int32_t heads[2] = {c->n_heads, c->n_kv_heads};
     for (int i = 0; i < 2 && c->qk_norm != ATTN_QK_NORM_NONE; i++) {
         size_t len = attn__qk_norm_len(c, i == 1);
@@ -305,6 +313,12 @@ static int read_norms(const struct attn__hf_reader *rd, const attn_config *c,
                 snprintf(suffix, sizeof suffix, "%s.%d.weight", list[i], (int)h);
                 rc = read_named(rd, prefix, layer, lay, suffix, c->head_dim, 0,
                                 dst[i] + (size_t)h * c->head_dim);
+            }
+            break;
+        case ATTN__HF_NORM_LAYERNORM:
+            rc = read_named(rd, prefix, layer, lay, layernorm[i][0], (int32_t)len, 0, dst[i]);
+            if (rc == ATTN_OK) {
+                rc = read_named(rd, prefix, layer, lay, layernorm[i][1], (int32_t)len, 0, bias[i]);
             }
             break;
         }

@@ -69,6 +69,8 @@ void attn_model_destroy(attn_model *m) {
         free(m->layers[i].b_o);
         free(m->layers[i].q_norm);
         free(m->layers[i].k_norm);
+        free(m->layers[i].q_norm_bias);
+        free(m->layers[i].k_norm_bias);
         free(m->layers[i].sinks);
         float *mla[] = {m->layers[i].w_q,   m->layers[i].b_q,      m->layers[i].w_qa,
                         m->layers[i].b_qa,  m->layers[i].q_a_norm, m->layers[i].w_qb,
@@ -190,6 +192,13 @@ static size_t alloc_layer_tensors(attn_model *m) {
                 return 0;
             }
         }
+        if (cfg.qk_norm == ATTN_QK_NORM_HEAD_LAYERNORM_BIAS) {
+            l->q_norm_bias = attn__alloc_floats((size_t)cfg.head_dim);
+            l->k_norm_bias = attn__alloc_floats((size_t)cfg.head_dim);
+            if (l->q_norm_bias == NULL || l->k_norm_bias == NULL) {
+                return 0;
+            }
+        }
         if (cfg.has_sinks) {
             l->sinks = attn__alloc_floats((size_t)cfg.n_heads);
             if (l->sinks == NULL) {
@@ -198,6 +207,7 @@ static size_t alloc_layer_tensors(attn_model *m) {
         }
     }
     per_layer += attn__qk_norm_len(&cfg, false) + attn__qk_norm_len(&cfg, true);
+    per_layer += cfg.qk_norm == ATTN_QK_NORM_HEAD_LAYERNORM_BIAS ? 2 * (size_t)cfg.head_dim : 0;
     per_layer += cfg.has_sinks ? (size_t)cfg.n_heads : 0;
     return per_layer;
 }
@@ -348,6 +358,7 @@ int attn_model_create(const attn_config *cfg, const attn_layer_weights *layers,
             (c->has_qkv_bias && (w->bq == NULL || w->bk == NULL || w->bv == NULL)) ||
             (c->has_o_bias && w->bo == NULL) ||
             (c->qk_norm != ATTN_QK_NORM_NONE && (w->q_norm == NULL || w->k_norm == NULL)) ||
+            (l->q_norm_bias != NULL && (w->q_norm_bias == NULL || w->k_norm_bias == NULL)) ||
             (c->has_sinks && w->sinks == NULL)) {
             attn_model_destroy(m);
             return ATTN_EINVAL;
@@ -367,6 +378,10 @@ int attn_model_create(const attn_config *cfg, const attn_layer_weights *layers,
         if (c->qk_norm != ATTN_QK_NORM_NONE) {
             memcpy(l->q_norm, w->q_norm, attn__qk_norm_len(c, false) * sizeof(float));
             memcpy(l->k_norm, w->k_norm, attn__qk_norm_len(c, true) * sizeof(float));
+        }
+        if (l->q_norm_bias != NULL) {
+            memcpy(l->q_norm_bias, w->q_norm_bias, (size_t)c->head_dim * sizeof(float));
+            memcpy(l->k_norm_bias, w->k_norm_bias, (size_t)c->head_dim * sizeof(float));
         }
         if (c->has_sinks) {
             memcpy(l->sinks, w->sinks, (size_t)c->n_heads * sizeof(float));
@@ -459,6 +474,11 @@ int attn_model_create_random(const attn_config *cfg, uint64_t seed, const attn_l
             for (size_t j = 0; j < len; j++) {
                 norms[n][j] += 1.0f;
             }
+        }
+        /* Norm biases (Phi's) around their init, 0, likewise. */
+        float *biases[2] = {l->q_norm_bias, l->k_norm_bias};
+        for (int32_t n = 0; n < 2 && biases[n] != NULL; n++) {
+            fill_uniform(biases[n], (size_t)c->head_dim, 0.5f, seed, layer, 8 + n);
         }
         /* Sinks in [-1, 3): from negligible to most of a row's mass, so a wrong one shows. */
         if (l->sinks != NULL) {

@@ -1,7 +1,8 @@
 /* engine/qk_norm.c: what some families do to a token's projected q, k and v before RoPE: OLMo's
  * clamp of q, k and v (attn_config.clip_qkv), then the normalization of q and k (attn.h,
  * attn_qk_norm): RMSNorm per head (Qwen3) or over the whole projection (OLMo 2), or LayerNorm of
- * each head with its own weight (StableLM 2, Cohere). Sums are taken in double, so the norm is
+ * each head with its own weight (StableLM 2, Cohere), or with one weight and bias for all heads
+ * (Phi). Sums are taken in double, so the norm is
  * exact to float rounding whatever the width. */
 #include "attn_int.h"
 
@@ -10,6 +11,7 @@
 size_t attn__qk_norm_len(const attn_config *cfg, bool is_k) {
     switch (cfg->qk_norm) {
     case ATTN_QK_NORM_HEAD:
+    case ATTN_QK_NORM_HEAD_LAYERNORM_BIAS:
         return (size_t)cfg->head_dim;
     case ATTN_QK_NORM_WIDTH:
     case ATTN_QK_NORM_HEAD_LAYERNORM:
@@ -32,8 +34,9 @@ static void rms_norm(float *x, size_t n, const float *w, float eps) {
     }
 }
 
-/* x[0..n) = w * (x - mean) / sqrt(var + eps), torch's LayerNorm without bias (biased var). */
-static void layer_norm(float *x, size_t n, const float *w, float eps) {
+/* x[0..n) = w * (x - mean) / sqrt(var + eps) (+ b when b is not NULL), torch's LayerNorm (biased
+ * var). */
+static void layer_norm(float *x, size_t n, const float *w, const float *b, float eps) {
     double sum = 0.0;
     for (size_t i = 0; i < n; i++) {
         sum += x[i];
@@ -45,7 +48,7 @@ static void layer_norm(float *x, size_t n, const float *w, float eps) {
     }
     double inv = 1.0 / sqrt(ss / (double)n + (double)eps);
     for (size_t i = 0; i < n; i++) {
-        x[i] = w[i] * (float)(((double)x[i] - mean) * inv);
+        x[i] = w[i] * (float)(((double)x[i] - mean) * inv) + (b != NULL ? b[i] : 0.0f);
     }
 }
 
@@ -82,10 +85,18 @@ void attn__qkv_finish_heads(const attn_config *cfg, const struct attn__layer *l,
         return;
     case ATTN_QK_NORM_HEAD_LAYERNORM:
         for (int32_t h = q_first; h < q_first + n_q; h++) {
-            layer_norm(q + h * hd, hd, l->q_norm + h * hd, cfg->qk_norm_eps);
+            layer_norm(q + h * hd, hd, l->q_norm + h * hd, NULL, cfg->qk_norm_eps);
         }
         for (int32_t h = k_first; h < k_first + n_k; h++) {
-            layer_norm(k + h * hd, hd, l->k_norm + h * hd, cfg->qk_norm_eps);
+            layer_norm(k + h * hd, hd, l->k_norm + h * hd, NULL, cfg->qk_norm_eps);
+        }
+        return;
+    case ATTN_QK_NORM_HEAD_LAYERNORM_BIAS:
+        for (int32_t h = q_first; h < q_first + n_q; h++) {
+            layer_norm(q + h * hd, hd, l->q_norm, l->q_norm_bias, cfg->qk_norm_eps);
+        }
+        for (int32_t h = k_first; h < k_first + n_k; h++) {
+            layer_norm(k + h * hd, hd, l->k_norm, l->k_norm_bias, cfg->qk_norm_eps);
         }
         return;
     case ATTN_QK_NORM_NONE:

@@ -584,7 +584,9 @@ static void put_layer(struct strbuf *b, const attn_config *cfg, int32_t layer) {
         strbuf_printf(b, "{\"kind\":\"%s\",\"eps\":",
                       cfg->qk_norm == ATTN_QK_NORM_HEAD    ? "rms_per_head"
                       : cfg->qk_norm == ATTN_QK_NORM_WIDTH ? "rms_over_width"
-                                                           : "layernorm_each_head");
+                      : cfg->qk_norm == ATTN_QK_NORM_HEAD_LAYERNORM_BIAS
+                          ? "layernorm_shared_with_bias"
+                          : "layernorm_each_head");
         put_float(b, cfg->qk_norm_eps);
         strbuf_putc(b, '}');
     }

@@ -325,11 +325,15 @@ static void check_pipelined_norm(attn_qk_norm norm, float clip_qkv) {
     attn_layer_weights lw = harness_weights(&cfg, &hm.layers[0]);
     cfg.qk_norm = norm;
     cfg.clip_qkv = clip_qkv;
-    bool is_shared = norm == ATTN_QK_NORM_HEAD; /* one weight for every head, or one each */
+    /* one weight for every head, or one each */
+    bool is_shared = norm == ATTN_QK_NORM_HEAD || norm == ATTN_QK_NORM_HEAD_LAYERNORM_BIAS;
     float *q_norm = harness_random_x(5, 1, 32 * (is_shared ? 1 : cfg.n_heads));
     float *k_norm = harness_random_x(6, 1, 32 * (is_shared ? 1 : cfg.n_kv_heads));
+    float *biases = harness_random_x(8, 2, 32); /* Phi's: q's, then k's */
     lw.q_norm = q_norm;
     lw.k_norm = k_norm;
+    lw.q_norm_bias = biases;
+    lw.k_norm_bias = biases + 32;
     attn_load_params params = {0, 0, 0, NULL, ATTN_DTYPE_BF16, NULL};
     attn_model *m = NULL;
     ck_assert_int_eq(attn_model_create(&cfg, &lw, &params, &m), ATTN_OK);
@@ -367,6 +371,7 @@ static void check_pipelined_norm(attn_qk_norm norm, float clip_qkv) {
     free(x);
     free(q_norm);
     free(k_norm);
+    free(biases);
     attn_kv_pool_destroy(pool);
     attn_workspace_destroy(ws[0]);
     attn_workspace_destroy(ws[1]);
@@ -377,6 +382,7 @@ static void check_pipelined_norm(attn_qk_norm norm, float clip_qkv) {
 START_TEST(test_batch_pipelined_per_head_norms) {
     check_pipelined_norm(ATTN_QK_NORM_HEAD, 0.0f);
     check_pipelined_norm(ATTN_QK_NORM_HEAD_LAYERNORM, 0.0f);
+    check_pipelined_norm(ATTN_QK_NORM_HEAD_LAYERNORM_BIAS, 0.0f);
     check_pipelined_norm(ATTN_QK_NORM_NONE, 0.05f);
     check_pipelined_norm(ATTN_QK_NORM_HEAD, 0.05f);
 }

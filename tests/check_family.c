@@ -1061,6 +1061,7 @@ START_TEST(test_family_phi_rules) {
     ck_assert(attn__hf_tensor_is_consumed(&p.cfg, &p.lay, "k_proj.bias"));
     ck_assert(!attn__hf_tensor_is_consumed(&p.cfg, &p.lay, "o_proj.weight"));
     ck_assert(!attn__hf_tensor_is_consumed(&p.cfg, &p.lay, "q_layernorm.weight"));
+    ck_assert_int_eq(p.cfg.qk_norm, ATTN_QK_NORM_NONE);
     p = parse("phi", ",\"partial_rotary_factor\":0.4,\"sliding_window\":4", NULL);
     expect_ok(&p, "phi-2's factor");
     ck_assert_int_eq(p.cfg.rotary_dim, 6);
@@ -1069,8 +1070,22 @@ START_TEST(test_family_phi_rules) {
     expect_refused(&p, ATTN_EUNSUPPORTED, "head_dim 32", "phi head_dim");
     p = parse("phi", ",\"qk_layernorm\":false", NULL);
     expect_ok(&p, "phi without q/k norms");
+    ck_assert_int_eq(p.cfg.qk_norm, ATTN_QK_NORM_NONE);
+    /* qk_layernorm: nn.LayerNorm(hidden_size / heads, eps=layer_norm_eps) for q and for k */
+    p = parse("phi", ",\"qk_layernorm\":true,\"layer_norm_eps\":1e-6", NULL);
+    expect_ok(&p, "phi with q/k norms");
+    ck_assert_int_eq(p.cfg.qk_norm, ATTN_QK_NORM_HEAD_LAYERNORM_BIAS);
+    ck_assert_float_eq(p.cfg.qk_norm_eps, 1e-6f);
+    ck_assert_int_eq(p.lay.norms, ATTN__HF_NORM_LAYERNORM);
+    static const char *const norms[] = {"q_layernorm.weight", "q_layernorm.bias",
+                                        "k_layernorm.weight", "k_layernorm.bias"};
+    for (int i = 0; i < 4; i++) {
+        ck_assert(attn__hf_tensor_is_consumed(&p.cfg, &p.lay, norms[i]));
+    }
+    ck_assert(!attn__hf_tensor_is_consumed(&p.cfg, &p.lay, "q_norm.weight"));
+    ck_assert(!attn__hf_tensor_is_consumed(&p.cfg, &p.lay, "q_layernorm.norms.0.weight"));
     p = parse("phi", ",\"qk_layernorm\":true", NULL);
-    expect_refused(&p, ATTN_EUNSUPPORTED, "qk_layernorm", "phi's q/k LayerNorm with bias");
+    ck_assert_float_eq(p.cfg.qk_norm_eps, 1e-5f); /* PhiConfig's layer_norm_eps */
 }
 END_TEST
 

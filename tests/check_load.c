@@ -56,6 +56,7 @@ static const fixture gemma = {"gemma", 64, 4, 1, 32, 7, 3};
 static const fixture smollm3 = {"smollm3", 64, 4, 2, 16, 8, 3};
 static const fixture phi = {"phi", 64, 4, 4, 16, 7, 3};
 static const fixture olmo = {"olmo", 64, 4, 4, 16, 7, 3};
+static const fixture phiq = {"phiq", 64, 4, 2, 16, 7, 3};
 static const fixture falcon_mq = {"falcon_mq", 64, 4, 1, 16, 7, 3};
 static const fixture falcon_new = {"falcon_new", 64, 8, 2, 8, 7, 3};
 static const fixture falcon_mha = {"falcon_mha", 64, 4, 4, 16, 7, 3};
@@ -500,8 +501,9 @@ END_TEST
 
 /* StarCoder2 (use_bias: q/k/v/o biases; the window on every layer; F16), Gemma (MQA, head_dim
  * 32 apart from hidden / heads; BF16), SmolLM3 (a sliding RoPE layer, a sliding NoPE layer, a
- * full NoPE layer; BF16), Phi (dense as o, biases, 6 of 16 dims rotated; F16) and OLMo (clip_qkv
- * clamping about a third of q, k and v; F32), each layer from its own reference. */
+ * full NoPE layer; BF16), Phi (dense as o, biases, 6 of 16 dims rotated; F16; and with
+ * qk_layernorm, one LayerNorm with a bias for every head; BF16) and OLMo (clip_qkv clamping about
+ * a third of q, k and v; F32), each layer from its own reference. */
 START_TEST(test_load_later_families_match_numpy) {
     static const struct {
         const char *dir, *family, *expected;
@@ -513,6 +515,7 @@ START_TEST(test_load_later_families_match_numpy) {
         {DATA "hf_smollm3_bf16", "smollm3", "smollm3_bf16", &smollm3, 3},
         {DATA "hf_phi_f16", "phi", "phi_f16", &phi, 2},
         {DATA "hf_olmo_f32", "olmo", "olmo_f32", &olmo, 2},
+        {DATA "hf_phi_qk_layernorm_bf16", "phi", "phi_qk_layernorm_bf16", &phiq, 1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         attn_model *m = load_ok(cases[i].dir, NULL);
@@ -543,6 +546,10 @@ START_TEST(test_load_later_families_match_numpy) {
     m = load_ok(DATA "hf_olmo_f32", NULL);
     ck_assert_float_eq(attn_model_config(m)->clip_qkv, 0.25f);
     ck_assert_int_eq(attn_model_config(m)->n_kv_heads, 4);
+    attn_model_destroy(m);
+    m = load_ok(DATA "hf_phi_qk_layernorm_bf16", NULL);
+    ck_assert_int_eq(attn_model_config(m)->qk_norm, ATTN_QK_NORM_HEAD_LAYERNORM_BIAS);
+    ck_assert_float_eq(attn_model_config(m)->qk_norm_eps, 1e-5f);
     attn_model_destroy(m);
 }
 END_TEST

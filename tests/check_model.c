@@ -210,6 +210,39 @@ START_TEST(test_model_create_copies_tensors) {
 }
 END_TEST
 
+/* Phi's q/k LayerNorm biases: required with ATTN_QK_NORM_HEAD_LAYERNORM_BIAS, copied, and part
+ * of the fingerprint (another bias, another model). */
+START_TEST(test_model_norm_biases) {
+    attn_config cfg = harness_config(4, 2, 16);
+    cfg.qk_norm = ATTN_QK_NORM_HEAD_LAYERNORM_BIAS;
+    ref_layer layer;
+    ref_rng rng;
+    ref_rng_init(&rng, 78);
+    ref_layer_init_random(&layer, &cfg, &rng);
+    float weight[16], bias[2][16];
+    for (int i = 0; i < 16; i++) {
+        weight[i] = 1.0f;
+        bias[0][i] = bias[1][i] = 0.0f;
+    }
+    attn_layer_weights lw = harness_weights(&cfg, &layer);
+    lw.q_norm = lw.k_norm = weight;
+    lw.q_norm_bias = bias[0];
+    attn_model *m = NULL;
+    ck_assert_int_eq(attn_model_create(&cfg, &lw, NULL, &m), ATTN_EINVAL); /* no k bias */
+    lw.k_norm_bias = bias[1];
+    uint8_t a[ATTN_FINGERPRINT_BYTES], b[ATTN_FINGERPRINT_BYTES];
+    ck_assert_int_eq(attn_model_create(&cfg, &lw, NULL, &m), ATTN_OK);
+    attn_model_fingerprint(m, a);
+    attn_model_destroy(m);
+    bias[1][3] = 0.5f;
+    ck_assert_int_eq(attn_model_create(&cfg, &lw, NULL, &m), ATTN_OK);
+    attn_model_fingerprint(m, b);
+    attn_model_destroy(m);
+    ck_assert_mem_ne(a, b, sizeof a);
+    ref_layer_release(&layer);
+}
+END_TEST
+
 /* layers[i] holds layer layer_first + i: a model of layers 1-2 of 3 computes each with its own
  * weights, and layer 0 is not loaded. */
 START_TEST(test_model_create_layer_range) {
@@ -489,6 +522,7 @@ Suite *model_suite(void) {
     tcase_add_test(tc, test_model_bytes);
     tcase_add_test(tc, test_model_random_deterministic);
     tcase_add_test(tc, test_model_fingerprint);
+    tcase_add_test(tc, test_model_norm_biases);
     tcase_add_test(tc, test_model_checksum_is_stable);
     suite_add_tcase(s, tc);
     /* Their own case, so that CK_RUN_CASE=model can run the rest without fork (valgrind) even

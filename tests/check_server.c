@@ -1104,6 +1104,21 @@ START_TEST(test_server_families_served_or_refused_by_name) {
     ck_assert(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(ol, "clip_qkv")) == 0.25);
     cJSON_Delete(om);
     stop_ok();
+    /* Phi's q/k LayerNorm with a bias says its kind */
+    const char *phi_args[] = {
+        "--model", "tests/data/hf_phi_qk_layernorm_bf16", "--workers", "1", "--kv-budget-mb", "4",
+        NULL};
+    start(phi_args);
+    om = call_json("GET", "/v1/model", NULL, 200);
+    ol = cJSON_GetArrayItem(
+        cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(om, "attnd"), "layers"),
+        0);
+    const cJSON *norm = cJSON_GetObjectItemCaseSensitive(ol, "qk_norm");
+    ck_assert_str_eq(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(norm, "kind")),
+                     "layernorm_shared_with_bias");
+    ck_assert(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(ol, "clip_qkv")));
+    cJSON_Delete(om);
+    stop_ok();
     /* SmolLM3's NoPE layers say so: rope_theta and rope_scaling null, whatever their window */
     const char *args[] = {
         "--model", "tests/data/hf_smollm3_bf16", "--workers", "1", "--kv-budget-mb", "4", NULL};
@@ -1282,6 +1297,9 @@ START_TEST(test_server_family_checkpoints_match_the_reference) {
         {"tests/data/hf_phi_f16", "phi", "phi_f16_l0", 64, 0, 7, 3, 0},
         /* q, k and v clamped by clip_qkv, at positions 50.. */
         {"tests/data/hf_olmo_f32", "olmo", "olmo_f32_l1", 64, 1, 7, 3, 50},
+        /* Phi's qk_layernorm: one LayerNorm with a bias for every head */
+        {"tests/data/hf_phi_qk_layernorm_bf16", "phiq", "phi_qk_layernorm_bf16_l0", 64, 0, 7, 3,
+         20},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         /* a float cache: the families' own arithmetic, at the float tolerance */

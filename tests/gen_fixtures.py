@@ -231,6 +231,15 @@ def attention_layer(w, x, positions, cfg, li=0):
             var = ((y - mu) ** 2).mean(axis=-1, keepdims=True)
             return wt.astype(np.float64)[None] * (y - mu) / np.sqrt(var + eps)
         q, k = layer_norm(q, w["q_norm.weight"]), layer_norm(k, w["k_norm.weight"])
+    if norm == "layernorm_bias":
+        # modeling_phi (qk_layernorm): one nn.LayerNorm(head_dim) for q and one for k, with a weight
+        # and a bias, applied to every head: (x - mean) / sqrt(biased var + eps) * w + b.
+        def layer_norm_bias(y, wt, b):
+            mu = y.mean(axis=-1, keepdims=True)
+            var = ((y - mu) ** 2).mean(axis=-1, keepdims=True)
+            return (y - mu) / np.sqrt(var + eps) * wt.astype(np.float64) + b.astype(np.float64)
+        q = layer_norm_bias(q, w["q_layernorm.weight"], w["q_layernorm.bias"])
+        k = layer_norm_bias(k, w["k_layernorm.weight"], w["k_layernorm.bias"])
     if norm == "gemma":  # modeling_gemma3: Gemma3RMSNorm per head, output * (1 + weight)
         one = np.float64(1.0)
         q = rms_norm(q, one + w["q_norm.weight"].astype(np.float64), eps)
@@ -945,6 +954,18 @@ PHI_CONFIG = {
 }
 PHI_T, PHI_DECODE = 7, 3
 
+# phi with qk_layernorm (no released Phi checkpoint sets it): one nn.LayerNorm(head_dim) with a
+# weight and a bias for every head of q and one for k, before the partial rotary (0.5: 8 of 16
+# dims), GQA 4/2, layer_norm_eps 1e-5, BF16, 1 layer, positions from 20.
+PHIQ = {
+    "hidden": 64, "n_heads": 4, "n_kv_heads": 2, "head_dim": 16, "n_layers": 1,
+    "rotary_dim": 8, "rope_theta": 10000.0, "rope_style": "half", "sliding_window": 0,
+    "qk_norm": "layernorm_bias", "norm_eps": 1e-5,
+}
+PHIQ_CONFIG = dict(PHI_CONFIG, torch_dtype="bfloat16", num_key_value_heads=2,
+                   num_hidden_layers=1, partial_rotary_factor=0.5, qk_layernorm=True)
+PHIQ_T, PHIQ_DECODE, PHIQ_POS0 = 7, 3, 20
+
 # olmo (OLMo-7B-0424's attention, shrunk): clip_qkv 0.25, which clamps about a third of these q, k
 # and v values; MHA (num_key_value_heads absent), no biases, theta 10000, F32, 2 layers, positions
 # from 50.
@@ -1508,7 +1529,8 @@ def gen_moe(out, exp):
         write_folder(os.path.join(out, "hf_" + name), config, layer_tensors(layers, extra), dtype)
         write_expected(exp, name, rounded(layers, rounding) if rounding else layers, x, pos, cfg)
 def gen_later_families(out, exp):
-    """starcoder2, gemma, smollm3, phi (dense as the output projection) and olmo (clip_qkv)."""
+    """starcoder2, gemma, smollm3 (layers without RoPE), phi (dense as the output projection),
+    olmo (clip_qkv) and phi with qk_layernorm (a LayerNorm with a bias)."""
     rng = np.random.default_rng(51)
 
     def skipped(hidden, n_layers, names):
@@ -1554,6 +1576,17 @@ def gen_later_families(out, exp):
     assert 0.2 < np.mean(np.abs(q) > OLMO["clip_qkv"]) < 0.6, "clip_qkv must clip some, not all"
     write_folder(os.path.join(out, "hf_olmo_f32"), OLMO_CONFIG, layer_tensors(layers, []), "F32")
     write_expected(exp, "olmo_f32", layers, x, pos, OLMO)
+
+    layers = [random_layer(rng, dict(PHIQ, qk_norm=None), True, True)]
+    for w in layers:  # LayerNorm's init is weight 1, bias 0: spread around them
+        for which in ("q", "k"):
+            w[f"{which}_layernorm.weight"] = rng.uniform(0.5, 1.5, 16).astype(np.float32)
+            w[f"{which}_layernorm.bias"] = rng.uniform(-0.5, 0.5, 16).astype(np.float32)
+    stored = [{n.replace("o_proj.", "dense."): a for n, a in w.items()} for w in layers]
+    x, pos = gen_inputs(exp, "phiq", rng, PHIQ_T + PHIQ_DECODE, PHIQ["hidden"], PHIQ_POS0)
+    write_folder(os.path.join(out, "hf_phi_qk_layernorm_bf16"), PHIQ_CONFIG,
+                 stored_tensors(stored, "model.layers", "self_attn"), "BF16")
+    write_expected(exp, "phi_qk_layernorm_bf16", rounded(layers, bf16_round), x, pos, PHIQ)
 
 
 def gen_bad(out):
