@@ -405,7 +405,8 @@ static const struct screen trusted_screened[] = {
     {"n_head_kv", NEUTRAL_NULL},          {"num_kv_heads", NEUTRAL_NULL},
     {"kv_lora_rank", NEUTRAL_NULL},       {"q_lora_rank", NEUTRAL_NULL},
     {"qk_rope_head_dim", NEUTRAL_NULL},   {"rope_interleave", NEUTRAL_FALSE},
-    {"rope_type", NEUTRAL_NULL},
+    {"rope_type", NEUTRAL_NULL},          {"no_rope_layer_interval", NEUTRAL_NULL},
+    {"use_bias", NEUTRAL_FALSE},
 };
 
 /* ---- family rules ------------------------------------------------------------------------------

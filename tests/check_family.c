@@ -88,6 +88,8 @@ START_TEST(test_family_model_type_decides) {
         {",\"multi_query\":true", "multi_query"},
         {",\"kv_lora_rank\":16", "kv_lora_rank"},
         {",\"rope_interleave\":true", "rope_interleave"},
+        {",\"no_rope_layer_interval\":4", "no_rope_layer_interval"},
+        {",\"use_bias\":true", "use_bias"},
     };
     for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
         p = parse("foo", others[i][0], "llama");
@@ -1142,6 +1144,8 @@ START_TEST(test_family_unconsumed_tensors_are_refused) {
         {DATA "refuse_sinks", "model.layers.0.self_attn.sinks"},
         {DATA "refuse_o_bias", "model.layers.0.self_attn.o_proj.bias"},
         {DATA "refuse_llama4", "model_type 'llama4'"},
+        {DATA "refuse_gemma_scaling", "rope_scaling"},
+        {DATA "refuse_smollm3_window", "use_sliding_window is false"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         attn_model *m = NULL;

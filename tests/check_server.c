@@ -1056,6 +1056,8 @@ START_TEST(test_server_families_served_or_refused_by_name) {
         {"tests/data/refuse_llama4", "llama", "model_type 'llama4' is not served yet"},
         {"tests/data/refuse_qk_norm", NULL, "_norm.weight is not part of llama attention"},
         {"tests/data/unknown_family", NULL, "unknown model_type 'mystery'"},
+        {"tests/data/refuse_gemma_scaling", NULL, "rope_scaling (or rope_parameters) names"},
+        {"tests/data/refuse_smollm3_window", NULL, "use_sliding_window is false"},
         {"tests/data/unknown_family", "llama", NULL},
         {"tests/data/hf_qwen2_f16", NULL, NULL},
     };

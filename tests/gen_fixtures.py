@@ -1630,6 +1630,14 @@ def gen_bad(out):
     folder("refuse_o_bias", tensors=tensors + [
         ("model.layers.0.self_attn.o_proj.bias", np.zeros(BAD["hidden"], np.float32))])
     folder("refuse_llama4", dict(BAD_CONFIG, model_type="llama4"))
+    # Read differently by transformers' releases or attention implementations: Gemma with a rope
+    # scaling (4.38 ignores it, later releases apply it), SmolLM3 with a sliding layer but no
+    # use_sliding_window (its eager and sdpa attention slide, flash attention does not).
+    folder("refuse_gemma_scaling", dict(BAD_CONFIG, model_type="gemma", head_dim=4,
+                                        rope_scaling={"rope_type": "linear", "factor": 2.0}))
+    folder("refuse_smollm3_window", dict(BAD_CONFIG, model_type="smollm3", sliding_window=4,
+                                         use_sliding_window=False,
+                                         layer_types=["sliding_attention"]))
     # A model_type attnd does not know: refused, unless --trust-layout llama vouches for it.
     folder("unknown_family", dict(BAD_CONFIG, model_type="mystery"))
 
