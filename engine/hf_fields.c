@@ -104,6 +104,77 @@ static bool has_nul_escape(const char *s, size_t len) {
     return false;
 }
 
+/* Whether s[i..n) starts a number JSON's grammar allows, -?(0|[1-9][0-9]*)(.[0-9]+)?
+ * ([eE][+-]?[0-9]+)?, ending where the token of number characters ends: cJSON takes any run
+ * strtod reads ("0500", "5.", "1.e5"), which Python's json and serde_json (the safetensors
+ * reader) refuse. */
+static bool is_json_number(const char *s, size_t i, size_t n, size_t *next) {
+    size_t j = i;
+    j += j < n && s[j] == '-';
+    if (j < n && s[j] == '0') {
+        j++;
+    } else if (j < n && s[j] >= '1' && s[j] <= '9') {
+        while (j < n && s[j] >= '0' && s[j] <= '9') {
+            j++;
+        }
+    } else {
+        return false;
+    }
+    if (j < n && s[j] == '.') {
+        size_t d = ++j;
+        while (j < n && s[j] >= '0' && s[j] <= '9') {
+            j++;
+        }
+        if (j == d) {
+            return false;
+        }
+    }
+    if (j < n && (s[j] == 'e' || s[j] == 'E')) {
+        j++;
+        j += j < n && (s[j] == '+' || s[j] == '-');
+        size_t d = j;
+        while (j < n && s[j] >= '0' && s[j] <= '9') {
+            j++;
+        }
+        if (j == d) {
+            return false;
+        }
+    }
+    size_t end = j;
+    while (end < n && strchr("0123456789+-.eE", s[end]) != NULL && s[end] != '\0') {
+        end++;
+    }
+    *next = end;
+    return end == j; /* the whole run of number characters is the number */
+}
+
+/* What Python's json (strict) refuses and cJSON takes, outside the \u0000 escape: a number off
+ * JSON's grammar, or a raw control character inside a string. NULL when there is none. */
+static const char *lenient_json(const char *s, size_t n) {
+    bool in_string = false;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (in_string) {
+            if (c == '\\') {
+                i++;
+            } else if (c == '"') {
+                in_string = false;
+            } else if (c < 0x20) {
+                return "a control character inside a string (write it as an escape)";
+            }
+        } else if (c == '"') {
+            in_string = true;
+        } else if (c == '-' || (c >= '0' && c <= '9')) {
+            size_t next = i;
+            if (!is_json_number(s, i, n, &next)) {
+                return "a number JSON does not allow (a leading zero, or a point without digits)";
+            }
+            i = next - 1;
+        }
+    }
+    return NULL;
+}
+
 cJSON *attn__hf_json_object(const char *text, size_t len, const char **problem) {
     const char *end = NULL;
     cJSON *j = cJSON_ParseWithLengthOpts(text, len, &end, false);
@@ -122,6 +193,10 @@ cJSON *attn__hf_json_object(const char *text, size_t len, const char **problem) 
     if (has_nul_escape(text, len)) {
         cJSON_Delete(j);
         *problem = "a \\u0000 escape, which would cut a key or string short";
+        return NULL;
+    }
+    if ((*problem = lenient_json(text, len)) != NULL) {
+        cJSON_Delete(j);
         return NULL;
     }
     return j;

@@ -156,8 +156,22 @@ START_TEST(test_family_repeated_keys_and_ranges_are_named) {
          "\\u0000 escape"},
         {"{\"model_type\":\"llama\",\"hidden_size\":64,\"num_attention_heads\":4,"
          "\"num_hidden_layers\":2} {\"rope_theta\":5}",
-         "bytes after the object"}};
-    for (int i = 0; i < 2; i++) {
+         "bytes after the object"},
+        /* numbers off JSON's grammar, which cJSON read as 500000 and Python refuses */
+        {"{\"model_type\":\"llama\",\"hidden_size\":64,\"num_attention_heads\":4,"
+         "\"num_hidden_layers\":2,\"rope_theta\":0500000}",
+         "a leading zero"},
+        {"{\"model_type\":\"llama\",\"hidden_size\":64,\"num_attention_heads\":4,"
+         "\"num_hidden_layers\":2,\"rope_theta\":500000.}",
+         "a point without digits"},
+        {"{\"model_type\":\"llama\",\"hidden_size\":64,\"num_attention_heads\":4,"
+         "\"num_hidden_layers\":2,\"rope_theta\":5.e5}",
+         "a point without digits"},
+        /* a raw tab inside a string: Python's strict json refuses it */
+        {"{\"model_type\":\"llama\",\"hidden_size\":64,\"num_attention_heads\":4,"
+         "\"num_hidden_layers\":2,\"_name_or_path\":\"a\tb\"}",
+         "control character"}};
+    for (int i = 0; i < (int)(sizeof odd / sizeof odd[0]); i++) {
         p.rc = attn__hf_config_parse(odd[i][0], strlen(odd[i][0]), NULL, &p.cfg, &p.lay, p.err,
                                      sizeof p.err);
         expect_refused(&p, ATTN_EIO, odd[i][1], odd[i][0]);
@@ -167,6 +181,13 @@ START_TEST(test_family_repeated_keys_and_ranges_are_named) {
     p.rc =
         attn__hf_config_parse(escaped, strlen(escaped), NULL, &p.cfg, &p.lay, p.err, sizeof p.err);
     expect_ok(&p, "an escaped backslash before u0000, and a newline after the object");
+    const char *numbers = "{\"model_type\":\"llama\",\"hidden_size\":64,\"num_attention_heads\":4,"
+                          "\"num_hidden_layers\":2,\"rope_theta\":5e+05,\"rms_norm_eps\":1E-5,"
+                          "\"initializer_range\":0.02,\"bos_token_id\":-0,\"x\":[0,-1.5e-3]}";
+    p.rc =
+        attn__hf_config_parse(numbers, strlen(numbers), NULL, &p.cfg, &p.lay, p.err, sizeof p.err);
+    expect_ok(&p, "numbers as JSON writes them");
+    ck_assert_float_eq(p.cfg.rope_theta, 500000.0f);
 }
 END_TEST
 
