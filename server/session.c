@@ -66,6 +66,7 @@ struct session_store {
     size_t n_tomb_buckets;
     struct tombstone **ring; /* (max_tombstones), oldest at ring_next when full */
     int32_t max_tombstones, n_tombstones, ring_next;
+    uint64_t tomb_changes; /* tombstones added or forgotten, ever (the disk tier syncs on it) */
     attn_kv_pool *kv_pool;
     uint64_t evictions[3];
     struct session_disk_ops disk; /* save == NULL: no disk tier */
@@ -142,6 +143,7 @@ static void tomb_add(struct session_store *st, const char *id, bool is_lost) {
     *b = t;
     st->ring[st->ring_next] = t;
     st->ring_next = (st->ring_next + 1) % st->max_tombstones;
+    st->tomb_changes++;
 }
 
 int session_gone_code(struct session_store *st, const char *id) {
@@ -176,8 +178,13 @@ bool session_tombstone_forget(struct session_store *st, const char *id) {
         }
     }
     st->n_tombstones--;
+    st->tomb_changes++;
     free(t);
     return true;
+}
+
+uint64_t session_tombstones_changes(const struct session_store *st) {
+    return st->tomb_changes;
 }
 
 /* ---- LRU ------------------------------------------------------------------------------------ */

@@ -128,11 +128,11 @@ struct session *session_turn_session(const struct session_turn *t);
  * once its pins and turn do, unless later requests create caches first. */
 void session_clear(struct session_store *st, struct session_turn *t);
 
-/* Forgets a tombstone. Returns true if there was one. */
 /* What a request naming a tombstoned id is told: ERROR_SESSION_LOST if its file failed its checks
  * when read back, else ERROR_SESSION_EVICTED (evicted or expired). */
 int session_gone_code(struct session_store *st, const char *id);
 
+/* Forgets a tombstone. Returns true if there was one. */
 bool session_tombstone_forget(struct session_store *st, const char *id);
 
 /* Remembers id as evicted (is_lost: lost) again, as a PUT that forgot its tombstone and then
@@ -142,6 +142,10 @@ void session_tombstone_add(struct session_store *st, const char *id, bool is_los
 /* Calls fn for every tombstone, oldest first (adding them in this order remakes the list). */
 void session_tombstones_each(const struct session_store *st,
                              void (*fn)(void *ctx, const char *id, bool is_lost), void *ctx);
+
+/* How many times a tombstone was added or forgotten since the store began: the list changed
+ * when this did. */
+uint64_t session_tombstones_changes(const struct session_store *st);
 
 /* Evicts (with tombstones, reason ttl) idle sessions unused for more than ttl_ms. Returns how
  * many. */

@@ -36,6 +36,10 @@ struct spill {
     char **foreign; /* sorted: ids whose files this server leaves alone (see is_foreign) */
     int32_t n_foreign, cap_foreign;
     bool is_closing; /* shutdown's writes have begun: a restore still under way stays on disk */
+    /* the tombstone list on disk follows the store's while the server runs (see sync_tombstones) */
+    uv_timer_t *tomb_timer; /* malloc'd: it is closed after the spill is freed */
+    uint64_t tomb_synced;   /* session_tombstones_changes when the last list was written */
+    bool is_tomb_writing;
 };
 
 /* One write or restore in flight. */
@@ -459,10 +463,17 @@ static void tombstones_written(void *ctx, int status, uint8_t *data, size_t len)
     }
 }
 
-/* statedir_close_with's last step: the list, once every write of the shutdown has ended (a
- * write that failed leaves a tombstone too). */
-static void save_tombstones(void *ctx) {
+/* A running server's write of the list: the next may start. */
+static void tombstones_synced(void *ctx, int status, uint8_t *data, size_t len) {
     struct spill *sp = ctx;
+    sp->is_tomb_writing = false;
+    tombstones_written(ctx, status, data, len);
+}
+
+/* Writes the list as the store holds it now (done: tombstones_synced while the server runs,
+ * tombstones_written at shutdown, whose callback may come after the spill is freed). Returns
+ * how many ids it holds, or -1 when it could not be queued. */
+static int32_t write_tombstones(struct spill *sp, statedir_done_fn done) {
     char fp[SNAPSHOT_FINGERPRINT_HEX], name[64];
     fingerprint_hex(sp->p.model, fp);
     snprintf(name, sizeof name, TOMBSTONES_NAME, fp);
@@ -473,17 +484,42 @@ static void save_tombstones(void *ctx) {
         t.len = (size_t)snprintf(t.data, t.cap, "%s%s\n", TOMBSTONES_HEADER, fp);
     }
     session_tombstones_each(sp->p.sessions, tomb_line, &t);
-    if (t.has_failed) {
-        free(t.data);
-        LOG_WARN("spill", "out of memory for %s: evicted ids answer 404 after the restart", name);
-        return;
+    if (t.has_failed ||
+        statedir_write(sp->dir, name, (uint8_t *)t.data, t.len, NULL, done, sp) != 0) {
+        free(t.has_failed ? t.data : NULL); /* statedir_write frees what it was given */
+        LOG_WARN("spill", "out of memory for %s: evicted ids may answer 404 after a restart", name);
+        return -1;
     }
-    LOG_INFO("spill", "shutdown: %d tombstones of evicted or lost ids written to %s", (int)t.n,
-             name);
-    if (statedir_write(sp->dir, name, (uint8_t *)t.data, t.len, NULL, tombstones_written, sp) !=
-        0) {
-        LOG_WARN("spill", "out of memory for %s", name);
+    sp->tomb_synced = session_tombstones_changes(sp->p.sessions);
+    return t.n;
+}
+
+/* statedir_close_with's last step: the list, once every write of the shutdown has ended (a
+ * write that failed leaves a tombstone too). */
+static void save_tombstones(void *ctx) {
+    struct spill *sp = ctx;
+    int32_t n = write_tombstones(sp, tombstones_written);
+    if (n >= 0) {
+        LOG_INFO("spill", "shutdown: %d tombstones of evicted or lost ids written", (int)n);
     }
+}
+
+/* Every TOMBSTONES_SYNC_MS while the server runs, the list again if it changed since it was
+ * last written, so that a server killed without its shutdown (SIGKILL, a crash, the machine)
+ * keeps all but the last moments' tombstones: an evicted id answers 410 after the restart, and
+ * one a DELETE freed stays free (the last shutdown's list brought it back). */
+#define TOMBSTONES_SYNC_MS 1000
+
+static void sync_tombstones(uv_timer_t *timer) {
+    struct spill *sp = timer->data;
+    if (!sp->is_closing && !sp->is_tomb_writing &&
+        session_tombstones_changes(sp->p.sessions) != sp->tomb_synced) {
+        sp->is_tomb_writing = write_tombstones(sp, tombstones_synced) >= 0;
+    }
+}
+
+static void free_timer(uv_handle_t *h) {
+    free(h);
 }
 
 /* At start, after the session files: the last shutdown's tombstones, but for ids that have a
@@ -575,6 +611,16 @@ int spill_open(const struct spill_params *p, struct spill **out, char *err, size
     LOG_INFO("spill", "state dir %s: %d sessions of this model found, %d other files left alone",
              p->dir, (int)sc.n, (int)(n_files - sc.n));
     load_tombstones(sp);
+    sp->tomb_synced = session_tombstones_changes(p->sessions);
+    sp->tomb_timer = malloc(sizeof *sp->tomb_timer);
+    if (sp->tomb_timer != NULL) {
+        uv_timer_init(p->loop, sp->tomb_timer);
+        sp->tomb_timer->data = sp;
+        uv_timer_start(sp->tomb_timer, sync_tombstones, TOMBSTONES_SYNC_MS, TOMBSTONES_SYNC_MS);
+        uv_unref((uv_handle_t *)sp->tomb_timer); /* it never keeps the loop (the drain) alive */
+    } else {
+        LOG_WARN("spill", "out of memory: the tombstone list is written at shutdown only");
+    }
     *out = sp;
     return 0;
 }
@@ -588,6 +634,9 @@ void spill_save_all(struct spill *sp) {
     session_store_get_stats(sp->p.sessions, &before);
     sp->max_pending = SIZE_MAX; /* at shutdown every session waits its turn for the disk */
     sp->is_closing = true;
+    if (sp->tomb_timer != NULL) {
+        uv_timer_stop(sp->tomb_timer); /* the shutdown writes the last list */
+    }
     sp->lost_before_save_all = sp->m.spill_failures + sp->n_not_written;
     session_store_spill_all(sp->p.sessions);
     LOG_INFO("spill", "shutdown: %d sessions in memory, writing them to %s", (int)before.n_sessions,
@@ -598,7 +647,13 @@ int32_t spill_close(struct spill *sp) {
     if (sp == NULL) {
         return 0;
     }
-    /* runs the last writes' callbacks, which count their failures, then writes the tombstones */
+    if (sp->tomb_timer != NULL) {
+        uv_timer_stop(sp->tomb_timer);
+        uv_close((uv_handle_t *)sp->tomb_timer, free_timer);
+    }
+    /* runs the last writes' callbacks (a sync of the list among them), which count their
+     * failures, then writes the tombstones */
+    sp->is_closing = true;
     statedir_close_with(sp->dir, save_tombstones, sp);
     int32_t lost = (int32_t)(sp->m.spill_failures + sp->n_not_written - sp->lost_before_save_all);
     for (int32_t i = 0; i < sp->n_foreign; i++) {

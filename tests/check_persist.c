@@ -818,6 +818,52 @@ START_TEST(test_persist_failed_import_keeps_the_tombstone) {
 }
 END_TEST
 
+/* The tombstone list follows the store while the server runs: a server killed without its
+ * shutdown still answers 410 for an id dropped from disk before, and an id a DELETE freed stays
+ * free (the list was written at shutdown only: SIGKILL lost the first and brought the second's
+ * tombstone back from the last shutdown's list). */
+START_TEST(test_persist_tombstones_survive_sigkill) {
+    const char *args[] = {"--preset",          "tiny", "--kv-dtype",  "f32",
+                          "--kv-budget-mb",    "1",    "--state-dir", dir_,
+                          "--state-budget-mb", "1",    NULL};
+    http_client_daemon_start(&a_, args);
+    float *xs[N_SPILL];
+    for (int i = 0; i < N_SPILL; i++) {
+        xs[i] = rows(90 + i);
+    }
+    fill(&a_, N_SPILL, xs);
+    char code[64];
+    ck_assert_int_eq(status_of(&a_, "GET", "/v1/sessions/p0", NULL, 0, code, sizeof code), 410);
+    ck_assert_int_eq(status_of(&a_, "GET", "/v1/sessions/p1", NULL, 0, code, sizeof code), 410);
+    stop_ok(&a_); /* a clean shutdown's list: p0 and p1 */
+    http_client_daemon_start(&a_, args);
+    ck_assert_int_eq(status_of(&a_, "DELETE", "/v1/sessions/p1", NULL, 0, code, sizeof code), 204);
+    http_client_sleep_ms(1500); /* past one sync of the list (TOMBSTONES_SYNC_MS) */
+    kill(a_.pid, SIGKILL);
+    http_client_daemon_kill(&a_);
+    http_client_daemon_start(&a_, args);
+    ck_assert_int_eq(status_of(&a_, "GET", "/v1/sessions/p0", NULL, 0, code, sizeof code), 410);
+    ck_assert_str_eq(code, "session_evicted");
+    ck_assert_int_eq(status_of(&a_, "GET", "/v1/sessions/p1", NULL, 0, code, sizeof code), 404);
+    stop_ok(&a_);
+    /* and one dropped in a run that never shut down cleanly */
+    remove_dir(dir_);
+    ck_assert_int_eq(mkdir(dir_, 0700), 0);
+    http_client_daemon_start(&a_, args);
+    fill(&a_, N_SPILL, xs);
+    ck_assert_int_eq(status_of(&a_, "GET", "/v1/sessions/p0", NULL, 0, code, sizeof code), 410);
+    http_client_sleep_ms(1500);
+    kill(a_.pid, SIGKILL);
+    http_client_daemon_kill(&a_);
+    http_client_daemon_start(&a_, args);
+    ck_assert_int_eq(status_of(&a_, "GET", "/v1/sessions/p0", NULL, 0, code, sizeof code), 410);
+    stop_ok(&a_);
+    for (int i = 0; i < N_SPILL; i++) {
+        free(xs[i]);
+    }
+}
+END_TEST
+
 START_TEST(test_persist_disk_budget_drops_the_oldest) {
     const char *args[] = {"--preset",          "tiny", "--kv-dtype",  "f32",
                           "--kv-budget-mb",    "1",    "--state-dir", dir_,
@@ -1070,6 +1116,7 @@ Suite *persist_suite(void) {
     tcase_add_test(tc, test_persist_odd_entries_are_left_alone);
     tcase_add_test(tc, test_persist_long_files_cost_the_others_nothing);
     tcase_add_test(tc, test_persist_failed_import_keeps_the_tombstone);
+    tcase_add_test(tc, test_persist_tombstones_survive_sigkill);
     tcase_add_test(tc, test_persist_disk_budget_drops_the_oldest);
     tcase_add_test(tc, test_persist_restore_of_the_oldest_file_survives_the_budget);
     tcase_add_test(tc, test_persist_other_block_size_leaves_the_file_alone);
