@@ -106,6 +106,7 @@ static const struct family families[] = {
      .window = WINDOW_NOT_READ,
      .qk_norm = ATTN_QK_NORM_HEAD,
      .default_norm_eps = 1e-6f,
+     .has_own_window_rule = true,
      .read_extra = qwen3_moe_extra},
     /* Qwen2-MoE (Qwen1.5-MoE, Qwen2-57B-A14B): Qwen2's attention, q/k/v biases (qkv_bias) and
      * never o, 16 KV heads when absent; use_sliding_window, qkv_bias false and a head_dim other
@@ -115,6 +116,7 @@ static const struct family families[] = {
      .default_kv_heads = 16,
      .bias = BIAS_QKV,
      .window = WINDOW_NOT_READ,
+     .has_own_window_rule = true,
      .read_extra = qwen2_moe_extra},
     /* OLMo (1): Llama's attention with clip_qkv's clamp of q, k and v; transformers 4.40 took
      * head_dim from hidden_size. */
@@ -331,6 +333,7 @@ static const struct family families[] = {
      .default_theta = 2000000.0f,
      .bias = BIAS_IF_ATTENTION_BIAS,
      .window = WINDOW_NOT_READ,
+     .has_own_window_rule = true,
      .reads = smollm3_reads,
      .read_extra = smollm3_extra},
     /* attnd's own layout: the engine's generic attention with every field explicit. */
@@ -526,15 +529,37 @@ static int read_window(const struct attn__reason *why, const cJSON *j, const str
     return rc;
 }
 
-/* Which layers slide, by the family's rule (configuration_*.py), unless layer_types lists them. */
+/* A sliding_window the family's attention never reads: transformers' DynamicCache(config) (v4.56
+ * on; the models build theirs from their config) still makes every layer's cache a sliding one,
+ * which keeps the last sliding_window tokens, so a decode step sees only those where earlier
+ * releases (and the same release's prefill) see every key. Refused when it could bind, a window
+ * shorter than the positions served; null, 0 (read as none) or a longer one change nothing. */
+static int refuse_stray_window(const struct attn__reason *why, const cJSON *j,
+                               const struct family *f, int32_t max_seq) {
+    int32_t window = 0;
+    int rc = attn__hf_get_int(why, j, "sliding_window", &window);
+    if (rc == ATTN_OK && window != 0 && window < max_seq) {
+        return attn__fail(why, ATTN_EUNSUPPORTED,
+                          "config.json: sliding_window %d: %s attention does not read it, but "
+                          "transformers since 4.56 keeps only that many tokens in a decode's "
+                          "cache (DynamicCache) while earlier releases attend to every key; "
+                          "refused rather than served as one of them (null, or a window of at "
+                          "least the %d positions served, is served as full attention)",
+                          window, f->model_type, max_seq);
+    }
+    return rc;
+}
+
+/* Which layers slide, by the family's rule (configuration_*.py), unless layer_types lists them.
+ * max_seq: the positions served (max_position_embeddings, or --max-seq). */
 static int parse_window(const struct attn__reason *why, const cJSON *j, const struct family *f,
-                        attn_config *c) {
+                        int32_t max_seq, attn_config *c) {
     int32_t window = 0, n_sliding = -1, max_window_layers = 28;
     int32_t pattern = f->default_pattern > 0 ? f->default_pattern : 6;
     bool use = false;
     int rc;
     if (f->window == WINDOW_NOT_READ) {
-        return ATTN_OK;
+        return f->has_own_window_rule ? ATTN_OK : refuse_stray_window(why, j, f, max_seq);
     }
     if (f->window == WINDOW_QWEN2 &&
         ((rc = attn__hf_get_bool(why, j, "use_sliding_window", &use)) != ATTN_OK ||
@@ -1153,7 +1178,7 @@ static int parse_config(const struct attn__reason *why, const cJSON *j, const at
                           "versions differ on which applies",
                           c->head_dim, c->hidden_size, c->n_heads, f->model_type);
     }
-    if ((rc = parse_window(why, j, f, c)) != ATTN_OK ||
+    if ((rc = parse_window(why, j, f, p->max_seq > 0 ? p->max_seq : c->max_seq, c)) != ATTN_OK ||
         (rc = parse_bias(why, j, f, c, lay)) != ATTN_OK ||
         (f->read_extra != NULL && (rc = f->read_extra(why, j, c)) != ATTN_OK)) {
         return rc;

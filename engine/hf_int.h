@@ -84,6 +84,10 @@ struct family {
     /* Its first transformers releases rotated without reading rope_scaling, later ones apply
      * it: any scaling but the default is refused. */
     bool is_scaling_unread;
+    /* WINDOW_NOT_READ: sliding_window has a rule of its own here, so parse_window does not
+     * refuse it as a stray one: the config class nulls it unless use_sliding_window (the MoE
+     * Qwens), or read_extra reads it (SmolLM3). */
+    bool has_own_window_rule;
 };
 
 /* ---- field readers (hf_fields.c): each reads an optional field; absent or null leaves *out as

@@ -44,6 +44,16 @@ static struct parsed parse(const char *type, const char *extra, const char *trus
     return p;
 }
 
+/* As parse, with the load parameters lp (--max-seq...). */
+static struct parsed parse_with(const char *type, const char *extra, const attn_load_params *lp) {
+    struct parsed p;
+    memset(&p, 0, sizeof p);
+    char json[1024];
+    config_text(json, sizeof json, type, extra);
+    p.rc = attn__hf_config_parse(json, strlen(json), lp, &p.cfg, &p.lay, p.err, sizeof p.err);
+    return p;
+}
+
 static void expect_ok(const struct parsed *p, const char *what) {
     ck_assert_msg(p->rc == ATTN_OK, "%s: %d (%s)", what, p->rc, p->err);
 }
@@ -101,8 +111,8 @@ START_TEST(test_family_model_type_decides) {
               "\"scale_attn_weights\":true,\"is_causal\":true,\"multi_query\":false",
               "llama");
     expect_ok(&p, "trusted, neutral values");
-    p = parse("llama", ",\"sliding_window\":4", NULL);
-    expect_ok(&p, "llama's own config ignores a window");
+    p = parse("llama", ",\"sliding_window\":null", NULL);
+    expect_ok(&p, "llama with a null window");
     ck_assert_int_eq(p.cfg.sliding_window, 0);
 
     /* Known and not served: refused with what it needs, trusted or not. */
@@ -705,10 +715,30 @@ END_TEST
 
 /* Each family's own defaults and window rule (configuration_*.py). */
 START_TEST(test_family_defaults_and_windows) {
-    /* Llama's attention never reads sliding_window; num_key_value_heads defaults to the heads. */
+    /* Llama's attention never reads sliding_window, but transformers' DynamicCache(config) since
+     * 4.56 makes every layer's cache keep only that many tokens, so decode steps see a window
+     * that earlier releases (and the same release's prefill) do not: a window that could bind
+     * is refused (found by an outside audit), one of at least the positions served (4096 here, or
+     * --max-seq) changes nothing; num_key_value_heads defaults to the heads. */
     struct parsed p = parse("llama", ",\"sliding_window\":4", NULL);
-    expect_ok(&p, "llama");
+    expect_refused(&p, ATTN_EUNSUPPORTED, "sliding_window 4: llama attention does not read it",
+                   "llama with a stray window");
+    static const char *const stray[] = {"olmo",     "olmo2",    "gemma",  "granite", "granitemoe",
+                                        "gpt_neox", "stablelm", "cohere", "glm4"};
+    for (size_t i = 0; i < sizeof stray / sizeof stray[0]; i++) {
+        p = parse(stray[i], ",\"num_key_value_heads\":2,\"head_dim\":16,\"sliding_window\":4",
+                  NULL);
+        expect_refused(&p, ATTN_EUNSUPPORTED, "sliding_window 4", stray[i]);
+    }
+    attn_load_params longer = {.max_seq = 100000};
+    p = parse_with("llama", ",\"sliding_window\":32768", &longer);
+    expect_refused(&p, ATTN_EUNSUPPORTED, "100000 positions served", "a window --max-seq passes");
+    p = parse("llama", ",\"sliding_window\":32768", NULL);
+    expect_ok(&p, "llama with a window longer than its positions");
     ck_assert_int_eq(p.cfg.sliding_window, 0);
+    p = parse("llama", ",\"sliding_window\":0", NULL);
+    expect_ok(&p, "llama with a window of 0, read as none");
+    p = parse("llama", "", NULL);
     ck_assert_int_eq(p.cfg.n_kv_heads, 4);
     /* Mistral: an absent window is 4096 and absent KV heads 8; null means none / one per head. */
     p = parse("mistral", "", NULL);
@@ -985,7 +1015,7 @@ START_TEST(test_family_starcoder2_and_gemma_rules) {
     /* GemmaConfig: 16 KV heads and head_dim 256 when absent; biases iff attention_bias; no
      * window. */
     p = parse_text("{\"model_type\":\"gemma\",\"hidden_size\":3072,\"num_attention_heads\":16,"
-                   "\"num_hidden_layers\":2,\"sliding_window\":4}");
+                   "\"num_hidden_layers\":2,\"sliding_window\":null}");
     expect_ok(&p, "gemma defaults");
     ck_assert_int_eq(p.cfg.n_kv_heads, 16);
     ck_assert_int_eq(p.cfg.head_dim, 256);
@@ -1085,10 +1115,12 @@ START_TEST(test_family_phi_rules) {
     ck_assert(!attn__hf_tensor_is_consumed(&p.cfg, &p.lay, "o_proj.weight"));
     ck_assert(!attn__hf_tensor_is_consumed(&p.cfg, &p.lay, "q_layernorm.weight"));
     ck_assert_int_eq(p.cfg.qk_norm, ATTN_QK_NORM_NONE);
-    p = parse("phi", ",\"partial_rotary_factor\":0.4,\"sliding_window\":4", NULL);
+    p = parse("phi", ",\"partial_rotary_factor\":0.4,\"sliding_window\":null", NULL);
     expect_ok(&p, "phi-2's factor");
     ck_assert_int_eq(p.cfg.rotary_dim, 6);
     ck_assert_int_eq(p.cfg.sliding_window, 0);
+    p = parse("phi", ",\"partial_rotary_factor\":0.4,\"sliding_window\":4", NULL);
+    expect_refused(&p, ATTN_EUNSUPPORTED, "sliding_window 4", "phi with a stray window");
     p = parse("phi", ",\"head_dim\":32", NULL);
     expect_refused(&p, ATTN_EUNSUPPORTED, "head_dim 32", "phi head_dim");
     p = parse("phi", ",\"qk_layernorm\":false", NULL);
