@@ -385,9 +385,6 @@ float attn__bf16_to_f32(uint16_t h);
 uint16_t attn__f32_to_f16(float f);
 float attn__f16_to_f32(uint16_t h);
 
-/* dst[i] = src[i] widened, for i < n. */
-void attn__half_to_f32(const uint16_t *src, bool is_bf16, size_t n, float *dst);
-
 /* The portable attn__rows_dot_half. */
 void attn__rows_dot_half_portable(const float *x, int32_t m, int32_t k, const uint16_t *w,
                                   bool is_bf16, int32_t n, float *y, size_t ldy);

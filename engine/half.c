@@ -70,12 +70,6 @@ float attn__f16_to_f32(uint16_t h) {
     return float_of(sign | ((exp + 112) << 23) | (mant << 13));
 }
 
-void attn__half_to_f32(const uint16_t *src, bool is_bf16, size_t n, float *dst) {
-    for (size_t i = 0; i < n; i++) {
-        dst[i] = is_bf16 ? attn__bf16_to_f32(src[i]) : attn__f16_to_f32(src[i]);
-    }
-}
-
 void attn__rows_dot_half_portable(const float *x, int32_t m, int32_t k, const uint16_t *w,
                                   bool is_bf16, int32_t n, float *y, size_t ldy) {
     for (int32_t j = 0; j < n; j++) {
