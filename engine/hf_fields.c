@@ -164,6 +164,8 @@ static const char *lenient_json(const char *s, size_t n) {
             }
         } else if (c == '"') {
             in_string = true;
+        } else if (c < 0x20 && c != '\t' && c != '\n' && c != '\r') {
+            return "a control character between values (JSON's blanks are space, tab, CR, LF)";
         } else if (c == '-' || (c >= '0' && c <= '9')) {
             size_t next = i;
             if (!is_json_number(s, i, n, &next)) {

@@ -177,6 +177,10 @@ START_TEST(test_family_repeated_keys_and_ranges_are_named) {
         {"{\"model_type\":\"llama\",\"hidden_size\":64,\"num_attention_heads\":4,"
          "\"num_hidden_layers\":2,\"rope_theta\":5.e5}",
          "a point without digits"},
+        /* a form feed between values: cJSON skips it as a blank, Python refuses it */
+        {"{\"model_type\":\"llama\",\f\"hidden_size\":64,\"num_attention_heads\":4,"
+         "\"num_hidden_layers\":2}",
+         "a control character between values"},
         /* a raw tab inside a string: Python's strict json refuses it */
         {"{\"model_type\":\"llama\",\"hidden_size\":64,\"num_attention_heads\":4,"
          "\"num_hidden_layers\":2,\"_name_or_path\":\"a\tb\"}",
@@ -671,9 +675,10 @@ START_TEST(test_family_screened_fields) {
                                            "qwen3", "qwen3_moe", "olmo2",   "attnd"};
     for (size_t f = 0; f < sizeof families / sizeof families[0]; f++) {
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-            if (strncmp(families[f], "qwen", 4) == 0 &&
+            if ((strcmp(families[f], "qwen2") == 0 || strcmp(families[f], "qwen3") == 0) &&
                 strcmp(cases[i].field, "layer_types") == 0) {
-                continue; /* the Qwen families read it (test_family_defaults_and_windows) */
+                continue; /* the Qwen families read it (test_family_defaults_and_windows); the
+                             MoE Qwens screen it */
             }
             char extra[256], what[128];
             snprintf(what, sizeof what, "%s %s=%s", families[f], cases[i].field, cases[i].bad);

@@ -96,8 +96,9 @@ END_TEST
  * rows, for every dtype (float32 too: a decode's attention takes the same kernels) and shapes
  * with odd keys, few and many rows, dims not a multiple of 8. */
 START_TEST(test_kv_dtype_kernels_agree) {
-    static const int32_t shapes[][3] = {{1, 7, 64},  {4, 16, 128},  {3, 5, 80},
-                                        {9, 33, 37}, {4, 128, 128}, {2, 1, 16}};
+    /* (m, n, d); d = 288 and 520 pass Q8_0's 256-column chunks of scales (a latent's 512) */
+    static const int32_t shapes[][3] = {{1, 7, 64},    {4, 16, 128}, {3, 5, 80},   {9, 33, 37},
+                                        {4, 128, 128}, {2, 1, 16},   {4, 40, 288}, {3, 35, 520}};
     static const attn_dtype dtypes[] = {ATTN_DTYPE_F32, ATTN_DTYPE_BF16, ATTN_DTYPE_F16,
                                         ATTN_DTYPE_Q8_0};
     ref_rng rng;
