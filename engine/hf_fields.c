@@ -149,7 +149,8 @@ static bool is_json_number(const char *s, size_t i, size_t n, size_t *next) {
 }
 
 /* What Python's json (strict) refuses and cJSON takes, outside the \u0000 escape: a number off
- * JSON's grammar, or a raw control character inside a string. NULL when there is none. */
+ * JSON's grammar, or a raw control character inside a string or between values (cJSON skips
+ * every byte up to 0x20 as a blank). NULL when there is none. */
 static const char *lenient_json(const char *s, size_t n) {
     bool in_string = false;
     for (size_t i = 0; i < n; i++) {
