@@ -4,6 +4,7 @@
 #include "spill.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -21,7 +22,14 @@
  * session file's name. */
 #define TOMBSTONES_NAME   "tombstones-%.16s.list"
 #define TOMBSTONES_HEADER "attnd-tombstones 1 "
-#define TOMBSTONES_MAX    ((size_t)64 << 20)
+/* Every TOMBSTONES_SYNC_MS while the server runs (a second a MiB for a long list), the list is
+ * written again if it changed since it was last written, so that a server killed without its
+ * shutdown (SIGKILL, a crash, the machine) keeps all but the last moments' tombstones: an
+ * evicted id answers 410 after the restart, and one a DELETE freed stays free (the last
+ * shutdown's list brought it back). Its write queues behind the session files' (one I/O
+ * thread). */
+#define TOMBSTONES_SYNC_MS 1000
+#define TOMBSTONES_MAX     ((size_t)64 << 20)
 
 struct spill {
     struct spill_params p;
@@ -37,9 +45,12 @@ struct spill {
     int32_t n_foreign, cap_foreign;
     bool is_closing; /* shutdown's writes have begun: a restore still under way stays on disk */
     /* the tombstone list on disk follows the store's while the server runs (see sync_tombstones) */
-    uv_timer_t *tomb_timer; /* malloc'd: it is closed after the spill is freed */
-    uint64_t tomb_synced;   /* session_tombstones_changes when the last list was written */
+    uv_timer_t *tomb_timer; /* malloc'd: its close ends after the spill is freed */
+    uint64_t tomb_synced;   /* session_tombstones_changes when the last list was queued
+                               (TOMB_UNSYNCED: the list on disk is not the store's) */
+    int64_t tomb_next_ms;   /* no write of the list before (mono_ms) */
     bool is_tomb_writing;
+    bool has_tomb_failed; /* the last write failed (logged once until one succeeds) */
 };
 
 /* One write or restore in flight. */
@@ -463,16 +474,29 @@ static void tombstones_written(void *ctx, int status, uint8_t *data, size_t len)
     }
 }
 
-/* A running server's write of the list: the next may start. */
+/* tomb_synced when the list on disk is not the store's: never a count of changes. */
+#define TOMB_UNSYNCED UINT64_MAX
+
+/* A running server's write of the list: the next may start. One that failed is tried again at
+ * the next tick (logged once until a write succeeds). statedir_close_with runs the callbacks of
+ * every write before spill_close frees the spill. */
 static void tombstones_synced(void *ctx, int status, uint8_t *data, size_t len) {
     struct spill *sp = ctx;
     sp->is_tomb_writing = false;
-    tombstones_written(ctx, status, data, len);
+    if (status != 0) {
+        sp->tomb_synced = TOMB_UNSYNCED;
+        if (!sp->has_tomb_failed) {
+            tombstones_written(ctx, status, data, len);
+        }
+    } else if (sp->has_tomb_failed) {
+        LOG_INFO("spill", "the tombstone list is written again");
+    }
+    sp->has_tomb_failed = status != 0;
 }
 
 /* Writes the list as the store holds it now (done: tombstones_synced while the server runs,
- * tombstones_written at shutdown, whose callback may come after the spill is freed). Returns
- * how many ids it holds, or -1 when it could not be queued. */
+ * tombstones_written at shutdown, which touches nothing of the spill). Returns how many ids it
+ * holds, or -1 when it could not be queued. */
 static int32_t write_tombstones(struct spill *sp, statedir_done_fn done) {
     char fp[SNAPSHOT_FINGERPRINT_HEX], name[64];
     fingerprint_hex(sp->p.model, fp);
@@ -491,6 +515,11 @@ static int32_t write_tombstones(struct spill *sp, statedir_done_fn done) {
         return -1;
     }
     sp->tomb_synced = session_tombstones_changes(sp->p.sessions);
+    /* a long list waits longer for its next write, a second a MiB: under steady evictions the
+     * rewrites take at most about 1 MiB/s of the I/O thread, which restores queue behind */
+    size_t mib = t.len >> 20;
+    sp->tomb_next_ms =
+        mono_ms() + (mib > 1 ? (int64_t)mib * TOMBSTONES_SYNC_MS : TOMBSTONES_SYNC_MS);
     return t.n;
 }
 
@@ -504,15 +533,9 @@ static void save_tombstones(void *ctx) {
     }
 }
 
-/* Every TOMBSTONES_SYNC_MS while the server runs, the list again if it changed since it was
- * last written, so that a server killed without its shutdown (SIGKILL, a crash, the machine)
- * keeps all but the last moments' tombstones: an evicted id answers 410 after the restart, and
- * one a DELETE freed stays free (the last shutdown's list brought it back). */
-#define TOMBSTONES_SYNC_MS 1000
-
 static void sync_tombstones(uv_timer_t *timer) {
     struct spill *sp = timer->data;
-    if (!sp->is_closing && !sp->is_tomb_writing &&
+    if (!sp->is_closing && !sp->is_tomb_writing && mono_ms() >= sp->tomb_next_ms &&
         session_tombstones_changes(sp->p.sessions) != sp->tomb_synced) {
         sp->is_tomb_writing = write_tombstones(sp, tombstones_synced) >= 0;
     }
@@ -522,9 +545,10 @@ static void free_timer(uv_handle_t *h) {
     free(h);
 }
 
-/* At start, after the session files: the last shutdown's tombstones, but for ids that have a
- * file (a session on disk, or one left alone) now. */
-static void load_tombstones(struct spill *sp) {
+/* At start, after the session files: the last list's tombstones, but for ids that have a file
+ * (a session on disk, or one left alone) now. Returns whether the store now holds a list other
+ * than the file's (lines skipped), which the first sync then writes. */
+static bool load_tombstones(struct spill *sp) {
     char fp[SNAPSHOT_FINGERPRINT_HEX], name[64];
     fingerprint_hex(sp->p.model, fp);
     snprintf(name, sizeof name, TOMBSTONES_NAME, fp);
@@ -532,7 +556,7 @@ static void load_tombstones(struct spill *sp) {
     size_t len = 0;
     int rc = statedir_read_now(sp->dir, name, TOMBSTONES_MAX, &data, &len);
     if (rc == -ENOENT) {
-        return;
+        return false;
     }
     size_t hl = strlen(TOMBSTONES_HEADER);
     if (rc != 0 || len < hl + 2 * ATTN_FINGERPRINT_BYTES + 1 ||
@@ -540,14 +564,14 @@ static void load_tombstones(struct spill *sp) {
         LOG_WARN("spill", "left alone %s: %s", name,
                  rc != 0 ? strerror(-rc) : "not a tombstone list");
         free(data);
-        return;
+        return false;
     }
     if (memcmp(data + hl, fp, 2 * ATTN_FINGERPRINT_BYTES) != 0) {
         LOG_INFO("spill", "left alone %s: another model's", name);
         free(data);
-        return;
+        return false;
     }
-    int32_t n = 0, n_bad = 0;
+    int32_t n = 0, n_bad = 0, n_skipped = 0;
     const char *p = (const char *)data + hl + 2 * ATTN_FINGERPRINT_BYTES + 1;
     const char *end = (const char *)data + len;
     while (p < end) {
@@ -563,6 +587,8 @@ static void load_tombstones(struct spill *sp) {
                 state == SESSION_STATE_UNKNOWN && !is_foreign(sp, id)) {
                 session_tombstone_add(sp->p.sessions, id, p[0] == 'L');
                 n++;
+            } else {
+                n_skipped++; /* a file has it now (a crash came between the two) */
             }
         } else {
             n_bad++;
@@ -572,6 +598,7 @@ static void load_tombstones(struct spill *sp) {
     free(data);
     LOG_INFO("spill", "%d tombstones of evicted or lost ids read from %s%s", (int)n, name,
              n_bad > 0 ? " (some lines malformed, skipped)" : "");
+    return n_bad > 0 || n_skipped > 0;
 }
 
 int spill_open(const struct spill_params *p, struct spill **out, char *err, size_t err_size) {
@@ -610,8 +637,7 @@ int spill_open(const struct spill_params *p, struct spill **out, char *err, size
     free(sc.all);
     LOG_INFO("spill", "state dir %s: %d sessions of this model found, %d other files left alone",
              p->dir, (int)sc.n, (int)(n_files - sc.n));
-    load_tombstones(sp);
-    sp->tomb_synced = session_tombstones_changes(p->sessions);
+    sp->tomb_synced = load_tombstones(sp) ? TOMB_UNSYNCED : session_tombstones_changes(p->sessions);
     sp->tomb_timer = malloc(sizeof *sp->tomb_timer);
     if (sp->tomb_timer != NULL) {
         uv_timer_init(p->loop, sp->tomb_timer);
