@@ -473,22 +473,16 @@ START_TEST(test_load_gpt2_f32_matches_numpy) {
 }
 END_TEST
 
-/* StableLM 2 (qk_layernorm: a LayerNorm per head with its own weight, one tensor each),
- * Cohere (use_qk_norm: the same norm, its weights one matrix; interleaved rotary) and GLM-4 (half
- * of each head rotated, interleaved; q/k/v biases). */
-START_TEST(test_load_norm_and_rotary_families_match_numpy) {
-    static const struct {
-        const char *dir, *family, *expected;
-        const fixture *f;
-        int32_t layers;
-    } cases[] = {
-        {DATA "hf_stablelm_bf16", "stablelm", "stablelm_bf16", &stablelm, 2},
-        {DATA "hf_cohere_f32", "cohere", "cohere_f32", &cohere, 1},
-        {DATA "hf_glm4_bf16", "glm4", "glm4_bf16", &glm4, 2},
-        /* a sliding layer with interleaved RoPE, a full one without positions */
-        {DATA "hf_cohere2_f32", "cohere2", "cohere2_f32", &cohere2, 2},
-    };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+/* A family's fixture: its folder, family name, expected-output prefix, inputs and layers. */
+struct family_case {
+    const char *dir, *family, *expected;
+    const fixture *f;
+    int32_t layers;
+};
+
+/* Each case loads as its family, every layer matching its reference (check_layer). */
+static void check_family_cases(const struct family_case *cases, size_t n) {
+    for (size_t i = 0; i < n; i++) {
         attn_model *m = load_ok(cases[i].dir, NULL);
         ck_assert_str_eq(attn_model_family(m), cases[i].family);
         for (int32_t layer = 0; layer < cases[i].layers; layer++) {
@@ -496,6 +490,20 @@ START_TEST(test_load_norm_and_rotary_families_match_numpy) {
         }
         attn_model_destroy(m);
     }
+}
+
+/* StableLM 2 (qk_layernorm: a LayerNorm per head with its own weight, one tensor each),
+ * Cohere (use_qk_norm: the same norm, its weights one matrix; interleaved rotary) and GLM-4 (half
+ * of each head rotated, interleaved; q/k/v biases). */
+START_TEST(test_load_norm_and_rotary_families_match_numpy) {
+    static const struct family_case cases[] = {
+        {DATA "hf_stablelm_bf16", "stablelm", "stablelm_bf16", &stablelm, 2},
+        {DATA "hf_cohere_f32", "cohere", "cohere_f32", &cohere, 1},
+        {DATA "hf_glm4_bf16", "glm4", "glm4_bf16", &glm4, 2},
+        /* a sliding layer with interleaved RoPE, a full one without positions */
+        {DATA "hf_cohere2_f32", "cohere2", "cohere2_f32", &cohere2, 2},
+    };
+    check_family_cases(cases, sizeof cases / sizeof cases[0]);
 }
 END_TEST
 
@@ -505,11 +513,7 @@ END_TEST
  * qk_layernorm, one LayerNorm with a bias for every head; BF16) and OLMo (clip_qkv clamping about
  * a third of q, k and v; F32), each layer from its own reference. */
 START_TEST(test_load_later_families_match_numpy) {
-    static const struct {
-        const char *dir, *family, *expected;
-        const fixture *f;
-        int32_t layers;
-    } cases[] = {
+    static const struct family_case cases[] = {
         {DATA "hf_starcoder2_f16", "starcoder2", "starcoder2_f16", &starcoder2, 2},
         {DATA "hf_gemma_bf16", "gemma", "gemma_bf16", &gemma, 2},
         {DATA "hf_smollm3_bf16", "smollm3", "smollm3_bf16", &smollm3, 3},
@@ -517,14 +521,7 @@ START_TEST(test_load_later_families_match_numpy) {
         {DATA "hf_olmo_f32", "olmo", "olmo_f32", &olmo, 2},
         {DATA "hf_phi_qk_layernorm_bf16", "phi", "phi_qk_layernorm_bf16", &phiq, 1},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        attn_model *m = load_ok(cases[i].dir, NULL);
-        ck_assert_str_eq(attn_model_family(m), cases[i].family);
-        for (int32_t layer = 0; layer < cases[i].layers; layer++) {
-            check_layer(m, layer, cases[i].f, cases[i].expected);
-        }
-        attn_model_destroy(m);
-    }
+    check_family_cases(cases, sizeof cases / sizeof cases[0]);
     attn_model *m = load_ok(DATA "hf_starcoder2_f16", NULL);
     const attn_config *c = attn_model_config(m);
     ck_assert(c->has_qkv_bias && c->has_o_bias);
