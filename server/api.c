@@ -1561,7 +1561,9 @@ static int parse_steps(struct json_reader *jr, const struct api_limits *lim,
     if (json_peek(jr) != JSON_TYPE_ARRAY) {
         return wrong_type(jr, "steps", "an array of step objects", err);
     }
-    r->steps = calloc(API_MAX_STEPS, sizeof *r->steps);
+    /* grown as steps come (a whole API_MAX_STEPS was 90 KB zeroed for every batch call) */
+    int32_t cap = 8;
+    r->steps = calloc((size_t)cap, sizeof *r->steps);
     if (r->steps == NULL) {
         return out_of_memory(err, "steps");
     }
@@ -1573,6 +1575,17 @@ static int parse_steps(struct json_reader *jr, const struct api_limits *lim,
         int32_t i = r->n_steps;
         if (i == API_MAX_STEPS) {
             return fail(err, ERROR_INVALID_REQUEST, "steps", "steps: more than %d", API_MAX_STEPS);
+        }
+        if (i == cap) {
+            int32_t grown = 2 * cap < API_MAX_STEPS ? 2 * cap : API_MAX_STEPS;
+            struct api_attend_request *more_steps =
+                realloc(r->steps, (size_t)grown * sizeof *r->steps);
+            if (more_steps == NULL) {
+                return out_of_memory(err, "steps");
+            }
+            memset(more_steps + cap, 0, (size_t)(grown - cap) * sizeof *more_steps);
+            r->steps = more_steps;
+            cap = grown;
         }
         if (json_peek(jr) != JSON_TYPE_OBJECT) {
             return step_error(wrong_type(jr, "", "a step object", err), i, err);

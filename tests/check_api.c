@@ -13,6 +13,7 @@
 #include "../engine/attn.h"
 #include "../server/api.h"
 #include "../server/b64.h"
+#include "../server/strbuf.h"
 #include "../server/utf8.h"
 #include "../server/error.h"
 #include "http_client.h"
@@ -395,6 +396,49 @@ START_TEST(test_api_attention_lists) {
             ck_assert_int_eq(sel.rows[w], cases[i].want_rows[w]);
         }
         api_selection_release(&sel);
+    }
+}
+END_TEST
+
+/* A batch of many steps: each parsed in order with its own session and row (the steps' array
+ * grows as they come), and one past API_MAX_STEPS refused, naming steps. */
+START_TEST(test_api_attend_many_steps) {
+    static const int counts[] = {1, 8, 9, 40, API_MAX_STEPS, API_MAX_STEPS + 1};
+    for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
+        int n = counts[k];
+        struct strbuf b;
+        strbuf_init(&b);
+        strbuf_puts(&b, "{\"steps\":[");
+        for (int i = 0; i < n; i++) {
+            strbuf_printf(&b, "%s{\"session_id\":\"s%d\",\"x\":[[", i ? "," : "", i);
+            for (int c = 0; c < 64; c++) {
+                strbuf_printf(&b, "%s%d", c ? "," : "", i * 64 + c);
+            }
+            strbuf_puts(&b, "]]}");
+        }
+        strbuf_puts(&b, "]}");
+        ck_assert(!b.has_failed);
+        struct api_attend_request r;
+        struct api_error err;
+        int rc = api_attend_request_parse(b.data, b.len, &tiny, &r, &err);
+        if (n > API_MAX_STEPS) {
+            ck_assert_int_eq(rc, ERROR_INVALID_REQUEST);
+            ck_assert_str_eq(err.param, "steps");
+            strbuf_release(&b);
+            continue;
+        }
+        ck_assert_msg(rc == 0, "%d steps: %s", n, err.message);
+        ck_assert_int_eq(r.n_steps, n);
+        for (int i = 0; i < n; i++) {
+            char id[16];
+            snprintf(id, sizeof id, "s%d", i);
+            ck_assert_str_eq(r.steps[i].session_id, id);
+            ck_assert_int_eq(r.steps[i].n_tokens, 1);
+            ck_assert_float_eq(r.steps[i].x[0], (float)(i * 64));
+            ck_assert_float_eq(r.steps[i].x[63], (float)(i * 64 + 63));
+        }
+        api_attend_request_release(&r);
+        strbuf_release(&b);
     }
 }
 END_TEST
@@ -910,6 +954,7 @@ Suite *api_suite(void) {
     tcase_add_test(tc, test_api_sdpa_golden_float);
     tcase_add_test(tc, test_api_sdpa_golden_base64);
     tcase_add_test(tc, test_api_attend_rejects_bad_requests);
+    tcase_add_test(tc, test_api_attend_many_steps);
     tcase_add_test(tc, test_api_tensor_object_mistakes_say_what);
     tcase_add_test(tc, test_api_sdpa_rejects_bad_requests);
     tcase_add_test(tc, test_api_sdpa_work_is_bounded);
