@@ -165,6 +165,7 @@ static const struct family families[] = {
      .read_extra = gemma2_extra},
     /* Gemma 3 (text): Gemma's q/k RMSNorm per head, 5 local layers to 1 global, local RoPE. */
     {.model_type = "gemma3_text",
+     .class_defaults = {2304, 8, 26, 131072}, /* Gemma3TextConfig's */
      .default_kv_heads = 4,
      .default_head_dim = 256,
      .default_window = 4096,
@@ -325,6 +326,15 @@ static const struct family families[] = {
      .rope_style = ATTN_ROPE_STYLE_INTERLEAVED,
      .reads = deepseek_v3_reads,
      .read_extra = deepseek_extra},
+    /* Kimi-K2 ships model_type kimi_k2 with DeepSeek-V3's modeling code (its remote code is
+     * DeepSeek's, architectures DeepseekV3ForCausalLM): read as deepseek_v3. */
+    {.model_type = "kimi_k2",
+     .bias = BIAS_IF_ATTENTION_BIAS,
+     .window = WINDOW_NOT_READ,
+     .tensors = ATTN__HF_MLA,
+     .rope_style = ATTN_ROPE_STYLE_INTERLEAVED,
+     .reads = deepseek_v3_reads,
+     .read_extra = deepseek_extra},
     /* SmolLM3: Llama's attention (biases iff attention_bias) with layers that attend without
      * positions (no_rope_layers' 0s), use_sliding_window's window on the layers layer_types
      * names (smollm3_extra reads both); 4 KV heads and theta 2e6 when absent. */
@@ -354,7 +364,8 @@ static const struct {
 #define SERVED_LIST                                                                                \
     "llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, olmo, olmo2, granite, "          \
     "granitemoe, starcoder2, gemma, gemma2, gemma3, phi3, phi, gpt_neox, falcon, gpt2, "           \
-    "stablelm, cohere, cohere2, glm, glm4, gpt_oss, deepseek_v2, deepseek_v3, smollm3, attnd"
+    "stablelm, cohere, cohere2, glm, glm4, gpt_oss, deepseek_v2, deepseek_v3, kimi_k2, smollm3, "  \
+    "attnd"
 
 /* Fields that change attention, which none of the served families computes: refused unless they
  * hold their neutral value (absent, null, false, 0, or what is named). */
@@ -1109,7 +1120,10 @@ static int parse_config(const struct attn__reason *why, const cJSON *j, const at
                                                 "num_hidden_layers", "max_position_embeddings"};
     const char *const *key = f->keys != NULL ? f->keys : standard_keys;
     c->rope_theta = f->default_theta;
-    int32_t max_pos = 0;
+    c->hidden_size = f->class_defaults[0];
+    c->n_heads = f->class_defaults[1];
+    c->n_layers = f->class_defaults[2];
+    int32_t max_pos = f->class_defaults[3];
     static const char *const no_aliases[4] = {NULL, NULL, NULL, NULL};
     const char *const *alias = f->key_aliases != NULL ? f->key_aliases : no_aliases;
     if ((rc = attn__hf_get_int_either(why, j, key[0], alias[0], &c->hidden_size)) != ATTN_OK ||

@@ -44,6 +44,10 @@ typedef int (*read_extra_fn)(const struct attn__reason *why, const cJSON *j, att
 struct family {
     const char *model_type;
     int32_t default_kv_heads; /* num_key_value_heads when absent; 0 = num_attention_heads */
+    /* The config class's own values of hidden_size, num_attention_heads, num_hidden_layers and
+     * max_position_embeddings, taken when the file leaves them out (Google's gemma-3-4b writes
+     * no num_attention_heads); 0: the key is required (max_position_embeddings: 4096). */
+    int32_t class_defaults[4];
     int32_t default_head_dim; /* head_dim when absent; 0 = hidden_size / num_attention_heads */
     int32_t default_window;   /* sliding_window when absent (null stays none) */
     enum bias_rule bias;

@@ -463,6 +463,11 @@ START_TEST(test_family_layout_rules) {
     expect_ok(&p, "deepseek_v3 q_proj, halves");
     ck_assert_int_eq(p.cfg.q_lora_rank, 0);
     ck_assert_int_eq(p.cfg.rope_style, ATTN_ROPE_STYLE_HALF);
+    /* Kimi-K2's own model_type: DeepSeek-V3's code, read as deepseek_v3 */
+    p = parse("kimi_k2", ",\"q_lora_rank\":null,\"rope_interleave\":false", NULL);
+    expect_ok(&p, "kimi_k2");
+    ck_assert_str_eq(p.lay.family, "kimi_k2");
+    ck_assert(p.cfg.kv_lora_rank == 512 && p.cfg.rope_style == ATTN_ROPE_STYLE_HALF);
     p = parse("deepseek_v2", ",\"rope_interleave\":false", NULL);
     expect_ok(&p, "deepseek_v2 does not read rope_interleave");
     ck_assert_int_eq(p.cfg.rope_style, ATTN_ROPE_STYLE_INTERLEAVED);
@@ -972,6 +977,19 @@ START_TEST(test_family_gemma_rules) {
     }
     p = parse("gemma3", ",\"num_key_value_heads\":2", NULL);
     expect_refused(&p, ATTN_EIO, "text_config", "gemma3 without its text model");
+    /* Google's gemma-3-4b leaves num_attention_heads (and more) out of its text_config:
+     * Gemma3TextConfig's own values apply (it was refused as "required"; found by an outside
+     * audit on the published config) */
+    const char *g3mm = "{\"model_type\":\"gemma3\",\"text_config\":{\"model_type\":\"gemma3_text\","
+                       "\"hidden_size\":2560,\"num_hidden_layers\":34,\"sliding_window\":1024}}";
+    p.rc = attn__hf_config_parse(g3mm, strlen(g3mm), NULL, &p.cfg, &p.lay, p.err, sizeof p.err);
+    expect_ok(&p, "gemma-3-4b's text_config");
+    ck_assert(p.cfg.hidden_size == 2560 && p.cfg.n_heads == 8 && p.cfg.n_kv_heads == 4 &&
+              p.cfg.head_dim == 256 && p.cfg.n_layers == 34 && p.cfg.max_seq == 131072);
+    const char *g3bare = "{\"model_type\":\"gemma3_text\"}";
+    p.rc = attn__hf_config_parse(g3bare, strlen(g3bare), NULL, &p.cfg, &p.lay, p.err, sizeof p.err);
+    expect_ok(&p, "Gemma3TextConfig() itself");
+    ck_assert(p.cfg.hidden_size == 2304 && p.cfg.n_heads == 8 && p.cfg.n_layers == 26);
     p = parse("gemma2", ",\"num_key_value_heads\":2,\"use_bidirectional_attention\":true", NULL);
     expect_refused(&p, ATTN_EUNSUPPORTED, "use_bidirectional_attention", "bidirectional");
 }
