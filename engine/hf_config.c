@@ -326,15 +326,6 @@ static const struct family families[] = {
      .rope_style = ATTN_ROPE_STYLE_INTERLEAVED,
      .reads = deepseek_v3_reads,
      .read_extra = deepseek_extra},
-    /* Kimi-K2 ships model_type kimi_k2 with DeepSeek-V3's modeling code (its remote code is
-     * DeepSeek's, architectures DeepseekV3ForCausalLM): read as deepseek_v3. */
-    {.model_type = "kimi_k2",
-     .bias = BIAS_IF_ATTENTION_BIAS,
-     .window = WINDOW_NOT_READ,
-     .tensors = ATTN__HF_MLA,
-     .rope_style = ATTN_ROPE_STYLE_INTERLEAVED,
-     .reads = deepseek_v3_reads,
-     .read_extra = deepseek_extra},
     /* SmolLM3: Llama's attention (biases iff attention_bias) with layers that attend without
      * positions (no_rope_layers' 0s), use_sliding_window's window on the layers layer_types
      * names (smollm3_extra reads both); 4 KV heads and theta 2e6 when absent. */
@@ -1032,6 +1023,15 @@ static const struct family *family_find(const char *model_type) {
     return NULL;
 }
 
+/* model_types whose checkpoints ship another family's modeling code: read by that family's
+ * rules, served under their own name. */
+static const struct {
+    const char *model_type, *read_as;
+} aliases[] = {
+    /* Kimi-K2: DeepSeek-V3's code as its remote code, architectures DeepseekV3ForCausalLM */
+    {"kimi_k2", "deepseek_v3"},
+};
+
 /* The family whose rules apply; lay->family gets the name served. */
 static int pick_family(const struct attn__reason *why, const cJSON *j, const char *trust_layout,
                        const struct family **out, bool *is_trusted, struct attn__hf_layout *lay) {
@@ -1042,8 +1042,11 @@ static int pick_family(const struct attn__reason *why, const cJSON *j, const cha
     }
     const char *name = mt != NULL ? mt->valuestring : NULL;
     const struct family *f = name != NULL ? family_find(name) : NULL;
+    for (size_t i = 0; name != NULL && f == NULL && i < sizeof aliases / sizeof aliases[0]; i++) {
+        f = strcmp(aliases[i].model_type, name) == 0 ? family_find(aliases[i].read_as) : NULL;
+    }
     if (f != NULL) {
-        snprintf(lay->family, sizeof lay->family, "%s", f->model_type);
+        snprintf(lay->family, sizeof lay->family, "%s", name);
         *out = f;
         return ATTN_OK;
     }
