@@ -50,6 +50,7 @@ struct route_req {
     const char *error_name;               /* the error code answered, or NULL */
     char session[API_SESSION_ID_MAX + 1]; /* the session named, for logs ("" = none) */
     struct job *job;                      /* the job carrying this request, or NULL (job.h) */
+    struct disk_delete *disk_delete;      /* a DELETE waiting for a file's removal (route.c) */
 };
 
 /* Answers with a JSON body (malloc'd, ownership taken; NULL = no body, e.g. 204). Later answers

@@ -1047,12 +1047,13 @@ int session_disk_forget(struct session_store *st, const char *id) {
     return 0;
 }
 
-int session_disk_delete(struct session_store *st, const char *id) {
+int session_disk_delete(struct session_store *st, const char *id, void (*done)(void *done_ctx),
+                        void *done_ctx) {
     struct session *s = find_any(st, id);
     if (s == NULL || !s->is_on_disk) {
         return ERROR_SESSION_NOT_FOUND;
     }
-    st->disk.remove(st->disk.ctx, s->id);
+    st->disk.remove_then(st->disk.ctx, s->id, done, done_ctx);
     unlink_session(st, s);
     session_free(st, s);
     return 0;

@@ -73,6 +73,9 @@ struct session_disk_ops {
     size_t (*save)(void *ctx, struct session *s);
     /* Removes the file of the session id (dropped from disk, or restored). */
     void (*remove)(void *ctx, const char *id);
+    /* The same, calling done(done_ctx) on the loop once the file is gone (or could not be
+     * removed): a DELETE answers after it, so that no restart brings the session back. */
+    void (*remove_then)(void *ctx, const char *id, void (*done)(void *done_ctx), void *done_ctx);
     /* Whether the directory holds a file for the session id that this server leaves alone
      * (another model's, say): a session of that id is not created, since its file would
      * replace that one. */
@@ -235,9 +238,11 @@ void session_restore_end(struct session_store *st, struct session_turn *t, int s
  * ERROR_SESSION_NOT_FOUND (not on disk). */
 int session_disk_forget(struct session_store *st, const char *id);
 
-/* Deletes the session id from disk, file and all, without a tombstone (DELETE). Returns 0 or
+/* Deletes the session id from disk, file and all, without a tombstone (DELETE); done(done_ctx)
+ * is called once the file is gone (not when this returns an error). Returns 0 or
  * ERROR_SESSION_NOT_FOUND (not on disk). */
-int session_disk_delete(struct session_store *st, const char *id);
+int session_disk_delete(struct session_store *st, const char *id, void (*done)(void *done_ctx),
+                        void *done_ctx);
 
 /* Moves every idle session in memory to disk (at shutdown), least recently used first, so that
  * the disk budget drops the oldest. */
