@@ -878,6 +878,14 @@ static int deepseek_extra(const struct attn__reason *why, const cJSON *j, attn_c
     if (c->kv_lora_rank <= 0) {
         return attn__fail(why, ATTN_EIO, "config.json: kv_lora_rank must be > 0");
     }
+    /* 0 is not null: the modeling code's `if self.q_lora_rank is None` builds a zero-rank
+     * q_a_proj for it, never q_proj; the engine's 0 means q_proj, so refuse rather than serve it */
+    if (ql == NULL || !cJSON_IsNull(ql)) {
+        if (c->q_lora_rank <= 0) {
+            return attn__fail(why, ATTN_EIO,
+                              "config.json: q_lora_rank must be > 0 (null for a plain q_proj)");
+        }
+    }
     c->n_kv_heads = 1;
     c->head_dim = c->qk_nope_head_dim + c->qk_rope_head_dim;
     return ATTN_OK;

@@ -473,6 +473,10 @@ START_TEST(test_family_layout_rules) {
     ck_assert_int_eq(p.cfg.rope_style, ATTN_ROPE_STYLE_INTERLEAVED);
     p = parse("deepseek_v3", ",\"kv_lora_rank\":0", NULL);
     expect_refused(&p, ATTN_EIO, "kv_lora_rank must be > 0", "deepseek kv_lora_rank 0");
+    /* q_lora_rank 0 is not null: the modeling code (`if self.q_lora_rank is None`) builds a
+     * zero-rank q_a_proj for it, never q_proj, so serving q_proj would be another model */
+    p = parse("deepseek_v3", ",\"q_lora_rank\":0", NULL);
+    expect_refused(&p, ATTN_EIO, "q_lora_rank must be > 0", "deepseek q_lora_rank 0");
     p = parse("deepseek_v3",
               ",\"max_position_embeddings\":2560,\"rope_scaling\":{\"type\":\"yarn\",\"factor\":40,"
               "\"original_max_position_embeddings\":64,\"mscale\":1.0,\"mscale_all_dim\":1.0}",
