@@ -627,7 +627,10 @@ typedef struct attn_step {
  * that would exceed max_seq), ATTN_ENOSPC (not enough free blocks for all the appends),
  * ATTN_EOVERFLOW (a key, value or kept query not finite or past the cache dtype's range: found
  * as it is appended, after which every cache goes back to its length; its blocks stay with it,
- * as reserved ones, for attn_kv_truncate to give back. The one exception to all-or-nothing: a
+ * as reserved ones, for attn_kv_truncate to give back. A linear layer's states are checked
+ * before they take a chunk's rows and put back as they were, contents and length, when a later
+ * chunk fails; a call of more tokens than the workspace's max_tokens on a linear layer copies
+ * its states first, and may fail ATTN_ENOMEM for it. The one exception to all-or-nothing: a
  * ring that had to drop blocks during the call, which only a cache appended to without
  * attn_kv_reserve does, keeps its new tokens, held as non-finite values). */
 int attn_forward(const attn_model *m, int32_t layer, attn_workspace *ws, const attn_step *steps,

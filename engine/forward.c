@@ -775,7 +775,102 @@ static void run_pipelined(const attn_model *m, int32_t layer, attn_workspace *ws
     ws->ex.run(ws->ex.ctx, pipe_task, &j, c->n_kv_heads + n_tasks);
 }
 
-static void run_chunk(const attn_model *m, int32_t layer, attn_workspace *ws,
+/* ---- linear attention's states ------------------------------------------------------------ */
+
+/* A state cannot take a token back as a cache can (a sum forgets its terms), so a call whose key
+ * or value rows are not finite (a projection past float's range) must be caught before any state
+ * takes them: a state that took one would answer NaN for the rest of its session. A chunk checks
+ * all its rows before any of its states moves; a call of several chunks also keeps a copy of its
+ * states from before the first, for when a later chunk fails (struct state_saves). */
+static bool linear_rows_finite(const attn_config *c, const float *qkv, int32_t n_rows) {
+    size_t n_qkv = n_qkv_of(c), k_off = (size_t)c->n_heads * c->head_dim;
+    for (int32_t r = 0; r < n_rows; r++) {
+        const float *kv = qkv + (size_t)r * n_qkv + k_off;
+        for (size_t e = 0; e < n_qkv - k_off; e++) {
+            if (!isfinite(kv[e])) {
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
+/* The states of a call's steps as they were before it: length, and contents when it had any. */
+struct state_saves {
+    int32_t *len;    /* (n_steps) */
+    double *doubles; /* (n_steps, n_kv_heads, state doubles) */
+    size_t per_head; /* state doubles of one KV head */
+};
+
+static int save_states(const attn_config *c, const attn_step *steps, int32_t n_steps,
+                       struct state_saves *sv) {
+    sv->per_head = attn__kv_state_doubles(steps[0].kv->pool);
+    size_t per_step = sv->per_head * (size_t)c->n_kv_heads;
+    sv->len = malloc((size_t)n_steps * sizeof *sv->len);
+    sv->doubles = malloc((size_t)n_steps * per_step * sizeof *sv->doubles);
+    if (sv->len == NULL || sv->doubles == NULL) {
+        free(sv->len);
+        free(sv->doubles);
+        return ATTN_ENOMEM;
+    }
+    for (int32_t s = 0; s < n_steps; s++) {
+        const attn_kv *kv = steps[s].kv;
+        sv->len[s] = kv->len;
+        for (int32_t g = 0; g < c->n_kv_heads && kv->len > 0; g++) {
+            memcpy(sv->doubles + s * per_step + g * sv->per_head, attn__kv_state(kv, g),
+                   sv->per_head * sizeof(double));
+        }
+    }
+    return ATTN_OK;
+}
+
+/* Puts the states back. One that was empty keeps the blocks it took, zeroed, as a fresh state
+ * has them (the pool's owner gives them back, as with a cache's reserved blocks). */
+static void restore_states(const attn_config *c, const attn_step *steps, int32_t n_steps,
+                           const struct state_saves *sv) {
+    size_t per_step = sv->per_head * (size_t)c->n_kv_heads;
+    for (int32_t s = 0; s < n_steps; s++) {
+        attn_kv *kv = steps[s].kv;
+        for (int32_t g = 0; g < c->n_kv_heads && kv->n_blocks > 0; g++) {
+            double *state = attn__kv_state(kv, g);
+            if (sv->len[s] > 0) {
+                memcpy(state, sv->doubles + s * per_step + g * sv->per_head,
+                       sv->per_head * sizeof(double));
+            } else {
+                memset(state, 0, sv->per_head * sizeof(double));
+            }
+        }
+        kv->len = sv->len[s];
+    }
+}
+
+/* Each part's tokens into its state and out of it, in order; false, with no state moved, when a
+ * key or value row of the chunk is not finite. */
+static bool run_linear_parts(const attn_config *c, const struct attn__layer *l, attn_workspace *ws,
+                             const attn_step *steps, const struct chunk_part *parts,
+                             int32_t n_parts) {
+    size_t n_qkv = n_qkv_of(c), hd_all = (size_t)c->n_heads * c->head_dim;
+    for (int32_t i = 0; i < n_parts; i++) {
+        float *rows_qkv = ws->qkv + (size_t)parts[i].row * n_qkv;
+        for (int32_t r = 0; r < parts[i].n; r++) {
+            attn__qkv_finish_row(c, l, rows_qkv + (size_t)r * n_qkv);
+        }
+        if (!linear_rows_finite(c, rows_qkv, parts[i].n)) {
+            return false;
+        }
+    }
+    for (int32_t i = 0; i < n_parts; i++) {
+        const struct chunk_part *p = &parts[i];
+        attn__kv_grow(steps[p->step].kv, p->n);
+        attn__linear_advance(c, steps[p->step].kv, ws->qkv + (size_t)p->row * n_qkv, n_qkv, p->n,
+                             ws->attn + (size_t)p->row * hd_all, hd_all, (double *)ws->scratch);
+    }
+    return true;
+}
+
+/* Runs one chunk; false when its rows could not be taken (a linear layer's non-finite keys or
+ * values), before any cache or state moved. */
+static bool run_chunk(const attn_model *m, int32_t layer, attn_workspace *ws,
                       const attn_step *steps, const struct chunk_part *parts, int32_t n_parts,
                       int32_t rows) {
     const attn_config *c = &m->cfg;
@@ -808,17 +903,8 @@ static void run_chunk(const attn_model *m, int32_t layer, attn_workspace *ws,
                     ws->qkv);
     }
     bool is_linear = attn_config_layer_is_linear(c, layer);
-    for (int32_t i = 0; i < n_parts && is_linear; i++) {
-        /* Linear attention: each token updates its state and reads it, in order. */
-        const struct chunk_part *p = &parts[i];
-        float *rows_qkv = ws->qkv + (size_t)p->row * n_qkv_of(c);
-        for (int32_t r = 0; r < p->n; r++) {
-            attn__qkv_finish_row(c, l, rows_qkv + (size_t)r * n_qkv_of(c));
-        }
-        attn__kv_grow(steps[p->step].kv, p->n);
-        attn__linear_advance(c, steps[p->step].kv, rows_qkv, n_qkv_of(c), p->n,
-                             ws->attn + (size_t)p->row * hd_all, (size_t)hd_all,
-                             (double *)ws->scratch);
+    if (is_linear && !run_linear_parts(c, l, ws, steps, parts, n_parts)) {
+        return false;
     }
     for (int32_t i = 0; i < n_parts && !is_linear && !is_mla; i++) {
         const attn_step *st = &steps[parts[i].step];
@@ -859,6 +945,7 @@ static void run_chunk(const attn_model *m, int32_t layer, attn_workspace *ws,
                    (size_t)p->n * hidden * sizeof(float));
         }
     }
+    return true;
 }
 
 /* ---- keys and values past the cache's dtype ------------------------------------------------- */
@@ -915,16 +1002,45 @@ int attn_forward(const attn_model *m, int32_t layer, attn_workspace *ws, const a
             append_context(m, layer, ws, &steps[s]);
         }
     }
+    struct state_saves saves = {0};
+    bool has_saves = false;
+    if (attn_config_layer_is_linear(&m->cfg, layer)) {
+        int64_t total = 0;
+        for (int32_t s = 0; s < n_steps; s++) {
+            total += steps[s].n_tokens;
+        }
+        if (total > ws->max_tokens) {
+            rc = save_states(&m->cfg, steps, n_steps, &saves);
+            if (rc != ATTN_OK) {
+                return rc;
+            }
+            has_saves = true;
+        }
+    }
     inspect_steps(&m->cfg, steps, n_steps, true);
-    int32_t step = 0, first = 0;
-    while (step < n_steps) {
+    int32_t step = 0, first = 0, n_chunks = 0;
+    bool is_taken = true;
+    while (step < n_steps && is_taken) {
         int32_t rows = 0;
         int32_t n_parts =
             next_chunk(steps, n_steps, ws->max_tokens, &step, &first, ws->parts, &rows);
-        run_chunk(m, layer, ws, steps, ws->parts, n_parts, rows);
+        is_taken = run_chunk(m, layer, ws, steps, ws->parts, n_parts, rows);
+        n_chunks += is_taken;
     }
-    inspect_steps(&m->cfg, steps, n_steps, false);
-    return settle_overflow(steps, n_steps);
+    if (!is_taken) {
+        if (has_saves && n_chunks > 0) {
+            restore_states(&m->cfg, steps, n_steps, &saves);
+        }
+        rc = ATTN_EOVERFLOW;
+    } else {
+        inspect_steps(&m->cfg, steps, n_steps, false);
+        rc = settle_overflow(steps, n_steps);
+    }
+    if (has_saves) {
+        free(saves.len);
+        free(saves.doubles);
+    }
+    return rc;
 }
 
 /* ---- attention on the caller's projections ------------------------------------------------ */

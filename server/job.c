@@ -147,9 +147,12 @@ void job__binary_answer(struct job *job, enum api_encoding enc) {
 void job__answer(struct job *job, int status) {
     if (status == ATTN_EOVERFLOW && job->err_message[0] == '\0') {
         /* the table's text, which names the flags that mend it, over the engine's; with an f32
-         * cache there is no wider dtype to offer: float32 itself overflowed */
+         * cache, or a linear layer's state (double whatever the dtype), there is no wider dtype
+         * to offer: float32 itself overflowed */
         bool is_f32 =
-            attn_kv_pool_dtype(session_store_kv_pool(job->srv->sessions)) == ATTN_DTYPE_F32;
+            attn_kv_pool_dtype(session_store_kv_pool(job->srv->sessions)) == ATTN_DTYPE_F32 ||
+            (job->kind == JOB_ATTEND &&
+             attn_config_layer_is_linear(attn_model_config(job->srv->model), job->at.layer));
         job__set_err(job, status, NULL, "%s",
                      is_f32 ? "a key or value is not finite: a projection or RoPE overflowed "
                               "float32; the call appended nothing (a stream: nothing from the "

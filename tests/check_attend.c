@@ -743,6 +743,93 @@ START_TEST(test_attend_cross_steps_match_reference) {
 }
 END_TEST
 
+/* A linear layer's state cannot take a token back: a call whose keys or values overflow float
+ * (x far past the weights' range) fails with ATTN_EOVERFLOW and leaves every state of the call
+ * as it was, whether the bad row is in its first chunk or a later one (the workspace holds 8
+ * tokens: 13 come in two chunks), alone or beside another session, and for a state still empty;
+ * each then goes on exactly (bit for bit) as a state that never saw the call. */
+START_TEST(test_attend_linear_overflow_leaves_the_state) {
+    attn_config cfg = harness_config(4, 2, 16);
+    cfg.layer_kind[0] = ATTN_LAYER_LINEAR;
+    harness_model hm;
+    harness_model_init(&hm, &cfg, 81);
+    const int32_t hidden = cfg.hidden_size, n = 24;
+    float *x = harness_random_x(82, n, hidden);
+    float *bad = harness_random_x(83, 13, hidden);
+    attn_kv_pool *pool = NULL;
+    attn_workspace *ws = NULL;
+    ck_assert_int_eq(attn_kv_pool_create(hm.model, 1 << 20, 16, &pool), ATTN_OK);
+    ck_assert_int_eq(attn_workspace_create(hm.model, 8, NULL, &ws), ATTN_OK);
+    float *got = harness_calloc((size_t)n * hidden, sizeof(float));
+    float *want = harness_calloc((size_t)n * hidden, sizeof(float));
+    float *junk = harness_calloc((size_t)n * hidden, sizeof(float));
+    attn_kv *clean = NULL;
+    ck_assert_int_eq(attn_kv_create_for_layer(pool, 0, &clean), ATTN_OK);
+    attn_step c0 = {.kv = clean, .x = x, .n_tokens = n, .out = want};
+    ck_assert_int_eq(attn_forward(hm.model, 0, ws, &c0, 1), ATTN_OK);
+    /* the bad token at row 2 (first chunk) or row 11 (second chunk); prefix 0 (empty state) or 5 */
+    static const int32_t cases[][2] = {{2, 5}, {11, 5}, {2, 0}, {11, 0}};
+    for (size_t t = 0; t < sizeof cases / sizeof cases[0]; t++) {
+        int32_t bad_row = cases[t][0], prefix = cases[t][1];
+        attn_kv *kv = NULL, *other = NULL;
+        ck_assert_int_eq(attn_kv_create_for_layer(pool, 0, &kv), ATTN_OK);
+        ck_assert_int_eq(attn_kv_create_for_layer(pool, 0, &other), ATTN_OK);
+        if (prefix > 0) {
+            attn_step p = {.kv = kv, .x = x, .n_tokens = prefix, .out = got};
+            ck_assert_int_eq(attn_forward(hm.model, 0, ws, &p, 1), ATTN_OK);
+        }
+        memcpy(bad, x + (size_t)prefix * hidden, (size_t)13 * hidden * sizeof(float));
+        for (int32_t i = 0; i < hidden; i++) {
+            bad[(size_t)bad_row * hidden + i] = 3e38f * (i % 2 ? 1.0f : -1.0f);
+        }
+        attn_step one = {.kv = kv, .x = bad, .n_tokens = 13, .out = junk};
+        ck_assert_int_eq(attn_forward(hm.model, 0, ws, &one, 1), ATTN_EOVERFLOW);
+        ck_assert_int_eq(attn_kv_len(kv), prefix);
+        /* beside a good step (other, which must come back to empty too) */
+        attn_step two[2] = {{.kv = other, .x = x, .n_tokens = 6, .out = junk},
+                            {.kv = kv, .x = bad, .n_tokens = 13, .out = junk + 6 * hidden}};
+        ck_assert_int_eq(attn_forward(hm.model, 0, ws, two, 2), ATTN_EOVERFLOW);
+        ck_assert_int_eq(attn_kv_len(kv), prefix);
+        ck_assert_int_eq(attn_kv_len(other), 0);
+        attn_step rest = {.kv = kv,
+                          .x = x + (size_t)prefix * hidden,
+                          .n_tokens = n - prefix,
+                          .out = got + (size_t)prefix * hidden};
+        ck_assert_int_eq(attn_forward(hm.model, 0, ws, &rest, 1), ATTN_OK);
+        /* against a state called alike without the failed calls (chunks change the sums'
+         * rounding, so the same calls) */
+        attn_kv *twin = NULL;
+        ck_assert_int_eq(attn_kv_create_for_layer(pool, 0, &twin), ATTN_OK);
+        float *twin_out = junk;
+        if (prefix > 0) {
+            attn_step p = {.kv = twin, .x = x, .n_tokens = prefix, .out = twin_out};
+            ck_assert_int_eq(attn_forward(hm.model, 0, ws, &p, 1), ATTN_OK);
+        }
+        rest.kv = twin;
+        rest.out = twin_out + (size_t)prefix * hidden;
+        ck_assert_int_eq(attn_forward(hm.model, 0, ws, &rest, 1), ATTN_OK);
+        ck_assert_mem_eq(got + (size_t)prefix * hidden, twin_out + (size_t)prefix * hidden,
+                         (size_t)(n - prefix) * hidden * sizeof(float));
+        attn_kv_destroy(twin);
+        attn_step o = {.kv = other, .x = x, .n_tokens = n, .out = got};
+        ck_assert_int_eq(attn_forward(hm.model, 0, ws, &o, 1), ATTN_OK);
+        ck_assert_mem_eq(got, want, (size_t)n * hidden * sizeof(float));
+        attn_kv_destroy(other);
+        attn_kv_destroy(kv);
+    }
+    attn_kv_destroy(clean);
+    ck_assert_int_eq(attn_kv_pool_blocks_free(pool), attn_kv_pool_blocks_total(pool));
+    attn_workspace_destroy(ws);
+    attn_kv_pool_destroy(pool);
+    free(junk);
+    free(want);
+    free(got);
+    free(bad);
+    free(x);
+    harness_model_release(&hm);
+}
+END_TEST
+
 /* A linear-attention layer against a reference written here: projections in double, then
  * ref_linear_sdpa's quadratic form (causal, no RoPE), then o. The layer runs as a session would:
  * a prefill, decodes, calls longer than the workspace (chunked), two sessions in one forward, a
@@ -940,6 +1027,7 @@ Suite *attend_suite(void) {
     tcase_add_test(tc, test_attend_row_max_kernel);
     tcase_add_test(tc, test_attend_cross_steps_match_reference);
     tcase_add_test(tc, test_attend_linear_layer_matches_reference);
+    tcase_add_test(tc, test_attend_linear_overflow_leaves_the_state);
     tcase_add_test(tc, test_attend_large_past_then_decode);
     tcase_add_test(tc, test_attend_prefill_then_decode_equals_one_pass);
     tcase_add_test(tc, test_attend_sinks);

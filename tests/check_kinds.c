@@ -760,6 +760,21 @@ START_TEST(test_kinds_linear_session) {
     ck_assert(strstr(cJSON_GetObjectItemCaseSensitive(e, "message")->valuestring,
                      "layer 1 is linear attention") != NULL);
     cJSON_Delete(j);
+    /* a token whose keys and values overflow float: 400, and the state goes on as it was (it
+     * took the infinities, and answered null ever after) */
+    float *huge = harness_calloc((size_t)hidden, sizeof(float));
+    for (int32_t i = 0; i < hidden; i++) {
+        huge[i] = 3e38f;
+    }
+    char *huge_body = http_client_attend_body("lin", huge, 0, 1, hidden, false, ",\"layer\":1");
+    j = post("/v1/attend", huge_body, 400);
+    e = cJSON_GetObjectItemCaseSensitive(j, "error");
+    ck_assert_str_eq(cJSON_GetObjectItemCaseSensitive(e, "code")->valuestring, "kv_out_of_range");
+    ck_assert(strstr(cJSON_GetObjectItemCaseSensitive(e, "message")->valuestring, "not finite") !=
+              NULL);
+    cJSON_Delete(j);
+    free(huge_body);
+    free(huge);
     cJSON_Delete(post("/v1/sessions/lin/fork", "{\"new_id\":\"lin2\"}", 201));
     float *more = http_client_random_rows(92, 1, hidden);
     float *next = harness_calloc((size_t)hidden, sizeof(float));
@@ -771,7 +786,7 @@ START_TEST(test_kinds_linear_session) {
         j = post("/v1/attend", body, 200);
         size_t got_n = 0;
         float *got = http_client_json_floats(cJSON_GetObjectItemCaseSensitive(j, "output"), &got_n);
-        harness_expect_close(got, next, got_n, c == 0 ? "after the 409" : "the fork");
+        harness_expect_close(got, next, got_n, c == 0 ? "after the 409 and 400" : "the fork");
         free(got);
         cJSON_Delete(j);
         free(body);
