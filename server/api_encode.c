@@ -650,10 +650,15 @@ char *api_model_encode(const attn_config *cfg, const struct api_model_info *info
     put_float(&b, cfg->softmax_scale);
     if (cfg->kv_lora_rank > 0) {
         /* multi-head latent attention: what the cache holds per token */
+        /* q_lora_rank as config.json says it: null for a plain q_proj (the engine's 0) */
+        char q_rank[16] = "null";
+        if (cfg->q_lora_rank > 0) {
+            snprintf(q_rank, sizeof q_rank, "%d", (int)cfg->q_lora_rank);
+        }
         strbuf_printf(&b,
-                      ",\"mla\":{\"q_lora_rank\":%d,\"kv_lora_rank\":%d,\"qk_nope_head_dim\":%d,"
+                      ",\"mla\":{\"q_lora_rank\":%s,\"kv_lora_rank\":%d,\"qk_nope_head_dim\":%d,"
                       "\"qk_rope_head_dim\":%d,\"v_head_dim\":%d,\"cache_floats_per_token\":%d}",
-                      (int)cfg->q_lora_rank, (int)cfg->kv_lora_rank, (int)cfg->qk_nope_head_dim,
+                      q_rank, (int)cfg->kv_lora_rank, (int)cfg->qk_nope_head_dim,
                       (int)cfg->qk_rope_head_dim, (int)cfg->v_head_dim,
                       (int)(cfg->kv_lora_rank + cfg->qk_rope_head_dim));
     }

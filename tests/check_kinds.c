@@ -826,6 +826,7 @@ START_TEST(test_kinds_mla_model) {
     const cJSON *mla =
         cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(model, "attnd"), "mla");
     ck_assert_int_eq(cJSON_GetObjectItemCaseSensitive(mla, "cache_floats_per_token")->valueint, 20);
+    ck_assert_int_eq(cJSON_GetObjectItemCaseSensitive(mla, "q_lora_rank")->valueint, 24);
     /* the config's terms, not the engine's geometry (one K/V head of nope + rope dims): a K/V
      * head per query head, head_dim the rotated dims, as DeepseekV3Config has them (found by an
      * outside audit: 1, 12 and a partial_rotary_factor of 1/3 no DeepSeek config holds) */
@@ -866,6 +867,23 @@ START_TEST(test_kinds_mla_model) {
     post_refused_attend(b, "context"); /* the field sent is named */
     free(b);
     free(x);
+    stop();
+    /* V2 with a plain q_proj: q_lora_rank null, as its config.json has it (it showed 0, which
+     * in a config.json means a rank-0 q_a_proj to transformers, and is refused) */
+    const char *v2[] = {"--model",
+                        "tests/data/hf_deepseek_v2_f32",
+                        "--modeling-code",
+                        "checkpoint",
+                        "--workers",
+                        "1",
+                        "--max-seq",
+                        "128",
+                        NULL};
+    http_client_daemon_start(&daemon_, v2);
+    model = get_json("/v1/model");
+    mla = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(model, "attnd"), "mla");
+    ck_assert(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(mla, "q_lora_rank")));
+    cJSON_Delete(model);
     stop();
 }
 END_TEST
