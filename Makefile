@@ -46,9 +46,11 @@ endif
 
 ENGINE_SRCS := $(wildcard engine/*.c)
 SERVER_SRCS := $(wildcard server/*.c)
-TEST_SRCS   := $(wildcard tests/check_*.c) $(wildcard tests/ref.c) $(wildcard tests/http_client.c)
-# bench/load.c (attn_load) and bench/kv_accuracy.c are their own programs, not part of attn_bench.
-BENCH_SRCS  := $(filter-out bench/load.c bench/kv_accuracy.c,$(wildcard bench/*.c))
+TEST_SRCS   := $(wildcard tests/check_*.c) $(wildcard tests/ref.c) $(wildcard tests/http_client.c) \
+               bench/load_http.c
+# bench/load.c with load_http.c (attn_load) and bench/kv_accuracy.c are their own programs, not
+# part of attn_bench.
+BENCH_SRCS  := $(filter-out bench/load.c bench/load_http.c bench/kv_accuracy.c,$(wildcard bench/*.c))
 
 ENGINE_OBJS := $(ENGINE_SRCS:%.c=$(BUILD)/%.o)
 # The heatmap page (server/ui/index.html) is compiled in: $(BUILD)/gen/ui_page.c, see below.
@@ -221,9 +223,9 @@ inspect-bench: $(ATTND)
 load: $(LOAD) $(ATTND)
 	$(Q)./$(LOAD) --spawn ./$(ATTND) $(LOAD_ARGS)
 
-$(LOAD): $(BUILD)/bench/load.o
+$(LOAD): $(BUILD)/bench/load.o $(BUILD)/bench/load_http.o
 	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(CURL_LIBS) $(CJSON_LIBS) -lm
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(CJSON_LIBS) -lm
 
 # run: install missing packages (as root), build, and serve the built-in model on 127.0.0.1:8080.
 run: deps
