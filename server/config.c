@@ -47,7 +47,10 @@ static const struct option options[] = {
     {"weights-dtype", "ATTND_WEIGHTS_DTYPE", OPTION_STRING, offsetof(struct config, weights_dtype),
      "auto", 0, 0,
      "how the q/k/v and o projections are held: auto (a checkpoint's own BF16, F16 or F32, "
-     "bit-exact; a preset's bf16), f32, bf16 or f16 (an F32 source rounded to nearest even)"},
+     "bit-exact; projections of mixed dtypes: f32, exact; a preset's bf16), f32 (exact from any), "
+     "bf16 or f16 "
+     "(rounded to nearest even from any other dtype; a weight that would round past the range "
+     "refuses the start). Multi-head latent attention's stay f32"},
     {"kv-dtype", "ATTND_KV_DTYPE", OPTION_STRING, offsetof(struct config, kv_dtype), "auto", 0, 0,
      "how the KV cache holds keys and values: auto (the projections' dtype, so an F32 model stays "
      "exact), f32, bf16, f16 (rounded to nearest even) or q8_0 (32 values as int8 with one f16 "

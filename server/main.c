@@ -148,6 +148,17 @@ static int load_model(const struct config *cfg, attn_model **model, char *source
             return -1;
         }
         snprintf(source, source_size, "%s", cfg->model);
+        attn_dtype got = attn_model_weights_dtype(*model);
+        if (held != ATTN_DTYPE_AUTO && got != held) {
+            /* multi-head latent attention keeps its tensors in float whatever was asked */
+            LOG_WARN("main",
+                     "--weights-dtype %s: the projections are held as %s (multi-head "
+                     "latent attention's tensors stay float)",
+                     cfg->weights_dtype, attn_dtype_name(got));
+        } else if (held == ATTN_DTYPE_AUTO && got == ATTN_DTYPE_F32) {
+            LOG_INFO("main", "weights held as f32 (the checkpoint's F32, or projections of "
+                             "more than one dtype, which float holds exactly)");
+        }
         return 0;
     }
     attn_config mc;
