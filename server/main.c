@@ -156,8 +156,11 @@ static int load_model(const struct config *cfg, attn_model **model, char *source
                      "latent attention's tensors stay float)",
                      cfg->weights_dtype, attn_dtype_name(got));
         } else if (held == ATTN_DTYPE_AUTO && got == ATTN_DTYPE_F32) {
-            LOG_INFO("main", "weights held as f32 (the checkpoint's F32, or projections of "
-                             "more than one dtype, which float holds exactly)");
+            LOG_INFO("main", "weights held as f32 (%s)",
+                     attn_model_config(*model)->kv_lora_rank > 0
+                         ? "multi-head latent attention's tensors stay float"
+                         : "the checkpoint's F32, or projections of more than one dtype, which "
+                           "float holds exactly");
         }
         return 0;
     }
