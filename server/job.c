@@ -666,10 +666,44 @@ void job__attend_admit(struct job *job) {
         job__free(job);
         return;
     }
-    if (job->at.session_id[0] != '\0') {
-        if (rq != NULL) {
-            snprintf(rq->session, sizeof rq->session, "%s", job->at.session_id);
+    if (rq != NULL && job->at.session_id[0] != '\0') {
+        snprintf(rq->session, sizeof rq->session, "%s", job->at.session_id); /* for its log line */
+    }
+    /* What the layer cannot compute is refused before the session is looked up: a session
+     * made for it would evict an idle one at --max-sessions, and a refused request changes
+     * nothing (found by an outside audit: return_weights on a linear layer naming a new id
+     * evicted the least recently used session, which then answered 410). */
+    if (job->at.is_cross && attn_model_config(srv->model)->kv_lora_rank > 0) {
+        const char *field = job->at.context != NULL ? "context" : "cross"; /* as sent */
+        char msg[160];
+        snprintf(msg, sizeof msg,
+                 "%s: the model's multi-head latent attention caches a latent, which has no "
+                 "context form",
+                 field);
+        job__refuse(job, ERROR_INVALID_REQUEST, msg, field);
+        job__free(job);
+        return;
+    }
+    if (attn_config_layer_is_linear(attn_model_config(srv->model), job->at.layer)) {
+        /* Linear attention has no scores, positions or context. */
+        const char *names[] = {"return_weights", "key_mask", "positions",
+                               job->at.context != NULL ? "context" : "cross", "capture"};
+        bool given[] = {job->at.return_weights, job->at.key_mask != NULL, job->at.positions != NULL,
+                        job->at.is_cross, job->at.capture != 0};
+        for (int i = 0; i < 5; i++) {
+            if (given[i]) {
+                char msg[200];
+                snprintf(msg, sizeof msg,
+                         "%s: layer %d is linear attention, which has no scores, positions or "
+                         "context",
+                         names[i], (int)job->at.layer);
+                job__refuse(job, ERROR_INVALID_REQUEST, msg, names[i]);
+                job__free(job);
+                return;
+            }
         }
+    }
+    if (job->at.session_id[0] != '\0') {
         enum session_state state;
         int rc;
         struct session *s = route_find_session(srv, job->at.session_id, &state, &rc);
@@ -692,38 +726,6 @@ void job__attend_admit(struct job *job) {
         }
         session_pin(srv->sessions, s, job__now_ms());
         job->pj.session = s;
-    }
-    if (job->at.is_cross && attn_model_config(srv->model)->kv_lora_rank > 0) {
-        const char *field = job->at.context != NULL ? "context" : "cross"; /* as sent */
-        char msg[160];
-        snprintf(msg, sizeof msg,
-                 "%s: the model's multi-head latent attention caches a latent, which has no "
-                 "context form",
-                 field);
-        job__refuse(job, ERROR_INVALID_REQUEST, msg, field);
-        job__unpin(job);
-        job__free(job);
-        return;
-    }
-    if (attn_config_layer_is_linear(attn_model_config(srv->model), job->at.layer)) {
-        /* Linear attention has no scores, positions or context. */
-        const char *names[] = {"return_weights", "key_mask", "positions",
-                               job->at.context != NULL ? "context" : "cross", "capture"};
-        bool given[] = {job->at.return_weights, job->at.key_mask != NULL, job->at.positions != NULL,
-                        job->at.is_cross, job->at.capture != 0};
-        for (int i = 0; i < 5; i++) {
-            if (given[i]) {
-                char msg[200];
-                snprintf(msg, sizeof msg,
-                         "%s: layer %d is linear attention, which has no scores, positions or "
-                         "context",
-                         names[i], (int)job->at.layer);
-                job__refuse(job, ERROR_INVALID_REQUEST, msg, names[i]);
-                job__unpin(job);
-                job__free(job);
-                return;
-            }
-        }
     }
     job->pj.kind = POOL_JOB_FORWARD;
     job->pj.ops = &attend_ops;

@@ -815,6 +815,46 @@ START_TEST(test_kinds_linear_session) {
 }
 END_TEST
 
+/* A request refused for what its layer cannot compute (return_weights on a linear layer) changes
+ * nothing, also at --max-sessions: naming a new id, it made that session first, which evicted
+ * the least recently used idle one (then 410 session_evicted), and was refused after (found by
+ * an outside audit). */
+START_TEST(test_kinds_linear_refusal_evicts_nothing) {
+    const char *args[] = {"--preset", "small-linear",   "--seed", "5", "--workers",
+                          "1",        "--max-sessions", "2",      NULL};
+    http_client_daemon_start(&daemon_, args);
+    const int32_t hidden = 512;
+    float *x = http_client_random_rows(93, 1, hidden);
+    static const char *const ids[] = {"old1", "old2"};
+    for (int i = 0; i < 2; i++) {
+        char *body = http_client_attend_body(ids[i], x, 0, 1, hidden, false, ",\"layer\":1");
+        cJSON_Delete(post("/v1/attend", body, 200));
+        free(body);
+    }
+    static const char *const bad[][2] = {{",\"return_weights\":true", "return_weights"},
+                                         {",\"positions\":[0]", "positions"},
+                                         {",\"capture\":[\"q\"]", "capture"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char extra[64];
+        snprintf(extra, sizeof extra, ",\"layer\":1%s", bad[i][0]);
+        char *body = http_client_attend_body("new", x, 0, 1, hidden, false, extra);
+        cJSON *j = post("/v1/attend", body, 400);
+        const cJSON *e = cJSON_GetObjectItemCaseSensitive(j, "error");
+        ck_assert_str_eq(cJSON_GetObjectItemCaseSensitive(e, "param")->valuestring, bad[i][1]);
+        cJSON_Delete(j);
+        free(body);
+    }
+    for (int i = 0; i < 2; i++) { /* both still there, at their length */
+        char *body = http_client_attend_body(ids[i], x, 0, 1, hidden, false,
+                                             ",\"layer\":1,\"expect_n_past\":1");
+        cJSON_Delete(post("/v1/attend", body, 200));
+        free(body);
+    }
+    free(x);
+    stop();
+}
+END_TEST
+
 /* A DeepSeek-V3 checkpoint: GET /v1/model shows its latent (kv_lora 16 + rope 4 floats a token),
  * its weights come back per head over the tokens, and a context (cross-attention) is refused by
  * name: the latent cache has no context form. */
@@ -930,6 +970,7 @@ Suite *kinds_suite(void) {
     tcase_add_test(tc, test_kinds_sdpa_linear);
     tcase_add_test(tc, test_kinds_attend_cross_attention);
     tcase_add_test(tc, test_kinds_linear_session);
+    tcase_add_test(tc, test_kinds_linear_refusal_evicts_nothing);
     tcase_add_test(tc, test_kinds_mla_model);
     tcase_add_test(tc, test_kinds_linear_state_must_fit_a_block);
     suite_add_tcase(s, tc);
