@@ -713,6 +713,37 @@ void job__attend_admit(struct job *job) {
             return;
         }
         if (s == NULL) {
+            /* A new session's caches hold 0 tokens at this request's turn (no request of its can
+             * be ahead of this one), so what that refuses is refused before the session is made:
+             * making it may evict an idle session for --max-sessions, and a refused request
+             * changes nothing (found by an outside audit: a 409 expect_n_past on a new id, as a
+             * client resyncing after a restart or a move sends, evicted the least recently used
+             * idle session). */
+            char msg[320]; /* a 128-character id and the text around it */
+            const char *param = NULL;
+            int code = ERROR_INVALID_REQUEST;
+            if (job->at.has_expect_n_past && job->at.expect_n_past != 0) {
+                code = ERROR_N_PAST_MISMATCH;
+                param = "expect_n_past";
+                snprintf(msg, sizeof msg, "expect_n_past is %d but the cache holds 0 tokens",
+                         (int)job->at.expect_n_past);
+            } else if (job->at.key_mask != NULL && job->at.n_key_mask != job->at.n_tokens) {
+                param = "key_mask";
+                snprintf(msg, sizeof msg,
+                         "key_mask has %d values; the cache holds 0 tokens and x brings %d, so it "
+                         "needs %d",
+                         (int)job->at.n_key_mask, (int)job->at.n_tokens, (int)job->at.n_tokens);
+            } else if (job->at.is_cross && job->at.context == NULL) {
+                param = "cross";
+                snprintf(msg, sizeof msg,
+                         "cross: session %s holds no context at layer %d; send it in context",
+                         job->at.session_id, (int)job->at.layer);
+            }
+            if (param != NULL) {
+                job__refuse(job, code, msg, param);
+                job__free(job);
+                return;
+            }
             rc = session_create(srv->sessions, job->at.session_id, job__now_ms(), &s);
             if (rc != 0) {
                 job__refuse(job, rc,

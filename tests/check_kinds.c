@@ -855,6 +855,55 @@ START_TEST(test_kinds_linear_refusal_evicts_nothing) {
 }
 END_TEST
 
+/* A first request on a new id that its empty cache refuses (409 expect_n_past, a key_mask of
+ * another length, cross without a context) evicts nothing at --max-sessions: it made its session
+ * first, which evicted the least recently used idle one (then 410 session_evicted), and was
+ * refused at its turn (found by an outside audit: a client resyncing with expect_n_past after a
+ * restart or a move lost another session to each 409). A step of a steps call alike. */
+START_TEST(test_kinds_new_id_refusal_evicts_nothing) {
+    const char *args[] = {"--preset", "tiny", "--workers", "1", "--max-sessions", "2", NULL};
+    http_client_daemon_start(&daemon_, args);
+    const int32_t hidden = 64;
+    float *x = http_client_random_rows(94, 1, hidden);
+    static const char *const ids[] = {"old1", "old2"};
+    for (int i = 0; i < 2; i++) {
+        char *body = http_client_attend_body(ids[i], x, 0, 1, hidden, false, NULL);
+        cJSON_Delete(post("/v1/attend", body, 200));
+        free(body);
+    }
+    static const struct {
+        const char *extra, *param;
+        long status;
+    } bad[] = {{",\"expect_n_past\":5", "expect_n_past", 409},
+               {",\"key_mask\":[1,1,1]", "key_mask", 400},
+               {",\"cross\":true", "cross", 400}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char *body = http_client_attend_body("new", x, 0, 1, hidden, false, bad[i].extra);
+        cJSON *j = post("/v1/attend", body, bad[i].status);
+        const cJSON *e = cJSON_GetObjectItemCaseSensitive(j, "error");
+        ck_assert_str_eq(cJSON_GetObjectItemCaseSensitive(e, "param")->valuestring, bad[i].param);
+        cJSON_Delete(j);
+        free(body);
+    }
+    cJSON *j = post("/v1/attend",
+                    "{\"steps\":[{\"session_id\":\"new2\",\"expect_n_past\":3,\"x\":[[0,0,0,0,0,0,"
+                    "0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,"
+                    "0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0]]}]}",
+                    200);
+    const cJSON *r0 = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "results"), 0);
+    ck_assert_int_eq(cJSON_GetObjectItemCaseSensitive(r0, "status")->valueint, 409);
+    cJSON_Delete(j);
+    for (int i = 0; i < 2; i++) { /* both still there, at their length */
+        char *body =
+            http_client_attend_body(ids[i], x, 0, 1, hidden, false, ",\"expect_n_past\":1");
+        cJSON_Delete(post("/v1/attend", body, 200));
+        free(body);
+    }
+    free(x);
+    stop();
+}
+END_TEST
+
 /* A DeepSeek-V3 checkpoint: GET /v1/model shows its latent (kv_lora 16 + rope 4 floats a token),
  * its weights come back per head over the tokens, and a context (cross-attention) is refused by
  * name: the latent cache has no context form. */
@@ -971,6 +1020,7 @@ Suite *kinds_suite(void) {
     tcase_add_test(tc, test_kinds_attend_cross_attention);
     tcase_add_test(tc, test_kinds_linear_session);
     tcase_add_test(tc, test_kinds_linear_refusal_evicts_nothing);
+    tcase_add_test(tc, test_kinds_new_id_refusal_evicts_nothing);
     tcase_add_test(tc, test_kinds_mla_model);
     tcase_add_test(tc, test_kinds_linear_state_must_fit_a_block);
     suite_add_tcase(s, tc);
