@@ -635,6 +635,35 @@ static const struct pool_job_ops attend_ops = {attend_prepare, attend_run, atten
                                                job__on_release};
 
 /* Loop: the body is parsed; resolve the session and queue the forward. */
+const char *job__layer_refusal(const struct server *srv, const struct api_attend_request *at,
+                               char *msg, size_t size) {
+    if (at->is_cross && attn_model_config(srv->model)->kv_lora_rank > 0) {
+        const char *field = at->context != NULL ? "context" : "cross"; /* as sent */
+        snprintf(msg, size,
+                 "%s: the model's multi-head latent attention caches a latent, which has no "
+                 "context form",
+                 field);
+        return field;
+    }
+    if (attn_config_layer_is_linear(attn_model_config(srv->model), at->layer)) {
+        /* Linear attention has no scores, positions or context. */
+        const char *names[] = {"return_weights", "key_mask", "positions",
+                               at->context != NULL ? "context" : "cross", "capture"};
+        bool given[] = {at->return_weights, at->key_mask != NULL, at->positions != NULL,
+                        at->is_cross, at->capture != 0};
+        for (int i = 0; i < 5; i++) {
+            if (given[i]) {
+                snprintf(msg, size,
+                         "%s: layer %d is linear attention, which has no scores, positions or "
+                         "context",
+                         names[i], (int)at->layer);
+                return names[i];
+            }
+        }
+    }
+    return NULL;
+}
+
 void job__attend_admit(struct job *job) {
     struct route_req *rq = job->rq;
     struct server *srv = job->srv;
@@ -672,36 +701,14 @@ void job__attend_admit(struct job *job) {
     /* What the layer cannot compute is refused before the session is looked up: a session
      * made for it would evict an idle one at --max-sessions, and a refused request changes
      * nothing (found by an outside audit: return_weights on a linear layer naming a new id
-     * evicted the least recently used session, which then answered 410). */
-    if (job->at.is_cross && attn_model_config(srv->model)->kv_lora_rank > 0) {
-        const char *field = job->at.context != NULL ? "context" : "cross"; /* as sent */
-        char msg[160];
-        snprintf(msg, sizeof msg,
-                 "%s: the model's multi-head latent attention caches a latent, which has no "
-                 "context form",
-                 field);
-        job__refuse(job, ERROR_INVALID_REQUEST, msg, field);
+     * evicted the least recently used session, which then answered 410). A steps call checks
+     * its steps so before any runs (job__batch_admit). */
+    char why[200];
+    const char *field = job__layer_refusal(srv, &job->at, why, sizeof why);
+    if (field != NULL) {
+        job__refuse(job, ERROR_INVALID_REQUEST, why, field);
         job__free(job);
         return;
-    }
-    if (attn_config_layer_is_linear(attn_model_config(srv->model), job->at.layer)) {
-        /* Linear attention has no scores, positions or context. */
-        const char *names[] = {"return_weights", "key_mask", "positions",
-                               job->at.context != NULL ? "context" : "cross", "capture"};
-        bool given[] = {job->at.return_weights, job->at.key_mask != NULL, job->at.positions != NULL,
-                        job->at.is_cross, job->at.capture != 0};
-        for (int i = 0; i < 5; i++) {
-            if (given[i]) {
-                char msg[200];
-                snprintf(msg, sizeof msg,
-                         "%s: layer %d is linear attention, which has no scores, positions or "
-                         "context",
-                         names[i], (int)job->at.layer);
-                job__refuse(job, ERROR_INVALID_REQUEST, msg, names[i]);
-                job__free(job);
-                return;
-            }
-        }
     }
     if (job->at.session_id[0] != '\0') {
         enum session_state state;

@@ -125,6 +125,19 @@ void job__batch_admit(struct job *batch) {
         return;
     }
     int32_t n = batch->at.n_steps;
+    for (int32_t i = 0; i < n; i++) {
+        /* What a step's layer cannot compute is malformed, as a bad field is: the whole call is
+         * refused naming the step, and nothing runs (the README's rule for a steps call). */
+        char msg[200], param[64], full[240];
+        const char *field = job__layer_refusal(batch->srv, &batch->at.steps[i], msg, sizeof msg);
+        if (field != NULL) {
+            snprintf(param, sizeof param, "steps[%d].%s", (int)i, field);
+            snprintf(full, sizeof full, "steps[%d].%s", (int)i, msg);
+            job__refuse(batch, ERROR_INVALID_REQUEST, full, param);
+            job__free(batch);
+            return;
+        }
+    }
     batch->slots = calloc((size_t)n, sizeof *batch->slots);
     batch->steps = calloc((size_t)n, sizeof *batch->steps);
     if (batch->slots == NULL || batch->steps == NULL) {

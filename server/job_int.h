@@ -141,6 +141,11 @@ enum pool_after job__simple_done(struct pool_job *pj, int status);
 void job__parse_then_admit(struct job *job);
 
 /* The admissions, once a body is parsed. */
+/* What the request's layer cannot compute (a linear layer's weights, positions, masks, context
+ * or captures; a context on a latent cache), which needs only the request and the model: the
+ * field to name, with the message in msg, or NULL. */
+const char *job__layer_refusal(const struct server *srv, const struct api_attend_request *at,
+                               char *msg, size_t size);
 void job__attend_admit(struct job *job);
 void job__import_admit(struct job *job);
 

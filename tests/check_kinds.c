@@ -844,6 +844,25 @@ START_TEST(test_kinds_linear_refusal_evicts_nothing) {
         cJSON_Delete(j);
         free(body);
     }
+    /* in a steps call, such a step is malformed: the whole call is refused naming the step,
+     * and no step runs (old1 stays at 1 token) */
+    char *rows = http_client_attend_body(NULL, x, 0, 1, hidden, false, "");
+    const char *x_at = strstr(rows, "\"x\":");
+    ck_assert_ptr_nonnull(x_at);
+    size_t x_len = strlen(x_at) - 1; /* "x":[...] without the closing brace */
+    char *steps = malloc(2 * x_len + 256);
+    ck_assert_ptr_nonnull(steps);
+    snprintf(steps, 2 * x_len + 256,
+             "{\"layer\":1,\"steps\":[{\"session_id\":\"old1\",%.*s},"
+             "{\"session_id\":\"new\",\"return_weights\":true,%.*s}]}",
+             (int)x_len, x_at, (int)x_len, x_at);
+    cJSON *j = post("/v1/attend", steps, 400);
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(j, "error");
+    ck_assert_str_eq(cJSON_GetObjectItemCaseSensitive(e, "param")->valuestring,
+                     "steps[1].return_weights");
+    cJSON_Delete(j);
+    free(steps);
+    free(rows);
     for (int i = 0; i < 2; i++) { /* both still there, at their length */
         char *body = http_client_attend_body(ids[i], x, 0, 1, hidden, false,
                                              ",\"layer\":1,\"expect_n_past\":1");
