@@ -1636,9 +1636,13 @@ static int check_batch(struct api_attend_request *r, uint32_t seen,
                        const struct attend_route *route, struct api_error *err) {
     for (int i = 0; i < ATTEND_N_FIELDS; i++) {
         if (((seen >> i) & 1u) && !((route->batch >> i) & 1u)) {
+            /* a step field goes in each step; others (stream, key_mask...) a batch has not */
             return fail(err, ERROR_INVALID_REQUEST, attend_names[i],
-                        "%s: not with steps (each step has its own; a batch's top level has "
-                        "only what all share)",
+                        ((route->step >> i) & 1u)
+                            ? "%s: not with steps (each step has its own; a batch's top level "
+                              "has only what all share)"
+                            : "%s: not with steps (a call with steps has no such field, at its "
+                              "top level or in a step)",
                         attend_names[i]);
         }
     }

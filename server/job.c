@@ -123,11 +123,13 @@ static int read_framing(struct job *job) {
     char *end;
     errno = 0;
     unsigned long long n = strtoull(h, &end, 10);
-    if (errno != 0 || end == h || *end != '\0' || h[0] < '0' || h[0] > '9' || n > job->body_len) {
+    if (errno != 0 || end == h || *end != '\0' || h[0] < '0' || h[0] > '9' || n > job->body_len ||
+        n == 0) {
+        /* 0 would leave no JSON part: the framing, not the JSON, is what is wrong */
         char msg[160];
         snprintf(msg, sizeof msg,
-                 "Inference-Header-Content-Length: expected the JSON part's length in bytes, at "
-                 "most the body's %zu",
+                 "Inference-Header-Content-Length: expected the JSON part's length in bytes, from "
+                 "1 to the body's %zu",
                  job->body_len);
         route_reply_error(job->rq, ERROR_INVALID_REQUEST, msg, "Inference-Header-Content-Length");
         return -1;

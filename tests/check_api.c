@@ -513,6 +513,34 @@ START_TEST(test_api_attend_rejects_bad_requests) {
 }
 END_TEST
 
+/* A field a call with steps has not at its top level: a step field is said to go in each step,
+ * one no step has (stream) is said to be no field of such a call (it said "each step has its
+ * own" of stream too; noticed by an outside audit). */
+START_TEST(test_api_steps_top_level_fields_say_where) {
+    char row[512] = "[[0";
+    for (int c = 1; c < 64; c++) {
+        strcat(row, ",0");
+    }
+    strcat(row, "]]");
+    static const struct {
+        const char *top, *param, *says;
+    } cases[] = {
+        {"\"expect_n_past\":1", "expect_n_past", "each step has its own"},
+        {"\"stream\":true", "stream", "has no such field"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char body[1024];
+        snprintf(body, sizeof body, "{%s,\"steps\":[{\"x\":%s}]}", cases[i].top, row);
+        struct api_attend_request r;
+        struct api_error err;
+        int rc = api_attend_request_parse(body, strlen(body), &tiny, &r, &err);
+        ck_assert_int_eq(rc, ERROR_INVALID_REQUEST);
+        ck_assert_str_eq(err.param, cases[i].param);
+        ck_assert_msg(strstr(err.message, cases[i].says) != NULL, "case %zu: %s", i, err.message);
+    }
+}
+END_TEST
+
 /* A tensor object's mistakes are named as a nested array's are: the rank first (a [1, 1, 64] x
  * is a rank mistake, not a size one), then each size, then what the object lacks (found by an
  * outside audit: each was one generic sentence). */
@@ -955,6 +983,7 @@ Suite *api_suite(void) {
     tcase_add_test(tc, test_api_sdpa_golden_base64);
     tcase_add_test(tc, test_api_attend_rejects_bad_requests);
     tcase_add_test(tc, test_api_attend_many_steps);
+    tcase_add_test(tc, test_api_steps_top_level_fields_say_where);
     tcase_add_test(tc, test_api_tensor_object_mistakes_say_what);
     tcase_add_test(tc, test_api_sdpa_rejects_bad_requests);
     tcase_add_test(tc, test_api_sdpa_work_is_bounded);

@@ -240,7 +240,11 @@ START_TEST(test_framing_mistakes_are_400) {
     http_client_response_release(&r);
     body = framed(head, parts, n2, 1, &len);
     post("/v1/attend", body, len, (long)len + 1, &r);
-    expect_error(&r, "Inference-Header-Content-Length", "at most");
+    expect_error(&r, "Inference-Header-Content-Length", "to the body's");
+    http_client_response_release(&r);
+    /* 0 leaves no JSON part: the header is named, not the JSON ("body is empty") */
+    post("/v1/attend", body, len, 0, &r);
+    expect_error(&r, "Inference-Header-Content-Length", "from 1");
     http_client_response_release(&r);
     char u[200];
     snprintf(u, sizeof u, "%s/v1/attend", daemon_.base);
