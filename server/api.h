@@ -281,11 +281,23 @@ struct api_attend_response {
     int32_t d_v; /* head_out's width (multi-head latent attention: v_head_dim) */
 };
 
+/* The tensors an answer framed by the binary tensor extension carries after its JSON, in the
+ * order of their fields: output, weights or a selection, then the captures. */
+#define API_RAW_PARTS_MAX 8
+struct api_raw_parts {
+    const float *data[API_RAW_PARTS_MAX];
+    size_t bytes[API_RAW_PARTS_MAX];
+    int n;
+};
+
 /* Encodes an AttendResponse. Returns a malloc'd NUL-terminated string (*len its length), or
  * NULL when out of memory. With API_ENCODING_BINARY it is the JSON then the raw tensors, and
- * *json_len (if not NULL) gets the JSON's length (the Inference-Header-Content-Length). */
-char *api_attend_response_encode(const struct api_attend_response *r, size_t *len,
-                                 size_t *json_len);
+ * *json_len (if not NULL) gets the JSON's length (the Inference-Header-Content-Length); with
+ * raw not NULL the tensors stay where they are, listed in *raw for the caller to send after the
+ * JSON (float32 as the host holds it: little-endian hosts only; a big-endian one appends them
+ * byte-swapped still, raw->n 0). */
+char *api_attend_response_encode(const struct api_attend_response *r, size_t *len, size_t *json_len,
+                                 struct api_raw_parts *raw);
 
 /* One token of a stream: appends `data: {StreamEvent}\n\n` to out. */
 struct api_stream_event {

@@ -138,28 +138,24 @@ static void put_b64(struct strbuf *b, const float *data, int rank, const int64_t
     strbuf_puts(b, "\"}");
 }
 
-/* The tensors an answer framed by the binary tensor extension carries after its JSON, in the
- * order their fields appear. */
-#define RAW_PARTS_MAX 8 /* output, a selection and four captures, with room */
-
-struct raw_parts {
-    const float *data[RAW_PARTS_MAX];
-    size_t bytes[RAW_PARTS_MAX];
-    int n;
-};
-
 static void put_tensor(struct strbuf *b, const char *name, const float *data, int rank,
-                       const int64_t *dims, enum api_encoding enc, struct raw_parts *raw) {
-    strbuf_printf(b, "\"%s\":", name);
-    if (enc == API_ENCODING_BINARY && raw != NULL && raw->n < RAW_PARTS_MAX) {
+                       const int64_t *dims, enum api_encoding enc, struct api_raw_parts *raw) {
+    strbuf_putc(b, '"');
+    strbuf_puts(b, name);
+    strbuf_puts(b, "\":");
+    if (enc == API_ENCODING_BINARY && raw != NULL && raw->n < API_RAW_PARTS_MAX) {
         int64_t total = 1;
         strbuf_puts(b, "{\"shape\":[");
         for (int d = 0; d < rank; d++) {
-            strbuf_printf(b, d > 0 ? ",%lld" : "%lld", (long long)dims[d]);
+            if (d > 0) {
+                strbuf_putc(b, ',');
+            }
+            strbuf_put_int(b, (long long)dims[d]);
             total *= dims[d];
         }
-        strbuf_printf(b, "],\"datatype\":\"FP32\",\"binary_data_size\":%lld}",
-                      (long long)total * 4);
+        strbuf_puts(b, "],\"datatype\":\"FP32\",\"binary_data_size\":");
+        strbuf_put_int(b, (long long)total * 4);
+        strbuf_putc(b, '}');
         raw->data[raw->n] = data;
         raw->bytes[raw->n++] = (size_t)total * 4;
     } else if (enc == API_ENCODING_BASE64) {
@@ -172,7 +168,8 @@ static void put_tensor(struct strbuf *b, const char *name, const float *data, in
 /* The answer: the JSON in b, then (binary extension) the raw tensors, as one malloc'd buffer;
  * *json_len (if not NULL) gets the JSON's length, which the Inference-Header-Content-Length
  * header carries. */
-static char *finish(struct strbuf *b, const struct raw_parts *raw, size_t *len, size_t *json_len) {
+static char *finish(struct strbuf *b, const struct api_raw_parts *raw, size_t *len,
+                    size_t *json_len) {
     size_t n_json = b->len, total = b->len;
     for (int i = 0; i < raw->n; i++) {
         total += raw->bytes[i];
@@ -202,15 +199,18 @@ static char *finish(struct strbuf *b, const struct raw_parts *raw, size_t *len, 
 }
 
 static void put_timing(struct strbuf *b, const struct api_timing *t) {
-    strbuf_printf(b, ",\"timing\":{\"queue_ms\":%.3f,\"compute_ms\":%.3f}", t->queue_ms,
-                  t->compute_ms);
+    strbuf_puts(b, ",\"timing\":{\"queue_ms\":");
+    strbuf_put_fixed3(b, t->queue_ms);
+    strbuf_puts(b, ",\"compute_ms\":");
+    strbuf_put_fixed3(b, t->compute_ms);
+    strbuf_putc(b, '}');
 }
 
 /* The values of a selection under the name of their kind, shaped ([n_batch,] [H',] R [, K])
  * with H' dropped when reduced over heads. */
 static void put_selected(struct strbuf *b, const struct api_selection *sel, const float *values,
                          int32_t n_heads, int64_t n_batch, enum api_encoding enc,
-                         struct raw_parts *raw) {
+                         struct api_raw_parts *raw) {
     static const char *const names[] = {"weights", "scores", "lse"};
     int64_t dims[4];
     int rank = 0;
@@ -251,7 +251,7 @@ static void put_selection_fields(struct strbuf *b, const struct api_selection *s
  * what they are: kind, reduce, the heads, the rows and the key range [first, end). */
 static void put_selection(struct strbuf *b, const struct api_selection *sel, const float *values,
                           int32_t n_heads, int64_t n_batch, enum api_encoding enc,
-                          struct raw_parts *raw) {
+                          struct api_raw_parts *raw) {
     strbuf_putc(b, ',');
     put_selected(b, sel, values, n_heads, n_batch, enc, raw);
     strbuf_puts(b, ",\"selection\":{");
@@ -261,7 +261,7 @@ static void put_selection(struct strbuf *b, const struct api_selection *sel, con
 
 /* capture: {"q": ..., "k": ..., "v": ..., "head_out": ...}, the ones asked. */
 static void put_captures(struct strbuf *b, const struct api_attend_response *r,
-                         struct raw_parts *raw) {
+                         struct api_raw_parts *raw) {
     const float *t[4] = {r->capture_q, r->capture_k, r->capture_v, r->capture_head_out};
     static const char *const names[] = {"q", "k", "v", "head_out"};
     int32_t heads[4] = {r->n_heads, r->n_kv_heads, r->n_kv_heads, r->n_heads};
@@ -283,18 +283,30 @@ static void put_captures(struct strbuf *b, const struct api_attend_response *r,
 
 /* ---- responses ------------------------------------------------------------------------------ */
 
-char *api_attend_response_encode(const struct api_attend_response *r, size_t *len,
-                                 size_t *json_len) {
+char *api_attend_response_encode(const struct api_attend_response *r, size_t *len, size_t *json_len,
+                                 struct api_raw_parts *keep) {
     struct strbuf b;
-    struct raw_parts raw = {{NULL}, {0}, 0};
+    struct api_raw_parts raw = {{NULL}, {0}, 0};
     strbuf_init(&b);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    bool is_kept = keep != NULL && r->encoding == API_ENCODING_BINARY;
+#else
+    bool is_kept = false; /* the wire's bytes are little-endian: a copy swaps them */
+#endif
+    if (keep != NULL) {
+        keep->n = 0;
+    }
     strbuf_reserve(&b, (size_t)r->n_new * (size_t)r->hidden_size *
-                               (r->encoding == API_ENCODING_BINARY ? 4 : 14) +
+                               (r->encoding == API_ENCODING_BINARY ? (is_kept ? 0 : 4) : 14) +
                            256);
     strbuf_puts(&b, "{\"session_id\":");
     put_string_or_null(&b, r->session_id);
-    strbuf_printf(&b, ",\"layer\":%d,\"n_past\":%d,\"n_tokens\":%d", (int)r->layer, (int)r->n_past,
-                  (int)r->n_tokens);
+    strbuf_puts(&b, ",\"layer\":");
+    strbuf_put_int(&b, r->layer);
+    strbuf_puts(&b, ",\"n_past\":");
+    strbuf_put_int(&b, r->n_past);
+    strbuf_puts(&b, ",\"n_tokens\":");
+    strbuf_put_int(&b, r->n_tokens);
     if (r->is_cross) {
         strbuf_printf(&b, ",\"context_tokens\":%d", (int)r->context_tokens);
     }
@@ -315,6 +327,13 @@ char *api_attend_response_encode(const struct api_attend_response *r, size_t *le
     put_captures(&b, r, &raw);
     put_timing(&b, &r->timing);
     strbuf_puts(&b, "}\n");
+    if (is_kept) {
+        *keep = raw;
+        if (json_len != NULL) {
+            *json_len = b.len;
+        }
+        return strbuf_detach(&b, len);
+    }
     return finish(&b, &raw, len, json_len);
 }
 
@@ -410,7 +429,7 @@ char *api_attention_response_encode(const struct api_attention_response *r, size
 
 char *api_sdpa_response_encode(const struct api_sdpa_response *r, size_t *len, size_t *json_len) {
     struct strbuf b;
-    struct raw_parts raw = {{NULL}, {0}, 0};
+    struct api_raw_parts raw = {{NULL}, {0}, 0};
     strbuf_init(&b);
     strbuf_reserve(&b,
                    (size_t)r->n_batch * r->n_heads * (size_t)r->n_q * (size_t)r->d_v * 14 + 256);

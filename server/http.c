@@ -24,6 +24,9 @@
 
 #define STREAM_BLOCK_BYTES (64 * 1024)
 
+/* The most parts an answer from parts may have: a JSON and the tensors of 256 steps, with room. */
+#define HTTP_PARTS_MAX 2048
+
 static double mono_ms(void) {
     return (double)uv_hrtime() / 1e6;
 }
@@ -144,6 +147,47 @@ void http_request_reply(struct http_request *r, int status, const char *content_
         free(body);
         LOG_ERROR("http", "cannot create a response req=%llu", (unsigned long long)r->id);
         /* Nothing can be sent; resuming lets MHD close the connection. */
+        r->is_answered = true;
+        http__wake(r);
+        return;
+    }
+    decorate(r, resp, content_type);
+    queue_answer(r, resp, (unsigned)status);
+}
+
+void http_request_reply_parts(struct http_request *r, int status, const char *content_type,
+                              const struct http_part *parts, int n_parts, void (*release)(void *),
+                              void *owner) {
+    if (r->is_answered) {
+        release(owner);
+        return;
+    }
+    size_t total = 0;
+    for (int i = 0; i < n_parts; i++) {
+        total += parts[i].len;
+    }
+    if (http__direct_needed(r)) {
+        /* answered around MHD, from the one buffer a direct answer writes from */
+        http__direct_begin(r, status, content_type, (long long)total);
+        for (int i = 0; i < n_parts; i++) {
+            strbuf_append(&r->out, parts[i].data, parts[i].len);
+        }
+        release(owner);
+        http__direct_kick(r);
+        return;
+    }
+    struct MHD_IoVec iov[HTTP_PARTS_MAX];
+    struct MHD_Response *resp = NULL;
+    if (n_parts <= HTTP_PARTS_MAX) {
+        for (int i = 0; i < n_parts; i++) {
+            iov[i] = (struct MHD_IoVec){parts[i].data, parts[i].len};
+        }
+        /* MHD keeps its own copy of the vector; the memory is the owner's until release */
+        resp = MHD_create_response_from_iovec(iov, (unsigned)n_parts, release, owner);
+    }
+    if (resp == NULL) {
+        release(owner);
+        LOG_ERROR("http", "cannot create a response req=%llu", (unsigned long long)r->id);
         r->is_answered = true;
         http__wake(r);
         return;

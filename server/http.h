@@ -141,6 +141,19 @@ void http_request_add_header(struct http_request *r, const char *name, const cha
 void http_request_reply(struct http_request *r, int status, const char *content_type, char *body,
                         size_t len);
 
+/* A piece of a body answered from memory its caller keeps (http_request_reply_parts). */
+struct http_part {
+    const void *data;
+    size_t len;
+};
+
+/* Answers with a complete body made of parts, sent from where they are (no copy): the caller's
+ * memory must stay as it is until release(owner) is called, once, when the answer is sent or
+ * dropped (possibly before this returns). At most one answer per request. */
+void http_request_reply_parts(struct http_request *r, int status, const char *content_type,
+                              const struct http_part *parts, int n_parts, void (*release)(void *),
+                              void *owner);
+
 /* Starts a streamed answer of unknown length (chunked). Then stream_write any number of times
  * and stream_end once. on_stream_drained fires whenever all written data has been taken. */
 void http_request_stream_begin(struct http_request *r, int status, const char *content_type);

@@ -177,6 +177,15 @@ void job__answer(struct job *job, int status) {
     if (job->rq == NULL || status == ERROR_CANCELLED) {
         return;
     }
+    if (status == 0 && job->is_framed && job->raw.n > 0) {
+        void *buffers[JOB_BUFFERS];
+        job__take_buffers(job, buffers);
+        const struct api_raw_parts *raws[1] = {&job->raw};
+        char *json = job->response;
+        job->response = NULL;
+        job__reply_parts(job, json, job->response_json_len, raws, 1, buffers, JOB_BUFFERS);
+        return;
+    }
     if (status == 0 && job->is_framed) {
         char n[32];
         snprintf(n, sizeof n, "%zu", job->response_json_len);
@@ -192,6 +201,71 @@ void job__answer(struct job *job, int status) {
     } else {
         route_reply_error(job->rq, status, job->err_message, job->err_param);
     }
+}
+
+void job__take_buffers(struct job *job, void **to) {
+    void **from[JOB_BUFFERS] = {(void **)&job->out,         (void **)&job->weights,
+                                (void **)&job->selected,    (void **)&job->captures[0],
+                                (void **)&job->captures[1], (void **)&job->captures[2],
+                                (void **)&job->captures[3]};
+    for (int i = 0; i < JOB_BUFFERS; i++) {
+        to[i] = *from[i];
+        *from[i] = NULL;
+    }
+}
+
+/* What a framed answer sent from parts holds until the connection has sent it. */
+struct held_answer {
+    char *json;
+    int n_buffers;
+    void *buffers[]; /* (n_buffers) */
+};
+
+static void held_answer_free(void *p) {
+    struct held_answer *h = p;
+    free(h->json);
+    for (int i = 0; i < h->n_buffers; i++) {
+        free(h->buffers[i]);
+    }
+    free(h);
+}
+
+void job__reply_parts(struct job *job, char *json, size_t json_len,
+                      const struct api_raw_parts *const *raws, int n_raws, void **buffers,
+                      int n_buffers) {
+    int n_parts = 1;
+    for (int i = 0; i < n_raws; i++) {
+        n_parts += raws[i]->n;
+    }
+    struct held_answer *h = malloc(sizeof *h + (size_t)n_buffers * sizeof(void *));
+    struct http_part *parts = malloc((size_t)n_parts * sizeof *parts);
+    if (h == NULL || parts == NULL) {
+        free(h);
+        free(parts);
+        free(json);
+        for (int i = 0; i < n_buffers; i++) {
+            free(buffers[i]);
+        }
+        route_reply_error(job->rq, ERROR_INTERNAL, "out of memory for the answer", NULL);
+        return;
+    }
+    h->json = json;
+    h->n_buffers = n_buffers;
+    memcpy(h->buffers, buffers, (size_t)n_buffers * sizeof(void *));
+    parts[0] = (struct http_part){json, json_len};
+    int k = 1;
+    for (int i = 0; i < n_raws; i++) {
+        for (int j = 0; j < raws[i]->n; j++) {
+            parts[k++] = (struct http_part){raws[i]->data[j], raws[i]->bytes[j]};
+        }
+    }
+    char n[32];
+    snprintf(n, sizeof n, "%zu", json_len);
+    http_request_add_header(job->rq->http, "Inference-Header-Content-Length", n);
+    route_reply_parts(job->rq, job->response_status,
+                      job->response_type != NULL ? job->response_type : "application/json", parts,
+                      n_parts, held_answer_free, h);
+    free(parts);
 }
 
 /* Finds the live session named rq->session (bringing it back from disk if it is there) and pins
@@ -528,7 +602,9 @@ static int attend_run(struct pool_job *pj, int status) {
             .n_kv_heads = lim->n_kv_heads,
             .d_v = (int32_t)head_out_width(job->srv),
         };
-        job->response = api_attend_response_encode(&r, &job->response_len, &job->response_json_len);
+        /* framed: the tensors go out from the job's buffers, not copied after the JSON */
+        job->response =
+            api_attend_response_encode(&r, &job->response_len, &job->response_json_len, &job->raw);
         job->response_status = 200;
         job__binary_answer(job, job->at.encoding);
         return job->response != NULL ? 0

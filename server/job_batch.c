@@ -65,11 +65,60 @@ static void finish(struct job *batch) {
     }
     api_batch_close(&b);
     size_t json_len = b.len;
+    bool is_parts = false;
     for (int32_t i = 0; is_framed && i < batch->at.n_steps; i++) {
         struct batch_slot *s = &batch->slots[i];
-        if (s->status == 0) {
+        if (s->status == 0 && s->raw.n > 0) {
+            is_parts = true; /* its tensors are in its buffers */
+        } else if (s->status == 0) {
             strbuf_append(&b, s->response + s->json_len, s->len - s->json_len);
         }
+    }
+    if (is_parts && !b.has_failed) {
+        /* The steps' tensors go out from their own buffers after the one JSON, in step order
+         * (every ok step's are in buffers then: they were encoded alike). */
+        int32_t n = batch->at.n_steps;
+        const struct api_raw_parts **raws = malloc((size_t)n * sizeof *raws);
+        void **buffers = malloc((size_t)n * JOB_BUFFERS * sizeof *buffers);
+        int n_raws = 0, n_buffers = 0;
+        for (int32_t i = 0; raws != NULL && buffers != NULL && i < n; i++) {
+            struct batch_slot *s = &batch->slots[i];
+            if (s->status == 0) {
+                raws[n_raws++] = &s->raw;
+            }
+            for (int k = 0; k < JOB_BUFFERS; k++) {
+                buffers[n_buffers++] = s->buffers[k];
+                s->buffers[k] = NULL;
+            }
+        }
+        if (raws == NULL || buffers == NULL) {
+            free(raws);
+            free(buffers);
+            strbuf_release(&b);
+            job__refuse(batch, ERROR_INTERNAL, "out of memory encoding the answer", NULL);
+            job__free(batch);
+            return;
+        }
+        batch->response_status = 200;
+        job__binary_answer(batch, batch->at.encoding);
+        char *json = strbuf_detach(&b, NULL);
+        if (json == NULL) {
+            for (int i = 0; i < n_buffers; i++) {
+                free(buffers[i]);
+            }
+            job__refuse(batch, ERROR_INTERNAL, "out of memory encoding the answer", NULL);
+        } else if (batch->rq != NULL) {
+            job__reply_parts(batch, json, json_len, raws, n_raws, buffers, n_buffers);
+        } else {
+            free(json);
+            for (int i = 0; i < n_buffers; i++) {
+                free(buffers[i]);
+            }
+        }
+        free(raws);
+        free(buffers);
+        job__free(batch);
+        return;
     }
     if (b.has_failed) {
         strbuf_release(&b);
@@ -96,6 +145,8 @@ void job__batch_step_answered(struct job *step, int status) {
         s->len = step->response_len;
         s->json_len = step->response_json_len;
         step->response = NULL;
+        s->raw = step->raw; /* its tensors stay in its buffers, which the slot keeps */
+        job__take_buffers(step, s->buffers);
     } else {
         snprintf(s->message, sizeof s->message, "%s", step->err_message);
         snprintf(s->param, sizeof s->param, "%s", step->err_param);
@@ -200,6 +251,9 @@ void job__batch_client_gone(struct job *batch) {
 void job__batch_release(struct job *batch) {
     for (int32_t i = 0; batch->slots != NULL && i < batch->at.n_steps; i++) {
         free(batch->slots[i].response);
+        for (int k = 0; k < JOB_BUFFERS; k++) {
+            free(batch->slots[i].buffers[k]);
+        }
     }
     /* steps still running would report to a freed batch: a batch is freed only once every step
      * has answered, and a step is freed after it answers */

@@ -54,6 +54,8 @@ struct job {
     const char *response_type; /* NULL: JSON */
     size_t response_json_len;  /* a binary-framed answer's JSON part (its Inference-Header-...) */
     bool is_framed;            /* the answer is framed by the binary tensor extension */
+    struct api_raw_parts raw;  /* framed: the tensors sent after response (the JSON alone) from
+                                  the job's own buffers, in field order (n 0: none, or appended) */
     /* The request body's JSON length when framed (Inference-Header-Content-Length), or -1 */
     int64_t request_json_len;
     /* attend */
@@ -99,11 +101,16 @@ struct job {
 };
 
 /* What a step of a batch answered. */
+/* The buffers of an attend job a framed answer's tensors may point into (job__take_buffers). */
+#define JOB_BUFFERS 7
+
 struct batch_slot {
     char session_id[API_SESSION_ID_MAX + 1];
     int status;     /* 0 or the error code */
-    char *response; /* its AttendResponse (and raw tensors when framed), malloc'd */
+    char *response; /* its AttendResponse (and raw tensors when framed and not in raw), malloc'd */
     size_t len, json_len;
+    struct api_raw_parts raw;   /* framed: its tensors, in buffers */
+    void *buffers[JOB_BUFFERS]; /* taken from the step, which is freed before the answer */
     char message[512];
     char param[64];
 };
@@ -147,6 +154,16 @@ void job__parse_then_admit(struct job *job);
 const char *job__layer_refusal(const struct server *srv, const struct api_attend_request *at,
                                char *msg, size_t size);
 void job__attend_admit(struct job *job);
+
+/* Moves the attend job's tensor buffers (out, weights, selected, captures) into to[JOB_BUFFERS],
+ * leaving the job without them: what its raw parts point into, kept for the answer. */
+void job__take_buffers(struct job *job, void **to);
+
+/* A framed answer's JSON and the tensors after it, sent from where they are: json (malloc'd)
+ * and buffers[n] are freed once the connection has sent them. Answers 500 when out of memory. */
+void job__reply_parts(struct job *job, char *json, size_t json_len,
+                      const struct api_raw_parts *const *raws, int n_raws, void **buffers,
+                      int n_buffers);
 void job__import_admit(struct job *job);
 
 /* Refuses a job before it is queued: answers code (message, param: NULL for the defaults) to

@@ -94,6 +94,20 @@ void route_reply_typed(struct route_req *rq, int status, const char *type, char 
     http_request_reply(rq->http, status, body != NULL ? type : NULL, body, len);
 }
 
+void route_reply_parts(struct route_req *rq, int status, const char *type,
+                       const struct http_part *parts, int n_parts, void (*release)(void *),
+                       void *owner) {
+    if (rq->status != 0) {
+        release(owner);
+        return;
+    }
+    rq->status = status;
+    if (rq->srv->is_draining) {
+        http_request_add_header(rq->http, "Connection", "close");
+    }
+    http_request_reply_parts(rq->http, status, type, parts, n_parts, release, owner);
+}
+
 void route_reply(struct route_req *rq, int status, char *body, size_t len) {
     route_reply_typed(rq, status, JSON_TYPE, body, len);
 }

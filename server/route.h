@@ -60,6 +60,12 @@ void route_reply(struct route_req *rq, int status, char *body, size_t len);
 /* Answers with a body of the given content type (malloc'd, ownership taken). */
 void route_reply_typed(struct route_req *rq, int status, const char *type, char *body, size_t len);
 
+/* Answers with a body of parts sent from where they are (http_request_reply_parts: owner's
+ * memory, released once by release). */
+void route_reply_parts(struct route_req *rq, int status, const char *type,
+                       const struct http_part *parts, int n_parts, void (*release)(void *),
+                       void *owner);
+
 /* The live session id names, brought back from disk first if it is there (its restore then
  * runs ahead of any job queued on it). NULL when there is none: *rc says why
  * (ERROR_SESSION_NOT_FOUND, ERROR_SESSION_EVICTED, or a restore's refusal), and *state what the

@@ -87,6 +87,33 @@ void strbuf_printf(struct strbuf *b, const char *fmt, ...) {
     b->len += (size_t)n;
 }
 
+void strbuf_put_int(struct strbuf *b, long long v) {
+    char tmp[24];
+    char *p = tmp + sizeof tmp;
+    /* the magnitude as unsigned, so LLONG_MIN has one too */
+    unsigned long long u = v < 0 ? 0ull - (unsigned long long)v : (unsigned long long)v;
+    do {
+        *--p = (char)('0' + u % 10);
+        u /= 10;
+    } while (u > 0);
+    if (v < 0) {
+        *--p = '-';
+    }
+    strbuf_append(b, p, (size_t)(tmp + sizeof tmp - p));
+}
+
+void strbuf_put_fixed3(struct strbuf *b, double v) {
+    if (!(v >= 0.0 && v < 1e15)) {
+        strbuf_printf(b, "%.3f", v); /* negative, huge, NaN: printf's own words */
+        return;
+    }
+    unsigned long long m = (unsigned long long)(v * 1000.0 + 0.5);
+    strbuf_put_int(b, (long long)(m / 1000));
+    char frac[4] = {'.', (char)('0' + m / 100 % 10), (char)('0' + m / 10 % 10),
+                    (char)('0' + m % 10)};
+    strbuf_append(b, frac, sizeof frac);
+}
+
 void strbuf_consume(struct strbuf *b, size_t n) {
     if (n >= b->len) {
         b->len = 0;

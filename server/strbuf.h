@@ -31,6 +31,16 @@ void strbuf_puts(struct strbuf *b, const char *s);
 void strbuf_putc(struct strbuf *b, char c);
 void strbuf_printf(struct strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* v in decimal, as "%lld" writes it, without printf: the answers of a batch write a few
+ * hundred numbers, which vsnprintf's machinery made a fair part of their encoding. */
+void strbuf_put_int(struct strbuf *b, long long v);
+
+/* v with 3 decimals, as "%.3f" writes it for 0 <= v < 1e15, where v x 1000 is rounded half up
+ * (printf rounds v's exact binary value: the two may differ in the last digit when v x 1000 lies
+ * within a rounding error of a half; tests/check_api.c compares a million values); others by
+ * printf. For durations in milliseconds. */
+void strbuf_put_fixed3(struct strbuf *b, double v);
+
 /* Drops the first n bytes (n <= len), keeping the rest. */
 void strbuf_consume(struct strbuf *b, size_t n);
 

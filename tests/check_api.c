@@ -3,6 +3,7 @@
  * error table against proto/errors.json and proto/openapi.yaml. */
 #include <check.h>
 #include <float.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -513,6 +514,58 @@ START_TEST(test_api_attend_rejects_bad_requests) {
 }
 END_TEST
 
+/* The answers' number writers against printf: every integer as "%lld" writes it (the extremes
+ * too), and durations as "%.3f" does, over a million values of many sizes kept off the halves
+ * where the two may round apart (and the halves, which round up). */
+START_TEST(test_api_number_writers_match_printf) {
+    static const long long ints[] = {0, 1, -1, 9, 10, -10, 2048, 123456789, LLONG_MAX, LLONG_MIN};
+    char want[64];
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+        struct strbuf b;
+        strbuf_init(&b);
+        strbuf_put_int(&b, ints[i]);
+        snprintf(want, sizeof want, "%lld", ints[i]);
+        ck_assert_str_eq(b.data, want);
+        strbuf_release(&b);
+    }
+    uint64_t seed = 12345;
+    for (int i = 0; i < 1000000; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        double u = (double)(seed >> 11) / 9007199254740992.0; /* [0, 1) */
+        double v = u * pow(10.0, (double)(i % 16) - 4.0);     /* 1e-4 .. 1e12 */
+        double frac = v * 1000.0 - floor(v * 1000.0);
+        if (fabs(frac - 0.5) < 1e-6) {
+            continue; /* a half, below */
+        }
+        struct strbuf b;
+        strbuf_init(&b);
+        strbuf_put_fixed3(&b, v);
+        snprintf(want, sizeof want, "%.3f", v);
+        ck_assert_msg(strcmp(b.data, want) == 0, "%.17g: %s, printf %s", v, b.data, want);
+        strbuf_release(&b);
+    }
+    static const struct {
+        double v;
+        const char *want;
+    } fixed[] = {{0.0, "0.000"},
+                 {0.0625, "0.063"},
+                 {1.5, "1.500"},
+                 {2.25, "2.250"},
+                 {1e14, "100000000000000.000"},
+                 {-1.25, "-1.250"},
+                 {2e15, "2000000000000000.000"},
+                 {NAN, NULL}};
+    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) {
+        struct strbuf b;
+        strbuf_init(&b);
+        strbuf_put_fixed3(&b, fixed[i].v);
+        snprintf(want, sizeof want, "%.3f", fixed[i].v);
+        ck_assert_str_eq(b.data, fixed[i].want != NULL ? fixed[i].want : want);
+        strbuf_release(&b);
+    }
+}
+END_TEST
+
 /* A field a call with steps has not at its top level: a step field is said to go in each step,
  * one no step has (stream) is said to be no field of such a call (it said "each step has its
  * own" of stream too; noticed by an outside audit). */
@@ -753,7 +806,7 @@ START_TEST(test_api_attend_response_roundtrip) {
         "chat-42", 0, 2,     5, 3,    64,   4,    out,  w,    {1.5, 2.25}, API_ENCODING_FLOAT,
         false,     0, false, 0, NULL, NULL, NULL, NULL, NULL, NULL,        0,
         0};
-    char *text = api_attend_response_encode(&r, NULL, NULL);
+    char *text = api_attend_response_encode(&r, NULL, NULL, NULL);
     cJSON *got = cJSON_Parse(text);
     char *ex = http_client_read_file(EX "attend_prefill.response.json", NULL);
     cJSON *want = cJSON_Parse(ex);
@@ -778,7 +831,7 @@ START_TEST(test_api_attend_response_roundtrip) {
     r.session_id = NULL;
     r.weights = NULL;
     r.encoding = API_ENCODING_BASE64;
-    text = api_attend_response_encode(&r, NULL, NULL);
+    text = api_attend_response_encode(&r, NULL, NULL, NULL);
     got = cJSON_Parse(text);
     ck_assert(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(got, "session_id")));
     ex = http_client_read_file(EX "attend_base64.response.json", NULL);
@@ -984,6 +1037,7 @@ Suite *api_suite(void) {
     tcase_add_test(tc, test_api_attend_rejects_bad_requests);
     tcase_add_test(tc, test_api_attend_many_steps);
     tcase_add_test(tc, test_api_steps_top_level_fields_say_where);
+    tcase_add_test(tc, test_api_number_writers_match_printf);
     tcase_add_test(tc, test_api_tensor_object_mistakes_say_what);
     tcase_add_test(tc, test_api_sdpa_rejects_bad_requests);
     tcase_add_test(tc, test_api_sdpa_work_is_bounded);
