@@ -54,6 +54,10 @@ struct api_body {
     size_t json_len;
     const uint8_t *binary; /* NULL: not framed */
     size_t binary_len;
+    /* The binary part outlives the request parsed from it (its caller frees the body after
+     * api_attend_request_release): an attend's float32 tensors may then be read where they lie,
+     * checked but not copied, when the host is little-endian and they are aligned. */
+    bool may_borrow;
 };
 
 /* True if s[0..len) is a valid session id: [A-Za-z0-9._:-]{1,128}. */
@@ -109,6 +113,9 @@ int64_t api_selection_values(const struct api_selection *sel, int32_t n_heads);
 attn_inspect api_selection_inspect(const struct api_selection *sel, float *out);
 
 struct api_attend_request {
+    /* Tensors may lie in the body's binary part (api_body.may_borrow): these bound it, and what
+     * lies between is not freed. */
+    uintptr_t borrowed_lo, borrowed_hi;
     float *x;                                /* (n_tokens, hidden_size) row-major, owned */
     int32_t n_tokens;                        /* T >= 1 */
     char session_id[API_SESSION_ID_MAX + 1]; /* "" = stateless */

@@ -337,9 +337,20 @@ static void reserve_body(struct http_request *r) {
         MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
     char *end = NULL;
     unsigned long long n = v != NULL ? strtoull(v, &end, 10) : 0;
+    /* A body framed by the binary tensor extension: its JSON part's length, so that the raw
+     * part after it lands at a 16-byte boundary (malloc's and realloc's alignment) and its
+     * floats can be read in place (job.c checks the header itself). */
+    const char *f =
+        MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Inference-Header-Content-Length");
+    char *f_end = NULL;
+    unsigned long long json_len = f != NULL ? strtoull(f, &f_end, 10) : 0;
+    r->body_pad = f != NULL && f_end != f && *f_end == '\0' ? (16 - json_len % 16) % 16 : 0;
     if (v != NULL && end != v && *end == '\0' && n > 0 && n <= r->srv->max_body_bytes) {
-        strbuf_reserve(&r->body, n < BODY_RESERVE_MAX ? (size_t)n : BODY_RESERVE_MAX);
+        strbuf_reserve(&r->body,
+                       (n < BODY_RESERVE_MAX ? (size_t)n : BODY_RESERVE_MAX) + r->body_pad);
     }
+    static const char zeros[16] = {0};
+    strbuf_append(&r->body, zeros, r->body_pad);
 }
 
 /* MHD's log callback, called with the request target as received, before it splits off the
@@ -384,7 +395,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
     }
     if (*upload_data_size > 0) {
         if (!r->is_answered && !r->is_too_large) {
-            if (r->body.len + *upload_data_size > s->max_body_bytes) {
+            if (r->body.len - r->body_pad + *upload_data_size > s->max_body_bytes) {
                 r->is_too_large = true;
                 strbuf_release(&r->body);
             } else {
@@ -670,8 +681,23 @@ int32_t http_request_header_count(const struct http_request *r, const char *name
 }
 
 const char *http_request_body(const struct http_request *r, size_t *len) {
-    *len = r->body.len;
-    return r->body.data != NULL ? r->body.data : "";
+    if (r->body.data == NULL) {
+        *len = 0;
+        return "";
+    }
+    *len = r->body.len - r->body_pad;
+    return r->body.data + r->body_pad;
+}
+
+const char *http_request_take_body(struct http_request *r, size_t *len, char **block) {
+    const char *body = http_request_body(r, len);
+    *block = r->body.data;
+    strbuf_init(&r->body);
+    r->body_pad = 0;
+    if (*block == NULL) {
+        *block = NULL; /* "" is static */
+    }
+    return body;
 }
 
 bool http_request_body_too_large(const struct http_request *r) {

@@ -126,6 +126,9 @@ void http_request_queries(const struct http_request *r,
                           bool (*fn)(void *ctx, const char *name, const char *value), void *ctx);
 /* The body (NUL-terminated; empty until on_request). */
 const char *http_request_body(const struct http_request *r, size_t *len);
+/* The body, taken from the request: *block (malloc'd, or NULL for an empty body) holds it until
+ * the caller frees it; the request's body is empty after. */
+const char *http_request_take_body(struct http_request *r, size_t *len, char **block);
 bool http_request_body_too_large(const struct http_request *r);
 /* Milliseconds (monotonic) when the headers arrived. */
 double http_request_start_ms(const struct http_request *r);

@@ -649,7 +649,7 @@ int32_t http_server_cut_unreceived(struct http_server *s) {
             LOG_WARN("http",
                      "dropping a request still being received req=%llu session=- "
                      "body_bytes=%zu",
-                     (unsigned long long)hc->req->id, hc->req->body.len);
+                     (unsigned long long)hc->req->id, hc->req->body.len - hc->req->body_pad);
             drop(hc);
             n++;
         }

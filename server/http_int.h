@@ -63,6 +63,8 @@ struct http_request {
     const char *version;
     double start_ms;
     struct strbuf body;
+    size_t body_pad; /* bytes before the body in `body`, which put a framed body's binary part
+                        at a 16-byte boundary, so its floats are read where they lie */
     bool is_too_large;
     bool is_in_handler; /* inside an access-handler call: answers are queued on return */
     bool is_suspended;

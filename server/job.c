@@ -73,6 +73,7 @@ void job__free(struct job *job) {
     attn_kv_destroy(job->temp_cross);
     api_attend_request_release(&job->at);
     api_sdpa_request_release(&job->sd);
+    free(job->body_block); /* after the request, whose tensors may lie in it */
     free(job->out);
     free(job->weights);
     free(job->selected);
@@ -861,11 +862,12 @@ static void sdpa_admit(struct job *job);
 /* Any thread: parses the body into the job (touches nothing else; limits are immutable). A
  * body framed by the binary tensor extension is its JSON, then the raw tensors. */
 static void parse_body(struct job *job) {
-    struct api_body body = {job->body, job->body_len, NULL, 0};
+    struct api_body body = {job->body, job->body_len, NULL, 0, false};
     if (job->request_json_len >= 0) {
         body.json_len = (size_t)job->request_json_len;
         body.binary = (const uint8_t *)job->body + body.json_len;
         body.binary_len = job->body_len - body.json_len;
+        body.may_borrow = job->body_block != NULL; /* freed after the request, in job__free */
     }
     if (job->kind == JOB_ATTEND && job->is_kv &&
         attn_model_config(job->srv->model)->kv_lora_rank > 0) {
@@ -972,6 +974,10 @@ void job__parse_then_admit(struct job *job) {
     if (job->kind != JOB_IMPORT && read_framing(job) != 0) {
         job__free(job);
         return;
+    }
+    if (job->kind == JOB_ATTEND && job->request_json_len >= 0) {
+        /* framed: the job keeps the body, so its tensors are read where they lie */
+        job->body = http_request_take_body(job->rq->http, &job->body_len, &job->body_block);
     }
     if (job->body_len > PARSE_OFFLOAD_BYTES) {
         job->parse_work.data = job;

@@ -41,6 +41,8 @@ struct job {
      * when it is large). */
     const char *body;
     size_t body_len;
+    char *body_block; /* a framed attend's body, taken from its request: its tensors may lie in
+                         it (api_body.may_borrow), so it lives as long as the job */
     int parse_rc;
     struct api_error parse_err;
     uv_work_t parse_work;

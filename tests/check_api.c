@@ -282,7 +282,7 @@ START_TEST(test_api_raw_tensors_refuse_non_finite_values) {
                 }
             }
             char json[1024];
-            struct api_body body = {json, 0, NULL, 0};
+            struct api_body body = {json, 0, NULL, 0, false};
             if (flavour == 0) {
                 char b64[400];
                 b64_encode(raw, sizeof raw, b64);
@@ -511,6 +511,54 @@ START_TEST(test_api_attend_rejects_bad_requests) {
         ck_assert_msg(err.message[0] != '\0', "case %zu: no message", i);
         ck_assert_ptr_null(r.x);
     }
+}
+END_TEST
+
+/* A framed body whose caller keeps it (may_borrow): aligned float32 tensors are read where
+ * they lie, steps' too; an unaligned one, or any where the caller does not keep the body, is
+ * copied; a non-finite value is still refused, naming the field; release frees only copies
+ * (ASan would see a free of the body). */
+START_TEST(test_api_framed_tensors_read_in_place) {
+    enum { H = 64 };
+    static const char one[] = "{\"x\":{\"shape\":[1,64],\"binary_data_size\":256}}";
+    static const char two[] =
+        "{\"steps\":[{\"session_id\":\"a\",\"x\":{\"shape\":[1,64],\"binary_data_size\":256}},"
+        "{\"session_id\":\"b\",\"x\":{\"shape\":[1,64],\"binary_data_size\":256}}]}";
+    float *block = malloc(4096); /* malloc's alignment, as the server's body */
+    ck_assert_ptr_nonnull(block);
+    for (int shift = 0; shift < 2; shift++) {
+        uint8_t *raw = (uint8_t *)block + 64 + shift; /* aligned, then not */
+        for (int i = 0; i < 2 * H; i++) {
+            float v = (float)i * 0.25f;
+            memcpy(raw + 4 * i, &v, 4);
+        }
+        for (int borrow = 0; borrow < 2; borrow++) {
+            struct api_body b = {one, strlen(one), raw, 4 * H, borrow == 1};
+            struct api_attend_request r;
+            struct api_error err;
+            ck_assert_int_eq(api_attend_request_parse_body(&b, &tiny, &r, &err), 0);
+            bool in_place = (const uint8_t *)r.x == raw;
+            ck_assert_int_eq(in_place, borrow == 1 && shift == 0);
+            ck_assert_float_eq(r.x[5], 1.25f);
+            api_attend_request_release(&r);
+            struct api_body bb = {two, strlen(two), raw, 8 * H, borrow == 1};
+            ck_assert_int_eq(api_attend_request_parse_body(&bb, &tiny, &r, &err), 0);
+            ck_assert_int_eq(r.n_steps, 2);
+            ck_assert_int_eq((const uint8_t *)r.steps[1].x == raw + 4 * H,
+                             borrow == 1 && shift == 0);
+            ck_assert_float_eq(r.steps[1].x[0], 16.0f);
+            api_attend_request_release(&r);
+        }
+    }
+    float inf = INFINITY;
+    memcpy((uint8_t *)block + 64 + 4 * 7, &inf, 4);
+    struct api_body b = {one, strlen(one), (uint8_t *)block + 64, 4 * H, true};
+    struct api_attend_request r;
+    struct api_error err;
+    ck_assert_int_eq(api_attend_request_parse_body(&b, &tiny, &r, &err), ERROR_INVALID_REQUEST);
+    ck_assert_str_eq(err.param, "x");
+    ck_assert_ptr_nonnull(strstr(err.message, "value 7"));
+    free(block);
 }
 END_TEST
 
@@ -1038,6 +1086,7 @@ Suite *api_suite(void) {
     tcase_add_test(tc, test_api_attend_many_steps);
     tcase_add_test(tc, test_api_steps_top_level_fields_say_where);
     tcase_add_test(tc, test_api_number_writers_match_printf);
+    tcase_add_test(tc, test_api_framed_tensors_read_in_place);
     tcase_add_test(tc, test_api_tensor_object_mistakes_say_what);
     tcase_add_test(tc, test_api_sdpa_rejects_bad_requests);
     tcase_add_test(tc, test_api_sdpa_work_is_bounded);
