@@ -362,6 +362,7 @@ static void *on_target(void *cls, const char *uri, struct MHD_Connection *conn) 
     if (hc != NULL) {
         hc->target = uri;
         hc->target_len = strlen(uri);
+        http__conn_target_seen(hc);
     }
     return NULL; /* no request context yet: on_access makes it */
 }

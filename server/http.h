@@ -90,6 +90,10 @@ void http_server_quiesce(struct http_server *s);
 /* Requests currently alive (headers received, not yet closed). */
 int32_t http_server_n_requests(const struct http_server *s);
 
+/* Whether a connection has begun a request whose headers are not all in (a request still being
+ * received, as the drain counts it: http_server_cut_unreceived cuts it). */
+bool http_server_has_partial_headers(const struct http_server *s);
+
 /* Open connections (as counted against --max-connections). */
 int32_t http_server_n_connections(const struct http_server *s);
 

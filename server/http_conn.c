@@ -580,6 +580,13 @@ void http__conns_close(struct http_server *s, uv_close_cb cb) {
     uv_close((uv_handle_t *)&s->stall_timer, cb);
 }
 
+void http__conn_target_seen(struct http_conn *hc) {
+    if (hc->is_counted && hc->req == NULL) {
+        conn_table_set_started(hc->srv->conns, &hc->c, (int64_t)uv_now(hc->srv->loop));
+        header_timer_arm(hc->srv);
+    }
+}
+
 void http__conn_request_begin(struct http_request *r) {
     const union MHD_ConnectionInfo *info =
         MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
@@ -625,6 +632,10 @@ bool http__conn_is_gone(const struct http_request *r) {
 
 int64_t http_server_fds_needed(int32_t max_connections) {
     return (int64_t)max_connections + HTTP_CONN_SLACK + 1;
+}
+
+bool http_server_has_partial_headers(const struct http_server *s) {
+    return conn_table_oldest_started(s->conns) != NULL;
 }
 
 int32_t http_server_n_connections(const struct http_server *s) {

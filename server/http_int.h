@@ -141,6 +141,9 @@ void http__conns_after_run(struct http_server *s);
 void http__conn_notify(void *cls, struct MHD_Connection *mc, void **socket_context,
                        enum MHD_ConnectionNotificationCode code);
 
+/* MHD has read a request line on hc: its request has begun, and the header deadline runs (the
+ * watch alone misses first bytes MHD read before the watch was polled: a new connection's). */
+void http__conn_target_seen(struct http_conn *hc);
 /* A request's headers are in (r->conn is its connection): it makes the connection busy. */
 void http__conn_request_begin(struct http_request *r);
 /* The request is over (MHD's completed notice): the connection waits again, or is dropped

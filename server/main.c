@@ -89,6 +89,7 @@ static void on_drain_deadline(uv_timer_t *t) {
              "n_cut=%d finishing=%d",
              (int)d->srv.cfg->drain_timeout_s, (int)n,
              (int)(http_server_n_requests(d->srv.http) - n));
+    route_check_drained(&d->srv); /* what was cut may have been all that was left */
 }
 
 static void on_signal(uv_signal_t *h, int signum) {

@@ -715,9 +715,12 @@ static void on_stream_drained(void *ctx, struct http_request *req) {
     }
 }
 
+/* Drained: no job left, no request alive, and none still sending its headers (those get the
+ * drain's grace like a body still arriving; a connection that ends without a request notifies
+ * nobody, so route_tick and the drain deadline look again). */
 static void maybe_drained(struct server *srv) {
     if (srv->is_draining && !srv->has_drained && pool_is_idle(srv->pool) &&
-        http_server_n_requests(srv->http) == 0) {
+        http_server_n_requests(srv->http) == 0 && !http_server_has_partial_headers(srv->http)) {
         srv->has_drained = true;
         LOG_INFO("main", "drained: every accepted request is finished");
         srv->on_drained(srv);
@@ -790,7 +793,12 @@ void route_drain(struct server *srv) {
     pool_set_idle_callback(srv->pool, on_pool_idle, srv);
 }
 
+void route_check_drained(struct server *srv) {
+    maybe_drained(srv);
+}
+
 void route_tick(struct server *srv) {
+    maybe_drained(srv);
     if (srv->cfg->session_ttl_s <= 0) {
         return;
     }

@@ -91,7 +91,11 @@ void route_handlers(struct server *srv, struct http_handlers *out);
  * once nothing is left. The caller stops the listener (http_server_quiesce). */
 void route_drain(struct server *srv);
 
-/* Periodic housekeeping: expires idle sessions past --session-ttl-s. */
+/* Fires on_drained if the drain has nothing left (after the deadline cut what was arriving). */
+void route_check_drained(struct server *srv);
+
+/* Periodic housekeeping: expires idle sessions past --session-ttl-s; while draining, notices
+ * that the last connection still sending headers has gone (timed out, closed). */
 void route_tick(struct server *srv);
 
 #endif /* SERVER_ROUTE_H */

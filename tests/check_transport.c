@@ -411,6 +411,24 @@ START_TEST(test_transport_slow_headers_are_cut) {
 }
 END_TEST
 
+/* The header deadline runs from a request's first byte on a new connection too, when those
+ * bytes come at once and nothing follows: libmicrohttpd read them before attnd watched the socket,
+ * so the deadline never started and only --idle-timeout-s ended the connection. */
+START_TEST(test_transport_stalled_first_headers_are_cut) {
+    const char *env[] = {"ATTND_HEADER_TIMEOUT_S=1", "ATTND_IDLE_TIMEOUT_S=30", NULL};
+    start(env, NULL);
+    const char *head = "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n";
+    int fd = http_client_raw_send(daemon_.port, head, strlen(head), 0);
+    double t0 = http_client_mono_ms();
+    ck_assert_msg(http_client_raw_closed_within(fd, 8000),
+                  "headers stalled since the connection's first bytes were not cut in 8 s");
+    double ms = http_client_mono_ms() - t0;
+    ck_assert_msg(ms >= 800, "cut after %.0f ms, before the 1 s deadline", ms);
+    close(fd);
+    stop_with(0);
+}
+END_TEST
+
 START_TEST(test_transport_idle_connections_time_out) {
     const char *env[] = {"ATTND_IDLE_TIMEOUT_S=1", NULL};
     start(env, NULL);
@@ -695,6 +713,47 @@ START_TEST(test_transport_drain_deadline_cuts_trickling_upload) {
 }
 END_TEST
 
+/* A request whose headers are still arriving at SIGTERM is a request still being received, as
+ * one whose body is: it gets --drain-timeout-s to arrive, even on a server with nothing else to
+ * finish. Headers completed within it are answered (503 draining: the request came after the
+ * shutdown began); headers that never end are cut at the deadline, and the exit status is 3.
+ * (The drain ended at once, since no request had begun: the connection was closed unanswered
+ * and the exit status was 0.) */
+START_TEST(test_transport_drain_waits_for_headers_still_arriving) {
+    const char *env[] = {"ATTND_DRAIN_TIMEOUT_S=2", NULL};
+    start(env, NULL);
+    const char *head = "GET /readyz HTTP/1.1\r\nHost: a\r\n";
+    int fd = http_client_raw_send(daemon_.port, head, strlen(head), 0);
+    http_client_sleep_ms(200);
+    kill(daemon_.pid, SIGTERM);
+    http_client_sleep_ms(300);
+    send_all(fd, "Connection: close\r\n\r\n");
+    char *out;
+    int got = http_client_raw_read_until(fd, "\r\n\r\n", 5000, &out);
+    ck_assert_msg(got >= 0 && strncmp(out, "HTTP/1.1 503", 12) == 0,
+                  "headers completed during the drain got no answer: '%.300s'", out);
+    free(out);
+    close(fd);
+    int status = stop_while_trickling(-1, -1, NULL, 10000);
+    ck_assert_msg(status == 0, "exit %d, want 0", status);
+
+    start(env, NULL);
+    char *log_path = strdup(daemon_.log_path);
+    fd = http_client_raw_send(daemon_.port, head, strlen(head), 0);
+    http_client_sleep_ms(200);
+    double t0 = http_client_mono_ms();
+    status = stop_while_trickling(-1, -1, NULL, 10000);
+    double ms = http_client_mono_ms() - t0;
+    char *log = http_client_read_file(log_path, NULL);
+    ck_assert_msg(status == 3 && ms >= 1500, "exit %d after %.0f ms, want 3 after the 2 s deadline",
+                  status, ms);
+    ck_assert_ptr_nonnull(strstr(log, "n_cut=1"));
+    free(log);
+    free(log_path);
+    close(fd);
+}
+END_TEST
+
 START_TEST(test_transport_drain_follows_an_abandoned_upload) {
     start(NULL, NULL); /* the default 30 s deadline */
     int fd = partial_upload("gone");
@@ -734,6 +793,7 @@ Suite *transport_suite(void) {
     tcase_add_test(tc, test_transport_per_ip_limit_refuses_only_when_busy);
     tc = daemon_case(s, "timeouts");
     tcase_add_test(tc, test_transport_slow_headers_are_cut);
+    tcase_add_test(tc, test_transport_stalled_first_headers_are_cut);
     tcase_add_test(tc, test_transport_idle_connections_time_out);
     tc = daemon_case(s, "fin");
     tcase_add_test(tc, test_transport_aborted_uploads_do_not_linger);
@@ -746,5 +806,6 @@ Suite *transport_suite(void) {
     tc = daemon_case(s, "drain");
     tcase_add_test(tc, test_transport_drain_deadline_cuts_trickling_upload);
     tcase_add_test(tc, test_transport_drain_follows_an_abandoned_upload);
+    tcase_add_test(tc, test_transport_drain_waits_for_headers_still_arriving);
     return s;
 }
