@@ -88,7 +88,9 @@ static const struct option options[] = {
      "live sessions at most; the least recently used idle one is evicted "
      "to make room"},
     {"max-seq", "ATTND_MAX_SEQ", OPTION_I32, offsetof(struct config, max_seq), "0", 0, 1048576,
-     "cap on positions and tokens per session cache; 0 = the model's own"},
+     "positions and tokens per session cache; 0 = the model's own (max_position_embeddings); "
+     "above it serves positions its config does not reach (as dynamic rope scaling needs), "
+     "without a warning"},
     {"workers", "ATTND_WORKERS", OPTION_I32, offsetof(struct config, workers), "0", 0, 256,
      "engine worker threads (libuv pool); 0 = one per online core"},
     {"threads", "ATTND_THREADS", OPTION_I32, offsetof(struct config, threads), "0", 0, 256,
