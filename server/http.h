@@ -131,7 +131,8 @@ void http_request_queries(const struct http_request *r,
 /* The body (NUL-terminated; empty until on_request). */
 const char *http_request_body(const struct http_request *r, size_t *len);
 /* The body, taken from the request: *block (malloc'd, or NULL for an empty body) holds it until
- * the caller frees it; the request's body is empty after. */
+ * the caller frees it; the request's body is empty after. For a reader that may outlive the
+ * request: a framed attend's tensors, a parse on a pool thread. */
 const char *http_request_take_body(struct http_request *r, size_t *len, char **block);
 bool http_request_body_too_large(const struct http_request *r);
 /* Milliseconds (monotonic) when the headers arrived. */

@@ -938,7 +938,7 @@ static int refuse_attend(struct job *job) {
 static void admit(struct job *job) {
     job->body = NULL; /* the request's buffer; not needed any more */
     if (job->rq == NULL) {
-        job__free(job); /* the client is gone (only possible at shutdown) */
+        job__free(job); /* the client is gone (a reset, or shutdown) while a pool thread parsed */
         return;
     }
     job->rq->job = NULL;
@@ -965,7 +965,9 @@ static void parse_work_cb(uv_work_t *w) {
 }
 
 static void parse_after_cb(uv_work_t *w, int status) {
-    admit(w->data);
+    struct job *job = w->data;
+    job->is_parsing = false;
+    admit(job);
 }
 
 /* Parses the request body, on a pool thread when it is large, then admits the job. */
@@ -981,8 +983,10 @@ void job__parse_then_admit(struct job *job) {
     }
     if (job->body_len > PARSE_OFFLOAD_BYTES) {
         job->parse_work.data = job;
-        /* The connection stays suspended (no answer yet), so the body outlives the parse. */
+        /* The connection stays suspended (no answer yet), but a reset closes it all the same:
+         * job_client_gone then takes the body's buffer from the request, for the parse. */
         if (uv_queue_work(job->srv->loop, &job->parse_work, parse_work_cb, parse_after_cb) == 0) {
+            job->is_parsing = true;
             job->rq->job = job;
             return;
         }
@@ -1174,6 +1178,15 @@ void job_client_gone(struct job *job) {
     if (job->slots != NULL) {
         job__batch_client_gone(job); /* a batch: its steps are the jobs in the pool */
         return;
+    }
+    if (job->is_parsing) {
+        /* MHD closes a suspended connection whose socket reports an error (a client that sent
+         * its body and reset), and frees the request with its body: the pool thread parsing it
+         * keeps reading, so the buffer is the job's until the parse is over. */
+        if (job->body_block == NULL) {
+            size_t len = 0;
+            (void)http_request_take_body(job->rq->http, &len, &job->body_block);
+        }
     }
     job->rq = NULL;
     atomic_store_explicit(&job->is_abandoned, true, memory_order_relaxed);

@@ -41,11 +41,13 @@ struct job {
      * when it is large). */
     const char *body;
     size_t body_len;
-    char *body_block; /* a framed attend's body, taken from its request: its tensors may lie in
-                         it (api_body.may_borrow), so it lives as long as the job */
+    char *body_block; /* the body, taken from its request, freed with the job: a framed attend's
+                         (its tensors may lie in it: api_body.may_borrow), or one whose request
+                         closed while a pool thread parsed it (a client's reset) */
     int parse_rc;
     struct api_error parse_err;
     uv_work_t parse_work;
+    bool is_parsing; /* parse_work is queued or running: it reads body */
     /* Detail for an error found by prepare. */
     char err_message[512];
     char err_param[64];
