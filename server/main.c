@@ -1,9 +1,9 @@
 /* server/main.c: attnd's entry point. Only wiring: parse the config, size the thread pools and
  * the open-file limit, build the model, the session store, the scheduler and the HTTP server,
- * run the loop, and on SIGINT/SIGTERM drain and tear everything down in reverse order. Startup
- * failures print one line and exit non-zero (1, or 2 for a bad option); a drained shutdown exits
- * 0, or EXIT_DRAIN_CUT when the drain deadline cut requests that were still being received or a
- * session's file could not be written.
+ * run the loop, and on SIGINT/SIGTERM/SIGHUP drain and tear everything down in reverse order.
+ * Startup failures print one line and exit non-zero (1, or 2 for a bad option); a drained shutdown
+ * exits 0, or EXIT_DRAIN_CUT when the drain deadline cut requests that were still being received or
+ * a session's file could not be written.
  */
 #include <inttypes.h>
 #include <signal.h>
@@ -40,7 +40,7 @@ extern char **environ;
 struct daemon {
     struct server srv; /* first: route's on_drained hands back &srv */
     uv_loop_t loop;
-    uv_signal_t sigint, sigterm;
+    uv_signal_t sigint, sigterm, sighup;
     uv_timer_t tick, shutdown, drain_deadline;
     int32_t n_cut;  /* requests the drain deadline dropped */
     int32_t n_lost; /* sessions whose files could not be written at shutdown */
@@ -51,10 +51,12 @@ static void on_shutdown(uv_timer_t *t) {
     LOG_INFO("main", "shutting down");
     uv_close((uv_handle_t *)&d->sigint, NULL);
     uv_close((uv_handle_t *)&d->sigterm, NULL);
+    uv_close((uv_handle_t *)&d->sighup, NULL);
     /* Closing the watchers restores the default action, which would turn a late second
      * SIGTERM into a kill instead of the exit 0 this drain promised. */
     signal(SIGINT, SIG_IGN);
     signal(SIGTERM, SIG_IGN);
+    signal(SIGHUP, SIG_IGN);
     uv_close((uv_handle_t *)&d->tick, NULL);
     uv_close((uv_handle_t *)&d->shutdown, NULL);
     uv_close((uv_handle_t *)&d->drain_deadline, NULL);
@@ -304,9 +306,13 @@ static int build_server(struct daemon *d, const struct config *cfg, attn_model *
 static void start_handles(struct daemon *d) {
     uv_signal_init(&d->loop, &d->sigint);
     uv_signal_init(&d->loop, &d->sigterm);
-    d->sigint.data = d->sigterm.data = d;
+    uv_signal_init(&d->loop, &d->sighup);
+    d->sigint.data = d->sigterm.data = d->sighup.data = d;
     uv_signal_start(&d->sigint, on_signal, SIGINT);
     uv_signal_start(&d->sigterm, on_signal, SIGTERM);
+    /* a closing terminal's hangup drains too: its default action killed the daemon at once,
+     * and with --state-dir lost every session in memory (noticed by an outside audit) */
+    uv_signal_start(&d->sighup, on_signal, SIGHUP);
     uv_timer_init(&d->loop, &d->tick);
     d->tick.data = &d->srv;
     uv_timer_start(&d->tick, on_tick, 1000, 1000);

@@ -565,6 +565,31 @@ START_TEST(test_persist_delete_during_a_failed_restore_deletes) {
 }
 END_TEST
 
+/* A hangup (a closing terminal) drains as SIGTERM does: exit 0 with every session written, and
+ * the next start continues it exactly (its default action killed the daemon at once, and the
+ * session was lost; noticed by an outside audit). */
+START_TEST(test_persist_hangup_drains_and_keeps_sessions) {
+    const char *args[] = {"--preset", "tiny", "--kv-dtype", "f32", "--state-dir", dir_, NULL};
+    http_client_daemon_start(&a_, args);
+    float *x = rows(7);
+    free(step(&a_, "h", x, 0, 5, 0));
+    float *want = step(&a_, "h", x, 5, 1, 0); /* the next step, to compare after the restart */
+    free(step(&a_, "twin", x, 0, 5, 0));
+    ck_assert_int_eq(kill(a_.pid, SIGHUP), 0);
+    int status = 0;
+    ck_assert_int_eq(waitpid(a_.pid, &status, 0), a_.pid);
+    a_.pid = 0;
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status %d", status);
+    http_client_daemon_start(&a_, args);
+    float *got = step(&a_, "twin", x, 5, 1, 0);
+    ck_assert_mem_eq(got, want, (size_t)HIDDEN * sizeof(float));
+    free(got);
+    free(want);
+    free(x);
+    stop_ok(&a_);
+}
+END_TEST
+
 /* Every session in memory is written at SIGTERM; the same model finds them all, another leaves
  * the files alone; a file corrupted on disk is refused once (410 session_lost), then forgotten. */
 START_TEST(test_persist_restart_brings_sessions_back) {
@@ -1150,6 +1175,7 @@ Suite *persist_suite(void) {
     tcase_add_test(tc, test_persist_disk_tier_on_tmpfs_restores_exactly);
     tcase_add_test(tc, test_persist_delete_during_a_failed_restore_deletes);
     tcase_add_test(tc, test_persist_restart_brings_sessions_back);
+    tcase_add_test(tc, test_persist_hangup_drains_and_keeps_sessions);
     tcase_add_test(tc, test_persist_restart_keeps_the_order_of_use);
     tcase_add_test(tc, test_persist_odd_entries_are_left_alone);
     tcase_add_test(tc, test_persist_long_files_cost_the_others_nothing);
