@@ -421,7 +421,7 @@ int json_read_number(struct json_reader *r, double *out) {
         exp10 += is_exp_negative ? -e : e;
     }
     r->p = p;
-    double d;
+    double d = 0.0; /* set on every path; gcc 12 at -O1 cannot tell (-Werror builds failed) */
     if (mant == 0 && !is_inexact) {
         d = 0.0;
     } else if (!is_inexact && mant <= (UINT64_C(1) << 53) && exp10 >= -22 && exp10 <= 22) {
