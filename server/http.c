@@ -125,6 +125,20 @@ static enum MHD_Result flush_pending(struct http_request *r) {
     return ret;
 }
 
+/* Answers with resp, or when it could not be made (NULL: out of memory), with nothing:
+ * resuming lets MHD close the connection. */
+static void answer_with(struct http_request *r, struct MHD_Response *resp, int status,
+                        const char *content_type) {
+    if (resp == NULL) {
+        LOG_ERROR("http", "cannot create a response req=%llu", (unsigned long long)r->id);
+        r->is_answered = true;
+        http__wake(r);
+        return;
+    }
+    decorate(r, resp, content_type);
+    queue_answer(r, resp, (unsigned)status);
+}
+
 void http_request_reply(struct http_request *r, int status, const char *content_type, char *body,
                         size_t len) {
     if (r->is_answered) {
@@ -145,14 +159,8 @@ void http_request_reply(struct http_request *r, int status, const char *content_
                      : MHD_create_response_from_buffer(0, NULL, MHD_RESPMEM_PERSISTENT);
     if (resp == NULL) {
         free(body);
-        LOG_ERROR("http", "cannot create a response req=%llu", (unsigned long long)r->id);
-        /* Nothing can be sent; resuming lets MHD close the connection. */
-        r->is_answered = true;
-        http__wake(r);
-        return;
     }
-    decorate(r, resp, content_type);
-    queue_answer(r, resp, (unsigned)status);
+    answer_with(r, resp, status, content_type);
 }
 
 void http_request_reply_parts(struct http_request *r, int status, const char *content_type,
@@ -187,13 +195,8 @@ void http_request_reply_parts(struct http_request *r, int status, const char *co
     }
     if (resp == NULL) {
         release(owner);
-        LOG_ERROR("http", "cannot create a response req=%llu", (unsigned long long)r->id);
-        r->is_answered = true;
-        http__wake(r);
-        return;
     }
-    decorate(r, resp, content_type);
-    queue_answer(r, resp, (unsigned)status);
+    answer_with(r, resp, status, content_type);
 }
 
 static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {

@@ -488,61 +488,6 @@ static char *rank3_b64(uint64_t seed, int32_t n, int32_t d) {
     return out;
 }
 
-START_TEST(test_transport_abandoned_sdpa_stops_at_a_tile) {
-    start(NULL, NULL);
-    /* 2^30 scores: about 6 s of work for the one worker, well inside the work limit. */
-    const int32_t n = 32768, d = 8;
-    char *q = rank3_b64(1, n, d), *k = rank3_b64(2, n, d), *v = rank3_b64(3, n, d);
-    size_t body_len = strlen(q) + strlen(k) + strlen(v) + 64;
-    char *req = malloc(body_len + 256);
-    char *body = malloc(body_len);
-    body_len = (size_t)snprintf(body, body_len, "{\"q\":%s,\"k\":%s,\"v\":%s}", q, k, v);
-    int head = snprintf(req, 256,
-                        "POST /v1/sdpa HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
-                        "application/json\r\nContent-Length: %zu\r\n\r\n",
-                        body_len);
-    memcpy(req + head, body, body_len);
-    int fd = http_client_raw_send(daemon_.port, req, (size_t)head + body_len, 0);
-    double end = http_client_mono_ms() + 20000;
-    while (http_client_metric(daemon_.base, "attnd_jobs_in_flight") != 1 &&
-           http_client_mono_ms() < end) {
-        http_client_sleep_ms(10);
-    }
-    ck_assert_msg(http_client_metric(daemon_.base, "attnd_jobs_in_flight") == 1,
-                  "the SDPA never started");
-    /* The client resets its connection: it is gone, not merely done sending. */
-    struct linger lg = {1, 0};
-    setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
-    close(fd);
-    double t0 = http_client_mono_ms();
-    while (http_client_metric(daemon_.base, "attnd_jobs_cancelled_total") < 1 &&
-           http_client_mono_ms() < end) {
-        http_client_sleep_ms(10);
-    }
-    /* Counted only when the engine returned ATTN_ECANCELED (or the job never ran): a job that
-     * ran to its end is not, whatever the time it took. */
-    ck_assert_msg(http_client_metric(daemon_.base, "attnd_jobs_cancelled_total") == 1,
-                  "the abandoned SDPA was not cancelled");
-    ck_assert_int_eq(http_client_metric(daemon_.base, "attnd_jobs_in_flight"), 0);
-    /* The worker is free again: a small SDPA is answered. */
-    const char *small_body = "{\"q\":[[[1]]],\"k\":[[[1]]],\"v\":[[[2]]]}";
-    char small[256];
-    snprintf(small, sizeof small,
-             "POST /v1/sdpa HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
-             "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n%s",
-             strlen(small_body), small_body);
-    ck_assert_int_eq(exchange(small, 5000, NULL), 200);
-    fprintf(stderr, "abandoned sdpa: cancelled %.0f ms after the reset\n",
-            http_client_mono_ms() - t0);
-    free(body);
-    free(req);
-    free(q);
-    free(k);
-    free(v);
-    stop_with(0);
-}
-END_TEST
-
 /* POST /v1/sdpa of q, k and v of 32768 x 8 (base64, a 4 MiB body): about 6 s of work for the
  * one worker. Returns the connection once the job runs. */
 static int long_sdpa(void) {
@@ -579,6 +524,34 @@ static void reset_close(int fd) {
     setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
     close(fd);
 }
+
+START_TEST(test_transport_abandoned_sdpa_stops_at_a_tile) {
+    start(NULL, NULL);
+    double end = http_client_mono_ms() + 20000;
+    reset_close(long_sdpa());
+    double t0 = http_client_mono_ms();
+    while (http_client_metric(daemon_.base, "attnd_jobs_cancelled_total") < 1 &&
+           http_client_mono_ms() < end) {
+        http_client_sleep_ms(10);
+    }
+    /* Counted only when the engine returned ATTN_ECANCELED (or the job never ran): a job that
+     * ran to its end is not, whatever the time it took. */
+    ck_assert_msg(http_client_metric(daemon_.base, "attnd_jobs_cancelled_total") == 1,
+                  "the abandoned SDPA was not cancelled");
+    ck_assert_int_eq(http_client_metric(daemon_.base, "attnd_jobs_in_flight"), 0);
+    /* The worker is free again: a small SDPA is answered. */
+    const char *small_body = "{\"q\":[[[1]]],\"k\":[[[1]]],\"v\":[[[2]]]}";
+    char small[256];
+    snprintf(small, sizeof small,
+             "POST /v1/sdpa HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+             "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n%s",
+             strlen(small_body), small_body);
+    ck_assert_int_eq(exchange(small, 5000, NULL), 200);
+    fprintf(stderr, "abandoned sdpa: cancelled %.0f ms after the reset\n",
+            http_client_mono_ms() - t0);
+    stop_with(0);
+}
+END_TEST
 
 /* A body over 256 KiB is parsed on a libuv pool thread while its connection is suspended; a
  * client that sends it whole and resets makes libmicrohttpd close that suspended connection,
