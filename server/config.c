@@ -54,7 +54,7 @@ static const struct option options[] = {
     {"kv-dtype", "ATTND_KV_DTYPE", OPTION_STRING, offsetof(struct config, kv_dtype), "auto", 0, 0,
      "how the KV cache holds keys and values: auto (the projections' dtype, so an F32 model stays "
      "exact), f32, bf16, f16 (rounded to nearest even) or q8_0 (32 values as int8 with one f16 "
-     "scale; 3.8x the tokens of f32 at head_dim 128). README: Precision has each one's measured "
+     "scale; 3.76x the tokens of f32 at head_dim 128). README: Precision has each one's measured "
      "error"},
     {"keep-queries", "ATTND_KEEP_QUERIES", OPTION_I32, offsetof(struct config, keep_queries), "0",
      0, 1,
@@ -81,7 +81,7 @@ static const struct option options[] = {
     {"kv-budget-mb", "ATTND_KV_BUDGET_MB", OPTION_I64, offsetof(struct config, kv_budget_mb),
      "1024", 1, 1048576, "KV cache pool size in MiB, shared by all sessions and workers"},
     {"kv-block-tokens", "ATTND_KV_BLOCK_TOKENS", OPTION_I32,
-     offsetof(struct config, kv_block_tokens), "0", 0, 256,
+     offsetof(struct config, kv_block_tokens), "0", 0, INT32_MAX, /* [16, 256] or 0: below */
      "tokens per KV block, 16..256; 0 = the engine's default (128)"},
     {"max-sessions", "ATTND_MAX_SESSIONS", OPTION_I32, offsetof(struct config, max_sessions),
      "4096", 1, 1000000,
@@ -143,7 +143,8 @@ static const struct option options[] = {
      "steadily they trickle (slowloris); the connection is closed otherwise"},
     {"drain-timeout-s", "ATTND_DRAIN_TIMEOUT_S", OPTION_I32,
      offsetof(struct config, drain_timeout_s), "30", 0, 86400,
-     "on SIGTERM/SIGINT, how long requests still being received may take to arrive; then they "
+     "on SIGTERM/SIGINT/SIGHUP, how long requests still being received may take to arrive; then "
+     "they "
      "and idle connections are dropped, requests fully received finish, and attnd exits 3 "
      "instead of 0 if anything was cut"},
     {"session-ttl-s", "ATTND_SESSION_TTL_S", OPTION_I64, offsetof(struct config, session_ttl_s),
@@ -459,7 +460,7 @@ static int resolve(struct config *cfg, int32_t cores, struct origins *from, char
             return -1;
         }
     }
-    if (cfg->kv_block_tokens != 0 && cfg->kv_block_tokens < 16) {
+    if (cfg->kv_block_tokens != 0 && (cfg->kv_block_tokens < 16 || cfg->kv_block_tokens > 256)) {
         set_err(err, err_size, "%s: %d is out of range [16, 256] (or 0: the engine's 128)",
                 origin_of(from, "kv-block-tokens"), (int)cfg->kv_block_tokens);
         return -1;
