@@ -92,7 +92,7 @@ void job__refuse(struct job *job, int code, const char *message, const char *par
     if (job->parent != NULL) {
         job__set_err(job, code, param, "%s", message != NULL ? message : "");
         job__batch_step_answered(job, code);
-    } else {
+    } else if (job->rq != NULL) { /* a client gone takes no answer */
         route_reply_error(job->rq, code, message, param);
     }
 }

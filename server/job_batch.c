@@ -32,6 +32,45 @@ static struct job *step_new(struct job *batch, int32_t i) {
     return step;
 }
 
+/* A framed batch's answer whose steps' tensors are in their buffers: the JSON in b, then every
+ * ok step's tensors from where they lie, in step order (each step's in its fields' order). */
+static void finish_from_parts(struct job *batch, struct strbuf *b, size_t json_len) {
+    int32_t n = batch->at.n_steps;
+    const struct api_raw_parts **raws = malloc((size_t)n * sizeof *raws);
+    void **buffers = malloc((size_t)n * JOB_BUFFERS * sizeof *buffers);
+    int n_raws = 0, n_buffers = 0;
+    for (int32_t i = 0; raws != NULL && buffers != NULL && i < n; i++) {
+        struct batch_slot *s = &batch->slots[i];
+        if (s->status == 0) {
+            raws[n_raws++] = &s->raw;
+        }
+        for (int k = 0; k < JOB_BUFFERS; k++) {
+            buffers[n_buffers++] = s->buffers[k]; /* the answer frees them once sent */
+            s->buffers[k] = NULL;
+        }
+    }
+    char *json = raws != NULL && buffers != NULL ? strbuf_detach(b, NULL) : NULL;
+    if (json == NULL) {
+        strbuf_release(b);
+        for (int i = 0; i < n_buffers; i++) {
+            free(buffers[i]);
+        }
+        job__refuse(batch, ERROR_INTERNAL, "out of memory encoding the answer", NULL);
+    } else if (batch->rq != NULL) {
+        batch->response_status = 200;
+        job__binary_answer(batch, batch->at.encoding);
+        job__reply_parts(batch, json, json_len, raws, n_raws, buffers, n_buffers);
+    } else {
+        free(json);
+        for (int i = 0; i < n_buffers; i++) {
+            free(buffers[i]);
+        }
+    }
+    free(raws);
+    free(buffers);
+    job__free(batch);
+}
+
 /* Every step has answered: the batch's answer, its results in step order. Framed answers (the
  * binary tensor extension) put every step's raw tensors after the one JSON, in the same order
  * as their fields. */
@@ -75,49 +114,7 @@ static void finish(struct job *batch) {
         }
     }
     if (is_parts && !b.has_failed) {
-        /* The steps' tensors go out from their own buffers after the one JSON, in step order
-         * (every ok step's are in buffers then: they were encoded alike). */
-        int32_t n = batch->at.n_steps;
-        const struct api_raw_parts **raws = malloc((size_t)n * sizeof *raws);
-        void **buffers = malloc((size_t)n * JOB_BUFFERS * sizeof *buffers);
-        int n_raws = 0, n_buffers = 0;
-        for (int32_t i = 0; raws != NULL && buffers != NULL && i < n; i++) {
-            struct batch_slot *s = &batch->slots[i];
-            if (s->status == 0) {
-                raws[n_raws++] = &s->raw;
-            }
-            for (int k = 0; k < JOB_BUFFERS; k++) {
-                buffers[n_buffers++] = s->buffers[k];
-                s->buffers[k] = NULL;
-            }
-        }
-        if (raws == NULL || buffers == NULL) {
-            free(raws);
-            free(buffers);
-            strbuf_release(&b);
-            job__refuse(batch, ERROR_INTERNAL, "out of memory encoding the answer", NULL);
-            job__free(batch);
-            return;
-        }
-        batch->response_status = 200;
-        job__binary_answer(batch, batch->at.encoding);
-        char *json = strbuf_detach(&b, NULL);
-        if (json == NULL) {
-            for (int i = 0; i < n_buffers; i++) {
-                free(buffers[i]);
-            }
-            job__refuse(batch, ERROR_INTERNAL, "out of memory encoding the answer", NULL);
-        } else if (batch->rq != NULL) {
-            job__reply_parts(batch, json, json_len, raws, n_raws, buffers, n_buffers);
-        } else {
-            free(json);
-            for (int i = 0; i < n_buffers; i++) {
-                free(buffers[i]);
-            }
-        }
-        free(raws);
-        free(buffers);
-        job__free(batch);
+        finish_from_parts(batch, &b, json_len);
         return;
     }
     if (b.has_failed) {
