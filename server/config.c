@@ -115,6 +115,13 @@ static const struct option options[] = {
      "sleep at once"},
     {"max-body-mb", "ATTND_MAX_BODY_MB", OPTION_I64, offsetof(struct config, max_body_mb), "64", 1,
      4096, "largest request body in MiB (413 beyond)"},
+    {"max-held-mb", "ATTND_MAX_HELD_MB", OPTION_I64, offsetof(struct config, max_held_mb), "1024",
+     1, 1 << 20,
+     "request bodies being received and answers being sent, held in memory at once across all "
+     "connections, in MiB: a body that would pass it is dropped and answered 503 server_busy, "
+     "as is an answer over 64 KiB that would and changes nothing kept (an export, SDPA, a "
+     "stateless attend; a session's step is always answered). Clients that send or read slowly "
+     "hold them"},
     {"queue-depth", "ATTND_QUEUE_DEPTH", OPTION_I32, offsetof(struct config, queue_depth), "256", 1,
      1000000, "accepted requests waiting to start at most (429 beyond)"},
     {"max-connections", "ATTND_MAX_CONNECTIONS", OPTION_I32,

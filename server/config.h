@@ -41,6 +41,7 @@ struct config {
     int64_t inline_macs;       /* a forward this small on an idle pool runs on the loop thread */
     int32_t spin_us;           /* the loop's poll before it sleeps, while no worker computes */
     int64_t max_body_mb;       /* largest request body, MiB */
+    int64_t max_held_mb;       /* request bodies and answers held for clients at once, MiB */
     int32_t queue_depth;       /* accepted requests waiting at most */
     int32_t max_connections;   /* open connections at most (before the RLIMIT_NOFILE fit) */
     /* connections from one client address at most; 0 = no limit */

@@ -54,6 +54,9 @@ static const struct error_info table[] = {
     {ERROR_DRAINING, 503, "draining", "unavailable_error", "the server is shutting down"},
     {ERROR_TOO_MANY_CONNECTIONS, 503, "too_many_connections", "unavailable_error",
      "every connection is busy (--max-connections or --max-connections-per-ip); retry later"},
+    {ERROR_SERVER_BUSY, 503, "server_busy", "unavailable_error",
+     "the server holds --max-held-mb of request bodies and answers that their clients have not "
+     "finished sending or reading; retry later"},
     {ERROR_KV_BUDGET_EXHAUSTED, 507, "kv_budget_exhausted", "insufficient_storage_error",
      "the KV cache pool cannot hold this request even after evicting idle sessions"},
 };

@@ -34,6 +34,7 @@ enum error_code {
     ERROR_QUERIES_NOT_KEPT = -122,
     ERROR_SESSION_FILE_FOREIGN = -123,
     ERROR_KV_OUT_OF_RANGE = -124,
+    ERROR_SERVER_BUSY = -125,
     /* Not in the table: the client went away, so there is nobody to answer. */
     ERROR_CANCELLED = -199,
 };

@@ -24,6 +24,9 @@
 
 #define STREAM_BLOCK_BYTES (64 * 1024)
 
+/* Answers this small always go out, whatever max_held_bytes: errors, health, small decodes. */
+#define HELD_SMALL ((size_t)64 * 1024)
+
 /* The most parts an answer from parts may have: a JSON and the tensors of 256 steps, with room. */
 #define HTTP_PARTS_MAX 2048
 
@@ -34,6 +37,7 @@ static double mono_ms(void) {
 /* ---- driving MHD from the loop -------------------------------------------------------------- */
 
 static void on_timer(uv_timer_t *t);
+static void hold(struct http_request *r, size_t len);
 
 /* Runs on every loop turn while active, which makes libuv poll with a zero timeout. */
 static void on_spin(uv_idle_t *h) {
@@ -145,6 +149,7 @@ void http_request_reply(struct http_request *r, int status, const char *content_
         free(body);
         return;
     }
+    hold(r, body != NULL ? len : 0);
     if (http__direct_needed(r)) {
         http__direct_begin(r, status, content_type, (long long)(body != NULL ? len : 0));
         if (body != NULL) {
@@ -174,6 +179,7 @@ void http_request_reply_parts(struct http_request *r, int status, const char *co
     for (int i = 0; i < n_parts; i++) {
         total += parts[i].len;
     }
+    hold(r, total);
     if (http__direct_needed(r)) {
         /* answered around MHD, from the one buffer a direct answer writes from */
         http__direct_begin(r, status, content_type, (long long)total);
@@ -310,6 +316,7 @@ static struct http_request *request_new(struct http_server *s, struct MHD_Connec
 }
 
 static void request_free(struct http_request *r) {
+    r->srv->held_bytes -= r->held; /* its body and answer are gone (MHD freed the answer) */
     while (r->headers != NULL) {
         struct header *h = r->headers;
         r->headers = h->next;
@@ -398,11 +405,18 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
         return MHD_NO; /* answered around MHD, or dropped: MHD only has to close it */
     }
     if (*upload_data_size > 0) {
-        if (!r->is_answered && !r->is_too_large) {
+        if (!r->is_answered && !r->is_too_large && !r->is_busy) {
             if (r->body.len - r->body_pad + *upload_data_size > s->max_body_bytes) {
                 r->is_too_large = true;
                 strbuf_release(&r->body);
+            } else if (s->held_bytes + *upload_data_size > s->max_held_bytes) {
+                /* bodies and answers held for clients would pass max_held_bytes: this one is
+                 * dropped (and answered 503 once it is in), not kept growing */
+                r->is_busy = true;
+                strbuf_release(&r->body);
             } else {
+                s->held_bytes += *upload_data_size;
+                r->held += *upload_data_size;
                 if (r->body.cap == 0) {
                     reserve_body(r);
                 }
@@ -553,6 +567,7 @@ int http_server_create(uv_loop_t *loop, const struct http_params *p, const struc
     s->loop = loop;
     s->h = *h;
     s->max_body_bytes = p->max_body_bytes;
+    s->max_held_bytes = p->max_held_bytes > 0 ? p->max_held_bytes : SIZE_MAX;
     s->spin_ns = p->spin_us > 0 ? (uint64_t)p->spin_us * 1000 : 0;
     if (http__conns_create(s, p) != 0) {
         snprintf(err, err_size, "out of memory");
@@ -706,6 +721,21 @@ const char *http_request_take_body(struct http_request *r, size_t *len, char **b
 
 bool http_request_body_too_large(const struct http_request *r) {
     return r->is_too_large;
+}
+
+bool http_request_is_busy(const struct http_request *r) {
+    return r->is_busy;
+}
+
+bool http_request_may_hold(const struct http_request *r, size_t len) {
+    const struct http_server *s = r->srv;
+    return len <= HELD_SMALL || s->held_bytes + len <= s->max_held_bytes;
+}
+
+/* Counts an answer of len bytes as held until the request ends. */
+static void hold(struct http_request *r, size_t len) {
+    r->srv->held_bytes += len;
+    r->held += len;
 }
 
 double http_request_start_ms(const struct http_request *r) {

@@ -53,6 +53,7 @@ struct http_params {
     const char *host;         /* numeric IPv4/IPv6 address or a host name */
     int32_t port;             /* 0 = ephemeral */
     size_t max_body_bytes;    /* larger bodies are not kept (http_request_body_too_large) */
+    size_t max_held_bytes;    /* bodies and answers held at once (http_request_is_busy) */
     int32_t max_connections;  /* open connections at most (>= 1) */
     int32_t max_per_ip;       /* connections from one client address at most; 0 = no limit */
     int32_t idle_timeout_s;   /* a connection that moves no byte for this long is closed */
@@ -135,6 +136,11 @@ const char *http_request_body(const struct http_request *r, size_t *len);
  * request: a framed attend's tensors, a parse on a pool thread. */
 const char *http_request_take_body(struct http_request *r, size_t *len, char **block);
 bool http_request_body_too_large(const struct http_request *r);
+/* Its body was dropped: holding it would have passed max_held_bytes (answer 503 server_busy). */
+bool http_request_is_busy(const struct http_request *r);
+/* Whether an answer of len bytes may be held until its client reads it: small ones always, a
+ * larger one while the bodies and answers held stay within max_held_bytes. */
+bool http_request_may_hold(const struct http_request *r, size_t len);
 /* Milliseconds (monotonic) when the headers arrived. */
 double http_request_start_ms(const struct http_request *r);
 void http_request_set_user(struct http_request *r, void *user);

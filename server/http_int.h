@@ -66,6 +66,8 @@ struct http_request {
     size_t body_pad; /* bytes before the body in `body`, which put a framed body's binary part
                         at a 16-byte boundary, so its floats are read where they lie */
     bool is_too_large;
+    bool is_busy; /* its body would have passed max_held_bytes: dropped (http_request_is_busy) */
+    size_t held;  /* bytes of its body and answer counted in the server's held_bytes */
     bool is_in_handler; /* inside an access-handler call: answers are queued on return */
     bool is_suspended;
     bool is_answered;
@@ -100,6 +102,9 @@ struct http_server {
     int n_open_handles;
     struct http_handlers h;
     size_t max_body_bytes;
+    /* Bytes of request bodies and answers held for clients (loop thread), and the most: what a
+     * client that sends or reads slowly keeps in memory, added over every connection. */
+    size_t held_bytes, max_held_bytes;
     int64_t header_timeout_ms;
     int64_t idle_timeout_ms;
     int32_t n_direct; /* requests answered directly, alive */

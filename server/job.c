@@ -776,6 +776,8 @@ void job__attend_admit(struct job *job) {
     }
     if (rq != NULL && job->at.session_id[0] != '\0') {
         snprintf(rq->session, sizeof rq->session, "%s", job->at.session_id); /* for its log line */
+    } else if (rq != NULL) {
+        rq->is_answer_droppable = true; /* stateless: its answer changes nothing kept */
     }
     /* What the layer cannot compute is refused before the session is looked up: a session
      * made for it would evict an idle one at --max-sessions, and a refused request changes

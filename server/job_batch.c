@@ -173,6 +173,11 @@ void job__batch_admit(struct job *batch) {
         return;
     }
     int32_t n = batch->at.n_steps;
+    bool is_stateless = true;
+    for (int32_t i = 0; i < n; i++) {
+        is_stateless = is_stateless && batch->at.steps[i].session_id[0] == '\0';
+    }
+    batch->rq->is_answer_droppable = is_stateless; /* no step's answer is in a cache */
     for (int32_t i = 0; i < n; i++) {
         /* What a step's layer cannot compute is malformed, as a bad field is: the whole call is
          * refused naming the step, and nothing runs (the README's rule for a steps call). */

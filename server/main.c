@@ -430,6 +430,7 @@ int main(int argc, char **argv) {
         .host = cfg.host,
         .port = cfg.port,
         .max_body_bytes = (size_t)cfg.max_body_mb << 20,
+        .max_held_bytes = (size_t)cfg.max_held_mb << 20,
         .max_connections = fit_open_files(cfg.max_connections),
         .max_per_ip = cfg.max_connections_per_ip,
         .idle_timeout_s = cfg.idle_timeout_s,

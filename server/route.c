@@ -87,6 +87,11 @@ void route_reply_typed(struct route_req *rq, int status, const char *type, char 
         free(body);
         return;
     }
+    if (body != NULL && rq->is_answer_droppable && !http_request_may_hold(rq->http, len)) {
+        free(body); /* answers unread by their clients hold --max-held-mb already */
+        route_reply_error(rq, ERROR_SERVER_BUSY, NULL, NULL);
+        return;
+    }
     rq->status = status;
     if (rq->srv->is_draining) {
         http_request_add_header(rq->http, "Connection", "close");
@@ -99,6 +104,15 @@ void route_reply_parts(struct route_req *rq, int status, const char *type,
                        void *owner) {
     if (rq->status != 0) {
         release(owner);
+        return;
+    }
+    size_t total = 0;
+    for (int i = 0; i < n_parts; i++) {
+        total += parts[i].len;
+    }
+    if (rq->is_answer_droppable && !http_request_may_hold(rq->http, total)) {
+        release(owner);
+        route_reply_error(rq, ERROR_SERVER_BUSY, NULL, NULL);
         return;
     }
     rq->status = status;
@@ -138,6 +152,7 @@ void route_reply_error(struct route_req *rq, int code, const char *message, cons
         http_request_add_header(rq->http, "Allow", entries[rq->kind].allow);
         break;
     case 429:
+    case 503:
         http_request_add_header(rq->http, "Retry-After", "1");
         break;
     default:
@@ -660,6 +675,12 @@ static void on_request(void *ctx, struct http_request *req) {
         route_reply_error(rq, ERROR_PAYLOAD_TOO_LARGE, NULL, NULL);
         return;
     }
+    if (http_request_is_busy(req)) {
+        route_reply_error(rq, ERROR_SERVER_BUSY, NULL, NULL);
+        return;
+    }
+    rq->is_answer_droppable =
+        rq->kind == ROUTE_EXPORT || rq->kind == ROUTE_ATTENTION || rq->kind == ROUTE_SDPA;
     switch (rq->kind) {
     case ROUTE_ATTEND:
         job_submit_attend(rq);

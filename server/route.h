@@ -51,6 +51,10 @@ struct route_req {
     char session[API_SESSION_ID_MAX + 1]; /* the session named, for logs ("" = none) */
     struct job *job;                      /* the job carrying this request, or NULL (job.h) */
     struct disk_delete *disk_delete;      /* a DELETE waiting for a file's removal (route.c) */
+    /* Its answer changes nothing the server keeps (an export, a recomputed attention, SDPA, a
+     * stateless attend): one that would pass --max-held-mb may be dropped for 503 server_busy.
+     * Others (a session's step: it is in the cache already) are always sent. */
+    bool is_answer_droppable;
 };
 
 /* Answers with a JSON body (malloc'd, ownership taken; NULL = no body, e.g. 204). Later answers

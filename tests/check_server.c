@@ -757,6 +757,7 @@ static const char *const provoked[] = {
     "queries_not_kept",            /* check_inspect_api.c: test_inspect_api_cached_attention */
     "session_file_foreign",        /* check_persist.c: test_persist_restart_brings_sessions_back */
     "kv_out_of_range", /* check_kv_attend.c: test_kv_attend_value_past_the_cache_dtype */
+    "server_busy",     /* check_transport.c: test_transport_held_bytes_are_bounded */
 };
 
 START_TEST(test_server_every_error_code_is_provoked) {

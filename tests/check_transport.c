@@ -830,6 +830,62 @@ START_TEST(test_transport_drain_follows_an_abandoned_upload) {
 }
 END_TEST
 
+/* What a server holds for clients that send or read slowly is bounded across connections by
+ * --max-held-mb (an outside audit held 5 GB with 100 slow readers of a 50 MB export): a body that
+ * would pass it is refused with 503 server_busy and Retry-After, as is an answer that changes
+ * nothing kept (a stateless call with its weights, an export); a session's step, which is in the
+ * cache already, is answered whatever its size; small answers always go out. */
+START_TEST(test_transport_held_bytes_are_bounded) {
+    const char *args[] = {"--max-held-mb", "1", NULL};
+    start(NULL, args);
+    char u[128];
+    struct http_client_response r;
+    /* a body of 1.25 MiB (a row, then white space JSON allows): over the budget as it arrives */
+    float *x = http_client_random_rows(5, 300, 64);
+    char *row = http_client_attend_body(NULL, x, 0, 1, 64, false, "");
+    size_t n_row = strlen(row), n_big = (size_t)5 << 18;
+    char *big = malloc(n_big + 1);
+    ck_assert_ptr_nonnull(big);
+    memcpy(big, row, n_row - 1);
+    memset(big + n_row - 1, ' ', n_big - n_row);
+    big[n_big - 1] = '}';
+    big[n_big] = '\0';
+    free(row);
+    snprintf(u, sizeof u, "%s/v1/attend", daemon_.base);
+    http_client_request("POST", u, big, strlen(big), NULL, &r);
+    ck_assert_msg(r.status == 503 && strstr(r.body, "server_busy") != NULL, "%ld %s", r.status,
+                  r.body);
+    char ra[16];
+    ck_assert_ptr_nonnull(http_client_header(&r, "Retry-After", ra, sizeof ra));
+    http_client_response_release(&r);
+    /* 300 rows in base64 (~100 KB) asking for weights: an answer of ~4 MB. Stateless: 503 */
+    char *weights = http_client_attend_body(NULL, x, 0, 300, 64, true, ",\"return_weights\":true");
+    http_client_request("POST", u, weights, strlen(weights), NULL, &r);
+    ck_assert_msg(r.status == 503 && strstr(r.body, "server_busy") != NULL, "%ld %.200s", r.status,
+                  r.body);
+    http_client_response_release(&r);
+    free(weights);
+    /* the same in a session: its tokens are in the cache, so it is answered */
+    weights = http_client_attend_body("s", x, 0, 300, 64, true, ",\"return_weights\":true");
+    http_client_request("POST", u, weights, strlen(weights), NULL, &r);
+    ck_assert_msg(r.status == 200 && r.len > ((size_t)1 << 20), "%ld %zu", r.status, r.len);
+    http_client_response_release(&r);
+    free(weights);
+    /* its export (~300 KB of float32 K/V) fits; the budget came back when each answer ended */
+    snprintf(u, sizeof u, "%s/v1/sessions/s/export", daemon_.base);
+    http_client_request("GET", u, NULL, 0, NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    http_client_response_release(&r);
+    snprintf(u, sizeof u, "%s/healthz", daemon_.base);
+    http_client_request("GET", u, NULL, 0, NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    http_client_response_release(&r);
+    free(big);
+    free(x);
+    stop_with(0);
+}
+END_TEST
+
 /* check_main.c is given every suite by a table generated from the definitions below, each line
  * starting with `Suite *`. */
 extern Suite *transport_suite(void);
@@ -860,6 +916,7 @@ Suite *transport_suite(void) {
     tcase_add_test(tc, test_transport_half_closed_client_gets_its_answer);
     tcase_add_test(tc, test_transport_abandoned_sdpa_stops_at_a_tile);
     tcase_add_test(tc, test_transport_reset_during_a_large_parse);
+    tcase_add_test(tc, test_transport_held_bytes_are_bounded);
     tc = daemon_case(s, "protocol");
     tcase_add_test(tc, test_transport_http11_needs_one_host);
     tcase_add_test(tc, test_transport_unknown_transfer_coding_is_refused);

@@ -119,9 +119,9 @@ class ServerError(AttndError):
 
 
 class Unavailable(AttndError):
-    """503 (``draining``, ``too_many_connections``), and a proxy's 502 ``replica_unavailable``
-    and 504 ``upstream_timeout``: the server cannot take the request now; another replica or a
-    later retry may."""
+    """503 (``draining``, ``too_many_connections``, ``server_busy``), and a proxy's 502
+    ``replica_unavailable`` and 504 ``upstream_timeout``: the server cannot take the request now;
+    another replica or a later retry may."""
 
 
 class InsufficientStorage(AttndError):
@@ -163,6 +163,7 @@ STATUS_BY_CODE: Dict[str, int] = {
     "replica_unavailable": 502,
     "draining": 503,
     "too_many_connections": 503,
+    "server_busy": 503,
     "upstream_timeout": 504,
     "kv_budget_exhausted": 507,
 }
