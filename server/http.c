@@ -723,6 +723,10 @@ bool http_request_body_too_large(const struct http_request *r) {
     return r->is_too_large;
 }
 
+size_t http_server_held_bytes(const struct http_server *s) {
+    return s->held_bytes;
+}
+
 bool http_request_is_busy(const struct http_request *r) {
     return r->is_busy;
 }

@@ -97,6 +97,8 @@ bool http_server_has_partial_headers(const struct http_server *s);
 
 /* Open connections (as counted against --max-connections). */
 int32_t http_server_n_connections(const struct http_server *s);
+/* Bytes of request bodies and answers held for clients now (max_held_bytes bounds them). */
+size_t http_server_held_bytes(const struct http_server *s);
 
 /* Connections turned away at the limits (the canned 503 too_many_connections), and idle ones
  * closed to admit a new one, since the start. */

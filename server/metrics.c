@@ -225,8 +225,15 @@ void metrics_render(const struct metrics *m, const struct metrics_gauges *g, str
                   "# HELP attnd_connections_reclaimed_total Idle connections closed to admit a "
                   "new one at the limits.\n"
                   "# TYPE attnd_connections_reclaimed_total counter\n"
-                  "attnd_connections_reclaimed_total %" PRIu64 "\n",
-                  g->connections, g->connections_refused, g->connections_reclaimed);
+                  "attnd_connections_reclaimed_total %" PRIu64 "\n"
+                  "# HELP attnd_held_bytes Request bodies being received and answers being sent, "
+                  "held in memory for their clients.\n"
+                  "# TYPE attnd_held_bytes gauge\nattnd_held_bytes %" PRIu64 "\n"
+                  "# HELP attnd_held_bytes_limit --max-held-mb in bytes (past it: 503 "
+                  "server_busy).\n"
+                  "# TYPE attnd_held_bytes_limit gauge\nattnd_held_bytes_limit %" PRIu64 "\n",
+                  g->connections, g->connections_refused, g->connections_reclaimed, g->held_bytes,
+                  g->held_bytes_limit);
     if (g->disk != NULL) {
         render_disk(g->disk, out);
     }

@@ -88,6 +88,8 @@ struct metrics_gauges {
     int64_t connections;             /* open, as counted against --max-connections */
     uint64_t connections_refused;    /* turned away with 503 too_many_connections */
     uint64_t connections_reclaimed;  /* idle ones closed to admit a new one */
+    uint64_t held_bytes;             /* request bodies and answers held for clients */
+    uint64_t held_bytes_limit;       /* --max-held-mb */
     int draining;                    /* 0 or 1 */
     const struct metrics_disk *disk; /* NULL: no disk tier */
 };

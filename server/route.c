@@ -318,6 +318,8 @@ static void handle_metrics(struct route_req *rq) {
         .connections = http_server_n_connections(srv->http),
         .connections_refused = http_server_n_refused(srv->http),
         .connections_reclaimed = http_server_n_reclaimed(srv->http),
+        .held_bytes = http_server_held_bytes(srv->http),
+        .held_bytes_limit = (uint64_t)srv->cfg->max_held_mb << 20,
         .draining = srv->is_draining,
     };
     struct metrics_disk disk;

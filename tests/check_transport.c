@@ -880,6 +880,9 @@ START_TEST(test_transport_held_bytes_are_bounded) {
     http_client_request("GET", u, NULL, 0, NULL, &r);
     ck_assert_int_eq(r.status, 200);
     http_client_response_release(&r);
+    /* the gauges: nothing held between requests (the counts were given back), and the limit */
+    ck_assert_int_eq(http_client_metric(daemon_.base, "attnd_held_bytes"), 0);
+    ck_assert_int_eq(http_client_metric(daemon_.base, "attnd_held_bytes_limit"), 1 << 20);
     free(big);
     free(x);
     stop_with(0);
