@@ -710,12 +710,9 @@ const char *http_request_body(const struct http_request *r, size_t *len) {
 
 const char *http_request_take_body(struct http_request *r, size_t *len, char **block) {
     const char *body = http_request_body(r, len);
-    *block = r->body.data;
+    *block = r->body.data; /* NULL for an empty body, whose "" is static */
     strbuf_init(&r->body);
     r->body_pad = 0;
-    if (*block == NULL) {
-        *block = NULL; /* "" is static */
-    }
     return body;
 }
 

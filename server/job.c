@@ -146,6 +146,13 @@ void job__binary_answer(struct job *job, enum api_encoding enc) {
     }
 }
 
+/* The answer's Inference-Header-Content-Length: its JSON part's length. */
+static void add_framing_header(struct job *job, size_t json_len) {
+    char n[32];
+    snprintf(n, sizeof n, "%zu", json_len);
+    http_request_add_header(job->rq->http, "Inference-Header-Content-Length", n);
+}
+
 /* Answers the request (if its client is still there) with the job's response or the error. */
 void job__answer(struct job *job, int status) {
     if (status == ATTN_EOVERFLOW && job->err_message[0] == '\0') {
@@ -188,9 +195,7 @@ void job__answer(struct job *job, int status) {
         return;
     }
     if (status == 0 && job->is_framed) {
-        char n[32];
-        snprintf(n, sizeof n, "%zu", job->response_json_len);
-        http_request_add_header(job->rq->http, "Inference-Header-Content-Length", n);
+        add_framing_header(job, job->response_json_len);
     }
     if (status == 0 && job->response_type != NULL) {
         route_reply_typed(job->rq, job->response_status, job->response_type, job->response,
@@ -260,9 +265,7 @@ void job__reply_parts(struct job *job, char *json, size_t json_len,
             parts[k++] = (struct http_part){raws[i]->data[j], raws[i]->bytes[j]};
         }
     }
-    char n[32];
-    snprintf(n, sizeof n, "%zu", json_len);
-    http_request_add_header(job->rq->http, "Inference-Header-Content-Length", n);
+    add_framing_header(job, json_len);
     route_reply_parts(job->rq, job->response_status,
                       job->response_type != NULL ? job->response_type : "application/json", parts,
                       n_parts, held_answer_free, h);
