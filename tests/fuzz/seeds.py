@@ -34,6 +34,9 @@ def configs():
         body = open(f, "rb").read()
         yield b"0" + body  # the first byte chooses --trust-layout: even = none
         yield b"1" + body
+        if b"deepseek" in body:  # bits 1-2 choose --modeling-code: 2 transformers, 4 checkpoint
+            yield b"2" + body
+            yield b"4" + body
 
 
 def safetensors(keep_data=4096):
@@ -51,10 +54,12 @@ def safetensors(keep_data=4096):
 def session_files():
     """Session files (proto/session-file.md) of preset tiny's geometry, f32 K/V: the fuzz target
     writes the fingerprint and the checksum in itself."""
-    def cache(n_tokens):
-        head = struct.pack("<8i", 0, 1, 2, 16, 16, 0, n_tokens, 0)
+    def cache(n_tokens, window=0, first=0):
+        """window: the target's layer 0 is a 32-token sliding window, whose cache must say so
+        (a ring may drop whole 16-token blocks before first); layer 1 and contexts have none."""
+        head = struct.pack("<8i", 0, 1, 2, 16, 16, window, n_tokens, first)
         rows = b"".join(struct.pack("<f", ((i * 37) % 101) / 50.0 - 1.0)
-                        for i in range(2 * 2 * n_tokens * 16))
+                        for i in range(2 * 2 * (n_tokens - first) * 16))
         return head + rows
 
     def file(sections, sid=b"s"):
@@ -73,6 +78,9 @@ def session_files():
     yield file([(0, 0, cache(1))])
     yield file([(0, 0, cache(3)), (0, 1, cache(2))], b"chat-42")
     yield file([(0, 0, cache(5)), (1, 0, cache(4))])
+    yield file([(0, 0, cache(3, 32)), (0, 1, cache(2))], b"chat-42")
+    yield file([(0, 0, cache(5, 32)), (1, 0, cache(4)), (0, 1, cache(5)), (1, 1, cache(2))])
+    yield file([(0, 0, cache(50, 32, 16)), (0, 1, cache(50))], b"ring")
 
 
 def framed_bodies():
@@ -101,6 +109,43 @@ def framed_bodies():
                                            "k": [[[1, 0]]], "v": [[[0, 1]]]}]}, [])
     for body in examples("attend_*.request.json"):
         yield struct.pack("<HB", min(len(body), 65535), 0) + body
+
+    def aligned(kind, head, floats):
+        """kind | 4: tensors read where they lie, which needs the raw part 4-aligned: the JSON
+        is padded with spaces so that 3 + its length is a multiple of 4."""
+        j = json.dumps(head).encode()
+        j += b" " * (-(3 + len(j)) % 4)
+        raw = b"".join(struct.pack("<f", v) for v in floats)
+        return struct.pack("<HB", len(j), kind | 4) + j + raw
+
+    def t(shape):
+        n = 1
+        for d in shape:
+            n *= d
+        return {"shape": shape, "binary_data_size": 4 * n}
+
+    yield aligned(0, {"x": t([2, 4])}, x)
+    yield aligned(0, {"session_id": "s", "x": t([2, 4]), "head_mask": t([2]),
+                      "return_weights": {"heads": [0, -1], "rows": [-1], "keys": [0, None]},
+                      "capture": ["q", "head_out"], "binary_output": True}, x + [1.0, 0.0])
+    yield aligned(0, {"x": t([1, 4]), "context": t([2, 4])}, x + x[:4])
+    yield aligned(0, {"layer": 1, "binary_output": True,
+                      "steps": [{"session_id": "a", "x": t([1, 4])},
+                                {"session_id": "b", "x": t([2, 4]), "head_mask": t([2])}]},
+                  x[:4] + x + [0.0, 1.0])
+    yield aligned(2, {"session_id": "s", "q": t([2, 1, 2]), "k": t([1, 1, 2]),
+                      "v": t([1, 1, 2]), "rope": True, "positions": [3],
+                      "return_weights": True, "capture": ["k", "v"]}, x)
+    yield aligned(2, {"layer": 1, "rope": True,
+                      "steps": [{"session_id": "a", "q": t([2, 1, 2]), "k": t([1, 1, 2]),
+                                 "v": t([1, 1, 2])},
+                                {"session_id": "b", "q": t([2, 2, 2]), "k": t([1, 2, 2]),
+                                 "v": t([1, 2, 2]), "head_mask": t([2])}]},
+                  x + x + x + [1.0, 1.0])
+    # misaligned by one byte: the copying path of a body that may be borrowed from
+    j = json.dumps({"x": t([1, 4])}).encode()
+    j += b" " * (-(3 + len(j)) % 4 + 1)
+    yield struct.pack("<HB", len(j), 4) + j + b"".join(struct.pack("<f", v) for v in x[:4])
 
 
 def attention_queries():
