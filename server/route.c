@@ -82,19 +82,29 @@ static int64_t now_ms(void) {
     return (int64_t)(uv_hrtime() / 1000000);
 }
 
-void route_reply_typed(struct route_req *rq, int status, const char *type, char *body, size_t len) {
+/* Starts answering rq with status and a body of len bytes (has_body: any at all): false when it
+ * was answered already, or when its answer may be dropped and would pass --max-held-mb (it is
+ * answered 503 server_busy then); the caller frees the body either way. */
+static bool answer_begins(struct route_req *rq, int status, bool has_body, size_t len) {
     if (rq->status != 0) {
-        free(body);
-        return;
+        return false;
     }
-    if (body != NULL && rq->is_answer_droppable && !http_request_may_hold(rq->http, len)) {
-        free(body); /* answers unread by their clients hold --max-held-mb already */
+    if (has_body && rq->is_answer_droppable && !http_request_may_hold(rq->http, len)) {
+        /* answers unread by their clients hold --max-held-mb already */
         route_reply_error(rq, ERROR_SERVER_BUSY, NULL, NULL);
-        return;
+        return false;
     }
     rq->status = status;
     if (rq->srv->is_draining) {
         http_request_add_header(rq->http, "Connection", "close");
+    }
+    return true;
+}
+
+void route_reply_typed(struct route_req *rq, int status, const char *type, char *body, size_t len) {
+    if (!answer_begins(rq, status, body != NULL, len)) {
+        free(body);
+        return;
     }
     http_request_reply(rq->http, status, body != NULL ? type : NULL, body, len);
 }
@@ -102,22 +112,13 @@ void route_reply_typed(struct route_req *rq, int status, const char *type, char 
 void route_reply_parts(struct route_req *rq, int status, const char *type,
                        const struct http_part *parts, int n_parts, void (*release)(void *),
                        void *owner) {
-    if (rq->status != 0) {
-        release(owner);
-        return;
-    }
     size_t total = 0;
     for (int i = 0; i < n_parts; i++) {
         total += parts[i].len;
     }
-    if (rq->is_answer_droppable && !http_request_may_hold(rq->http, total)) {
+    if (!answer_begins(rq, status, true, total)) {
         release(owner);
-        route_reply_error(rq, ERROR_SERVER_BUSY, NULL, NULL);
         return;
-    }
-    rq->status = status;
-    if (rq->srv->is_draining) {
-        http_request_add_header(rq->http, "Connection", "close");
     }
     http_request_reply_parts(rq->http, status, type, parts, n_parts, release, owner);
 }
