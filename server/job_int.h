@@ -1,6 +1,7 @@
-/* server/job_int.h: what the job module's files share (job.c: the common part, attend and
- * sdpa; job_session.c: the session operations, export and import; job_batch.c: many sessions'
- * steps in one call). Not for other modules: they see job.h.
+/* server/job_int.h: what the job module's files share (job.c: the common part, parsing and
+ * admission; job_attend.c: the forward and q/k/v attend; job_sdpa.c: stateless SDPA;
+ * job_session.c: the session operations, export and import; job_batch.c: many sessions' steps
+ * in one call). Not for other modules: they see job.h.
  *
  * Thread rule: as job.h's.
  */
@@ -145,6 +146,9 @@ void job__submit(struct job *job);
  * Inference-Header-Content-Length header) when enc is API_ENCODING_BINARY. */
 void job__binary_answer(struct job *job, enum api_encoding enc);
 
+/* Counts a job the pool cancelled (status ERROR_CANCELLED) in the metrics. */
+void job__count_cancelled(struct job *job, int status);
+
 /* pool_job_ops.done of jobs that only answer: the answer, then the pin goes. */
 enum pool_after job__simple_done(struct pool_job *pj, int status);
 
@@ -158,6 +162,12 @@ void job__parse_then_admit(struct job *job);
 const char *job__layer_refusal(const struct server *srv, const struct api_attend_request *at,
                                char *msg, size_t size);
 void job__attend_admit(struct job *job);
+void job__sdpa_admit(struct job *job);
+
+/* What the model cannot do for an attend, whatever its sessions: x with no weights to project
+ * it (--geometry), captured k/v of a latent cache, or q/k/v for a linear layer (q/k/v for a
+ * latent cache never get here: the parse refuses them). Answers 400 and returns -1. */
+int job__refuse_attend(struct job *job);
 
 /* Moves the attend job's tensor buffers (out, weights, selected, captures) into to[JOB_BUFFERS],
  * leaving the job without them: what its raw parts point into, kept for the answer. */
