@@ -19,6 +19,7 @@
 
 /* ---- POST /v1/attend ------------------------------------------------------------------------ */
 
+/* Frees a tensor of r unless it lies in the body (borrowed). */
 static void free_tensor(const struct api_attend_request *r, float *p) {
     uintptr_t a = (uintptr_t)p;
     if (a < r->borrowed_lo || a >= r->borrowed_hi) {

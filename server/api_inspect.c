@@ -11,7 +11,7 @@
 #include "error.h"
 #include "utf8.h"
 
-/* ---- return_weights as a selection, capture, head_mask --------------------------------------- */
+/* ---- return_weights as a selection, capture ----------------------------------------------- */
 
 /* Query heads a selection may name when the request's own count is not known yet. */
 #define API_MAX_HEADS 4096
@@ -316,8 +316,6 @@ void api_selection_release(struct api_selection *sel) {
     free(sel->rows);
     memset(sel, 0, sizeof *sel);
 }
-
-/* Frees a tensor of r unless it lies in the body (borrowed). */
 
 /* ---- GET /v1/sessions/{id}/attention -------------------------------------------------------- */
 
