@@ -11,7 +11,7 @@
 #include "error.h"
 #include "utf8.h"
 
-/* ---- return_weights as a selection, capture ----------------------------------------------- */
+/* ---- return_weights as a selection, capture ------------------------------------------------- */
 
 /* Query heads a selection may name when the request's own count is not known yet. */
 #define API_MAX_HEADS 4096
