@@ -21,10 +21,7 @@
 
 /* Frees a tensor of r unless it lies in the body (borrowed). */
 static void free_tensor(const struct api_attend_request *r, float *p) {
-    uintptr_t a = (uintptr_t)p;
-    if (a < r->borrowed_lo || a >= r->borrowed_hi) {
-        free(p);
-    }
+    api__free_unborrowed(r->borrowed_lo, r->borrowed_hi, p);
 }
 
 void api_attend_request_release(struct api_attend_request *r) {

@@ -176,9 +176,9 @@ int api_kv_attend_request_parse_body(const struct api_body *body, const struct a
 void api_attend_request_release(struct api_attend_request *r);
 
 struct api_sdpa_request {
-    float *q;        /* (n_batch, n_heads, n_q, d_k), owned */
-    float *k;        /* (n_batch, n_kv_heads, n_k, d_k), owned */
-    float *v;        /* (n_batch, n_kv_heads, n_k, d_v), owned */
+    float *q;        /* (n_batch, n_heads, n_q, d_k), owned or borrowed */
+    float *k;        /* (n_batch, n_kv_heads, n_k, d_k), owned or borrowed */
+    float *v;        /* (n_batch, n_kv_heads, n_k, d_v), owned or borrowed */
     int32_t n_batch; /* 1 when the tensors came without a batch dimension */
     bool is_batched; /* they came with one: the answer has it too */
     int32_t n_heads, n_kv_heads, n_q, n_k, d_k, d_v;
@@ -193,6 +193,9 @@ struct api_sdpa_request {
     struct api_selection sel;   /* return_weights as an object */
     enum api_encoding encoding; /* API_ENCODING_BINARY when binary_output was true */
     bool is_linear;             /* "kind": "linear" (seed 004 3.7) rather than softmax */
+    /* q, k and v may lie in the body's binary part (api_body.may_borrow): these bound it, and
+     * release frees only what lies outside */
+    uintptr_t borrowed_lo, borrowed_hi;
 };
 
 /* Parses a POST /v1/sdpa body; same contract as api_attend_request_parse. */
@@ -337,7 +340,9 @@ struct api_sdpa_response {
     struct api_timing timing;
     enum api_encoding encoding;
 };
-char *api_sdpa_response_encode(const struct api_sdpa_response *r, size_t *len, size_t *json_len);
+/* Encodes an SdpaResponse; the contract of api_attend_response_encode, keep as its raw. */
+char *api_sdpa_response_encode(const struct api_sdpa_response *r, size_t *len, size_t *json_len,
+                               struct api_raw_parts *keep);
 
 struct api_session_layer {
     int32_t layer;

@@ -198,6 +198,33 @@ static char *finish(struct strbuf *b, const struct api_raw_parts *raw, size_t *l
     return strbuf_detach(b, len);
 }
 
+/* Whether an answer's tensors may stay where they are, listed in keep for the caller to send
+ * after the JSON: a binary answer on a little-endian host (the wire's bytes are little-endian:
+ * elsewhere a copy swaps them). */
+static bool keeps_tensors(struct api_raw_parts *keep, enum api_encoding enc) {
+    if (keep != NULL) {
+        keep->n = 0;
+    }
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    return keep != NULL && enc == API_ENCODING_BINARY;
+#else
+    return false;
+#endif
+}
+
+/* The answer in b with its tensors raw: listed in *keep when is_kept, else appended (finish). */
+static char *finish_or_keep(struct strbuf *b, const struct api_raw_parts *raw, bool is_kept,
+                            struct api_raw_parts *keep, size_t *len, size_t *json_len) {
+    if (!is_kept) {
+        return finish(b, raw, len, json_len);
+    }
+    *keep = *raw;
+    if (json_len != NULL) {
+        *json_len = b->len;
+    }
+    return strbuf_detach(b, len);
+}
+
 static void put_timing(struct strbuf *b, const struct api_timing *t) {
     strbuf_puts(b, ",\"timing\":{\"queue_ms\":");
     strbuf_put_fixed3(b, t->queue_ms);
@@ -288,14 +315,7 @@ char *api_attend_response_encode(const struct api_attend_response *r, size_t *le
     struct strbuf b;
     struct api_raw_parts raw = {{NULL}, {0}, 0};
     strbuf_init(&b);
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-    bool is_kept = keep != NULL && r->encoding == API_ENCODING_BINARY;
-#else
-    bool is_kept = false; /* the wire's bytes are little-endian: a copy swaps them */
-#endif
-    if (keep != NULL) {
-        keep->n = 0;
-    }
+    bool is_kept = keeps_tensors(keep, r->encoding);
     strbuf_reserve(&b, (size_t)r->n_new * (size_t)r->hidden_size *
                                (r->encoding == API_ENCODING_BINARY ? (is_kept ? 0 : 4) : 14) +
                            256);
@@ -327,14 +347,7 @@ char *api_attend_response_encode(const struct api_attend_response *r, size_t *le
     put_captures(&b, r, &raw);
     put_timing(&b, &r->timing);
     strbuf_puts(&b, "}\n");
-    if (is_kept) {
-        *keep = raw;
-        if (json_len != NULL) {
-            *json_len = b.len;
-        }
-        return strbuf_detach(&b, len);
-    }
-    return finish(&b, &raw, len, json_len);
+    return finish_or_keep(&b, &raw, is_kept, keep, len, json_len);
 }
 
 void api_stream_event_encode(struct strbuf *out, const struct api_stream_event *e) {
@@ -427,12 +440,15 @@ char *api_attention_response_encode(const struct api_attention_response *r, size
     return strbuf_detach(&b, len);
 }
 
-char *api_sdpa_response_encode(const struct api_sdpa_response *r, size_t *len, size_t *json_len) {
+char *api_sdpa_response_encode(const struct api_sdpa_response *r, size_t *len, size_t *json_len,
+                               struct api_raw_parts *keep) {
     struct strbuf b;
     struct api_raw_parts raw = {{NULL}, {0}, 0};
+    bool is_kept = keeps_tensors(keep, r->encoding);
     strbuf_init(&b);
-    strbuf_reserve(&b,
-                   (size_t)r->n_batch * r->n_heads * (size_t)r->n_q * (size_t)r->d_v * 14 + 256);
+    strbuf_reserve(&b, (size_t)r->n_batch * r->n_heads * (size_t)r->n_q * (size_t)r->d_v *
+                               (r->encoding == API_ENCODING_BINARY ? (is_kept ? 0 : 4) : 14) +
+                           256);
     strbuf_putc(&b, '{');
     /* The batch dimension leads when the request had one. */
     int o = r->is_batched ? 0 : 1;
@@ -449,7 +465,7 @@ char *api_sdpa_response_encode(const struct api_sdpa_response *r, size_t *len, s
     }
     put_timing(&b, &r->timing);
     strbuf_puts(&b, "}\n");
-    return finish(&b, &raw, len, json_len);
+    return finish_or_keep(&b, &raw, is_kept, keep, len, json_len);
 }
 
 static void put_session(struct strbuf *b, const struct api_session *s) {

@@ -101,6 +101,9 @@ int api__apply_binary_output(bool binary_output, uint32_t seen, int encoding_bit
  * the end of s if it must. */
 void api__prepend(char *s, size_t size, const char *prefix, const char *sep);
 
+/* Frees p unless it lies in [lo, hi): a tensor read where it lies in the body (borrowed). */
+void api__free_unborrowed(uintptr_t lo, uintptr_t hi, void *p);
+
 /* ---- api_tensor.c: tensor fields (nested arrays, base64, binary parts) ---- */
 
 /* A JSON number as the float32 it rounds to (to nearest), or false where that is infinite:

@@ -8,6 +8,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "error.h"
@@ -154,6 +155,13 @@ int api__end_body(struct json_reader *r, struct api_error *err) {
                          br->binary_len, br->binary_used);
     }
     return 0;
+}
+
+void api__free_unborrowed(uintptr_t lo, uintptr_t hi, void *p) {
+    uintptr_t a = (uintptr_t)p;
+    if (a < lo || a >= hi) {
+        free(p);
+    }
 }
 
 /* ---- scalar fields -------------------------------------------------------------------------- */

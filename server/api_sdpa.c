@@ -14,9 +14,9 @@
 
 void api_sdpa_request_release(struct api_sdpa_request *r) {
     api_selection_release(&r->sel);
-    free(r->q);
-    free(r->k);
-    free(r->v);
+    api__free_unborrowed(r->borrowed_lo, r->borrowed_hi, r->q);
+    api__free_unborrowed(r->borrowed_lo, r->borrowed_hi, r->k);
+    api__free_unborrowed(r->borrowed_lo, r->borrowed_hi, r->v);
     free(r->mask);
     memset(r, 0, sizeof *r);
 }
@@ -250,6 +250,10 @@ int api_sdpa_request_parse_body(const struct api_body *body, struct api_sdpa_req
     bool binary_output = false;
     int index;
     int rc = api__begin_framed(&br, body, err);
+    if (br.may_borrow) {
+        r.borrowed_lo = (uintptr_t)body->binary;
+        r.borrowed_hi = (uintptr_t)body->binary + body->binary_len;
+    }
     while (rc == 0 &&
            (rc = api__next_field(&br.json, sdpa_names, SDPA_N_FIELDS, &seen, &index, err)) == 1) {
         rc = sdpa_field(&br.json, index, &r, &dims, &binary_output, err);

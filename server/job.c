@@ -398,7 +398,7 @@ void job__parse_then_admit(struct job *job) {
         job__free(job);
         return;
     }
-    if (job->kind == JOB_ATTEND && job->request_json_len >= 0) {
+    if ((job->kind == JOB_ATTEND || job->kind == JOB_SDPA) && job->request_json_len >= 0) {
         /* framed: the job keeps the body, so its tensors are read where they lie */
         job->body = http_request_take_body(job->rq->http, &job->body_len, &job->body_block);
     }

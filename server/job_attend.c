@@ -319,9 +319,9 @@ static int attend_run(struct pool_job *pj, int status) {
             api_attend_response_encode(&r, &job->response_len, &job->response_json_len, &job->raw);
         job->response_status = 200;
         job__binary_answer(job, job->at.encoding);
-        return job->response != NULL ? 0
-                                     : job__set_err(job, ERROR_INTERNAL, NULL,
-                                                    "out of memory encoding the job__answer");
+        return job->response != NULL
+                   ? 0
+                   : job__set_err(job, ERROR_INTERNAL, NULL, "out of memory encoding the answer");
     }
     int32_t i = job->next_index;
     struct api_stream_event e = {

@@ -67,12 +67,14 @@ static int sdpa_run(struct pool_job *pj, int status) {
     sdpa_params(sd, &p);
     size_t n_out = (size_t)sd->n_batch * sd->n_heads * sd->n_q * sd->d_v;
     size_t n_w = (size_t)sd->n_batch * sd->n_heads * sd->n_q * sd->n_k;
-    float *out = malloc(n_out * sizeof(float));
+    /* the job's buffers, which job__free frees: a binary answer sends its tensors from them */
+    float *out = job->out = malloc(n_out * sizeof(float));
     bool is_full = sd->return_weights && !sd->sel.is_set;
-    float *weights = is_full ? malloc(n_w * sizeof(float)) : NULL;
+    float *weights = job->weights = is_full ? malloc(n_w * sizeof(float)) : NULL;
     size_t n_sel =
         sd->sel.is_set ? (size_t)(sd->n_batch * api_selection_values(&sd->sel, sd->n_heads)) : 0;
-    float *selected = sd->sel.is_set ? malloc((n_sel > 0 ? n_sel : 1) * sizeof(float)) : NULL;
+    float *selected = job->selected =
+        sd->sel.is_set ? malloc((n_sel > 0 ? n_sel : 1) * sizeof(float)) : NULL;
     attn_inspect ins;
     if (selected != NULL) {
         ins = api_selection_inspect(&sd->sel, selected);
@@ -109,13 +111,13 @@ static int sdpa_run(struct pool_job *pj, int status) {
                 .timing = {pj->queue_ms, ms},
                 .encoding = sd->encoding,
             };
-            job->response =
-                api_sdpa_response_encode(&r, &job->response_len, &job->response_json_len);
+            job->response = api_sdpa_response_encode(&r, &job->response_len,
+                                                     &job->response_json_len, &job->raw);
             job->response_status = 200;
             job__binary_answer(job, sd->encoding);
-            rc = job->response != NULL ? 0
-                                       : job__set_err(job, ERROR_INTERNAL, NULL,
-                                                      "out of memory encoding the job__answer");
+            rc = job->response != NULL
+                     ? 0
+                     : job__set_err(job, ERROR_INTERNAL, NULL, "out of memory encoding the answer");
         } else if (rc == ATTN_ECANCELED) {
             rc = ERROR_CANCELLED;
         } else {
@@ -125,9 +127,6 @@ static int sdpa_run(struct pool_job *pj, int status) {
         }
     }
     free(scratch);
-    free(weights);
-    free(selected);
-    free(out);
     return rc;
 }
 

@@ -219,7 +219,7 @@ static void sdpa_golden(const char *req_name, const char *resp_name) {
                                      .weights = w,
                                      .timing = {0.5, 0.25},
                                      .encoding = r.encoding};
-    char *got_text = api_sdpa_response_encode(&resp, NULL, NULL);
+    char *got_text = api_sdpa_response_encode(&resp, NULL, NULL, NULL);
     cJSON *got = cJSON_Parse(got_text);
     char *want_text = http_client_read_file(resp_name, NULL);
     cJSON *want = cJSON_Parse(want_text);
@@ -515,8 +515,8 @@ START_TEST(test_api_attend_rejects_bad_requests) {
 END_TEST
 
 /* A framed body whose caller keeps it (may_borrow): aligned float32 tensors are read where
- * they lie, steps' too; an unaligned one, or any where the caller does not keep the body, is
- * copied; a non-finite value is still refused, naming the field; release frees only copies
+ * they lie, steps' and SDPA's too; an unaligned one, or any where the caller does not keep the
+ * body, is copied; a non-finite value is still refused, naming the field; release frees only copies
  * (ASan would see a free of the body). */
 START_TEST(test_api_framed_tensors_read_in_place) {
     enum { H = 64 };
@@ -548,6 +548,29 @@ START_TEST(test_api_framed_tensors_read_in_place) {
                              borrow == 1 && shift == 0);
             ck_assert_float_eq(r.steps[1].x[0], 16.0f);
             api_attend_request_release(&r);
+        }
+    }
+    /* SDPA's q, k and v the same way: (1, 1, 64) each, three parts in field order */
+    static const char sdpa[] = "{\"q\":{\"shape\":[1,1,64],\"binary_data_size\":256},"
+                               "\"k\":{\"shape\":[1,1,64],\"binary_data_size\":256},"
+                               "\"v\":{\"shape\":[1,1,64],\"binary_data_size\":256}}";
+    for (int shift = 0; shift < 2; shift++) {
+        uint8_t *raw = (uint8_t *)block + 64 + shift;
+        for (int i = 0; i < 3 * H; i++) {
+            float v = (float)i * 0.5f;
+            memcpy(raw + 4 * i, &v, 4);
+        }
+        for (int borrow = 0; borrow < 2; borrow++) {
+            struct api_body b = {sdpa, strlen(sdpa), raw, 12 * H, borrow == 1};
+            struct api_sdpa_request r;
+            struct api_error err;
+            ck_assert_int_eq(api_sdpa_request_parse_body(&b, &r, &err), 0);
+            bool in_place = borrow == 1 && shift == 0;
+            ck_assert_int_eq((const uint8_t *)r.q == raw, in_place);
+            ck_assert_int_eq((const uint8_t *)r.k == raw + 4 * H, in_place);
+            ck_assert_int_eq((const uint8_t *)r.v == raw + 8 * H, in_place);
+            ck_assert_float_eq(r.v[1], 64.5f);
+            api_sdpa_request_release(&r);
         }
     }
     float inf = INFINITY;

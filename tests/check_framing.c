@@ -170,7 +170,7 @@ START_TEST(test_framing_sdpa_matches_json) {
     const char *head = "{\"q\":{\"shape\":[2,3,8],\"binary_data_size\":192},"
                        "\"k\":{\"shape\":[1,4,8],\"binary_data_size\":128},"
                        "\"v\":{\"shape\":[1,4,8],\"binary_data_size\":128},\"causal\":true,"
-                       "\"binary_output\":true}";
+                       "\"return_weights\":true,\"binary_output\":true}";
     const float *parts[] = {q, k, v};
     size_t nf[] = {48, 32, 32}, len;
     char *body = framed(head, parts, nf, 3, &len);
@@ -184,12 +184,21 @@ START_TEST(test_framing_sdpa_matches_json) {
     char *qj2 = http_client_matrix_json(q + 24, 3, 8);
     size_t jl = strlen(qj) + strlen(qj2) + strlen(kj) + strlen(vj) + 100;
     char *json = malloc(jl);
-    snprintf(json, jl, "{\"q\":[%s,%s],\"k\":[%s],\"v\":[%s],\"causal\":true}", qj, qj2, kj, vj);
+    snprintf(json, jl,
+             "{\"q\":[%s,%s],\"k\":[%s],\"v\":[%s],\"causal\":true,\"return_weights\":true}", qj,
+             qj2, kj, vj);
     post("/v1/sdpa", json, strlen(json), -1, &rj);
     ck_assert_msg(rj.status == 200, "%ld %s", rj.status, rj.body);
     size_t nb, nj;
     float *a = raw_tensor(&rb, "output", &nb), *b = json_tensor(&rj, "output", &nj);
     ck_assert_uint_eq(nb, 2 * 3 * 8);
+    ck_assert_uint_eq(nb, nj);
+    ck_assert(memcmp(a, b, nb * 4) == 0);
+    free(a);
+    free(b);
+    /* the weights too: (2, 3, 4), sent from the job's buffers after the output */
+    a = raw_tensor(&rb, "weights", &nb), b = json_tensor(&rj, "weights", &nj);
+    ck_assert_uint_eq(nb, 2 * 3 * 4);
     ck_assert_uint_eq(nb, nj);
     ck_assert(memcmp(a, b, nb * 4) == 0);
     free(a);
