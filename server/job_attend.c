@@ -53,13 +53,7 @@ static int inspect_size(struct job *job, int32_t n_keys) {
         return 0;
     }
     memset(&job->inspect, 0, sizeof job->inspect);
-    if (job->at.sel.is_set) {
-        struct api_error e;
-        memset(&e, 0, sizeof e);
-        if (api_selection_resolve(&job->at.sel, lim->n_heads, job->at.n_tokens, n_keys, 1, &e) !=
-            0) {
-            return job__set_err(job, e.code, e.param, "%s", e.message);
-        }
+    if (job->at.sel.is_set) { /* resolved by attend_checks */
         int64_t values = api_selection_values(&job->at.sel, lim->n_heads);
         job->selected = malloc((size_t)(values > 0 ? values : 1) * sizeof(float));
         if (job->selected == NULL) {
@@ -105,9 +99,12 @@ static int charge_batch_weights(struct job *job, int64_t values) {
     return 0;
 }
 
-/* Allocates the output buffers once n_past (the self cache's length) and n_keys (the keys the
- * queries see: n_past + T, or a context's tokens) are known, after the length checks. */
-static int attend_size(struct job *job, int32_t n_past, int32_t n_keys) {
+/* What a call asks that its cache's length n_past and the n_keys its queries see (n_past + T,
+ * or a context's tokens) refuse: expect_n_past, key_mask's length, the maximum sequence length,
+ * the weights' size, the selection (resolved here against them). Needs no buffer, so admission
+ * runs it too, for a session not made yet (see job__attend_admit). Returns 0, or the code with
+ * the job's error set. */
+static int attend_checks(struct job *job, int32_t n_past, int32_t n_keys) {
     const struct api_limits *lim = &job->srv->limits;
     int32_t t = job->at.n_tokens;
     if (job->at.has_expect_n_past && job->at.expect_n_past != n_past) {
@@ -129,7 +126,6 @@ static int attend_size(struct job *job, int32_t n_past, int32_t n_keys) {
             "length %d",
             (int)n_past, (int)t, (int)lim->max_seq);
     }
-    int64_t n_weights = (int64_t)lim->n_heads * (job->at.stream ? 1 : t) * n_keys;
     if (job->at.return_weights && !job->at.sel.is_set &&
         (int64_t)lim->n_heads * t * n_keys > API_WEIGHTS_MAX_VALUES) {
         return job__set_err(job, ERROR_INVALID_REQUEST, "return_weights",
@@ -137,6 +133,28 @@ static int attend_size(struct job *job, int32_t n_past, int32_t n_keys) {
                             job->at.is_cross ? "context tokens" : "(n_past + T)",
                             (long long)lim->n_heads * t * n_keys, API_WEIGHTS_MAX_VALUES);
     }
+    if (job->at.sel.is_set) {
+        /* resolving twice (admission, then the turn) is resolving once: the second finds the
+         * heads and rows already in range and the same keys */
+        struct api_error e;
+        memset(&e, 0, sizeof e);
+        if (api_selection_resolve(&job->at.sel, lim->n_heads, t, n_keys, 1, &e) != 0) {
+            return job__set_err(job, e.code, e.param, "%s", e.message);
+        }
+    }
+    return 0;
+}
+
+/* Allocates the output buffers once n_past and n_keys are known (see attend_checks), after the
+ * checks. */
+static int attend_size(struct job *job, int32_t n_past, int32_t n_keys) {
+    const struct api_limits *lim = &job->srv->limits;
+    int32_t t = job->at.n_tokens;
+    int rc = attend_checks(job, n_past, n_keys);
+    if (rc != 0) {
+        return rc;
+    }
+    int64_t n_weights = (int64_t)lim->n_heads * (job->at.stream ? 1 : t) * n_keys;
     /* q/k/v steps answer each head's output (n_heads, T, head_dim), the others (T, hidden) */
     size_t row =
         job->at.q != NULL ? (size_t)lim->n_heads * lim->head_dim : (size_t)lim->hidden_size;
@@ -148,7 +166,7 @@ static int attend_size(struct job *job, int32_t n_past, int32_t n_keys) {
     if (job->out == NULL || (is_full && job->weights == NULL)) {
         return job__set_err(job, ERROR_INTERNAL, NULL, "out of memory for the output");
     }
-    int rc = inspect_size(job, n_keys);
+    rc = inspect_size(job, n_keys);
     int64_t n_returned = is_full              ? n_weights
                          : job->at.sel.is_set ? api_selection_values(&job->at.sel, lim->n_heads)
                                               : 0;
@@ -511,28 +529,22 @@ void job__attend_admit(struct job *job) {
              * making it may evict an idle session for --max-sessions, and a refused request
              * changes nothing (found by an outside audit: a 409 expect_n_past on a new id, as a
              * client resyncing after a restart or a move sends, evicted the least recently used
-             * idle session). */
-            char msg[320]; /* a 128-character id and the text around it */
-            const char *param = NULL;
-            int code = ERROR_INVALID_REQUEST;
-            if (job->at.has_expect_n_past && job->at.expect_n_past != 0) {
-                code = ERROR_N_PAST_MISMATCH;
-                param = "expect_n_past";
-                snprintf(msg, sizeof msg, "expect_n_past is %d but the cache holds 0 tokens",
-                         (int)job->at.expect_n_past);
-            } else if (job->at.key_mask != NULL && job->at.n_key_mask != job->at.n_tokens) {
-                param = "key_mask";
-                snprintf(msg, sizeof msg,
-                         "key_mask has %d values; the cache holds 0 tokens and x brings %d, so it "
-                         "needs %d",
-                         (int)job->at.n_key_mask, (int)job->at.n_tokens, (int)job->at.n_tokens);
-            } else if (job->at.is_cross && job->at.context == NULL) {
-                param = "cross";
+             * idle session; so did a selection's keys past the call's). */
+            char msg[sizeof job->err_message], param[sizeof job->err_param];
+            int code = 0;
+            if (job->at.is_cross && job->at.context == NULL) {
+                code = ERROR_INVALID_REQUEST;
+                snprintf(param, sizeof param, "cross");
                 snprintf(msg, sizeof msg,
                          "cross: session %s holds no context at layer %d; send it in context",
                          job->at.session_id, (int)job->at.layer);
+            } else if ((code = attend_checks(
+                            job, 0, job->at.is_cross ? job->at.n_context : job->at.n_tokens)) !=
+                       0) {
+                memcpy(msg, job->err_message, sizeof msg);
+                memcpy(param, job->err_param, sizeof param);
             }
-            if (param != NULL) {
+            if (code != 0) {
                 job__refuse(job, code, msg, param);
                 job__free(job);
                 return;

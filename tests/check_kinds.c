@@ -875,10 +875,11 @@ START_TEST(test_kinds_linear_refusal_evicts_nothing) {
 END_TEST
 
 /* A first request on a new id that its empty cache refuses (409 expect_n_past, a key_mask of
- * another length, cross without a context) evicts nothing at --max-sessions: it made its session
- * first, which evicted the least recently used idle one (then 410 session_evicted), and was
- * refused at its turn (found by an outside audit: a client resyncing with expect_n_past after a
- * restart or a move lost another session to each 409). A step of a steps call alike. */
+ * another length, cross without a context, a selection's keys past the call's) evicts nothing at
+ * --max-sessions: it made its session first, which evicted the least recently used idle one (then
+ * 410 session_evicted), and was refused at its turn (found by an outside audit: a client resyncing
+ * with expect_n_past after a restart or a move lost another session to each 409). A step of a steps
+ * call alike. */
 START_TEST(test_kinds_new_id_refusal_evicts_nothing) {
     const char *args[] = {"--preset", "tiny", "--workers", "1", "--max-sessions", "2", NULL};
     http_client_daemon_start(&daemon_, args);
@@ -895,7 +896,8 @@ START_TEST(test_kinds_new_id_refusal_evicts_nothing) {
         long status;
     } bad[] = {{",\"expect_n_past\":5", "expect_n_past", 409},
                {",\"key_mask\":[1,1,1]", "key_mask", 400},
-               {",\"cross\":true", "cross", 400}};
+               {",\"cross\":true", "cross", 400},
+               {",\"return_weights\":{\"keys\":[0,5]}", "return_weights.keys", 400}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char *body = http_client_attend_body("new", x, 0, 1, hidden, false, bad[i].extra);
         cJSON *j = post("/v1/attend", body, bad[i].status);
