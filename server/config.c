@@ -495,54 +495,63 @@ enum config_result config_parse(struct config *cfg, int argc, char *const *argv,
             return CONFIG_ERROR;
         }
     }
-    for (int e = 0; envp != NULL && envp[e] != NULL; e++) {
-        const char *eq = strchr(envp[e], '=');
-        if (eq == NULL) {
-            continue;
-        }
-        for (int i = 0; i < N_OPTIONS; i++) {
-            size_t n = strlen(options[i].env);
-            if ((size_t)(eq - envp[e]) == n && strncmp(envp[e], options[i].env, n) == 0) {
-                if (apply(cfg, &options[i], eq + 1, options[i].env, err, err_size) != 0) {
-                    return CONFIG_ERROR;
-                }
-                from.from_env[i] = true;
+    /* The flags are found first, so that a variable whose option a flag sets is never read: a
+     * bad value there must not refuse a start that overrides it. */
+    bool by_flag[N_OPTIONS] = {false};
+    for (int pass = 0; pass < 2; pass++) {
+        for (int a = 1; a < argc; a++) {
+            const char *arg = argv[a];
+            if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
+                return CONFIG_HELP;
+            }
+            if (strncmp(arg, "--", 2) != 0) {
+                set_err(err, err_size,
+                        "unexpected argument '%s' (options start with --; see --help)", arg);
+                return CONFIG_ERROR;
+            }
+            const char *name = arg + 2;
+            const char *eq = strchr(name, '=');
+            size_t len = eq ? (size_t)(eq - name) : strlen(name);
+            const struct option *o = find_option(name, len);
+            if (o == NULL) {
+                set_err(err, err_size, "unknown option '--%.*s' (see --help)", (int)len, name);
+                return CONFIG_ERROR;
+            }
+            const char *value;
+            if (eq != NULL) {
+                value = eq + 1;
+            } else if (a + 1 < argc) {
+                value = argv[++a];
+            } else {
+                set_err(err, err_size, "--%s: missing value", o->name);
+                return CONFIG_ERROR;
+            }
+            if (pass == 0) {
+                by_flag[o - options] = true;
+                continue;
+            }
+            char source[64];
+            snprintf(source, sizeof source, "--%s", o->name);
+            if (apply(cfg, o, value, source, err, err_size) != 0) {
+                return CONFIG_ERROR;
             }
         }
-    }
-    for (int a = 1; a < argc; a++) {
-        const char *arg = argv[a];
-        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
-            return CONFIG_HELP;
+        for (int e = 0; pass == 0 && envp != NULL && envp[e] != NULL; e++) {
+            const char *eq = strchr(envp[e], '=');
+            if (eq == NULL) {
+                continue;
+            }
+            for (int i = 0; i < N_OPTIONS; i++) {
+                size_t n = strlen(options[i].env);
+                if (!by_flag[i] && (size_t)(eq - envp[e]) == n &&
+                    strncmp(envp[e], options[i].env, n) == 0) {
+                    if (apply(cfg, &options[i], eq + 1, options[i].env, err, err_size) != 0) {
+                        return CONFIG_ERROR;
+                    }
+                    from.from_env[i] = true;
+                }
+            }
         }
-        if (strncmp(arg, "--", 2) != 0) {
-            set_err(err, err_size, "unexpected argument '%s' (options start with --; see --help)",
-                    arg);
-            return CONFIG_ERROR;
-        }
-        const char *name = arg + 2;
-        const char *eq = strchr(name, '=');
-        size_t len = eq ? (size_t)(eq - name) : strlen(name);
-        const struct option *o = find_option(name, len);
-        if (o == NULL) {
-            set_err(err, err_size, "unknown option '--%.*s' (see --help)", (int)len, name);
-            return CONFIG_ERROR;
-        }
-        const char *value;
-        if (eq != NULL) {
-            value = eq + 1;
-        } else if (a + 1 < argc) {
-            value = argv[++a];
-        } else {
-            set_err(err, err_size, "--%s: missing value", o->name);
-            return CONFIG_ERROR;
-        }
-        char source[64];
-        snprintf(source, sizeof source, "--%s", o->name);
-        if (apply(cfg, o, value, source, err, err_size) != 0) {
-            return CONFIG_ERROR;
-        }
-        from.from_env[o - options] = false; /* flags win over the environment */
     }
     return resolve(cfg, cores, &from, err, err_size) == 0 ? CONFIG_OK : CONFIG_ERROR;
 }

@@ -83,6 +83,15 @@ START_TEST(test_config_env_then_flags) {
     ck_assert_int_eq(cfg.layer_first, 2);
     ck_assert_int_eq(cfg.layer_count, 1);
     ck_assert_str_eq(cfg.api_key, "s3cret");
+    /* A bad variable refuses the start, unless a flag sets its option (then it is not read). */
+    const char *bad_env[] = {"ATTND_PORT=80x", "ATTND_SEED=-1", NULL};
+    const char *bare[] = {"attnd", "--seed", "7", NULL};
+    ck_assert_int_eq(parse(&cfg, bare, bad_env, 2, err), CONFIG_ERROR);
+    ck_assert_ptr_nonnull(strstr(err, "ATTND_PORT"));
+    const char *both[] = {"attnd", "--seed", "7", "--port=9200", NULL};
+    ck_assert_int_eq(parse(&cfg, both, bad_env, 2, err), CONFIG_OK);
+    ck_assert_int_eq(cfg.port, 9200);
+    ck_assert_uint_eq(cfg.seed, 7);
 }
 END_TEST
 
