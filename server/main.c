@@ -453,6 +453,13 @@ int main(int argc, char **argv) {
         return 1;
     }
     start_handles(&d);
+    if (cfg.workers > cfg.threads) {
+        /* every worker computes its own forward: --threads bounds only what helpers add */
+        LOG_WARN("main",
+                 "--workers %d is above --threads %d: up to %d forwards compute at once, more "
+                 "threads than --threads asks",
+                 (int)cfg.workers, (int)cfg.threads, (int)cfg.workers);
+    }
     LOG_INFO("main", "listening host=%s port=%d workers=%d threads=%d blas_threads=%d", cfg.host,
              (int)http_server_port(srv->http), (int)cfg.workers, (int)cfg.threads,
              (int)cfg.blas_threads);
