@@ -455,9 +455,22 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     if (r == NULL) {
         return;
     }
-    if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) {
-        LOG_DEBUG("http", "request ended early req=%llu session=- reason=%d",
-                  (unsigned long long)r->id, (int)toe);
+    switch (toe) {
+    case MHD_REQUEST_TERMINATED_COMPLETED_OK:
+        break;
+    case MHD_REQUEST_TERMINATED_TIMEOUT_REACHED:
+        r->ended = "timeout"; /* a body or an answer that stopped moving */
+        break;
+    case MHD_REQUEST_TERMINATED_DAEMON_SHUTDOWN:
+        r->ended = "shutdown";
+        break;
+    case MHD_REQUEST_TERMINATED_CLIENT_ABORT:
+    case MHD_REQUEST_TERMINATED_READ_ERROR:
+        r->ended = "client_closed";
+        break;
+    default:
+        r->ended = "error";
+        break;
     }
     http__conn_request_end(r);
     s->h.on_closed(s->h.ctx, r);
@@ -741,6 +754,10 @@ static void hold(struct http_request *r, size_t len) {
 
 double http_request_start_ms(const struct http_request *r) {
     return r->start_ms;
+}
+
+const char *http_request_ended(const struct http_request *r) {
+    return r->ended;
 }
 
 void http_request_set_user(struct http_request *r, void *user) {

@@ -145,6 +145,9 @@ bool http_request_is_busy(const struct http_request *r);
 bool http_request_may_hold(const struct http_request *r, size_t len);
 /* Milliseconds (monotonic) when the headers arrived. */
 double http_request_start_ms(const struct http_request *r);
+/* Why the connection ended the request before its answer was sent ("client_closed",
+ * "timeout", "shutdown", "error"), for the closing log line; NULL when it was sent whole. */
+const char *http_request_ended(const struct http_request *r);
 void http_request_set_user(struct http_request *r, void *user);
 void *http_request_user(const struct http_request *r);
 bool http_request_is_answered(const struct http_request *r);

@@ -772,13 +772,15 @@ static void on_closed(void *ctx, struct http_request *req) {
         /* Method, path and a path's session id are the client's bytes: quoted and escaped, so a
          * request is one line and cannot forge fields. */
         char session[2 * API_SESSION_ID_MAX + 8], method[40], path[1024];
+        const char *ended = http_request_ended(req);
         log_write(level, "route",
-                  "request req=%llu session=%s method=%s path=%s status=%d code=%s ms=%.2f",
+                  "request req=%llu session=%s method=%s path=%s status=%d code=%s ms=%.2f%s%s",
                   (unsigned long long)http_request_id(req),
                   rq->session[0] ? log_quote(session, sizeof session, rq->session) : "-",
                   log_quote(method, sizeof method, http_request_method(req)),
                   log_quote(path, sizeof path, http_request_path(req)), rq->status,
-                  rq->error_name != NULL ? rq->error_name : "-", ms);
+                  rq->error_name != NULL ? rq->error_name : "-", ms, ended != NULL ? " ended=" : "",
+                  ended != NULL ? ended : "");
     }
     if (rq->job != NULL) {
         job_client_gone(rq->job);

@@ -438,10 +438,21 @@ START_TEST(test_transport_idle_connections_time_out) {
     char *seen;
     ck_assert_int_ge(http_client_raw_read_until(kept, "\"ok\"", 5000, &seen), 0);
     free(seen);
+    /* a body that stops coming: closed too, and its request's line says why */
+    const char *partial = "POST /v1/attend HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: "
+                          "1000\r\n\r\n{\"x\":[[1,2";
+    int stalled = http_client_raw_send(daemon_.port, partial, strlen(partial), 0);
     ck_assert_msg(http_client_raw_closed_within(fresh, 5000), "a silent connection stayed");
     ck_assert_msg(http_client_raw_closed_within(kept, 5000), "an idle keep-alive one stayed");
+    ck_assert_msg(http_client_raw_closed_within(stalled, 5000), "a stalled body stayed");
+    char *log = http_client_daemon_log(&daemon_);
+    ck_assert_msg(strstr(log, "path=\"/v1/attend\" status=0 code=- ") != NULL &&
+                      strstr(log, " ended=timeout") != NULL,
+                  "no line for the stalled body: %s", log);
+    free(log);
     close(fresh);
     close(kept);
+    close(stalled);
     stop_with(0);
 }
 END_TEST
