@@ -612,6 +612,11 @@ typedef struct attn_step {
     /* NULL, or (n_heads) factors: head h's attention output is multiplied by head_scale[h]
      * before o_proj (0 removes the head: ablation). The cache is not affected. */
     const float *head_scale;
+    /* 0, or the highest position of the call this step is a part of (a stream's one-token
+     * steps): a rotation that depends on a call's reach (longrope, dynamic) then takes the
+     * larger of it and the step's own highest position, so that each part rotates as the whole
+     * call does. */
+    int32_t rope_reach;
 } attn_step;
 
 /* Advances n_steps caches (distinct caches of one pool) by their new tokens through layer

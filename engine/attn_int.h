@@ -274,8 +274,8 @@ void attn__task_bind(struct attn__task *t, attn_workspace *ws, const attn_step *
                      const struct chunk_part *p, int32_t h0, int32_t q0, int32_t total_keys,
                      size_t *scratch_used);
 
-/* The highest position among a step's tokens, the first of which goes to cache index first
- * (forward.c). */
+/* The highest position among a step's tokens, the first of which goes to cache index first,
+ * or its rope_reach when that is higher (forward.c). */
 int32_t attn__step_max_position(const attn_step *st, int32_t first);
 
 /* ---- mla.c: a multi-head latent attention layer's chunk ------------------------------------- */

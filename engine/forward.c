@@ -384,14 +384,11 @@ static int32_t next_chunk(const attn_step *steps, int32_t n_steps, int32_t max_t
 }
 
 int32_t attn__step_max_position(const attn_step *st, int32_t first) {
-    if (st->positions == NULL) {
-        return first + st->n_tokens - 1;
-    }
-    int32_t max = st->positions[0];
-    for (int32_t i = 1; i < st->n_tokens; i++) {
+    int32_t max = st->positions == NULL ? first + st->n_tokens - 1 : st->positions[0];
+    for (int32_t i = 1; st->positions != NULL && i < st->n_tokens; i++) {
         max = st->positions[i] > max ? st->positions[i] : max;
     }
-    return max;
+    return st->rope_reach > max ? st->rope_reach : max;
 }
 
 /* Query heads [q_first, q_first + n_q) and KV heads [k_first, k_first + n_k) of a layer. */

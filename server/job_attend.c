@@ -232,6 +232,7 @@ static int cross_prepare(struct job *job, struct pool_step *step) {
     step->x = job->at.x;
     step->n_tokens = job->at.n_tokens;
     step->positions = NULL;
+    step->rope_reach = 0;
     step->out = job->out;
     return 0;
 }
@@ -288,12 +289,22 @@ static int attend_prepare(struct pool_job *pj, struct pool_step *step) {
         step->rope = job->at.rope;
         step->n_tokens = job->at.n_tokens;
         step->positions = job->at.positions;
+        step->rope_reach = 0;
         step->out = job->out;
     } else {
         int32_t i = job->next_index;
         step->x = job->at.x + (size_t)i * hidden;
         step->n_tokens = 1;
         step->positions = job->at.positions != NULL ? &job->at.positions[i] : NULL;
+        /* Each token is its own engine step, but rotates as the whole call would: a rotation
+         * that depends on the call's reach (longrope, dynamic) sees the call's highest
+         * position, as the same call without stream does. */
+        step->rope_reach = job->n_past0 + job->at.n_tokens - 1;
+        for (int32_t p = 0; job->at.positions != NULL && p < job->at.n_tokens; p++) {
+            step->rope_reach = p == 0 || job->at.positions[p] > step->rope_reach
+                                   ? job->at.positions[p]
+                                   : step->rope_reach;
+        }
         step->out = job->out + (size_t)i * hidden;
     }
     return 0;

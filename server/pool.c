@@ -311,6 +311,7 @@ static void start(struct pool *pool, struct worker *w, enum pool_job_kind kind) 
         s->x = j->step.x;
         s->n_tokens = j->step.n_tokens;
         s->positions = j->step.positions;
+        s->rope_reach = j->step.rope_reach;
         s->key_valid = j->step.key_valid;
         s->cross = j->step.cross;
         s->context = j->step.context;

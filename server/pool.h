@@ -51,6 +51,7 @@ struct pool_step {
     bool rope;
     int32_t n_tokens;         /* >= 1 */
     const int32_t *positions; /* (n_tokens) or NULL */
+    int32_t rope_reach;       /* attn_step.rope_reach: 0, or the highest position of the call */
     const uint8_t *key_valid; /* NULL, or (len(kv) + n_tokens): 0 hides that key */
     attn_kv *cross;           /* a cross-attention step (attn_step.cross): kv unused */
     const float *context;     /* (n_context, hidden_size) appended to cross first, or NULL */

@@ -312,7 +312,7 @@ START_TEST(test_attend_fully_masked_rows_are_zero) {
         }
         ck_assert_int_eq(attn_kv_create(pool, &kv), ATTN_OK);
         attn_step step = {kv,   x,    6, NULL, valid, out, path == 0 ? w : NULL,
-                          NULL, NULL, 0, NULL, NULL};
+                          NULL, NULL, 0, NULL, NULL,  0};
         ck_assert_int_eq(attn_forward(hm.model, 0, ws, &step, 1), ATTN_OK);
         harness_expect_zero(out, 2 * 64, path == 0 ? "rows 0-1, materialized" : "rows 0-1, tiled");
         for (int i = 2; i < 6 * 64; i++) {
@@ -479,20 +479,21 @@ START_TEST(test_attend_positions_and_capacity) {
     float *out = harness_calloc((size_t)41 * cfg.hidden_size, sizeof(float));
     int32_t bad_pos[2][1] = {{40}, {-1}};
     for (int b = 0; b < 2; b++) {
-        attn_step step = {kv, x, 1, bad_pos[b], NULL, out, NULL, NULL, NULL, 0, NULL, NULL};
+        attn_step step = {kv, x, 1, bad_pos[b], NULL, out, NULL, NULL, NULL, 0, NULL, NULL, 0};
         ck_assert_int_eq(attn_forward(hm.model, 0, ws, &step, 1), ATTN_ERANGE);
         ck_assert_int_eq(attn_kv_len(kv), 0);
     }
-    attn_step fill = {kv, x, 38, NULL, NULL, out, NULL, NULL, NULL, 0, NULL, NULL};
+    attn_step fill = {kv, x, 38, NULL, NULL, out, NULL, NULL, NULL, 0, NULL, NULL, 0};
     ck_assert_int_eq(attn_forward(hm.model, 0, ws, &fill, 1), ATTN_OK);
-    attn_step over = {kv, x, 3, NULL, NULL, out, NULL, NULL, NULL, 0, NULL, NULL}; /* 38 + 3 > 40 */
+    attn_step over = {kv,   x,    3, NULL, NULL, out, NULL,
+                      NULL, NULL, 0, NULL, NULL, 0}; /* 38 + 3 > 40 */
     ck_assert_int_eq(attn_forward(hm.model, 0, ws, &over, 1), ATTN_ERANGE);
     ck_assert_int_eq(attn_kv_len(kv), 38);
-    attn_step last = {kv,   x,    2,    NULL, NULL, out,
-                      NULL, NULL, NULL, 0,    NULL, NULL}; /* exactly to 40 */
+    attn_step last = {kv,   x,    2, NULL, NULL, out, NULL,
+                      NULL, NULL, 0, NULL, NULL, 0}; /* exactly to 40 */
     ck_assert_int_eq(attn_forward(hm.model, 0, ws, &last, 1), ATTN_OK);
     ck_assert_int_eq(attn_kv_len(kv), 40);
-    attn_step past = {kv, x, 1, NULL, NULL, out, NULL, NULL, NULL, 0, NULL, NULL};
+    attn_step past = {kv, x, 1, NULL, NULL, out, NULL, NULL, NULL, 0, NULL, NULL, 0};
     ck_assert_int_eq(attn_forward(hm.model, 0, ws, &past, 1), ATTN_ERANGE);
     ck_assert_int_eq(attn_kv_len(kv), 40);
     free(out);

@@ -55,7 +55,7 @@ static void env_init(err_env *e, int32_t n_blocks) {
     ck_assert_int_eq(attn_kv_create(e->pool, &e->kv), ATTN_OK);
     e->x = harness_random_x(99, 64, 64);
     e->out = harness_calloc((size_t)64 * 64, sizeof(float));
-    attn_step step = {e->kv, e->x, 5, NULL, NULL, e->out, NULL, NULL, NULL, 0, NULL, NULL};
+    attn_step step = {e->kv, e->x, 5, NULL, NULL, e->out, NULL, NULL, NULL, 0, NULL, NULL, 0};
     ck_assert_int_eq(attn_forward(e->hm.model, 0, e->ws, &step, 1), ATTN_OK);
 }
 
@@ -69,7 +69,7 @@ static void env_release(err_env *e) {
 }
 
 static attn_step good_step(const err_env *e) {
-    attn_step s = {e->kv, e->x, 2, NULL, NULL, e->out, NULL, NULL, NULL, 0, NULL, NULL};
+    attn_step s = {e->kv, e->x, 2, NULL, NULL, e->out, NULL, NULL, NULL, 0, NULL, NULL, 0};
     return s;
 }
 
@@ -278,7 +278,7 @@ START_TEST(test_error_workspace_of_other_model) {
     ck_assert_int_eq(attn_kv_create(pool, &kv), ATTN_OK);
     float *x = harness_random_x(4, 8, 256);
     float *out = harness_calloc((size_t)8 * 256, sizeof(float));
-    attn_step s = {kv, x, 8, NULL, NULL, out, NULL, NULL, NULL, 0, NULL, NULL};
+    attn_step s = {kv, x, 8, NULL, NULL, out, NULL, NULL, NULL, 0, NULL, NULL, 0};
     int rc = attn_forward(big, 0, e.ws, &s, 1);
     ck_assert_msg(rc == ATTN_EINVAL || rc == ATTN_ESHAPE,
                   "forward with another model's workspace: got %d (%s)", rc, attn_strerror(rc));

@@ -47,7 +47,8 @@ static int append(kv_env *e, attn_kv *kv, const float *x, int32_t first, int32_t
                       NULL, out + (size_t)first * hidden,
                       NULL, NULL,
                       NULL, 0,
-                      NULL, NULL};
+                      NULL, NULL,
+                      0};
     return attn_forward(e->hm.model, 0, e->ws, &step, 1);
 }
 
@@ -601,7 +602,7 @@ START_TEST(test_kv_ring_keeps_the_window_exactly) {
     }
     ck_assert_int_eq(attn_kv_read(ring, first - 1, 1, k, v), ATTN_EDROPPED);
     /* A layer whose queries would see what the ring dropped refuses it. */
-    attn_step step = {ring, x, 1, NULL, NULL, out, NULL, NULL, NULL, 0, NULL, NULL};
+    attn_step step = {ring, x, 1, NULL, NULL, out, NULL, NULL, NULL, 0, NULL, NULL, 0};
     ck_assert_int_eq(attn_forward(e.hm.model, 1, e.ws, &step, 1), ATTN_EINVAL);
     ck_assert_int_eq(attn_kv_len(ring), n);
 

@@ -624,7 +624,7 @@ START_TEST(test_load_layer_subset) {
                          ATTN_OK);
         ck_assert_int_eq(attn_workspace_create(m, 4, NULL, &ws), ATTN_OK);
         ck_assert_int_eq(attn_kv_create(pool, &kv), ATTN_OK);
-        attn_step step = {kv, x, 1, NULL, NULL, out, NULL, NULL, NULL, 0, NULL, NULL};
+        attn_step step = {kv, x, 1, NULL, NULL, out, NULL, NULL, NULL, 0, NULL, NULL, 0};
         ck_assert_int_eq(attn_forward(m, 0, ws, &step, 1), ATTN_EINVAL);
         ck_assert_int_eq(attn_forward(m, 2, ws, &step, 1), ATTN_EINVAL);
         ck_assert_int_eq(attn_kv_len(kv), 0);

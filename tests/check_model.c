@@ -22,7 +22,7 @@ static int forward_once(const attn_model *m, int32_t layer, const float *x, int3
     ck_assert_int_eq(attn_kv_pool_create(m, (size_t)8 << 20, 16, &pool), ATTN_OK);
     ck_assert_int_eq(attn_workspace_create(m, 64, NULL, &ws), ATTN_OK);
     ck_assert_int_eq(attn_kv_create(pool, &kv), ATTN_OK);
-    attn_step step = {kv, x, n, NULL, NULL, out, NULL, NULL, NULL, 0, NULL, NULL};
+    attn_step step = {kv, x, n, NULL, NULL, out, NULL, NULL, NULL, 0, NULL, NULL, 0};
     int rc = attn_forward(m, layer, ws, &step, 1);
     attn_kv_destroy(kv);
     attn_workspace_destroy(ws);

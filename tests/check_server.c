@@ -424,6 +424,62 @@ START_TEST(test_server_stream_framing) {
 }
 END_TEST
 
+/* A stream is one attend call: its tokens rotate as the same call without stream does, also
+ * where the rotation depends on how far the call reaches (longrope: the long factors for every
+ * token of a call past original_max_position_embeddings, 16 here). Each token used to rotate by
+ * its own position alone, so a stream crossing the original context answered differently, and
+ * cached other keys, than the same tokens sent without stream. */
+START_TEST(test_server_stream_longrope_rotates_as_its_call) {
+    const char *args[] = {
+        "--model", "tests/data/hf_phi3_longrope_f32", "--workers", "1", "--kv-budget-mb", "4",
+        NULL};
+    start(args);
+    const int32_t hidden = 64, pre = 13, t = 6; /* positions 13..18 cross 16 */
+    float *x = http_client_random_rows(57, pre + t + 1, hidden);
+    const char *ids[] = {"st", "twin"};
+    for (int i = 0; i < 2; i++) {
+        char *b = http_client_attend_body(ids[i], x, 0, pre, hidden, false, NULL);
+        cJSON_Delete(call_json("POST", "/v1/attend", b, 200));
+        free(b);
+    }
+    char *body = http_client_attend_body("twin", x, pre, t, hidden, false, NULL);
+    cJSON *j = call_json("POST", "/v1/attend", body, 200);
+    free(body);
+    float *want = floats_of(j, "output", (size_t)t * hidden);
+    cJSON_Delete(j);
+    body = http_client_attend_body("st", x, pre, t, hidden, false, ",\"stream\":true");
+    struct http_client_response r = call("POST", "/v1/attend", body, NULL);
+    free(body);
+    ck_assert_int_eq(r.status, 200);
+    char *events[16];
+    ck_assert_int_eq(sse_events(r.body, events, 16), t + 2);
+    for (int32_t i = 0; i < t; i++) {
+        cJSON *e = cJSON_Parse(events[i]);
+        ck_assert_ptr_nonnull(e);
+        float *o = floats_of(e, "output", (size_t)hidden);
+        harness_expect_close(o, want + (size_t)i * hidden, (size_t)hidden, "streamed longrope");
+        free(o);
+        cJSON_Delete(e);
+    }
+    http_client_response_release(&r);
+    /* and the caches hold the same keys: the next step agrees */
+    float *next[2];
+    for (int i = 0; i < 2; i++) {
+        body = http_client_attend_body(ids[i], x, pre + t, 1, hidden, false, NULL);
+        j = call_json("POST", "/v1/attend", body, 200);
+        free(body);
+        next[i] = floats_of(j, "output", (size_t)hidden);
+        cJSON_Delete(j);
+    }
+    harness_expect_close(next[0], next[1], (size_t)hidden, "the step after a longrope stream");
+    free(next[0]);
+    free(next[1]);
+    free(want);
+    free(x);
+    stop_ok();
+}
+END_TEST
+
 /* A raw HTTP request for a streamed attend of t tokens with weights (big events), from a socket
  * with a small receive buffer, so that a client which stops reading stalls the stream soon. */
 static int raw_stream(const char *session, int32_t t, uint64_t seed) {
@@ -1997,6 +2053,7 @@ Suite *server_suite(void) {
     tcase_add_test(tc, test_server_answers_match_proto_examples);
     tc = daemon_case(s, "stream");
     tcase_add_test(tc, test_server_stream_framing);
+    tcase_add_test(tc, test_server_stream_longrope_rotates_as_its_call);
     tcase_add_test(tc, test_server_stream_disconnect_stops_steps);
     tc = daemon_case(s, "sessions");
     tcase_add_test(tc, test_server_eviction_then_410_and_507);
