@@ -102,6 +102,15 @@ void job__on_release(struct pool_job *pj) {
 }
 
 void job__unpin(struct job *job) {
+    if (job->parent != NULL && job->pj.session != NULL) {
+        /* A step's pin goes to its batch, which keeps it until the call has answered: a later
+         * step of the call (its own engine call when the steps' tokens are more than
+         * --max-batch-tokens) that needs room in the KV pool must not evict a session this call
+         * has just stepped, answered 200 but gone (found by an outside audit). */
+        job->parent->slots[job->slot].pinned = job->pj.session;
+        job->pj.session = NULL;
+        return;
+    }
     if (job->pj.session != NULL) {
         session_unpin(job->srv->sessions, job->pj.session, job__now_ms());
         job->pj.session = NULL;

@@ -5,7 +5,9 @@
  * (continuous batching: one GEMM over every step's tokens, the weights read once). Each step is
  * checked, queued, run and answered exactly as it would be alone: a step that fails (its session
  * evicted, expect_n_past off, the pool full) fails alone and changes nothing, the others run.
- * When the last step has answered, the batch answers 200 with every step's result in order.
+ * The steps' sessions stay pinned until the batch has answered, so no step evicts a session of
+ * its own call. When the last step has answered, the batch answers 200 with every step's result
+ * in order.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -252,6 +254,9 @@ void job__batch_client_gone(struct job *batch) {
 
 void job__batch_release(struct job *batch) {
     for (int32_t i = 0; batch->slots != NULL && i < batch->at.n_steps; i++) {
+        if (batch->slots[i].pinned != NULL) {
+            session_unpin(batch->srv->sessions, batch->slots[i].pinned, job__now_ms());
+        }
         free(batch->slots[i].response);
         for (int k = 0; k < JOB_BUFFERS; k++) {
             free(batch->slots[i].buffers[k]);

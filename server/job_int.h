@@ -111,7 +111,8 @@ struct job {
 
 struct batch_slot {
     char session_id[API_SESSION_ID_MAX + 1];
-    int status;     /* 0 or the error code */
+    struct session *pinned; /* the step's session, pinned until the batch is freed (job__unpin) */
+    int status;             /* 0 or the error code */
     char *response; /* its AttendResponse (and raw tensors when framed and not in raw), malloc'd */
     size_t len, json_len;
     struct api_raw_parts raw;   /* framed: its tensors, in buffers */

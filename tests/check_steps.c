@@ -261,6 +261,72 @@ START_TEST(test_steps_new_session_spares_the_others) {
 }
 END_TEST
 
+/* A step does not evict a session of its own call: with the steps in separate engine calls
+ * (--max-batch-tokens), A's step took the pool's last free block and answered, and B's step
+ * then evicted A (idle once its step was done) to make room: the call answered 200 for A, whose
+ * next call got 410 (found by an outside audit). The steps' sessions now stay pinned until the
+ * call has answered: B's step gets 507 and both sessions stay. */
+START_TEST(test_steps_spare_their_own_sessions) {
+    const char *args[] = {"--preset",
+                          "tiny",
+                          "--kv-dtype",
+                          "f32",
+                          "--kv-budget-mb",
+                          "1",
+                          "--layers",
+                          "0",
+                          "--kv-block-tokens",
+                          "16",
+                          "--max-batch-tokens",
+                          "16",
+                          "--max-seq",
+                          "4096",
+                          NULL};
+    http_client_daemon_start(&a_, args);
+    /* 1 MiB of 16-token blocks of 256 bytes a token: 256 blocks; A and B take 255 */
+    float *x = http_client_random_rows(900, 512, HIDDEN);
+    static const char *const ids[] = {"A", "B"};
+    static const int32_t lens[] = {2048, 2032};
+    for (int i = 0; i < 2; i++) {
+        for (int32_t done = 0; done < lens[i]; done += 512) {
+            int32_t t = lens[i] - done < 512 ? lens[i] - done : 512;
+            char *body = http_client_attend_body(ids[i], x, 0, t, HIDDEN, true, NULL);
+            cJSON_Delete(post(&a_, body, 200));
+            free(body);
+        }
+    }
+    char *xa = http_client_matrix_b64(x, 16, HIDDEN),
+         *xb = http_client_matrix_b64(x + 16, 16, HIDDEN);
+    size_t cap = strlen(xa) + strlen(xb) + 128;
+    char *body = malloc(cap);
+    snprintf(body, cap,
+             "{\"steps\":[{\"session_id\":\"A\",\"x\":%s},{\"session_id\":\"B\",\"x\":%s}]}", xa,
+             xb);
+    cJSON *got = post(&a_, body, 200);
+    const cJSON *results = cJSON_GetObjectItemCaseSensitive(got, "results");
+    const cJSON *ra = cJSON_GetArrayItem(results, 0), *rb = cJSON_GetArrayItem(results, 1);
+    ck_assert_msg(cJSON_GetObjectItemCaseSensitive(ra, "error") == NULL, "A's step failed");
+    const cJSON *eb = cJSON_GetObjectItemCaseSensitive(rb, "error");
+    ck_assert_msg(eb != NULL, "B's step ran: it must have evicted a session");
+    ck_assert_str_eq(cJSON_GetObjectItemCaseSensitive(eb, "code")->valuestring,
+                     "kv_budget_exhausted");
+    cJSON_Delete(got);
+    for (int i = 0; i < 2; i++) {
+        char u[128];
+        snprintf(u, sizeof u, "%s/v1/sessions/%s", a_.base, ids[i]);
+        struct http_client_response r;
+        http_client_request("GET", u, NULL, 0, NULL, &r);
+        ck_assert_msg(r.status == 200, "session %s: %ld", ids[i], r.status);
+        http_client_response_release(&r);
+    }
+    free(body);
+    free(xa);
+    free(xb);
+    free(x);
+    stop_ok(&a_);
+}
+END_TEST
+
 /* POSTs a framed body (its first hl bytes the JSON, raw tensors after) to a_'s /v1/attend and
  * expects 200; returns the answer's JSON length (its raw tensors follow in *r). */
 static size_t post_framed(const char *body, size_t hl, size_t len, struct http_client_response *r) {
@@ -474,6 +540,7 @@ Suite *steps_suite(void) {
     tcase_add_test(tc, test_steps_batch_is_one_call_and_equals_steps_alone);
     tcase_add_test(tc, test_steps_fail_alone);
     tcase_add_test(tc, test_steps_new_session_spares_the_others);
+    tcase_add_test(tc, test_steps_spare_their_own_sessions);
     tcase_add_test(tc, test_steps_binary_and_malformed);
     tcase_add_test(tc, test_steps_client_gone);
     tcase_add_test(tc, test_steps_weights_limit_is_per_response);
