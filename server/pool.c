@@ -127,11 +127,23 @@ static void complete(struct pool *pool, struct pool_job *j, int status) {
     }
 }
 
-/* ---- the seen-set --------------------------------------------------------------------------- */
+/* ---- dispatch's scratch: the candidates and the seen-set ------------------------------------ */
 
-static int seen_reset(struct pool *pool, size_t n) {
+/* Sizes the scratch for n jobs. At submit, where a failure refuses the job, not in dispatch: a
+ * dispatch that could not allocate left the queued jobs waiting for a kick that only the next
+ * request brought, and a lone request was never answered (found by an outside audit, failing
+ * this allocation with a fault injector). */
+static int scratch_reserve(struct pool *pool, int32_t n) {
+    if (pool->cand_cap < n) {
+        struct pool_job **c = realloc(pool->cand, (size_t)n * 2 * sizeof *c);
+        if (c == NULL) {
+            return -1;
+        }
+        pool->cand = c;
+        pool->cand_cap = n * 2;
+    }
     size_t cap = 64;
-    while (cap < 2 * n) {
+    while (cap < 2 * (size_t)n) {
         cap *= 2;
     }
     if (cap > pool->seen_cap) {
@@ -142,8 +154,11 @@ static int seen_reset(struct pool *pool, size_t n) {
         pool->seen = p;
         pool->seen_cap = cap;
     }
-    memset(pool->seen, 0, pool->seen_cap * sizeof *pool->seen);
     return 0;
+}
+
+static void seen_reset(struct pool *pool) {
+    memset(pool->seen, 0, pool->seen_cap * sizeof *pool->seen);
 }
 
 /* Adds p; returns true if it was already there. */
@@ -445,17 +460,7 @@ static void dispatch(struct pool *pool) {
     if (pool->n_jobs == 0) {
         return;
     }
-    if (pool->cand_cap < pool->n_jobs) {
-        struct pool_job **c = realloc(pool->cand, (size_t)pool->n_jobs * 2 * sizeof *c);
-        if (c == NULL) {
-            return; /* retried at the next kick */
-        }
-        pool->cand = c;
-        pool->cand_cap = pool->n_jobs * 2;
-    }
-    if (seen_reset(pool, (size_t)pool->n_jobs) != 0) {
-        return;
-    }
+    seen_reset(pool); /* sized for n_jobs by pool_submit */
     /* Each session's first job, in arrival order; a running or parked first job blocks the
      * session's later ones. */
     int32_t n = 0;
@@ -570,6 +575,9 @@ void pool_destroy(struct pool *pool) {
 int pool_submit(struct pool *pool, struct pool_job *job) {
     if (pool->n_waiting >= pool->queue_depth) {
         return ERROR_QUEUE_FULL;
+    }
+    if (scratch_reserve(pool, pool->n_jobs + 1) != 0) {
+        return ATTN_ENOMEM;
     }
     job->prev = pool->tail;
     job->next = NULL;

@@ -136,9 +136,9 @@ int pool_create(const struct pool_params *p, struct pool **out);
 /* Frees the pool. No job may be queued or running (pool_is_idle). NULL is a no-op. */
 void pool_destroy(struct pool *pool);
 
-/* Queues a job. Returns 0, or ERROR_QUEUE_FULL when queue_depth jobs are already waiting (then
- * no callback is ever called). The job runs later: callbacks are never called from inside
- * pool_submit. */
+/* Queues a job. Returns 0, ERROR_QUEUE_FULL when queue_depth jobs are already waiting, or
+ * ATTN_ENOMEM (then no callback is ever called). The job runs later: callbacks are never called
+ * from inside pool_submit. */
 int pool_submit(struct pool *pool, struct pool_job *job);
 
 /* Looks at the queue again on the next loop turn (a session's turn was given back from outside
