@@ -741,6 +741,10 @@ bool http_request_is_busy(const struct http_request *r) {
     return r->is_busy;
 }
 
+bool http_request_body_failed(const struct http_request *r) {
+    return r->body.has_failed;
+}
+
 bool http_request_may_hold(const struct http_request *r, size_t len) {
     const struct http_server *s = r->srv;
     return len <= HELD_SMALL || s->held_bytes + len <= s->max_held_bytes;

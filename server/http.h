@@ -140,6 +140,9 @@ const char *http_request_take_body(struct http_request *r, size_t *len, char **b
 bool http_request_body_too_large(const struct http_request *r);
 /* Its body was dropped: holding it would have passed max_held_bytes (answer 503 server_busy). */
 bool http_request_is_busy(const struct http_request *r);
+/* Its body could not all be held: an allocation failed, so what it holds is cut short or empty
+ * (answer 500, never parse it). */
+bool http_request_body_failed(const struct http_request *r);
 /* Whether an answer of len bytes may be held until its client reads it: small ones always, a
  * larger one while the bodies and answers held stay within max_held_bytes. */
 bool http_request_may_hold(const struct http_request *r, size_t len);

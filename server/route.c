@@ -682,6 +682,12 @@ static void on_request(void *ctx, struct http_request *req) {
         route_reply_error(rq, ERROR_SERVER_BUSY, NULL, NULL);
         return;
     }
+    if (http_request_body_failed(req)) {
+        /* the body's buffer could not grow: what it holds is not the body the client sent, and
+         * parsed it was answered 400 (found by an outside audit with a fault injector) */
+        route_reply_error(rq, ERROR_INTERNAL, "out of memory receiving the request body", NULL);
+        return;
+    }
     rq->is_answer_droppable =
         rq->kind == ROUTE_EXPORT || rq->kind == ROUTE_ATTENTION || rq->kind == ROUTE_SDPA;
     switch (rq->kind) {

@@ -1071,6 +1071,45 @@ START_TEST(test_server_out_of_memory_is_500) {
 }
 END_TEST
 
+/* A body the daemon runs out of memory holding is answered 500, not parsed as the part it holds:
+ * the body's buffer failed to grow and the request went on with the bytes it had, so a
+ * well-formed body was answered 400 invalid_json, which a client does not retry. Under the
+ * 560 MiB address-space limit above, a 300 MiB body (an attend of one token, padded with JSON
+ * whitespace) cannot be held: its buffer doubles past what is left. */
+START_TEST(test_server_body_out_of_memory_is_500) {
+    if (UNDER_ASAN) {
+        return; /* as above: no address-space limit under ASan */
+    }
+    struct rlimit old, lim;
+    getrlimit(RLIMIT_AS, &old);
+    lim = old;
+    lim.rlim_cur = (rlim_t)560 << 20;
+    setrlimit(RLIMIT_AS, &lim);
+    const char *args[] = {
+        "--preset", "tiny",          "--workers", "1", "--blas-threads", "1", "--kv-budget-mb",
+        "1",        "--max-body-mb", "512",       NULL};
+    start(args);
+    setrlimit(RLIMIT_AS, &old);
+    float *x = http_client_random_rows(94, 1, TINY_HIDDEN);
+    char *attend = http_client_attend_body(NULL, x, 0, 1, TINY_HIDDEN, false, NULL);
+    size_t pad = (size_t)300 << 20, n = strlen(attend);
+    char *body = malloc(pad + n + 1);
+    ck_assert_ptr_nonnull(body);
+    body[0] = '{';
+    memset(body + 1, ' ', pad);
+    memcpy(body + 1 + pad, attend + 1, n); /* attend's '{' is the body's first byte */
+    struct http_client_response r = call("POST", "/v1/attend", body, NULL);
+    check_error(&r, 500, "internal_error", NULL);
+    http_client_response_release(&r);
+    /* and the next body, which fits, is served */
+    cJSON_Delete(call_json("POST", "/v1/attend", attend, 200));
+    free(body);
+    free(attend);
+    free(x);
+    stop_ok();
+}
+END_TEST
+
 START_TEST(test_server_blas_buffers_that_cannot_fit_refuse_the_start) {
     if (UNDER_ASAN) {
         return; /* as above: no address-space limit under ASan */
@@ -2066,6 +2105,7 @@ Suite *server_suite(void) {
     tcase_add_test(tc, test_server_auth_on_and_off);
     tcase_add_test(tc, test_server_queue_full);
     tcase_add_test(tc, test_server_out_of_memory_is_500);
+    tcase_add_test(tc, test_server_body_out_of_memory_is_500);
     tcase_add_test(tc, test_server_blas_buffers_that_cannot_fit_refuse_the_start);
     tcase_add_test(tc, test_server_families_served_or_refused_by_name);
     tcase_add_test(tc, test_server_family_checkpoints_match_the_reference);
