@@ -61,7 +61,9 @@ void job__free(struct job *job) {
     if (job->parent != NULL) {
         job__batch_step_freed(job);
     }
-    if (job->slots != NULL) {
+    /* either array alone: job__batch_admit frees the batch when one of its two callocs failed
+     * (the steps' leaked when only the slots' did; found by an outside audit's fault injector) */
+    if (job->slots != NULL || job->steps != NULL) {
         job__batch_release(job);
     }
     /* Loop thread, with no worker on the job: its own caches go back to the pool. */
