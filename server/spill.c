@@ -312,13 +312,18 @@ static void restore_done(void *ctx, int status, uint8_t *data, size_t len) {
     struct spill_op *op = ctx;
     struct spill *sp = op->sp;
     int rc = 0;
-    if (status == -ENOMEM || (status == 0 && sp->is_closing)) {
-        /* The file is fine, or not known to be bad: memory is short (for the read's buffer), or
-         * shutdown has written every other session and would not write this one again. It stays
-         * on disk. */
+    if (status == -ENOMEM || status == -EMFILE || status == -ENFILE ||
+        (status == 0 && sp->is_closing)) {
+        /* The file is fine, or not known to be bad: memory is short (for the read's buffer),
+         * descriptors are (the process's or the system's: its open failed before a byte was
+         * read; taking that for a bad file removed a sound one, found by an outside audit's
+         * fault injection), or shutdown has written every other session and would not write
+         * this one again. It stays on disk. */
         rc = ERROR_KV_BUDGET_EXHAUSTED;
         snprintf(op->msg, sizeof op->msg, "%s",
-                 status == 0 ? "attnd is shutting down" : "no memory to read the file into");
+                 status == 0         ? "attnd is shutting down"
+                 : status == -ENOMEM ? "no memory to read the file into"
+                                     : "no file descriptor to read the file with");
     } else if (status != 0) {
         rc = op->check_rc != 0 ? op->check_rc : ERROR_SESSION_LOST;
         if (op->check_rc == 0) {
