@@ -377,7 +377,10 @@ static int shard_open(struct loader *ld, const char *name, int *out) {
     *out = i;
     goto out;
 out_why:
-    attn__fail(&ld->why, rc, "%s: %s", path, why);
+    /* the header parser gives no reason when it runs out of memory: the code's own then (an
+     * empty one left "<path>: " as the whole line, found by an outside audit's allocation
+     * failures) */
+    attn__fail(&ld->why, rc, "%s: %s", path, why[0] != '\0' ? why : attn_strerror(rc));
 out:
     free(head);
     fclose(f);

@@ -838,6 +838,26 @@ END_TEST
 
 /* Layers outside the model, or a non-positive max_seq override, are refused; attn.h names no
  * code for these, so any failure passes, but a model must not come back. */
+/* tests/check_pool.c's: the check binary's reallocs fail while it is above 0. */
+extern int reallocs_to_fail;
+
+/* A shard's header that cannot be held (its tensor list's realloc fails) refuses the load with
+ * a reason that says so: it gave "<path>: " and nothing after, the daemon's whole startup line
+ * (found by an outside audit failing each allocation of a load in turn). */
+START_TEST(test_load_out_of_memory_says_so) {
+    attn_model *m = NULL;
+    char err[512];
+    reallocs_to_fail = 1; /* the first realloc of a load: the first shard's tensor list */
+    int rc = attn_model_load_hf(DATA "hf_tiny_bf16", NULL, &m, err, sizeof err);
+    reallocs_to_fail = 0;
+    ck_assert_int_eq(rc, ATTN_ENOMEM);
+    ck_assert_ptr_null(m);
+    ck_assert_msg(strstr(err, "safetensors: ") != NULL &&
+                      strstr(err, attn_strerror(ATTN_ENOMEM)) != NULL,
+                  "%s", err);
+}
+END_TEST
+
 START_TEST(test_load_bad_params) {
     static const attn_load_params bad[] = {
         {2, 0, 0, NULL, ATTN_DTYPE_AUTO, NULL},    {1, 2, 0, NULL, ATTN_DTYPE_AUTO, NULL},
@@ -892,6 +912,7 @@ Suite *load_suite(void) {
     tcase_add_test(tc, test_load_safetensors_header_as_python_reads_it);
     tcase_add_test(tc, test_load_reason_buffer);
     tcase_add_test(tc, test_load_bad_params);
+    tcase_add_test(tc, test_load_out_of_memory_says_so);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -7,8 +7,9 @@
 #include "../engine/attn.h"
 #include "../server/pool.h"
 
-/* Reallocs still to fail; set only while the loop thread is the one running pool code. */
-static int reallocs_to_fail;
+/* Reallocs still to fail; set only while the loop thread is the one running pool code (and by
+ * tests/check_load.c, around a model load). */
+int reallocs_to_fail;
 
 void *__real_realloc(void *p, size_t n);
 void *__wrap_realloc(void *p, size_t n);
