@@ -1064,10 +1064,21 @@ void session_store_spill_all(struct session_store *st) {
     while (s != NULL) {
         struct session *prev = s->lru_prev;
         /* not an eviction: neither counted as one nor logged with a budget's reason; one that
-         * cannot be written is lost with the process, as any session without a disk tier */
-        if (is_idle(s) && session_n_layers_used(s) > 0 && st->disk.save != NULL && spill(st, s)) {
-            LOG_INFO("session", "spilled req=- session=%s reason=shutdown tokens=%d bytes=%zu",
-                     s->id, (int)s->disk_tokens, s->disk_bytes);
+         * cannot be written is lost with the process, as any session without a disk tier, but
+         * with a tombstone (the list is written after these files), as an eviction whose file
+         * could not be written leaves one: without it the id answered 404 after the restart,
+         * and an attend made a fresh empty session under it (found by an outside audit: a
+         * session alone past --state-budget-mb, or a file image that could not be allocated) */
+        if (is_idle(s) && session_n_layers_used(s) > 0 && st->disk.save != NULL) {
+            int32_t tokens = session_n_tokens(s);
+            if (spill(st, s)) {
+                LOG_INFO("session", "spilled req=- session=%s reason=shutdown tokens=%d bytes=%zu",
+                         s->id, (int)s->disk_tokens, s->disk_bytes);
+            } else {
+                LOG_WARN("session", "lost req=- session=%s reason=shutdown tokens=%d: not written",
+                         s->id, (int)tokens);
+                tomb_add(st, s->id, false);
+            }
         }
         s = prev;
     }

@@ -1087,6 +1087,35 @@ START_TEST(test_persist_shutdown_write_failure_exits_3) {
 }
 END_TEST
 
+/* A session shutdown cannot write (alone past --state-budget-mb: 1024 tokens of 2 layers, K, V
+ * and queries in f32, just over 1 MiB with the file's framing) is lost with the process, exit 3,
+ * and leaves a tombstone: after the restart its id answers 410 session_evicted, as an evicted
+ * one does. It answered 404, and an attend made a fresh empty session under the old id (found by
+ * an outside audit failing the file image's allocation at shutdown). */
+START_TEST(test_persist_session_not_written_at_shutdown_is_tombstoned) {
+    const char *args[] = {"--preset",          "tiny", "--kv-dtype",  "f32",
+                          "--keep-queries",    "1",    "--state-dir", dir_,
+                          "--state-budget-mb", "1",    NULL};
+    http_client_daemon_start(&a_, args);
+    float *x = rows(191);
+    free(step(&a_, "huge", x, 0, 1024, 0));
+    free(step(&a_, "huge", x, 0, 1024, 1));
+    free(step(&a_, "kept", x, 0, 3, 0));
+    ck_assert_int_eq(http_client_daemon_stop(&a_, 20000), 3);
+    char *log = http_client_daemon_log(&a_);
+    bool is_named = strstr(log, "lost req=- session=huge") != NULL;
+    free(log);
+    http_client_daemon_start(&a_, args);
+    char code[64];
+    ck_assert_int_eq(status_of(&a_, "GET", "/v1/sessions/huge", NULL, 0, code, sizeof code), 410);
+    ck_assert_str_eq(code, "session_evicted");
+    ck_assert_int_eq(status_of(&a_, "GET", "/v1/sessions/kept", NULL, 0, NULL, 0), 200);
+    ck_assert_msg(is_named, "the log does not name the session lost");
+    stop_ok(&a_);
+    free(x);
+}
+END_TEST
+
 /* SIGKILL while sessions are being spilled: after a restart no half-written file is left, and
  * every session the daemon finds restores exactly. */
 START_TEST(test_persist_kill9_during_spills_corrupts_nothing) {
@@ -1186,6 +1215,7 @@ Suite *persist_suite(void) {
     tcase_add_test(tc, test_persist_restore_of_the_oldest_file_survives_the_budget);
     tcase_add_test(tc, test_persist_other_block_size_leaves_the_file_alone);
     tcase_add_test(tc, test_persist_shutdown_write_failure_exits_3);
+    tcase_add_test(tc, test_persist_session_not_written_at_shutdown_is_tombstoned);
     tcase_add_test(tc, test_persist_kill9_during_spills_corrupts_nothing);
     tcase_add_test(tc, test_persist_state_dir_is_locked);
     suite_add_tcase(s, tc);
