@@ -120,10 +120,11 @@ $(BUILD)/tests/suites.c: $(filter-out tests/check_main.c,$(wildcard tests/check_
 $(BUILD)/tests/suites.o: $(BUILD)/tests/suites.c
 	$(Q)$(CC) $(ALL_CFLAGS) -Wno-missing-prototypes -c $< -o $@
 
-# --wrap=realloc: tests/check_pool.c fails the code under test's reallocs on demand.
+# --wrap=realloc: tests/check_pool.c fails the code under test's reallocs on demand;
+# --wrap=unlinkat: tests/check_spill.c fails the state directory's removals likewise.
 $(CHECK): $(TEST_OBJS) $(SERVER_LIB_OBJS) $(LIBATTN)
 	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) $(ALL_LDFLAGS) -Wl,--wrap=realloc -o $@ $(TEST_OBJS) $(SERVER_LIB_OBJS) $(LIBATTN) $(CHECK_LIBS) \
+	$(Q)$(CC) $(ALL_LDFLAGS) -Wl,--wrap=realloc -Wl,--wrap=unlinkat -o $@ $(TEST_OBJS) $(SERVER_LIB_OBJS) $(LIBATTN) $(CHECK_LIBS) \
 		$(SRV_LIBS) $(CJSON_LIBS) $(BLAS_LIBS) -lpthread -lm
 
 # test: install missing packages (as root), build everything and run every Check suite

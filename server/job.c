@@ -184,6 +184,10 @@ void job__answer(struct job *job, int status) {
                      status == ERROR_SESSION_LOST ? "the session's file failed its checks"
                                                   : "the session's file is left alone",
                      why);
+    } else if (status == ERROR_INTERNAL && job->err_message[0] == '\0' && why[0] != '\0' &&
+               session_restore_error(job->pj.session) == ERROR_INTERNAL) {
+        /* a restore that could not remove the file it read (spill.c restored_file_removed) */
+        job__set_err(job, status, "session_id", "the session stays on disk: %s", why);
     }
     if (job->parent != NULL) {
         job__batch_step_answered(job, status);

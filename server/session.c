@@ -527,13 +527,20 @@ int session_create(struct session_store *st, const char *id, int64_t now_ms, str
 
 static void back_to_disk(struct session_store *st, struct session *s);
 
+/* Whether a restore that failed with code left the session's file in place, sound, for a later
+ * try: memory was short (ERROR_KV_BUDGET_EXHAUSTED), or the file, read back whole, could not be
+ * removed (ERROR_INTERNAL: the session may not change while it is there, spill.c). */
+static bool restore_keeps_file(int code) {
+    return code == ERROR_KV_BUDGET_EXHAUSTED || code == ERROR_INTERNAL;
+}
+
 /* Removes s if nothing keeps it: no cache, no pin, no turn; with a tombstone if it was lost, back
- * to disk if memory was too short to restore it. */
+ * to disk if its restore left the file for a later try. */
 static void collect_if_unused(struct session_store *st, struct session *s) {
     if (!is_idle(s) || session_n_layers_used(s) != 0) {
         return;
     }
-    if (s->restore_error == ERROR_KV_BUDGET_EXHAUSTED) {
+    if (restore_keeps_file(s->restore_error)) {
         back_to_disk(st, s);
         return;
     }
@@ -568,9 +575,9 @@ struct session *session_turn_session(const struct session_turn *t) {
 
 void session_clear(struct session_store *st, struct session_turn *t) {
     struct session *s = t->s;
-    if (s->restore_error == ERROR_KV_BUDGET_EXHAUSTED && st->disk.remove != NULL) {
-        /* its restore found memory short and left the file for the next try: deleted, the
-         * session must not come back from it (at the next restart) */
+    if (restore_keeps_file(s->restore_error) && st->disk.remove != NULL) {
+        /* its restore left the file for the next try: deleted, the session must not come back
+         * from it (at the next restart) */
         st->disk.remove(st->disk.ctx, s->id);
     }
     s->restore_error = 0; /* deleted on purpose: the id is free again */

@@ -289,19 +289,25 @@ static void restore_arrived(void *ctx, const uint8_t *data, size_t len) {
 /* A restored session's file is gone: only now may its requests change it, or a process killed
  * in between would find the old file at its next start and serve the session as it was before
  * those requests (found by an outside audit: 5 of 10 SIGKILLs right after a restored session's
- * next step brought it back at its old length). */
+ * next step brought it back at its old length). A file that cannot be removed keeps the session
+ * on disk, as the file has it, and its requests fail (500): they went on from memory, and the
+ * file, older with each, came back at the next start, or at the next restore once a later spill
+ * of the session failed (found by an outside audit injecting unlinkat failures). */
 static void restored_file_removed(void *ctx, int status, uint8_t *data, size_t len) {
     (void)data;
     (void)len;
     struct spill_op *op = ctx;
     struct spill *sp = op->sp;
     if (status != 0 && status != -ENOENT) {
-        LOG_WARN("spill",
-                 "session=%s restored, but its file stays: %s: a restart would serve "
-                 "it as it was saved",
-                 op->id, strerror(-status));
+        char why[128];
+        snprintf(why, sizeof why, "its file could not be removed once read back (%s)",
+                 strerror(-status));
+        LOG_WARN("spill", "session=%s not restored: %s: it stays on disk as saved", op->id, why);
+        session_clear(sp->p.sessions, op->turn);
+        session_restore_end(sp->p.sessions, op->turn, ERROR_INTERNAL, why, mono_ms());
+    } else {
+        session_restore_end(sp->p.sessions, op->turn, 0, NULL, mono_ms());
     }
-    session_restore_end(sp->p.sessions, op->turn, 0, NULL, mono_ms());
     if (sp->pool != NULL) {
         pool_wake(sp->pool);
     }
@@ -356,11 +362,10 @@ static void restore_done(void *ctx, int status, uint8_t *data, size_t len) {
         LOG_INFO("spill", "restored req=- session=%s bytes=%zu ms=%.2f", op->id, len,
                  seconds * 1e3);
         /* memory holds the truth now: the turn is held until the file is gone */
-        if (statedir_remove(sp->dir, name, restored_file_removed, op) == 0) {
-            return;
+        if (statedir_remove(sp->dir, name, restored_file_removed, op) != 0) {
+            restored_file_removed(op, -ENOMEM, NULL, 0); /* as a removal that failed */
         }
-        LOG_WARN("spill", "session=%s restored, but out of memory to remove its file", op->id);
-        session_restore_end(sp->p.sessions, op->turn, 0, NULL, mono_ms());
+        return;
     } else if (rc == ERROR_FINGERPRINT_MISMATCH) {
         /* A sound file this server cannot hold (a sliding window saved with another
          * --kv-block-tokens): left alone, as at start, not lost. */

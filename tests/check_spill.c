@@ -7,6 +7,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +22,22 @@
 #include "../server/session.h"
 #include "../server/snapshot.h"
 #include "../server/spill.h"
+
+/* The check binary is linked with --wrap=unlinkat (Makefile): removals still to fail with EIO,
+ * taken by the I/O thread. */
+static atomic_int unlinks_to_fail;
+
+int __real_unlinkat(int dir_fd, const char *name, int flags);
+int __wrap_unlinkat(int dir_fd, const char *name, int flags);
+
+int __wrap_unlinkat(int dir_fd, const char *name, int flags) {
+    if (atomic_load(&unlinks_to_fail) > 0) {
+        atomic_fetch_sub(&unlinks_to_fail, 1);
+        errno = EIO;
+        return -1;
+    }
+    return __real_unlinkat(dir_fd, name, flags);
+}
 
 static attn_model *model;
 static attn_workspace *ws;
@@ -175,11 +192,40 @@ END_TEST
 
 extern Suite *spill_suite(void);
 
+/* A restored session whose file cannot be removed stays on disk as the file has it, and the
+ * requests queued on it fail (500): it went on from memory, and the file it left behind, older
+ * with each request, came back at the next start (or at the next restore once a later spill
+ * failed), served at its old length. Found by an outside audit failing the I/O thread's unlinkat.
+ */
+START_TEST(test_spill_restored_file_not_removed_keeps_the_session_on_disk) {
+    fill("a", 5);
+    fill("b", 1); /* a goes to disk */
+    for (int i = 0; i < 10000 && !file_exists("a"); i++) {
+        uv_run(&loop, UV_RUN_NOWAIT);
+        nap();
+    }
+    ck_assert(file_exists("a"));
+    atomic_store(&unlinks_to_fail, 1); /* the removal of a's file, once read back */
+    restore_and_wait("a");
+    ck_assert_int_eq(atomic_load(&unlinks_to_fail), 0);
+    ck_assert_int_eq(state_of("a"), SESSION_STATE_ON_DISK);
+    ck_assert(file_exists("a"));
+
+    restore_and_wait("a"); /* the next try removes it, and the session is back */
+    struct session *a = session_find(st, "a", NULL);
+    ck_assert_ptr_nonnull(a);
+    ck_assert_int_eq(session_restore_error(a), 0);
+    ck_assert_int_eq(session_n_tokens(a), 5);
+    ck_assert(!file_exists("a"));
+}
+END_TEST
+
 Suite *spill_suite(void) {
     Suite *s = suite_create("spill");
     TCase *tc = tcase_create("core");
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_spill_restore_without_descriptors_keeps_the_file);
+    tcase_add_test(tc, test_spill_restored_file_not_removed_keeps_the_session_on_disk);
     suite_add_tcase(s, tc);
     return s;
 }
