@@ -481,11 +481,19 @@ struct disk_delete {
     struct route_req *rq; /* NULL once the request ended */
 };
 
-static void disk_deleted(void *ctx) {
+static void disk_deleted(void *ctx, int status) {
     struct disk_delete *dd = ctx;
     if (dd->rq != NULL) {
         dd->rq->disk_delete = NULL;
-        route_reply(dd->rq, 204, NULL, 0);
+        if (status == 0) {
+            route_reply(dd->rq, 204, NULL, 0);
+        } else {
+            /* the session stays on disk (session_disk_delete): not deleted */
+            char msg[160];
+            snprintf(msg, sizeof msg, "the session's file could not be removed (%s): it stays",
+                     strerror(-status));
+            route_reply_error(dd->rq, ERROR_INTERNAL, msg, "session_id");
+        }
     }
     free(dd);
 }
@@ -499,10 +507,12 @@ static void delete_on_disk(struct route_req *rq) {
     dd->rq = rq;
     rq->disk_delete = dd;
     /* no need to read it back; disk_deleted answers (perhaps right away) */
-    if (session_disk_delete(rq->srv->sessions, rq->session, disk_deleted, dd) != 0) {
+    int rc = session_disk_delete(rq->srv->sessions, rq->session, disk_deleted, dd);
+    if (rc != 0) {
         rq->disk_delete = NULL;
         free(dd);
-        route_reply_error(rq, ERROR_SESSION_NOT_FOUND, NULL, "session_id");
+        route_reply_error(rq, rc, rc == ERROR_SESSION_NOT_FOUND ? NULL : "out of memory",
+                          "session_id");
     }
 }
 

@@ -6,6 +6,7 @@
 #include "session.h"
 
 #include <assert.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1054,15 +1055,53 @@ int session_disk_forget(struct session_store *st, const char *id) {
     return 0;
 }
 
-int session_disk_delete(struct session_store *st, const char *id, void (*done)(void *done_ctx),
-                        void *done_ctx) {
+/* A DELETE of a session on disk while its file is removed: what puts it back if the file stays. */
+struct disk_delete {
+    struct session_store *st;
+    char id[129]; /* as a session's */
+    size_t bytes;
+    int32_t tokens;
+    int64_t last_used_ms;
+    void (*done)(void *done_ctx, int status);
+    void *done_ctx;
+};
+
+/* A file that could not be removed still holds the session: it is on disk again, as before the
+ * DELETE, or it was answered 204 and came back at the next start (found by an outside audit
+ * failing the removal's unlinkat). An id taken meanwhile (a new session, which writes over the
+ * file when it is spilled) is left as it is. */
+static void disk_delete_done(void *ctx, int status) {
+    struct disk_delete *d = ctx;
+    if (status != 0 && status != -ENOENT) {
+        int rc = session_add_on_disk(d->st, d->id, d->bytes, d->tokens, d->last_used_ms);
+        if (rc != 0) {
+            LOG_WARN("session",
+                     "session=%s: its file could not be removed, and the id is %s: a restart "
+                     "may serve the file",
+                     d->id, rc == ERROR_SESSION_EXISTS ? "taken again" : "out of memory");
+        }
+    }
+    d->done(d->done_ctx, status == -ENOENT ? 0 : status);
+    free(d);
+}
+
+int session_disk_delete(struct session_store *st, const char *id,
+                        void (*done)(void *done_ctx, int status), void *done_ctx) {
     struct session *s = find_any(st, id);
     if (s == NULL || !s->is_on_disk) {
         return ERROR_SESSION_NOT_FOUND;
     }
-    st->disk.remove_then(st->disk.ctx, s->id, done, done_ctx);
+    struct disk_delete *d = malloc(sizeof *d);
+    if (d == NULL) {
+        return ATTN_ENOMEM;
+    }
+    *d = (struct disk_delete){st,   "",      s->disk_bytes, s->disk_tokens, s->last_used_ms,
+                              done, done_ctx};
+    snprintf(d->id, sizeof d->id, "%s", s->id);
+    /* gone from the store first: the removal's done may run before remove_then returns */
     unlink_session(st, s);
     session_free(st, s);
+    st->disk.remove_then(st->disk.ctx, d->id, disk_delete_done, d);
     return 0;
 }
 

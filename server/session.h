@@ -73,9 +73,11 @@ struct session_disk_ops {
     size_t (*save)(void *ctx, struct session *s);
     /* Removes the file of the session id (dropped from disk, or restored). */
     void (*remove)(void *ctx, const char *id);
-    /* The same, calling done(done_ctx) on the loop once the file is gone (or could not be
-     * removed): a DELETE answers after it, so that no restart brings the session back. */
-    void (*remove_then)(void *ctx, const char *id, void (*done)(void *done_ctx), void *done_ctx);
+    /* The same, calling done(done_ctx, status) on the loop once the file is gone (status 0) or
+     * could not be removed (a negative errno): a DELETE answers after it, so that no restart
+     * brings the session back. */
+    void (*remove_then)(void *ctx, const char *id, void (*done)(void *done_ctx, int status),
+                        void *done_ctx);
     /* Whether the directory holds a file for the session id that this server leaves alone
      * (another model's, say): a session of that id is not created, since its file would
      * replace that one. */
@@ -238,11 +240,12 @@ void session_restore_end(struct session_store *st, struct session_turn *t, int s
  * ERROR_SESSION_NOT_FOUND (not on disk). */
 int session_disk_forget(struct session_store *st, const char *id);
 
-/* Deletes the session id from disk, file and all, without a tombstone (DELETE); done(done_ctx)
- * is called once the file is gone (not when this returns an error). Returns 0 or
- * ERROR_SESSION_NOT_FOUND (not on disk). */
-int session_disk_delete(struct session_store *st, const char *id, void (*done)(void *done_ctx),
-                        void *done_ctx);
+/* Deletes the session id from disk, file and all, without a tombstone (DELETE); done(done_ctx,
+ * status) is called once the file is gone (status 0), or could not be removed (a negative errno:
+ * the session is on disk again, as its file has it, unless its id was taken meanwhile); not when
+ * this returns an error. Returns 0, ERROR_SESSION_NOT_FOUND (not on disk) or ATTN_ENOMEM. */
+int session_disk_delete(struct session_store *st, const char *id,
+                        void (*done)(void *done_ctx, int status), void *done_ctx);
 
 /* Moves every idle session in memory to disk (at shutdown), least recently used first, so that
  * the disk budget drops the oldest. */

@@ -206,7 +206,7 @@ static void remove_file(void *ctx, const char *id) {
 /* session_disk_ops.remove_then: the removal, then done on the loop. */
 struct removal {
     char id[API_SESSION_ID_MAX + 1];
-    void (*done)(void *done_ctx);
+    void (*done)(void *done_ctx, int status);
     void *done_ctx;
 };
 
@@ -215,14 +215,13 @@ static void removal_done(void *ctx, int status, uint8_t *data, size_t len) {
     (void)len;
     struct removal *r = ctx;
     if (status != 0 && status != -ENOENT) {
-        LOG_WARN("spill", "session=%s deleted, but its file stays: %s: a restart would serve it",
-                 r->id, strerror(-status));
+        LOG_WARN("spill", "session=%s not deleted: its file stays: %s", r->id, strerror(-status));
     }
-    r->done(r->done_ctx);
+    r->done(r->done_ctx, status);
     free(r);
 }
 
-static void remove_file_then(void *ctx, const char *id, void (*done)(void *done_ctx),
+static void remove_file_then(void *ctx, const char *id, void (*done)(void *done_ctx, int status),
                              void *done_ctx) {
     struct spill *sp = ctx;
     struct removal *r = malloc(sizeof *r);
@@ -234,9 +233,9 @@ static void remove_file_then(void *ctx, const char *id, void (*done)(void *done_
         r->done_ctx = done_ctx;
     }
     if (r == NULL || statedir_remove(sp->dir, name, removal_done, r) != 0) {
-        LOG_WARN("spill", "session=%s deleted, but out of memory to remove its file", id);
+        LOG_WARN("spill", "session=%s not deleted: out of memory to remove its file", id);
         free(r);
-        done(done_ctx);
+        done(done_ctx, -ENOMEM);
     }
 }
 
