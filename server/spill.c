@@ -436,6 +436,7 @@ struct scan {
     struct found *all;
     int32_t n, cap;
     int32_t n_other;
+    bool is_short; /* a file could not be listed (memory): the start is refused */
 };
 
 static void on_file(void *ctx, const char *name, const uint8_t *head, size_t n, uint64_t size,
@@ -463,9 +464,7 @@ static void on_file(void *ctx, const char *name, const uint8_t *head, size_t n, 
         if (n_id <= API_SESSION_ID_MAX) {
             memcpy(id, name, n_id);
             id[n_id] = '\0';
-            if (foreign_append(sc->sp, id) != 0) {
-                LOG_WARN("spill", "out of memory: session %s may be created over %s", id, name);
-            }
+            sc->is_short |= foreign_append(sc->sp, id) != 0;
         }
         return;
     }
@@ -473,6 +472,7 @@ static void on_file(void *ctx, const char *name, const uint8_t *head, size_t n, 
         int32_t cap = sc->cap > 0 ? 2 * sc->cap : 64;
         struct found *a = realloc(sc->all, (size_t)cap * sizeof *a);
         if (a == NULL) {
+            sc->is_short = true;
             return;
         }
         sc->all = a;
@@ -618,9 +618,11 @@ static void free_timer(uv_handle_t *h) {
 }
 
 /* At start, after the session files: the last list's tombstones, but for ids that have a file
- * (a session on disk, or one left alone) now. Returns whether the store now holds a list other
- * than the file's (lines skipped), which the first sync then writes. */
-static bool load_tombstones(struct spill *sp) {
+ * (a session on disk, or one left alone) now. Returns 1 when the store now holds a list other
+ * than the file's (lines skipped), which the first sync then writes, 0, or -1 with a reason in
+ * err when the list is there but could not be read (an I/O error, memory, descriptors): the
+ * first sync would write the store's list over it, and every id it held would answer 404. */
+static int load_tombstones(struct spill *sp, char *err, size_t err_size) {
     char fp[SNAPSHOT_FINGERPRINT_HEX], name[64];
     fingerprint_hex(sp->p.model, fp);
     snprintf(name, sizeof name, TOMBSTONES_NAME, fp);
@@ -628,7 +630,12 @@ static bool load_tombstones(struct spill *sp) {
     size_t len = 0;
     int rc = statedir_read_now(sp->dir, name, TOMBSTONES_MAX, &data, &len);
     if (rc == -ENOENT) {
-        return false;
+        return 0;
+    }
+    if (rc != 0 && rc != -EFBIG && rc != -EINVAL) { /* not one it would leave alone */
+        snprintf(err, err_size, "--state-dir %s: cannot read %s: %s", sp->p.dir, name,
+                 strerror(-rc));
+        return -1;
     }
     size_t hl = strlen(TOMBSTONES_HEADER);
     if (rc != 0 || len < hl + 2 * ATTN_FINGERPRINT_BYTES + 1 ||
@@ -636,12 +643,12 @@ static bool load_tombstones(struct spill *sp) {
         LOG_WARN("spill", "left alone %s: %s", name,
                  rc != 0 ? strerror(-rc) : "not a tombstone list");
         free(data);
-        return false;
+        return 0;
     }
     if (memcmp(data + hl, fp, 2 * ATTN_FINGERPRINT_BYTES) != 0) {
         LOG_INFO("spill", "left alone %s: another model's", name);
         free(data);
-        return false;
+        return 0;
     }
     int32_t n = 0, n_bad = 0, n_skipped = 0;
     const char *p = (const char *)data + hl + 2 * ATTN_FINGERPRINT_BYTES + 1;
@@ -673,6 +680,18 @@ static bool load_tombstones(struct spill *sp) {
     return n_bad > 0 || n_skipped > 0;
 }
 
+/* spill_open's way out once the directory is open: what it made so far, undone. */
+static int open_failed(struct spill *sp, struct found *all) {
+    free(all);
+    for (int32_t i = 0; i < sp->n_foreign; i++) {
+        free(sp->foreign[i]);
+    }
+    free(sp->foreign);
+    statedir_close(sp->dir);
+    free(sp);
+    return -1;
+}
+
 int spill_open(const struct spill_params *p, struct spill **out, char *err, size_t err_size) {
     struct spill *sp = calloc(1, sizeof *sp);
     if (sp == NULL) {
@@ -692,9 +711,16 @@ int spill_open(const struct spill_params *p, struct spill **out, char *err, size
     /* The files of this model come back, least recently used first (by the last use their
      * headers state) so that the most recent heads the disk list; their times are wall-clock,
      * the store's monotonic: they keep their order, not their age. */
-    struct scan sc = {sp, NULL, 0, 0, 0};
+    struct scan sc = {sp, NULL, 0, 0, 0, false};
     int32_t n_files =
         statedir_scan(sp->dir, SUFFIX, SNAPSHOT_HEADER_BYTES + API_SESSION_ID_MAX, on_file, &sc);
+    if (n_files < 0 || sc.is_short) {
+        /* A file not listed is no session and no file left alone: its id would answer 404, and
+         * a new session of that id would be written over it. The start is refused instead. */
+        snprintf(err, err_size, "--state-dir %s: cannot list its session files: %s", p->dir,
+                 n_files < 0 ? strerror(-n_files) : "out of memory");
+        return open_failed(sp, sc.all);
+    }
     if (sc.n > 1) {
         qsort(sc.all, (size_t)sc.n, sizeof *sc.all, by_use);
     }
@@ -703,13 +729,20 @@ int spill_open(const struct spill_params *p, struct spill **out, char *err, size
     }
     int64_t now = mono_ms();
     for (int32_t i = 0; i < sc.n; i++) {
-        session_add_on_disk(p->sessions, sc.all[i].id, (size_t)sc.all[i].bytes, sc.all[i].n_tokens,
-                            now);
+        if (session_add_on_disk(p->sessions, sc.all[i].id, (size_t)sc.all[i].bytes,
+                                sc.all[i].n_tokens, now) == ATTN_ENOMEM) {
+            snprintf(err, err_size, "--state-dir %s: out of memory for its sessions", p->dir);
+            return open_failed(sp, sc.all);
+        }
     }
     free(sc.all);
     LOG_INFO("spill", "state dir %s: %d sessions of this model found, %d other files left alone",
              p->dir, (int)sc.n, (int)(n_files - sc.n));
-    sp->tomb_synced = load_tombstones(sp) ? TOMB_UNSYNCED : session_tombstones_changes(p->sessions);
+    int loaded = load_tombstones(sp, err, err_size);
+    if (loaded < 0) {
+        return open_failed(sp, NULL);
+    }
+    sp->tomb_synced = loaded > 0 ? TOMB_UNSYNCED : session_tombstones_changes(p->sessions);
     sp->tomb_timer = malloc(sizeof *sp->tomb_timer);
     if (sp->tomb_timer != NULL) {
         uv_timer_init(p->loop, sp->tomb_timer);

@@ -550,6 +550,7 @@ int32_t statedir_scan(struct statedir *sd, const char *suffix, size_t head_max,
                       void *ctx) {
     int fd = dup(sd->dir_fd);
     DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    int rc = d == NULL ? -errno : 0;
     uint8_t *head = malloc(head_max);
     if (d == NULL || head == NULL) {
         if (d != NULL) {
@@ -558,13 +559,13 @@ int32_t statedir_scan(struct statedir *sd, const char *suffix, size_t head_max,
             close(fd);
         }
         free(head);
-        return 0;
+        return rc != 0 ? rc : -ENOMEM; /* not listed: not "no files" */
     }
     rewinddir(d);
     int32_t n_files = 0;
     size_t sl = strlen(suffix);
     struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
+    while ((errno = 0, e = readdir(d)) != NULL) { /* errno: an end, or a failure */
         size_t n = strlen(e->d_name);
         struct stat stbuf;
         if (n > sl + 4 && strcmp(e->d_name + n - 4, ".tmp") == 0 &&
@@ -599,9 +600,10 @@ int32_t statedir_scan(struct statedir *sd, const char *suffix, size_t head_max,
         fn(ctx, e->d_name, head, got > 0 ? (size_t)got : 0, size, is_file);
         n_files++;
     }
+    rc = errno != 0 ? -errno : 0; /* a directory read that failed midway lists part of it */
     closedir(d);
     free(head);
-    return n_files;
+    return rc != 0 ? rc : n_files;
 }
 
 int statedir_read_now(struct statedir *sd, const char *name, size_t max_len, uint8_t **data,

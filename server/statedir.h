@@ -79,7 +79,8 @@ size_t statedir_pending_bytes(const struct statedir *sd);
  * symlink to one: is_file) with its first bytes (up to head_max) and its size; any other kind
  * (a directory, a FIFO, a dangling link) with none, never opened. Removes the regular files
  * NAME.tmp (NAME ending in suffix) that a crash left half-written. Synchronous: for start-up,
- * before any operation is queued. Returns the number of entries passed to fn. */
+ * before any operation is queued. Returns the number of entries passed to fn, or a negative
+ * errno when the directory could not be listed at all. */
 int32_t statedir_scan(struct statedir *sd, const char *suffix, size_t head_max,
                       void (*fn)(void *ctx, const char *name, const uint8_t *head, size_t n,
                                  uint64_t size, bool is_file),

@@ -46,12 +46,7 @@ static uv_loop_t loop;
 static struct spill *sp;
 static char dir[64];
 
-static void setup(void) {
-    log_set_level(LOG_LEVEL_ERROR); /* spills and refusals are logged; keep the output quiet */
-    attn_config cfg;
-    ck_assert_int_eq(attn_config_preset("tiny", &cfg), ATTN_OK);
-    ck_assert_int_eq(attn_model_create_random(&cfg, 7, NULL, &model), ATTN_OK);
-    ck_assert_int_eq(attn_workspace_create(model, 64, NULL, &ws), ATTN_OK);
+static void make_store(void) {
     struct session_store_params p = {
         .model = model,
         .budget_bytes = (size_t)1 << 20,
@@ -60,13 +55,27 @@ static void setup(void) {
         .max_tombstones = 16,
     };
     ck_assert_int_eq(session_store_create(&p, &st), 0);
+}
+
+/* The disk tier on dir over st; 0 or -1 with the reason in err. */
+static int open_spill(struct spill **out, char *err, size_t err_size) {
+    struct spill_params p = {&loop, dir,   (size_t)64 << 20,
+                             st,    model, snapshot_kv_of(session_store_kv_pool(st))};
+    return spill_open(&p, out, err, err_size);
+}
+
+static void setup(void) {
+    log_set_level(LOG_LEVEL_ERROR); /* spills and refusals are logged; keep the output quiet */
+    attn_config cfg;
+    ck_assert_int_eq(attn_config_preset("tiny", &cfg), ATTN_OK);
+    ck_assert_int_eq(attn_model_create_random(&cfg, 7, NULL, &model), ATTN_OK);
+    ck_assert_int_eq(attn_workspace_create(model, 64, NULL, &ws), ATTN_OK);
+    make_store();
     ck_assert_int_eq(uv_loop_init(&loop), 0);
     snprintf(dir, sizeof dir, "/tmp/attnd-spill.XXXXXX");
     ck_assert_ptr_nonnull(mkdtemp(dir));
-    struct spill_params sp_p = {&loop, dir,   (size_t)64 << 20,
-                                st,    model, snapshot_kv_of(session_store_kv_pool(st))};
     char err[256];
-    ck_assert_msg(spill_open(&sp_p, &sp, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(open_spill(&sp, err, sizeof err) == 0, "%s", err);
 }
 
 static void teardown(void) {
@@ -190,6 +199,61 @@ START_TEST(test_spill_restore_without_descriptors_keeps_the_file) {
 }
 END_TEST
 
+/* A start that cannot list the state directory (here: no descriptor for the listing) is refused
+ * with a reason, and a later start finds everything. It went on as if the directory were
+ * empty: its sessions answered 404, a new session of such an id was written over the file, and
+ * the tombstone list, "left alone" when it could not be read either, was rewritten without its
+ * ids at the first change (found by an outside audit failing allocations and opens of a start
+ * over a populated directory). */
+START_TEST(test_spill_start_that_cannot_read_its_state_is_refused) {
+    fill("a", 5);
+    fill("b", 1); /* a goes to disk */
+    session_tombstone_add(st, "gone", false);
+    spill_save_all(sp); /* b, as at shutdown */
+    spill_close(sp);    /* then the tombstone list */
+    sp = NULL;
+    uv_run(&loop, UV_RUN_DEFAULT);
+    session_store_destroy(st);
+    make_store();
+
+    /* two descriptors free under a lowered limit: the directory's and its lock's (the loop's
+     * own are open already); the listing finds none */
+    struct rlimit old, low;
+    ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &old), 0);
+    int probe = dup(0);
+    ck_assert_int_ge(probe, 0);
+    low = old;
+    low.rlim_cur = (rlim_t)probe + 16;
+    ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &low), 0);
+    int held[32], n_held = 0;
+    held[n_held++] = probe;
+    for (int fd; n_held < 32 && (fd = dup(0)) >= 0;) {
+        held[n_held++] = fd;
+    }
+    close(held[--n_held]);
+    close(held[--n_held]);
+    char err[256] = "";
+    struct spill *refused = NULL;
+    int rc = open_spill(&refused, err, sizeof err);
+    for (int i = 0; i < n_held; i++) {
+        close(held[i]);
+    }
+    ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &old), 0);
+    if (rc == 0) {
+        spill_close(refused);
+    }
+    uv_run(&loop, UV_RUN_DEFAULT);
+    ck_assert_msg(rc == -1 && strstr(err, "--state-dir") != NULL, "started: %s", err);
+
+    session_store_destroy(st); /* as attnd exits; then a start that can read it all */
+    make_store();
+    ck_assert_msg(open_spill(&sp, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(state_of("a"), SESSION_STATE_ON_DISK);
+    ck_assert_int_eq(state_of("b"), SESSION_STATE_ON_DISK);
+    ck_assert_int_eq(state_of("gone"), SESSION_STATE_TOMBSTONE);
+}
+END_TEST
+
 extern Suite *spill_suite(void);
 
 /* A restored session whose file cannot be removed stays on disk as the file has it, and the
@@ -268,6 +332,7 @@ Suite *spill_suite(void) {
     tcase_add_test(tc, test_spill_restore_without_descriptors_keeps_the_file);
     tcase_add_test(tc, test_spill_restored_file_not_removed_keeps_the_session_on_disk);
     tcase_add_test(tc, test_spill_delete_whose_file_stays_keeps_the_session);
+    tcase_add_test(tc, test_spill_start_that_cannot_read_its_state_is_refused);
     suite_add_tcase(s, tc);
     return s;
 }
