@@ -593,6 +593,12 @@ int32_t statedir_scan(struct statedir *sd, const char *suffix, size_t head_max,
                 size = (uint64_t)stbuf.st_size;
                 is_file = true;
             }
+            if (f < 0 || got < 0) {
+                /* the caller leaves it alone as "not a regular file" or an empty one: the
+                 * log says why (an audit's injected EIO read as a FIFO's line) */
+                LOG_WARN("statedir", "cannot %s %s: %s", f < 0 ? "open" : "read", e->d_name,
+                         strerror(errno));
+            }
             if (f >= 0) {
                 close(f);
             }
