@@ -232,7 +232,7 @@ static int parse_key_mask(struct json_reader *jr, const struct api_limits *lim,
         r->key_mask[i] = values[i] != 0.0f;
     }
     r->n_key_mask = rc == 0 ? (int32_t)dims[0] : 0;
-    free(values);
+    free_tensor(r, values); /* a binary part may have been read where it lies */
     return rc;
 }
 

@@ -267,7 +267,9 @@ int api_sdpa_request_parse_body(const struct api_body *body, struct api_sdpa_req
     if (rc == 0) {
         rc = api__apply_binary_output(binary_output, seen, SDPA_ENCODING, &r.encoding, err);
     }
-    free(dims.mask);
+    /* as parsed: a binary part may have been read where it lies (found by an outside audit:
+     * free() of a pointer into the body crashed the daemon) */
+    api__free_unborrowed(r.borrowed_lo, r.borrowed_hi, dims.mask);
     if (rc == 0 && r.is_linear) {
         /* Linear attention has no scores: nothing to scale, mask or return. */
         static const char *const names[] = {"window", "scale", "mask", "return_weights"};

@@ -216,6 +216,74 @@ START_TEST(test_framing_sdpa_matches_json) {
 }
 END_TEST
 
+/* Masks sent as raw parts (attend's key_mask, SDPA's mask) are read where they lie like any
+ * tensor, then made bytes: the values read in place must not be freed as if copied (found by
+ * an outside audit: a binary SDPA mask crashed the daemon, free() of a pointer into the body;
+ * attend's key_mask alike). Each answers what the same request in JSON answers. */
+START_TEST(test_framing_masks_read_in_place) {
+    float *x = http_client_random_rows(61, 1, HIDDEN);
+    const float one[] = {1.0f};
+    const float *ap[] = {x, one};
+    size_t an[] = {HIDDEN, 1}, len;
+    const char *ah = "{\"x\":{\"shape\":[1,64],\"binary_data_size\":256},"
+                     "\"key_mask\":{\"shape\":[1],\"binary_data_size\":4}}";
+    char *body = framed(ah, ap, an, 2, &len);
+    struct http_client_response rb, rj;
+    post("/v1/attend", body, len, (long)strlen(ah), &rb);
+    ck_assert_msg(rb.status == 200, "%ld %s", rb.status, rb.body);
+    free(body);
+    char *xj = http_client_matrix_json(x, 1, HIDDEN);
+    char json[4096];
+    snprintf(json, sizeof json, "{\"x\":%s,\"key_mask\":[1]}", xj);
+    post("/v1/attend", json, strlen(json), -1, &rj);
+    ck_assert_msg(rj.status == 200, "%ld %s", rj.status, rj.body);
+    size_t nb, nj;
+    float *a = json_tensor(&rb, "output", &nb), *b = json_tensor(&rj, "output", &nj);
+    ck_assert_uint_eq(nb, nj);
+    ck_assert(memcmp(a, b, nb * 4) == 0);
+    free(a);
+    free(b);
+    http_client_response_release(&rb);
+    http_client_response_release(&rj);
+    /* SDPA: q (1, 2, 8), k and v (1, 3, 8), then a (2, 3) mask, causal by hand */
+    float *q = http_client_random_rows(62, 2, 8), *k = http_client_random_rows(63, 3, 8),
+          *v = http_client_random_rows(64, 3, 8);
+    const float mask[] = {1, 0, 0, 1, 1, 0};
+    const float *sp[] = {q, k, v, mask};
+    size_t sn[] = {16, 24, 24, 6};
+    const char *sh = "{\"q\":{\"shape\":[1,2,8],\"binary_data_size\":64},"
+                     "\"k\":{\"shape\":[1,3,8],\"binary_data_size\":96},"
+                     "\"v\":{\"shape\":[1,3,8],\"binary_data_size\":96},"
+                     "\"mask\":{\"shape\":[2,3],\"binary_data_size\":24}}";
+    body = framed(sh, sp, sn, 4, &len);
+    post("/v1/sdpa", body, len, (long)strlen(sh), &rb);
+    ck_assert_msg(rb.status == 200, "%ld %s", rb.status, rb.body);
+    free(body);
+    char *qj = http_client_matrix_json(q, 2, 8), *kj = http_client_matrix_json(k, 3, 8),
+         *vj = http_client_matrix_json(v, 3, 8);
+    snprintf(json, sizeof json, "{\"q\":[%s],\"k\":[%s],\"v\":[%s],\"mask\":[[1,0,0],[1,1,0]]}", qj,
+             kj, vj);
+    post("/v1/sdpa", json, strlen(json), -1, &rj);
+    ck_assert_msg(rj.status == 200, "%ld %s", rj.status, rj.body);
+    a = json_tensor(&rb, "output", &nb), b = json_tensor(&rj, "output", &nj);
+    ck_assert_uint_eq(nb, 16);
+    ck_assert_uint_eq(nb, nj);
+    ck_assert(memcmp(a, b, nb * 4) == 0);
+    free(a);
+    free(b);
+    http_client_response_release(&rb);
+    http_client_response_release(&rj);
+    free(qj);
+    free(kj);
+    free(vj);
+    free(q);
+    free(k);
+    free(v);
+    free(xj);
+    free(x);
+}
+END_TEST
+
 START_TEST(test_framing_mistakes_are_400) {
     float *x = http_client_random_rows(51, 2, HIDDEN);
     const float *parts[] = {x};
@@ -333,6 +401,7 @@ Suite *framing_suite(void) {
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_framing_attend_matches_json);
     tcase_add_test(tc, test_framing_sdpa_matches_json);
+    tcase_add_test(tc, test_framing_masks_read_in_place);
     tcase_add_test(tc, test_framing_mistakes_are_400);
     suite_add_tcase(s, tc);
     return s;

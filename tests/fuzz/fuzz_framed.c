@@ -2,9 +2,10 @@
  * (api_attend_request_parse_body, api_sdpa_request_parse_body). The input's first two bytes
  * (little-endian) give the JSON part's length, as Inference-Header-Content-Length does (clamped
  * to the rest); the rest is the body: JSON, then raw float32. Its third byte's low bit picks
- * sdpa, else its second bit /v1/kv/attend over /v1/attend, and its third lets an attend's tensors
- * be read where they lie (borrowed from the body, not copied). Accepted: finite tensors of the
- * checked shapes, the raw part taken whole. Refused: a valid error body. */
+ * sdpa, else its second bit /v1/kv/attend over /v1/attend, and its third lets the tensors be
+ * read where they lie (borrowed from the body, not copied), as the server lets attend's and
+ * SDPA's. Accepted: finite tensors of the checked shapes, the raw part taken whole. Refused: a
+ * valid error body. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,14 +19,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     size_t json_len = (size_t)data[0] | (size_t)data[1] << 8;
     bool is_sdpa = data[2] & 1;
-    bool may_borrow = (data[2] & 4) != 0; /* attend's tensors read where they lie */
+    bool may_borrow = (data[2] & 4) != 0; /* tensors read where they lie */
     data += 3;
     size -= 3;
     if (json_len > size) {
         json_len = size;
     }
     struct api_body body = {(const char *)data, json_len, data + json_len, size - json_len,
-                            may_borrow && !is_sdpa};
+                            may_borrow};
     struct api_error err;
     if (is_sdpa) {
         struct api_sdpa_request r;

@@ -142,6 +142,12 @@ def framed_bodies():
                                 {"session_id": "b", "q": t([2, 2, 2]), "k": t([1, 2, 2]),
                                  "v": t([1, 2, 2]), "head_mask": t([2])}]},
                   x + x + x + [1.0, 1.0])
+    # masks read where they lie, then made bytes (attend's key_mask, SDPA's mask): what was
+    # read in place must not be freed as a copy
+    yield aligned(0, {"x": t([2, 4]), "key_mask": t([2])}, x + [1.0, 1.0])
+    yield aligned(1, {"q": t([1, 2, 2]), "k": t([1, 2, 2]), "v": t([1, 2, 2]),
+                      "mask": t([2, 2]), "binary_output": True},
+                  x + x[:4] + [1.0, 0.0, 1.0, 1.0])
     # misaligned by one byte: the copying path of a body that may be borrowed from
     j = json.dumps({"x": t([1, 4])}).encode()
     j += b" " * (-(3 + len(j)) % 4 + 1)
