@@ -89,6 +89,20 @@ def _encode_value(v: Any, transport: str, raw: List[bytes]) -> Any:
     return v
 
 
+def _parse_int(s: str) -> Any:
+    # attnd prints an integral float without a point, so a tensor's -0.0 arrives as "-0", which
+    # Python's json reads as the int 0: the sign bit (which base64 and the binary framing carry)
+    # would be lost. No integer field of an answer is ever negative zero.
+    return -0.0 if s == "-0" else int(s)
+
+
+def loads(text: Any) -> Any:
+    """An answer's JSON (bytes or str), with "-0" read as the float -0.0 it was."""
+    if isinstance(text, (bytes, bytearray)):
+        text = text.decode("utf-8")
+    return json.loads(text, parse_int=_parse_int)
+
+
 def decode(body: bytes, header_len: Optional[str]) -> Any:
     """The answer as JSON with every tensor a float32 numpy array.
 
@@ -98,14 +112,14 @@ def decode(body: bytes, header_len: Optional[str]) -> Any:
     here: only the caller knows which fields are tensors (``positions`` is a list too).
     """
     if header_len is None:
-        return decode_tensors(json.loads(body.decode("utf-8")))
+        return decode_tensors(loads(body))
     try:
         n = int(header_len)
     except ValueError:
         raise ValueError(f"{HEADER} is not a length: {header_len!r}") from None
     if n < 0 or n > len(body):
         raise ValueError(f"{HEADER} {n} is outside the body's {len(body)} bytes")
-    doc = json.loads(body[:n].decode("utf-8"))
+    doc = loads(body[:n])
     cursor = [n]
     out = _decode_value(doc, body, cursor)
     if cursor[0] != len(body):

@@ -546,7 +546,7 @@ class Client:
 
     def _get_json(self, path: str) -> Any:
         _, _, data = self._request("GET", path)
-        return json.loads(data.decode("utf-8"))
+        return _framing.loads(data)
 
     def _post_json(self, path: str, doc: Any) -> Any:
         _, _, data = self._request(
@@ -751,7 +751,7 @@ class Stream:
                 self.close()
                 raise StopIteration
             try:
-                doc = _framing.decode_tensors(json.loads(data))
+                doc = _framing.decode_tensors(_framing.loads(data))
             except ValueError as e:
                 self.close()
                 raise TransportError(f"an undecodable stream event: {e}") from e

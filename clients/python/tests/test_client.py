@@ -186,6 +186,22 @@ class ClientTest(unittest.TestCase):
                 self.assertEqual(want.dtype, np.float32)
                 self.assertTrue(np.array_equal(want, have), f"{t}: tensor {i} differs")
 
+    def test_negative_zero_identical_in_every_transport(self) -> None:
+        # head_mask 0 on a head whose values are negative: its output rows are -0.0, which attnd
+        # prints as "-0" in JSON; the sign bit must survive as it does in base64 and binary.
+        q = np.ones((HEADS, 1, HEAD_DIM), np.float32)
+        k = np.ones((KV_HEADS, 1, HEAD_DIM), np.float32)
+        v = -np.ones((KV_HEADS, 1, HEAD_DIM), np.float32)
+        got = {}
+        for t in ("binary", "base64", "json"):
+            with attnd.Client(DAEMON.url, transport=t) as c:
+                r = c.session(self.sid(t)).kv_attend(0, q, k, v, head_mask=[1, 0, 1, 1])
+                got[t] = r.output
+        self.assertTrue(np.signbit(got["binary"][1]).all())
+        for t in ("base64", "json"):
+            self.assertTrue(np.array_equal(got["binary"].view(np.uint32), got[t].view(np.uint32)),
+                            f"{t}: -0.0 lost its sign")
+
     def test_stream_equals_attend(self) -> None:
         x = xs(7, 7)
         plain = self.c.session(self.sid("plain"))
