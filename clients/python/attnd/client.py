@@ -42,6 +42,7 @@ IndexSpec = Union[int, str, slice, range, Sequence[Any]]
 KINDS = ("probs", "scores", "lse")
 REDUCES = ("none", "mean_heads", "max_heads")
 CAPTURES = ("q", "k", "v", "head_out")
+SDPA_KINDS = ("softmax", "linear")
 
 # Failures that mean the server closed a keep-alive connection we believed open (its
 # --idle-timeout-s, a restart, a proxy's own keep-alive limit) before it read our request.
@@ -684,6 +685,48 @@ class Client:
         _put(body, "rope", bool(rope))
         body["steps"] = body_steps
         return _batch_results(self._call("/v1/kv/attend", body))
+
+    def sdpa(
+        self,
+        q: ArrayLike,
+        k: ArrayLike,
+        v: ArrayLike,
+        causal: bool = False,
+        window: Optional[int] = None,
+        scale: Optional[float] = None,
+        mask: Optional[ArrayLike] = None,
+        weights: WeightsArg = False,
+        kind: str = "softmax",
+    ) -> AttendResult:
+        """Stateless scaled-dot-product attention on the caller's tensors (``POST /v1/sdpa``): no
+        session, no model weights. q (H, Tq, dk), k (Hkv, Tk, dk), v (Hkv, Tk, dv), each
+        optionally with a leading batch dimension B (then the answer has it too); query head h
+        reads KV head h // (H / Hkv). Query i sits at key index i + Tk - Tq (bottom-right
+        alignment). ``causal`` hides later keys; ``window`` (an int) hides keys further than it on
+        either side; ``scale`` defaults to 1/sqrt(dk); ``mask`` is the seeds' boolean mask (1
+        attends, 0 masks) shaped (B, Tq, Tk), (B, 1, Tk) or (Tq, Tk), a bool array works.
+        ``weights`` as for ``Session.attend`` (True: (H, Tq, Tk) probabilities, or a Selection,
+        per batch element). ``kind="linear"`` computes linear attention instead (no window, scale,
+        mask or weights then). The answer is an AttendResult whose ``output`` is (H, Tq, dv) (or
+        (B, H, Tq, dv)); its ``n_past``, ``n_tokens`` and ``layer`` are 0, ``session_id`` None."""
+        if kind not in SDPA_KINDS:
+            raise ValueError(f"kind must be one of {SDPA_KINDS}, not {kind!r}")
+        body: Dict[str, Any] = {name: _framing.as_f32(t, name) for name, t in
+                                (("q", q), ("k", k), ("v", v))}
+        if mask is not None:
+            # Nested JSON numbers in every transport: a raw (binary) mask crashes attnd up to
+            # now (server/api_sdpa.c frees the borrowed tensor), and 0/1 values are short as text.
+            body["mask"] = _framing.as_f32(mask, "mask").tolist()
+        if kind != "softmax":
+            body["kind"] = kind
+        _put(body, "causal", bool(causal))
+        _put(body, "window", _opt_int(window, "window"))
+        if scale is not None:
+            if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.number)):
+                raise TypeError(f"scale: expected a number, not {scale!r}")
+            body["scale"] = float(scale)
+        _put(body, "return_weights", _return_weights(weights))
+        return _result(self._call("/v1/sdpa", body))
 
     # ---- streams --------------------------------------------------------------------------------
 

@@ -202,6 +202,46 @@ class ClientTest(unittest.TestCase):
             self.assertTrue(np.array_equal(got["binary"].view(np.uint32), got[t].view(np.uint32)),
                             f"{t}: -0.0 lost its sign")
 
+    def test_sdpa_against_numpy_in_every_transport(self) -> None:
+        # POST /v1/sdpa: batched GQA with causal, window, scale and a key-padding mask (a bool
+        # array), against numpy; the three transports bit for bit.
+        r = rng(40)
+        q = r.standard_normal((2, HEADS, 3, 8)).astype(np.float32)
+        k = r.standard_normal((2, KV_HEADS, 6, 8)).astype(np.float32)
+        v = r.standard_normal((2, KV_HEADS, 6, 5)).astype(np.float32)
+        mask = np.ones((2, 1, 6), bool)
+        mask[0, 0, 4] = mask[1, 0, 2] = False
+        scale, window = 0.3, 2
+        want = np.zeros((2, HEADS, 3, 5))
+        for b in range(2):
+            for h in range(HEADS):
+                g = h // (HEADS // KV_HEADS)
+                s = scale * q[b, h].astype(np.float64) @ k[b, g].astype(np.float64).T
+                for i in range(3):
+                    ii = i + 6 - 3
+                    for j in range(6):
+                        if j > ii or abs(ii - j) > window or not mask[b, 0, j]:
+                            s[i, j] = -np.inf
+                p = np.exp(s - s.max(axis=1, keepdims=True))
+                want[b, h] = (p / p.sum(axis=1, keepdims=True)) @ v[b, g]
+        got = {}
+        for t in ("binary", "base64", "json"):
+            with attnd.Client(DAEMON.url, transport=t) as c:
+                a = c.sdpa(q, k, v, causal=True, window=window, scale=scale, mask=mask,
+                           weights=True)
+                self.assertEqual(a.output.shape, (2, HEADS, 3, 5))
+                self.assertEqual(a.weights.shape, (2, HEADS, 3, 6))
+                np.testing.assert_allclose(a.output, want, atol=TOL, rtol=0)
+                lse = c.sdpa(q[0], k[0], v[0], weights=attnd.Selection(rows=[-1], kind="lse"))
+                self.assertEqual(lse.lse.shape, (HEADS, 1))
+                got[t] = [a.output, a.weights, lse.output, lse.lse]
+                self.assertTrue(c.ready())  # the server is still up after a mask
+        for t in ("base64", "json"):
+            for i, (want_t, have) in enumerate(zip(got["binary"], got[t])):
+                self.assertTrue(np.array_equal(want_t, have), f"{t}: tensor {i} differs")
+        with self.assertRaises(ValueError):
+            self.c.sdpa(q, k, v, kind="cosine")
+
     def test_stream_equals_attend(self) -> None:
         x = xs(7, 7)
         plain = self.c.session(self.sid("plain"))
