@@ -374,6 +374,16 @@ def _head_mask(m: Any) -> Optional[List[float]]:
     return None if m is None else _framing.as_f32(m, "head_mask").reshape(-1).tolist()
 
 
+def _key_mask(m: Any) -> Optional[List[int]]:
+    """key_mask as the JSON array of 0 and 1 the server takes (bools and 0/1 numbers accepted)."""
+    if m is None:
+        return None
+    a = np.asarray(m).reshape(-1)
+    if a.size == 0 or a.dtype.kind not in "biuf" or not np.isin(a, (0, 1)).all():
+        raise ValueError(f"key_mask: expected 0s and 1s, one per key, not {m!r}")
+    return [int(v) for v in a]
+
+
 def _inspect(body: Dict[str, Any], weights: Any, capture: Any, head_mask: Any) -> None:
     _put(body, "return_weights", _return_weights(weights))
     _put(body, "capture", _capture(capture))
@@ -618,15 +628,21 @@ class Client:
         positions: Optional[Sequence[int]] = None,
         capture: Optional[Sequence[str]] = None,
         head_mask: Optional[ArrayLike] = None,
+        key_mask: Optional[Sequence[int]] = None,
+        context: Optional[ArrayLike] = None,
     ) -> AttendResult:
         """A stateless forward: the tokens attend to each other only, and nothing is kept.
-        ``weights``, ``capture`` and ``head_mask`` as for ``Session.attend``."""
+        ``weights``, ``capture``, ``head_mask``, ``key_mask`` (T values) and ``context`` (the
+        queries attend to these encoder states instead) as for ``Session.attend``."""
         body: Dict[str, Any] = {
             "layer": _int(layer, "layer"),
             "x": _one_token(_framing.as_f32(x, "x"), 2),
         }
         _put(body, "positions", _positions(positions))
         _inspect(body, weights, capture, head_mask)
+        _put(body, "key_mask", _key_mask(key_mask))
+        if context is not None:
+            body["context"] = _framing.as_f32(context, "context")
         return _result(self._call("/v1/attend", body))
 
     def attend_batch(
@@ -880,6 +896,10 @@ class Session:
         expect_n_past: Optional[int] = None,
         capture: Optional[Sequence[str]] = None,
         head_mask: Optional[ArrayLike] = None,
+        key_mask: Optional[Sequence[int]] = None,
+        context: Optional[ArrayLike] = None,
+        cross: bool = False,
+        replace_context: bool = False,
     ) -> AttendResult:
         """Appends x's T tokens to the layer's cache and returns their attention output. The first
         call of a layer is its prefill; later ones (often one token) are decode steps.
@@ -892,12 +912,24 @@ class Session:
         ``.selection``). ``capture`` (names among ``q``, ``k``, ``v``, ``head_out``) returns
         those per-head tensors of the call in ``result.capture``. ``head_mask`` (n_heads factors)
         scales each head's output before o_proj, for this call only (the cache is unchanged by
-        it)."""
+        it).
+
+        ``key_mask`` (n_past + T zeros and ones, one per key after the call) hides keys from this
+        call's queries (padding), for this call only. Cross-attention: ``context`` (S,
+        hidden_size) encoder states are projected and kept for the layer (409 ``context_exists``
+        if it holds one, unless ``replace_context``), and the queries attend to them; later calls
+        with ``cross=True`` attend to the kept context without resending it
+        (``result.context_tokens``; the layer's own cache is unchanged)."""
         body: Dict[str, Any] = {"session_id": self.id, "layer": _int(layer, "layer")}
         body["x"] = _one_token(_framing.as_f32(x, "x"), 2)
         _put(body, "positions", _positions(positions))
         _put(body, "expect_n_past", _opt_int(expect_n_past))
         _inspect(body, weights, capture, head_mask)
+        _put(body, "key_mask", _key_mask(key_mask))
+        if context is not None:
+            body["context"] = _framing.as_f32(context, "context")
+        _put(body, "cross", bool(cross))
+        _put(body, "replace_context", bool(replace_context))
         return _result(self.client._call("/v1/attend", body, self.id))
 
     def kv_attend(

@@ -242,6 +242,26 @@ class ClientTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             self.c.sdpa(q, k, v, kind="cosine")
 
+    def test_key_mask_and_cross_attention(self) -> None:
+        x, ctx = xs(41, 4), xs(42, 3)
+        s = self.c.session(self.sid("s"))
+        r = s.attend(0, x[:2], key_mask=[1, 0], weights=True)
+        self.assertTrue(np.array_equal(r.weights[:, :, 1], np.zeros((HEADS, 2))))
+        c1 = s.attend(0, x[2:], context=ctx)
+        self.assertEqual((c1.context_tokens, c1.n_past, c1.n_tokens), (3, 2, 2))
+        c2 = s.attend(0, x[2:], cross=True)
+        self.assertEqual(c2.context_tokens, 3)
+        self.assertTrue(np.array_equal(c1.output, c2.output))
+        with self.assertRaises(attnd.Conflict) as cm:
+            s.attend(0, x[2:], context=ctx[:2])
+        self.assertEqual(cm.exception.code, "context_exists")
+        self.assertEqual(s.attend(0, x[2:], context=ctx[:2], replace_context=True)
+                         .context_tokens, 2)
+        stateless = self.c.attend(0, x[2:], context=ctx)
+        self.assertTrue(np.array_equal(stateless.output, c1.output))
+        with self.assertRaises(ValueError):
+            s.attend(0, x[:1], key_mask=[1, 2, 1])
+
     def test_stream_equals_attend(self) -> None:
         x = xs(7, 7)
         plain = self.c.session(self.sid("plain"))
