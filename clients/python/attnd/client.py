@@ -730,9 +730,7 @@ class Client:
         body: Dict[str, Any] = {name: _framing.as_f32(t, name) for name, t in
                                 (("q", q), ("k", k), ("v", v))}
         if mask is not None:
-            # Nested JSON numbers in every transport: a raw (binary) mask crashes attnd up to
-            # now (server/api_sdpa.c frees the borrowed tensor), and 0/1 values are short as text.
-            body["mask"] = _framing.as_f32(mask, "mask").tolist()
+            body["mask"] = _framing.as_f32(mask, "mask")  # a tensor, in the call's transport
         if kind != "softmax":
             body["kind"] = kind
         _put(body, "causal", bool(causal))
