@@ -216,6 +216,20 @@ START_TEST(test_framing_sdpa_matches_json) {
 }
 END_TEST
 
+/* Two JSON answers carry the same output of n floats, bit for bit; releases both. */
+static void expect_same_output(struct http_client_response *a, struct http_client_response *b,
+                               size_t n) {
+    size_t na, nb;
+    float *x = json_tensor(a, "output", &na), *y = json_tensor(b, "output", &nb);
+    ck_assert_uint_eq(na, n);
+    ck_assert_uint_eq(nb, n);
+    ck_assert(memcmp(x, y, n * 4) == 0);
+    free(x);
+    free(y);
+    http_client_response_release(a);
+    http_client_response_release(b);
+}
+
 /* Masks sent as raw parts (attend's key_mask, SDPA's mask) are read where they lie like any
  * tensor, then made bytes: the values read in place must not be freed as if copied (found by
  * an outside audit: a binary SDPA mask crashed the daemon, free() of a pointer into the body;
@@ -237,14 +251,7 @@ START_TEST(test_framing_masks_read_in_place) {
     snprintf(json, sizeof json, "{\"x\":%s,\"key_mask\":[1]}", xj);
     post("/v1/attend", json, strlen(json), -1, &rj);
     ck_assert_msg(rj.status == 200, "%ld %s", rj.status, rj.body);
-    size_t nb, nj;
-    float *a = json_tensor(&rb, "output", &nb), *b = json_tensor(&rj, "output", &nj);
-    ck_assert_uint_eq(nb, nj);
-    ck_assert(memcmp(a, b, nb * 4) == 0);
-    free(a);
-    free(b);
-    http_client_response_release(&rb);
-    http_client_response_release(&rj);
+    expect_same_output(&rb, &rj, HIDDEN);
     /* SDPA: q (1, 2, 8), k and v (1, 3, 8), then a (2, 3) mask, causal by hand */
     float *q = http_client_random_rows(62, 2, 8), *k = http_client_random_rows(63, 3, 8),
           *v = http_client_random_rows(64, 3, 8);
@@ -265,14 +272,7 @@ START_TEST(test_framing_masks_read_in_place) {
              kj, vj);
     post("/v1/sdpa", json, strlen(json), -1, &rj);
     ck_assert_msg(rj.status == 200, "%ld %s", rj.status, rj.body);
-    a = json_tensor(&rb, "output", &nb), b = json_tensor(&rj, "output", &nj);
-    ck_assert_uint_eq(nb, 16);
-    ck_assert_uint_eq(nb, nj);
-    ck_assert(memcmp(a, b, nb * 4) == 0);
-    free(a);
-    free(b);
-    http_client_response_release(&rb);
-    http_client_response_release(&rj);
+    expect_same_output(&rb, &rj, 16);
     free(qj);
     free(kj);
     free(vj);

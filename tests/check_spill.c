@@ -151,6 +151,38 @@ static void restore_and_wait(const char *id) {
     ck_assert(!session_is_restoring(s));
 }
 
+/* The descriptors under a limit lowered to 16 above the lowest free one, all taken but n_free:
+ * what the code under test opens next fails with EMFILE. */
+struct fd_hold {
+    struct rlimit old;
+    int held[32], n;
+};
+
+static void take_descriptors(struct fd_hold *h, int n_free) {
+    ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &h->old), 0);
+    int probe = dup(0);
+    ck_assert_int_ge(probe, 0);
+    struct rlimit low = h->old;
+    low.rlim_cur = (rlim_t)probe + 16;
+    ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &low), 0);
+    h->n = 0;
+    h->held[h->n++] = probe;
+    for (int fd; h->n < 32 && (fd = dup(0)) >= 0;) {
+        h->held[h->n++] = fd;
+    }
+    ck_assert_int_eq(errno, EMFILE);
+    for (int i = 0; i < n_free; i++) {
+        close(h->held[--h->n]);
+    }
+}
+
+static void give_descriptors_back(struct fd_hold *h) {
+    for (int i = 0; i < h->n; i++) {
+        close(h->held[i]);
+    }
+    ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &h->old), 0);
+}
+
 /* A restore whose file cannot be opened for want of descriptors (EMFILE) keeps the session on
  * disk, file and all, and a later restore brings it back whole. It was taken for a file that
  * could not be read: the file was removed and the id tombstoned as lost (found by an outside
@@ -166,24 +198,10 @@ START_TEST(test_spill_restore_without_descriptors_keeps_the_file) {
     ck_assert(file_exists("a"));
 
     /* every descriptor below a lowered limit taken: the I/O thread's open fails with EMFILE */
-    struct rlimit old, low;
-    ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &old), 0);
-    int probe = dup(0);
-    ck_assert_int_ge(probe, 0);
-    low = old;
-    low.rlim_cur = (rlim_t)probe + 16;
-    ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &low), 0);
-    int held[32], n_held = 0;
-    held[n_held++] = probe;
-    for (int fd; n_held < 32 && (fd = dup(0)) >= 0;) {
-        held[n_held++] = fd;
-    }
-    ck_assert_int_eq(errno, EMFILE);
+    struct fd_hold hold;
+    take_descriptors(&hold, 0);
     restore_and_wait("a");
-    for (int i = 0; i < n_held; i++) {
-        close(held[i]);
-    }
-    ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &old), 0);
+    give_descriptors_back(&hold);
     for (int i = 0; i < 100; i++) {
         uv_run(&loop, UV_RUN_NOWAIT); /* nothing more may happen to it: no removal queued */
         nap();
@@ -218,27 +236,12 @@ START_TEST(test_spill_start_that_cannot_read_its_state_is_refused) {
 
     /* two descriptors free under a lowered limit: the directory's and its lock's (the loop's
      * own are open already); the listing finds none */
-    struct rlimit old, low;
-    ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &old), 0);
-    int probe = dup(0);
-    ck_assert_int_ge(probe, 0);
-    low = old;
-    low.rlim_cur = (rlim_t)probe + 16;
-    ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &low), 0);
-    int held[32], n_held = 0;
-    held[n_held++] = probe;
-    for (int fd; n_held < 32 && (fd = dup(0)) >= 0;) {
-        held[n_held++] = fd;
-    }
-    close(held[--n_held]);
-    close(held[--n_held]);
+    struct fd_hold hold;
+    take_descriptors(&hold, 2);
     char err[256] = "";
     struct spill *refused = NULL;
     int rc = open_spill(&refused, err, sizeof err);
-    for (int i = 0; i < n_held; i++) {
-        close(held[i]);
-    }
-    ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &old), 0);
+    give_descriptors_back(&hold);
     if (rc == 0) {
         spill_close(refused);
     }
