@@ -151,6 +151,19 @@ static void restore_and_wait(const char *id) {
     ck_assert(!session_is_restoring(s));
 }
 
+/* a (5 tokens) on disk with its file written, b (1 token) in memory: the pool holds one
+ * session at a time, so b's fill spills a, and the loop runs until the I/O thread wrote it. */
+static void spill_a(void) {
+    fill("a", 5);
+    fill("b", 1);
+    ck_assert_int_eq(state_of("a"), SESSION_STATE_ON_DISK);
+    for (int i = 0; i < 10000 && !file_exists("a"); i++) {
+        uv_run(&loop, UV_RUN_NOWAIT);
+        nap();
+    }
+    ck_assert(file_exists("a"));
+}
+
 /* The descriptors under a limit lowered to 16 above the lowest free one, all taken but n_free:
  * what the code under test opens next fails with EMFILE. */
 struct fd_hold {
@@ -188,14 +201,7 @@ static void give_descriptors_back(struct fd_hold *h) {
  * could not be read: the file was removed and the id tombstoned as lost (found by an outside
  * audit injecting an openat failure into the I/O thread). */
 START_TEST(test_spill_restore_without_descriptors_keeps_the_file) {
-    fill("a", 5);
-    fill("b", 1); /* one session at a time: a goes to disk */
-    ck_assert_int_eq(state_of("a"), SESSION_STATE_ON_DISK);
-    for (int i = 0; i < 10000 && !file_exists("a"); i++) {
-        uv_run(&loop, UV_RUN_NOWAIT); /* the I/O thread writes it */
-        nap();
-    }
-    ck_assert(file_exists("a"));
+    spill_a();
 
     /* every descriptor below a lowered limit taken: the I/O thread's open fails with EMFILE */
     struct fd_hold hold;
@@ -265,13 +271,7 @@ extern Suite *spill_suite(void);
  * failed), served at its old length. Found by an outside audit failing the I/O thread's unlinkat.
  */
 START_TEST(test_spill_restored_file_not_removed_keeps_the_session_on_disk) {
-    fill("a", 5);
-    fill("b", 1); /* a goes to disk */
-    for (int i = 0; i < 10000 && !file_exists("a"); i++) {
-        uv_run(&loop, UV_RUN_NOWAIT);
-        nap();
-    }
-    ck_assert(file_exists("a"));
+    spill_a();
     atomic_store(&unlinks_to_fail, 1); /* the removal of a's file, once read back */
     restore_and_wait("a");
     ck_assert_int_eq(atomic_load(&unlinks_to_fail), 0);
@@ -298,13 +298,7 @@ static void deleted(void *ctx, int status) {
  * from the store and answered 204, and its file brought it back at the next start (found by an
  * outside audit failing the removal's unlinkat: the id came back after the restart). */
 START_TEST(test_spill_delete_whose_file_stays_keeps_the_session) {
-    fill("a", 5);
-    fill("b", 1); /* a goes to disk */
-    for (int i = 0; i < 10000 && !file_exists("a"); i++) {
-        uv_run(&loop, UV_RUN_NOWAIT);
-        nap();
-    }
-    ck_assert(file_exists("a"));
+    spill_a();
     int status = 1;
     atomic_store(&unlinks_to_fail, 1);
     ck_assert_int_eq(session_disk_delete(st, "a", deleted, &status), 0);
