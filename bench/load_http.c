@@ -12,6 +12,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -141,8 +142,21 @@ static int connect_now(lhttp_conn *c) {
 
 /* Writes what it can of the request; RECEIVING once all of it is out. */
 static lhttp_state send_some(lhttp_conn *c) {
-    while (c->sent < c->out.len) {
-        ssize_t n = send(c->fd, c->out.data + c->sent, c->out.len - c->sent, MSG_NOSIGNAL);
+    size_t total = c->out.len + c->out_body_len;
+    while (c->sent < total) {
+        /* head and body in one call: one segment on the wire for a small request */
+        struct iovec iov[2];
+        int n_iov = 0;
+        if (c->sent < c->out.len) {
+            iov[n_iov++] = (struct iovec){c->out.data + c->sent, c->out.len - c->sent};
+        }
+        size_t body_sent = c->sent > c->out.len ? c->sent - c->out.len : 0;
+        if (body_sent < c->out_body_len) {
+            iov[n_iov++] =
+                (struct iovec){(char *)c->out_body + body_sent, c->out_body_len - body_sent};
+        }
+        struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)n_iov};
+        ssize_t n = sendmsg(c->fd, &msg, MSG_NOSIGNAL);
         if (n < 0 && errno == EINTR) {
             continue;
         }
@@ -192,10 +206,11 @@ int lhttp_start(lhttp_conn *c, const char *method, const char *path, const char 
     int n = snprintf(head, sizeof head, "%s %s HTTP/1.1\r\nHost: %s:%u\r\nContent-Length: %zu\r\n",
                      method, path, inet_ntoa(c->addr.sin_addr), (unsigned)ntohs(c->addr.sin_port),
                      body != NULL ? body_len : (size_t)0);
+    c->out_body = body;
+    c->out_body_len = body != NULL ? body_len : 0;
     if (n < 0 || (size_t)n >= sizeof head || buf_append(&c->out, head, (size_t)n) != 0 ||
         (headers != NULL && buf_append(&c->out, headers, strlen(headers)) != 0) ||
-        buf_append(&c->out, "\r\n", 2) != 0 ||
-        (body != NULL && body_len > 0 && buf_append(&c->out, body, body_len) != 0)) {
+        buf_append(&c->out, "\r\n", 2) != 0) {
         fail(c, "out of memory for a request", 0);
         return -1;
     }

@@ -31,9 +31,11 @@ typedef struct lhttp_conn {
     struct sockaddr_in addr;
     int fd; /* -1: not connected */
     lhttp_state state;
-    bool is_reused; /* the request went out on a connection that had answered before */
-    lhttp_buf out;  /* request head, then (copied) its body */
-    size_t sent;
+    bool is_reused;       /* the request went out on a connection that had answered before */
+    lhttp_buf out;        /* the request's head */
+    const char *out_body; /* its body, the caller's (not copied: 64 KiB a 32-step call) */
+    size_t out_body_len;
+    size_t sent;     /* of head and body */
     lhttp_buf in;    /* the answer as read */
     size_t head_end; /* past the answer's blank line; 0 while the head is incomplete */
     long status;
@@ -56,8 +58,8 @@ void lhttp_init(lhttp_conn *c, const struct sockaddr_in *addr);
 void lhttp_release(lhttp_conn *c);
 
 /* Starts a request: method and path, extra header lines (each ending "\r\n", or NULL) and a
- * body (copied; NULL for none). Connects first when not connected. 0, or -1 with the connection
- * FAILED (its error says why). */
+ * body (NULL for none; not copied: it must stay as it is until the request is DONE or FAILED).
+ * Connects first when not connected. 0, or -1 with the connection FAILED (its error says why). */
 int lhttp_start(lhttp_conn *c, const char *method, const char *path, const char *headers,
                 const void *body, size_t body_len);
 
