@@ -324,7 +324,7 @@ void attn__qk(const float *q, size_t ldq, int32_t m, const float *k, size_t ldk,
 void attn__pv(const float *p, size_t ldp, int32_t m, const float *v, size_t ldv, int32_t n,
               int32_t d, float *o, size_t ldo);
 
-/* ---- tile.c: register-blocked prefill kernels -------------------------------------------- */
+/* ---- tile.c: register-blocked prefill kernels (AVX2 + FMA) --------------------------------- */
 
 /* True when this CPU runs the AVX2 + FMA tile kernels; otherwise callers use cblas_sgemm. */
 bool attn__tile_is_fast(void);
@@ -341,6 +341,8 @@ void attn__tile_qk(const float *q, size_t ldq, int32_t m, const float *k, int32_
  * when attn__tile_is_fast(). */
 void attn__tile_pv(const float *p, size_t ldp, int32_t m, const float *v, size_t ldv, int32_t n,
                    int32_t d, float *o, size_t ldo);
+
+/* ---- tile_kv.c: decode attention against K/V as held (AVX2 + FMA + F16C) ------------------ */
 
 /* The rows a decode kernel's caller reads after the block it passes, which the kernel prefetches
  * into as it nears the block's end (rows NULL: none, or unknown). */
@@ -364,6 +366,8 @@ void attn__small_pv_kv(attn_dtype dt, const float *p, size_t ldp, int32_t m, con
  * widened: AVX2 + F16C where available. */
 void attn__kv_widen(attn_dtype dt, const uint8_t *src, size_t row_bytes, int32_t n, int32_t d,
                     float *dst, size_t ld);
+
+/* ---- tile_rows.c: projections of a few tokens (AVX2 + FMA + F16C) ------------------------- */
 
 /* y (m x n, ld ldy) = x (m x k) w^T for w (n x k), both row-major: the projection of a few
  * tokens, streaming each weight row from memory once. Only when attn__tile_is_fast(). */

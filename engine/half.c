@@ -1,6 +1,6 @@
 /* engine/half.c: weights held in half precision (bfloat16 or IEEE binary16): the conversions to
  * and from float (round to nearest even, as checkpoints are written), and the portable
- * projection of a few rows against half-precision weight rows, which tile.c's AVX2 kernel
+ * projection of a few rows against half-precision weight rows, which tile_rows.c's AVX2 kernel
  * replaces where the CPU has it. */
 #include "attn_int.h"
 

@@ -1,5 +1,5 @@
 /* engine/kv_dtype.c: how the KV cache holds one row of values in each of its dtypes, written once
- * when a token is appended and widened back to float by the attention kernels (tile.c streams
+ * when a token is appended and widened back to float by the attention kernels (tile_kv.c streams
  * them in registers; this file is the portable reference). Q8_0 is llama.cpp's block_q8_0, so a
  * row exported from attnd reads as ggml's q8_0 tensor row. */
 #include "attn_int.h"

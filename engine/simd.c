@@ -1,7 +1,7 @@
 /* engine/simd.c: the portable inner products of small attention problems (decode: a handful of
  * query rows against a block of keys), where cblas_sgemm's packing costs more than the
- * arithmetic. GCC vector extensions, so one source serves every target; tile.c has the AVX2
- * versions and uses these when the CPU lacks AVX2/FMA. */
+ * arithmetic. GCC vector extensions, so one source serves every target; tile.c and tile_kv.c have
+ * the AVX2 versions and uses these when the CPU lacks AVX2/FMA. */
 #include "attn_int.h"
 
 /* 16-byte vectors: baseline on x86-64 (SSE) and aarch64 (NEON), passed in registers. */

@@ -1,0 +1,498 @@
+/* engine/tile_kv.c: decode attention's inner products against K/V rows as the cache holds them
+ * (float, bfloat16, binary16 or Q8_0), widened in registers as they stream (AVX2 + FMA + F16C):
+ * a task's few query rows against a block's keys (scores) and values (weighted sum), one kernel
+ * per dtype and row count, prefetching across the edge of a block; and the widening of a block
+ * for prefill's tiles. Without AVX2 a block is widened by kv_dtype.c and simd.c does the rest. */
+#include "tile_avx2.h"
+
+#ifdef TILE_HAVE_AVX2
+
+/* Horizontal sums of eight vectors: result lane i = sum of v[i]'s lanes. */
+__attribute__((always_inline, target("avx2,fma"))) static inline __m256 hsum8x8(const __m256 *v) {
+    __m256 s01 = _mm256_hadd_ps(v[0], v[1]), s23 = _mm256_hadd_ps(v[2], v[3]);
+    __m256 s45 = _mm256_hadd_ps(v[4], v[5]), s67 = _mm256_hadd_ps(v[6], v[7]);
+    __m256 s0123 = _mm256_hadd_ps(s01, s23), s4567 = _mm256_hadd_ps(s45, s67);
+    return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20),
+                         _mm256_permute2f128_ps(s0123, s4567, 0x31));
+}
+
+/* Horizontal sums of four vectors: result lane i = sum of v[i]'s lanes (half hsum8x8's work). */
+__attribute__((always_inline, target("avx2,fma"))) static inline __m128 hsum4x8(const __m256 *v) {
+    __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+    return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+}
+
+/* A Q8_0 row's block holding value c: its scale, broadcast; its 8 int8 from value c (a multiple
+ * of 8), as floats not yet scaled. */
+__attribute__((always_inline, target("avx2,fma,f16c"))) static inline __m256
+q8_scale(const uint8_t *row, int32_t c) {
+    uint16_t h;
+    memcpy(&h, row + (size_t)(c / ATTN__QK8_0) * ATTN__Q8_0_BYTES, sizeof h);
+    return _mm256_set1_ps(_cvtsh_ss(h));
+}
+
+__attribute__((always_inline, target("avx2,fma,f16c"))) static inline __m256
+q8_values(const uint8_t *row, int32_t c) {
+    const uint8_t *p = row + (size_t)(c / ATTN__QK8_0) * ATTN__Q8_0_BYTES + 2 + c % ATTN__QK8_0;
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
+/* How far ahead the scores kernel prefetches key rows: each pass of a few keys asks for every
+ * line of the rows this far ahead (the hardware prefetcher stops at page boundaries, and a block
+ * spans several pages). Every row, not one row in three as before: the small preset's 32-session
+ * decode step (K/V out of L3) 4.1-4.5 -> 3.1-4.0 ms median over four alternated runs. Q8_0's
+ * block loop keeps its own prefetch, a block 8 rows ahead.
+ * As far as the weighted sum's (PV_KEYS): near a block's end each kernel prefetches the rows the
+ * other reads first (the scores kernel the block's values, the weighted sum the next block's
+ * keys), and from there the other prefetches PV_KEYS on; 16 here left rows 16-31 of every value
+ * and key run to demand misses (llama8b, 32 sessions at L=2048, bf16: 20.0-20.5 -> 18.6-18.8 ms;
+ * 24, 40 and 48 rows in between; 64 slower). */
+#define KV_PREFETCH_ROWS 32
+
+/* Row r of a block of n rows at base, rb bytes apart, for prefetching: past the block's end, the
+ * rows read after it (`after`: the block's values after its keys, the next block's keys after
+ * its values), so the prefetches run on across the edge of a block instead of loading the lines
+ * of another head's rows that nobody reads next (at 128 tokens a block, a sixth of the traffic)
+ * and leaving the next run's first rows to demand misses. */
+__attribute__((always_inline)) static inline const uint8_t *
+row_ahead(const uint8_t *base, size_t rb, int32_t n, struct attn__kv_after after, int32_t r) {
+    if (r < n || after.rows == NULL) {
+        return base + (size_t)r * rb;
+    }
+    return after.rows + (size_t)(r - n) * after.row_bytes;
+}
+
+/* s[a * lds + b] = q_a . k_b for MX <= 4 query rows and NK <= 3 keys held as DT, rb bytes apart:
+ * each key vector is widened once and used for every row. ahead[b]: the row to prefetch for key
+ * b. */
+__attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
+qk_kv_block(const int DT, const int MX, const int NK, const float *q, size_t ldq, const uint8_t *k,
+            size_t rb, const uint8_t *const *ahead, int32_t d, float *s, size_t lds) {
+    __m256 acc[16];
+#pragma GCC unroll 16
+    for (int a = 0; a < 16; a++) {
+        acc[a] = _mm256_setzero_ps(); /* unrolled: a loop here became a rep stos per call */
+    }
+    if (DT != 3) {
+        /* the lines of the rows KV_PREFETCH_ROWS ahead, all at once: no branch in the loop */
+#pragma GCC unroll 3
+        for (int b = 0; b < NK; b++) {
+            for (size_t off = 0; off < KV_BYTE_OF(DT, d); off += 64) {
+                _mm_prefetch((const char *)(ahead[b] + off), _MM_HINT_T0);
+            }
+        }
+    }
+    int32_t c = 0;
+    for (; DT == 3 && c + ATTN__QK8_0 <= d; c += ATTN__QK8_0) {
+        /* Q8_0 a whole block at a time: its scale widened once, not per 8 values */
+        _mm_prefetch((const char *)(k + 8 * rb + KV_BYTE_OF(DT, c)), _MM_HINT_T0);
+        __m256 sv[3];
+#pragma GCC unroll 3
+        for (int b = 0; b < NK; b++) {
+            sv[b] = q8_scale(k + b * rb, c);
+        }
+#pragma GCC unroll 4
+        for (int32_t sub = 0; sub < ATTN__QK8_0; sub += 8) {
+            __m256 kv[3];
+#pragma GCC unroll 3
+            for (int b = 0; b < NK; b++) {
+                kv[b] = _mm256_mul_ps(q8_values(k + b * rb, c + sub), sv[b]);
+            }
+#pragma GCC unroll 4
+            for (int a = 0; a < MX; a++) {
+                __m256 qv = _mm256_loadu_ps(q + a * ldq + c + sub);
+#pragma GCC unroll 3
+                for (int b = 0; b < NK; b++) {
+                    acc[b * 4 + a] = _mm256_fmadd_ps(qv, kv[b], acc[b * 4 + a]);
+                }
+            }
+        }
+    }
+    for (; c + 8 <= d; c += 8) {
+#pragma GCC unroll 3
+        for (int b = 0; DT == 3 && b < NK; b++) {
+            /* a Q8_0 row's tail (d not whole blocks) */
+            _mm_prefetch((const char *)(ahead[b] + KV_BYTE_OF(DT, c)), _MM_HINT_T0);
+        }
+        __m256 kv[3];
+#pragma GCC unroll 3
+        for (int b = 0; b < NK; b++) {
+            kv[b] = load_w8(DT, k + b * rb, (size_t)c);
+        }
+#pragma GCC unroll 4
+        for (int a = 0; a < MX; a++) {
+            __m256 qv = _mm256_loadu_ps(q + a * ldq + c);
+#pragma GCC unroll 3
+            for (int b = 0; b < NK; b++) {
+                acc[b * 4 + a] = _mm256_fmadd_ps(qv, kv[b], acc[b * 4 + a]);
+            }
+        }
+    }
+    float t[16];
+    _mm256_storeu_ps(t, hsum8x8(acc)); /* lane b * 4 + a: row a against key b */
+    if (NK > 2) {
+        _mm_storeu_ps(t + 8, hsum4x8(acc + 8));
+    }
+#pragma GCC unroll 4
+    for (int a = 0; a < MX; a++) {
+#pragma GCC unroll 3
+        for (int b = 0; b < NK; b++) {
+            float sum = t[b * 4 + a];
+            for (int32_t r = c; r < d; r++) {
+                sum += q[a * ldq + r] * load_w1(DT, k + b * rb, (size_t)r);
+            }
+            s[a * lds + b] = sum;
+        }
+    }
+}
+
+/* One group of MX query rows against the n keys of a block, a few at a time. */
+__attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
+qk_kv_rows(const int DT, const int MX, const float *q, size_t ldq, const uint8_t *k, size_t rb,
+           int32_t n, struct attn__kv_after after, int32_t d, float *s, size_t lds) {
+    int32_t j = 0;
+    /* three keys a pass (12 accumulators hide the FMA latency better than 8: bf16 from L2 18.8
+     * -> 16.7 ns a key); Q8_0 one, as its scales took the registers of two and spilled
+     * accumulators to the stack (llama8b L=2048 on one thread: 0.49-0.50 -> 0.46-0.48 ms) */
+    for (; DT != 3 && j + 3 <= n; j += 3) {
+        const uint8_t *ahead[3];
+#pragma GCC unroll 3
+        for (int b = 0; b < 3; b++) {
+            ahead[b] = row_ahead(k, rb, n, after, j + KV_PREFETCH_ROWS + b);
+        }
+        qk_kv_block(DT, MX, 3, q, ldq, k + (size_t)j * rb, rb, ahead, d, s + j, lds);
+    }
+    for (; j < n; j++) {
+        const uint8_t *ahead[1] = {row_ahead(k, rb, n, after, j + KV_PREFETCH_ROWS)};
+        qk_kv_block(DT, MX, 1, q, ldq, k + (size_t)j * rb, rb, ahead, d, s + j, lds);
+    }
+}
+
+/* CALL(MX, i) for the query rows of a task in groups of MX <= 4 from row i: the decode kernels
+ * are specialized per group size. */
+#define FOR_ROW_GROUPS(m, CALL)                                                                    \
+    do {                                                                                           \
+        int32_t i_ = 0;                                                                            \
+        for (; i_ + 4 <= (m); i_ += 4) {                                                           \
+            CALL(4, i_);                                                                           \
+        }                                                                                          \
+        switch ((m)-i_) {                                                                          \
+        case 3:                                                                                    \
+            CALL(3, i_);                                                                           \
+            break;                                                                                 \
+        case 2:                                                                                    \
+            CALL(2, i_);                                                                           \
+            break;                                                                                 \
+        case 1:                                                                                    \
+            CALL(1, i_);                                                                           \
+            break;                                                                                 \
+        default:                                                                                   \
+            break;                                                                                 \
+        }                                                                                          \
+    } while (0)
+
+/* Keys per run of pv_kv_rows: a run's value rows stay in L1 while its strips walk them. Each run
+ * prefetches the next, so this is also the weighted sum's prefetch distance, which must be the
+ * scores kernel's for the two to hand prefetching over at a block's edge. */
+#define PV_KEYS KV_PREFETCH_ROWS
+
+/* o[:, c .. c + 8 CW) += p v over keys [j0, j1) for MX <= 4 rows, the MX x CW accumulators in
+ * registers for the whole run (NS sets over alternate keys when one row alone would wait on the
+ * FMA latency). Prefetches the same lines PV_KEYS rows ahead, for the next run. */
+__attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
+pv_strip(const int DT, const int MX, const int CW, const int NS, const float *p, size_t ldp,
+         int32_t pj, const uint8_t *v, size_t rb, int32_t n, struct attn__kv_after after,
+         int32_t j0, int32_t j1, int32_t c, float *o, size_t ldo) {
+    __m256 acc[2][4][4];
+#pragma GCC unroll 2
+    for (int u = 0; u < NS; u++) {
+#pragma GCC unroll 4
+        for (int a = 0; a < MX; a++) {
+#pragma GCC unroll 4
+            for (int w = 0; w < CW; w++) {
+                acc[u][a][w] =
+                    u == 0 ? _mm256_loadu_ps(o + a * ldo + c + 8 * w) : _mm256_setzero_ps();
+            }
+        }
+    }
+    /* Every strip prefetches its part of each row PV_KEYS ahead (a line twice when two strips
+     * share it: an idle load slot, cheaper than a branch a key). The run's rows ahead are found
+     * once: past the block they continue in `after`, at its row size. */
+    const uint8_t *ahead = row_ahead(v, rb, n, after, j0 + PV_KEYS) + KV_BYTE_OF(DT, c);
+    size_t ahead_rb = j0 + PV_KEYS < n || after.rows == NULL ? rb : after.row_bytes;
+    int32_t j = j0;
+    for (; j + NS <= j1; j += NS) {
+#pragma GCC unroll 2
+        for (int u = 0; u < NS; u++) {
+            const uint8_t *row = v + (size_t)(j + u) * rb;
+            _mm_prefetch((const char *)ahead, _MM_HINT_T0);
+            ahead += ahead_rb;
+            __m256 vv[4];
+#pragma GCC unroll 4
+            for (int w = 0; w < CW; w++) {
+                vv[w] = DT == 3 ? q8_values(row, c + 8 * w) : load_w8(DT, row, (size_t)c + 8 * w);
+            }
+#pragma GCC unroll 4
+            for (int a = 0; a < MX; a++) {
+                __m256 pa = _mm256_broadcast_ss(p + a * ldp + (j + u - pj));
+#pragma GCC unroll 4
+                for (int w = 0; w < CW; w++) {
+                    acc[u][a][w] = _mm256_fmadd_ps(pa, vv[w], acc[u][a][w]);
+                }
+            }
+        }
+    }
+    for (; j < j1; j++) {
+        const uint8_t *row = v + (size_t)j * rb;
+#pragma GCC unroll 4
+        for (int w = 0; w < CW; w++) {
+            __m256 vw = DT == 3 ? q8_values(row, c + 8 * w) : load_w8(DT, row, (size_t)c + 8 * w);
+#pragma GCC unroll 4
+            for (int a = 0; a < MX; a++) {
+                acc[0][a][w] =
+                    _mm256_fmadd_ps(_mm256_broadcast_ss(p + a * ldp + (j - pj)), vw, acc[0][a][w]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int a = 0; a < MX; a++) {
+#pragma GCC unroll 4
+        for (int w = 0; w < CW; w++) {
+            __m256 sum = NS > 1 ? _mm256_add_ps(acc[0][a][w], acc[NS - 1][a][w]) : acc[0][a][w];
+            _mm256_storeu_ps(o + a * ldo + c + 8 * w, sum);
+        }
+    }
+}
+
+/* o[:, c0 .. c1) += p v over keys [j0, j1), one value at a time: the columns after the last
+ * whole 8 (p as given, unscaled values widened with their scales). */
+__attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
+pv_columns1(const int DT, const int MX, const float *p, size_t ldp, const uint8_t *v, size_t rb,
+            int32_t j0, int32_t j1, int32_t c0, int32_t c1, float *o, size_t ldo) {
+    for (int32_t c = c0; c < c1; c++) {
+        for (int32_t j = j0; j < j1; j++) {
+            float x = load_w1(DT, v + (size_t)j * rb, (size_t)c);
+            for (int a = 0; a < MX; a++) {
+                o[a * ldo + c] += p[a * ldp + j] * x;
+            }
+        }
+    }
+}
+
+/* Q8_0 blocks whose scales a run folds into its weights at once (a quarter of a head of 1024). */
+#define Q8_RUN_BLOCKS 8
+
+/* ps[(b * MX + a) * PV_KEYS + jj] = p[a][j0 + jj] x the scale of block b0 + b of value row
+ * j0 + jj, for nj <= PV_KEYS keys and nb <= Q8_RUN_BLOCKS blocks: the weights of a run with its
+ * rows' scales in them, so the strips widen each 8 int8 and nothing more (the scale's load,
+ * widening, broadcast and multiply for every 8 values cost as much as the widening). */
+__attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
+q8_scaled_weights(const int MX, const float *p, size_t ldp, const uint8_t *v, size_t rb, int32_t j0,
+                  int32_t nj, int32_t b0, int32_t nb, float *ps) {
+    uint16_t sh[Q8_RUN_BLOCKS][PV_KEYS];
+    for (int32_t jj = 0; jj < nj; jj++) {
+        const uint8_t *row = v + (size_t)(j0 + jj) * rb + (size_t)b0 * ATTN__Q8_0_BYTES;
+        for (int32_t b = 0; b < nb; b++) {
+            memcpy(&sh[b][jj], row + (size_t)b * ATTN__Q8_0_BYTES, sizeof sh[b][jj]);
+        }
+    }
+    for (int32_t b = 0; b < nb; b++) {
+#pragma GCC unroll 4
+        for (int a = 0; a < MX; a++) {
+            const float *pa = p + a * ldp + j0;
+            float *out = ps + ((size_t)b * MX + a) * PV_KEYS;
+            int32_t jj = 0;
+            for (; jj + 8 <= nj; jj += 8) {
+                __m256 sv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sh[b] + jj)));
+                _mm256_storeu_ps(out + jj, _mm256_mul_ps(_mm256_loadu_ps(pa + jj), sv));
+            }
+            for (; jj < nj; jj++) {
+                out[jj] = pa[jj] * _cvtsh_ss(sh[b][jj]);
+            }
+        }
+    }
+}
+
+/* o (MX <= 4 rows, d columns) += p v for value rows held as DT, rb bytes apart. Runs of PV_KEYS
+ * keys, each walked once per strip of output columns whose accumulators stay in registers: the
+ * kernel before this one loaded and stored every accumulator every two keys, which held it to
+ * the store port at about half the FMA rate (llama8b decode attention in L3: ~16 GB/s of bf16).
+ * Q8_0 takes its weights scaled per block (q8_scaled_weights), Q8_RUN_BLOCKS blocks of columns
+ * at a time; a strip (16 or 32 columns from a multiple of its width) lies in one block. */
+__attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
+pv_kv_rows(const int DT, const int MX, const float *p, size_t ldp, const uint8_t *v, size_t rb,
+           int32_t n, struct attn__kv_after after, int32_t d, float *o, size_t ldo) {
+    /* strips of CW vectors: 8 accumulators for 2 or 4 rows, 6 for 3, 2 x 4 for a lone row */
+    const int CW = MX == 2 || MX == 1 ? 4 : 2, NS = MX == 1 ? 2 : 1;
+    const int32_t chunk = DT == 3 ? Q8_RUN_BLOCKS * ATTN__QK8_0 : d;
+    float ps[DT == 3 ? Q8_RUN_BLOCKS * 4 * PV_KEYS : 1];
+    for (int32_t j0 = 0; j0 < n; j0 += PV_KEYS) {
+        int32_t j1 = n - j0 < PV_KEYS ? n : j0 + PV_KEYS;
+        for (int32_t c0 = 0; c0 < d; c0 += chunk) {
+            int32_t c1 = d - c0 < chunk ? d : c0 + chunk;
+            const float *pc = p;
+            size_t ldpc = ldp;
+            int32_t pj = 0;
+            if (DT == 3) {
+                q8_scaled_weights(MX, p, ldp, v, rb, j0, j1 - j0, c0 / ATTN__QK8_0,
+                                  (c1 - c0 + ATTN__QK8_0 - 1) / ATTN__QK8_0, ps);
+                ldpc = PV_KEYS;
+                pj = j0;
+            }
+            int32_t c = c0;
+            for (; c + 8 * CW <= c1; c += 8 * CW) {
+                if (DT == 3) {
+                    pc = ps + (size_t)((c - c0) / ATTN__QK8_0) * MX * PV_KEYS;
+                }
+                pv_strip(DT, MX, CW, NS, pc, ldpc, pj, v, rb, n, after, j0, j1, c, o, ldo);
+            }
+            for (; c + 8 <= c1; c += 8) {
+                if (DT == 3) {
+                    pc = ps + (size_t)((c - c0) / ATTN__QK8_0) * MX * PV_KEYS;
+                }
+                pv_strip(DT, MX, 1, NS, pc, ldpc, pj, v, rb, n, after, j0, j1, c, o, ldo);
+            }
+            pv_columns1(DT, MX, p, ldp, v, rb, j0, j1, c, c1, o, ldo);
+        }
+    }
+}
+
+/* The decode kernels as one function per dtype and row count, each taking one group of query
+ * rows against a block: scores (qk: in q, out s) or weighted sum (pv: in p, out o). Inlined into
+ * one dispatching function, their loops shared its registers with every other variant's and
+ * spilled scalars in the inner loops (the weighted sum of 4 rows at head_dim 128 from L2: ~25 ns
+ * a key, against ~13 for the same loop compiled alone). Each has the common head sizes, 64 and
+ * 128, as constants, so their loops over d unroll with no remainder tests. */
+typedef void rows_fn(const float *in, size_t ld_in, const uint8_t *rows, size_t rb, int32_t n,
+                     struct attn__kv_after after, int32_t d, float *out, size_t ld_out);
+#define ROWS_KERNEL(kind, DT, MX)                                                                  \
+    __attribute__((noinline, target("avx2,fma,f16c"))) static void kind##_rows_##DT##_##MX(        \
+        const float *in, size_t ld_in, const uint8_t *rows, size_t rb, int32_t n,                  \
+        struct attn__kv_after after, int32_t d, float *out, size_t ld_out) {                       \
+        if (d == 128) {                                                                            \
+            kind##_kv_rows(DT, MX, in, ld_in, rows, rb, n, after, 128, out, ld_out);               \
+        } else if (d == 64) {                                                                      \
+            kind##_kv_rows(DT, MX, in, ld_in, rows, rb, n, after, 64, out, ld_out);                \
+        } else {                                                                                   \
+            kind##_kv_rows(DT, MX, in, ld_in, rows, rb, n, after, d, out, ld_out);                 \
+        }                                                                                          \
+    }
+#define ROWS_KERNELS(DT, MX) ROWS_KERNEL(qk, DT, MX) ROWS_KERNEL(pv, DT, MX)
+#define ROWS_KERNELS_DT(DT)                                                                        \
+    ROWS_KERNELS(DT, 1) ROWS_KERNELS(DT, 2) ROWS_KERNELS(DT, 3) ROWS_KERNELS(DT, 4)
+ROWS_KERNELS_DT(0)
+ROWS_KERNELS_DT(1)
+ROWS_KERNELS_DT(2)
+ROWS_KERNELS_DT(3)
+#define ROWS_TABLE(kind, DT)                                                                       \
+    { kind##_rows_##DT##_1, kind##_rows_##DT##_2, kind##_rows_##DT##_3, kind##_rows_##DT##_4 }
+static rows_fn *const qk_rows[4][4] = {ROWS_TABLE(qk, 0), ROWS_TABLE(qk, 1), ROWS_TABLE(qk, 2),
+                                       ROWS_TABLE(qk, 3)};
+static rows_fn *const pv_rows[4][4] = {ROWS_TABLE(pv, 0), ROWS_TABLE(pv, 1), ROWS_TABLE(pv, 2),
+                                       ROWS_TABLE(pv, 3)};
+
+/* The kernels' index of a KV dtype: 0 float, 1 bfloat16, 2 binary16, 3 Q8_0. */
+static int kernel_dtype(attn_dtype dt) {
+    switch (dt) {
+    case ATTN_DTYPE_BF16:
+        return 1;
+    case ATTN_DTYPE_F16:
+        return 2;
+    case ATTN_DTYPE_Q8_0:
+        return 3;
+    default:
+        return 0;
+    }
+}
+
+__attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
+widen_t(const int DT, const uint8_t *src, size_t rb, int32_t n, int32_t d, float *dst, size_t ld) {
+    for (int32_t j = 0; j < n; j++) {
+        const uint8_t *row = src + (size_t)j * rb;
+        float *out = dst + (size_t)j * ld;
+        int32_t c = 0;
+        for (; c + 8 <= d; c += 8) {
+            _mm256_storeu_ps(out + c, load_w8(DT, row, (size_t)c));
+        }
+        for (; c < d; c++) {
+            out[c] = load_w1(DT, row, (size_t)c);
+        }
+    }
+}
+
+/* CALL(DT) with the kernels' constant index of KV dtype dt (see kernel_dtype). */
+#define KV_DISPATCH(dt, CALL)                                                                      \
+    do {                                                                                           \
+        switch (dt) {                                                                              \
+        case ATTN_DTYPE_BF16:                                                                      \
+            CALL(1);                                                                               \
+            break;                                                                                 \
+        case ATTN_DTYPE_F16:                                                                       \
+            CALL(2);                                                                               \
+            break;                                                                                 \
+        case ATTN_DTYPE_Q8_0:                                                                      \
+            CALL(3);                                                                               \
+            break;                                                                                 \
+        default:                                                                                   \
+            CALL(0);                                                                               \
+            break;                                                                                 \
+        }                                                                                          \
+    } while (0)
+
+/* The m query rows of a task against a block, in groups of at most 4, by fns (qk_rows or
+ * pv_rows of the block's dtype). */
+static void rows_avx2(rows_fn *const *fns, const float *in, size_t ld_in, int32_t m,
+                      const uint8_t *rows, size_t rb, int32_t n, struct attn__kv_after after,
+                      int32_t d, float *out, size_t ld_out) {
+#define GROUP(MX, i)                                                                               \
+    fns[(MX)-1](in + (i)*ld_in, ld_in, rows, rb, n, after, d, out + (i)*ld_out, ld_out)
+    FOR_ROW_GROUPS(m, GROUP);
+#undef GROUP
+}
+
+__attribute__((target("avx2,fma,f16c"))) static void widen_avx2(attn_dtype dt, const uint8_t *src,
+                                                                size_t rb, int32_t n, int32_t d,
+                                                                float *dst, size_t ld) {
+#define WIDEN(DT) widen_t(DT, src, rb, n, d, dst, ld)
+    KV_DISPATCH(dt, WIDEN);
+#undef WIDEN
+}
+
+#endif /* TILE_HAVE_AVX2 */
+
+void attn__small_qk_kv(attn_dtype dt, const float *q, size_t ldq, int32_t m, const uint8_t *k,
+                       size_t row_bytes, int32_t n, struct attn__kv_after after, int32_t d,
+                       float *s, size_t lds, float *widen) {
+#ifdef TILE_HAVE_AVX2
+    if (attn__tile_is_fast()) {
+        rows_avx2(qk_rows[kernel_dtype(dt)], q, ldq, m, k, row_bytes, n, after, d, s, lds);
+        return;
+    }
+#endif
+    attn__kv_widen_portable(dt, k, row_bytes, n, d, widen, (size_t)d);
+    attn__qk(q, ldq, m, widen, (size_t)d, n, d, s, lds);
+}
+
+void attn__small_pv_kv(attn_dtype dt, const float *p, size_t ldp, int32_t m, const uint8_t *v,
+                       size_t row_bytes, int32_t n, struct attn__kv_after after, int32_t d,
+                       float *o, size_t ldo, float *widen) {
+#ifdef TILE_HAVE_AVX2
+    if (attn__tile_is_fast()) {
+        rows_avx2(pv_rows[kernel_dtype(dt)], p, ldp, m, v, row_bytes, n, after, d, o, ldo);
+        return;
+    }
+#endif
+    attn__kv_widen_portable(dt, v, row_bytes, n, d, widen, (size_t)d);
+    attn__pv(p, ldp, m, widen, (size_t)d, n, d, o, ldo);
+}
+
+void attn__kv_widen(attn_dtype dt, const uint8_t *src, size_t row_bytes, int32_t n, int32_t d,
+                    float *dst, size_t ld) {
+#ifdef TILE_HAVE_AVX2
+    if (attn__tile_is_fast()) {
+        widen_avx2(dt, src, row_bytes, n, d, dst, ld);
+        return;
+    }
+#endif
+    attn__kv_widen_portable(dt, src, row_bytes, n, d, dst, ld);
+}
