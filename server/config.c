@@ -386,7 +386,7 @@ int config_parse_geometry(const char *spec, attn_config *out, char *err, size_t 
     attn_config check = c;
     if (attn_config_check(&check) != ATTN_OK) {
         set_err(err, err_size,
-                "--geometry %s: not a valid attention geometry (kv_heads must divide heads; "
+                "--geometry: %s: not a valid attention geometry (kv_heads must divide heads; "
                 "rotary_dim even and at most head_dim; layers and positions within the engine's "
                 "limits)",
                 spec);

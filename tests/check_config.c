@@ -169,6 +169,14 @@ START_TEST(test_config_bad_values_are_named) {
         {{"attnd", "--geometry", "heads=65536,kv_heads=1,head_dim=65536,layers=1", NULL},
          NULL,
          "heads x head_dim = 4294967296 is over"},
+        /* a geometry the engine refuses is named once, by where it came from (the line read
+         * "ATTND_GEOMETRY: --geometry heads=...") */
+        {{"attnd", NULL},
+         "ATTND_GEOMETRY=heads=2,kv_heads=3,head_dim=4,layers=1",
+         "ATTND_GEOMETRY: heads=2,kv_heads=3,head_dim=4,layers=1: not a valid attention geometry"},
+        {{"attnd", "--geometry", "heads=2,kv_heads=3,head_dim=4,layers=1", NULL},
+         NULL,
+         "--geometry: heads=2,kv_heads=3,head_dim=4,layers=1: not a valid attention geometry"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         struct config cfg;
