@@ -467,6 +467,25 @@ static int resolve(struct config *cfg, int32_t cores, struct origins *from, char
             return -1;
         }
     }
+    /* route.c compares the key with the Authorization header's value, whose surrounding
+     * whitespace is not part of it (RFC 9110 section 5.5) and which holds no control byte but
+     * HTAB: such a key would start and then answer every /v1 request 401. The key itself is
+     * not echoed. */
+    const char *key = cfg->api_key;
+    size_t key_len = strlen(key);
+    bool is_unsendable = key_len > 0 && (key[0] == ' ' || key[0] == '\t' ||
+                                         key[key_len - 1] == ' ' || key[key_len - 1] == '\t');
+    for (size_t i = 0; i < key_len; i++) {
+        unsigned char c = (unsigned char)key[i];
+        is_unsendable = is_unsendable || (c < 0x20 && c != '\t') || c == 0x7F;
+    }
+    if (is_unsendable) {
+        set_err(err, err_size,
+                "%s: a key that begins or ends with whitespace or holds a control byte never "
+                "matches an Authorization header (every /v1 request would get 401)",
+                origin_of(from, "api-key"));
+        return -1;
+    }
     if (cfg->kv_block_tokens != 0 && (cfg->kv_block_tokens < 16 || cfg->kv_block_tokens > 256)) {
         set_err(err, err_size, "%s: %d is out of range [16, 256] (or 0: the engine's 128)",
                 origin_of(from, "kv-block-tokens"), (int)cfg->kv_block_tokens);

@@ -169,6 +169,12 @@ START_TEST(test_config_bad_values_are_named) {
         {{"attnd", "--geometry", "heads=65536,kv_heads=1,head_dim=65536,layers=1", NULL},
          NULL,
          "heads x head_dim = 4294967296 is over"},
+        /* a key no Authorization header can carry (surrounding whitespace is not part of the
+         * header's value, control bytes cannot be sent) started and then answered every /v1
+         * request 401; the key itself is not echoed */
+        {{"attnd", "--api-key", "s3cret ", NULL}, NULL, "--api-key: a key that begins or ends"},
+        {{"attnd", NULL}, "ATTND_API_KEY=\ts3cret", "ATTND_API_KEY: a key that begins or ends"},
+        {{"attnd", "--api-key", "s3\ncret", NULL}, NULL, "holds a control byte never matches"},
         /* a geometry the engine refuses is named once, by where it came from (the line read
          * "ATTND_GEOMETRY: --geometry heads=...") */
         {{"attnd", NULL},
