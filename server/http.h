@@ -107,10 +107,11 @@ uint64_t http_server_n_reclaimed(const struct http_server *s);
 
 /* The end of a drain's grace: drops every request whose body has not all arrived and every
  * connection without a request in progress (idle ones, and ones still sending headers).
- * Requests fully received are left to finish. Returns how many requests were cut (a request
- * counts from its first byte). Their connections close at MHD's next pass, so on_closed follows
- * later, never inside this call. */
-int32_t http_server_cut_unreceived(struct http_server *s);
+ * Requests fully received are left to finish, *n_finishing of them. Returns how many requests
+ * were cut (a request counts from its first byte, so headers still arriving count too). Their
+ * connections close at MHD's next pass, so on_closed follows later, never inside this call, and
+ * a cut request's http_request_ended is "shutdown". */
+int32_t http_server_cut_unreceived(struct http_server *s, int32_t *n_finishing);
 
 /* ---- the request ------------------------------------------------------------------------------
  */

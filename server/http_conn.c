@@ -650,8 +650,9 @@ uint64_t http_server_n_reclaimed(const struct http_server *s) {
     return s->n_reclaimed;
 }
 
-int32_t http_server_cut_unreceived(struct http_server *s) {
+int32_t http_server_cut_unreceived(struct http_server *s, int32_t *n_finishing) {
     int32_t n = 0;
+    *n_finishing = s->n_requests;
     struct conn *next;
     for (struct conn *c = conn_table_first(s->conns, CONN_STATE_BUSY); c != NULL; c = next) {
         next = conn_next(c);
@@ -661,8 +662,10 @@ int32_t http_server_cut_unreceived(struct http_server *s) {
                      "dropping a request still being received req=%llu session=- "
                      "body_bytes=%zu",
                      (unsigned long long)hc->req->id, hc->req->body.len - hc->req->body_pad);
+            hc->req->ended = "shutdown"; /* its log line says why, not MHD's "error" */
             drop(hc);
             n++;
+            (*n_finishing)--;
         }
     }
     for (struct conn *c = conn_table_first(s->conns, CONN_STATE_WAITING); c != NULL; c = next) {

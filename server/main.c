@@ -84,13 +84,13 @@ static void on_drained(struct server *srv) {
  * upload would otherwise hold the drain forever); requests fully received finish. */
 static void on_drain_deadline(uv_timer_t *t) {
     struct daemon *d = t->data;
-    int32_t n = http_server_cut_unreceived(d->srv.http);
+    int32_t finishing = 0;
+    int32_t n = http_server_cut_unreceived(d->srv.http, &finishing);
     d->n_cut += n;
     LOG_WARN("main",
              "drain deadline after %d s: cut requests still being received req=- session=- "
              "n_cut=%d finishing=%d",
-             (int)d->srv.cfg->drain_timeout_s, (int)n,
-             (int)(http_server_n_requests(d->srv.http) - n));
+             (int)d->srv.cfg->drain_timeout_s, (int)n, (int)finishing);
     route_check_drained(&d->srv); /* what was cut may have been all that was left */
 }
 

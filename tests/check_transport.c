@@ -825,6 +825,31 @@ START_TEST(test_transport_drain_waits_for_headers_still_arriving) {
 }
 END_TEST
 
+/* What the deadline cut is logged as the README says: each request cut says ended=shutdown (it
+ * said ended=error, MHD's reading of the hang-up), and the deadline's line counts the requests
+ * left to finish without the connections still sending headers (finishing=-1 here). */
+START_TEST(test_transport_drain_deadline_logs_what_it_cut) {
+    const char *env[] = {"ATTND_DRAIN_TIMEOUT_S=1", NULL};
+    start(env, NULL);
+    char *log_path = strdup(daemon_.log_path);
+    int upload = partial_upload("cut");
+    const char *head = "GET /readyz HTTP/1.1\r\nHost: a\r\n";
+    int headers = http_client_raw_send(daemon_.port, head, strlen(head), 0);
+    http_client_sleep_ms(200);
+    int status = stop_while_trickling(-1, -1, NULL, 10000);
+    char *log = http_client_read_file(log_path, NULL);
+    ck_assert_msg(status == 3, "exit %d, want 3 (cut)", status);
+    ck_assert_msg(strstr(log, "n_cut=2 finishing=0") != NULL, "log: %.3000s", log);
+    const char *line = strstr(log, "path=\"/v1/attend\" status=0");
+    ck_assert_msg(line != NULL && strncmp(strchr(line, '\n') - 15, " ended=shutdown", 15) == 0,
+                  "log: %.3000s", log);
+    free(log);
+    free(log_path);
+    close(upload);
+    close(headers);
+}
+END_TEST
+
 START_TEST(test_transport_drain_follows_an_abandoned_upload) {
     start(NULL, NULL); /* the default 30 s deadline */
     int fd = partial_upload("gone");
@@ -937,6 +962,7 @@ Suite *transport_suite(void) {
     tcase_add_test(tc, test_transport_bearer_scheme_is_case_insensitive);
     tc = daemon_case(s, "drain");
     tcase_add_test(tc, test_transport_drain_deadline_cuts_trickling_upload);
+    tcase_add_test(tc, test_transport_drain_deadline_logs_what_it_cut);
     tcase_add_test(tc, test_transport_drain_follows_an_abandoned_upload);
     tcase_add_test(tc, test_transport_drain_waits_for_headers_still_arriving);
     return s;
