@@ -455,8 +455,8 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     if (r == NULL) {
         return;
     }
-    switch (r->ended != NULL ? MHD_REQUEST_TERMINATED_COMPLETED_OK : toe) {
-    case MHD_REQUEST_TERMINATED_COMPLETED_OK: /* or ended already said why (the drain's cut) */
+    switch (r->is_end_known ? MHD_REQUEST_TERMINATED_COMPLETED_OK : toe) {
+    case MHD_REQUEST_TERMINATED_COMPLETED_OK:
         break;
     case MHD_REQUEST_TERMINATED_TIMEOUT_REACHED:
         r->ended = "timeout"; /* a body or an answer that stopped moving */

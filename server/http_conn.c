@@ -103,6 +103,16 @@ static void drop(struct http_conn *hc) {
     http__schedule_run(hc->srv);
 }
 
+/* drop, with why its request (if any, and not decided already) ended for its log line: NULL
+ * when its answer went out whole. libmicrohttpd reads every such hang-up as an error. */
+static void drop_as(struct http_conn *hc, const char *why) {
+    if (hc->req != NULL && !hc->req->is_end_known) {
+        hc->req->is_end_known = true;
+        hc->req->ended = why;
+    }
+    drop(hc);
+}
+
 /* True once the client can receive nothing more: a reset, or a socket closed both ways. */
 static bool is_gone(int fd) {
     struct pollfd p = {fd, 0, 0};
@@ -145,7 +155,7 @@ void http__conns_after_run(struct http_server *s) {
         if (hc->req == NULL || !is_received(hc->req)) {
             LOG_DEBUG("http", "client closed before its request was complete req=%llu session=-",
                       hc->req != NULL ? (unsigned long long)hc->req->id : 0ULL);
-            drop(hc);
+            drop_as(hc, "client_closed");
         }
     }
 }
@@ -163,7 +173,7 @@ static void on_watch(uv_poll_t *p, int status, int events) {
     struct http_conn *hc = p->data;
     if (hc->req != NULL && hc->req->is_direct) {
         if (status < 0) {
-            drop(hc);
+            drop_as(hc, "client_closed");
         } else {
             direct_flush(hc->req);
         }
@@ -173,7 +183,7 @@ static void on_watch(uv_poll_t *p, int status, int events) {
         /* Level-triggered: it would fire again at once. A FIN stays; nothing more to watch. */
         watch_set(hc, 0);
         if (status < 0 || is_gone(hc->fd)) {
-            drop(hc);
+            drop_as(hc, "client_closed");
             return;
         }
         hc->has_fin = true;
@@ -437,7 +447,7 @@ static void on_stall_timer(uv_timer_t *t) {
             (int64_t)(now - r->direct_progress_ms) >= s->idle_timeout_ms) {
             LOG_DEBUG("http", "client stopped reading its answer req=%llu session=-",
                       (unsigned long long)r->id);
-            drop((struct http_conn *)c);
+            drop_as((struct http_conn *)c, "timeout");
         }
     }
 }
@@ -485,7 +495,7 @@ static void direct_flush(struct http_request *r) {
     if (r->out.has_failed) {
         LOG_ERROR("http", "out of memory for a direct answer req=%llu session=-",
                   (unsigned long long)r->id);
-        drop(hc);
+        drop_as(hc, "error");
         return;
     }
     while (r->out_off < r->out.len) {
@@ -499,7 +509,7 @@ static void direct_flush(struct http_request *r) {
             return;
         }
         if (n < 0) {
-            drop(hc); /* the client is gone */
+            drop_as(hc, "client_closed");
             return;
         }
         r->out_off += (size_t)n;
@@ -512,7 +522,7 @@ static void direct_flush(struct http_request *r) {
         r->srv->h.on_stream_drained(r->srv->h.ctx, r);
         return;
     }
-    drop(hc);
+    drop_as(hc, NULL); /* the answer went out whole */
 }
 
 /* Data for a direct answer is written from the watch, never from inside the caller (who may be
@@ -662,8 +672,7 @@ int32_t http_server_cut_unreceived(struct http_server *s, int32_t *n_finishing) 
                      "dropping a request still being received req=%llu session=- "
                      "body_bytes=%zu",
                      (unsigned long long)hc->req->id, hc->req->body.len - hc->req->body_pad);
-            hc->req->ended = "shutdown"; /* its log line says why, not MHD's "error" */
-            drop(hc);
+            drop_as(hc, "shutdown");
             n++;
             (*n_finishing)--;
         }

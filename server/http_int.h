@@ -62,8 +62,9 @@ struct http_request {
     const char *url;
     const char *version;
     double start_ms;
-    const char *ended; /* why the request ended early (http_request_ended): the drain's cut, or
-                          MHD's code; or NULL */
+    const char *ended; /* why the request ended early (http_request_ended), or NULL */
+    bool is_end_known; /* http_conn.c dropped it and set ended (NULL: its answer went out
+                          whole): MHD's code, its reading of that hang-up, is not asked */
     struct strbuf body;
     size_t body_pad; /* bytes before the body in `body`, which put a framed body's binary part
                         at a 16-byte boundary, so its floats are read where they lie */

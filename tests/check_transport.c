@@ -75,6 +75,32 @@ static void stop_with(int want) {
     free(log);
 }
 
+/* The daemon's log line (up to its newline) of the first request whose line holds `what`, e.g.
+ * "path=\"/v1/sdpa\" status=0", waited for up to 5 s (it is written when the connection has
+ * closed, which its client may see first): malloc'd, or NULL. */
+static char *request_line(const char *what) {
+    double end_ms = http_client_mono_ms() + 5000;
+    char *line = NULL;
+    while (line == NULL && http_client_mono_ms() < end_ms) {
+        char *log = http_client_daemon_log(&daemon_);
+        for (const char *p = strstr(log, "route   request "); p != NULL && line == NULL;
+             p = strstr(p + 1, "route   request ")) {
+            const char *end = strchr(p, '\n');
+            char *l = strndup(p, end != NULL ? (size_t)(end - p) : strlen(p));
+            if (strstr(l, what) != NULL) {
+                line = l;
+            } else {
+                free(l);
+            }
+        }
+        free(log);
+        if (line == NULL) {
+            http_client_sleep_ms(20);
+        }
+    }
+    return line;
+}
+
 /* The test process holds thousands of sockets too. */
 static void raise_open_files(void) {
     struct rlimit rl;
@@ -549,6 +575,10 @@ START_TEST(test_transport_abandoned_sdpa_stops_at_a_tile) {
      * ran to its end is not, whatever the time it took. */
     ck_assert_msg(http_client_metric(daemon_.base, "attnd_jobs_cancelled_total") == 1,
                   "the abandoned SDPA was not cancelled");
+    /* its log line says the client went (it said ended=error, as for a failure of the server) */
+    char *line = request_line("path=\"/v1/sdpa\" status=0");
+    ck_assert_msg(line != NULL && strstr(line, " ended=client_closed") != NULL, "%s", line);
+    free(line);
     ck_assert_int_eq(http_client_metric(daemon_.base, "attnd_jobs_in_flight"), 0);
     /* The worker is free again: a small SDPA is answered. */
     const char *small_body = "{\"q\":[[[1]]],\"k\":[[[1]]],\"v\":[[[2]]]}";
@@ -645,6 +675,14 @@ START_TEST(test_transport_half_closed_client_gets_its_answer) {
             ck_assert_msg(strstr(seen, "data: [DONE]") != NULL, "stream cut: %.300s", seen);
         }
         free(seen);
+        /* answered whole, so its log line has no ended= (a direct answer's said ended=error) */
+        char what[64];
+        snprintf(what, sizeof what, "session=\"%s\"", id);
+        char *line = request_line(what);
+        ck_assert_msg(line != NULL && strstr(line, " status=200 ") != NULL &&
+                          strstr(line, " ended=") == NULL,
+                      "case %d: %s", i, line);
+        free(line);
     }
     stop_with(0);
 }
