@@ -132,6 +132,13 @@ static int load_model(const struct config *cfg, attn_model **model, char *source
     if (cfg->geometry[0] != '\0') {
         attn_config g;
         (void)config_parse_geometry(cfg->geometry, &g, err, sizeof err); /* config_parse did */
+        if (cfg->layer_first >= g.n_layers ||
+            (int64_t)cfg->layer_first + cfg->layer_count > g.n_layers) {
+            /* named as for a preset: the engine's EINVAL would blame the geometry */
+            fprintf(stderr, "attnd: --layers %s: --geometry has layers 0-%d\n", cfg->layers,
+                    (int)g.n_layers - 1);
+            return -1;
+        }
         int rc = attn_model_create_geometry(&g, &lp, model);
         if (rc != ATTN_OK) {
             fprintf(stderr, "attnd: --geometry %s: %s\n", cfg->geometry, attn_strerror(rc));

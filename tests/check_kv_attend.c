@@ -319,6 +319,14 @@ START_TEST(test_kv_attend_bad_geometry_stops_the_start) {
     int status = http_client_daemon_run(both, 10000, &log);
     ck_assert_msg(status == 2 && strstr(log, "not with --model") != NULL, "%d: %s", status, log);
     free(log);
+    /* layers the geometry does not have are named as for a preset (the line blamed the
+     * geometry: "--geometry heads=...: invalid argument") */
+    const char *layers[] = {"--geometry", "heads=4,kv_heads=2,head_dim=16,layers=2", "--layers",
+                            "1-2", NULL};
+    status = http_client_daemon_run(layers, 10000, &log);
+    ck_assert_msg(status == 1 && strstr(log, "attnd: --layers 1-2: --geometry has layers 0-1\n"),
+                  "%d: %s", status, log);
+    free(log);
 }
 END_TEST
 
