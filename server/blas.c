@@ -17,8 +17,7 @@ void blas_memory_free(void *buffer);
  * for the other allocations of a call. */
 #define BUFFER_BYTES ((size_t)132 << 20)
 
-/* OpenBLAS has at least this many slots (NUM_BUFFERS is max(50, 2 x its CPU count)). */
-#define MAX_BUFFERS 48
+#define MAX_BUFFERS BLAS_MAX_BUFFERS
 
 int blas_reserve(int32_t n_buffers, char *err, size_t err_size) {
     if (n_buffers < 1 || n_buffers > MAX_BUFFERS) {

@@ -13,6 +13,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* OpenBLAS has at least this many buffer slots (NUM_BUFFERS is max(50, 2 x its CPU count)):
+ * the most n_buffers may be, so max(workers, computing threads) x BLAS threads at most
+ * (config.c refuses more, and fits the core-count defaults under it). */
+#define BLAS_MAX_BUFFERS 48
+
 /* Makes OpenBLAS allocate n_buffers work buffers now (one per thread that may run a BLAS call
  * at the same time: max(workers, computing threads) x BLAS threads) and keep them for later calls.
  * First checks with plain allocations that the address space is there, so that a cap makes this

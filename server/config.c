@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "../engine/attn.h"
+#include "blas.h"
 
 enum option_type {
     OPTION_STRING,    /* const char * */
@@ -92,12 +93,14 @@ static const struct option options[] = {
      "above it serves positions its config does not reach (as dynamic rope scaling needs), "
      "without a warning"},
     {"workers", "ATTND_WORKERS", OPTION_I32, offsetof(struct config, workers), "0", 0, 256,
-     "engine worker threads (libuv pool); 0 = one per online core"},
+     "engine worker threads (libuv pool); 0 = one per online core, at most 48 / --blas-threads"},
     {"threads", "ATTND_THREADS", OPTION_I32, offsetof(struct config, threads), "0", 0, 256,
      "threads computing forwards at once, workers and their shared helpers together: a request "
-     "alone uses them all, a full server never more; 0 = one per online core"},
+     "alone uses them all, a full server never more; 0 = one per online core, at most 48 / "
+     "--blas-threads (the larger of --threads and --workers, times --blas-threads, is at most "
+     "48: OpenBLAS's work buffers)"},
     {"blas-threads", "ATTND_BLAS_THREADS", OPTION_I32, offsetof(struct config, blas_threads), "1",
-     1, 256,
+     1, BLAS_MAX_BUFFERS,
      "OpenBLAS threads per GEMM call; the engine already spreads a forward over --threads, so "
      "more oversubscribe the cores"},
     {"max-batch-tokens", "ATTND_MAX_BATCH_TOKENS", OPTION_I32,
@@ -494,11 +497,29 @@ static int resolve(struct config *cfg, int32_t cores, struct origins *from, char
     if (cores < 1) {
         cores = 1;
     }
+    /* Every computing thread may be in a BLAS call at once, each of its BLAS threads with a work
+     * buffer of its own, and blas_reserve takes them all at the start: the defaults take no
+     * more cores than that allows (on 64 cores the start failed, 'cannot reserve 64 OpenBLAS
+     * buffers'), and explicit counts past it are refused here, by name (--blas-threads is at
+     * most BLAS_MAX_BUFFERS by its range). */
+    int32_t fit = BLAS_MAX_BUFFERS / cfg->blas_threads;
     if (cfg->workers == 0) {
-        cfg->workers = cores;
+        cfg->workers = cores < fit ? cores : fit;
     }
     if (cfg->threads == 0) {
-        cfg->threads = cores;
+        cfg->threads = cores < fit ? cores : fit;
+    }
+    if (cfg->workers > fit || cfg->threads > fit) {
+        const char *name = cfg->workers > cfg->threads ? "workers" : "threads";
+        int32_t n = cfg->workers > cfg->threads ? cfg->workers : cfg->threads;
+        char blas[64];
+        snprintf(blas, sizeof blas, "%s", origin_of(from, "blas-threads"));
+        set_err(err, err_size,
+                "%s: %d threads x %s %d = %d OpenBLAS work buffers, over its %d (the larger of "
+                "--threads and --workers, times --blas-threads, is at most %d)",
+                origin_of(from, name), (int)n, blas, (int)cfg->blas_threads,
+                (int)(n * cfg->blas_threads), BLAS_MAX_BUFFERS, BLAS_MAX_BUFFERS);
+        return -1;
     }
     return 0;
 }

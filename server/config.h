@@ -65,7 +65,8 @@ enum config_result {
 
 /* Fills *cfg from defaults, then envp (NULL-terminated "NAME=value" strings, e.g. environ),
  * then argv[1..argc-1] (`--name value` or `--name=value`). Resolves workers 0 and threads 0 to
- * the number of online cores. cores is the machine's core count
+ * the number of online cores, at most BLAS_MAX_BUFFERS / blas_threads (blas.h), and refuses
+ * counts whose BLAS work buffers would pass BLAS_MAX_BUFFERS. cores is the machine's core count
  * (pass sysconf(_SC_NPROCESSORS_ONLN)); taking it as an argument keeps tests deterministic.
  * On CONFIG_ERROR, err (err_size bytes) gets a one-line reason. */
 enum config_result config_parse(struct config *cfg, int argc, char *const *argv, char *const *envp,

@@ -54,6 +54,17 @@ START_TEST(test_config_derived_threads) {
     const char *explicit_blas[] = {"attnd", "--workers=4", "--blas-threads", "3", NULL};
     ck_assert_int_eq(parse(&cfg, explicit_blas, NULL, 8, err), CONFIG_OK);
     ck_assert_int_eq(cfg.blas_threads, 3);
+    /* Each computing thread may be in a BLAS call with a work buffer per BLAS thread, and
+     * OpenBLAS has BLAS_MAX_BUFFERS (48) that the start reserves: on 64 cores the defaults made
+     * 64 and the start failed ('cannot reserve 64 OpenBLAS buffers (1..48)'). */
+    const char *none[] = {"attnd", NULL};
+    ck_assert_int_eq(parse(&cfg, none, NULL, 64, err), CONFIG_OK);
+    ck_assert_int_eq(cfg.workers, 48);
+    ck_assert_int_eq(cfg.threads, 48);
+    const char *two_blas[] = {"attnd", "--blas-threads", "2", NULL};
+    ck_assert_int_eq(parse(&cfg, two_blas, NULL, 64, err), CONFIG_OK);
+    ck_assert_int_eq(cfg.workers, 24);
+    ck_assert_int_eq(cfg.threads, 24);
 }
 END_TEST
 
@@ -169,6 +180,17 @@ START_TEST(test_config_bad_values_are_named) {
         {{"attnd", "--geometry", "heads=65536,kv_heads=1,head_dim=65536,layers=1", NULL},
          NULL,
          "heads x head_dim = 4294967296 is over"},
+        /* more threads in BLAS calls at once than OpenBLAS has work buffers: refused by name
+         * here, not by the start's 'cannot reserve 49 OpenBLAS buffers (1..48)' */
+        {{"attnd", "--threads", "49", NULL},
+         NULL,
+         "--threads: 49 threads x --blas-threads 1 = 49 OpenBLAS work buffers, over its 48"},
+        {{"attnd", "--blas-threads", "2", NULL},
+         "ATTND_WORKERS=25",
+         "ATTND_WORKERS: 25 threads x --blas-threads 2 = 50"},
+        {{"attnd", "--blas-threads", "49", NULL},
+         NULL,
+         "--blas-threads: 49 is out of range [1, 48]"},
         /* a key no Authorization header can carry (surrounding whitespace is not part of the
          * header's value, control bytes cannot be sent) started and then answered every /v1
          * request 401; the key itself is not echoed */
