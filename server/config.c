@@ -39,7 +39,7 @@ struct option {
 /* The one table. Defaults are strings so that --help prints exactly what the parser reads. */
 static const struct option options[] = {
     {"host", "ATTND_HOST", OPTION_STRING, offsetof(struct config, host), "127.0.0.1", 0, 0,
-     "IPv4 or IPv6 address to listen on"},
+     "IPv4 or IPv6 address to listen on (a host name: its first address only)"},
     {"port", "ATTND_PORT", OPTION_I32, offsetof(struct config, port), "8080", 0, 65535,
      "TCP port; 0 picks a free port (logged in the 'listening' line as port=)"},
     {"model", "ATTND_MODEL", OPTION_STRING, offsetof(struct config, model), "", 0, 0,
