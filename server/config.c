@@ -609,7 +609,25 @@ void config_help(FILE *f) {
     fprintf(f, "  --%-18s print this help and exit\n", "help");
 }
 
-void config_log(const struct config *cfg) {
+void config_log(const struct config *cfg, char *const *envp) {
+    /* A misspelt variable (ATTND_KV_BUDGET for ATTND_KV_BUDGET_MB) would leave its option at its
+     * default without a word, where a misspelt flag refuses the start. Other programs' ATTND_*
+     * variables may share the environment (a test runner's ATTND_BIN), so it is a warning. */
+    for (int e = 0; envp != NULL && envp[e] != NULL; e++) {
+        const char *eq = strchr(envp[e], '=');
+        if (eq == NULL || strncmp(envp[e], "ATTND_", 6) != 0) {
+            continue;
+        }
+        bool is_known = false;
+        for (int i = 0; i < N_OPTIONS && !is_known; i++) {
+            is_known = strlen(options[i].env) == (size_t)(eq - envp[e]) &&
+                       strncmp(envp[e], options[i].env, (size_t)(eq - envp[e])) == 0;
+        }
+        if (!is_known) {
+            LOG_WARN("config", "%.*s is not a variable of attnd's options (see --help): ignored",
+                     (int)(eq - envp[e]), envp[e]);
+        }
+    }
     for (int i = 0; i < N_OPTIONS; i++) {
         const struct option *o = &options[i];
         const void *f = (const char *)cfg + o->offset;

@@ -81,7 +81,8 @@ int config_parse_geometry(const char *spec, attn_config *out, char *err, size_t 
 /* Writes the usage text, every option with its env var, default and help, to f. */
 void config_help(FILE *f);
 
-/* Logs the effective configuration at info level, one option per line (the API key masked). */
-void config_log(const struct config *cfg);
+/* Logs the effective configuration at info level, one option per line (the API key masked), and
+ * warns of each ATTND_* variable in envp that is no option's. */
+void config_log(const struct config *cfg, char *const *envp);
 
 #endif /* SERVER_CONFIG_H */

@@ -385,7 +385,7 @@ int main(int argc, char **argv) {
     }
     log_set_level(cfg.log_level);
     LOG_INFO("main", "attnd starting pid=%d cores=%ld", (int)getpid(), cores);
-    config_log(&cfg);
+    config_log(&cfg, environ);
 
     /* Both pools are sized before any thread exists: libuv reads UV_THREADPOOL_SIZE at its
      * first uv_queue_work, and one BLAS thread per call keeps the computing threads within the

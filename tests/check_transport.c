@@ -737,6 +737,21 @@ START_TEST(test_transport_unknown_transfer_coding_is_refused) {
 }
 END_TEST
 
+/* A misspelt variable left its option at the default without a word (a misspelt flag refuses
+ * the start): each ATTND_* variable that is no option's is named in a warning. */
+START_TEST(test_transport_unknown_variables_are_named) {
+    const char *env[] = {"ATTND_KV_BUDGET=64", NULL};
+    start(env, NULL);
+    char *log = http_client_daemon_log(&daemon_);
+    ck_assert_msg(strstr(log, "WARN  config  ATTND_KV_BUDGET is not a variable of attnd's "
+                              "options (see --help): ignored") != NULL,
+                  "%.2000s", log);
+    ck_assert_ptr_null(strstr(log, "ATTND_KV_BUDGET_MB is not"));
+    free(log);
+    stop_with(0);
+}
+END_TEST
+
 START_TEST(test_transport_bearer_scheme_is_case_insensitive) {
     const char *args[] = {"--api-key", "k-123", NULL};
     start(NULL, args);
@@ -998,6 +1013,7 @@ Suite *transport_suite(void) {
     tcase_add_test(tc, test_transport_http11_needs_one_host);
     tcase_add_test(tc, test_transport_unknown_transfer_coding_is_refused);
     tcase_add_test(tc, test_transport_bearer_scheme_is_case_insensitive);
+    tcase_add_test(tc, test_transport_unknown_variables_are_named);
     tc = daemon_case(s, "drain");
     tcase_add_test(tc, test_transport_drain_deadline_cuts_trickling_upload);
     tcase_add_test(tc, test_transport_drain_deadline_logs_what_it_cut);
