@@ -639,7 +639,9 @@ void config_log(const struct config *cfg, char *const *envp) {
             if (strcmp(o->name, "api-key") == 0) {
                 s = s[0] ? "(set)" : "(none)";
             }
-            LOG_INFO("config", "option name=%s value=\"%s\"", o->name, s);
+            char quoted[1024]; /* a path's '"' must not end the field */
+            LOG_INFO("config", "option name=%s value=%s", o->name,
+                     log_quote(quoted, sizeof quoted, s));
             break;
         }
         case OPTION_I32:

@@ -415,10 +415,12 @@ int main(int argc, char **argv) {
         return 1;
     }
     const attn_config *mc = attn_model_config(model);
+    char quoted[1024];
     LOG_INFO("main",
-             "model source=\"%s\" family=\"%s\" layers=%d-%d hidden=%d heads=%d kv_heads=%d "
+             "model source=%s family=\"%s\" layers=%d-%d hidden=%d heads=%d kv_heads=%d "
              "head_dim=%d max_seq=%d weights_bytes=%zu",
-             source, attn_model_family(model), (int)attn_model_layer_first(model),
+             log_quote(quoted, sizeof quoted, source), attn_model_family(model),
+             (int)attn_model_layer_first(model),
              (int)(attn_model_layer_first(model) + attn_model_layer_count(model) - 1),
              (int)mc->hidden_size, (int)mc->n_heads, (int)mc->n_kv_heads, (int)mc->head_dim,
              (int)mc->max_seq, attn_model_bytes(model));

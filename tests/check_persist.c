@@ -590,6 +590,23 @@ START_TEST(test_persist_hangup_drains_and_keeps_sessions) {
 }
 END_TEST
 
+/* The startup log quotes every string option as it quotes a client's path: a '"' in a
+ * --state-dir ended the field (value="/tmp/x/a"b"), and a line split at it read a wrong value. */
+START_TEST(test_persist_option_values_are_quoted_in_the_log) {
+    char state[600];
+    snprintf(state, sizeof state, "%s/a\"b", dir_);
+    const char *args[] = {"--preset", "tiny", "--state-dir", state, NULL};
+    http_client_daemon_start(&a_, args);
+    char want[700];
+    snprintf(want, sizeof want, "option name=state-dir value=\"%s/a\\\"b\"\n", dir_);
+    char *log = http_client_daemon_log(&a_);
+    ck_assert_msg(strstr(log, want) != NULL, "want %s in %.3000s", want, log);
+    free(log);
+    stop_ok(&a_);
+    remove_dir(state);
+}
+END_TEST
+
 /* Every session in memory is written at SIGTERM; the same model finds them all, another leaves
  * the files alone; a file corrupted on disk is refused once (410 session_lost), then forgotten. */
 START_TEST(test_persist_restart_brings_sessions_back) {
@@ -1205,6 +1222,7 @@ Suite *persist_suite(void) {
     tcase_add_test(tc, test_persist_delete_during_a_failed_restore_deletes);
     tcase_add_test(tc, test_persist_restart_brings_sessions_back);
     tcase_add_test(tc, test_persist_hangup_drains_and_keeps_sessions);
+    tcase_add_test(tc, test_persist_option_values_are_quoted_in_the_log);
     tcase_add_test(tc, test_persist_restart_keeps_the_order_of_use);
     tcase_add_test(tc, test_persist_odd_entries_are_left_alone);
     tcase_add_test(tc, test_persist_long_files_cost_the_others_nothing);
