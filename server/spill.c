@@ -329,6 +329,13 @@ static void restore_done(void *ctx, int status, uint8_t *data, size_t len) {
                  status == 0         ? "attnd is shutting down"
                  : status == -ENOMEM ? "no memory to read the file into"
                                      : "no file descriptor to read the file with");
+    } else if (status == -EFBIG && op->check_rc == 0) {
+        /* longer than its header states, refused before a byte was read (statedir's max_len):
+         * a framing fault like a file cut short, and counted corrupt with it (it read "cannot
+         * read it: File too large" and was not) */
+        rc = ERROR_CORRUPT_SESSION;
+        snprintf(op->msg, sizeof op->msg,
+                 "the session file is longer than its header says (torn, or extended?)");
     } else if (status != 0) {
         rc = op->check_rc != 0 ? op->check_rc : ERROR_SESSION_LOST;
         if (op->check_rc == 0) {

@@ -819,6 +819,15 @@ START_TEST(test_persist_long_files_cost_the_others_nothing) {
     }
     char code[64];
     char *body = http_client_attend_body("k0", x, 8, 1, HIDDEN, true, ",\"expect_n_past\":8");
+    struct http_client_response lost;
+    call(&a_, "POST", "/v1/attend", body, strlen(body), &lost);
+    /* a framing fault, said and counted as a file cut short is (it said "cannot read it: File
+     * too large", and attnd_corrupt_sessions_total stayed 0) */
+    ck_assert_msg(lost.status == 410 && strstr(lost.body, "\"session_lost\"") != NULL &&
+                      strstr(lost.body, "longer than its header") != NULL,
+                  "%ld %s", lost.status, lost.body);
+    http_client_response_release(&lost);
+    ck_assert(http_client_metric(a_.base, "attnd_corrupt_sessions_total") == 1);
     ck_assert_int_eq(status_of(&a_, "POST", "/v1/attend", body, strlen(body), code, sizeof code),
                      410);
     ck_assert_str_eq(code, "session_lost");
