@@ -36,10 +36,13 @@ static int truncate_prepare(struct pool_job *pj, struct pool_step *step) {
     int32_t layer = job->tr.has_layer ? job->tr.layer : -1;
     int rc = session_truncate(job->srv->sessions, pj->turn, layer, job->tr.n_tokens);
     if (rc == ERROR_TOKENS_DROPPED) {
-        /* Name a ring that cannot go back that far, and how far it can. */
+        /* Name a ring that cannot go back that far, and how far it can: of several, the one that
+         * can go back least far, so that the length named is one this truncate takes. */
         const attn_model *m = job->srv->model;
         int32_t first = layer >= 0 ? layer : attn_model_layer_first(m);
         int32_t last = layer >= 0 ? layer : first + attn_model_layer_count(m) - 1;
+        attn_kv *binding = NULL;
+        int32_t binding_layer = -1;
         for (int32_t l = first; l <= last; l++) {
             attn_kv *kv = session_kv_find(s, l);
             if (kv != NULL && attn_kv_len(kv) > job->tr.n_tokens &&
@@ -52,13 +55,19 @@ static int truncate_prepare(struct pool_job *pj, struct pool_step *step) {
                     (int)l, (int)attn_kv_len(kv));
             }
             if (kv != NULL && attn_kv_len(kv) > job->tr.n_tokens &&
-                job->tr.n_tokens < attn_kv_truncate_min(kv)) {
-                return job__set_err(job, rc, "n_tokens",
-                                    "layer %d slides (window %d) and its cache no longer holds the "
-                                    "tokens before %d: truncate to 0 or to at least %d",
-                                    (int)l, (int)attn_kv_window(kv), (int)attn_kv_first_held(kv),
-                                    (int)attn_kv_truncate_min(kv));
+                job->tr.n_tokens < attn_kv_truncate_min(kv) &&
+                (binding == NULL || attn_kv_truncate_min(kv) > attn_kv_truncate_min(binding))) {
+                binding = kv;
+                binding_layer = l;
             }
+        }
+        if (binding != NULL) {
+            return job__set_err(job, rc, "n_tokens",
+                                "layer %d slides (window %d) and its cache no longer holds the "
+                                "tokens before %d: truncate to 0 or to at least %d",
+                                (int)binding_layer, (int)attn_kv_window(binding),
+                                (int)attn_kv_first_held(binding),
+                                (int)attn_kv_truncate_min(binding));
         }
     }
     if (rc != 0) {

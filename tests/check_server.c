@@ -1314,6 +1314,42 @@ START_TEST(test_server_sliding_layer_keeps_its_window) {
 }
 END_TEST
 
+/* Gemma 2's layers 0 and 2 slide (window 4). A truncate of the whole session that both rings
+ * refuse names the one that can go back least far, and how far: the length it names is one the
+ * same truncate then takes. It named the first ring it met (layer 0, "at least 67"), and a
+ * truncate to 67 was refused again for layer 2 (found by an outside audit). */
+START_TEST(test_server_truncate_names_the_binding_ring) {
+    const char *args[] = {
+        "--model", "tests/data/hf_gemma2_f32", "--workers", "1",         "--kv-budget-mb",
+        "4",       "--kv-block-tokens",        "16",        "--max-seq", "128",
+        NULL};
+    start(args);
+    const int32_t hidden = 64, lens[2] = {70, 90};
+    float *x = harness_random_x(43, 90, hidden);
+    for (int32_t i = 0; i < 2; i++) {
+        char extra[32];
+        snprintf(extra, sizeof extra, ",\"layer\":%d", (int)(2 * i));
+        char *body = http_client_attend_body("rings", x, 0, lens[i], hidden, false, extra);
+        cJSON_Delete(call_json("POST", "/v1/attend", body, 200));
+        free(body);
+    }
+    /* Layer 0 holds tokens 64.. (back to 67 at least), layer 2 tokens 80.. (back to 83). */
+    struct http_client_response r =
+        call("POST", "/v1/sessions/rings/truncate", "{\"n_tokens\":66}", NULL);
+    check_error(&r, 409, "tokens_dropped", "n_tokens");
+    ck_assert_msg(strstr(r.body, "layer 2 slides (window 4)") != NULL &&
+                      strstr(r.body, "at least 83") != NULL,
+                  "%s", r.body);
+    http_client_response_release(&r);
+    cJSON *s = call_json("POST", "/v1/sessions/rings/truncate", "{\"n_tokens\":83}", 200);
+    ck_assert_int_eq(layer_field(s, 0, "n_tokens"), 70);
+    ck_assert_int_eq(layer_field(s, 2, "n_tokens"), 83);
+    cJSON_Delete(s);
+    free(x);
+    stop_ok();
+}
+END_TEST
+
 /* One fixture through the running daemon: a session's prefill, then one-token decode steps, on
  * the case's layer, each answer against the fixture's fp64 output within atol + rtol |want|;
  * returns the largest |got - want| / max |want| seen (the relative error the README reports). */
@@ -2111,6 +2147,7 @@ Suite *server_suite(void) {
     tcase_add_test(tc, test_server_family_checkpoints_match_the_reference);
     tcase_add_test(tc, test_server_kv_dtypes);
     tcase_add_test(tc, test_server_sliding_layer_keeps_its_window);
+    tcase_add_test(tc, test_server_truncate_names_the_binding_ring);
     tc = daemon_case(s, "load");
     tcase_add_test(tc, test_server_concurrent_sessions_are_isolated);
     tcase_add_test(tc, test_server_batches_ready_decodes);
