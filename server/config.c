@@ -361,6 +361,12 @@ int config_parse_geometry(const char *spec, attn_config *out, char *err, size_t 
         }
         given[k] = true;
         p = *end == ',' ? end + 1 : end;
+        if (*end == ',' && *p == '\0') {
+            /* a list cut after its comma: the rest of it may be missing */
+            set_err(err, err_size,
+                    "--geometry: ends with a comma (key=value pairs, comma-separated)");
+            return -1;
+        }
     }
     for (int i = 0; i < N_REQUIRED; i++) {
         if (!given[i]) {
@@ -606,7 +612,7 @@ void config_help(FILE *f) {
         fprintf(f, "  --%-18s %s (default: %s)\n", o->name, o->env, o->def[0] ? o->def : "\"\"");
         fprintf(f, "      %s\n", o->help);
     }
-    fprintf(f, "  --%-18s print this help and exit\n", "help");
+    fprintf(f, "  --%-18s print this help and exit (also -h)\n", "help");
 }
 
 void config_log(const struct config *cfg, char *const *envp) {

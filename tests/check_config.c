@@ -180,6 +180,10 @@ START_TEST(test_config_bad_values_are_named) {
         {{"attnd", "--geometry", "heads=65536,kv_heads=1,head_dim=65536,layers=1", NULL},
          NULL,
          "heads x head_dim = 4294967296 is over"},
+        /* a list cut after its comma was served as if whole (an operator audit) */
+        {{"attnd", "--geometry", "heads=4,kv_heads=2,head_dim=16,layers=2,", NULL},
+         NULL,
+         "--geometry: ends with a comma"},
         /* more threads in BLAS calls at once than OpenBLAS has work buffers: refused by name
          * here, not by the start's 'cannot reserve 49 OpenBLAS buffers (1..48)' */
         {{"attnd", "--threads", "49", NULL},
