@@ -10,7 +10,9 @@ applied to the API's own numbers (GET /v1/sessions/{id}/attention); the last row
 framed in the highlight colour, and only it. Then: a wrong key shows the 401 message, an
 unknown session the 404, a session advanced by one token shows the new row after a reload, and
 a page left open (driven over the DevTools pipe) redraws with the next row by itself; a daemon
-without --keep-queries shows the 409 message. Standard library and numpy only; `make ui-test`.
+without --keep-queries shows the 409 message; on a sliding-window layer (gpt-oss's fixture) the
+keys outside a row's window are drawn masked, and a long session whose ring dropped blocks
+draws from its first recomputable row. Standard library and numpy only; `make ui-test`.
 
 --url BASE --key KEY tests an attnd that is already running instead (the 409 check is skipped).
 The screenshot of the main check is left in --out (build/ui/screenshot.png).
@@ -303,9 +305,10 @@ def cmap(t):
     return np.floor(VIRIDIS[i] + (VIRIDIS[i + 1] - VIRIDIS[i]) * f + 0.5).astype(int)
 
 
-def expected_colours(att, scale="row"):
-    """(rows, keys, 3): probs: key > row masked, each row over its max ("row") or 1 ("unit");
-    scores: null masked, each row from its min to its max."""
+def expected_colours(att, scale="row", window=0):
+    """(rows, keys, 3): probs: key > row masked, and on a sliding layer a key `window` or more
+    before the row, each row over its max ("row") or 1 ("unit"); scores: null masked, each row
+    from its min to its max."""
     rows = np.array(att["rows"])
     k0, k1 = att["keys"]
     w = att["scores" if att["kind"] == "scores" else "weights"][0]
@@ -320,6 +323,8 @@ def expected_colours(att, scale="row"):
     else:
         v = np.array(w, dtype=np.float64)
         mask = keys[None, :] > rows[:, None]
+        if window:
+            mask |= keys[None, :] <= rows[:, None] - window
         top = np.where(mask, 0, v).max(axis=1, keepdims=True)
         den = np.where(top > 0, top, 1) if scale == "row" else 1.0
         t = v / den
@@ -353,7 +358,8 @@ def n_bad_cells(cells, want):
     return int((diff > TOLERANCE).sum()), int(diff.max())
 
 
-def check_heatmap(base, out_dir, name, layer, head, kind="probs", scale="row", labels=False):
+def check_heatmap(base, out_dir, name, layer, head, kind="probs", scale="row", labels=False,
+                  window=0):
     """Loads the page for (layer, head), and checks its DOM, every drawn cell and the outline
     of the last row against the API's numbers. Returns the screenshot's path."""
     print("%s: layer %d, head %d, %s, scale %s" % (name, layer, head, kind, scale))
@@ -385,7 +391,7 @@ def check_heatmap(base, out_dir, name, layer, head, kind="probs", scale="row", l
     img = read_png(png)
     check(img.shape[:2] == (WINDOW[1], WINDOW[0]), "the screenshot is %dx%d" % WINDOW)
     cells, x0, y0, c, gap = cell_grid(img, a, n_rows, n_keys)
-    want = expected_colours(att, scale)
+    want = expected_colours(att, scale, window)
     bad, worst = n_bad_cells(cells, want)
     check(bad == 0, "all %d cells have the colour map's colour of the API's value "
           "(%d off, worst channel off by %d)" % (n_rows * n_keys, bad, worst))
@@ -432,6 +438,33 @@ def check_follows(base, layer, head, x):
             n + 1, n))
     finally:
         browser.close()
+
+
+def check_sliding(base, out_dir):
+    """A sliding-window layer (gpt-oss's fixture: window 3, sinks; 16-token KV blocks): the keys its
+    window hides are drawn masked, as the scores' nulls are, not as probability 0; and a session
+    longer than the page's 256 default rows whose ring has dropped blocks still draws, from the
+    first row the cache can recompute."""
+    layer, window = 0, 3
+    rng = np.random.default_rng(2)
+    hidden = call(base, "/v1/model")[1]["hidden_size"]
+    attend(base, layer, np.round(rng.standard_normal((12, hidden)), 4))
+    check_heatmap(base, out_dir, "sliding", layer, 1, window=window)
+    check_heatmap(base, out_dir, "sliding-scores", layer, 1, kind="scores")
+    print("a long session on a sliding layer")
+    attend(base, layer, np.round(rng.standard_normal((300, hidden)), 4))
+    att = attention(base, layer, 1)
+    check(att["first_row"] > 312 - 256, "the ring dropped rows the default would show "
+          "(first_row %d)" % att["first_row"])
+    dom = chromium(page_url(base, layer, 1))
+    body = tag_attrs(dom, r"<body[^>]*>")
+    status = re.search(r'<div id="status"[^>]*>(.*?)</div>', dom, re.S)
+    check(body.get("data-state") == "ready", "the page drew (data-state %r, status %r)" % (
+        body.get("data-state"), status.group(1) if status else ""))
+    a = tag_attrs(dom, r'<canvas id="heatmap"[^>]*>')
+    check(a["data-rows"] == ",".join(map(str, att["rows"])),
+          "its rows are the API's recomputable ones (%d.. of %d)" % (
+              att["first_row"], att["n_tokens"]))
 
 
 def check_message(base, name, code, words, **kw):
@@ -498,6 +531,13 @@ def run(args):
             call(d2.url, "/v1/attend", {"session_id": SESSION, "x": [[0.5] * 64] * 3})
             check_message(d2.url, "a daemon without --keep-queries", "queries_not_kept",
                           ["409", "--keep-queries"], layer=0, head=0)
+            gpt_oss = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data",
+                                  "hf_gpt_oss_bf16")
+            d3 = Daemon(args.attnd, os.path.join(args.out, "attnd-sliding.log"),
+                        ["--model", gpt_oss, "--keep-queries", "1", "--kv-block-tokens", "16",
+                         "--api-key", KEY])
+            daemons.append(d3)
+            check_sliding(d3.url, args.out)
     finally:
         for d in daemons:
             d.stop()
