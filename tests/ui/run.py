@@ -12,7 +12,8 @@ unknown session the 404, a session advanced by one token shows the new row after
 a page left open (driven over the DevTools pipe) redraws with the next row by itself; a daemon
 without --keep-queries shows the 409 message; on a sliding-window layer (gpt-oss's fixture) the
 keys outside a row's window are drawn masked, and a long session whose ring dropped blocks
-draws from its first recomputable row. Standard library and numpy only; `make ui-test`.
+draws from its first recomputable row; a session on disk after a restart (--state-dir) is read
+back and drawn. Standard library and numpy only; `make ui-test`.
 
 --url BASE --key KEY tests an attnd that is already running instead (the 409 check is skipped).
 The screenshot of the main check is left in --out (build/ui/screenshot.png).
@@ -467,6 +468,38 @@ def check_sliding(base, out_dir):
               att["first_row"], att["n_tokens"]))
 
 
+def check_on_disk(binary, out_dir):
+    """A session on disk (--state-dir, written at SIGTERM and found again by the next start)
+    lists no layers until it is read back: the page must read it back and draw it, not say
+    that it has no tokens."""
+    print("a session on disk")
+    state = tempfile.mkdtemp(prefix="attnd-ui-state-")
+    args = ["--preset", "tiny", "--keep-queries", "1", "--api-key", KEY, "--state-dir", state]
+    daemons = []
+    try:
+        d = Daemon(binary, os.path.join(out_dir, "attnd-disk-1.log"), args)
+        daemons.append(d)
+        attend(d.url, 0, np.round(np.random.default_rng(3).standard_normal((6, 64)), 4))
+        d.stop()
+        d = Daemon(binary, os.path.join(out_dir, "attnd-disk-2.log"), args)
+        daemons.append(d)
+        status, info = call(d.url, "/v1/sessions/" + SESSION)
+        check(status == 200 and info["location"] == "disk" and info["layers"] == [],
+              "the restarted daemon has the session on disk, its layers not listed")
+        dom = chromium(page_url(d.url, 0, 0))
+        body = tag_attrs(dom, r"<body[^>]*>")
+        st = re.search(r'<div id="status"[^>]*>(.*?)</div>', dom, re.S)
+        check(body.get("data-state") == "ready", "the page drew (data-state %r, status %r)" % (
+            body.get("data-state"), st.group(1) if st else ""))
+        a = tag_attrs(dom, r'<canvas id="heatmap"[^>]*>')
+        check(a["data-n-tokens"] == "6" and a["data-rows"] == "0,1,2,3,4,5",
+              "it shows the session's 6 tokens")
+    finally:
+        for d in daemons:
+            d.stop()
+        shutil.rmtree(state, ignore_errors=True)
+
+
 def check_message(base, name, code, words, **kw):
     """Loads the page and checks that it shows the error `code` with the given words."""
     print(name)
@@ -538,6 +571,7 @@ def run(args):
                          "--api-key", KEY])
             daemons.append(d3)
             check_sliding(d3.url, args.out)
+            check_on_disk(args.attnd, args.out)
     finally:
         for d in daemons:
             d.stop()
