@@ -242,13 +242,16 @@ def _selected(
 
     JSON writes a masked score, and the LSE of a row that sees no key, as null (JSON has no
     -inf), which ``to_array`` reads as NaN: here they become the -inf that base64 and the binary
-    framing carry as is. And nested JSON arrays with an empty dimension lose the dimensions after
+    framing carry as is. Only JSON's: a NaN those carry is one the server sent (the lse of a row
+    with a score past float's range), and stays NaN; JSON writes that NaN, and such a score's
+    +inf, as null too, so over JSON they read as -inf. And nested JSON arrays with an empty dimension lose the dimensions after
     it (``[[], []]``), so an empty selection takes its shape from the echo.
     """
-    a = _framing.to_array(doc.get(name))
+    raw = doc.get(name)
+    a = _framing.to_array(raw)
     if a is None:
         return None
-    if name != "weights":
+    if name != "weights" and isinstance(raw, list):
         nan = np.isnan(a)
         if nan.any():
             a = np.where(nan, np.float32(-np.inf), a).astype(np.float32)

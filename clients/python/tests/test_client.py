@@ -627,6 +627,22 @@ class InspectTest(unittest.TestCase):
         self.assertIsNone(res.weights)
         self.assertIsNone(res.selection)
 
+    def test_overflowed_row_is_nan_not_masked(self) -> None:
+        # A score past float's range (|scale q.k| > 3.4e38) makes its row's lse and output NaN
+        # (README: a selection's kind scores): base64 and binary carry that NaN, which must not
+        # come back as the -inf of a row that sees no key.
+        q = np.zeros((HEADS, 1, HEAD_DIM), np.float32)
+        k = np.zeros((KV_HEADS, 1, HEAD_DIM), np.float32)
+        v = np.ones((KV_HEADS, 1, HEAD_DIM), np.float32)
+        q[0, 0, 0] = k[0, 0, 0] = 1e20
+        for t in ("binary", "base64"):
+            with attnd.Client(self.keep.url, transport=t) as c:
+                s = c.session(self.sid("ovf-" + t))
+                r = s.kv_attend(0, q, k, v, weights=attnd.Selection(kind="lse", heads=[0, 1]))
+                self.assertTrue(np.isnan(r.output[0]).all(), t)
+                self.assertTrue(np.isnan(r.lse[0, 0]), "%s: %r" % (t, r.lse))
+                self.assertTrue(np.isfinite(r.lse[1, 0]), t)
+
     def test_head_mask_scales_each_head(self) -> None:
         r = rng(24)
         q = r.standard_normal((HEADS, 5, HEAD_DIM)).astype(np.float32)
