@@ -13,8 +13,9 @@
 
 /* ---- return_weights as a selection, capture ------------------------------------------------- */
 
-/* Query heads a selection may name when the request's own count is not known yet. */
-#define API_MAX_HEADS 4096
+/* Query heads a selection may name when the request's own count is not known yet (/v1/sdpa:
+ * n_heads x n_q at most 2^24, attn_sdpa's limit); resolving checks them against q's. */
+#define API_MAX_HEADS (1 << 24)
 
 static int compare_int32(const void *a, const void *b) {
     int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;

@@ -836,6 +836,31 @@ START_TEST(test_api_sdpa_work_is_bounded) {
 }
 END_TEST
 
+/* A selection may name any of /v1/sdpa's query heads: their count is q's (n_heads x n_q up to
+ * 2^24), not the 4096 the parser allowed before q's shape is known, which refused head 4500 of
+ * 5000 as 'out of range [-4096, 4095]' while a selection of all 5000 was answered. */
+START_TEST(test_api_sdpa_selection_names_any_head) {
+    enum { H = 5000 };
+    size_t cap = 256 + H * 6;
+    char *body = malloc(cap);
+    ck_assert_ptr_nonnull(body);
+    size_t n = (size_t)snprintf(body, cap, "{\"q\":[");
+    for (int h = 0; h < H; h++) {
+        n += (size_t)snprintf(body + n, cap - n, "%s[[1]]", h > 0 ? "," : "");
+    }
+    snprintf(body + n, cap - n,
+             "],\"k\":[[[1]]],\"v\":[[[1]]],\"return_weights\":{\"heads\":[4500,-1]}}");
+    struct api_sdpa_request r;
+    struct api_error err;
+    ck_assert_msg(api_sdpa_request_parse(body, strlen(body), &r, &err) == 0, "%s", err.message);
+    ck_assert_int_eq(r.sel.n_heads, 2);
+    ck_assert_int_eq(r.sel.heads[0], 4500);
+    ck_assert_int_eq(r.sel.heads[1], H - 1);
+    api_sdpa_request_release(&r);
+    free(body);
+}
+END_TEST
+
 START_TEST(test_api_sdpa_rejects_bad_requests) {
     struct {
         const char *body;
@@ -1112,6 +1137,7 @@ Suite *api_suite(void) {
     tcase_add_test(tc, test_api_framed_tensors_read_in_place);
     tcase_add_test(tc, test_api_tensor_object_mistakes_say_what);
     tcase_add_test(tc, test_api_sdpa_rejects_bad_requests);
+    tcase_add_test(tc, test_api_sdpa_selection_names_any_head);
     tcase_add_test(tc, test_api_sdpa_work_is_bounded);
     tcase_add_test(tc, test_api_nul_in_names_and_ids_is_refused);
     tcase_add_test(tc, test_api_invalid_utf8_and_long_names);
