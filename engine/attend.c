@@ -436,9 +436,15 @@ static void task_inspect(const struct attn__task *t) {
         int64_t lo, hi;
         visible_range(&t->mask, t->kv.n_keys, r % t->n_q, &lo, &hi);
         int64_t a = k_first > lo ? k_first : lo, b = k_end - 1 < hi ? k_end - 1 : hi;
-        for (int64_t j = k_first; ins->kind == ATTN_INSPECT_SCORES && j < k_end; j++) {
-            if (j < a || j > b) { /* hidden by position: not read */
-                attn__inspect_put(ins, t->inspect_rows, hs, rs, (int32_t)(j - k_first), -INFINITY);
+        /* Hidden by position: not read. A score -inf; a probability 0 (the output's start),
+         * but NaN in a row whose softmax float cannot compute (lse NaN), as the whole weights'
+         * row is (exp(score - lse)). */
+        bool is_undefined = ins->kind == ATTN_INSPECT_PROBS && isnan(lse);
+        for (int64_t j = k_first; (ins->kind == ATTN_INSPECT_SCORES || is_undefined) && j < k_end;
+             j++) {
+            if (j < a || j > b) {
+                attn__inspect_put(ins, t->inspect_rows, hs, rs, (int32_t)(j - k_first),
+                                  is_undefined ? NAN : -INFINITY);
             }
         }
         for (int64_t blk = a / bt; a <= b && blk <= b / bt; blk++) {

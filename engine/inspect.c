@@ -105,7 +105,8 @@ void attn__inspect_put(const attn_inspect *ins, int32_t n_rows, int32_t hs, int3
         *cell += value;
         break;
     case ATTN_REDUCE_MAX_HEADS:
-        *cell = value > *cell ? value : *cell;
+        /* NaN (a head whose row float cannot compute) wins, as in a mean: never the others' */
+        *cell = value > *cell || isnan(value) ? value : *cell;
         break;
     }
 }

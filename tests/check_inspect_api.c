@@ -346,6 +346,42 @@ START_TEST(test_inspect_api_capture_head_mask) {
 }
 END_TEST
 
+/* The JSON text of a call's field. */
+static char *field_text(const cJSON *j, const char *name) {
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, name);
+    ck_assert_msg(t != NULL, "no field %s", name);
+    return cJSON_PrintUnformatted(t);
+}
+
+/* A row whose score overflows float (head 0's first: 1e40 x scale) has no probabilities: the
+ * whole weights give it NaN (null) in every cell, the causally hidden one too, and a selection
+ * of its cells must say the same; under max_heads its NaN must not give way to another head's
+ * value. Before, the selection gave the hidden cell 0 and max_heads answered head 1's 1. */
+START_TEST(test_inspect_api_sdpa_overflowed_row) {
+    const char *qkv = "\"q\":[[[1e20,0],[1,0]],[[1,0],[0,1]]],\"k\":[[[1e20,0],[1,0]]],"
+                      "\"v\":[[[1,2],[3,4]]],\"causal\":true";
+    struct {
+        const char *selection, *want;
+    } cases[] = {
+        {"true", "[[[null,null],[1,0]],[[1,0],[0.5,0.5]]]"},
+        {"{\"heads\":[0],\"rows\":[0]}", "[[[null,null]]]"},
+        {"{\"rows\":[0],\"reduce\":\"max_heads\"}", "[[null,null]]"},
+        {"{\"rows\":[0],\"reduce\":\"mean_heads\"}", "[[null,null]]"},
+    };
+    char body[512];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(body, sizeof body, "{%s,\"return_weights\":%s}", qkv, cases[i].selection);
+        cJSON *j = request(&d_, "POST", "/v1/sdpa", body, 200);
+        char *got = field_text(j, "weights");
+        ck_assert_msg(strcmp(got, cases[i].want) == 0, "%s: weights %s, want %s",
+                      cases[i].selection, got, cases[i].want);
+        free(got);
+        cJSON_Delete(j);
+    }
+    stop_clean(&d_);
+}
+END_TEST
+
 /* /v1/sdpa with a batch: a selection per batch element, the cells of the full weights. */
 START_TEST(test_inspect_api_sdpa) {
     const char *qkv = "\"q\":[[[[1,0],[0,1],[1,1]]],[[[0,2],[1,0],[2,1]]]],"
@@ -495,6 +531,7 @@ Suite *inspect_api_suite(void) {
     tcase_add_test(tc, test_inspect_api_selection);
     tcase_add_test(tc, test_inspect_api_capture_head_mask);
     tcase_add_test(tc, test_inspect_api_sdpa);
+    tcase_add_test(tc, test_inspect_api_sdpa_overflowed_row);
     tcase_add_test(tc, test_inspect_api_cross);
     tcase_add_test(tc, test_inspect_api_cached_attention);
     suite_add_tcase(s, tc);
