@@ -394,7 +394,8 @@ void attn__rows_dot_half_portable(const float *x, int32_t m, int32_t k, const ui
                                   bool is_bf16, int32_t n, float *y, size_t ldy);
 
 /* Holds m's q/k/v and o projections in dtype (F32 is a no-op): converts each layer's and frees
- * its float copy. ATTN_ENOMEM leaves m as it was. */
+ * its float copy before the next layer's, so that the peak is the float weights and one layer's
+ * half copy. ATTN_ENOMEM leaves m partly converted, fit only for attn_model_destroy. */
 int attn__model_hold_weights(attn_model *m, attn_dtype dtype);
 
 /* The largest of s[0 .. n) (-inf for none; NaNs passed over). SIMD where available. */

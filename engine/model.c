@@ -536,23 +536,19 @@ int attn__model_hold_weights(attn_model *m, attn_dtype dtype) {
     bool is_bf16 = dtype == ATTN_DTYPE_BF16;
     size_t n_qkv = n_qkv_rows(c) * c->hidden_size;
     size_t n_o = (size_t)c->hidden_size * c->n_heads * c->head_dim;
+    /* Each layer's float copy goes as soon as its half copy is made, so that the load never
+     * holds every layer in both (3x the half weights at the peak). On failure the model is
+     * partly converted: every caller destroys it. */
     for (int32_t i = 0; i < m->layer_count; i++) {
         struct attn__layer *l = &m->layers[i];
         l->w_qkv_h = to_half(l->w_qkv, n_qkv, is_bf16);
         l->w_o_h = to_half(l->w_o, n_o, is_bf16);
         if (l->w_qkv_h == NULL || l->w_o_h == NULL) {
-            for (int32_t k = 0; k <= i; k++) { /* back to float everywhere */
-                free(m->layers[k].w_qkv_h);
-                free(m->layers[k].w_o_h);
-                m->layers[k].w_qkv_h = m->layers[k].w_o_h = NULL;
-            }
             return ATTN_ENOMEM;
         }
-    }
-    for (int32_t i = 0; i < m->layer_count; i++) {
-        free(m->layers[i].w_qkv);
-        free(m->layers[i].w_o);
-        m->layers[i].w_qkv = m->layers[i].w_o = NULL;
+        free(l->w_qkv);
+        free(l->w_o);
+        l->w_qkv = l->w_o = NULL;
     }
     m->bytes -= (size_t)m->layer_count * (n_qkv + n_o) * (sizeof(float) - sizeof(uint16_t));
     m->weights_dtype = dtype;
