@@ -123,8 +123,8 @@ static const struct option options[] = {
      "request bodies being received and answers being sent, held in memory at once across all "
      "connections, in MiB: a body that would pass it is dropped and answered 503 server_busy, "
      "as is an answer over 64 KiB that would and changes nothing kept (an export, SDPA, a "
-     "stateless attend; a session's step is always answered). Clients that send or read slowly "
-     "hold them"},
+     "stateless attend; a session's step is always answered); one larger than the whole limit "
+     "is 413 (a body) or 500 (an answer), naming it. Clients that send or read slowly hold them"},
     {"queue-depth", "ATTND_QUEUE_DEPTH", OPTION_I32, offsetof(struct config, queue_depth), "256", 1,
      1000000, "accepted requests waiting to start at most (429 beyond)"},
     {"max-connections", "ATTND_MAX_CONNECTIONS", OPTION_I32,

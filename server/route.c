@@ -90,6 +90,16 @@ static bool answer_begins(struct route_req *rq, int status, bool has_body, size_
         return false;
     }
     if (has_body && rq->is_answer_droppable && !http_request_may_hold(rq->http, len)) {
+        if (len > (size_t)rq->srv->cfg->max_held_mb << 20) {
+            /* alone past the limit: a retry would meet it again, so no 503 */
+            char msg[192];
+            snprintf(msg, sizeof msg,
+                     "the answer of %zu bytes is larger than --max-held-mb %lld MiB lets the "
+                     "server hold at once",
+                     len, (long long)rq->srv->cfg->max_held_mb);
+            route_reply_error(rq, ERROR_INTERNAL, msg, NULL);
+            return false;
+        }
         /* answers unread by their clients hold --max-held-mb already */
         route_reply_error(rq, ERROR_SERVER_BUSY, NULL, NULL);
         return false;
@@ -663,6 +673,16 @@ static void on_headers(void *ctx, struct http_request *req) {
             char msg[128];
             snprintf(msg, sizeof msg, "request body of %llu bytes is over --max-body-mb %lld MiB",
                      n, (long long)srv->cfg->max_body_mb);
+            route_reply_error(rq, ERROR_PAYLOAD_TOO_LARGE, msg, NULL);
+            return;
+        }
+        if (errno == 0 && *end == '\0' && n > (unsigned long long)srv->cfg->max_held_mb << 20) {
+            /* alone past what may be held at once: a 503 would send the client back forever */
+            char msg[160];
+            snprintf(msg, sizeof msg,
+                     "request body of %llu bytes is over --max-held-mb %lld MiB, the bodies and "
+                     "answers the server holds at once",
+                     n, (long long)srv->cfg->max_held_mb);
             route_reply_error(rq, ERROR_PAYLOAD_TOO_LARGE, msg, NULL);
             return;
         }

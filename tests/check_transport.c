@@ -923,23 +923,42 @@ END_TEST
  * --max-held-mb (an outside audit held 5 GB with 100 slow readers of a 50 MB export): a body that
  * would pass it is refused with 503 server_busy and Retry-After, as is an answer that changes
  * nothing kept (a stateless call with its weights, an export); a session's step, which is in the
- * cache already, is answered whatever its size; small answers always go out. */
+ * cache already, is answered whatever its size; small answers always go out. A body or such an
+ * answer larger than the whole limit could never be held: 413 and 500 naming --max-held-mb, not a
+ * 503 that sends its client back forever (an audit's export of a 72 MB session under
+ * --max-held-mb 64 was 503 "retry later" with nothing held). */
 START_TEST(test_transport_held_bytes_are_bounded) {
-    const char *args[] = {"--max-held-mb", "1", NULL};
+    const char *args[] = {"--max-held-mb", "2", NULL};
     start(NULL, args);
     char u[128];
     struct http_client_response r;
+    /* an upload of 1.5 MiB of its 1.75 left hanging: held while the rest is awaited */
+    int slow = http_client_raw_connect(daemon_.port, 5000);
+    ck_assert_int_ge(slow, 0);
+    size_t n_slow = (size_t)3 << 19;
+    char *part = malloc(n_slow);
+    ck_assert_ptr_nonnull(part);
+    int head = snprintf(part, n_slow,
+                        "POST /v1/attend HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n{",
+                        (size_t)7 << 18);
+    memset(part + head, ' ', n_slow - (size_t)head);
+    ck_assert_int_eq(write(slow, part, n_slow), (ssize_t)n_slow);
+    free(part);
+    for (int i = 0; i < 200 && http_client_metric(daemon_.base, "attnd_held_bytes") <
+                                   (double)(n_slow - (size_t)head - 1);
+         i++) {
+        http_client_sleep_ms(10);
+    }
     /* a body of 1.25 MiB (a row, then white space JSON allows): over the budget as it arrives */
     float *x = http_client_random_rows(5, 300, 64);
     char *row = http_client_attend_body(NULL, x, 0, 1, 64, false, "");
     size_t n_row = strlen(row), n_big = (size_t)5 << 18;
-    char *big = malloc(n_big + 1);
+    char *big = malloc(((size_t)5 << 19) + 1);
     ck_assert_ptr_nonnull(big);
     memcpy(big, row, n_row - 1);
     memset(big + n_row - 1, ' ', n_big - n_row);
     big[n_big - 1] = '}';
     big[n_big] = '\0';
-    free(row);
     snprintf(u, sizeof u, "%s/v1/attend", daemon_.base);
     http_client_request("POST", u, big, strlen(big), NULL, &r);
     ck_assert_msg(r.status == 503 && strstr(r.body, "server_busy") != NULL, "%ld %s", r.status,
@@ -947,17 +966,38 @@ START_TEST(test_transport_held_bytes_are_bounded) {
     char ra[16];
     ck_assert_ptr_nonnull(http_client_header(&r, "Retry-After", ra, sizeof ra));
     http_client_response_release(&r);
-    /* 300 rows in base64 (~100 KB) asking for weights: an answer of ~4 MB. Stateless: 503 */
-    char *weights = http_client_attend_body(NULL, x, 0, 300, 64, true, ",\"return_weights\":true");
+    /* 120 rows asking for weights: an answer of ~0.7 MB. Stateless: 503 beside the upload */
+    char *weights = http_client_attend_body(NULL, x, 0, 120, 64, true, ",\"return_weights\":true");
     http_client_request("POST", u, weights, strlen(weights), NULL, &r);
     ck_assert_msg(r.status == 503 && strstr(r.body, "server_busy") != NULL, "%ld %.200s", r.status,
                   r.body);
     http_client_response_release(&r);
     free(weights);
+    close(slow); /* its buffers go at once */
+    for (int i = 0; i < 200 && http_client_metric(daemon_.base, "attnd_held_bytes") > 0; i++) {
+        http_client_sleep_ms(10);
+    }
+    ck_assert_int_eq(http_client_metric(daemon_.base, "attnd_held_bytes"), 0);
+    /* alone past the limit: 2.5 MiB of body, then a stateless answer of ~4 MB */
+    memcpy(big, row, n_row - 1);
+    memset(big + n_row - 1, ' ', ((size_t)5 << 19) - n_row);
+    big[((size_t)5 << 19) - 1] = '}';
+    big[(size_t)5 << 19] = '\0';
+    free(row);
+    http_client_request("POST", u, big, strlen(big), NULL, &r);
+    ck_assert_msg(r.status == 413 && strstr(r.body, "--max-held-mb") != NULL, "%ld %s", r.status,
+                  r.body);
+    http_client_response_release(&r);
+    weights = http_client_attend_body(NULL, x, 0, 300, 64, true, ",\"return_weights\":true");
+    http_client_request("POST", u, weights, strlen(weights), NULL, &r);
+    ck_assert_msg(r.status == 500 && strstr(r.body, "--max-held-mb") != NULL, "%ld %.200s",
+                  r.status, r.body);
+    http_client_response_release(&r);
+    free(weights);
     /* the same in a session: its tokens are in the cache, so it is answered */
     weights = http_client_attend_body("s", x, 0, 300, 64, true, ",\"return_weights\":true");
     http_client_request("POST", u, weights, strlen(weights), NULL, &r);
-    ck_assert_msg(r.status == 200 && r.len > ((size_t)1 << 20), "%ld %zu", r.status, r.len);
+    ck_assert_msg(r.status == 200 && r.len > ((size_t)2 << 20), "%ld %zu", r.status, r.len);
     http_client_response_release(&r);
     free(weights);
     /* its export (~300 KB of float32 K/V) fits; the budget came back when each answer ended */
@@ -971,7 +1011,7 @@ START_TEST(test_transport_held_bytes_are_bounded) {
     http_client_response_release(&r);
     /* the gauges: nothing held between requests (the counts were given back), and the limit */
     ck_assert_int_eq(http_client_metric(daemon_.base, "attnd_held_bytes"), 0);
-    ck_assert_int_eq(http_client_metric(daemon_.base, "attnd_held_bytes_limit"), 1 << 20);
+    ck_assert_int_eq(http_client_metric(daemon_.base, "attnd_held_bytes_limit"), 2 << 20);
     free(big);
     free(x);
     stop_with(0);
