@@ -405,9 +405,14 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
         return MHD_NO; /* answered around MHD, or dropped: MHD only has to close it */
     }
     if (*upload_data_size > 0) {
-        if (!r->is_answered && !r->is_too_large && !r->is_busy) {
+        if (!r->is_answered && !r->is_too_large && !r->is_busy && !r->is_over_held) {
             if (r->body.len - r->body_pad + *upload_data_size > s->max_body_bytes) {
                 r->is_too_large = true;
+                strbuf_release(&r->body);
+            } else if (r->held + *upload_data_size > s->max_held_bytes) {
+                /* alone past it (a chunked body: a Content-Length is refused at the headers), so
+                 * no wait would let it in */
+                r->is_over_held = true;
                 strbuf_release(&r->body);
             } else if (s->held_bytes + *upload_data_size > s->max_held_bytes) {
                 /* bodies and answers held for clients would pass max_held_bytes: this one is
@@ -739,6 +744,10 @@ size_t http_server_held_bytes(const struct http_server *s) {
 
 bool http_request_is_busy(const struct http_request *r) {
     return r->is_busy;
+}
+
+bool http_request_body_over_held(const struct http_request *r) {
+    return r->is_over_held;
 }
 
 bool http_request_body_failed(const struct http_request *r) {

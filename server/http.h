@@ -141,6 +141,8 @@ const char *http_request_take_body(struct http_request *r, size_t *len, char **b
 bool http_request_body_too_large(const struct http_request *r);
 /* Its body was dropped: holding it would have passed max_held_bytes (answer 503 server_busy). */
 bool http_request_is_busy(const struct http_request *r);
+/* Its body alone would have passed max_held_bytes: dropped (answer 413 naming the limit). */
+bool http_request_body_over_held(const struct http_request *r);
 /* Its body could not all be held: an allocation failed, so what it holds is cut short or empty
  * (answer 500, never parse it). */
 bool http_request_body_failed(const struct http_request *r);

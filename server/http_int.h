@@ -70,7 +70,8 @@ struct http_request {
                         at a 16-byte boundary, so its floats are read where they lie */
     bool is_too_large;
     bool is_busy; /* its body would have passed max_held_bytes: dropped (http_request_is_busy) */
-    size_t held;  /* bytes of its body and answer counted in the server's held_bytes */
+    bool is_over_held;  /* its body alone passed max_held_bytes: dropped (413, not busy) */
+    size_t held;        /* bytes of its body and answer counted in the server's held_bytes */
     bool is_in_handler; /* inside an access-handler call: answers are queued on return */
     bool is_suspended;
     bool is_answered;

@@ -708,6 +708,15 @@ static void on_request(void *ctx, struct http_request *req) {
         route_reply_error(rq, ERROR_PAYLOAD_TOO_LARGE, NULL, NULL);
         return;
     }
+    if (http_request_body_over_held(req)) {
+        char msg[128];
+        snprintf(msg, sizeof msg,
+                 "request body is over --max-held-mb %lld MiB, the bodies and answers the server "
+                 "holds at once",
+                 (long long)rq->srv->cfg->max_held_mb);
+        route_reply_error(rq, ERROR_PAYLOAD_TOO_LARGE, msg, NULL);
+        return;
+    }
     if (http_request_is_busy(req)) {
         route_reply_error(rq, ERROR_SERVER_BUSY, NULL, NULL);
         return;

@@ -988,6 +988,24 @@ START_TEST(test_transport_held_bytes_are_bounded) {
     ck_assert_msg(r.status == 413 && strstr(r.body, "--max-held-mb") != NULL, "%ld %s", r.status,
                   r.body);
     http_client_response_release(&r);
+    /* the same body chunked, its length unknown until it is in */
+    {
+        size_t n_body = strlen(big), n_req = n_body + 256;
+        char *req = malloc(n_req);
+        ck_assert_ptr_nonnull(req);
+        int k = snprintf(req, n_req,
+                         "POST /v1/attend HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                         "Transfer-Encoding: chunked\r\n\r\n%zx\r\n",
+                         n_body);
+        memcpy(req + k, big, n_body);
+        snprintf(req + k + n_body, n_req - (size_t)k - n_body, "\r\n0\r\n\r\n");
+        char *out = NULL;
+        long status = http_client_raw_exchange(daemon_.port, req, 10000, &out);
+        ck_assert_msg(status == 413 && strstr(out, "--max-held-mb") != NULL, "chunked: %ld %.300s",
+                      status, out);
+        free(out);
+        free(req);
+    }
     weights = http_client_attend_body(NULL, x, 0, 300, 64, true, ",\"return_weights\":true");
     http_client_request("POST", u, weights, strlen(weights), NULL, &r);
     ck_assert_msg(r.status == 500 && strstr(r.body, "--max-held-mb") != NULL, "%ld %.200s",
