@@ -16,16 +16,7 @@
 #include "../server/utf8.h"
 #include "http_client.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define UNDER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define UNDER_ASAN 1
-#endif
-#endif
-#ifndef UNDER_ASAN
-#define UNDER_ASAN 0
-#endif
+#include "under_asan.h"
 
 #define TINY_HIDDEN  64
 #define SMALL_HIDDEN 512

@@ -18,16 +18,7 @@
 
 #define DATA "tests/data/"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define UNDER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define UNDER_ASAN 1
-#endif
-#endif
-#ifndef UNDER_ASAN
-#define UNDER_ASAN 0
-#endif
+#include "under_asan.h"
 
 /* The fixture sequences: `prefill` tokens in one call, then `decode` single tokens. */
 typedef struct fixture {

@@ -27,16 +27,7 @@
 #define TINY_HEADS  4
 #define EX          "proto/examples/"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define UNDER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define UNDER_ASAN 1
-#endif
-#endif
-#ifndef UNDER_ASAN
-#define UNDER_ASAN 0
-#endif
+#include "under_asan.h"
 
 /* ---- fixture: one daemon per test (CK_FORK gives each test its own process) ----------------- */
 
