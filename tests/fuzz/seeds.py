@@ -54,15 +54,30 @@ def safetensors(keep_data=4096):
 def session_files():
     """Session files (proto/session-file.md) of preset tiny's geometry, f32 K/V: the fuzz target
     writes the fingerprint and the checksum in itself."""
-    def cache(n_tokens, window=0, first=0):
+    def cache(n_tokens, window=0, first=0, dtype=1, queries=False):
         """window: the target's layer 0 is a 32-token sliding window, whose cache must say so
-        (a ring may drop whole 16-token blocks before first); layer 1 and contexts have none."""
-        head = struct.pack("<8i", 0, 1, 2, 16, 16, window, n_tokens, first)
-        rows = b"".join(struct.pack("<f", ((i * 37) % 101) / 50.0 - 1.0)
-                        for i in range(2 * 2 * (n_tokens - first) * 16))
+        (a ring may drop whole 16-token blocks before first); layer 1 and contexts have none.
+        dtype: 1 f32, 2 bf16, 3 f16 (the file header's dtype picks the target's pool); queries:
+        kind 2, the 4 query heads' rows after the values (the header's flag bit 0)."""
+        head = struct.pack("<8i", 2 if queries else 0, dtype, 2, 16, 16, window, n_tokens, first)
+        heads = 2 * 2 + (4 if queries else 0)
+        vals = [((i * 37) % 101) / 50.0 - 1.0 for i in range(heads * (n_tokens - first) * 16)]
+        if dtype == 1:
+            rows = b"".join(struct.pack("<f", v) for v in vals)
+        elif dtype == 2:
+            rows = b"".join(struct.pack("<f", v)[2:] for v in vals)
+        else:
+            rows = b"".join(struct.pack("<e", v) for v in vals)
         return head + rows
 
-    def file(sections, sid=b"s"):
+    def state(n_tokens):
+        """a linear-attention layer's cache (kind 1): per KV head S (16 x 16) then z (16), as
+        doubles (first = len: a state holds no rows)"""
+        head = struct.pack("<8i", 1, 1, 2, 16, 16, 0, n_tokens, n_tokens)
+        return head + b"".join(struct.pack("<d", ((i * 13) % 7) / 8.0)
+                               for i in range(2 * (16 * 16 + 16)))
+
+    def file(sections, sid=b"s", dtype=1, queries=False, linear=False):
         body = sid + b"\0" * (-len(sid) % 8)
         for kind, layer, payload in sections:
             body += struct.pack("<IiQ", kind, layer, len(payload)) + payload
@@ -70,8 +85,11 @@ def session_files():
         total = 96 + len(body) + 8
         n_tokens = max([0] + [struct.unpack("<i", p[24:28])[0] for _, _, p in sections])
         header = b"ATTNDSES" + struct.pack("<II", 1, 96) + b"\0" * 32
-        header += struct.pack("<IIIiQQ", 1, len(sid), len(sections), n_tokens, total, 0)
-        header += b"\0" * 16
+        header += struct.pack("<IIIiQQ", dtype, len(sid), len(sections), n_tokens, total, 0)
+        # flags; then the informative bytes, whose "layers held" bit 7 picks the target's model
+        # with a linear layer 1
+        header += struct.pack("<I", 1 if queries else 0) + b"\0" * 10
+        header += bytes([0x80 if linear else 0, 0])
         return header + body + b"\0" * 8
 
     yield file([])
@@ -81,6 +99,16 @@ def session_files():
     yield file([(0, 0, cache(3, 32)), (0, 1, cache(2))], b"chat-42")
     yield file([(0, 0, cache(5, 32)), (1, 0, cache(4)), (0, 1, cache(5)), (1, 1, cache(2))])
     yield file([(0, 0, cache(50, 32, 16)), (0, 1, cache(50))], b"ring")
+    # the other pools: bf16 and f16 K/V, queries kept (kind 2), a linear layer's state
+    for dt in (2, 3):
+        yield file([(0, 0, cache(3, 32, dtype=dt)), (1, 0, cache(2, dtype=dt)),
+                    (0, 1, cache(3, dtype=dt))], b"half", dtype=dt)
+    yield file([(0, 0, cache(3, 32, queries=True)), (0, 1, cache(2, queries=True))], b"qk",
+               queries=True)
+    yield file([(0, 0, cache(50, 32, 16, dtype=2, queries=True)),
+                (0, 1, cache(50, dtype=2, queries=True))], b"ring-qk", dtype=2, queries=True)
+    yield file([(0, 0, cache(4, 32)), (1, 0, cache(2)), (0, 1, state(4))], b"lin", linear=True)
+    yield file([(0, 1, state(7))], b"lin", linear=True)
 
 
 def framed_bodies():
