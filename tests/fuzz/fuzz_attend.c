@@ -9,6 +9,26 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
+/* What a request and each step of a batch hold alike: positions one per token inside max_seq,
+ * expect_n_past >= 0, a finite head_mask, capture's four bits, selected rows inside the call's. */
+static void check_own_fields(const struct api_attend_request *r, const struct api_limits *lim) {
+    for (int32_t i = 0; r->positions != NULL && i < r->n_tokens; i++)
+        if (r->positions[i] < 0 || r->positions[i] >= lim->max_seq)
+            abort();
+    if (r->has_expect_n_past && r->expect_n_past < 0)
+        abort();
+    if (r->head_mask != NULL)
+        fuzz_check_finite(r->head_mask, (size_t)lim->n_heads);
+    if ((r->capture &
+         ~(unsigned)(API_CAPTURE_Q | API_CAPTURE_K | API_CAPTURE_V | API_CAPTURE_HEAD_OUT)) != 0)
+        abort();
+    if (r->sel.is_set && (r->sel.n_heads < 0 || r->sel.n_heads > lim->n_heads))
+        abort();
+    for (int32_t i = 0; r->sel.is_set && i < r->sel.n_rows; i++)
+        if (r->sel.rows[i] < -r->n_tokens || r->sel.rows[i] >= r->n_tokens)
+            abort();
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const struct api_limits lim = {
         .hidden_size = 64, .n_heads = 4, .layer_first = 0, .layer_count = 2, .max_seq = 4096};
@@ -30,6 +50,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 st->context != NULL || st->key_mask != NULL || st->steps != NULL)
                 abort();
             fuzz_check_finite(st->x, (size_t)st->n_tokens * (size_t)lim.hidden_size);
+            check_own_fields(st, &lim);
             for (int32_t j = 0; st->session_id[0] && j < i; j++)
                 if (strcmp(st->session_id, r.steps[j].session_id) == 0)
                     abort();
@@ -42,9 +63,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (r.layer < lim.layer_first || r.layer >= lim.layer_first + lim.layer_count)
         abort();
     fuzz_check_finite(r.x, (size_t)r.n_tokens * (size_t)lim.hidden_size);
-    for (int32_t i = 0; r.positions != NULL && i < r.n_tokens; i++)
-        if (r.positions[i] < 0 || r.positions[i] >= lim.max_seq)
-            abort();
+    check_own_fields(&r, &lim);
     if (r.session_id[0] && !api_session_id_is_valid(r.session_id, strlen(r.session_id)))
         abort();
     /* key_mask: 0/1 within max_seq; a context: finite, within max_seq, and a cross request
@@ -63,8 +82,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         abort();
     if (r.replace_context && r.context == NULL)
         abort();
-    if (r.head_mask != NULL)
-        fuzz_check_finite(r.head_mask, (size_t)lim.n_heads);
     if (r.stream && (r.sel.is_set || r.capture != 0 || r.head_mask != NULL))
         abort();
     if (r.sel.is_set) {

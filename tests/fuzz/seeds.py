@@ -5,6 +5,7 @@ tests/data/. Standard library only.
 
 usage: tests/fuzz/seeds.py TARGET OUT_DIR      (run from the repository's root)
 """
+import base64
 import glob
 import hashlib
 import json
@@ -182,6 +183,55 @@ def framed_bodies():
     yield struct.pack("<HB", len(j), 4) + j + b"".join(struct.pack("<f", v) for v in x[:4])
 
 
+def attend_bodies():
+    """POST /v1/attend bodies beyond the examples, for the target's tiny limits (hidden 64, 4
+    heads): every field, a cross-attention call, selections and captures, batches whose steps
+    carry their own fields, and refusals of combinations."""
+    yield from examples("attend_*.request.json", "error.request.json")
+
+    def rows(t, width=64):
+        return [[((i * 7 + j * 3) % 11) / 5.0 - 1.0 for j in range(width)] for i in range(t)]
+
+    def b64(t):
+        raw = b"".join(struct.pack("<f", v) for r in rows(t) for v in r)
+        return {"shape": [t, 64], "b64": base64.b64encode(raw).decode()}
+
+    x1, x2 = rows(1), rows(2)
+    bodies = [
+        {"session_id": "s", "x": x2, "positions": [7, 8], "expect_n_past": 3,
+         "key_mask": [1, 0, 1, 1, 1], "layer": 1},
+        {"session_id": "s", "x": x1, "stream": True, "positions": [0]},
+        {"x": b64(2), "encoding_format": "base64", "return_weights": True},
+        {"session_id": "s", "x": x2, "context": rows(3), "cross": True, "replace_context": True,
+         "return_weights": {"heads": [1], "rows": [0, -1], "keys": [1, -1], "kind": "scores"},
+         "capture": ["q", "head_out"]},
+        {"session_id": "s", "x": x1, "cross": True, "return_weights": {"kind": "lse",
+                                                                       "reduce": "mean_heads"}},
+        {"session_id": "s", "x": x1, "context": rows(1), "cross": False},
+        {"session_id": "s", "x": x1, "context": rows(1), "positions": [0]},
+        {"session_id": "s", "x": x1, "replace_context": True},
+        {"session_id": "s", "x": x2, "head_mask": [1, 0, 0.5, 1], "capture": ["k", "v", "q"],
+         "return_weights": {"heads": [0, 2, 3], "rows": [-2], "keys": [None, 2],
+                            "reduce": "max_heads", "kind": "probs"}},
+        {"session_id": "s", "x": x1, "stream": True, "return_weights": {"rows": [0]}},
+        {"session_id": "s", "x": x1, "head_mask": {"shape": [4], "b64": "AACAPwAAAAAAAIA/AAAAAA=="},
+         "encoding_format": "float", "layer": None, "positions": None},
+        {"layer": 1, "steps": [
+            {"session_id": "a", "x": x1, "positions": [4], "expect_n_past": 4,
+             "head_mask": [1, 1, 0, 1]},
+            {"session_id": "b", "x": x2, "return_weights": {"heads": [-1], "rows": [1],
+                                                             "keys": [0, 3]},
+             "capture": ["head_out"]},
+            {"session_id": "c", "x": b64(1)}], "encoding_format": "base64"},
+        {"steps": [{"session_id": "a", "x": x1}, {"session_id": "a", "x": x1}]},
+        {"steps": [{"session_id": "a", "x": x2, "return_weights": {"rows": [2]}}]},
+        {"steps": [{"session_id": "a", "x": x1}], "stream": True},
+        {"steps": []},
+    ]
+    for b in bodies:
+        yield json.dumps(b).encode()
+
+
 def attention_queries():
     """GET /v1/sessions/{id}/attention queries: a cache length byte, then name=value&..."""
     for n, q in [(40, "layer=1&heads=0,2:4&rows=-3:&keys=5:-1&kind=scores"),
@@ -192,7 +242,7 @@ def attention_queries():
 
 SOURCES = {
     "fuzz_query": attention_queries,
-    "fuzz_attend": lambda: examples("attend_*.request.json", "error.request.json"),
+    "fuzz_attend": attend_bodies,
     "fuzz_sdpa": lambda: examples("sdpa*.request.json"),
     "fuzz_truncate": lambda: examples("truncate.request.json"),
     "fuzz_fork": lambda: examples("fork.request.json"),
