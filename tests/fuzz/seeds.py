@@ -38,6 +38,15 @@ def configs():
         if b"deepseek" in body:  # bits 1-2 choose --modeling-code: 2 transformers, 4 checkpoint
             yield b"2" + body
             yield b"4" + body
+    # families no checkpoint in tests/data has: Mistral, whose window and KV heads default when
+    # absent (MistralConfig's 4096 and 8) and whose null window is none
+    base = {"model_type": "mistral", "hidden_size": 64, "num_attention_heads": 8,
+            "num_hidden_layers": 2, "max_position_embeddings": 8192}
+    yield b"0" + json.dumps(base).encode()
+    yield b"0" + json.dumps(dict(base, num_key_value_heads=2, sliding_window=None,
+                                 head_dim=16)).encode()
+    yield b"1" + json.dumps(dict(base, sliding_window=128, rope_theta=1e6,
+                                 rope_scaling={"rope_type": "linear", "factor": 2.0})).encode()
 
 
 def safetensors(keep_data=4096):
