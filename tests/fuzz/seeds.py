@@ -241,6 +241,38 @@ def attend_bodies():
         yield json.dumps(b).encode()
 
 
+def sdpa_bodies():
+    """POST /v1/sdpa bodies beyond the examples: masks of each shape (keys broadcast, queries x keys, and
+    per batch), a batch dimension with GQA, linear attention, scale, window and selections."""
+    yield from examples("sdpa*.request.json")
+
+    def t(*shape):
+        if len(shape) == 1:
+            return [((i * 5) % 7) / 3.0 - 1.0 for i in range(shape[0])]
+        return [t(*shape[1:]) for _ in range(shape[0])]
+
+    q, k, v = t(4, 3, 2), t(2, 3, 2), t(2, 3, 2)
+    bodies = [
+        {"q": q, "k": k, "v": v, "mask": [[1, 0, 1]]},
+        {"q": q, "k": k, "v": v, "mask": [[1, 0, 1], [1, 1, 0], [0, 1, 1]], "scale": 0.5},
+        {"q": t(2, 4, 3, 2), "k": t(2, 2, 3, 2), "v": t(2, 2, 3, 3),
+         "mask": [[[1, 1, 0], [1, 1, 1], [0, 0, 1]], [[1, 0, 0], [1, 1, 0], [1, 1, 1]]],
+         "return_weights": {"heads": [-1], "rows": [0, 2], "keys": [1, None],
+                            "kind": "scores", "reduce": "mean_heads"}},
+        {"q": t(2, 4, 3, 2), "k": t(2, 2, 3, 2), "v": t(2, 2, 3, 2), "kind": "linear",
+         "causal": True},
+        {"q": q, "k": k, "v": v, "kind": "softmax", "causal": True, "window": 1,
+         "return_weights": {"kind": "lse"}, "encoding_format": "float"},
+        {"q": q, "k": k, "v": v, "kind": "linear", "return_weights": True},
+        {"q": q, "k": k, "v": v, "kind": "linear", "mask": [[1, 1, 1]]},
+        {"q": q, "k": k, "v": v, "mask": [[1, 2, 1]]},
+        {"q": t(3, 3, 2), "k": k, "v": v},
+        {"q": q, "k": k, "v": v, "causal": None, "window": None, "scale": None, "mask": None},
+    ]
+    for b in bodies:
+        yield json.dumps(b).encode()
+
+
 def attention_queries():
     """GET /v1/sessions/{id}/attention queries: a cache length byte, then name=value&..."""
     for n, q in [(40, "layer=1&heads=0,2:4&rows=-3:&keys=5:-1&kind=scores"),
@@ -252,7 +284,7 @@ def attention_queries():
 SOURCES = {
     "fuzz_query": attention_queries,
     "fuzz_attend": attend_bodies,
-    "fuzz_sdpa": lambda: examples("sdpa*.request.json"),
+    "fuzz_sdpa": sdpa_bodies,
     "fuzz_truncate": lambda: examples("truncate.request.json"),
     "fuzz_fork": lambda: examples("fork.request.json"),
     "fuzz_b64": b64_strings,
