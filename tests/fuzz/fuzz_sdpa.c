@@ -1,7 +1,8 @@
 /* tests/fuzz/fuzz_sdpa.c: POST /v1/sdpa bodies (api_sdpa_request_parse). Accepted: consistent
  * shapes (GQA divides, one batch), finite tensors, work within API_SDPA_MAX_SCORES, a 0/1 mask
- * whose strides stay inside it, linear attention without scores' options. Refused: a valid error
- * body. */
+ * whose strides stay inside it, linear attention without scores' options, a window and a scale in
+ * their ranges, a selection resolved inside the shapes. Refused: a valid error body. */
+#include <math.h>
 #include <stdlib.h>
 
 #include "fuzz.h"
@@ -42,6 +43,25 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     if (r.is_linear && (r.return_weights || r.window >= 0 || r.scale != 0.0f))
         abort();
+    /* a window >= 0 or none (-1); a scale finite and > 0, or the default (0) */
+    if (r.window < -1 || !isfinite(r.scale) || r.scale < 0.0f)
+        abort();
+    /* a selection resolved against the call's shapes: heads, rows and keys inside them,
+     * ascending, within the limit of returned values */
+    if (r.sel.is_set) {
+        if (!r.return_weights || r.sel.key_first < 0 || r.sel.n_keys < 0 ||
+            r.sel.key_first + r.sel.n_keys > r.n_k ||
+            (int64_t)r.n_batch * api_selection_values(&r.sel, r.n_heads) > API_WEIGHTS_MAX_VALUES)
+            abort();
+        for (int32_t i = 0; i < r.sel.n_heads; i++)
+            if (r.sel.heads[i] < 0 || r.sel.heads[i] >= r.n_heads ||
+                (i > 0 && r.sel.heads[i] <= r.sel.heads[i - 1]))
+                abort();
+        for (int32_t i = 0; i < r.sel.n_rows; i++)
+            if (r.sel.rows[i] < 0 || r.sel.rows[i] >= r.n_q ||
+                (i > 0 && r.sel.rows[i] <= r.sel.rows[i - 1]))
+                abort();
+    }
     api_sdpa_request_release(&r);
     return 0;
 }
