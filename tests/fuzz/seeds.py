@@ -273,11 +273,29 @@ def sdpa_bodies():
         yield json.dumps(b).encode()
 
 
+def session_ops(target):
+    """truncate and fork bodies beyond the examples: bounds, null fields, ids at their limits"""
+    name = "truncate" if target == "fuzz_truncate" else "fork"
+    yield from examples(name + ".request.json")
+    bodies = {
+        "truncate": [{"n_tokens": 0, "layer": 1}, {"n_tokens": 5, "layer": None},
+                     {"layer": 2, "n_tokens": 4096}, {"n_tokens": -1}, {"n_tokens": 2.0},
+                     {"n_tokens": 1e3, "layer": 0}, {"n_tokens": 2, "n_tokens ": 3}],
+        "fork": [{"new_id": "a"}, {"new_id": ""}, {"new_id": "x" * 128}, {"new_id": "x" * 129},
+                 {"new_id": None}, {"new_id": "a b"}, {"new_id": "A.b_c:d-9"}],
+    }[name]
+    for b in bodies:
+        yield json.dumps(b).encode()
+
+
 def attention_queries():
     """GET /v1/sessions/{id}/attention queries: a cache length byte, then name=value&..."""
     for n, q in [(40, "layer=1&heads=0,2:4&rows=-3:&keys=5:-1&kind=scores"),
                  (7, "rows=all&kind=lse&reduce=mean_heads"), (0, "heads=-1&rows=&keys=:"),
-                 (200, "layer=2&rows=10,3,3,150:160&reduce=max_heads")]:
+                 (200, "layer=2&rows=10,3,3,150:160&reduce=max_heads"),
+                 (5, "kind=lse&rows=1:3&keys=all"), (10, "layer=01&heads=all&rows=all&keys=0:0"),
+                 (255, "heads=3,1,1&rows=-1&keys=-10:&reduce=none&kind=probs"),
+                 (3, "layer=+1&kind=lse&reduce=mean_heads&keys=1:2")]:
         yield bytes([n]) + q.encode()
 
 
@@ -285,8 +303,8 @@ SOURCES = {
     "fuzz_query": attention_queries,
     "fuzz_attend": attend_bodies,
     "fuzz_sdpa": sdpa_bodies,
-    "fuzz_truncate": lambda: examples("truncate.request.json"),
-    "fuzz_fork": lambda: examples("fork.request.json"),
+    "fuzz_truncate": lambda: session_ops("fuzz_truncate"),
+    "fuzz_fork": lambda: session_ops("fuzz_fork"),
     "fuzz_b64": b64_strings,
     "fuzz_hf_config": configs,
     "fuzz_safetensors": safetensors,
