@@ -60,6 +60,24 @@ def safetensors(keep_data=4096):
         # which is a path too; the whole of a small file keeps its ranges valid.
         yield raw if len(raw) <= 8 + n + keep_data else raw[: 8 + n + keep_data]
 
+    def st(header, data_bytes):
+        h = json.dumps(header).encode()
+        return struct.pack("<Q", len(h)) + h + b"\0" * data_bytes
+
+    # metadata, an empty tensor beside another's start, ranges that touch, overlap or run past
+    # the data, a name twice (JSON keeps both), a shape past 2^32
+    yield st({"__metadata__": {"format": "pt"}, "a": {"dtype": "F32", "shape": [2],
+                                                        "data_offsets": [0, 8]},
+              "b": {"dtype": "BF16", "shape": [0, 3], "data_offsets": [8, 8]}}, 8)
+    yield st({"a": {"dtype": "F16", "shape": [4], "data_offsets": [0, 8]},
+              "e": {"dtype": "F16", "shape": [0], "data_offsets": [0, 0]},
+              "b": {"dtype": "F16", "shape": [2, 2], "data_offsets": [4, 12]}}, 12)
+    yield st({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+              "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 12]}}, 8)
+    yield (struct.pack("<Q", 120) + b'{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},'
+           b'"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}' + b" " * 14 + b"\0" * 8)
+    yield st({"w": {"dtype": "I8", "shape": [4294967297, 1], "data_offsets": [0, 1]}}, 1)
+
 
 def session_files():
     """Session files (proto/session-file.md) of preset tiny's geometry, f32 K/V: the fuzz target
