@@ -21,12 +21,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 /* One model and store for each pool a file's header may name: its KV dtype (offset 48: f32,
  * bf16, f16, q8_0), whether its caches keep their queries (the flags' bit 0, offset 80), and, when
  * bit 7 of its "layers held" byte (offset 94, informative only) is set, a model whose layer 1 is
- * linear attention (a kind 1 cache: the running state). */
-static attn_model *models_[2];
+ * linear attention (a kind 1 cache: the running state). A q8_0 pool's model has 32-value heads
+ * (q8_0 blocks are 32 values: rows of 34 bytes, which pad their sections). */
+static attn_model *models_[4];
 static struct session_store *stores_[2][4][2];
 
-static attn_model *model_for(int linear) {
-    if (models_[linear] == NULL) {
+static attn_model *model_for(int linear, bool q8) {
+    int m = linear | (q8 ? 2 : 0);
+    if (models_[m] == NULL) {
         attn_config cfg;
         attn_load_params lp;
         memset(&lp, 0, sizeof lp);
@@ -38,11 +40,14 @@ static attn_model *model_for(int linear) {
         if (linear) {
             cfg.layer_kind[1] = ATTN_LAYER_LINEAR;
         }
-        if (attn_model_create_random(&cfg, 0, &lp, &models_[linear]) != ATTN_OK) {
+        if (q8) {
+            cfg.head_dim = 32;
+        }
+        if (attn_model_create_random(&cfg, 0, &lp, &models_[m]) != ATTN_OK) {
             abort();
         }
     }
-    return models_[linear];
+    return models_[m];
 }
 
 static struct session_store *store_for(int linear, attn_dtype dt, bool queries) {
@@ -57,7 +62,7 @@ static struct session_store *store_for(int linear, attn_dtype dt, bool queries) 
     }
     struct session_store **st = &stores_[linear][d][queries];
     if (*st == NULL) {
-        struct session_store_params sp = {.model = model_for(linear),
+        struct session_store_params sp = {.model = model_for(linear, d == 3),
                                           .budget_bytes = (size_t)1 << 20,
                                           .block_tokens = 16,
                                           .kv_dtype = dts[d],
@@ -65,7 +70,7 @@ static struct session_store *store_for(int linear, attn_dtype dt, bool queries) 
                                           .max_sessions = 4,
                                           .max_tombstones = 4};
         if (session_store_create(&sp, st) != 0) {
-            return NULL; /* a pool this geometry cannot have (q8_0 rows of 16 values) */
+            return NULL; /* a pool this geometry cannot have */
         }
     }
     return *st;
@@ -75,11 +80,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int linear = size >= SNAPSHOT_HEADER_BYTES && (data[94] & 0x80) != 0;
     attn_dtype dt = size >= SNAPSHOT_HEADER_BYTES ? (attn_dtype)(data[48] | data[49] << 8) : 0;
     bool queries = size >= SNAPSHOT_HEADER_BYTES && (data[80] & 1) != 0;
-    attn_model *model = model_for(linear);
     struct session_store *store = store_for(linear, dt, queries);
     if (store == NULL) {
         return 0;
     }
+    const attn_model *model = session_store_model(store);
     uint8_t *file = malloc(size > 0 ? size : 1);
     memcpy(file, data, size);
     if (size >= SNAPSHOT_MIN_BYTES) {

@@ -85,17 +85,24 @@ def session_files():
     def cache(n_tokens, window=0, first=0, dtype=1, queries=False):
         """window: the target's layer 0 is a 32-token sliding window, whose cache must say so
         (a ring may drop whole 16-token blocks before first); layer 1 and contexts have none.
-        dtype: 1 f32, 2 bf16, 3 f16 (the file header's dtype picks the target's pool); queries:
-        kind 2, the 4 query heads' rows after the values (the header's flag bit 0)."""
-        head = struct.pack("<8i", 2 if queries else 0, dtype, 2, 16, 16, window, n_tokens, first)
-        heads = 2 * 2 + (4 if queries else 0)
-        vals = [((i * 37) % 101) / 50.0 - 1.0 for i in range(heads * (n_tokens - first) * 16)]
+        dtype: 1 f32, 2 bf16, 3 f16, 4 q8_0 (the file header's dtype picks the target's pool;
+        q8_0's model has 32-value heads, a row one block: a binary16 scale and 32 int8);
+        queries: kind 2, the 4 query heads' rows after the values (the header's flag bit 0)."""
+        dim = 32 if dtype == 4 else 16
+        head = struct.pack("<8i", 2 if queries else 0, dtype, 2, dim, dim, window, n_tokens,
+                           first)
+        n_rows = (2 * 2 + (4 if queries else 0)) * (n_tokens - first)
+        vals = [((i * 37) % 101) / 50.0 - 1.0 for i in range(n_rows * dim)]
         if dtype == 1:
             rows = b"".join(struct.pack("<f", v) for v in vals)
         elif dtype == 2:
             rows = b"".join(struct.pack("<f", v)[2:] for v in vals)
-        else:
+        elif dtype == 3:
             rows = b"".join(struct.pack("<e", v) for v in vals)
+        else:
+            rows = b"".join(struct.pack("<e", 1.0 / 127) +
+                            bytes((i * 37 + r) % 255 - 127 & 255 for i in range(32))
+                            for r in range(n_rows))
         return head + rows
 
     def state(n_tokens):
@@ -127,7 +134,7 @@ def session_files():
     yield file([(0, 0, cache(3, 32)), (0, 1, cache(2))], b"chat-42")
     yield file([(0, 0, cache(5, 32)), (1, 0, cache(4)), (0, 1, cache(5)), (1, 1, cache(2))])
     yield file([(0, 0, cache(50, 32, 16)), (0, 1, cache(50))], b"ring")
-    # the other pools: bf16 and f16 K/V, queries kept (kind 2), a linear layer's state
+    # the other pools: bf16, f16 and q8_0 K/V, queries kept (kind 2), a linear layer's state
     for dt in (2, 3):
         yield file([(0, 0, cache(3, 32, dtype=dt)), (1, 0, cache(2, dtype=dt)),
                     (0, 1, cache(3, dtype=dt))], b"half", dtype=dt)
@@ -136,6 +143,10 @@ def session_files():
     yield file([(0, 0, cache(50, 32, 16, dtype=2, queries=True)),
                 (0, 1, cache(50, dtype=2, queries=True))], b"ring-qk", dtype=2, queries=True)
     yield file([(0, 0, cache(4, 32)), (1, 0, cache(2)), (0, 1, state(4))], b"lin", linear=True)
+    yield file([(0, 0, cache(3, 32, dtype=4)), (1, 0, cache(1, dtype=4)),
+                (0, 1, cache(3, dtype=4))], b"q8", dtype=4)
+    yield file([(0, 0, cache(50, 32, 16, dtype=4, queries=True)),
+                (0, 1, cache(5, dtype=4, queries=True))], b"q8-qk", dtype=4, queries=True)
     yield file([(0, 1, state(7))], b"lin", linear=True)
 
 
