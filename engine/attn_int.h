@@ -393,10 +393,18 @@ float attn__f16_to_f32(uint16_t h);
 void attn__rows_dot_half_portable(const float *x, int32_t m, int32_t k, const uint16_t *w,
                                   bool is_bf16, int32_t n, float *y, size_t ldy);
 
-/* Holds m's q/k/v and o projections in dtype (F32 is a no-op): converts each layer's and frees
- * its float copy before the next layer's, so that the peak is the float weights and one layer's
- * half copy. ATTN_ENOMEM leaves m partly converted, fit only for attn_model_destroy. */
+/* Holds m's q/k/v and o projections in dtype (F32 is a no-op): converts each layer's not held
+ * yet and frees its float copy before the next layer's, then counts m's bytes and dtype as
+ * dtype's. ATTN_ENOMEM leaves m partly converted, fit only for attn_model_destroy. */
 int attn__model_hold_weights(attn_model *m, attn_dtype dtype);
+
+/* Layer i's q/k/v and o projections converted to dtype and their float copies freed (nothing
+ * when dtype is F32, the layer is MLA's or held already), or back to float from the half dtype
+ * they were held in (exact): how a loader holds each layer as soon as it is read, so that its
+ * peak is the half weights and one layer in float. Neither counts m's bytes or dtype:
+ * attn__model_hold_weights does, last. ATTN_ENOMEM as above. */
+int attn__model_hold_layer(attn_model *m, int32_t i, attn_dtype dtype);
+int attn__model_unhold_layer(attn_model *m, int32_t i, attn_dtype held);
 
 /* The largest of s[0 .. n) (-inf for none; NaNs passed over). SIMD where available. */
 float attn__row_max(const float *s, int32_t n);
@@ -542,8 +550,12 @@ bool attn__qk_norm_is_per_head(const attn_config *cfg);
 void attn__model_fingerprint_compute(attn_model *m);
 
 /* Allocates a model for cfg (checked, max_seq overridden by p) with the layer range of p and
- * uninitialized weights; computes the RoPE tables. Shared by every constructor. */
-int attn__model_alloc(const attn_config *cfg, const attn_load_params *p, attn_model **out);
+ * uninitialized weights; computes the RoPE tables. Shared by every constructor. With defer_layers
+ * the layers' tensors are left for attn__model_alloc_layer, which a loader calls for each layer
+ * just before reading it (so that unread layers take no address space). */
+int attn__model_alloc(const attn_config *cfg, const attn_load_params *p, bool defer_layers,
+                      attn_model **out);
+int attn__model_alloc_layer(attn_model *m, int32_t i);
 
 /* ---- hf_load.c: the checkpoint readers, in memory ---------------------------------------- */
 /* attn_model_load_hf reads files and hands their bytes to these; the fuzz targets in tests/fuzz

@@ -140,80 +140,73 @@ static size_t tensor_floats(const struct mla_tensor *t) {
     return t->rows * (t->cols > 0 ? t->cols : 1);
 }
 
-/* Allocates a model with uninitialized weights for cfg (checked here) and the layer range of p.
- * Shared by every constructor, including the file loader. */
-/* Allocates every loaded layer's tensors (zeroed) and returns the bytes of one layer's, or 0
- * when out of memory. */
-static size_t alloc_layer_tensors(attn_model *m) {
-    const attn_config cfg = m->cfg;
-    int32_t count = m->layer_count;
-    bool is_mla = cfg.kv_lora_rank > 0;
+/* The floats of one loaded layer's tensors (the bytes a layer holds in float32, over 4). */
+static size_t layer_floats(const attn_config *c) {
+    bool is_mla = c->kv_lora_rank > 0;
     /* The output projection reads each head's value: head_dim of them, or MLA's v_head_dim. */
-    size_t hd_all = (size_t)cfg.n_heads * (is_mla ? cfg.v_head_dim : cfg.head_dim);
-    size_t per_layer =
-        (is_mla ? 0 : n_qkv_rows(&cfg) * cfg.hidden_size) + (size_t)cfg.hidden_size * hd_all;
-    for (int32_t i = 0; i < count; i++) {
-        struct attn__layer *l = &m->layers[i];
-        if (is_mla) {
-            struct mla_tensor t[MLA_TENSORS];
-            int32_t n = mla_tensors(&cfg, l, t);
-            for (int32_t k = 0; k < n; k++) {
-                if (!t[k].is_present) {
-                    continue;
-                }
-                if ((*t[k].dst = attn__alloc_floats(tensor_floats(&t[k]))) == NULL) {
-                    return 0;
-                }
-                per_layer += i == 0 ? tensor_floats(&t[k]) : 0;
-            }
-        } else if ((l->w_qkv = attn__alloc_floats(n_qkv_rows(&cfg) * cfg.hidden_size)) == NULL) {
-            return 0;
-        }
-        l->w_o = attn__alloc_floats((size_t)cfg.hidden_size * hd_all);
-        if (l->w_o == NULL) {
-            return 0;
-        }
-        if (cfg.has_qkv_bias && !is_mla) {
-            l->b_qkv = attn__alloc_floats(n_qkv_rows(&cfg));
-            if (l->b_qkv == NULL) {
-                return 0;
-            }
-        }
-        if (cfg.has_o_bias) {
-            l->b_o = attn__alloc_floats((size_t)cfg.hidden_size);
-            if (l->b_o == NULL) {
-                return 0;
-            }
-        }
-        if (cfg.qk_norm != ATTN_QK_NORM_NONE) {
-            l->q_norm = attn__alloc_floats(attn__qk_norm_len(&cfg, false));
-            l->k_norm = attn__alloc_floats(attn__qk_norm_len(&cfg, true));
-            if (l->q_norm == NULL || l->k_norm == NULL) {
-                return 0;
-            }
-        }
-        if (cfg.qk_norm == ATTN_QK_NORM_HEAD_LAYERNORM_BIAS) {
-            l->q_norm_bias = attn__alloc_floats((size_t)cfg.head_dim);
-            l->k_norm_bias = attn__alloc_floats((size_t)cfg.head_dim);
-            if (l->q_norm_bias == NULL || l->k_norm_bias == NULL) {
-                return 0;
-            }
-        }
-        if (cfg.has_sinks) {
-            l->sinks = attn__alloc_floats((size_t)cfg.n_heads);
-            if (l->sinks == NULL) {
-                return 0;
-            }
+    size_t hd_all = (size_t)c->n_heads * (is_mla ? c->v_head_dim : c->head_dim);
+    size_t n = (is_mla ? 0 : n_qkv_rows(c) * c->hidden_size) + (size_t)c->hidden_size * hd_all;
+    if (is_mla) {
+        struct attn__layer none;
+        struct mla_tensor t[MLA_TENSORS];
+        int32_t k_n = mla_tensors(c, &none, t);
+        for (int32_t k = 0; k < k_n; k++) {
+            n += t[k].is_present ? tensor_floats(&t[k]) : 0;
         }
     }
-    per_layer += attn__qk_norm_len(&cfg, false) + attn__qk_norm_len(&cfg, true);
-    per_layer += cfg.qk_norm == ATTN_QK_NORM_HEAD_LAYERNORM_BIAS ? 2 * (size_t)cfg.head_dim : 0;
-    per_layer += cfg.has_sinks ? (size_t)cfg.n_heads : 0;
-    return per_layer;
+    n += attn__qk_norm_len(c, false) + attn__qk_norm_len(c, true);
+    n += c->qk_norm == ATTN_QK_NORM_HEAD_LAYERNORM_BIAS ? 2 * (size_t)c->head_dim : 0;
+    n += c->has_sinks ? (size_t)c->n_heads : 0;
+    return n;
+}
+
+int attn__model_alloc_layer(attn_model *m, int32_t i) {
+    const attn_config cfg = m->cfg;
+    struct attn__layer *l = &m->layers[i];
+    bool is_mla = cfg.kv_lora_rank > 0;
+    size_t hd_all = (size_t)cfg.n_heads * (is_mla ? cfg.v_head_dim : cfg.head_dim);
+    if (is_mla) {
+        struct mla_tensor t[MLA_TENSORS];
+        int32_t n = mla_tensors(&cfg, l, t);
+        for (int32_t k = 0; k < n; k++) {
+            if (t[k].is_present && (*t[k].dst = attn__alloc_floats(tensor_floats(&t[k]))) == NULL) {
+                return ATTN_ENOMEM;
+            }
+        }
+    } else if ((l->w_qkv = attn__alloc_floats(n_qkv_rows(&cfg) * cfg.hidden_size)) == NULL) {
+        return ATTN_ENOMEM;
+    }
+    if ((l->w_o = attn__alloc_floats((size_t)cfg.hidden_size * hd_all)) == NULL) {
+        return ATTN_ENOMEM;
+    }
+    if (cfg.has_qkv_bias && !is_mla && (l->b_qkv = attn__alloc_floats(n_qkv_rows(&cfg))) == NULL) {
+        return ATTN_ENOMEM;
+    }
+    if (cfg.has_o_bias && (l->b_o = attn__alloc_floats((size_t)cfg.hidden_size)) == NULL) {
+        return ATTN_ENOMEM;
+    }
+    if (cfg.qk_norm != ATTN_QK_NORM_NONE) {
+        l->q_norm = attn__alloc_floats(attn__qk_norm_len(&cfg, false));
+        l->k_norm = attn__alloc_floats(attn__qk_norm_len(&cfg, true));
+        if (l->q_norm == NULL || l->k_norm == NULL) {
+            return ATTN_ENOMEM;
+        }
+    }
+    if (cfg.qk_norm == ATTN_QK_NORM_HEAD_LAYERNORM_BIAS) {
+        l->q_norm_bias = attn__alloc_floats((size_t)cfg.head_dim);
+        l->k_norm_bias = attn__alloc_floats((size_t)cfg.head_dim);
+        if (l->q_norm_bias == NULL || l->k_norm_bias == NULL) {
+            return ATTN_ENOMEM;
+        }
+    }
+    if (cfg.has_sinks && (l->sinks = attn__alloc_floats((size_t)cfg.n_heads)) == NULL) {
+        return ATTN_ENOMEM;
+    }
+    return ATTN_OK;
 }
 
 static int model_alloc(const attn_config *cfg_in, const attn_load_params *p, bool with_weights,
-                       attn_model **out) {
+                       bool defer_layers, attn_model **out) {
     if (cfg_in == NULL || out == NULL) {
         return ATTN_EINVAL;
     }
@@ -249,11 +242,12 @@ static int model_alloc(const attn_config *cfg_in, const attn_load_params *p, boo
     }
     m->has_weights = with_weights;
     if (with_weights) {
-        size_t per_layer = alloc_layer_tensors(m);
-        if (per_layer == 0) {
+        m->bytes = (size_t)count * layer_floats(&cfg) * sizeof(float);
+    }
+    for (int32_t i = 0; with_weights && !defer_layers && i < count; i++) {
+        if (attn__model_alloc_layer(m, i) != ATTN_OK) {
             goto fail;
         }
-        m->bytes = (size_t)count * per_layer * sizeof(float);
     }
     if (cfg.rotary_dim > 0) {
         attn_config local = cfg; /* Gemma 3's local layers: their theta, no scaling */
@@ -274,8 +268,9 @@ fail:
     return ATTN_ENOMEM;
 }
 
-int attn__model_alloc(const attn_config *cfg, const attn_load_params *p, attn_model **out) {
-    return model_alloc(cfg, p, true, out);
+int attn__model_alloc(const attn_config *cfg, const attn_load_params *p, bool defer_layers,
+                      attn_model **out) {
+    return model_alloc(cfg, p, true, defer_layers, out);
 }
 
 int attn_model_create_geometry(const attn_config *cfg_in, const attn_load_params *p,
@@ -292,7 +287,7 @@ int attn_model_create_geometry(const attn_config *cfg_in, const attn_load_params
         return ATTN_EUNSUPPORTED;
     }
     attn_model *m = NULL;
-    int rc = model_alloc(&cfg, p, false, &m);
+    int rc = model_alloc(&cfg, p, false, false, &m);
     if (rc != ATTN_OK) {
         return rc;
     }
@@ -337,7 +332,7 @@ int attn_model_create(const attn_config *cfg, const attn_layer_weights *layers,
         return ATTN_EINVAL;
     }
     attn_model *m = NULL;
-    int rc = attn__model_alloc(cfg, p, &m);
+    int rc = attn__model_alloc(cfg, p, false, &m);
     if (rc != ATTN_OK) {
         return rc;
     }
@@ -442,7 +437,7 @@ int attn_model_create_random(const attn_config *cfg, uint64_t seed, const attn_l
         return ATTN_EINVAL;
     }
     attn_model *m = NULL;
-    int rc = attn__model_alloc(cfg, p, &m);
+    int rc = attn__model_alloc(cfg, p, false, &m);
     if (rc != ATTN_OK) {
         return rc;
     }
@@ -528,28 +523,72 @@ static uint16_t *to_half(const float *src, size_t n, bool is_bf16) {
     return h;
 }
 
-int attn__model_hold_weights(attn_model *m, attn_dtype dtype) {
-    if (dtype == ATTN_DTYPE_AUTO || dtype == ATTN_DTYPE_F32 || m->cfg.kv_lora_rank > 0) {
-        return ATTN_OK; /* multi-head latent attention's tensors stay float */
+/* Whether dtype is one the projections may be held in besides float, for m's attention kind. */
+static bool holds_half(const attn_model *m, attn_dtype dtype) {
+    /* multi-head latent attention's tensors stay float */
+    return (dtype == ATTN_DTYPE_BF16 || dtype == ATTN_DTYPE_F16) && m->cfg.kv_lora_rank == 0;
+}
+
+int attn__model_hold_layer(attn_model *m, int32_t i, attn_dtype dtype) {
+    struct attn__layer *l = &m->layers[i];
+    if (!holds_half(m, dtype) || l->w_qkv == NULL) {
+        return ATTN_OK; /* float, or held already */
     }
     const attn_config *c = &m->cfg;
     bool is_bf16 = dtype == ATTN_DTYPE_BF16;
+    l->w_qkv_h = to_half(l->w_qkv, n_qkv_rows(c) * c->hidden_size, is_bf16);
+    l->w_o_h = to_half(l->w_o, (size_t)c->hidden_size * c->n_heads * c->head_dim, is_bf16);
+    if (l->w_qkv_h == NULL || l->w_o_h == NULL) {
+        return ATTN_ENOMEM;
+    }
+    free(l->w_qkv);
+    free(l->w_o);
+    l->w_qkv = l->w_o = NULL;
+    return ATTN_OK;
+}
+
+int attn__model_unhold_layer(attn_model *m, int32_t i, attn_dtype held) {
+    struct attn__layer *l = &m->layers[i];
+    if (l->w_qkv_h == NULL) {
+        return ATTN_OK;
+    }
+    const attn_config *c = &m->cfg;
+    bool is_bf16 = held == ATTN_DTYPE_BF16;
     size_t n_qkv = n_qkv_rows(c) * c->hidden_size;
     size_t n_o = (size_t)c->hidden_size * c->n_heads * c->head_dim;
+    l->w_qkv = attn__alloc_floats(n_qkv);
+    l->w_o = attn__alloc_floats(n_o);
+    if (l->w_qkv == NULL || l->w_o == NULL) {
+        return ATTN_ENOMEM;
+    }
+    for (size_t k = 0; k < n_qkv; k++) {
+        l->w_qkv[k] = is_bf16 ? attn__bf16_to_f32(l->w_qkv_h[k]) : attn__f16_to_f32(l->w_qkv_h[k]);
+    }
+    for (size_t k = 0; k < n_o; k++) {
+        l->w_o[k] = is_bf16 ? attn__bf16_to_f32(l->w_o_h[k]) : attn__f16_to_f32(l->w_o_h[k]);
+    }
+    free(l->w_qkv_h);
+    free(l->w_o_h);
+    l->w_qkv_h = l->w_o_h = NULL;
+    return ATTN_OK;
+}
+
+int attn__model_hold_weights(attn_model *m, attn_dtype dtype) {
+    if (!holds_half(m, dtype)) {
+        return ATTN_OK;
+    }
     /* Each layer's float copy goes as soon as its half copy is made, so that the load never
      * holds every layer in both (3x the half weights at the peak). On failure the model is
      * partly converted: every caller destroys it. */
     for (int32_t i = 0; i < m->layer_count; i++) {
-        struct attn__layer *l = &m->layers[i];
-        l->w_qkv_h = to_half(l->w_qkv, n_qkv, is_bf16);
-        l->w_o_h = to_half(l->w_o, n_o, is_bf16);
-        if (l->w_qkv_h == NULL || l->w_o_h == NULL) {
-            return ATTN_ENOMEM;
+        int rc = attn__model_hold_layer(m, i, dtype);
+        if (rc != ATTN_OK) {
+            return rc;
         }
-        free(l->w_qkv);
-        free(l->w_o);
-        l->w_qkv = l->w_o = NULL;
     }
+    const attn_config *c = &m->cfg;
+    size_t n_qkv = n_qkv_rows(c) * c->hidden_size;
+    size_t n_o = (size_t)c->hidden_size * c->n_heads * c->head_dim;
     m->bytes -= (size_t)m->layer_count * (n_qkv + n_o) * (sizeof(float) - sizeof(uint16_t));
     m->weights_dtype = dtype;
     return ATTN_OK;

@@ -945,11 +945,12 @@ static size_t vm_size_bytes(void) {
     return kb * 1024;
 }
 
-/* A half-precision checkpoint is read in float and held in half: a layer's float copy is freed
- * as soon as its half copy is made, so the load never holds every layer in both at once (for
- * a Llama-3-8B-shaped BF16 layer, 168 MB of float beside 84 MB of BF16: a 32-layer start
- * peaked at 8 GB for 2.7 GB of weights). Loaded under an address-space limit of its float
- * bytes and a margin, which the old order passed by half the weights' half copies. */
+/* A half-precision checkpoint is read in float a layer at a time and each layer held in half
+ * as soon as it is read, so the load never holds more than one layer in float (for a
+ * Llama-3-8B-shaped BF16 layer, 168 MB of float beside 84 MB of BF16: a 32-layer start once
+ * peaked at 8 GB for 2.7 GB of weights, then at the 5.4 GB of every layer in float). Loaded
+ * under an address-space limit of its half bytes, a quarter of its float bytes and a margin:
+ * reading every layer in float before holding any needs its whole float bytes. */
 START_TEST(test_load_half_checkpoint_peak_memory) {
     if (UNDER_ASAN) {
         /* ASan reserves terabytes of shadow memory and keeps freed blocks in quarantine, so an
@@ -964,7 +965,7 @@ START_TEST(test_load_half_checkpoint_peak_memory) {
     pid_t pid = fork();
     ck_assert_int_ge(pid, 0);
     if (pid == 0) {
-        struct rlimit lim = {vm_size_bytes() + f32_bytes + f32_bytes / 8 + (16u << 20),
+        struct rlimit lim = {vm_size_bytes() + f32_bytes / 2 + f32_bytes / 4 + (8u << 20),
                              RLIM_INFINITY};
         setrlimit(RLIMIT_AS, &lim);
         attn_model *m = NULL;
@@ -984,8 +985,116 @@ START_TEST(test_load_half_checkpoint_peak_memory) {
     unlink(path);
     rmdir(dir);
     ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
-                  "a BF16 checkpoint of %zu float bytes did not load within them and a margin",
+                  "a BF16 checkpoint of %zu float bytes did not load within 3/4 of them and a "
+                  "margin",
                   f32_bytes);
+}
+END_TEST
+
+/* A llama checkpoint of 4 layers of 64 x 64 projections (4 heads of 16), layer l's tensors in
+ * dtypes[l] ('b' BF16, 'f' F32), the same pseudo-random values whatever the dtype (each one a
+ * bfloat16, so that F32 holds it exactly), written to a fresh folder under /tmp (in dir). */
+static void write_llama_dtypes(char *dir, const char *dtypes) {
+    enum { HIDDEN = 64, LAYERS = 4, N = HIDDEN * HIDDEN };
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char path[512];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f,
+            "{\"model_type\": \"llama\", \"hidden_size\": %d, \"num_attention_heads\": 4, "
+            "\"num_key_value_heads\": 4, \"num_hidden_layers\": %d, "
+            "\"max_position_embeddings\": 64, \"rope_theta\": 10000.0}",
+            HIDDEN, LAYERS);
+    fclose(f);
+    static const char *const names[] = {"q_proj", "k_proj", "v_proj", "o_proj"};
+    char header[4096];
+    size_t len = (size_t)snprintf(header, sizeof header, "{");
+    uint64_t off = 0;
+    for (int l = 0; l < LAYERS; l++) {
+        size_t bytes = N * (dtypes[l] == 'b' ? 2u : 4u);
+        for (int t = 0; t < 4; t++, off += bytes) {
+            len += (size_t)snprintf(header + len, sizeof header - len,
+                                    "%s\"model.layers.%d.self_attn.%s.weight\": {\"dtype\": "
+                                    "\"%s\", \"shape\": [%d, %d], \"data_offsets\": [%llu, %llu]}",
+                                    l + t ? ", " : "", l, names[t],
+                                    dtypes[l] == 'b' ? "BF16" : "F32", HIDDEN, HIDDEN,
+                                    (unsigned long long)off, (unsigned long long)(off + bytes));
+        }
+    }
+    len += (size_t)snprintf(header + len, sizeof header - len, "}");
+    while (len % 8 != 0) {
+        header[len++] = ' ';
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    f = fopen(path, "wb");
+    ck_assert_ptr_nonnull(f);
+    uint64_t hl = len;
+    ck_assert_int_eq(fwrite(&hl, 8, 1, f), 1); /* little-endian, as the build machine */
+    ck_assert_int_eq(fwrite(header, 1, len, f), len);
+    uint32_t state = 12345;
+    for (int l = 0; l < LAYERS; l++) {
+        for (int i = 0; i < 4 * N; i++) {
+            state = state * 1664525u + 1013904223u;
+            /* sign, exponent 2^-8 .. 2^-5, 7 mantissa bits */
+            uint16_t h = (uint16_t)(((state >> 31) << 15) | ((119u + (state >> 20) % 4) << 7) |
+                                    ((state >> 8) & 0x7f));
+            if (dtypes[l] == 'b') {
+                ck_assert_int_eq(fwrite(&h, 2, 1, f), 1);
+            } else {
+                uint32_t bits = (uint32_t)h << 16;
+                ck_assert_int_eq(fwrite(&bits, 4, 1, f), 1);
+            }
+        }
+    }
+    fclose(f);
+}
+
+static void remove_checkpoint(const char *dir) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    unlink(path);
+    rmdir(dir);
+}
+
+/* The fingerprint and held dtype of the checkpoint of write_llama_dtypes(dtypes), loaded with
+ * weights_dtype asked. */
+static attn_dtype load_dtypes(const char *dtypes, attn_dtype asked,
+                              uint8_t fp[ATTN_FINGERPRINT_BYTES]) {
+    char dir[] = "/tmp/attnd_check_dtypes_XXXXXX";
+    write_llama_dtypes(dir, dtypes);
+    attn_load_params p = {0, 0, 0, NULL, asked, NULL};
+    attn_model *m = load_ok(dir, &p);
+    attn_dtype held = attn_model_weights_dtype(m);
+    attn_model_fingerprint(m, fp);
+    attn_model_destroy(m);
+    remove_checkpoint(dir);
+    return held;
+}
+
+/* Layers are held in half as they are read; a checkpoint whose dtypes differ from layer to
+ * layer is held in float, so the layers held before the first float one go back, exactly: the
+ * same weights (fingerprint) as a float checkpoint of the same values, wherever the float layer
+ * is. Asked for bf16, the same weights as a BF16 checkpoint's. */
+START_TEST(test_load_mixed_dtype_checkpoint_held_exactly) {
+    uint8_t all_f32[ATTN_FINGERPRINT_BYTES], all_bf16[ATTN_FINGERPRINT_BYTES];
+    uint8_t fp[ATTN_FINGERPRINT_BYTES];
+    ck_assert_int_eq(load_dtypes("ffff", ATTN_DTYPE_AUTO, all_f32), ATTN_DTYPE_F32);
+    ck_assert_int_eq(load_dtypes("bbbb", ATTN_DTYPE_AUTO, all_bf16), ATTN_DTYPE_BF16);
+    ck_assert(memcmp(all_f32, all_bf16, sizeof fp) != 0);
+    static const char *const mixed[] = {"bbbf", "fbbb", "bfbb", "bbfb"};
+    for (int k = 0; k < 4; k++) {
+        ck_assert_int_eq(load_dtypes(mixed[k], ATTN_DTYPE_AUTO, fp), ATTN_DTYPE_F32);
+        ck_assert_msg(memcmp(fp, all_f32, sizeof fp) == 0, "%s: not the float checkpoint's",
+                      mixed[k]);
+        ck_assert_int_eq(load_dtypes(mixed[k], ATTN_DTYPE_BF16, fp), ATTN_DTYPE_BF16);
+        ck_assert_msg(memcmp(fp, all_bf16, sizeof fp) == 0, "%s as bf16: not the BF16 one's",
+                      mixed[k]);
+    }
+    ck_assert_int_eq(load_dtypes("bbbb", ATTN_DTYPE_F32, fp), ATTN_DTYPE_F32);
+    ck_assert(memcmp(fp, all_f32, sizeof fp) == 0);
 }
 END_TEST
 
@@ -1028,6 +1137,7 @@ Suite *load_suite(void) {
     tcase_add_test(tc, test_load_bad_params);
     tcase_add_test(tc, test_load_out_of_memory_says_so);
     tcase_add_test(tc, test_load_half_checkpoint_peak_memory);
+    tcase_add_test(tc, test_load_mixed_dtype_checkpoint_held_exactly);
     suite_add_tcase(s, tc);
     return s;
 }
