@@ -879,9 +879,12 @@ START_TEST(test_load_bad_params) {
 }
 END_TEST
 
-/* A BF16 llama checkpoint of n_layers layers of hidden x hidden projections (8 heads of
- * hidden / 8), weights 1/64 each, written to dir. */
-static void write_bf16_llama(const char *dir, int hidden, int n_layers) {
+/* A llama checkpoint of n_layers layers of hidden x hidden projections (8 heads of hidden / 8),
+ * layer l's tensors in dtypes[l] ('b' BF16, 'f' F32), the same pseudo-random values whatever
+ * the dtype (each one a bfloat16, so that F32 holds it exactly), written to a fresh folder dir
+ * (a mkdtemp template). */
+static void write_llama(char *dir, int hidden, int n_layers, const char *dtypes) {
+    ck_assert_ptr_nonnull(mkdtemp(dir));
     char path[512];
     snprintf(path, sizeof path, "%s/config.json", dir);
     FILE *f = fopen(path, "w");
@@ -892,19 +895,19 @@ static void write_bf16_llama(const char *dir, int hidden, int n_layers) {
             "\"max_position_embeddings\": 64, \"rope_theta\": 10000.0}",
             hidden, n_layers);
     fclose(f);
-    size_t n = (size_t)hidden * (size_t)hidden, bytes = n * 2;
-    char header[16384];
-    size_t len = 0;
-    uint64_t off = 0;
     static const char *const names[] = {"q_proj", "k_proj", "v_proj", "o_proj"};
-    len += (size_t)snprintf(header + len, sizeof header - len, "{");
+    size_t n = (size_t)hidden * (size_t)hidden;
+    char header[16384];
+    size_t len = (size_t)snprintf(header, sizeof header, "{");
+    uint64_t off = 0;
     for (int l = 0; l < n_layers; l++) {
+        size_t bytes = n * (dtypes[l] == 'b' ? 2u : 4u);
         for (int t = 0; t < 4; t++, off += bytes) {
             len += (size_t)snprintf(header + len, sizeof header - len,
                                     "%s\"model.layers.%d.self_attn.%s.weight\": {\"dtype\": "
-                                    "\"BF16\", \"shape\": [%d, %d], \"data_offsets\": [%llu, "
-                                    "%llu]}",
-                                    l + t ? ", " : "", l, names[t], hidden, hidden,
+                                    "\"%s\", \"shape\": [%d, %d], \"data_offsets\": [%llu, %llu]}",
+                                    l + t ? ", " : "", l, names[t],
+                                    dtypes[l] == 'b' ? "BF16" : "F32", hidden, hidden,
                                     (unsigned long long)off, (unsigned long long)(off + bytes));
         }
     }
@@ -918,16 +921,34 @@ static void write_bf16_llama(const char *dir, int hidden, int n_layers) {
     uint64_t hl = len;
     ck_assert_int_eq(fwrite(&hl, 8, 1, f), 1); /* little-endian, as the build machine */
     ck_assert_int_eq(fwrite(header, 1, len, f), len);
-    uint16_t *w = malloc(bytes);
+    uint32_t *w = malloc(n * sizeof *w), state = 12345;
     ck_assert_ptr_nonnull(w);
-    for (size_t i = 0; i < n; i++) {
-        w[i] = 0x3c80; /* bf16 1/64 */
-    }
-    for (int i = 0; i < 4 * n_layers; i++) {
-        ck_assert_int_eq(fwrite(w, 2, n, f), n);
+    for (int k = 0; k < 4 * n_layers; k++) {
+        bool is_bf16 = dtypes[k / 4] == 'b';
+        for (size_t i = 0; i < n; i++) {
+            state = state * 1664525u + 1013904223u;
+            /* sign, exponent 2^-8 .. 2^-5, 7 mantissa bits */
+            uint16_t h = (uint16_t)(((state >> 31) << 15) | ((119u + (state >> 20) % 4) << 7) |
+                                    ((state >> 8) & 0x7f));
+            if (is_bf16) {
+                ((uint16_t *)w)[i] = h;
+            } else {
+                w[i] = (uint32_t)h << 16;
+            }
+        }
+        ck_assert_int_eq(fwrite(w, is_bf16 ? 2 : 4, n, f), n);
     }
     free(w);
     fclose(f);
+}
+
+static void remove_checkpoint(const char *dir) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    unlink(path);
+    rmdir(dir);
 }
 
 static size_t vm_size_bytes(void) {
@@ -958,9 +979,8 @@ START_TEST(test_load_half_checkpoint_peak_memory) {
         return;
     }
     char dir[] = "/tmp/attnd_check_peak_XXXXXX";
-    ck_assert_ptr_nonnull(mkdtemp(dir));
     const int hidden = 512, n_layers = 16;
-    write_bf16_llama(dir, hidden, n_layers);
+    write_llama(dir, hidden, n_layers, "bbbbbbbbbbbbbbbb");
     size_t f32_bytes = (size_t)n_layers * 4 * hidden * hidden * sizeof(float);
     pid_t pid = fork();
     ck_assert_int_ge(pid, 0);
@@ -978,12 +998,7 @@ START_TEST(test_load_half_checkpoint_peak_memory) {
     }
     int status = 0;
     ck_assert_int_eq(waitpid(pid, &status, 0), pid);
-    char path[512];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    unlink(path);
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    unlink(path);
-    rmdir(dir);
+    remove_checkpoint(dir);
     ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
                   "a BF16 checkpoint of %zu float bytes did not load within 3/4 of them and a "
                   "margin",
@@ -991,80 +1006,12 @@ START_TEST(test_load_half_checkpoint_peak_memory) {
 }
 END_TEST
 
-/* A llama checkpoint of 4 layers of 64 x 64 projections (4 heads of 16), layer l's tensors in
- * dtypes[l] ('b' BF16, 'f' F32), the same pseudo-random values whatever the dtype (each one a
- * bfloat16, so that F32 holds it exactly), written to a fresh folder under /tmp (in dir). */
-static void write_llama_dtypes(char *dir, const char *dtypes) {
-    enum { HIDDEN = 64, LAYERS = 4, N = HIDDEN * HIDDEN };
-    ck_assert_ptr_nonnull(mkdtemp(dir));
-    char path[512];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    FILE *f = fopen(path, "w");
-    ck_assert_ptr_nonnull(f);
-    fprintf(f,
-            "{\"model_type\": \"llama\", \"hidden_size\": %d, \"num_attention_heads\": 4, "
-            "\"num_key_value_heads\": 4, \"num_hidden_layers\": %d, "
-            "\"max_position_embeddings\": 64, \"rope_theta\": 10000.0}",
-            HIDDEN, LAYERS);
-    fclose(f);
-    static const char *const names[] = {"q_proj", "k_proj", "v_proj", "o_proj"};
-    char header[4096];
-    size_t len = (size_t)snprintf(header, sizeof header, "{");
-    uint64_t off = 0;
-    for (int l = 0; l < LAYERS; l++) {
-        size_t bytes = N * (dtypes[l] == 'b' ? 2u : 4u);
-        for (int t = 0; t < 4; t++, off += bytes) {
-            len += (size_t)snprintf(header + len, sizeof header - len,
-                                    "%s\"model.layers.%d.self_attn.%s.weight\": {\"dtype\": "
-                                    "\"%s\", \"shape\": [%d, %d], \"data_offsets\": [%llu, %llu]}",
-                                    l + t ? ", " : "", l, names[t],
-                                    dtypes[l] == 'b' ? "BF16" : "F32", HIDDEN, HIDDEN,
-                                    (unsigned long long)off, (unsigned long long)(off + bytes));
-        }
-    }
-    len += (size_t)snprintf(header + len, sizeof header - len, "}");
-    while (len % 8 != 0) {
-        header[len++] = ' ';
-    }
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    f = fopen(path, "wb");
-    ck_assert_ptr_nonnull(f);
-    uint64_t hl = len;
-    ck_assert_int_eq(fwrite(&hl, 8, 1, f), 1); /* little-endian, as the build machine */
-    ck_assert_int_eq(fwrite(header, 1, len, f), len);
-    uint32_t state = 12345;
-    for (int l = 0; l < LAYERS; l++) {
-        for (int i = 0; i < 4 * N; i++) {
-            state = state * 1664525u + 1013904223u;
-            /* sign, exponent 2^-8 .. 2^-5, 7 mantissa bits */
-            uint16_t h = (uint16_t)(((state >> 31) << 15) | ((119u + (state >> 20) % 4) << 7) |
-                                    ((state >> 8) & 0x7f));
-            if (dtypes[l] == 'b') {
-                ck_assert_int_eq(fwrite(&h, 2, 1, f), 1);
-            } else {
-                uint32_t bits = (uint32_t)h << 16;
-                ck_assert_int_eq(fwrite(&bits, 4, 1, f), 1);
-            }
-        }
-    }
-    fclose(f);
-}
-
-static void remove_checkpoint(const char *dir) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    unlink(path);
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    unlink(path);
-    rmdir(dir);
-}
-
-/* The fingerprint and held dtype of the checkpoint of write_llama_dtypes(dtypes), loaded with
+/* The fingerprint and held dtype of the 4-layer checkpoint of write_llama(dtypes), loaded with
  * weights_dtype asked. */
 static attn_dtype load_dtypes(const char *dtypes, attn_dtype asked,
                               uint8_t fp[ATTN_FINGERPRINT_BYTES]) {
     char dir[] = "/tmp/attnd_check_dtypes_XXXXXX";
-    write_llama_dtypes(dir, dtypes);
+    write_llama(dir, 64, 4, dtypes);
     attn_load_params p = {0, 0, 0, NULL, asked, NULL};
     attn_model *m = load_ok(dir, &p);
     attn_dtype held = attn_model_weights_dtype(m);
