@@ -17,7 +17,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import _framing
+from . import _framing, _http
 from .errors import AttndError, TransportError, error_from_body, error_from_response
 
 __all__ = [
@@ -489,9 +489,10 @@ class Client:
 
     # ---- connection ---------------------------------------------------------------------------
 
-    def _new_conn(self) -> http.client.HTTPConnection:
-        cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-        return cls(self._host, self._port, timeout=self.timeout)
+    def _new_conn(self) -> Any:
+        if self._https:
+            return http.client.HTTPSConnection(self._host, self._port, timeout=self.timeout)
+        return _http.Connection(self._host, self._port, timeout=self.timeout)
 
     def close(self) -> None:
         """Closes the keep-alive connection (a later call opens a new one)."""
