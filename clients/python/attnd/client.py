@@ -559,23 +559,32 @@ class Client:
             raise error_from_response(status, data, rh)
         return status, rh, data
 
-    def _get_json(self, path: str) -> Any:
-        _, _, data = self._request("GET", path)
+    def _get_json(self, path: str, headers: Optional[Mapping[str, str]] = None) -> Any:
+        _, _, data = self._request("GET", path, None, headers)
         return _framing.loads(data)
 
-    def _post_json(self, path: str, doc: Any) -> Any:
-        _, _, data = self._request(
-            "POST", path, json.dumps(doc).encode(), {"Content-Type": "application/json"}
-        )
+    def _post_json(
+        self, path: str, doc: Any, headers: Optional[Mapping[str, str]] = None
+    ) -> Any:
+        h = {"Content-Type": "application/json"}
+        h.update(headers or {})
+        _, _, data = self._request("POST", path, json.dumps(doc).encode(), h)
         return json.loads(data.decode("utf-8")) if data else None
 
-    def _call(self, path: str, body: Dict[str, Any], session_id: Optional[str] = None) -> Any:
+    def _call(
+        self,
+        path: str,
+        body: Dict[str, Any],
+        session_id: Optional[str] = None,
+        route: Optional[Mapping[str, str]] = None,
+    ) -> Any:
         """POSTs a body holding numpy tensors in this client's transport; the answer's tensors come
         back as arrays whichever transport carried them."""
         payload, headers = _framing.encode(body, self.transport)
         if session_id is not None:
             # Read by proxies that route sessions (docker/nginx.conf), which never parse bodies.
             headers["X-Session-Id"] = session_id
+        headers.update(route or {})
         _, rh, data = self._request("POST", path, payload, headers)
         try:
             return _framing.decode(data, rh.get(_framing.HEADER))
@@ -606,21 +615,24 @@ class Client:
         status, _, _ = self._exchange("GET", "/readyz", None, {})
         return status == 200
 
-    def session(self, session_id: str) -> "Session":
+    def session(self, session_id: str, route_key: Optional[str] = None) -> "Session":
         """A handle on a session id; nothing is sent until it is used (attnd creates a session on
-        its first attend)."""
-        return Session(self, session_id)
+        its first attend). ``route_key``: behind the proxy of docker/, the id whose replica holds
+        the session when it is not its own (a fork's copy lives beside its source: the source's
+        route key, which ``Session.fork`` sets itself); every call of the session then sends it
+        as ``X-Route-Key``."""
+        return Session(self, session_id, route_key)
 
-    def import_session(self, session_id: str, data: bytes) -> "Session":
+    def import_session(
+        self, session_id: str, data: bytes, route_key: Optional[str] = None
+    ) -> "Session":
         """Recreates a session from ``Session.export()``'s bytes, under any id, here or on another
-        replica of the same model (Conflict ``fingerprint_mismatch`` otherwise)."""
-        self._request(
-            "PUT",
-            _session_path(session_id),
-            bytes(data),
-            {"Content-Type": "application/octet-stream"},
-        )
-        return Session(self, session_id)
+        replica of the same model (Conflict ``fingerprint_mismatch`` otherwise). ``route_key`` as
+        for ``session()``: a fork's copy is imported with its source's, to land beside it."""
+        headers = {"Content-Type": "application/octet-stream"}
+        headers.update(_route_headers(route_key))
+        self._request("PUT", _session_path(session_id), bytes(data), headers)
+        return Session(self, session_id, route_key)
 
     # ---- stateless and batched attention --------------------------------------------------------
 
@@ -748,7 +760,12 @@ class Client:
 
     # ---- streams --------------------------------------------------------------------------------
 
-    def _open_stream(self, body: Dict[str, Any], session_id: Optional[str]) -> "Stream":
+    def _open_stream(
+        self,
+        body: Dict[str, Any],
+        session_id: Optional[str],
+        route: Optional[Mapping[str, str]] = None,
+    ) -> "Stream":
         # Events are JSON text (the binary framing is refused with stream), so tensors travel as
         # base64 unless the caller chose plain JSON.
         body = dict(body)
@@ -761,6 +778,7 @@ class Client:
         h["Accept"] = "text/event-stream"
         if session_id is not None:
             h["X-Session-Id"] = session_id
+        h.update(route or {})
         # A connection of its own: the Client stays usable while the stream is read, and a stream
         # abandoned half way must close its connection (that is what stops the server's
         # remaining steps) without taking the Client's keep-alive connection with it.
@@ -880,13 +898,20 @@ class Stream:
 
 class Session:
     """A session id on one Client. The state (one KV cache per layer) lives on the server; this
-    object holds nothing but the id, so it is free to make and to drop."""
+    object holds nothing but the id (and the route key of a fork's copy), so it is free to make
+    and to drop."""
 
-    def __init__(self, client: Client, session_id: str) -> None:
+    def __init__(self, client: Client, session_id: str, route_key: Optional[str] = None) -> None:
         self.client = client
         self.id = session_id
+        # Behind the proxy of docker/, which routes by X-Route-Key before X-Session-Id and the
+        # path: a fork's copy is made on its source's replica, so its calls must name the source.
+        self.route_key = None if route_key == session_id else route_key
+        self._route = _route_headers(self.route_key)
 
     def __repr__(self) -> str:
+        if self.route_key is not None:
+            return f"Session({self.id!r}, route_key={self.route_key!r})"
         return f"Session({self.id!r})"
 
     def attend(
@@ -932,7 +957,7 @@ class Session:
             body["context"] = _framing.as_f32(context, "context")
         _put(body, "cross", bool(cross))
         _put(body, "replace_context", bool(replace_context))
-        return _result(self.client._call("/v1/attend", body, self.id))
+        return _result(self.client._call("/v1/attend", body, self.id, self._route))
 
     def kv_attend(
         self,
@@ -961,7 +986,7 @@ class Session:
         _put(body, "expect_n_past", _opt_int(expect_n_past))
         _inspect(body, weights, capture, head_mask)
         _put(body, "rope", bool(rope))
-        return _result(self.client._call("/v1/kv/attend", body, self.id))
+        return _result(self.client._call("/v1/kv/attend", body, self.id, self._route))
 
     def stream(
         self,
@@ -981,11 +1006,11 @@ class Session:
         _put(body, "positions", _positions(positions))
         _put(body, "expect_n_past", _opt_int(expect_n_past))
         _put(body, "return_weights", _return_weights(weights))
-        return self.client._open_stream(body, self.id)
+        return self.client._open_stream(body, self.id, self._route)
 
     def info(self) -> Dict[str, Any]:
         """The session as the server holds it: tokens per layer, bytes, location, idle time."""
-        return self.client._get_json(_session_path(self.id))
+        return self.client._get_json(_session_path(self.id), self._route)
 
     def attention(
         self,
@@ -1027,7 +1052,7 @@ class Session:
         path = _session_path(self.id) + "/attention"
         if query:
             path += "?" + urllib.parse.urlencode(query, safe=":,")
-        return _cached_attention(self.client._get_json(path))
+        return _cached_attention(self.client._get_json(path, self._route))
 
     def truncate(self, n_tokens: int, layer: Optional[int] = None) -> Dict[str, Any]:
         """Keeps the first n_tokens of every layer's cache (or of ``layer``'s only): the rollback of
@@ -1035,22 +1060,30 @@ class Session:
         doc: Dict[str, Any] = {"n_tokens": _int(n_tokens, "n_tokens")}
         if layer is not None:
             doc["layer"] = _int(layer, "layer")
-        return self.client._post_json(_session_path(self.id) + "/truncate", doc)
+        return self.client._post_json(_session_path(self.id) + "/truncate", doc, self._route)
 
     def fork(self, new_id: str) -> "Session":
-        """A copy of every cache under ``new_id`` (its own blocks), e.g. to branch a beam."""
-        self.client._post_json(_session_path(self.id) + "/fork", {"new_id": new_id})
-        return Session(self.client, new_id)
+        """A copy of every cache under ``new_id`` (its own blocks), e.g. to branch a beam. The copy
+        is made where this session lives, so the returned Session routes by this one's route key
+        (``route_key``: sent as ``X-Route-Key``, which the proxy of docker/ routes by)."""
+        self.client._post_json(_session_path(self.id) + "/fork", {"new_id": new_id}, self._route)
+        return Session(self.client, new_id, self.route_key or self.id)
 
     def delete(self) -> None:
         """Frees the caches; on an evicted id, forgets the tombstone so the id can be reused."""
-        self.client._request("DELETE", _session_path(self.id))
+        self.client._request("DELETE", _session_path(self.id), None, self._route)
 
     def export(self) -> bytes:
         """The session as one file (proto/session-file.md), for ``Client.import_session`` here or on
         another replica of the same model."""
-        _, _, data = self.client._request("GET", _session_path(self.id) + "/export")
+        _, _, data = self.client._request(
+            "GET", _session_path(self.id) + "/export", None, self._route
+        )
         return data
+
+
+def _route_headers(route_key: Optional[str]) -> Dict[str, str]:
+    return {} if route_key is None else {"X-Route-Key": str(route_key)}
 
 
 def _session_path(session_id: str) -> str:

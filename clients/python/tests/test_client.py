@@ -794,7 +794,7 @@ class FakeServer:
                 self.rfile.read(int(self.headers.get("Content-Length", "0")))
                 handler_body(self)
 
-            do_GET = do_POST  # noqa: N815
+            do_GET = do_PUT = do_DELETE = do_POST  # noqa: N815
 
             def log_message(self, *args) -> None:
                 pass
@@ -979,6 +979,52 @@ class OfflineTest(unittest.TestCase):
         with attnd.Client("http://127.0.0.1:9") as c:  # nothing listens: refused before sending
             with self.assertRaises(TypeError):
                 c.session("s").stream(0, np.zeros((1, HIDDEN)), weights=attnd.Selection())
+
+    def test_fork_copy_routes_by_its_source(self) -> None:
+        # Behind docker/'s proxy a fork's copy lives on its source's replica, reached only with
+        # X-Route-Key naming the source; without it the copy's calls went by its own id to another
+        # replica, where an attend silently started an empty cache.
+        seen: List[tuple] = []
+
+        def answer(h: http.server.BaseHTTPRequestHandler) -> None:
+            seen.append((h.command, h.path.split("?")[0], h.headers.get("X-Route-Key")))
+            ok = h.path.endswith("/fork")
+            body = b"{}" if ok else json.dumps({"error": {
+                "message": "no such session", "type": "not_found_error",
+                "code": "session_not_found", "param": "session_id"}}).encode()
+            h.send_response(200 if ok else 404)
+            h.send_header("Content-Type", "application/json")
+            h.send_header("Content-Length", str(len(body)))
+            h.end_headers()
+            h.wfile.write(body)
+
+        srv = FakeServer(answer)
+        x = np.zeros((1, HIDDEN), np.float32)
+        qkv = np.zeros((HEADS, 1, HEAD_DIM), np.float32)
+        try:
+            with attnd.Client(srv.url) as c:
+                src = c.session("src")
+                beam = src.fork("beam")
+                self.assertEqual(beam.route_key, "src")
+                grand = beam.fork("beam.2")  # a copy of a copy: still on the first source's
+                self.assertEqual(grand.route_key, "src")
+                del seen[:]
+                calls = [lambda: beam.attend(0, x), lambda: beam.kv_attend(0, qkv, qkv, qkv),
+                         lambda: beam.stream(0, x), beam.info, beam.attention,
+                         lambda: beam.truncate(0), beam.export, beam.delete,
+                         lambda: c.import_session("moved", b"file", route_key="src")]
+                for call in calls:
+                    with self.assertRaises(attnd.NotFound):
+                        call()
+                with self.assertRaises(attnd.NotFound):
+                    src.info()
+        finally:
+            srv.close()
+        self.assertEqual(len(seen), len(calls) + 1)
+        for method, path, route in seen[:-1]:
+            self.assertEqual(route, "src", f"{method} {path}")
+        self.assertEqual(seen[-1], ("GET", "/v1/sessions/src", None))
+
 
 if __name__ == "__main__":
     unittest.main()
