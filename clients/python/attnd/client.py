@@ -284,6 +284,15 @@ def _int(v: Any, name: str) -> int:
     return int(v)
 
 
+def _vector(a: np.ndarray, name: str) -> np.ndarray:
+    """A per-token, per-key or per-head argument as 1-D: (n,), or (1, n) / (n, 1) (a batch of one,
+    a column), which hold the same n values. A shape with two dims past 1 ((layers, heads),
+    (batch, T)) is refused rather than read row after row as one list of other meaning."""
+    if sum(1 for d in a.shape if d > 1) > 1:
+        raise ValueError(f"{name}: expected a 1-D array, not one of shape {a.shape}")
+    return a.reshape(-1)
+
+
 def _positions(p: Optional[Sequence[int]]) -> Optional[List[int]]:
     if p is None:
         return None
@@ -292,7 +301,7 @@ def _positions(p: Optional[Sequence[int]]) -> Optional[List[int]]:
         raise ValueError("positions: empty (one per token, or None for the cache's order)")
     if a.dtype.kind not in "iu":
         raise TypeError(f"positions: expected ints, not {a.dtype} values")
-    return [int(v) for v in a.reshape(-1)]
+    return [int(v) for v in _vector(a, "positions")]
 
 
 def _put(d: Dict[str, Any], key: str, value: Any) -> None:
@@ -374,14 +383,14 @@ def _capture(names: Any) -> Optional[List[str]]:
 
 def _head_mask(m: Any) -> Optional[List[float]]:
     # A plain JSON array of numbers, not a tensor: the float32 values, which Python prints exactly.
-    return None if m is None else _framing.as_f32(m, "head_mask").reshape(-1).tolist()
+    return None if m is None else _vector(_framing.as_f32(m, "head_mask"), "head_mask").tolist()
 
 
 def _key_mask(m: Any) -> Optional[List[int]]:
     """key_mask as the JSON array of 0 and 1 the server takes (bools and 0/1 numbers accepted)."""
     if m is None:
         return None
-    a = np.asarray(m).reshape(-1)
+    a = _vector(np.asarray(m), "key_mask")
     if a.size == 0 or a.dtype.kind not in "biuf" or not np.isin(a, (0, 1)).all():
         raise ValueError(f"key_mask: expected 0s and 1s, one per key, not {m!r}")
     return [int(v) for v in a]

@@ -976,6 +976,20 @@ class OfflineTest(unittest.TestCase):
             _inspect({}, False, ["x"], None)
         with self.assertRaises(ValueError):
             _inspect({}, False, None, [1, np.nan, 1, 1])
+        # A vector argument of two dims past 1 is refused, not read row after row: (2, 2) is not
+        # the 4 heads of a 4-head model (nor (layers, heads), (batch, T) one list); a batch of
+        # one or a column is its n values.
+        from attnd.client import _key_mask, _positions
+        for bad in (lambda: _inspect({}, False, None, [[1, 1], [0, 1]]),
+                    lambda: _positions(np.arange(6).reshape(2, 3)),
+                    lambda: _key_mask(np.ones((2, 2), bool))):
+            with self.assertRaises(ValueError):
+                bad()
+        body = {}
+        _inspect(body, False, None, np.array([[1], [0], [1], [1]]))
+        self.assertEqual(body, {"head_mask": [1.0, 0.0, 1.0, 1.0]})
+        self.assertEqual(_positions(np.arange(3)[None, :]), [0, 1, 2])
+        self.assertEqual(_key_mask([[1, 0, 1]]), [1, 0, 1])
         with attnd.Client("http://127.0.0.1:9") as c:  # nothing listens: refused before sending
             with self.assertRaises(TypeError):
                 c.session("s").stream(0, np.zeros((1, HIDDEN)), weights=attnd.Selection())
