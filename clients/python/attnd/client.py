@@ -13,7 +13,7 @@ import http.client
 import json
 import urllib.parse
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -213,7 +213,15 @@ def _result(doc: Mapping[str, Any]) -> AttendResult:
     )
 
 
-def _cached_attention(doc: Mapping[str, Any]) -> CachedAttention:
+def _cached_attention(
+    doc: Mapping[str, Any], window_of: Optional[Callable[[int], Optional[int]]] = None
+) -> CachedAttention:
+    """``GET .../attention``'s answer, which is always JSON: its nulls are read from what a cached
+    row is. Every row sees its own key, so a null lse is the NaN of a row whose score passed
+    float's range, never the -inf of a row that sees none; a null score is a masked key (-inf)
+    where the key comes after the row or, on a sliding layer (``window_of(layer)``, asked only
+    when a null score is not after its row), lies outside its window, and otherwise a score past
+    float's range (+inf)."""
     try:
         echo = {k: doc[k] for k in ("kind", "reduce", "heads", "rows", "keys")}
         out = CachedAttention(
@@ -230,13 +238,27 @@ def _cached_attention(doc: Mapping[str, Any]) -> CachedAttention:
     except (KeyError, TypeError, ValueError) as e:
         raise TransportError(f"an attention answer without its fields: {e!r}") from e
     out.weights = _selected(doc, "weights", echo)
-    out.scores = _selected(doc, "scores", echo)
-    out.lse = _selected(doc, "lse", echo)
+    out.lse = _selected(doc, "lse", echo, lambda where: np.float32(np.nan))
+
+    def score_nulls(where: np.ndarray) -> np.ndarray:
+        rows = np.array(out.rows, np.int64)[:, None]
+        keys = np.arange(out.keys[0], out.keys[1], dtype=np.int64)[None, :]
+        masked = np.broadcast_to(keys > rows, where.shape)
+        if window_of is not None and (where & ~masked).any():
+            window = window_of(out.layer)
+            if window:
+                masked = masked | (rows - keys >= window)
+        return np.where(masked, np.float32(-np.inf), np.float32(np.inf))
+
+    out.scores = _selected(doc, "scores", echo, score_nulls)
     return out
 
 
 def _selected(
-    doc: Mapping[str, Any], name: str, echo: Optional[Mapping[str, Any]]
+    doc: Mapping[str, Any],
+    name: str,
+    echo: Optional[Mapping[str, Any]],
+    nulls: Optional[Callable[[np.ndarray], Any]] = None,
 ) -> Optional[np.ndarray]:
     """A selected tensor (``weights``, ``scores`` or ``lse``) as float32.
 
@@ -244,8 +266,11 @@ def _selected(
     -inf), which ``to_array`` reads as NaN: here they become the -inf that base64 and the binary
     framing carry as is. Only JSON's: a NaN those carry is one the server sent (the lse of a row
     with a score past float's range), and stays NaN; JSON writes that NaN, and such a score's
-    +inf, as null too, so over JSON they read as -inf. And nested JSON arrays with an empty dimension lose the dimensions after
-    it (``[[], []]``), so an empty selection takes its shape from the echo.
+    +inf, as null too, so over JSON they read as -inf unless ``nulls(where)`` says what they are
+    (cached attention: ``_cached_attention``)
+    (values broadcast to the tensor's shape; only the null cells take them). And nested JSON
+    arrays with an empty dimension lose the dimensions after it (``[[], []]``), so an empty
+    selection takes its shape from the echo.
     """
     raw = doc.get(name)
     a = _framing.to_array(raw)
@@ -254,7 +279,13 @@ def _selected(
     if name != "weights" and isinstance(raw, list):
         nan = np.isnan(a)
         if nan.any():
-            a = np.where(nan, np.float32(-np.inf), a).astype(np.float32)
+            fill: Any = np.float32(-np.inf)
+            if nulls is not None:
+                try:
+                    fill = np.broadcast_to(nulls(nan), a.shape)
+                except ValueError:
+                    fill = np.float32(-np.inf)  # an answer that does not match its echo
+            a = np.where(nan, fill, a).astype(np.float32)
     if a.size == 0 and echo is not None and echo.get("kind") in KINDS:
         shape: List[int] = []
         if echo.get("reduce", "none") == "none":
@@ -1061,7 +1092,13 @@ class Session:
         path = _session_path(self.id) + "/attention"
         if query:
             path += "?" + urllib.parse.urlencode(query, safe=":,")
-        return _cached_attention(self.client._get_json(path, self._route))
+        def window_of(layer_index: int) -> Optional[int]:
+            for entry in self.client.model().get("attnd", {}).get("layers", []):
+                if entry.get("layer") == layer_index:
+                    return entry.get("sliding_window")
+            return None
+
+        return _cached_attention(self.client._get_json(path, self._route), window_of)
 
     def truncate(self, n_tokens: int, layer: Optional[int] = None) -> Dict[str, Any]:
         """Keeps the first n_tokens of every layer's cache (or of ``layer``'s only): the rollback of

@@ -642,6 +642,16 @@ class InspectTest(unittest.TestCase):
                 self.assertTrue(np.isnan(r.output[0]).all(), t)
                 self.assertTrue(np.isnan(r.lse[0, 0]), "%s: %r" % (t, r.lse))
                 self.assertTrue(np.isfinite(r.lse[1, 0]), t)
+        # The same row recomputed from the cache (GET .../attention, always JSON, whose nulls
+        # the client reads): its lse NaN and its own key's score +inf, not the -inf of a row that
+        # sees no key; the key after it, appended by a second token, is masked (-inf).
+        s.kv_attend(0, q * 0, k * 0, v)
+        a = s.attention(layer=0, kind="lse")
+        self.assertTrue(np.isnan(a.lse[0, 0]), repr(a.lse))
+        self.assertTrue(np.isfinite(a.lse[1:]).all(), repr(a.lse))
+        a = s.attention(layer=0, kind="scores")
+        self.assertEqual((a.scores[0, 0, 0], a.scores[0, 0, 1]), (np.inf, -np.inf))
+        self.assertTrue(np.isfinite(a.scores[0, 1]).all() and np.isfinite(a.scores[1:, 1]).all())
 
     def test_head_mask_scales_each_head(self) -> None:
         r = rng(24)
@@ -993,6 +1003,36 @@ class OfflineTest(unittest.TestCase):
         with attnd.Client("http://127.0.0.1:9") as c:  # nothing listens: refused before sending
             with self.assertRaises(TypeError):
                 c.session("s").stream(0, np.zeros((1, HIDDEN)), weights=attnd.Selection())
+
+    def test_cached_attention_nulls_on_a_sliding_layer(self) -> None:
+        # A cached score's null is -inf where the key is after the row or outside the layer's
+        # window (GET /v1/model's attnd.layers[].sliding_window: W keys with the row's own), and
+        # +inf (a score past float's range) where the row sees the key.
+        docs = {
+            "/v1/model": {"attnd": {"layers": [{"layer": 1, "sliding_window": 2}]}},
+            "/v1/sessions/s/attention": {
+                "session_id": "s", "layer": 1, "n_tokens": 3, "first_row": 0, "kind": "scores",
+                "reduce": "none", "heads": [0], "rows": [0, 1, 2], "keys": [0, 3],
+                "scores": [[[None, None, None], [0.5, None, None], [None, None, 0.25]]]},
+        }
+
+        def answer(h: http.server.BaseHTTPRequestHandler) -> None:
+            body = json.dumps(docs[h.path.split("?")[0]]).encode()
+            h.send_response(200)
+            h.send_header("Content-Type", "application/json")
+            h.send_header("Content-Length", str(len(body)))
+            h.end_headers()
+            h.wfile.write(body)
+
+        srv = FakeServer(answer)
+        try:
+            with attnd.Client(srv.url) as c:
+                a = c.session("s").attention(layer=1, kind="scores")
+        finally:
+            srv.close()
+        inf = np.inf
+        self.assertTrue(np.array_equal(a.scores, np.array(
+            [[[inf, -inf, -inf], [0.5, inf, -inf], [-inf, inf, 0.25]]], np.float32)), a.scores)
 
     def test_fork_copy_routes_by_its_source(self) -> None:
         # Behind docker/'s proxy a fork's copy lives on its source's replica, reached only with
