@@ -207,10 +207,37 @@ def _result(doc: Mapping[str, Any]) -> AttendResult:
         layer=int(doc.get("layer", 0)),
         context_tokens=doc.get("context_tokens"),
         scores=_selected(doc, "scores", selection),
-        lse=_selected(doc, "lse", selection),
+        lse=_selected(doc, "lse", selection, _lse_nulls(output, selection)),
         selection=selection,
         capture=capture,
     )
+
+
+def _lse_nulls(
+    output: np.ndarray, echo: Optional[Mapping[str, Any]]
+) -> Optional[Callable[[np.ndarray], Any]]:
+    """What a call's JSON-null lse is: -inf for a row that sees no key, NaN for a row whose score
+    passed float's range. The heads of a row share its keys, so a row that sees none has a finite
+    output (zeros, or the output bias), and a NaN row has NaN output: the output row tells."""
+    if echo is None:
+        return None
+    rows = [int(r) for r in echo.get("rows") or []]
+    reduced = echo.get("reduce", "none") != "none"
+    nan = np.isnan(output)
+    if output.ndim == 2:  # /v1/attend: (T, hidden)
+        row_nan = nan.any(axis=1)
+    elif output.ndim == 3:  # /v1/kv/attend, /v1/sdpa: (heads, T, dv)
+        row_nan = nan.any(axis=(0, 2))
+    elif output.ndim == 4:  # /v1/sdpa with a batch: (B, heads, T, dv)
+        row_nan = nan.any(axis=(1, 3))
+    else:
+        return None
+
+    def fill(where: np.ndarray) -> np.ndarray:
+        f = np.where(row_nan[..., rows], np.float32(np.nan), np.float32(-np.inf))
+        return f if reduced else f[..., None, :]
+
+    return fill
 
 
 def _cached_attention(
@@ -267,8 +294,8 @@ def _selected(
     framing carry as is. Only JSON's: a NaN those carry is one the server sent (the lse of a row
     with a score past float's range), and stays NaN; JSON writes that NaN, and such a score's
     +inf, as null too, so over JSON they read as -inf unless ``nulls(where)`` says what they are
-    (cached attention: ``_cached_attention``)
-    (values broadcast to the tensor's shape; only the null cells take them). And nested JSON
+    (values broadcast to the tensor's shape, taken by the null cells only: a call's lse,
+    ``_lse_nulls``; cached attention, ``_cached_attention``). And nested JSON
     arrays with an empty dimension lose the dimensions after it (``[[], []]``), so an empty
     selection takes its shape from the echo.
     """
@@ -283,7 +310,7 @@ def _selected(
             if nulls is not None:
                 try:
                     fill = np.broadcast_to(nulls(nan), a.shape)
-                except ValueError:
+                except (ValueError, IndexError):
                     fill = np.float32(-np.inf)  # an answer that does not match its echo
             a = np.where(nan, fill, a).astype(np.float32)
     if a.size == 0 and echo is not None and echo.get("kind") in KINDS:

@@ -635,13 +635,21 @@ class InspectTest(unittest.TestCase):
         k = np.zeros((KV_HEADS, 1, HEAD_DIM), np.float32)
         v = np.ones((KV_HEADS, 1, HEAD_DIM), np.float32)
         q[0, 0, 0] = k[0, 0, 0] = 1e20
-        for t in ("binary", "base64"):
+        # JSON writes both NaN and -inf as null: the client tells them apart by the row's output
+        # (a row that sees no key has a finite one), so all three transports agree.
+        for t in ("binary", "base64", "json"):
             with attnd.Client(self.keep.url, transport=t) as c:
                 s = c.session(self.sid("ovf-" + t))
                 r = s.kv_attend(0, q, k, v, weights=attnd.Selection(kind="lse", heads=[0, 1]))
                 self.assertTrue(np.isnan(r.output[0]).all(), t)
                 self.assertTrue(np.isnan(r.lse[0, 0]), "%s: %r" % (t, r.lse))
                 self.assertTrue(np.isfinite(r.lse[1, 0]), t)
+                r = c.sdpa(q[None], k[None], v[None],
+                           weights=attnd.Selection(kind="lse", reduce="max_heads"))
+                self.assertTrue(np.isnan(r.lse[0, 0]), "%s: %r" % (t, r.lse))
+                r = c.attend(0, xs(31, 2), key_mask=[0, 1], weights=attnd.Selection(kind="lse"))
+                self.assertTrue(np.isneginf(r.lse[:, 0]).all(), "%s: %r" % (t, r.lse))
+                self.assertTrue(np.isfinite(r.lse[:, 1]).all(), "%s: %r" % (t, r.lse))
         # The same row recomputed from the cache (GET .../attention, always JSON, whose nulls
         # the client reads): its lse NaN and its own key's score +inf, not the -inf of a row that
         # sees no key; the key after it, appended by a second token, is masked (-inf).
