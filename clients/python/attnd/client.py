@@ -351,6 +351,16 @@ def _vector(a: np.ndarray, name: str) -> np.ndarray:
     return a.reshape(-1)
 
 
+def _flag(v: Any, name: str) -> bool:
+    """A bool argument as given: True, False (numpy's too) or the ints 1 and 0. A string ("false"
+    is truthy), None or another number is a TypeError rather than read as Python's truth."""
+    if isinstance(v, (bool, np.bool_)):
+        return bool(v)
+    if _is_int(v) and int(v) in (0, 1):
+        return bool(v)
+    raise TypeError(f"{name}: expected True or False, not {v!r}")
+
+
 def _positions(p: Optional[Sequence[int]]) -> Optional[List[int]]:
     if p is None:
         return None
@@ -781,7 +791,7 @@ class Client:
             _inspect(step, d.get("weights"), d.get("capture"), d.get("head_mask"))
             body_steps.append(step)
         body: Dict[str, Any] = {"layer": _int(layer, "layer")}
-        _put(body, "rope", bool(rope))
+        _put(body, "rope", _flag(rope, "rope"))
         body["steps"] = body_steps
         return _batch_results(self._call("/v1/kv/attend", body))
 
@@ -816,7 +826,7 @@ class Client:
             body["mask"] = _framing.as_f32(mask, "mask")  # a tensor, in the call's transport
         if kind != "softmax":
             body["kind"] = kind
-        _put(body, "causal", bool(causal))
+        _put(body, "causal", _flag(causal, "causal"))
         _put(body, "window", _opt_int(window, "window"))
         if scale is not None:
             if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.number)):
@@ -1022,8 +1032,8 @@ class Session:
         _put(body, "key_mask", _key_mask(key_mask))
         if context is not None:
             body["context"] = _framing.as_f32(context, "context")
-        _put(body, "cross", bool(cross))
-        _put(body, "replace_context", bool(replace_context))
+        _put(body, "cross", _flag(cross, "cross"))
+        _put(body, "replace_context", _flag(replace_context, "replace_context"))
         return _result(self.client._call("/v1/attend", body, self.id, self._route))
 
     def kv_attend(
@@ -1052,7 +1062,7 @@ class Session:
         _put(body, "positions", _positions(positions))
         _put(body, "expect_n_past", _opt_int(expect_n_past))
         _inspect(body, weights, capture, head_mask)
-        _put(body, "rope", bool(rope))
+        _put(body, "rope", _flag(rope, "rope"))
         return _result(self.client._call("/v1/kv/attend", body, self.id, self._route))
 
     def stream(

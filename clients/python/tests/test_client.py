@@ -1011,6 +1011,15 @@ class OfflineTest(unittest.TestCase):
         with attnd.Client("http://127.0.0.1:9") as c:  # nothing listens: refused before sending
             with self.assertRaises(TypeError):
                 c.session("s").stream(0, np.zeros((1, HIDDEN)), weights=attnd.Selection())
+            # a flag is a bool: causal="false" was sent as causal true
+            qkv = np.zeros((1, 2, 4), np.float32)
+            for call in (lambda: c.sdpa(qkv, qkv, qkv, causal="false"),
+                         lambda: c.sdpa(qkv, qkv, qkv, causal=None),
+                         lambda: c.session("s").kv_attend(0, qkv, qkv, qkv, rope="no"),
+                         lambda: c.session("s").attend(0, np.zeros(HIDDEN), cross="yes"),
+                         lambda: c.kv_attend_batch(0, [("s", qkv, qkv, qkv)], rope=2)):
+                with self.assertRaises(TypeError):
+                    call()
 
     def test_cached_attention_nulls_on_a_sliding_layer(self) -> None:
         # A cached score's null is -inf where the key is after the row or outside the layer's
