@@ -613,6 +613,12 @@ class Client:
             except (OSError, http.client.HTTPException) as e:
                 self.close()
                 raise TransportError(f"{method} {path}: {e!r}") from e
+            except BaseException:
+                # A header http.client cannot write (a value with a newline, or past latin-1), an
+                # interrupt: the connection is left mid-request, and every later call on it would
+                # fail with CannotSendRequest.
+                self.close()
+                raise
             try:
                 data = resp.read()
             except (OSError, http.client.HTTPException) as e:
@@ -660,7 +666,7 @@ class Client:
         payload, headers = _framing.encode(body, self.transport)
         if session_id is not None:
             # Read by proxies that route sessions (docker/nginx.conf), which never parse bodies.
-            headers["X-Session-Id"] = session_id
+            _put_session_header(headers, session_id)
         headers.update(route or {})
         _, rh, data = self._request("POST", path, payload, headers)
         try:
@@ -854,7 +860,7 @@ class Client:
         h.update(headers)
         h["Accept"] = "text/event-stream"
         if session_id is not None:
-            h["X-Session-Id"] = session_id
+            _put_session_header(h, session_id)
         h.update(route or {})
         # A connection of its own: the Client stays usable while the stream is read, and a stream
         # abandoned half way must close its connection (that is what stops the server's
@@ -1166,7 +1172,22 @@ class Session:
 
 
 def _route_headers(route_key: Optional[str]) -> Dict[str, str]:
-    return {} if route_key is None else {"X-Route-Key": str(route_key)}
+    if route_key is None:
+        return {}
+    if not _header_safe(str(route_key)):
+        raise ValueError(f"route_key: a session id, not {route_key!r}")
+    return {"X-Route-Key": str(route_key)}
+
+
+def _header_safe(v: str) -> bool:
+    return 0 < len(v) and all(" " < ch < "\x7f" for ch in v)
+
+
+def _put_session_header(headers: Dict[str, str], session_id: str) -> None:
+    # An id that cannot be a header value (a space, a newline, a character past ASCII) is left to
+    # the body's session_id, which attnd refuses with a 400 naming it.
+    if _header_safe(str(session_id)):
+        headers["X-Session-Id"] = str(session_id)
 
 
 def _session_path(session_id: str) -> str:

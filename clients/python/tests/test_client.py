@@ -450,6 +450,20 @@ class ClientTest(unittest.TestCase):
             s.attend(0, xs(13, 1).astype(np.float64) * 1e39)  # beyond float32, though finite
         self.assertEqual(s.info()["n_tokens"], 4)
 
+    def test_an_id_no_header_can_carry_is_a_typed_400(self) -> None:
+        # Such an id went into X-Session-Id, where http.client raised UnicodeEncodeError or
+        # ValueError mid-request and left the keep-alive connection so that the next, unrelated
+        # call failed too (CannotSendRequest).
+        for sid in ("\u65e5\u672c", "a\nb", "a b"):
+            with self.assertRaises(attnd.InvalidRequest, msg=repr(sid)) as cm:
+                self.c.session(sid).attend(0, xs(3, 1))
+            self.assertEqual(cm.exception.param, "session_id")
+            with self.assertRaises(attnd.InvalidRequest, msg=repr(sid)):
+                self.c.session(sid).stream(0, xs(3, 1))
+            self.assertEqual(self.c.health(), {"status": "ok"})
+        with self.assertRaises(ValueError):
+            self.c.session("s", route_key="a\nb")
+
     def test_payload_too_large_is_typed(self) -> None:
         # A body past --max-body-mb is answered 413 before it is read, and the connection closed
         # under the upload: the answer waits in the socket, not a broken connection.
