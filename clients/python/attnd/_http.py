@@ -199,6 +199,13 @@ class Connection:
         body: Optional[Union[bytes, bytearray, memoryview]] = None,
         headers: Mapping[str, str] = {},
     ) -> None:
+        # As http.client: a target or field that would end its line early (a CR, LF or NUL: a
+        # second request or header smuggled in) is refused before anything is sent.
+        if any(c in url for c in " \r\n\0") or any(ord(c) < 0x20 or ord(c) == 0x7F for c in url):
+            raise http.client.InvalidURL(f"a request target with a space or control byte: {url!r}")
+        for k, v in headers.items():
+            if not k or any(c in k for c in ":\r\n\0 \t") or any(c in str(v) for c in "\r\n\0"):
+                raise ValueError(f"an invalid header field: {k!r}: {v!r}")
         if self.sock is None:
             self.connect()
         host = self.host if ":" not in self.host else f"[{self.host}]"

@@ -155,6 +155,13 @@ class HttpTest(unittest.TestCase):
         with self.assertRaises(http.client.IncompleteRead):
             r.read()
         conn.close()
+        conn = _http.Connection("127.0.0.1", 9, timeout=1)  # refused before any connection
+        with self.assertRaises(http.client.InvalidURL):
+            conn.request("GET", "/v1/sessions/a\r\nX-Evil: 1")
+        for name, value in (("X-Session-Id", "a\nb"), ("X-A\r\nB", "c"), ("X-Id", "a\0")):
+            with self.assertRaises(ValueError):
+                conn.request("GET", "/v1/model", headers={name: value})
+        self.assertIsNone(conn.sock)
         srv = FakeServer([b"HTTP/1.1 200 OK\r\n" + b"X: y\r\n" * 101 + b"\r\n"])
         conn = srv.connect()
         with self.assertRaises(http.client.HTTPException):
