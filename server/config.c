@@ -158,7 +158,8 @@ static const struct option options[] = {
      "and idle connections are dropped, requests fully received finish, and attnd exits 3 "
      "instead of 0 if anything was cut"},
     {"session-ttl-s", "ATTND_SESSION_TTL_S", OPTION_I64, offsetof(struct config, session_ttl_s),
-     "3600", 0, 31536000, "idle seconds after which a session expires (410 after); 0 = never"},
+     "3600", 0, 31536000,
+     "idle seconds after which a session expires (410 after), checked once a second; 0 = never"},
     {"state-dir", "ATTND_STATE_DIR", OPTION_STRING, offsetof(struct config, state_dir), "", 0, 0,
      "a directory for sessions' files (created if missing): a session evicted for memory is "
      "written there instead of dropped and read back on its next request; on SIGTERM every "
