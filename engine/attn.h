@@ -430,9 +430,12 @@ int attn_kv_create(attn_kv_pool *pool, attn_kv **out);
  * it is a ring: tokens that no later query can see (all but the last W - 1) are dropped a whole
  * block at a time, their blocks going back to the pool at attn_kv_reserve and attn_kv_truncate,
  * or when a forward takes new blocks (never otherwise: a forward into reserved blocks leaves the
- * pool alone). Between calls it holds the blocks covering its last W - 1 tokens, plus at most
- * one dead block until the next of those, whatever its length. For other layers it is
- * attn_kv_create's cache. ATTN_EINVAL for a layer the model does not have. */
+ * pool alone). Between calls it holds the blocks covering the W - 1 tokens before
+ * max(s, len - block_tokens), s its length at the last attn_kv_reserve, plus at most one dead
+ * block until the next of those, whatever its length: so after a reserved call a truncate to
+ * any length from there on (a speculative step's rollback of up to block_tokens tokens) always
+ * works. For other layers it is attn_kv_create's cache. ATTN_EINVAL for a layer the model does
+ * not have. */
 int attn_kv_create_for_layer(attn_kv_pool *pool, int32_t layer, attn_kv **out);
 
 /* Returns the cache's blocks to its pool and frees it. NULL is a no-op. */

@@ -107,6 +107,10 @@ struct attn_kv {
      * first n_dropped blocks, whose tokens no later query can see, went back to the pool. */
     int32_t window;
     int32_t n_dropped;
+    /* The length at the last attn_kv_reserve (-1: none yet). Until the next one, the ring keeps
+     * what a query at max(call_start, len - block_tokens) can see, so that a truncate back into
+     * that call's newest block_tokens tokens (a speculative step's rollback) always works. */
+    int32_t call_start;
     /* A linear-attention layer's cache: no rows, but each KV head's running state (S, d_k x
      * d_v, then z, d_k, in double) in its blocks, heads_per_block to a block. */
     bool is_state;

@@ -169,6 +169,7 @@ int attn_kv_create(attn_kv_pool *pool, attn_kv **out) {
         return ATTN_ENOMEM;
     }
     kv->pool = pool;
+    kv->call_start = -1;
     kv->max_blocks = (pool->max_seq + pool->block_tokens - 1) / pool->block_tokens;
     if (attn__kv_states_per_block(pool) >= 1 && kv->max_blocks < state_blocks(pool)) {
         kv->max_blocks = state_blocks(pool); /* a linear layer's state may need more */
@@ -237,14 +238,19 @@ static int32_t dead_blocks(const attn_kv *kv, int32_t len) {
     return dead < kv->n_blocks ? dead : kv->n_blocks;
 }
 
-/* Gives the ring's dead blocks back to the pool. */
-static void drop_dead(attn_kv *kv) {
+/* Gives back the ring's blocks that no query at index upto (<= len) or later can see. */
+static void drop_dead_to(attn_kv *kv, int32_t upto) {
     attn_kv_pool *pool = kv->pool;
-    int32_t dead = dead_blocks(kv, kv->len);
+    int32_t dead = dead_blocks(kv, upto);
     for (; kv->n_dropped < dead; kv->n_dropped++) {
         pool->free_stack[pool->n_free++] = kv->blocks[kv->n_dropped];
         kv->blocks[kv->n_dropped] = -1;
     }
+}
+
+/* Gives the ring's dead blocks back to the pool. */
+static void drop_dead(attn_kv *kv) {
+    drop_dead_to(kv, kv->len);
 }
 
 /* Gives back the blocks past the first `keep` (dropped ones have none to give). */
@@ -332,7 +338,15 @@ int attn_kv_truncate(attn_kv *kv, int32_t n_tokens) {
         return ATTN_OK;
     }
     release_blocks(kv, (n_tokens + kv->pool->block_tokens - 1) / kv->pool->block_tokens);
-    drop_dead(kv);
+    /* Between calls a ring keeps the window of the last call's start, or of its newest
+     * block_tokens tokens for a longer call: going back into them stays possible. */
+    int32_t upto = n_tokens;
+    if (kv->call_start >= 0) {
+        int32_t back = n_tokens - kv->pool->block_tokens;
+        upto = kv->call_start > back ? kv->call_start : back;
+        upto = upto < n_tokens ? upto : n_tokens;
+    }
+    drop_dead_to(kv, upto);
     return ATTN_OK;
 }
 
@@ -350,6 +364,7 @@ int attn_kv_fork(const attn_kv *src, attn_kv **out) {
         return rc;
     }
     kv->window = src->window;
+    kv->call_start = src->call_start;
     kv->is_state = src->is_state;
     kv->has_queries = src->has_queries;
     kv->len = src->len;
@@ -403,6 +418,7 @@ int attn_kv_reserve(attn_kv *kv, int32_t n_new) {
     }
     drop_dead(kv);
     take_blocks(kv, kv->len + n_new);
+    kv->call_start = kv->len;
     return ATTN_OK;
 }
 
@@ -414,6 +430,7 @@ void attn__kv_adopt(attn_kv *kv, int32_t n_dropped, int32_t n_blocks, int32_t le
     kv->n_blocks = n_blocks;
     kv->n_dropped = n_dropped;
     kv->len = len;
+    kv->call_start = -1;
 }
 
 bool attn__kv_take_back(attn_kv *kv, int32_t len) {

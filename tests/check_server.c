@@ -1307,8 +1307,8 @@ END_TEST
 
 /* Gemma 2's layers 0 and 2 slide (window 4). A truncate of the whole session that both rings
  * refuse names the one that can go back least far, and how far: the length it names is one the
- * same truncate then takes. It named the first ring it met (layer 0, "at least 67"), and a
- * truncate to 67 was refused again for layer 2 (found by an outside audit). */
+ * same truncate then takes. It named the first ring it met (layer 0), and a truncate to the
+ * length named was refused again for layer 2 (found by an outside audit). */
 START_TEST(test_server_truncate_names_the_binding_ring) {
     const char *args[] = {
         "--model", "tests/data/hf_gemma2_f32", "--workers", "1",         "--kv-budget-mb",
@@ -1324,18 +1324,73 @@ START_TEST(test_server_truncate_names_the_binding_ring) {
         cJSON_Delete(call_json("POST", "/v1/attend", body, 200));
         free(body);
     }
-    /* Layer 0 holds tokens 64.. (back to 67 at least), layer 2 tokens 80.. (back to 83). */
+    /* Each ring keeps what a query 16 tokens (a block) before its end sees: layer 0 tokens 48..
+     * (back to 51 at least), layer 2 tokens 64.. (back to 67). */
     struct http_client_response r =
-        call("POST", "/v1/sessions/rings/truncate", "{\"n_tokens\":66}", NULL);
+        call("POST", "/v1/sessions/rings/truncate", "{\"n_tokens\":40}", NULL);
     check_error(&r, 409, "tokens_dropped", "n_tokens");
     ck_assert_msg(strstr(r.body, "layer 2 slides (window 4)") != NULL &&
-                      strstr(r.body, "at least 83") != NULL,
+                      strstr(r.body, "at least 67") != NULL,
                   "%s", r.body);
     http_client_response_release(&r);
-    cJSON *s = call_json("POST", "/v1/sessions/rings/truncate", "{\"n_tokens\":83}", 200);
-    ck_assert_int_eq(layer_field(s, 0, "n_tokens"), 70);
-    ck_assert_int_eq(layer_field(s, 2, "n_tokens"), 83);
+    cJSON *s = call_json("POST", "/v1/sessions/rings/truncate", "{\"n_tokens\":67}", 200);
+    ck_assert_int_eq(layer_field(s, 0, "n_tokens"), 67);
+    ck_assert_int_eq(layer_field(s, 2, "n_tokens"), 67);
     cJSON_Delete(s);
+    free(x);
+    stop_ok();
+}
+END_TEST
+
+/* Speculative decoding on a sliding layer (Gemma 2's layer 0, window 4, blocks of 16): a call of
+ * 5 tokens (a pending token and 4 drafts) takes the cache from 62 to 67, and the runner keeps 1
+ * of them. The ring dropped, when the call answered, the block of tokens 48..63 that a query at
+ * 67 no longer sees, so the rollback to 63 was 409 tokens_dropped ("at least 67"): any rollback
+ * across a block boundary failed, about one round in 16 / k. The ring now keeps, until the next
+ * call, what the call's first query saw, and the rolled-back session continues exactly as a
+ * twin that never saw the rejected drafts. */
+START_TEST(test_server_sliding_rollback_of_a_call) {
+    const char *args[] = {
+        "--model", "tests/data/hf_gemma2_f32", "--workers", "1",         "--kv-budget-mb",
+        "4",       "--kv-block-tokens",        "16",        "--max-seq", "128",
+        NULL};
+    start(args);
+    const int32_t hidden = 64;
+    float *x = harness_random_x(47, 80, hidden);
+    float *y = harness_random_x(48, 80, hidden); /* the drafts the runner rejects */
+    char *body = http_client_attend_body("spec", x, 0, 62, hidden, false, NULL);
+    cJSON_Delete(call_json("POST", "/v1/attend", body, 200));
+    free(body);
+    body = http_client_attend_body("twin", x, 0, 63, hidden, false, NULL);
+    cJSON_Delete(call_json("POST", "/v1/attend", body, 200));
+    free(body);
+    /* Verify: token 62 and 4 drafts, in one call. */
+    memcpy(y + (size_t)62 * hidden, x + (size_t)62 * hidden, (size_t)hidden * sizeof(float));
+    body = http_client_attend_body("spec", y, 62, 5, hidden, false, NULL);
+    cJSON_Delete(call_json("POST", "/v1/attend", body, 200));
+    free(body);
+    cJSON *s = call_json("POST", "/v1/sessions/spec/truncate", "{\"n_tokens\":63}", 200);
+    ck_assert_int_eq(layer_field(s, 0, "n_tokens"), 63);
+    cJSON_Delete(s);
+    /* The next step of each: the same output (f32 weights and cache; to the last bits, as token
+     * 62's projection came in another call). */
+    float *out[2];
+    const char *ids[2] = {"spec", "twin"};
+    for (int i = 0; i < 2; i++) {
+        body = http_client_attend_body(ids[i], x, 63, 1, hidden, false, ",\"expect_n_past\":63");
+        cJSON *a = call_json("POST", "/v1/attend", body, 200);
+        free(body);
+        out[i] = floats_of(a, "output", (size_t)hidden);
+        cJSON_Delete(a);
+    }
+    harness_expect_close(out[0], out[1], (size_t)hidden, "rolled back vs twin");
+    free(out[0]);
+    free(out[1]);
+    /* Between calls the ring still holds about its window: the blocks of tokens 48.. */
+    s = call_json("GET", "/v1/sessions/spec", NULL, 200);
+    ck_assert_int_eq(layer_field(s, 0, "n_held"), 64 - 48);
+    cJSON_Delete(s);
+    free(y);
     free(x);
     stop_ok();
 }
@@ -2139,6 +2194,7 @@ Suite *server_suite(void) {
     tcase_add_test(tc, test_server_kv_dtypes);
     tcase_add_test(tc, test_server_sliding_layer_keeps_its_window);
     tcase_add_test(tc, test_server_truncate_names_the_binding_ring);
+    tcase_add_test(tc, test_server_sliding_rollback_of_a_call);
     tc = daemon_case(s, "load");
     tcase_add_test(tc, test_server_concurrent_sessions_are_isolated);
     tcase_add_test(tc, test_server_batches_ready_decodes);
