@@ -789,6 +789,10 @@ class Client:
                 s, ("session_id", "q", "k", "v", "expect_n_past", "positions", "weights",
                     "capture", "head_mask")
             )
+            missing = [n for n in ("session_id", "q", "k", "v") if d.get(n) is None]
+            if missing:
+                # every q/k/v step is a session's (the server has no stateless kv/attend)
+                raise TypeError(f"steps[{i}] needs {', '.join(missing)}")
             step: Dict[str, Any] = {"session_id": d["session_id"]}
             for name in ("q", "k", "v"):
                 step[name] = _one_token(_framing.as_f32(d[name], f"steps[{i}].{name}"), 3)

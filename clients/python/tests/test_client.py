@@ -414,6 +414,10 @@ class ClientTest(unittest.TestCase):
         vv = np.concatenate([v, v[:, 6:7]], axis=1)
         out, _ = ref_attention(q[:, 6:7], kk, vv, 7)
         np.testing.assert_allclose(res[0].output, out, atol=TOL, rtol=TOL)
+        # a q/k/v step names its session and its three tensors, or is refused before sending
+        for bad in ({"q": q[:, 2], "k": k[:, 2], "v": v[:, 2]}, {"session_id": other.id}):
+            with self.assertRaisesRegex(TypeError, "needs"):
+                self.c.kv_attend_batch(1, [bad])
 
     def test_typed_errors(self) -> None:
         with self.assertRaises(attnd.NotFound) as cm:
