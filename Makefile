@@ -127,12 +127,21 @@ $(CHECK): $(TEST_OBJS) $(SERVER_LIB_OBJS) $(LIBATTN)
 	$(Q)$(CC) $(ALL_LDFLAGS) -Wl,--wrap=realloc -Wl,--wrap=unlinkat -o $@ $(TEST_OBJS) $(SERVER_LIB_OBJS) $(LIBATTN) $(CHECK_LIBS) \
 		$(SRV_LIBS) $(CJSON_LIBS) $(BLAS_LIBS) -lpthread -lm
 
+# tests/fault_inject.c: an allocation fault injector that tests/check_server.c LD_PRELOADs into
+# the daemons of its out-of-memory sweeps. Test-only (never linked into attnd), and built
+# without sanitizers: it only forwards to the allocator it finds next, ASan's in build/asan.
+FAULT_SO := $(BUILD)/tests/libfault_inject.so
+$(FAULT_SO): tests/fault_inject.c
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(WARN) $(OPT) $(CFLAGS) -fPIC -shared -o $@ $< -ldl
+
 # test: install missing packages (as root), build everything and run every Check suite
 # (CK_RUN_SUITE=name runs one). The build is a second make, so that pkg-config's flags are read
 # after the packages are installed, on a fresh machine too.
 test: deps
-	$(Q)$(MAKE) --no-print-directory all $(CHECK)
-	$(Q)ATTND_BIN=$(ATTND) OPENBLAS_NUM_THREADS=1 ./$(CHECK)
+	$(Q)$(MAKE) --no-print-directory all $(CHECK) $(FAULT_SO)
+	$(Q)ATTND_BIN=$(ATTND) FAULT_INJECT_SO=$(FAULT_SO) OPENBLAS_NUM_THREADS=1 ./$(CHECK)
 
 # client-test: the Python client (clients/python) against a daemon it starts itself (unittest,
 # numpy and the standard library only; a few seconds).

@@ -129,13 +129,15 @@ static enum MHD_Result flush_pending(struct http_request *r) {
     return ret;
 }
 
-/* Answers with resp, or when it could not be made (NULL: out of memory), with nothing:
- * resuming lets MHD close the connection. */
+/* Answers with resp, or when it could not be made (NULL: out of memory), with nothing: the
+ * access handler then tells MHD to close the connection (answered from inside the handler, the
+ * connection was suspended instead and hung, its request never finishing, nor the drain). */
 static void answer_with(struct http_request *r, struct MHD_Response *resp, int status,
                         const char *content_type) {
     if (resp == NULL) {
         LOG_ERROR("http", "cannot create a response req=%llu", (unsigned long long)r->id);
         r->is_answered = true;
+        r->is_unanswered = true;
         http__wake(r);
         return;
     }
@@ -399,9 +401,9 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
         r->is_in_handler = true;
         s->h.on_headers(s->h.ctx, r);
         r->is_in_handler = false;
-        return flush_pending(r);
+        return r->is_unanswered ? MHD_NO : flush_pending(r);
     }
-    if (r->is_direct || http__conn_is_dropped(r)) {
+    if (r->is_direct || r->is_unanswered || http__conn_is_dropped(r)) {
         return MHD_NO; /* answered around MHD, or dropped: MHD only has to close it */
     }
     if (*upload_data_size > 0) {
@@ -441,6 +443,9 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
     r->is_in_handler = true;
     s->h.on_request(s->h.ctx, r);
     r->is_in_handler = false;
+    if (r->is_unanswered) {
+        return MHD_NO;
+    }
     if (r->pending != NULL) {
         return flush_pending(r);
     }

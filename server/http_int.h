@@ -75,6 +75,7 @@ struct http_request {
     bool is_in_handler; /* inside an access-handler call: answers are queued on return */
     bool is_suspended;
     bool is_answered;
+    bool is_unanswered;           /* its answer could not be made (out of memory): MHD closes it */
     bool has_body_handed;         /* on_request was called */
     struct MHD_Response *pending; /* answer made inside the handler, queued on return */
     unsigned pending_status;

@@ -583,7 +583,10 @@ static void on_headers(void *ctx, struct http_request *req) {
     struct server *srv = ctx;
     struct route_req *rq = calloc(1, sizeof *rq);
     if (rq == NULL) {
-        http_request_reply(req, 500, NULL, NULL, 0);
+        /* an Error body as every error has (it was empty); none if even that cannot be made */
+        size_t len = 0;
+        char *body = api_error_encode(ERROR_INTERNAL, "out of memory", NULL, &len);
+        http_request_reply(req, 500, body != NULL ? JSON_TYPE : NULL, body, body != NULL ? len : 0);
         return;
     }
     rq->srv = srv;

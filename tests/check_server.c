@@ -1101,6 +1101,120 @@ START_TEST(test_server_body_out_of_memory_is_500) {
 }
 END_TEST
 
+/* ---- allocation failures: tests/fault_inject.c in the daemon ---------------------------- */
+
+static char fault_arm_path[64];
+
+/* Starts the daemon with the fault injector preloaded, or returns false (the test is skipped)
+ * when make did not build it ($FAULT_INJECT_SO, as make test sets it). */
+static bool fault_start(const char *const *args) {
+    const char *so = getenv("FAULT_INJECT_SO");
+    if (so == NULL || access(so, R_OK) != 0) {
+        return false;
+    }
+    snprintf(fault_arm_path, sizeof fault_arm_path, "/tmp/attnd-fault-XXXXXX");
+    int fd = mkstemp(fault_arm_path);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    char asan[512];
+    const char *old = getenv("ASAN_OPTIONS");
+    snprintf(asan, sizeof asan, "%s%sverify_asan_link_order=0", old ? old : "", old ? ":" : "");
+    setenv("ASAN_OPTIONS", asan, 1);
+    setenv("LD_PRELOAD", so, 1);
+    setenv("FAULT_INJECT_ARM", fault_arm_path, 1);
+    start(args);
+    unsetenv("LD_PRELOAD");
+    return true;
+}
+
+static void fault_write(long n) {
+    FILE *f = fopen(fault_arm_path, "w");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "%ld\n", n);
+    fclose(f);
+    ck_assert_int_eq(kill(daemon_.pid, SIGUSR2), 0);
+}
+
+/* The daemon's next allocations count from 1, and the nth fails. */
+static void fault_arm(long n) {
+    fault_write(n);
+    http_client_sleep_ms(5); /* the signal is handled before the request arrives */
+}
+
+/* Disarms; returns the number of the allocation that failed, 0 when none did. */
+static long fault_disarm(void) {
+    char status[96];
+    snprintf(status, sizeof status, "%s.status", fault_arm_path);
+    unlink(status);
+    fault_write(-1);
+    long counted = -1, failed = -1;
+    for (int i = 0; i < 2000 && failed < 0; i++) {
+        FILE *f = fopen(status, "r");
+        if (f != NULL) {
+            if (fscanf(f, "%ld %ld", &counted, &failed) != 2) {
+                failed = -1;
+            }
+            fclose(f);
+        }
+        if (failed < 0) {
+            http_client_sleep_ms(1);
+        }
+    }
+    ck_assert_msg(failed >= 0, "the fault injector did not answer");
+    return failed;
+}
+
+static void fault_stop(void) {
+    char status[96];
+    snprintf(status, sizeof status, "%s.status", fault_arm_path);
+    unlink(status);
+    unlink(fault_arm_path);
+    stop_ok();
+}
+
+/* A failed call is an answer in the error table or, where even that cannot be made, a closed
+ * connection; never a hang. */
+static void check_failed_answer(const struct http_client_response *r, double ms, long n) {
+    ck_assert_msg(ms < 10000, "allocation %ld: no answer for %.0f ms", n, ms);
+    if (r->status != 0) {
+        ck_assert_msg(r->status == 500 || r->status == 503 || r->status == 507,
+                      "allocation %ld: status %ld: %.300s", n, r->status, r->body);
+        cJSON *j = http_client_json(r);
+        ck_assert_ptr_nonnull(cJSON_GetObjectItemCaseSensitive(j, "error"));
+        cJSON_Delete(j);
+    }
+}
+
+/* Every allocation of a request fails in turn, the first ones before attnd sees it: the answer
+ * is the request's, an Error, or a closed connection. The route's own state failing to
+ * allocate answered 500 with an empty body. */
+START_TEST(test_server_request_out_of_memory_sweep) {
+    const char *args[] = {"--preset", "tiny",           "--workers", "1", "--blas-threads",
+                          "1",        "--kv-budget-mb", "16",        NULL};
+    if (!fault_start(args)) {
+        return;
+    }
+    long n = 1;
+    for (; n < 1000; n++) {
+        fault_arm(n);
+        double t0 = http_client_mono_ms();
+        struct http_client_response r = call("GET", "/v1/model", NULL, NULL);
+        double ms = http_client_mono_ms() - t0;
+        long failed = fault_disarm();
+        if (r.status != 200) {
+            ck_assert_msg(failed != 0, "%ld: %.300s", r.status, r.body);
+            check_failed_answer(&r, ms, n);
+        }
+        http_client_response_release(&r);
+        if (failed == 0) {
+            break;
+        }
+    }
+    ck_assert_msg(n > 5 && n < 1000, "%ld allocations", n);
+    fault_stop();
+}
+END_TEST
+
 START_TEST(test_server_blas_buffers_that_cannot_fit_refuse_the_start) {
     if (UNDER_ASAN) {
         return; /* as above: no address-space limit under ASan */
@@ -2188,6 +2302,7 @@ Suite *server_suite(void) {
     tcase_add_test(tc, test_server_queue_full);
     tcase_add_test(tc, test_server_out_of_memory_is_500);
     tcase_add_test(tc, test_server_body_out_of_memory_is_500);
+    tcase_add_test(tc, test_server_request_out_of_memory_sweep);
     tcase_add_test(tc, test_server_blas_buffers_that_cannot_fit_refuse_the_start);
     tcase_add_test(tc, test_server_families_served_or_refused_by_name);
     tcase_add_test(tc, test_server_family_checkpoints_match_the_reference);
