@@ -394,7 +394,13 @@ void job__import_admit(struct job *job) {
         if (body != NULL) {
             route_reply(rq, 201, body, len);
         } else {
-            route_reply_error(rq, ERROR_INTERNAL, "out of memory", NULL);
+            /* all or nothing: an import that cannot say it succeeded has not (a 500 left the
+             * session, and the PUT tried again met 409 session_exists) */
+            t = session_turn_take(srv->sessions, s);
+            session_clear(srv->sessions, t);
+            session_turn_give(srv->sessions, t);
+            rc = ERROR_INTERNAL;
+            route_reply_error(rq, rc, "out of memory", NULL);
         }
     }
     job__unpin(job); /* a failed import's empty session goes with its pin */

@@ -1172,6 +1172,23 @@ static void fault_stop(void) {
     stop_ok();
 }
 
+/* -1 when the session does not exist, else its n_tokens */
+static int session_tokens(const char *id) {
+    char path[128];
+    snprintf(path, sizeof path, "/v1/sessions/%s", id);
+    struct http_client_response r = call("GET", path, NULL, NULL);
+    int n = -1;
+    if (r.status == 200) {
+        cJSON *j = http_client_json(&r);
+        n = int_of(j, "n_tokens");
+        cJSON_Delete(j);
+    } else {
+        ck_assert_msg(r.status == 404, "GET %s: %ld", path, r.status);
+    }
+    http_client_response_release(&r);
+    return n;
+}
+
 /* A failed call is an answer in the error table or, where even that cannot be made, a closed
  * connection; never a hang. */
 static void check_failed_answer(const struct http_client_response *r, double ms, long n) {
@@ -1211,6 +1228,57 @@ START_TEST(test_server_request_out_of_memory_sweep) {
         }
     }
     ck_assert_msg(n > 5 && n < 1000, "%ld allocations", n);
+    fault_stop();
+}
+END_TEST
+
+/* Every allocation of an import (PUT /v1/sessions/{id}) fails in turn: all or nothing, 201 and
+ * the session, or a failure and no session (it answered 500 and kept the session when the 201's
+ * body could not be made, and the PUT tried again met 409 session_exists). The answer itself
+ * failing (libmicrohttpd's response) closes the connection: it hung, and SIGTERM's drain with
+ * it. */
+START_TEST(test_server_import_out_of_memory_sweep) {
+    const char *args[] = {"--preset", "tiny",           "--workers", "1", "--blas-threads",
+                          "1",        "--kv-budget-mb", "16",        NULL};
+    if (!fault_start(args)) {
+        return;
+    }
+    float *x = http_client_random_rows(402, 8, TINY_HIDDEN);
+    char *prefill = http_client_attend_body("src", x, 0, 8, TINY_HIDDEN, true, NULL);
+    cJSON_Delete(call_json("POST", "/v1/attend", prefill, 200));
+    struct http_client_response file = call("GET", "/v1/sessions/src/export", NULL, NULL);
+    ck_assert_int_eq(file.status, 200);
+    const char *octets[] = {"Content-Type: application/octet-stream", NULL};
+    long n = 1;
+    for (; n < 1000; n++) {
+        char id[32], path[64];
+        snprintf(id, sizeof id, "i%ld", n);
+        snprintf(path, sizeof path, "/v1/sessions/%s", id);
+        fault_arm(n);
+        double t0 = http_client_mono_ms();
+        struct http_client_response r;
+        http_client_request("PUT", url(path), file.body, file.len, octets, &r);
+        double ms = http_client_mono_ms() - t0;
+        long failed = fault_disarm();
+        if (r.status == 201) {
+            ck_assert_int_eq(session_tokens(id), 8);
+        } else {
+            ck_assert_msg(failed != 0, "%ld: %.300s", r.status, r.body);
+            check_failed_answer(&r, ms, n);
+            if (r.status != 0) {
+                ck_assert_msg(session_tokens(id) == -1,
+                              "allocation %ld: %ld but the session exists", n, r.status);
+            }
+        }
+        http_client_response_release(&r);
+        if (failed == 0) {
+            break;
+        }
+    }
+    ck_assert_msg(n > 5 && n < 1000, "%ld allocations", n);
+    http_client_response_release(&file);
+    free(prefill);
+    free(x);
     fault_stop();
 }
 END_TEST
@@ -2303,6 +2371,7 @@ Suite *server_suite(void) {
     tcase_add_test(tc, test_server_out_of_memory_is_500);
     tcase_add_test(tc, test_server_body_out_of_memory_is_500);
     tcase_add_test(tc, test_server_request_out_of_memory_sweep);
+    tcase_add_test(tc, test_server_import_out_of_memory_sweep);
     tcase_add_test(tc, test_server_blas_buffers_that_cannot_fit_refuse_the_start);
     tcase_add_test(tc, test_server_families_served_or_refused_by_name);
     tcase_add_test(tc, test_server_family_checkpoints_match_the_reference);
