@@ -309,6 +309,17 @@ struct api_raw_parts {
 char *api_attend_response_encode(const struct api_attend_response *r, size_t *len, size_t *json_len,
                                  struct api_raw_parts *raw);
 
+/* The same into room, a buffer reserved for the answer (api_answer_bytes_bound) before the call
+ * ran, which it takes over (leaving it empty): an answer within its room allocates nothing more,
+ * so a call that has changed its session cannot fail for want of memory to say so. */
+char *api_attend_response_encode_in(struct strbuf *room, const struct api_attend_response *r,
+                                    size_t *len, size_t *json_len, struct api_raw_parts *raw);
+
+/* Bytes an AttendResponse or a StreamEvent of n_values floats, n_ints integers (a selection's
+ * heads and rows) and a session id of id_len bytes takes at most in `enc`, raw tensors included. */
+size_t api_answer_bytes_bound(int64_t n_values, int64_t n_ints, size_t id_len,
+                              enum api_encoding enc);
+
 /* One token of a stream: appends `data: {StreamEvent}\n\n` to out. */
 struct api_stream_event {
     int32_t index;

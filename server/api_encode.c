@@ -312,9 +312,19 @@ static void put_captures(struct strbuf *b, const struct api_attend_response *r,
 
 char *api_attend_response_encode(const struct api_attend_response *r, size_t *len, size_t *json_len,
                                  struct api_raw_parts *keep) {
+    return api_attend_response_encode_in(NULL, r, len, json_len, keep);
+}
+
+char *api_attend_response_encode_in(struct strbuf *room, const struct api_attend_response *r,
+                                    size_t *len, size_t *json_len, struct api_raw_parts *keep) {
     struct strbuf b;
     struct api_raw_parts raw = {{NULL}, {0}, 0};
     strbuf_init(&b);
+    if (room != NULL) {
+        b = *room;
+        strbuf_init(room);
+        b.len = 0;
+    }
     bool is_kept = keeps_tensors(keep, r->encoding);
     strbuf_reserve(&b, (size_t)r->n_new * (size_t)r->hidden_size *
                                (r->encoding == API_ENCODING_BINARY ? (is_kept ? 0 : 4) : 14) +
@@ -348,6 +358,17 @@ char *api_attend_response_encode(const struct api_attend_response *r, size_t *le
     put_timing(&b, &r->timing);
     strbuf_puts(&b, "}\n");
     return finish_or_keep(&b, &raw, is_kept, keep, len, json_len);
+}
+
+size_t api_answer_bytes_bound(int64_t n_values, int64_t n_ints, size_t id_len,
+                              enum api_encoding enc) {
+    /* a value: JSON's %.9g is at most 15 characters ("-1.23456789e-38"), with its comma and
+     * its share of the brackets at most 20, and put_float asks 24 free for the last one; base64
+     * 4/3 of 4 bytes and its padding; framed, the 4 bytes the raw part may be copied as. An
+     * integer at most 11 digits and a comma; the id escaped at most 6 bytes a byte (\u00XX);
+     * the names, shapes and timing well under 1 KiB. */
+    size_t per_value = enc == API_ENCODING_BINARY ? 4 : enc == API_ENCODING_BASE64 ? 6 : 20;
+    return (size_t)n_values * per_value + (size_t)n_ints * 12 + id_len * 6 + 1024;
 }
 
 void api_stream_event_encode(struct strbuf *out, const struct api_stream_event *e) {

@@ -80,6 +80,7 @@ void job__free(struct job *job) {
     }
     free(job->response);
     strbuf_release(&job->event);
+    strbuf_release(&job->room);
     if (job->rq != NULL) {
         job->rq->job = NULL;
     }

@@ -77,6 +77,14 @@ static int inspect_size(struct job *job, int32_t n_keys) {
     return 0;
 }
 
+/* Values of capture i (API_CAPTURE_* bit order: q, k, v, head_out), as inspect_size sizes it. */
+static int64_t capture_values(const struct job *job, int i) {
+    const struct api_limits *lim = &job->srv->limits;
+    int64_t t = job->at.n_tokens, hd = lim->head_dim, d_v = (int64_t)head_out_width(job->srv);
+    int64_t heads = i == 1 || i == 2 ? lim->n_kv_heads : lim->n_heads;
+    return heads * t * (i == 3 ? d_v : hd);
+}
+
 /* A batch's steps answer in one response, so API_WEIGHTS_MAX_VALUES holds for the weights of
  * all of them (each checked alone first): a step's count joins its batch's as it is sized (its
  * buffers allocated), and the step that would pass the limit fails, naming return_weights. A
@@ -172,6 +180,21 @@ static int attend_size(struct job *job, int32_t n_past, int32_t n_keys) {
                                               : 0;
     if (rc != 0 || (rc = charge_batch_weights(job, n_returned)) != 0) {
         return rc;
+    }
+    /* The answer's (or each event's) bytes are taken now, before the call changes the session:
+     * an encoding that failed afterwards answered 500 for a call whose tokens the cache kept
+     * (a retry then met n_past_mismatch, and a first call's session stayed). */
+    int64_t n_values = job->at.stream ? (int64_t)row + (is_full ? n_weights : 0)
+                                      : (int64_t)t * (int64_t)row + n_returned;
+    for (int i = 0; i < 4; i++) {
+        n_values += job->captures[i] != NULL ? capture_values(job, i) : 0;
+    }
+    int64_t n_ints = job->at.sel.is_set ? (int64_t)lim->n_heads + t : 0;
+    struct strbuf *room = job->at.stream ? &job->event : &job->room;
+    if (strbuf_reserve(room, api_answer_bytes_bound(n_values, n_ints, strlen(job->at.session_id),
+                                                    job->at.encoding)) != 0) {
+        strbuf_release(room);
+        return job__set_err(job, ERROR_INTERNAL, NULL, "out of memory for the answer");
     }
     job->n_past0 = n_past;
     job->n_keys = n_keys;
@@ -344,8 +367,8 @@ static int attend_run(struct pool_job *pj, int status) {
             .d_v = (int32_t)head_out_width(job->srv),
         };
         /* framed: the tensors go out from the job's buffers, not copied after the JSON */
-        job->response =
-            api_attend_response_encode(&r, &job->response_len, &job->response_json_len, &job->raw);
+        job->response = api_attend_response_encode_in(&job->room, &r, &job->response_len,
+                                                      &job->response_json_len, &job->raw);
         job->response_status = 200;
         job__binary_answer(job, job->at.encoding);
         return job->response != NULL

@@ -84,6 +84,7 @@ struct job {
     int32_t next_index;  /* stream: the next token to compute */
     bool is_sized;       /* n_past0 known, buffers allocated */
     struct strbuf event; /* stream: the event run() encoded */
+    struct strbuf room;  /* the answer's bytes, reserved when sized (before the call runs) */
     /* sdpa */
     struct api_sdpa_request sd;
     /* session operations */

@@ -1232,6 +1232,75 @@ START_TEST(test_server_request_out_of_memory_sweep) {
 }
 END_TEST
 
+/* Every allocation of a decode step fails in turn: the step answers 200 having advanced its
+ * session, or fails having left it as it was, and the next try answers as a session that saw no
+ * failure. The answer's encoding failed after the step had changed the session: 500, and the
+ * session held the token (a retry with expect_n_past met 409). */
+START_TEST(test_server_decode_out_of_memory_sweep) {
+    const char *args[] = {"--preset", "tiny",           "--workers", "1",          "--blas-threads",
+                          "1",        "--kv-budget-mb", "16",        "--kv-dtype", "f32",
+                          NULL};
+    if (!fault_start(args)) {
+        return;
+    }
+    float *x = http_client_random_rows(401, 9, TINY_HIDDEN);
+    char *prefill = http_client_attend_body("ref", x, 0, 8, TINY_HIDDEN, true, NULL);
+    char *step = http_client_attend_body("ref", x, 8, 1, TINY_HIDDEN, true,
+                                         ",\"expect_n_past\":8,\"encoding_format\":\"base64\"");
+    cJSON_Delete(call_json("POST", "/v1/attend", prefill, 200));
+    cJSON *ref = call_json("POST", "/v1/attend", step, 200);
+    char *want = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(ref, "output"));
+    long n = 1;
+    for (; n < 1000; n++) {
+        char id[32];
+        snprintf(id, sizeof id, "d%ld", n);
+        char *p = http_client_attend_body(id, x, 0, 8, TINY_HIDDEN, true, NULL);
+        char *d = http_client_attend_body(id, x, 8, 1, TINY_HIDDEN, true,
+                                          ",\"expect_n_past\":8,\"encoding_format\":\"base64\"");
+        cJSON_Delete(call_json("POST", "/v1/attend", p, 200));
+        fault_arm(n);
+        double t0 = http_client_mono_ms();
+        struct http_client_response r = call("POST", "/v1/attend", d, NULL);
+        double ms = http_client_mono_ms() - t0;
+        long failed = fault_disarm();
+        if (failed != 0 && r.status != 200) {
+            check_failed_answer(&r, ms, n);
+            if (r.status != 0) {
+                /* refused: nothing changed, and the step goes through now */
+                ck_assert_msg(session_tokens(id) == 8,
+                              "allocation %ld: %ld but the session holds %d", n, r.status,
+                              session_tokens(id));
+            }
+            if (session_tokens(id) == 8) {
+                http_client_response_release(&r);
+                r = call("POST", "/v1/attend", d, NULL);
+            }
+        }
+        if (r.status == 200) {
+            cJSON *j = http_client_json(&r);
+            char *got = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(j, "output"));
+            ck_assert_msg(strcmp(got, want) == 0, "allocation %ld: another output", n);
+            free(got);
+            cJSON_Delete(j);
+        }
+        ck_assert_int_eq(session_tokens(id), 9);
+        http_client_response_release(&r);
+        free(d);
+        free(p);
+        if (failed == 0) {
+            break;
+        }
+    }
+    ck_assert_msg(n > 5 && n < 1000, "%ld allocations", n);
+    free(want);
+    cJSON_Delete(ref);
+    free(step);
+    free(prefill);
+    free(x);
+    fault_stop();
+}
+END_TEST
+
 /* Every allocation of an import (PUT /v1/sessions/{id}) fails in turn: all or nothing, 201 and
  * the session, or a failure and no session (it answered 500 and kept the session when the 201's
  * body could not be made, and the PUT tried again met 409 session_exists). The answer itself
@@ -2371,6 +2440,7 @@ Suite *server_suite(void) {
     tcase_add_test(tc, test_server_out_of_memory_is_500);
     tcase_add_test(tc, test_server_body_out_of_memory_is_500);
     tcase_add_test(tc, test_server_request_out_of_memory_sweep);
+    tcase_add_test(tc, test_server_decode_out_of_memory_sweep);
     tcase_add_test(tc, test_server_import_out_of_memory_sweep);
     tcase_add_test(tc, test_server_blas_buffers_that_cannot_fit_refuse_the_start);
     tcase_add_test(tc, test_server_families_served_or_refused_by_name);
