@@ -223,6 +223,13 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
         }
         return (ssize_t)n;
     }
+    if (r->out.has_failed) {
+        /* an event (or the end) could not be queued, out of memory: the connection closes as a
+         * reset one does, the stream stopping at its next step. It waited for a drain that never
+         * came, the client and the session's later requests with it, or ended cleanly without
+         * its [DONE]. */
+        return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
     if (r->is_stream_ended) {
         return MHD_CONTENT_READER_END_OF_STREAM;
     }
@@ -248,6 +255,7 @@ void http_request_stream_begin(struct http_request *r, int status, const char *c
     if (resp == NULL) {
         LOG_ERROR("http", "cannot create a stream response req=%llu", (unsigned long long)r->id);
         r->is_answered = true;
+        r->is_unanswered = true;
         http__wake(r);
         return;
     }

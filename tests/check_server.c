@@ -1301,6 +1301,71 @@ START_TEST(test_server_decode_out_of_memory_sweep) {
 }
 END_TEST
 
+/* Every allocation of a stream of 3 tokens fails in turn: never a hang. The stream ends (an
+ * error event, or a closed connection as a client's reset) with the session holding the tokens
+ * whose events were computed, and the session's next request is answered. An event that could
+ * not be queued left the stream waiting for a drain that never came: the client, and the
+ * session's requests queued behind it, waited forever. */
+START_TEST(test_server_stream_out_of_memory_sweep) {
+    const char *args[] = {"--preset", "tiny",           "--workers", "1", "--blas-threads",
+                          "1",        "--kv-budget-mb", "16",        NULL};
+    if (!fault_start(args)) {
+        return;
+    }
+    float *x = http_client_random_rows(403, 12, TINY_HIDDEN);
+    long n = 1;
+    for (; n < 1000; n++) {
+        char id[32];
+        snprintf(id, sizeof id, "t%ld", n);
+        char *p = http_client_attend_body(id, x, 0, 8, TINY_HIDDEN, true, NULL);
+        char *st = http_client_attend_body(id, x, 8, 3, TINY_HIDDEN, true, ",\"stream\":true");
+        cJSON_Delete(call_json("POST", "/v1/attend", p, 200));
+        fault_arm(n);
+        double t0 = http_client_mono_ms();
+        struct http_client_response r = call("POST", "/v1/attend", st, NULL);
+        double ms = http_client_mono_ms() - t0;
+        long failed = fault_disarm();
+        ck_assert_msg(ms < 10000, "allocation %ld: no answer for %.0f ms", n, ms);
+        int events = 0;
+        for (const char *e = r.body; e != NULL && (e = strstr(e, "\"index\":")) != NULL; e++) {
+            events++;
+        }
+        int held = session_tokens(id);
+        if (r.status == 200 && strstr(r.body, "data: [DONE]") != NULL &&
+            strstr(r.body, "\"error\"") == NULL) {
+            ck_assert_int_eq(events, 3);
+            ck_assert_int_eq(held, 11);
+        } else {
+            ck_assert_msg(failed != 0, "%ld: %.300s", r.status, r.body);
+            if (r.status != 200) {
+                check_failed_answer(&r, ms, n);
+            }
+            ck_assert_msg(held >= 8 + events && held <= 11,
+                          "allocation %ld: %d events, the session holds %d", n, events, held);
+        }
+        /* the session goes on */
+        char extra[64];
+        snprintf(extra, sizeof extra, ",\"expect_n_past\":%d", held);
+        char *d = http_client_attend_body(id, x, 11, 1, TINY_HIDDEN, true, extra);
+        t0 = http_client_mono_ms();
+        struct http_client_response next = call("POST", "/v1/attend", d, NULL);
+        ck_assert_msg(next.status == 200, "allocation %ld: the next call: %ld after %.0f ms", n,
+                      next.status, http_client_mono_ms() - t0);
+        http_client_response_release(&next);
+        http_client_response_release(&r);
+        free(d);
+        free(st);
+        free(p);
+        if (failed == 0) {
+            break;
+        }
+    }
+    ck_assert_msg(n > 5 && n < 1000, "%ld allocations", n);
+    free(x);
+    fault_stop();
+}
+END_TEST
+
 /* Every allocation of an import (PUT /v1/sessions/{id}) fails in turn: all or nothing, 201 and
  * the session, or a failure and no session (it answered 500 and kept the session when the 201's
  * body could not be made, and the PUT tried again met 409 session_exists). The answer itself
@@ -2441,6 +2506,7 @@ Suite *server_suite(void) {
     tcase_add_test(tc, test_server_body_out_of_memory_is_500);
     tcase_add_test(tc, test_server_request_out_of_memory_sweep);
     tcase_add_test(tc, test_server_decode_out_of_memory_sweep);
+    tcase_add_test(tc, test_server_stream_out_of_memory_sweep);
     tcase_add_test(tc, test_server_import_out_of_memory_sweep);
     tcase_add_test(tc, test_server_blas_buffers_that_cannot_fit_refuse_the_start);
     tcase_add_test(tc, test_server_families_served_or_refused_by_name);
