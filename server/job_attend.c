@@ -191,8 +191,18 @@ static int attend_size(struct job *job, int32_t n_past, int32_t n_keys) {
     }
     int64_t n_ints = job->at.sel.is_set ? (int64_t)lim->n_heads + t : 0;
     struct strbuf *room = job->at.stream ? &job->event : &job->room;
-    if (strbuf_reserve(room, api_answer_bytes_bound(n_values, n_ints, strlen(job->at.session_id),
-                                                    job->at.encoding)) != 0) {
+    size_t bytes =
+        api_answer_bytes_bound(n_values, n_ints, strlen(job->at.session_id), job->at.encoding);
+    bool is_short = strbuf_reserve(room, bytes) != 0;
+    if (!is_short && job->parent != NULL) {
+        /* the batch's answer holds this step's too; the room it had stays for the steps sized
+         * before (a failed growth is not the sticky failure of a write) */
+        struct strbuf *all = &job->parent->room;
+        is_short = strbuf_reserve(all, job->parent->room_want + bytes) != 0;
+        all->has_failed = false;
+        job->parent->room_want += is_short ? 0 : bytes;
+    }
+    if (is_short) {
         strbuf_release(room);
         return job__set_err(job, ERROR_INTERNAL, NULL, "out of memory for the answer");
     }

@@ -77,8 +77,10 @@ static void finish_from_parts(struct job *batch, struct strbuf *b, size_t json_l
  * binary tensor extension) put every step's raw tensors after the one JSON, in the same order
  * as their fields. */
 static void finish(struct job *batch) {
-    struct strbuf b;
-    strbuf_init(&b);
+    /* its room was taken before any step ran: the answer of steps that changed their sessions
+     * cannot fail for want of memory (it was 500 out of memory, every session advanced) */
+    struct strbuf b = batch->room;
+    strbuf_init(&batch->room);
     /* room for every step's answer at once (an error object is mostly well under 1 KiB), so the
      * answer is not copied again as it grows */
     size_t room = 64;
@@ -195,7 +197,11 @@ void job__batch_admit(struct job *batch) {
     }
     batch->slots = calloc((size_t)n, sizeof *batch->slots);
     batch->steps = calloc((size_t)n, sizeof *batch->steps);
-    if (batch->slots == NULL || batch->steps == NULL) {
+    /* the answer's room: an error object a step (under 1 KiB, as finish counts them); each step
+     * adds its answer's bytes when it is sized, before it runs (job__batch_room) */
+    batch->room_want = 64 + (size_t)n * 1024;
+    if (batch->slots == NULL || batch->steps == NULL ||
+        strbuf_reserve(&batch->room, batch->room_want) != 0) {
         job__refuse(batch, ERROR_INTERNAL, "out of memory", NULL);
         job__free(batch);
         return;

@@ -85,6 +85,7 @@ struct job {
     bool is_sized;       /* n_past0 known, buffers allocated */
     struct strbuf event; /* stream: the event run() encoded */
     struct strbuf room;  /* the answer's bytes, reserved when sized (before the call runs) */
+    size_t room_want;    /* a batch: the bytes its room holds for its steps' answers */
     /* sdpa */
     struct api_sdpa_request sd;
     /* session operations */

@@ -1366,6 +1366,75 @@ START_TEST(test_server_stream_out_of_memory_sweep) {
 }
 END_TEST
 
+/* Every allocation of a steps call (4 sessions' decode steps) fails in turn: a step that
+ * answered 200 advanced its session, one that failed (alone, or with the whole call) left it as
+ * it was. The answer's assembly failing after the steps ran was 500 for the whole call, every
+ * session advanced. */
+START_TEST(test_server_steps_out_of_memory_sweep) {
+    const char *args[] = {"--preset", "tiny",           "--workers", "1", "--blas-threads",
+                          "1",        "--kv-budget-mb", "16",        NULL};
+    if (!fault_start(args)) {
+        return;
+    }
+    enum { STEPS = 4 };
+    float *x = http_client_random_rows(404, 9, TINY_HIDDEN);
+    char *xb = http_client_attend_body(NULL, x, 8, 1, TINY_HIDDEN, true, NULL);
+    const char *xs = strstr(xb, "\"x\":"); /* "x":{...}} */
+    long n = 1;
+    for (; n < 2000; n++) {
+        char ids[STEPS][32];
+        size_t cap = STEPS * (strlen(xs) + 96) + 64, at = 0;
+        char *body = malloc(cap);
+        at += (size_t)snprintf(body + at, cap - at, "{\"layer\":0,\"steps\":[");
+        for (int i = 0; i < STEPS; i++) {
+            snprintf(ids[i], sizeof ids[i], "b%ld-%d", n, i);
+            char *p = http_client_attend_body(ids[i], x, 0, 8, TINY_HIDDEN, true, NULL);
+            cJSON_Delete(call_json("POST", "/v1/attend", p, 200));
+            free(p);
+            at += (size_t)snprintf(body + at, cap - at, "%s{\"session_id\":\"%s\",%.*s}",
+                                   i ? "," : "", ids[i], (int)strlen(xs) - 1, xs);
+        }
+        snprintf(body + at, cap - at, "]}");
+        fault_arm(n);
+        double t0 = http_client_mono_ms();
+        struct http_client_response r = call("POST", "/v1/attend", body, NULL);
+        double ms = http_client_mono_ms() - t0;
+        long failed = fault_disarm();
+        if (r.status == 200) {
+            cJSON *j = http_client_json(&r);
+            const cJSON *results = cJSON_GetObjectItemCaseSensitive(j, "results");
+            ck_assert_int_eq(cJSON_GetArraySize(results), STEPS);
+            for (int i = 0; i < STEPS; i++) {
+                const cJSON *res = cJSON_GetArrayItem(results, i);
+                bool ok = cJSON_GetObjectItemCaseSensitive(res, "error") == NULL;
+                ck_assert_msg(ok || failed != 0, "step %d failed", i);
+                ck_assert_msg(session_tokens(ids[i]) == (ok ? 9 : 8),
+                              "allocation %ld: step %d %s but the session holds %d", n, i,
+                              ok ? "answered" : "failed", session_tokens(ids[i]));
+            }
+            cJSON_Delete(j);
+        } else {
+            ck_assert_msg(failed != 0, "%ld: %.300s", r.status, r.body);
+            check_failed_answer(&r, ms, n);
+            for (int i = 0; r.status != 0 && i < STEPS; i++) {
+                ck_assert_msg(session_tokens(ids[i]) == 8,
+                              "allocation %ld: %ld but session %d holds %d", n, r.status, i,
+                              session_tokens(ids[i]));
+            }
+        }
+        http_client_response_release(&r);
+        free(body);
+        if (failed == 0) {
+            break;
+        }
+    }
+    ck_assert_msg(n > 5 && n < 2000, "%ld allocations", n);
+    free(xb);
+    free(x);
+    fault_stop();
+}
+END_TEST
+
 /* Every allocation of an import (PUT /v1/sessions/{id}) fails in turn: all or nothing, 201 and
  * the session, or a failure and no session (it answered 500 and kept the session when the 201's
  * body could not be made, and the PUT tried again met 409 session_exists). The answer itself
@@ -2507,6 +2576,7 @@ Suite *server_suite(void) {
     tcase_add_test(tc, test_server_request_out_of_memory_sweep);
     tcase_add_test(tc, test_server_decode_out_of_memory_sweep);
     tcase_add_test(tc, test_server_stream_out_of_memory_sweep);
+    tcase_add_test(tc, test_server_steps_out_of_memory_sweep);
     tcase_add_test(tc, test_server_import_out_of_memory_sweep);
     tcase_add_test(tc, test_server_blas_buffers_that_cannot_fit_refuse_the_start);
     tcase_add_test(tc, test_server_families_served_or_refused_by_name);
