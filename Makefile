@@ -121,10 +121,11 @@ $(BUILD)/tests/suites.o: $(BUILD)/tests/suites.c
 	$(Q)$(CC) $(ALL_CFLAGS) -Wno-missing-prototypes -c $< -o $@
 
 # --wrap=realloc: tests/check_pool.c fails the code under test's reallocs on demand;
+# --wrap=malloc: tests/check_load.c its mallocs;
 # --wrap=unlinkat: tests/check_spill.c fails the state directory's removals likewise.
 $(CHECK): $(TEST_OBJS) $(SERVER_LIB_OBJS) $(LIBATTN)
 	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) $(ALL_LDFLAGS) -Wl,--wrap=realloc -Wl,--wrap=unlinkat -o $@ $(TEST_OBJS) $(SERVER_LIB_OBJS) $(LIBATTN) $(CHECK_LIBS) \
+	$(Q)$(CC) $(ALL_LDFLAGS) -Wl,--wrap=realloc -Wl,--wrap=malloc -Wl,--wrap=unlinkat -o $@ $(TEST_OBJS) $(SERVER_LIB_OBJS) $(LIBATTN) $(CHECK_LIBS) \
 		$(SRV_LIBS) $(CJSON_LIBS) $(BLAS_LIBS) -lpthread -lm
 
 # tests/fault_inject.c: an allocation fault injector that tests/check_server.c LD_PRELOADs into

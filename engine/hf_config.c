@@ -1268,7 +1268,8 @@ int attn__hf_config_parse(const char *json, size_t len, const attn_load_params *
     const char *problem = NULL;
     cJSON *j = attn__hf_json_object(json, len, &problem);
     if (j == NULL) {
-        return attn__fail(&why, ATTN_EIO, "config.json: %s", problem);
+        return attn__fail(&why, problem == attn__hf_json_no_memory ? ATTN_ENOMEM : ATTN_EIO,
+                          "config.json: %s", problem);
     }
     attn_config c;
     struct attn__hf_layout lay;

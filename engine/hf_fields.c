@@ -3,6 +3,7 @@
  * range is refused naming the key rather than coerced. */
 #include "hf_int.h"
 
+#include <errno.h>
 #include <math.h>
 #include <string.h>
 
@@ -178,9 +179,18 @@ static const char *lenient_json(const char *s, size_t n) {
     return NULL;
 }
 
+const char attn__hf_json_no_memory[] = "out of memory reading it";
+
 cJSON *attn__hf_json_object(const char *text, size_t len, const char **problem) {
     const char *end = NULL;
+    errno = 0;
     cJSON *j = cJSON_ParseWithLengthOpts(text, len, &end, false);
+    if (j == NULL && errno == ENOMEM) {
+        /* cJSON says NULL alike for bad JSON and for a failed allocation; malloc's errno tells
+         * them apart (a file short of memory is not a malformed one) */
+        *problem = attn__hf_json_no_memory;
+        return NULL;
+    }
     if (j == NULL || !cJSON_IsObject(j)) {
         cJSON_Delete(j);
         *problem = "not a JSON object";

@@ -113,6 +113,9 @@ int attn__hf_get_bool(const struct attn__reason *why, const cJSON *obj, const ch
  * anything but whitespace after the object. */
 cJSON *attn__hf_json_object(const char *text, size_t len, const char **problem);
 
+/* *problem when the parse ran out of memory: the caller's code is then ATTN_ENOMEM. */
+extern const char attn__hf_json_no_memory[];
+
 /* The rotary embedding (hf_rope.c): theta and scaling (also from transformers v5's
  * rope_parameters), the rotated fraction of each head, and, for attnd's own layout, rope_style.
  * Needs c->head_dim. */

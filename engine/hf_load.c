@@ -54,7 +54,7 @@ static int path_join(struct loader *ld, const char *name, char *out, size_t size
 static int read_bytes(struct loader *ld, FILE *f, size_t n, const char *path, char **out) {
     char *buf = malloc(n + 1);
     if (buf == NULL) {
-        return ATTN_ENOMEM;
+        return attn__fail(&ld->why, ATTN_ENOMEM, "%s: out of memory for its %zu bytes", path, n);
     }
     if (fread(buf, 1, n, f) != n) {
         free(buf);
@@ -104,7 +104,8 @@ static int parse_json_file(struct loader *ld, const char *name, cJSON **out) {
     cJSON *j = attn__hf_json_object(text, len, &problem);
     free(text);
     if (j == NULL) {
-        return attn__fail(&ld->why, ATTN_EIO, "%s/%s: %s", ld->dir, name, problem);
+        return attn__fail(&ld->why, problem == attn__hf_json_no_memory ? ATTN_ENOMEM : ATTN_EIO,
+                          "%s/%s: %s", ld->dir, name, problem);
     }
     *out = j;
     return ATTN_OK;
@@ -249,7 +250,8 @@ int attn__safetensors_header_parse(const uint8_t *buf, size_t len, uint64_t file
     const char *problem = NULL;
     cJSON *j = attn__hf_json_object((const char *)buf + 8, (size_t)n, &problem);
     if (j == NULL) {
-        rc = attn__fail(&why, ATTN_EIO, "safetensors header: %s", problem);
+        rc = attn__fail(&why, problem == attn__hf_json_no_memory ? ATTN_ENOMEM : ATTN_EIO,
+                        "safetensors header: %s", problem);
         goto out;
     }
     size_t cap = 0;
@@ -353,7 +355,8 @@ static int shard_open(struct loader *ld, const char *name, int *out) {
     }
     /* 8 + n bytes, plus a NUL that cJSON never needs but that bounds any reader of the text. */
     if ((head = malloc(8 + (size_t)n + 1)) == NULL) {
-        rc = ATTN_ENOMEM;
+        rc = attn__fail(&ld->why, ATTN_ENOMEM, "%s: out of memory for its %llu-byte header", path,
+                        (unsigned long long)n);
         goto out;
     }
     memcpy(head, first8, 8);
@@ -370,7 +373,7 @@ static int shard_open(struct loader *ld, const char *name, int *out) {
     }
     if ((ld->shard_names[i] = strdup(name)) == NULL) {
         attn__safetensors_header_release(&ld->shard_headers[i]);
-        rc = ATTN_ENOMEM;
+        rc = attn__fail(&ld->why, ATTN_ENOMEM, "%s: out of memory", path);
         goto out;
     }
     ld->n_shards++;
@@ -548,7 +551,8 @@ static int tensor_read(struct loader *ld, const char *name, int32_t rows, int32_
             ld->convert_cap = ld->convert_buf ? n * elem : 0;
             if (ld->convert_buf == NULL) {
                 fclose(f);
-                return ATTN_ENOMEM;
+                return attn__fail(&ld->why, ATTN_ENOMEM,
+                                  "%s: out of memory converting its %zu bytes", name, n * elem);
             }
         }
         buf = ld->convert_buf;
@@ -608,7 +612,12 @@ static int reader_read(void *ctx, const char *name, int32_t rows, int32_t cols, 
 static int read_layer(struct loader *ld, const attn_config *c, int32_t layer,
                       struct attn__layer *l) {
     const struct attn__hf_reader rd = {reader_read, ld};
-    return attn__hf_layer_read(&rd, c, ld->layout, ld->prefix, layer, l);
+    int rc = attn__hf_layer_read(&rd, c, ld->layout, ld->prefix, layer, l);
+    if (rc == ATTN_ENOMEM && ld->why.text != NULL && ld->why.size > 0 && ld->why.text[0] == '\0') {
+        /* its reordering buffer (a fused projection's) says nothing itself */
+        return attn__fail(&ld->why, rc, "layer %d: out of memory reading its tensors", (int)layer);
+    }
+    return rc;
 }
 
 /* attnd's own layout: biases are what the checkpoint holds (q/k/v as a set, o alone). */

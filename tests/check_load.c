@@ -4,6 +4,7 @@
  * decode, weights, post-RoPE K/V), layer subsets load alone, and each bad folder gives its code
  * with a reason. Tolerances: HARNESS_ATOL/RTOL (check_harness.h). Tests run from the repo root. */
 #include <check.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +12,8 @@
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <cjson/cJSON.h>
 
 #include "../engine/attn_int.h"
 #include "check_harness.h"
@@ -1045,6 +1048,53 @@ START_TEST(test_load_mixed_dtype_checkpoint_held_exactly) {
 }
 END_TEST
 
+/* --wrap=malloc (the Makefile's link of the check binary): the code under test's mallocs, and
+ * cJSON's through its hooks, fail on demand: the nth from when mallocs_until_fail is set. */
+static long mallocs_until_fail;
+void *__real_malloc(size_t n);
+void *__wrap_malloc(size_t n);
+
+void *__wrap_malloc(size_t n) {
+    if (mallocs_until_fail > 0 && --mallocs_until_fail == 0) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    return __real_malloc(n);
+}
+
+/* Each malloc of a checkpoint's load fails in turn (cJSON's among them): the load is
+ * ATTN_ENOMEM with a reason, never a malformed file. cJSON short of memory read as "not a JSON
+ * object" (ATTN_EIO: config.json, the safetensors header), and three of the loader's own
+ * allocations gave ATTN_ENOMEM with an empty reason. */
+START_TEST(test_load_out_of_memory_is_enomem_with_a_reason) {
+    static const char *const dirs[] = {DATA "hf_tiny_f32", DATA "hf_qwen2_f16",
+                                       DATA "hf_tiny_bf16"};
+    cJSON_Hooks hooks = {__wrap_malloc, free};
+    cJSON_InitHooks(&hooks);
+    for (size_t d = 0; d < sizeof dirs / sizeof dirs[0]; d++) {
+        long n = 1;
+        for (;; n++) {
+            attn_model *m = NULL;
+            char err[512] = "";
+            mallocs_until_fail = n;
+            int rc = attn_model_load_hf(dirs[d], NULL, &m, err, sizeof err);
+            bool failed = mallocs_until_fail == 0;
+            mallocs_until_fail = 0;
+            if (!failed) {
+                ck_assert_int_eq(rc, ATTN_OK);
+                attn_model_destroy(m);
+                break;
+            }
+            ck_assert_msg(rc == ATTN_ENOMEM && err[0] != '\0', "%s, malloc %ld: %s: '%s'", dirs[d],
+                          n, attn_strerror(rc), err);
+            ck_assert_ptr_null(m);
+        }
+        ck_assert_int_gt(n, 10);
+    }
+    cJSON_InitHooks(NULL);
+}
+END_TEST
+
 /* `extern` keeps this prototype out of the Makefile's suite-table scan, which matches lines
  * starting with `Suite *`. */
 extern Suite *load_suite(void);
@@ -1053,6 +1103,7 @@ Suite *load_suite(void) {
     Suite *s = suite_create("load");
     TCase *tc = tcase_create("load");
     tcase_add_test(tc, test_load_tiny_config);
+    tcase_add_test(tc, test_load_out_of_memory_is_enomem_with_a_reason);
     tcase_add_test(tc, test_load_alt_config);
     tcase_add_test(tc, test_load_max_seq_override);
     tcase_add_test(tc, test_load_tiny_f32_matches_numpy);
