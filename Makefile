@@ -66,7 +66,7 @@ ACCURACY    := $(BUILD)/kv_accuracy
 FUZZ_TARGETS := $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_SECONDS ?= 60
 
-.PHONY: all engine server test client-test ui-test ui-deps asan valgrind debug bench bench-compare accuracy load persist-bench inspect-bench proto-check run deps docker \
+.PHONY: all engine server test client-test ui-test ui-deps asan valgrind debug bench bench-compare bench-check accuracy load persist-bench inspect-bench proto-check run deps docker \
         docker-test topology-test clean format lint layering check-format fuzz fuzz-run
 
 # all: the engine library and the daemon (default).
@@ -212,6 +212,11 @@ $(BENCH): $(BENCH_SRCS:%.c=$(BUILD)/%.o) $(LIBATTN)
 # bench-compare: attnd's engine and the numpy peer, alternating, with attnd/numpy ratios.
 bench-compare: $(BENCH)
 	$(Q)$(PYTHON) bench/compare.py ./$(BENCH) $(BENCH_ARGS)
+
+# bench-check: what the benchmark programs count (FLOPs, bytes, KV capacity), against
+# bench/check.py's own arithmetic; about a minute.
+bench-check: $(BENCH)
+	$(Q)$(PYTHON) bench/check.py --bench ./$(BENCH)
 
 # load: decode clients against a freshly spawned attnd; LOAD_ARGS go to attn_load (see --help).
 # accuracy: each KV cache dtype's error against fp64, on the fixtures and on long contexts.

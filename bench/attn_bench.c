@@ -225,6 +225,17 @@ static double kv_token_bytes(const attn_model *m, attn_dtype kv_dt) {
     return (double)attn_kv_block_bytes_for(m, 128, kv_dt) / 128.0;
 }
 
+/* Bytes one session's cache of a linear layer holds whatever its length: each KV head's running
+ * state (head_dim^2 + head_dim doubles, whatever the pool's dtype) in whole blocks of the pool,
+ * as many as fit a block. */
+static double state_session_bytes(const attn_model *m, attn_dtype kv_dt) {
+    const attn_config *c = attn_model_config(m);
+    double block = (double)attn_kv_block_bytes_for(m, 128, kv_dt);
+    double state = ((double)c->head_dim * c->head_dim + c->head_dim) * sizeof(double);
+    int32_t per = (int32_t)(block / state);
+    return per > 0 ? (double)((c->n_kv_heads + per - 1) / per) * block : 0.0;
+}
+
 /* Keys visible to query i, summed over T new tokens after P cached ones (causal, window). */
 static double visible_keys(const attn_config *c, int32_t n_past, int32_t n_new) {
     double sum = 0.0;
@@ -937,17 +948,22 @@ static int run_preset(const bench_opts *o, const char *preset, attn_dtype weight
     if (rc != ATTN_OK) {
         fprintf(stderr, "attn_bench: %s setup: %s\n", preset, attn_strerror(rc));
     } else {
+        /* a linear layer's cache is its state, the same bytes at every length */
+        bool is_linear = attn_config_layer_is_linear(run.cfg, 0);
+        double kv_kib = (is_linear ? state_session_bytes(run.model, run.kv_dtype)
+                                   : kv_token_bytes(run.model, run.kv_dtype)) /
+                        1024.0;
         snprintf(results->presets[results->n_presets++], sizeof(results->presets[0]),
                  "%s: hidden %" PRId32 ", heads %" PRId32 "/%" PRId32 " kv, head_dim %" PRId32
-                 "%s%s%s, weights %.1f MiB/layer, KV %.1f KiB/token, pool %.0f MiB in %" PRId32
+                 "%s%s%s, weights %.1f MiB/layer, KV %.1f KiB/%s, pool %.0f MiB in %" PRId32
                  "-token blocks\n",
                  run.name_dtypes, run.cfg->hidden_size, run.cfg->n_heads, run.cfg->n_kv_heads,
                  run.cfg->head_dim,
                  run.cfg->qk_norm != ATTN_QK_NORM_NONE ? ", q/k RMSNorm per head" : "",
                  run.cfg->logit_softcap > 0 ? ", scores soft-capped at 50, scale 256^-1/2" : "",
                  run.cfg->sliding_window > 0 ? ", sliding window 4096 (a ring cache)" : "",
-                 layer_weight_bytes(run.cfg, run.weights_dtype) / 1048576.0,
-                 kv_token_bytes(run.model, run.kv_dtype) / 1024.0,
+                 layer_weight_bytes(run.cfg, run.weights_dtype) / 1048576.0, kv_kib,
+                 is_linear ? "session (a state)" : "token",
                  (double)attn_kv_pool_bytes_limit(run.pool) / 1048576.0,
                  attn_kv_pool_block_tokens(run.pool));
         if (run.cfg->kv_lora_rank > 0) {
@@ -963,14 +979,26 @@ static int run_preset(const bench_opts *o, const char *preset, attn_dtype weight
                      expanded, expanded / mla, gqa, gqa / mla);
         }
         /* Sessions a GiB of --kv-budget-mb holds, at the batch cases' length, across all of a
-         * model's layers as this one: the capacity each KV dtype buys. */
-        double f32_tok = kv_token_bytes(run.model, ATTN_DTYPE_F32);
-        double tok = kv_token_bytes(run.model, run.kv_dtype);
-        double per_gib = 1073741824.0 / (tok * BATCH_LEN * run.cfg->n_layers);
-        snprintf(results->notes[results->n_notes++], sizeof results->notes[0],
-                 "%s: KV capacity: %.0f bytes/token/layer, %.2f sessions of %d tokens x %d layers "
-                 "per GiB of --kv-budget-mb, %.2fx f32's\n",
-                 run.name_dtypes, tok, per_gib, BATCH_LEN, (int)run.cfg->n_layers, f32_tok / tok);
+         * model's layers as this one: the capacity each KV dtype buys. A linear layer's cache is
+         * its state, the same bytes at every length (double whatever the dtype): not tokens. */
+        if (is_linear) {
+            double f32_state = state_session_bytes(run.model, ATTN_DTYPE_F32);
+            double state = state_session_bytes(run.model, run.kv_dtype);
+            snprintf(results->notes[results->n_notes++], sizeof results->notes[0],
+                     "%s: KV capacity: a state of %.0f bytes/session/layer at any length, %.2f "
+                     "sessions x %d layers per GiB of --kv-budget-mb, %.2fx f32's\n",
+                     run.name_dtypes, state, 1073741824.0 / (state * run.cfg->n_layers),
+                     (int)run.cfg->n_layers, f32_state / state);
+        } else {
+            double f32_tok = kv_token_bytes(run.model, ATTN_DTYPE_F32);
+            double tok = kv_token_bytes(run.model, run.kv_dtype);
+            double per_gib = 1073741824.0 / (tok * BATCH_LEN * run.cfg->n_layers);
+            snprintf(results->notes[results->n_notes++], sizeof results->notes[0],
+                     "%s: KV capacity: %.0f bytes/token/layer, %.2f sessions of %d tokens x %d "
+                     "layers per GiB of --kv-budget-mb, %.2fx f32's\n",
+                     run.name_dtypes, tok, per_gib, BATCH_LEN, (int)run.cfg->n_layers,
+                     f32_tok / tok);
+        }
         rc = run_prefill_cases(&run);
     }
     if (rc == ATTN_OK) {

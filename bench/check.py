@@ -1,0 +1,125 @@
+#!/usr/bin/python3
+"""bench/check.py: what the benchmark programs count, against this file's own
+arithmetic (`make bench-check`; about a minute). Not timings: every figure here is a count.
+
+- attn_bench: each case's FLOPs and bytes (from its RESULT line's GFLOP/s, GB/s and ms) against
+  formulas written here from the shapes (projections 2*M*N*K, QK^T and PV 4*H*D per visible key,
+  K/V bytes per dtype: f32 4, bf16 and f16 2, q8_0 34 per 32 values; a linear layer's state of
+  head_dim^2 + head_dim doubles per KV head), on the small presets' short cases in every default
+  dtype pair; and each "KV capacity" line's bytes and sessions a GiB (a linear layer's cache
+  is its state, the same at every length).
+
+--bench names the binary (default build/attn_bench).
+"""
+import argparse
+import re
+import subprocess
+import sys
+
+PRESETS = {  # the engine's small preset (engine/config.c), as attn_bench's small variants use it
+    "small": dict(hid=512, H=8, Hkv=2, D=64, layers=4),
+    "small-long": dict(hid=512, H=8, Hkv=2, D=64, layers=4),
+    "small-linear": dict(hid=512, H=8, Hkv=2, D=64, layers=4, linear=True),
+}
+BLOCK_TOKENS = 128
+FAILURES = []
+
+
+def fail(msg):
+    FAILURES.append(msg)
+    print("FAIL: " + msg)
+
+
+def kv_bytes(dt, n_values):
+    """Bytes of n_values K or V values (a multiple of 32) as the cache holds them."""
+    return {"f32": 4 * n_values, "bf16": 2 * n_values, "f16": 2 * n_values,
+            "q8_0": n_values // 32 * 34}[dt]
+
+
+def state_bytes(p, kv_dt):
+    """One session's linear-layer cache: each KV head's state in whole 128-token blocks."""
+    block = p["Hkv"] * BLOCK_TOKENS * 2 * kv_bytes(kv_dt, p["D"])
+    per = block // ((p["D"] ** 2 + p["D"]) * 8)
+    return -(-p["Hkv"] // per) * block
+
+
+def cost(preset, kind, n, w_dt, kv_dt):
+    """FLOPs and bytes of one call: n_seq sequences, n_new tokens each after n_past."""
+    p = PRESETS[preset]
+    n_seq, n_past, n_new = {"prefill": (1, 0, n), "decode": (1, n, 1), "attend": (1, n, 1),
+                            "batch": (n, 2048, 1)}[kind]
+    hid, h, hkv, d = p["hid"], p["H"], p["Hkv"], p["D"]
+    m = n_seq * n_new
+    visible = sum(n_past + i + 1 for i in range(n_new))  # causal, no window here
+    kv_read = n_past + n_new  # every cached key and the new ones, read once
+    hid, h, hkv, d = p["hid"], p["H"], p["Hkv"], p["D"]
+    if kind == "attend":
+        return (4 * h * d * visible,
+                kv_bytes(kv_dt, 2 * hkv * d) * (kv_read + 1) + 4 * (2 * h * d + 2 * hkv * d))
+    proj_params = hid * (h + 2 * hkv) * d + h * d * hid
+    flops = 2 * m * proj_params
+    nbytes = (4 if w_dt == "f32" else 2) * proj_params + 2 * m * hid * 4  # weights, x and out
+    if p.get("linear"):
+        flops += m * 2 * (hkv + h) * d * d  # the state's update per KV head, its read per head
+        nbytes += 2 * n_seq * hkv * (d * d + d) * 8  # the states read and written once
+    else:
+        flops += 4 * h * d * visible * n_seq
+        nbytes += kv_bytes(kv_dt, 2 * hkv * d) * n_seq * (kv_read + n_new)
+    return flops, nbytes
+
+
+def check_bench(bench):
+    cmd = [bench, "--skip-limits", "--reps", "1", "--preset", "small,small-long,small-linear",
+           "--case", "prefill_S128,decode_L512,attend_L512,batch_B8"]
+    print("== " + " ".join(cmd), flush=True)
+    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
+    n_cases = 0
+    for line in out.splitlines():
+        if line.startswith("RESULT "):
+            f = dict(t.split("=", 1) for t in line.split()[1:])
+            m = re.match(r"([\w-]+)\.(prefill_S|decode_L|attend_L|batch_B)(\d+)(?:_L2048)?"
+                         r"@(\w+)/(\w+)$", f["case"])
+            preset, kind, n, w_dt, kv_dt = m.groups()
+            kind = {"prefill_S": "prefill", "decode_L": "decode", "attend_L": "attend",
+                    "batch_B": "batch"}[kind]
+            flops, nbytes = cost(preset, kind, int(n), w_dt, kv_dt)
+            s = float(f["ms"]) * 1e-3
+            tol = 0.01 + 6e-5 / float(f["ms"])  # the printed digits
+            for what, got, want in (("FLOPs", float(f["gflops"]) * 1e9 * s, flops),
+                                    ("bytes", float(f["gbs"]) * 1e9 * s, nbytes)):
+                if abs(got - want) > tol * want:
+                    fail(f"{f['case']}: {what} {got:.6g}, expected {want:.6g}")
+            n_cases += 1
+        m = re.match(r"([\w-]+)@(\w+)/(\w+): KV capacity: (.*)$", line)
+        if m:
+            preset, _, kv_dt, text = m.groups()
+            p = PRESETS[preset]
+            if p.get("linear"):
+                per, unit = state_bytes(p, kv_dt), "bytes/session/layer"
+                sessions = 2 ** 30 / (per * p["layers"])
+                ratio = state_bytes(p, "f32") / per
+            else:
+                per, unit = kv_bytes(kv_dt, 2 * p["Hkv"] * p["D"]), "bytes/token/layer"
+                sessions = 2 ** 30 / (per * 2048 * p["layers"])
+                ratio = kv_bytes("f32", 32) / kv_bytes(kv_dt, 32)
+            want = (f"{per:.0f} {unit}", f"{sessions:.2f} sessions", f"{ratio:.2f}x f32's")
+            if not all(w in text for w in want):
+                fail(f"{line.strip()}: expected {', '.join(want)}")
+            n_cases += 1
+    if n_cases != 48:  # 36 cases (small 4, small-long 3, small-linear 2; 4 dtype pairs), 12 lines
+        fail(f"attn_bench printed {n_cases} cases and capacity lines, expected 48")
+    print(f"attn_bench: {n_cases} cases and capacity lines checked")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bench", default="build/attn_bench")
+    args = ap.parse_args()
+    check_bench(args.bench)
+    if FAILURES:
+        sys.exit(f"bench/check.py: {len(FAILURES)} failed")
+    print("bench/check.py: all passed")
+
+
+if __name__ == "__main__":
+    main()
