@@ -213,7 +213,7 @@ $(BENCH): $(BENCH_SRCS:%.c=$(BUILD)/%.o) $(LIBATTN)
 bench-compare: $(BENCH)
 	$(Q)$(PYTHON) bench/compare.py ./$(BENCH) $(BENCH_ARGS)
 
-# bench-check: what the benchmark programs count (FLOPs, bytes, KV capacity), against
+# bench-check: what the benchmark programs count (FLOPs, bytes, rooflines, KV capacity), against
 # bench/check.py's own arithmetic; about a minute.
 bench-check: $(BENCH)
 	$(Q)$(PYTHON) bench/check.py --bench ./$(BENCH)

@@ -6,8 +6,9 @@ arithmetic (`make bench-check`; about a minute). Not timings: every figure here 
   formulas written here from the shapes (projections 2*M*N*K, QK^T and PV 4*H*D per visible key,
   K/V bytes per dtype: f32 4, bf16 and f16 2, q8_0 34 per 32 values; a linear layer's state of
   head_dim^2 + head_dim doubles per KV head), on the small presets' short cases in every default
-  dtype pair; and each "KV capacity" line's bytes and sessions a GiB (a linear layer's cache
-  is its state, the same at every length).
+  dtype pair; each "KV capacity" line's bytes and sessions a GiB (a linear layer's cache is its
+  state, the same at every length); the roofline time of three cases from the limits the run
+  printed (L3's bandwidth up to 32 MiB a call, DRAM's beyond).
 
 --bench names the binary (default build/attn_bench).
 """
@@ -111,11 +112,40 @@ def check_bench(bench):
     print(f"attn_bench: {n_cases} cases and capacity lines checked")
 
 
+def check_roofline(bench):
+    """roof_ms = max(bytes at the bandwidth, FLOPs at the sgemm peak), the higher of each limit
+    measured before and after; the bandwidth L3's for a call of 32 MiB or less (not paired: its
+    reps read the same bytes back to back, which fit the L3), DRAM's 2-thread sweep beyond."""
+    cmd = [bench, "--quick", "--no-paired", "--bw-mib", "256", "--reps", "1", "--preset", "small",
+           "--case", "decode_L512,batch_B8,batch_B32", "--dtypes", "f32/f32"]
+    print("== " + " ".join(cmd), flush=True)
+    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
+    m = re.search(r"peak ([\d.]+) / ([\d.]+) GFLOP/s.*thread, ([\d.]+) / ([\d.]+) GB/s with 2; "
+                  r"over 16 MiB \(L3\) ([\d.]+) / ([\d.]+) GB/s", out)
+    sgemm, dram, l3 = (max(float(m[i]), float(m[i + 1])) for i in (1, 3, 5))
+    n = 0
+    for line in out.splitlines():
+        if line.startswith("RESULT "):
+            f = dict(t.split("=", 1) for t in line.split()[1:])
+            s = float(f["ms"]) * 1e-3
+            flops, nbytes = float(f["gflops"]) * 1e9 * s, float(f["gbs"]) * 1e9 * s
+            bw = l3 if nbytes <= 32 * 2 ** 20 else dram
+            want = max(nbytes / (bw * 1e9), flops / (sgemm * 1e9)) * 1e3
+            if abs(float(f["roof_ms"]) - want) > 0.02 * want:
+                fail(f"{f['case']}: roof_ms {f['roof_ms']}, expected {want:.4f} ({nbytes:.4g} "
+                     f"bytes at {bw} GB/s, {flops:.4g} FLOPs at {sgemm} GFLOP/s)")
+            n += 1
+    if n != 3:
+        fail(f"attn_bench printed {n} cases, expected 3")
+    print(f"attn_bench: {n} rooflines checked")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bench", default="build/attn_bench")
     args = ap.parse_args()
     check_bench(args.bench)
+    check_roofline(args.bench)
     if FAILURES:
         sys.exit(f"bench/check.py: {len(FAILURES)} failed")
     print("bench/check.py: all passed")
