@@ -972,7 +972,9 @@ static int run_preset(const bench_opts *o, const char *preset, attn_dtype weight
         if (run.cfg->kv_lora_rank > 0) {
             /* the latent against what expanded heads, or GQA with 8 KV heads of 128, would hold */
             double mla = kv_token_bytes(run.model, ATTN_DTYPE_F32);
-            double expanded = 2.0 * run.cfg->n_heads * run.cfg->head_dim * 4.0;
+            /* each head's key (head_dim: nope + rope) and its value (v_head_dim) */
+            double expanded =
+                (double)run.cfg->n_heads * (run.cfg->head_dim + run.cfg->v_head_dim) * 4.0;
             double gqa = 2.0 * 8 * 128 * 4.0;
             snprintf(results->notes[results->n_notes++], sizeof results->notes[0],
                      "%s: the cache holds %.0f bytes a token (latent %d + k_rot %d floats); "

@@ -8,7 +8,8 @@ arithmetic (`make bench-check`; about a minute). Not timings: every figure here 
   head_dim^2 + head_dim doubles per KV head), on the small presets' short cases in every default
   dtype pair; each "KV capacity" line's bytes and sessions a GiB (a linear layer's cache is its
   state, the same at every length); the roofline time of three cases from the limits the run
-  printed (L3's bandwidth up to 32 MiB a call, DRAM's beyond).
+  printed (L3's bandwidth up to 32 MiB a call, DRAM's beyond); and deepseek-v3's prefill (MLA's
+  counts) with its line setting the latent against expanded heads' K and V.
 
 --bench names the binary (default build/attn_bench).
 """
@@ -21,6 +22,8 @@ PRESETS = {  # the engine's small preset (engine/config.c), as attn_bench's smal
     "small": dict(hid=512, H=8, Hkv=2, D=64, layers=4),
     "small-long": dict(hid=512, H=8, Hkv=2, D=64, layers=4),
     "small-linear": dict(hid=512, H=8, Hkv=2, D=64, layers=4, linear=True),
+    # DeepSeek-V3's attention: q_lora 1536, the latent 512 + 64 rotated, heads' nope 128, v 128
+    "deepseek-v3": dict(hid=7168, H=128, ql=1536, kvl=512, nope=128, rope=64, v=128, layers=32),
 }
 BLOCK_TOKENS = 128
 FAILURES = []
@@ -49,10 +52,18 @@ def cost(preset, kind, n, w_dt, kv_dt):
     p = PRESETS[preset]
     n_seq, n_past, n_new = {"prefill": (1, 0, n), "decode": (1, n, 1), "attend": (1, n, 1),
                             "batch": (n, 2048, 1)}[kind]
-    hid, h, hkv, d = p["hid"], p["H"], p["Hkv"], p["D"]
+    hid, h = p["hid"], p["H"]
     m = n_seq * n_new
     visible = sum(n_past + i + 1 for i in range(n_new))  # causal, no window here
     kv_read = n_past + n_new  # every cached key and the new ones, read once
+    if "kvl" in p:  # absorbed: W_UK into each head's query, W_UV after the latents' weighted sum
+        ql, kvl, nope, rope, v = p["ql"], p["kvl"], p["nope"], p["rope"], p["v"]
+        params = (hid * ql + ql * h * (nope + rope) + hid * (kvl + rope) + h * (nope + v) * kvl
+                  + h * v * hid)
+        flops = 2 * m * params + 2 * h * ((kvl + rope) + kvl) * visible * n_seq
+        norms = ql + kvl  # the q_a and kv_a RMSNorms' weights
+        return flops, (4 * (params + norms) + kv_bytes(kv_dt, kvl + rope) * n_seq
+                       * (kv_read + n_new) + 2 * m * hid * 4)
     hid, h, hkv, d = p["hid"], p["H"], p["Hkv"], p["D"]
     if kind == "attend":
         return (4 * h * d * visible,
@@ -140,12 +151,39 @@ def check_roofline(bench):
     print(f"attn_bench: {n} rooflines checked")
 
 
+def check_mla(bench):
+    """deepseek-v3's prefill of 128 tokens counted as MLA's (the model: 748 MB of float32), and
+    its line setting the latent's bytes a token against expanded heads' and 8 KV heads of 128."""
+    cmd = [bench, "--skip-limits", "--reps", "1", "--preset", "deepseek-v3", "--case",
+           "prefill_S128", "--dtypes", "f32/f32"]
+    print("== " + " ".join(cmd), flush=True)
+    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
+    f = dict(t.split("=", 1) for t in re.search(r"^RESULT (.*)$", out, re.M)[1].split())
+    flops, nbytes = cost("deepseek-v3", "prefill", 128, "f32", "f32")
+    s = float(f["ms"]) * 1e-3
+    for what, got, want in (("FLOPs", float(f["gflops"]) * 1e9 * s, flops),
+                            ("bytes", float(f["gbs"]) * 1e9 * s, nbytes)):
+        if abs(got - want) > 0.01 * want:
+            fail(f"{f['case']}: {what} {got:.6g}, expected {want:.6g}")
+    p = PRESETS["deepseek-v3"]
+    latent = 4 * (p["kvl"] + p["rope"])
+    expanded = 4 * p["H"] * ((p["nope"] + p["rope"]) + p["v"])  # each head's key and value
+    want = (f"holds {latent} bytes a token", f"expanded heads would hold {expanded} "
+            f"({expanded / latent:.0f}x)", f"8 KV heads of 128 {2 * 8 * 128 * 4} "
+            f"({2 * 8 * 128 * 4 / latent:.1f}x)")
+    line = re.search(r"^deepseek-v3: the cache holds .*$", out, re.M)
+    if line is None or not all(w in line[0] for w in want):
+        fail(f"{line[0] if line else 'no MLA line'}: expected {', '.join(want)}")
+    print("attn_bench: MLA's case and cache line checked")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bench", default="build/attn_bench")
     args = ap.parse_args()
     check_bench(args.bench)
     check_roofline(args.bench)
+    check_mla(args.bench)
     if FAILURES:
         sys.exit(f"bench/check.py: {len(FAILURES)} failed")
     print("bench/check.py: all passed")
