@@ -213,10 +213,10 @@ $(BENCH): $(BENCH_SRCS:%.c=$(BUILD)/%.o) $(LIBATTN)
 bench-compare: $(BENCH)
 	$(Q)$(PYTHON) bench/compare.py ./$(BENCH) $(BENCH_ARGS)
 
-# bench-check: what the benchmark programs count (FLOPs, bytes, rooflines, KV capacity), against
-# bench/check.py's own arithmetic; about a minute.
-bench-check: $(BENCH)
-	$(Q)$(PYTHON) bench/check.py --bench ./$(BENCH)
+# bench-check: what the benchmark programs count (FLOPs, bytes, rooflines, KV capacity) and check
+# (attn_load against a stand-in serving wrong values), against bench/check.py's own arithmetic.
+bench-check: $(BENCH) $(LOAD) $(ATTND)
+	$(Q)$(PYTHON) bench/check.py --bench ./$(BENCH) --load ./$(LOAD) --attnd ./$(ATTND)
 
 # load: decode clients against a freshly spawned attnd; LOAD_ARGS go to attn_load (see --help).
 # accuracy: each KV cache dtype's error against fp64, on the fixtures and on long contexts.

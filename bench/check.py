@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""bench/check.py: what the benchmark programs count, against this file's own
+"""bench/check.py: what the benchmark programs count and check, against this file's own
 arithmetic (`make bench-check`; about a minute). Not timings: every figure here is a count.
 
 - attn_bench: each case's FLOPs and bytes (from its RESULT line's GFLOP/s, GB/s and ms) against
@@ -10,13 +10,22 @@ arithmetic (`make bench-check`; about a minute). Not timings: every figure here 
   state, the same at every length); the roofline time of three cases from the limits the run
   printed (L3's bandwidth up to 32 MiB a call, DRAM's beyond); and deepseek-v3's prefill (MLA's
   counts) with its line setting the latent against expanded heads' K and V.
+- attn_load: against a stand-in server whose answers have the right shapes and counts but wrong
+  values (all zeros; random), it must fail naming the values; against attnd it must pass.
 
---bench names the binary (default build/attn_bench).
+--bench, --load, --attnd name the binaries (default build/); --port the stand-in's (0: a free
+one); --url an attnd already running for the load checks instead of one attn_load spawns.
 """
 import argparse
+import base64
+import json
+import random
 import re
+import struct
 import subprocess
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 PRESETS = {  # the engine's small preset (engine/config.c), as attn_bench's small variants use it
     "small": dict(hid=512, H=8, Hkv=2, D=64, layers=4),
@@ -177,13 +186,103 @@ def check_mla(bench):
     print("attn_bench: MLA's case and cache line checked")
 
 
+class StandIn(BaseHTTPRequestHandler):
+    """attnd's answers to attn_load's calls with the right shapes and counts, values by mode."""
+    protocol_version = "HTTP/1.1"
+    hidden = 64
+    mode = "zeros"
+
+    def log_message(self, *args):
+        pass
+
+    def reply(self, code, body, ctype="application/json", headers=()):
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in headers:
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        if self.path == "/v1/model":
+            body = {"hidden_size": self.hidden, "max_position_embeddings": 4096}
+            return self.reply(200, json.dumps(body).encode() + b"\n")
+        self.reply(200 if self.path == "/readyz" else 404, b"{}\n")
+
+    def do_DELETE(self):
+        self.reply(204, b"")
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        if self.path.endswith("/truncate"):
+            return self.reply(200, b"{}\n")
+        n_json = self.headers.get("Inference-Header-Content-Length")
+        req = json.loads(body[:int(n_json)] if n_json else body)
+        is_binary = req.get("binary_output", False)
+        answers, raws = [], []
+        for step in req.get("steps") or [req]:
+            rows = step["x"]["shape"][0]
+            n = rows * self.hidden
+            vals = [0.0] * n if self.mode == "zeros" else [random.uniform(-1, 1) for _ in range(n)]
+            raw = struct.pack(f"<{n}f", *vals)
+            out = {"shape": [rows, self.hidden]}
+            if is_binary:
+                out.update(datatype="FP32", binary_data_size=len(raw))
+                raws.append(raw)
+            else:
+                out["b64"] = base64.b64encode(raw).decode()
+            answers.append({"session_id": step["session_id"], "layer": 0,
+                            "n_past": step["expect_n_past"],
+                            "n_tokens": step["expect_n_past"] + rows, "output": out,
+                            "timing": {"queue_ms": 0.0, "compute_ms": 0.01}})
+        doc = {"layer": 0, "results": answers} if "steps" in req else answers[0]
+        text = json.dumps(doc, separators=(",", ":")).encode() + b"\n"
+        if is_binary:
+            return self.reply(200, text + b"".join(raws), "application/octet-stream",
+                              [("Inference-Header-Content-Length", str(len(text)))])
+        self.reply(200, text)
+
+
+def check_load(load, attnd, port, url):
+    server = ThreadingHTTPServer(("127.0.0.1", port), StandIn)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    stand_in = f"http://127.0.0.1:{server.server_address[1]}"
+    common = ["--clients", "2", "--duration", "0.5", "--prefill", "8", "--max-tokens", "20"]
+    modes = [[], ["--binary"], ["--batch", "4"], ["--batch", "4", "--binary"]]
+    for values, reason in (("zeros", "every output value is 0"), ("random", "output differs")):
+        StandIn.mode = values
+        for mode in modes:
+            cmd = [load, "--url", stand_in] + common + mode
+            r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               errors="replace")
+            if r.returncode != 1 or reason not in r.stdout:
+                fail(f"{' '.join(cmd)} against {values}: exit {r.returncode}, expected 1 and "
+                     f"'{reason}':\n{r.stdout}")
+    server.shutdown()
+    target = ["--url", url] if url else ["--spawn", attnd]
+    after = [] if url else ["--", "--preset", "small", "--log-level", "warn"]
+    for mode in modes + [["--json-floats", "--batch", "3"]]:
+        cmd = [load] + target + common + ["--duration", "1", "--prefill", "16"] + mode + after
+        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           errors="replace")
+        if r.returncode != 0 or "errors: none" not in r.stdout:
+            fail(f"{' '.join(cmd)}: exit {r.returncode}, expected 0:\n{r.stdout}")
+    print("attn_load: wrong values refused (2 kinds x 4 modes), attnd's answers accepted (5 modes)")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bench", default="build/attn_bench")
+    ap.add_argument("--load", default="build/attn_load")
+    ap.add_argument("--attnd", default="build/attnd")
+    ap.add_argument("--port", type=int, default=0, help="the stand-in server's (0: a free one)")
+    ap.add_argument("--url", default=None, help="a running attnd (preset small) to load instead")
     args = ap.parse_args()
     check_bench(args.bench)
     check_roofline(args.bench)
     check_mla(args.bench)
+    check_load(args.load, args.attnd, args.port, args.url)
     if FAILURES:
         sys.exit(f"bench/check.py: {len(FAILURES)} failed")
     print("bench/check.py: all passed")

@@ -120,6 +120,13 @@ typedef struct load_run {
     int32_t max_tokens;
     char *prefill_json; /* the prefill's "x" value, shared by all clients */
     float *prefill_x;   /* the same as floats (--binary) */
+    /* What an answer's values are checked against: every session's prefill is the same x into
+     * an empty session, so each must give the first one's output again (prefill_ref, NULL until
+     * one is answered); values holds the answer being checked (a batch: step 0's, then step k's,
+     * which must agree, its sessions having had the same tokens). */
+    float *prefill_ref; /* (n_prefill, hidden) */
+    float *values;      /* (n_prefill + 1, hidden) */
+    char why[120];      /* what the last answer refused got wrong */
     latency_stats prefill;
     latency_stats decode;
     error_stats errors;
@@ -476,6 +483,78 @@ static bool start_next(load_run *r, client *c) {
     return r->opts->n_batch > 1 ? start_attend_batch(r, c) : start_attend_one(r, c, 0, false);
 }
 
+/* The n float32 values of an output into out: --binary's raw part (at raw), or else its base64
+ * ("b64"), little-endian. False unless the base64 carries exactly n values. */
+static bool output_values(const cJSON *output, const char *raw, size_t n, float *out) {
+    if (raw != NULL) {
+        memcpy(out, raw, n * sizeof(float));
+        return true;
+    }
+    const cJSON *b64 = cJSON_GetObjectItemCaseSensitive(output, "b64");
+    const char *t = cJSON_GetStringValue(b64);
+    size_t len = t != NULL ? strlen(t) : 0;
+    if (len != (4 * n + 2) / 3 * 4) {
+        return false;
+    }
+    static int8_t value_of[256];
+    if (value_of['B'] == 0) {
+        memset(value_of, -1, sizeof value_of);
+        const char *alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+        for (int i = 0; i < 64; i++) {
+            value_of[(uint8_t)alphabet[i]] = (int8_t)i;
+        }
+    }
+    uint32_t word = 0;
+    size_t n_bytes = 0;
+    for (size_t i = 0; i < len && n_bytes < 4 * n; i += 4) {
+        uint32_t quad = 0;
+        for (size_t j = 0; j < 4; j++) {
+            int8_t v = t[i + j] == '=' ? 0 : value_of[(uint8_t)t[i + j]];
+            if (v < 0) {
+                return false;
+            }
+            quad = quad << 6 | (uint32_t)v;
+        }
+        for (int j = 2; j >= 0 && n_bytes < 4 * n; j--) {
+            word |= (quad >> (8 * j) & 0xffu) << (8 * (n_bytes % 4));
+            if (++n_bytes % 4 == 0) {
+                memcpy(&out[n_bytes / 4 - 1], &word, sizeof word);
+                word = 0;
+            }
+        }
+    }
+    return true;
+}
+
+/* Whether an answer's n values can be right: every one finite, not all zero (a server that
+ * skips the work), and, with ref, each within 1e-3 x ref's largest magnitude of ref (the
+ * same computation again, maybe batched otherwise). Says why not in r->why. */
+static bool values_ok(load_run *r, const float *v, const float *ref, size_t n) {
+    float largest = 0.0f, scale = 0.0f, worst = 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(v[i])) {
+            snprintf(r->why, sizeof r->why, "output value %zu is %g", i, (double)v[i]);
+            return false;
+        }
+        largest = fabsf(v[i]) > largest ? fabsf(v[i]) : largest;
+        if (ref != NULL) {
+            scale = fabsf(ref[i]) > scale ? fabsf(ref[i]) : scale;
+            worst = fabsf(v[i] - ref[i]) > worst ? fabsf(v[i] - ref[i]) : worst;
+        }
+    }
+    if (largest == 0.0f) {
+        snprintf(r->why, sizeof r->why, "every output value is 0");
+        return false;
+    }
+    if (ref != NULL && !(worst <= 1e-3f * scale)) {
+        snprintf(r->why, sizeof r->why,
+                 "output differs by %.3g (of %.3g) from the same tokens' answered before", worst,
+                 scale);
+        return false;
+    }
+    return true;
+}
+
 /* Checks one session's answer: n_tokens as expected and an output of shape (rows, hidden). */
 static bool step_answer_ok(const load_run *r, const cJSON *answer, int32_t n_tokens, int32_t rows) {
     const cJSON *n = cJSON_GetObjectItemCaseSensitive(answer, "n_tokens");
@@ -487,9 +566,10 @@ static bool step_answer_ok(const load_run *r, const cJSON *answer, int32_t n_tok
 }
 
 /* Checks an attend answer: n_steps sessions' answers (a batch's "results", in order, or the
- * body itself) of `rows` new tokens each. Adds the server's timing (a batch's first step's: the
- * steps ran as one engine call) to s. A failed step's own status goes to *step_status (else it
- * stays 200) and its index to *bad_step. */
+ * body itself) of `rows` new tokens each, and their values (values_ok: a prefill's, s being
+ * r->prefill, against the first prefill's; a batch's steps against its first). Adds the server's
+ * timing (a batch's first step's: the steps ran as one engine call) to s. A failed step's own
+ * status goes to *step_status (else it stays 200) and its index to *bad_step. */
 static bool attend_answer_ok(load_run *r, const client *c, bool is_batch, int32_t rows,
                              latency_stats *s, long *step_status, int32_t *bad_step) {
     int32_t n_steps = is_batch ? r->opts->n_batch : 1;
@@ -497,7 +577,10 @@ static bool attend_answer_ok(load_run *r, const client *c, bool is_batch, int32_
     const char *body = c->conn.body;
     size_t body_len = c->conn.body_len;
     size_t json_len = body_len;
+    size_t n_values = (size_t)rows * (size_t)r->hidden;
+    bool is_prefill = s == &r->prefill;
     *step_status = 200;
+    r->why[0] = '\0';
     if (r->opts->is_binary) {
         const char *nl = memchr(body, '\n', body_len);
         json_len = nl != NULL ? (size_t)(nl - body) + 1 : 0;
@@ -505,6 +588,9 @@ static bool attend_answer_ok(load_run *r, const client *c, bool is_batch, int32_
     cJSON *root = cJSON_ParseWithLength(body, json_len);
     const cJSON *results = cJSON_GetObjectItemCaseSensitive(root, "results");
     bool ok = root != NULL && (!is_batch || cJSON_GetArraySize(results) == n_steps);
+    if (ok && r->opts->is_binary) {
+        ok = body_len == json_len + (size_t)n_steps * n_values * 4;
+    }
     for (int32_t k = 0; k < n_steps && ok; k++) {
         const cJSON *answer = is_batch ? cJSON_GetArrayItem(results, k) : root;
         const cJSON *status = cJSON_GetObjectItemCaseSensitive(answer, "status");
@@ -513,9 +599,23 @@ static bool attend_answer_ok(load_run *r, const client *c, bool is_batch, int32_
         }
         ok = step_answer_ok(r, answer, c->n_tokens + rows, rows);
         *bad_step = is_batch ? k : *bad_step;
-    }
-    if (ok && r->opts->is_binary) {
-        ok = body_len == json_len + (size_t)n_steps * (size_t)rows * (size_t)r->hidden * 4;
+        /* the values: a batch's steps against its first, a prefill against the first prefill */
+        float *v = r->values + (k > 0 ? (size_t)r->hidden : 0);
+        const char *raw = r->opts->is_binary ? body + json_len + (size_t)k * n_values * 4 : NULL;
+        if (ok &&
+            !output_values(cJSON_GetObjectItemCaseSensitive(answer, "output"), raw, n_values, v)) {
+            snprintf(r->why, sizeof r->why, "output values missing or malformed");
+            ok = false;
+        }
+        const float *ref = k > 0 ? r->values : is_prefill ? r->prefill_ref : NULL;
+        ok = ok && values_ok(r, v, ref, n_values);
+        if (ok && is_prefill && r->prefill_ref == NULL) {
+            r->prefill_ref = malloc(n_values * sizeof(float));
+            ok = r->prefill_ref != NULL;
+            if (ok) {
+                memcpy(r->prefill_ref, v, n_values * sizeof(float));
+            }
+        }
     }
     const cJSON *first = is_batch ? cJSON_GetArrayItem(results, 0) : root;
     const cJSON *timing = cJSON_GetObjectItemCaseSensitive(first, "timing");
@@ -536,6 +636,7 @@ static bool attend_answer_ok(load_run *r, const client *c, bool is_batch, int32_
 static bool on_done(load_run *r, client *c) {
     long status = c->conn.status;
     r->last_done_s = now_seconds();
+    r->why[0] = '\0';
     double ms = (double)(c->conn.done_ns - c->conn.started_ns) * 1e-6;
     if (c->conn.state != LHTTP_DONE) {
         record_error(r, 0, c, c->cursor, "transport");
@@ -578,8 +679,8 @@ static bool on_done(load_run *r, client *c) {
     if (!ok) {
         /* The sessions' state is now unknown (409, 410, 507...): carry on with fresh ones; a
          * failed first prefill ends the client (the run reports it). */
-        char what[64];
-        snprintf(what, sizeof(what), "HTTP %ld", status);
+        char what[160];
+        snprintf(what, sizeof(what), "HTTP %ld%s%s", status, r->why[0] != '\0' ? ", " : "", r->why);
         record_error(r, status, c, k, what);
         if (r->is_prefill_only) {
             c->phase = PHASE_DEAD;
@@ -846,9 +947,12 @@ static int setup_clients(load_run *r) {
     if (r->prefill_x != NULL) {
         memcpy(r->prefill_x, x, (size_t)o->n_prefill * hidden * sizeof(float));
     }
+    r->values = malloc(((size_t)o->n_prefill + 1) * hidden * sizeof(float));
     r->clients = calloc((size_t)o->n_clients, sizeof(client));
     r->polls = calloc((size_t)o->n_clients, sizeof *r->polls);
-    int rc = r->prefill_json != NULL && r->clients != NULL && r->polls != NULL ? 0 : -1;
+    int rc = r->prefill_json != NULL && r->values != NULL && r->clients != NULL && r->polls != NULL
+                 ? 0
+                 : -1;
     for (int32_t i = 0; i < o->n_clients && rc == 0; i++) {
         client *c = &r->clients[i];
         c->index = i;
@@ -889,6 +993,8 @@ static void free_clients(load_run *r) {
     free(r->polls);
     free(r->prefill_json);
     free(r->prefill_x);
+    free(r->prefill_ref);
+    free(r->values);
     free(r->prefill.ms);
     free(r->decode.ms);
     free(r->prefill.compute_ms);
