@@ -10,6 +10,7 @@ arithmetic (`make bench-check`; about a minute). Not timings: every figure here 
   state, the same at every length); the roofline time of three cases from the limits the run
   printed (L3's bandwidth up to 32 MiB a call, DRAM's beyond); and deepseek-v3's prefill (MLA's
   counts) with its line setting the latent against expanded heads' K and V.
+- peer_numpy.py (bench-compare's peer): its cases' FLOPs and bytes as attn_bench's f32/f32.
 - attn_load: against a stand-in server whose answers have the right shapes and counts but wrong
   values (all zeros; random), it must fail naming the values; against attnd it must pass.
 
@@ -19,6 +20,7 @@ one); --url an attnd already running for the load checks instead of one attn_loa
 import argparse
 import base64
 import json
+import os
 import random
 import re
 import struct
@@ -36,6 +38,7 @@ PRESETS = {  # the engine's small preset (engine/config.c), as attn_bench's smal
 }
 BLOCK_TOKENS = 128
 FAILURES = []
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def fail(msg):
@@ -89,6 +92,14 @@ def cost(preset, kind, n, w_dt, kv_dt):
     return flops, nbytes
 
 
+def counted(f):
+    """A RESULT line's FLOPs and bytes (its GFLOP/s and GB/s times its ms), each with the relative
+    error its printed digits allow (ms to 4 decimals, GFLOP/s to 2, GB/s to 3)."""
+    ms, gf, gb = float(f["ms"]), float(f["gflops"]), float(f["gbs"])
+    return (("FLOPs", gf * ms * 1e6, 0.002 + 5e-5 / ms + 5e-3 / max(gf, 1e-9)),
+            ("bytes", gb * ms * 1e6, 0.002 + 5e-5 / ms + 5e-4 / max(gb, 1e-9)))
+
+
 def check_bench(bench):
     cmd = [bench, "--skip-limits", "--reps", "1", "--preset", "small,small-long,small-linear",
            "--case", "prefill_S128,decode_L512,attend_L512,batch_B8"]
@@ -104,10 +115,7 @@ def check_bench(bench):
             kind = {"prefill_S": "prefill", "decode_L": "decode", "attend_L": "attend",
                     "batch_B": "batch"}[kind]
             flops, nbytes = cost(preset, kind, int(n), w_dt, kv_dt)
-            s = float(f["ms"]) * 1e-3
-            tol = 0.01 + 6e-5 / float(f["ms"])  # the printed digits
-            for what, got, want in (("FLOPs", float(f["gflops"]) * 1e9 * s, flops),
-                                    ("bytes", float(f["gbs"]) * 1e9 * s, nbytes)):
+            for (what, got, tol), want in zip(counted(f), (flops, nbytes)):
                 if abs(got - want) > tol * want:
                     fail(f"{f['case']}: {what} {got:.6g}, expected {want:.6g}")
             n_cases += 1
@@ -130,6 +138,30 @@ def check_bench(bench):
     if n_cases != 48:  # 36 cases (small 4, small-long 3, small-linear 2; 4 dtype pairs), 12 lines
         fail(f"attn_bench printed {n_cases} cases and capacity lines, expected 48")
     print(f"attn_bench: {n_cases} cases and capacity lines checked")
+
+
+def check_peer(python):
+    """peer_numpy.py's cases in float32 counted as attn_bench's f32/f32 (the same shapes), for a
+    case filter whose batch needs a longer cache than its decode (it stopped there before)."""
+    cmd = [python, os.path.join(HERE, "peer_numpy.py"), "--reps", "1", "--preset", "small",
+           "--case", "prefill_S128,decode_L512,attend_L512,batch_B8"]
+    print("== " + " ".join(cmd), flush=True)
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    n = 0
+    for line in r.stdout.splitlines():
+        if line.startswith("RESULT "):
+            f = dict(t.split("=", 1) for t in line.split()[1:])
+            m = re.match(r"small\.(prefill_S|decode_L|attend_L|batch_B)(\d+)", f["case"])
+            kind = {"prefill_S": "prefill", "decode_L": "decode", "attend_L": "attend",
+                    "batch_B": "batch"}[m[1]]
+            flops, nbytes = cost("small", kind, int(m[2]), "f32", "f32")
+            for (what, got, tol), want in zip(counted(f), (flops, nbytes)):
+                if abs(got - want) > tol * want:
+                    fail(f"peer {f['case']}: {what} {got:.6g}, expected {want:.6g}")
+            n += 1
+    if r.returncode != 0 or n != 4:
+        fail(f"peer_numpy.py: exit {r.returncode}, {n} cases, expected 0 and 4:\n{r.stdout}")
+    print(f"peer_numpy: {n} cases checked")
 
 
 def check_roofline(bench):
@@ -169,10 +201,8 @@ def check_mla(bench):
     out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
     f = dict(t.split("=", 1) for t in re.search(r"^RESULT (.*)$", out, re.M)[1].split())
     flops, nbytes = cost("deepseek-v3", "prefill", 128, "f32", "f32")
-    s = float(f["ms"]) * 1e-3
-    for what, got, want in (("FLOPs", float(f["gflops"]) * 1e9 * s, flops),
-                            ("bytes", float(f["gbs"]) * 1e9 * s, nbytes)):
-        if abs(got - want) > 0.01 * want:
+    for (what, got, tol), want in zip(counted(f), (flops, nbytes)):
+        if abs(got - want) > tol * want:
             fail(f"{f['case']}: {what} {got:.6g}, expected {want:.6g}")
     p = PRESETS["deepseek-v3"]
     latent = 4 * (p["kvl"] + p["rope"])
@@ -274,12 +304,14 @@ def check_load(load, attnd, port, url):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bench", default="build/attn_bench")
+    ap.add_argument("--python", default=sys.executable, help="the peer's (Debian's numpy)")
     ap.add_argument("--load", default="build/attn_load")
     ap.add_argument("--attnd", default="build/attnd")
     ap.add_argument("--port", type=int, default=0, help="the stand-in server's (0: a free one)")
     ap.add_argument("--url", default=None, help="a running attnd (preset small) to load instead")
     args = ap.parse_args()
     check_bench(args.bench)
+    check_peer(args.python)
     check_roofline(args.bench)
     check_mla(args.bench)
     check_load(args.load, args.attnd, args.port, args.url)

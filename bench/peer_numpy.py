@@ -273,7 +273,7 @@ def main():
             if cache is None:
                 longest = max(n for n in DECODE_LENS if selected(args, case_name(name, "decode", n))
                               or selected(args, case_name(name, "attend", n))
-                              or (at_batch and n == BATCH_LEN))
+                              or (need_batch and n == BATCH_LEN))
                 cache = Cache(p, longest + 1)
             while cache.n < length:  # chunked prefill, as attn_bench fills its cache
                 n = min(length - cache.n, max(PREFILL_LENS))
