@@ -480,15 +480,17 @@ static double roofline_bandwidth(const bench_opts *o, const machine_limits *lim)
  * paired: pairing_of), and they fit the 32 MiB L3: it reads them from there. (Above 16 MiB such
  * calls were set against DRAM's bandwidth, a roofline 3x too long for bytes read from L3: small's
  * batch of 8 sessions in float32, 19 MB, or llama8b's attention alone at L=8192 in Q8_0.) */
-static bool reads_from_l3(const bench_opts *o, const case_result *r) {
-    return r->bytes <= 2.0 * (double)L3_BYTES && o->n_threads >= 2;
+static bool reads_from_l3(const case_result *r) {
+    return r->bytes <= 2.0 * (double)L3_BYTES;
 }
 
 /* The roofline time of a call: its bytes at the measured bandwidth or its FLOPs at the sgemm
  * peak, whichever takes longer (a batch of decode steps turns compute-bound: 32 tokens through
  * llama8b's projections are 2.7 GFLOP). */
 static double roofline_ms(const bench_opts *o, const machine_limits *lim, const case_result *r) {
-    double bw = reads_from_l3(o, r) ? lim->l3_gbs : roofline_bandwidth(o, lim);
+    /* on one thread L3's 1-thread sweep: DRAM's, which --threads 1 took, is a third of it */
+    double bw =
+        reads_from_l3(r) ? lim->l3_gbs[o->n_threads >= 2 ? 1 : 0] : roofline_bandwidth(o, lim);
     double mem = r->bytes / (bw * 1e9) * 1e3;
     double flop = r->flops / (lim->sgemm_gflops * 1e9) * 1e3;
     return mem > flop ? mem : flop;
@@ -1177,10 +1179,11 @@ static void print_header(const bench_opts *o, const machine_limits *before,
     if (lim->is_measured) {
         printf("machine, measured before / after the cases (the higher is used): cblas_sgemm "
                "%d^3 peak %.1f / %.1f GFLOP/s; read bandwidth over %zu MiB %.1f / %.1f GB/s with 1 "
-               "thread, %.1f / %.1f GB/s with 2; over 16 MiB (L3) %.1f / %.1f GB/s with 2\n",
+               "thread, %.1f / %.1f GB/s with 2; over 16 MiB (L3) %.1f / %.1f GB/s with 1 "
+               "thread, %.1f / %.1f GB/s with 2\n",
                SGEMM_N, before->sgemm_gflops, after->sgemm_gflops, lim->bw_bytes >> 20,
                before->bw_gbs[0], after->bw_gbs[0], before->bw_gbs[1], after->bw_gbs[1],
-               before->l3_gbs, after->l3_gbs);
+               before->l3_gbs[0], after->l3_gbs[0], before->l3_gbs[1], after->l3_gbs[1]);
         double lo =
             before->sgemm_gflops < after->sgemm_gflops ? before->sgemm_gflops : after->sgemm_gflops;
         double bw_lo = before->bw_gbs[1] < after->bw_gbs[1] ? before->bw_gbs[1] : after->bw_gbs[1];
@@ -1328,7 +1331,8 @@ int main(int argc, char **argv) {
         lim.sgemm_gflops = max_of(before.sgemm_gflops, after.sgemm_gflops);
         lim.bw_gbs[0] = max_of(before.bw_gbs[0], after.bw_gbs[0]);
         lim.bw_gbs[1] = max_of(before.bw_gbs[1], after.bw_gbs[1]);
-        lim.l3_gbs = max_of(before.l3_gbs, after.l3_gbs);
+        lim.l3_gbs[0] = max_of(before.l3_gbs[0], after.l3_gbs[0]);
+        lim.l3_gbs[1] = max_of(before.l3_gbs[1], after.l3_gbs[1]);
     }
     print_header(&o, &before, &after, &lim);
     for (int32_t i = 0; i < results.n_presets; i++) {

@@ -198,15 +198,17 @@ int bench_limits_measure(size_t bw_bytes, int32_t n_runs, uint64_t seed, machine
         return ATTN_ENOMEM;
     }
     float sink = 0.0f;
-    double bw[2] = {0.0, 0.0}, l3 = 0.0;
+    double bw[2] = {0.0, 0.0}, l3[2] = {0.0, 0.0};
     for (int32_t r = 0; r < n_runs; r++) {
         bw[0] = max_of(bw[0], sweep_gbs(buf, n, 1, false, &sink));
         bw[1] = max_of(bw[1], sweep_gbs(buf, n, 2, false, &sink));
-        l3 = max_of(l3, sweep_gbs(buf, n, 2, true, &sink));
+        l3[0] = max_of(l3[0], sweep_gbs(buf, n, 1, true, &sink));
+        l3[1] = max_of(l3[1], sweep_gbs(buf, n, 2, true, &sink));
     }
     free(buf);
     sgemm_operands g;
-    if (bw[0] <= 0 || bw[1] <= 0 || l3 <= 0 || sgemm_operands_make(seed, &g) != ATTN_OK) {
+    if (bw[0] <= 0 || bw[1] <= 0 || l3[0] <= 0 || l3[1] <= 0 ||
+        sgemm_operands_make(seed, &g) != ATTN_OK) {
         return ATTN_ENOMEM;
     }
     double peak = 0.0;
@@ -218,7 +220,7 @@ int bench_limits_measure(size_t bw_bytes, int32_t n_runs, uint64_t seed, machine
     *lim = (machine_limits){.is_measured = true,
                             .sgemm_gflops = peak,
                             .bw_gbs = {bw[0], bw[1]},
-                            .l3_gbs = l3,
+                            .l3_gbs = {l3[0], l3[1]},
                             .bw_bytes = n * sizeof(float)};
     /* Every element is 1.0f, so a sum of 0 would mean the sweeps read nothing. */
     return sink > 0.0f ? ATTN_OK : ATTN_EINVAL;

@@ -23,7 +23,7 @@ typedef struct machine_limits {
     bool is_measured;
     double sgemm_gflops; /* best cblas_sgemm 2048^3 with the OpenBLAS threads set by the caller */
     double bw_gbs[2];    /* read bandwidth with 1 and 2 threads, GB/s (1e9 bytes) */
-    double l3_gbs;       /* read bandwidth of an L3_BYTES buffer, 2 threads */
+    double l3_gbs[2];    /* read bandwidth of an L3_BYTES buffer with 1 and 2 threads */
     size_t bw_bytes;
 } machine_limits;
 

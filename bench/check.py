@@ -7,9 +7,10 @@ arithmetic (`make bench-check`; about a minute). Not timings: every figure here 
   K/V bytes per dtype: f32 4, bf16 and f16 2, q8_0 34 per 32 values; a linear layer's state of
   head_dim^2 + head_dim doubles per KV head), on the small presets' short cases in every default
   dtype pair; each "KV capacity" line's bytes and sessions a GiB (a linear layer's cache is its
-  state, the same at every length); the roofline time of three cases from the limits the run
-  printed (L3's bandwidth up to 32 MiB a call, DRAM's beyond); and deepseek-v3's prefill (MLA's
-  counts) with its line setting the latent against expanded heads' K and V.
+  state, the same at every length); the roofline time of three cases on 2 threads and on 1 from
+  the limits the run printed (L3's bandwidth up to 32 MiB a call, DRAM's beyond); and
+  deepseek-v3's prefill (MLA's counts) with its line setting the latent against expanded heads'
+  K and V.
 - peer_numpy.py (bench-compare's peer): its cases' FLOPs and bytes as attn_bench's f32/f32.
 - attn_load: against a stand-in server whose answers have the right shapes and counts but wrong
   values (all zeros; random), it must fail naming the values; against attnd it must pass.
@@ -167,29 +168,39 @@ def check_peer(python):
 def check_roofline(bench):
     """roof_ms = max(bytes at the bandwidth, FLOPs at the sgemm peak), the higher of each limit
     measured before and after; the bandwidth L3's for a call of 32 MiB or less (not paired: its
-    reps read the same bytes back to back, which fit the L3), DRAM's 2-thread sweep beyond."""
-    cmd = [bench, "--quick", "--no-paired", "--bw-mib", "256", "--reps", "1", "--preset", "small",
-           "--case", "decode_L512,batch_B8,batch_B32", "--dtypes", "f32/f32"]
-    print("== " + " ".join(cmd), flush=True)
-    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
-    m = re.search(r"peak ([\d.]+) / ([\d.]+) GFLOP/s.*thread, ([\d.]+) / ([\d.]+) GB/s with 2; "
-                  r"over 16 MiB \(L3\) ([\d.]+) / ([\d.]+) GB/s", out)
-    sgemm, dram, l3 = (max(float(m[i]), float(m[i + 1])) for i in (1, 3, 5))
-    n = 0
-    for line in out.splitlines():
-        if line.startswith("RESULT "):
-            f = dict(t.split("=", 1) for t in line.split()[1:])
-            s = float(f["ms"]) * 1e-3
-            flops, nbytes = float(f["gflops"]) * 1e9 * s, float(f["gbs"]) * 1e9 * s
-            bw = l3 if nbytes <= 32 * 2 ** 20 else dram
-            want = max(nbytes / (bw * 1e9), flops / (sgemm * 1e9)) * 1e3
-            if abs(float(f["roof_ms"]) - want) > 0.02 * want:
-                fail(f"{f['case']}: roof_ms {f['roof_ms']}, expected {want:.4f} ({nbytes:.4g} "
-                     f"bytes at {bw} GB/s, {flops:.4g} FLOPs at {sgemm} GFLOP/s)")
-            n += 1
-    if n != 3:
-        fail(f"attn_bench printed {n} cases, expected 3")
-    print(f"attn_bench: {n} rooflines checked")
+    reps read the same bytes back to back, which fit the L3), DRAM's sweep beyond, each on the
+    run's threads (2, or 1 with --threads 1)."""
+    for threads in (2, 1):
+        cmd = [bench, "--quick", "--no-paired", "--bw-mib", "256", "--reps", "1", "--threads",
+               str(threads), "--preset", "small", "--case", "decode_L512,batch_B8,batch_B32",
+               "--dtypes", "f32/f32"]
+        print("== " + " ".join(cmd), flush=True)
+        out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
+        m = re.search(r"peak ([\d.]+) / ([\d.]+) GFLOP/s; read bandwidth over \d+ MiB ([\d.]+) / "
+                      r"([\d.]+) GB/s with 1 thread, ([\d.]+) / ([\d.]+) GB/s with 2; over 16 MiB "
+                      r"\(L3\) ([\d.]+) / ([\d.]+) GB/s with 1 thread, ([\d.]+) / ([\d.]+) GB/s "
+                      r"with 2", out)
+        if m is None:
+            fail(f"attn_bench --threads {threads}: no limits line with L3's 1 and 2 threads")
+            continue
+        sgemm, dram1, dram2, l3_1, l3_2 = (max(float(m[i]), float(m[i + 1]))
+                                           for i in (1, 3, 5, 7, 9))
+        dram, l3 = (dram2, l3_2) if threads == 2 else (dram1, l3_1)
+        n = 0
+        for line in out.splitlines():
+            if line.startswith("RESULT "):
+                f = dict(t.split("=", 1) for t in line.split()[1:])
+                (_, flops, _), (_, nbytes, _) = counted(f)
+                bw = l3 if nbytes <= 32 * 2 ** 20 else dram
+                want = max(nbytes / (bw * 1e9), flops / (sgemm * 1e9)) * 1e3
+                if abs(float(f["roof_ms"]) - want) > 0.02 * want:
+                    fail(f"{f['case']} --threads {threads}: roof_ms {f['roof_ms']}, expected "
+                         f"{want:.4f} ({nbytes:.4g} bytes at {bw} GB/s, {flops:.4g} FLOPs at "
+                         f"{sgemm} GFLOP/s)")
+                n += 1
+        if n != 3:
+            fail(f"attn_bench --threads {threads} printed {n} cases, expected 3")
+    print("attn_bench: 6 rooflines checked (2 threads and 1)")
 
 
 def check_mla(bench):
