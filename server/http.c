@@ -395,6 +395,98 @@ bool http_request_target_has_nul(const struct http_request *r) {
            hc->target + hc->target_len != r->version - 1;
 }
 
+/* RFC 9110 section 5.6.2: the characters of a token, which a field name is. */
+static bool is_tchar(unsigned char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+           (c != '\0' && strchr("!#$%&'*+-.^_`|~", c) != NULL);
+}
+
+/* Whether a field line whose value is value ends where next begins: MHD wrote a NUL over its
+ * CR or LF (and over the LF of a CRLF), so a value that runs on past its C string's end held a
+ * NUL byte, which MHD hands over cut at it. */
+static bool line_ends_at(const char *value, const char *next) {
+    const char *p = value + strlen(value);
+    return next == p + 1 || (next == p + 2 && p[1] == '\0');
+}
+
+/* A value whose C string ends before its line does: a NUL in it (or a line after it that MHD
+ * kept nowhere, such as one of an empty name after the first field). */
+#define HELD_NUL "holds a NUL byte (its value ends before its line does)"
+
+struct field_walk {
+    const char *prev_key, *prev_value;
+    const char *bad_key; /* the field found bad, or NULL */
+    const char *why;
+};
+
+static enum MHD_Result check_field(void *cls, enum MHD_ValueKind kind, const char *key,
+                                   const char *value) {
+    struct field_walk *w = cls;
+    size_t kl = strlen(key);
+    bool is_token = kl > 0;
+    for (size_t i = 0; i < kl && is_token; i++) {
+        is_token = is_tchar((unsigned char)key[i]);
+    }
+    if (!is_token) {
+        w->bad_key = "";
+        w->why = kl == 0 ? "has an empty name"
+                         : "has a name that is not a token (whitespace before the colon?)";
+        return MHD_NO;
+    }
+    /* The name, the NUL MHD wrote over the colon, optional whitespace, the value: in one line
+     * of the read buffer. A line continued on the next (obs-fold) is appended to the name
+     * elsewhere in MHD's memory, so that "Content-Length: 5" + CRLF + " x" is a field named
+     * "Content-Lengthx" and the body's length unknown to attnd, though not to other readers. */
+    const char *p = key + kl + 1;
+    while (p < value && (*p == ' ' || *p == '\t')) {
+        p++;
+    }
+    if (p != value) {
+        w->bad_key = key;
+        w->why = "is folded over more than one line (obs-fold)";
+        return MHD_NO;
+    }
+    if (w->prev_value != NULL && !line_ends_at(w->prev_value, key)) {
+        w->bad_key = w->prev_key;
+        w->why = HELD_NUL;
+        return MHD_NO;
+    }
+    w->prev_key = key;
+    w->prev_value = value;
+    return MHD_YES;
+}
+
+/* RFC 9112 section 5: no whitespace between a field name and its colon (a MUST reject), no
+ * obs-fold, and RFC 9110 section 5.5: no NUL in a value. libmicrohttpd 0.9.75 keeps the first as
+ * a name with a space in it, appends a folded line to the name, and cuts a value at its NUL, so
+ * "Content-Length : 40" was no length at all (the body then read as the next request, which a
+ * proxy reading the length would have forwarded as this one's body), and "X-Session-Id:
+ * a<NUL>b" named session a. Checked on MHD's own copy of the header block: each field line
+ * lies in the read buffer where it arrived, the name and value where the line put them. */
+const char *http_request_bad_field(const struct http_request *r, char *name, size_t name_size) {
+    struct field_walk w = {NULL, NULL, NULL, NULL};
+    MHD_get_connection_values(r->conn, MHD_HEADER_KIND, check_field, &w);
+    if (w.bad_key == NULL && w.prev_value != NULL) {
+        /* the last line: its end, then the empty line (each CRLF or LF), then the block's end */
+        const union MHD_ConnectionInfo *info =
+            MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_REQUEST_HEADER_SIZE);
+        const char *p = w.prev_value + strlen(w.prev_value);
+        const char *end = info != NULL ? r->method + info->header_size : NULL;
+        bool ok = end != NULL && end >= p + 2 && end <= p + 4;
+        for (; ok && p < end; p++) {
+            ok = *p == '\0';
+        }
+        if (!ok) {
+            w.bad_key = w.prev_key;
+            w.why = HELD_NUL;
+        }
+    }
+    if (w.bad_key != NULL) {
+        snprintf(name, name_size, "%s", w.bad_key);
+    }
+    return w.why;
+}
+
 static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const char *url,
                                  const char *method, const char *version, const char *upload_data,
                                  size_t *upload_data_size, void **con_cls) {

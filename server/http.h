@@ -128,6 +128,10 @@ int32_t http_request_header_count(const struct http_request *r, const char *name
 
 /* Whether the request target held a NUL byte (the path handed over ends at it). */
 bool http_request_target_has_nul(const struct http_request *r);
+/* A header field line that libmicrohttpd took in a way another reader would not (see http.c):
+ * NULL when there is none, else why, with the field's name copied into name (cut to fit; empty
+ * when the name itself is the fault). */
+const char *http_request_bad_field(const struct http_request *r, char *name, size_t name_size);
 /* Calls fn for each query argument (?name=value&..., decoded) in order, until it returns
  * false. A name without '=' has the value "". */
 void http_request_queries(const struct http_request *r,

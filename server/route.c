@@ -603,6 +603,20 @@ static void on_headers(void *ctx, struct http_request *req) {
         route_reply_error(rq, ERROR_INVALID_REQUEST, "the request target holds a NUL byte", NULL);
         return;
     }
+    /* A field line two readers could take apart differently (whitespace before the colon, a
+     * line folded onto the next, a NUL in the value): refused, and the connection closed, since
+     * where its body ends is not known either. */
+    char field[128];
+    const char *why = http_request_bad_field(req, field, sizeof field);
+    if (why != NULL) {
+        char msg[256];
+        utf8_trim_partial(field);
+        snprintf(msg, sizeof msg, "a header field%s%s%s %s", field[0] ? " (" : "", field,
+                 field[0] ? ")" : "", why);
+        http_request_add_header(req, "Connection", "close");
+        route_reply_error(rq, ERROR_INVALID_REQUEST, msg, field[0] ? field : NULL);
+        return;
+    }
     /* RFC 9112 section 3.2: an HTTP/1.1 request without Host, or with several, is a 400. */
     int32_t n_host = http_request_header_count(req, "Host");
     if (n_host > 1 || (n_host == 0 && strcmp(http_request_version(req), "HTTP/1.1") == 0)) {

@@ -182,6 +182,86 @@ START_TEST(test_hostile_ambiguous_body_length_is_refused) {
 }
 END_TEST
 
+/* The cache length of session id, asked over raw HTTP with the API key, or -1 when that is not
+ * answered 200. */
+static int keyed_tokens(const char *id, const char *key) {
+    char req[512], *out = NULL;
+    snprintf(req, sizeof req,
+             "GET /v1/sessions/%s HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer %s\r\n"
+             "Connection: close\r\n\r\n",
+             id, key);
+    long st = http_client_raw_exchange(daemon_.port, req, 10000, &out);
+    const char *n = out != NULL ? strstr(out, "\"n_tokens\":") : NULL;
+    int tokens = st == 200 && n != NULL ? atoi(n + 11) : -1;
+    free(out);
+    return tokens;
+}
+
+/* RFC 9112 section 5.1 (whitespace between a field name and its colon: a MUST reject), 5.2
+ * (obs-fold) and RFC 9110 section 5.5 (a NUL in a value): libmicrohttpd read "Content-Length : N"
+ * and a folded "Content-Length" as no length, so a body that a proxy reading the length forwards
+ * ran as the next request (found by an outside audit: the DELETE hidden in it deleted ctl), and cut
+ * values at a NUL (X-Session-Id ctl<NUL>x appended to ctl; a key, a NUL and junk passed as the
+ * key). Each is a 400 and the connection closed. */
+START_TEST(test_hostile_malformed_field_lines_are_refused) {
+    const char *args[] = {"--preset", "tiny", "--api-key", "k-1", NULL};
+    http_client_daemon_start(&daemon_, args);
+    static const char auth[] = "Authorization: Bearer k-1\r\n";
+    float *x = http_client_random_rows(11, 2, TINY_HIDDEN);
+    char *body = http_client_attend_body("ctl", x, 0, 2, TINY_HIDDEN, false, NULL);
+    char req[8192];
+    int n = snprintf(req, sizeof req,
+                     "POST /v1/attend HTTP/1.1\r\nHost: a\r\n%sContent-Length: %zu\r\n"
+                     "Connection: close\r\n\r\n%s",
+                     auth, strlen(body), body);
+    ck_assert_int_eq(raw_bytes_status(req, (size_t)n, NULL), 200);
+    free(body);
+    ck_assert_int_eq(keyed_tokens("ctl", "k-1"), 2);
+    char smuggled[256];
+    snprintf(smuggled, sizeof smuggled, "DELETE /v1/sessions/ctl HTTP/1.1\r\nHost: a\r\n%s\r\n",
+             auth);
+    size_t sl = strlen(smuggled);
+    const char *framings[] = {
+        "Content-Length : %zu\r\n\r\n%s",
+        "Content-Length\t: %zu\r\n\r\n%s",
+        "Content-Length: %zu\r\n x\r\n\r\n%s",
+        "X-A: 1\r\n Content-Length: %zu\r\n\r\n%s",
+    };
+    for (size_t i = 0; i < sizeof framings / sizeof framings[0]; i++) {
+        int h = snprintf(req, sizeof req,
+                         "POST /v1/sessions/ctl/truncate HTTP/1.1\r\nHost: a\r\n%s", auth);
+        n = h + snprintf(req + h, sizeof req - (size_t)h, framings[i], sl, smuggled);
+        bool closed = false;
+        ck_assert_msg(raw_bytes_status(req, (size_t)n, &closed) == 400, "framing %zu", i);
+        ck_assert_msg(closed, "framing %zu left the connection open", i);
+        ck_assert_msg(keyed_tokens("ctl", "k-1") == 2, "framing %zu: the hidden DELETE ran", i);
+    }
+    bool closed = false;
+    /* A NUL in X-Session-Id: not session ctl */
+    float *x1 = http_client_random_rows(12, 1, TINY_HIDDEN);
+    body = http_client_attend_body(NULL, x1, 0, 1, TINY_HIDDEN, false, NULL);
+    int h = snprintf(req, sizeof req, "POST /v1/attend HTTP/1.1\r\nHost: a\r\n%sX-Session-Id: ctl",
+                     auth);
+    req[h++] = '\0';
+    h += snprintf(req + h, sizeof req - (size_t)h, "x\r\nContent-Length: %zu\r\n\r\n%s",
+                  strlen(body), body);
+    ck_assert_int_eq(raw_bytes_status(req, (size_t)h, &closed), 400);
+    ck_assert_int_eq(keyed_tokens("ctl", "k-1"), 2);
+    free(body);
+    free(x1);
+    /* The key, a NUL, junk: not the key (RFC 9110 section 5.5: a NUL read as a space) */
+    static const char key_nul[] = "GET /v1/model HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer "
+                                  "k-1\0junk\r\nConnection: close\r\n\r\n";
+    ck_assert_int_eq(raw_bytes_status(key_nul, sizeof key_nul - 1, NULL), 400);
+    /* Lines ended by LF alone, empty values and tabs are still read */
+    static const char lf[] = "GET /v1/model HTTP/1.1\nHost: a\nAuthorization: Bearer k-1\t\n"
+                             "X-E:\nX-T:\t v \nConnection: close\n\n";
+    ck_assert_int_eq(raw_bytes_status(lf, sizeof lf - 1, NULL), 200);
+    free(x);
+    stop_ok();
+}
+END_TEST
+
 /* A query argument on an API route that takes none is refused by name, never ignored: a
  * POST /v1/attend?stream=true answered whole, or a DELETE ...?dry_run=1 that deletes, would be
  * answers to another request than the one sent. Probes and the page ignore theirs. */
@@ -485,6 +565,7 @@ Suite *hostile_suite(void) {
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_hostile_nul_never_aliases_a_shorter_name);
     tcase_add_test(tc, test_hostile_ambiguous_body_length_is_refused);
+    tcase_add_test(tc, test_hostile_malformed_field_lines_are_refused);
     tcase_add_test(tc, test_hostile_query_arguments_are_not_ignored);
     tcase_add_test(tc, test_hostile_one_request_is_one_log_line);
     tcase_add_test(tc, test_hostile_error_bodies_are_valid_utf8);
