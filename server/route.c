@@ -635,6 +635,13 @@ static void on_headers(void *ctx, struct http_request *req) {
                           "Transfer-Encoding");
         return;
     }
+    /* Two fields are one list (RFC 9110 section 5.3): "chunked" then "identity" is the coding
+     * list "chunked, identity", refused above as one field; libmicrohttpd reads the first. */
+    if (te != NULL && http_request_header_count(req, "Transfer-Encoding") > 1) {
+        route_reply_error(rq, ERROR_INVALID_REQUEST, "more than one Transfer-Encoding header",
+                          "Transfer-Encoding");
+        return;
+    }
     /* RFC 9112 section 6.3: two Content-Lengths, or one beside Transfer-Encoding, leave where
      * the body ends to whoever reads it (a proxy one way, attnd the other: a request smuggled
      * in the body). Refused, and the connection closed, since its next bytes cannot be framed. */

@@ -236,7 +236,16 @@ START_TEST(test_hostile_malformed_field_lines_are_refused) {
         ck_assert_msg(closed, "framing %zu left the connection open", i);
         ck_assert_msg(keyed_tokens("ctl", "k-1") == 2, "framing %zu: the hidden DELETE ran", i);
     }
+    /* Two Transfer-Encoding fields are one list (RFC 9110 section 5.3): "chunked, identity" is
+     * not chunked alone, but libmicrohttpd read the first field and the DELETE ran after it */
+    n = snprintf(req, sizeof req,
+                 "POST /v1/sessions/ctl/truncate HTTP/1.1\r\nHost: a\r\n%sTransfer-Encoding: "
+                 "chunked\r\nTransfer-Encoding: identity\r\n\r\n2\r\n{}\r\n0\r\n\r\n%s",
+                 auth, smuggled);
     bool closed = false;
+    ck_assert_int_eq(raw_bytes_status(req, (size_t)n, &closed), 400);
+    ck_assert(closed);
+    ck_assert_int_eq(keyed_tokens("ctl", "k-1"), 2);
     /* A NUL in X-Session-Id: not session ctl */
     float *x1 = http_client_random_rows(12, 1, TINY_HIDDEN);
     body = http_client_attend_body(NULL, x1, 0, 1, TINY_HIDDEN, false, NULL);
