@@ -373,18 +373,49 @@ static void reserve_body(struct http_request *r) {
     strbuf_append(&r->body, zeros, r->body_pad);
 }
 
+/* More query arguments than any route reads (the attention route's six, the page's few). */
+#define HTTP_QUERY_ARGS_MAX 128
+/* libmicrohttpd 0.9.75's memory per connection (its default, which attnd keeps): the read
+ * buffer, which holds the whole request line, and a record per query argument and header
+ * (56 bytes, 64 with alignment), with room for 16 headers. */
+#define MHD_POOL_BYTES   (32 * 1024)
+#define MHD_RECORD_BYTES 64
+
 /* MHD's log callback, called with the request target as received, before it splits off the
- * query or unescapes it in place; MHD ended it with a NUL where the version begins. */
+ * query or unescapes it in place; MHD ended it with a NUL where the version begins.
+ *
+ * libmicrohttpd 0.9.75 keeps a record per query argument in the connection's memory pool and,
+ * when they do not fit beside the read buffer (some 450 arguments in a target of 2 KB, 128 in
+ * one of 24 KB), queues an error it never sends and reads no further: the request hung
+ * unanswered until --header-timeout-s cut it, unlogged. So a query of more arguments than any
+ * route reads, or than fit, is cut here, in MHD's buffer before MHD splits it (to none: the '?'
+ * it has found is followed by the end), and the request is refused (http_request_query_cut). */
 static void *on_target(void *cls, const char *uri, struct MHD_Connection *conn) {
     const union MHD_ConnectionInfo *info =
         MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
     struct http_conn *hc = info != NULL ? info->socket_context : NULL;
+    char *query = strchr(uri, '?');
+    size_t n_args = query != NULL && query[1] != '\0';
+    for (const char *p = query; p != NULL && (p = strchr(p + 1, '&')) != NULL;) {
+        n_args++;
+    }
+    size_t len = strlen(uri);
+    bool is_cut = n_args > HTTP_QUERY_ARGS_MAX ||
+                  (n_args > 0 && len + (n_args + 16) * MHD_RECORD_BYTES > MHD_POOL_BYTES);
     if (hc != NULL) {
         hc->target = uri;
-        hc->target_len = strlen(uri);
+        hc->target_len = len;
+        hc->is_query_cut = is_cut;
         http__conn_target_seen(hc);
     }
+    if (is_cut) {
+        query[1] = '\0'; /* MHD's own buffer, writable: the const is its callback type's */
+    }
     return NULL; /* no request context yet: on_access makes it */
+}
+
+bool http_request_query_cut(const struct http_request *r) {
+    return r->hc != NULL && r->hc->target == r->url && r->hc->is_query_cut;
 }
 
 bool http_request_target_has_nul(const struct http_request *r) {

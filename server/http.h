@@ -126,6 +126,9 @@ const char *http_request_header(const struct http_request *r, const char *name);
 /* How many times the header appears (case-insensitive name). */
 int32_t http_request_header_count(const struct http_request *r, const char *name);
 
+/* Whether the request target's query had more arguments than any route reads; they were cut
+ * (the request has none), and the request must be refused. */
+bool http_request_query_cut(const struct http_request *r);
 /* Whether the request target held a NUL byte (the path handed over ends at it). */
 bool http_request_target_has_nul(const struct http_request *r);
 /* A header field line that libmicrohttpd took in a way another reader would not (see http.c):

@@ -51,6 +51,7 @@ struct http_conn {
      * its length as a C string (see http_request_target_has_nul). */
     const char *target;
     size_t target_len;
+    bool is_query_cut; /* its query had more than HTTP_QUERY_ARGS_MAX arguments (http.c) */
 };
 
 struct http_request {

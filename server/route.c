@@ -603,6 +603,13 @@ static void on_headers(void *ctx, struct http_request *req) {
         route_reply_error(rq, ERROR_INVALID_REQUEST, "the request target holds a NUL byte", NULL);
         return;
     }
+    if (http_request_query_cut(req)) {
+        route_reply_error(rq, ERROR_INVALID_REQUEST,
+                          "the query has more arguments than any route reads (128), or than fit "
+                          "beside its target in the request's buffer",
+                          NULL);
+        return;
+    }
     /* A field line two readers could take apart differently (whitespace before the colon, a
      * line folded onto the next, a NUL in the value): refused, and the connection closed, since
      * where its body ends is not known either. */
