@@ -305,6 +305,18 @@ size_t http_request_stream_pending(const struct http_request *r) {
 
 /* ---- MHD callbacks -------------------------------------------------------------------------- */
 
+/* RFC 9112 section 3.2.2: a server MUST accept the absolute-form of a request target
+ * ("http://host/v1/model", as sent to a proxy), whose path is what the origin-form would carry;
+ * libmicrohttpd hands it over whole, which matched no route (404). */
+static bool is_absolute_form(const char *target) {
+    return strncasecmp(target, "http://", 7) == 0 || strncasecmp(target, "https://", 8) == 0;
+}
+
+static const char *origin_path(const char *url) {
+    const char *slash = strchr(strstr(url, "//") + 2, '/');
+    return slash != NULL ? slash : "/";
+}
+
 static struct http_request *request_new(struct http_server *s, struct MHD_Connection *conn,
                                         const char *url, const char *method, const char *version) {
     struct http_request *r = calloc(1, sizeof *r);
@@ -321,6 +333,8 @@ static struct http_request *request_new(struct http_server *s, struct MHD_Connec
     strbuf_init(&r->body);
     strbuf_init(&r->out);
     http__conn_request_begin(r);
+    r->path =
+        r->hc != NULL && r->hc->target == url && r->hc->is_absolute_form ? origin_path(url) : url;
     s->n_requests++;
     return r;
 }
@@ -406,6 +420,7 @@ static void *on_target(void *cls, const char *uri, struct MHD_Connection *conn) 
         hc->target = uri;
         hc->target_len = len;
         hc->is_query_cut = is_cut;
+        hc->is_absolute_form = is_absolute_form(uri);
         http__conn_target_seen(hc);
     }
     if (is_cut) {
@@ -806,7 +821,7 @@ const char *http_request_method(const struct http_request *r) {
 }
 
 const char *http_request_path(const struct http_request *r) {
-    return r->url;
+    return r->path;
 }
 
 const char *http_request_version(const struct http_request *r) {

@@ -51,7 +51,8 @@ struct http_conn {
      * its length as a C string (see http_request_target_has_nul). */
     const char *target;
     size_t target_len;
-    bool is_query_cut; /* its query had more than HTTP_QUERY_ARGS_MAX arguments (http.c) */
+    bool is_query_cut;     /* its query had more than HTTP_QUERY_ARGS_MAX arguments (http.c) */
+    bool is_absolute_form; /* it began "http://" or "https://" as received, not decoded */
 };
 
 struct http_request {
@@ -61,6 +62,7 @@ struct http_request {
     uint64_t id;
     const char *method; /* MHD's, valid for the request's life */
     const char *url;
+    const char *path; /* url, or its path when url is in absolute-form (http_request_path) */
     const char *version;
     double start_ms;
     const char *ended; /* why the request ended early (http_request_ended), or NULL */

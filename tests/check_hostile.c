@@ -271,6 +271,32 @@ START_TEST(test_hostile_malformed_field_lines_are_refused) {
 }
 END_TEST
 
+/* RFC 9112 section 3.2.2: a server MUST accept a request target in absolute-form, as clients
+ * send to a proxy; it was 404 no such route, key or none (found by an outside audit). It is its
+ * path now, behind the key like the origin-form. */
+START_TEST(test_hostile_absolute_form_is_its_path) {
+    const char *args[] = {"--preset", "tiny", "--api-key", "k-1", NULL};
+    http_client_daemon_start(&daemon_, args);
+    static const char *const targets[] = {"http://127.0.0.1/v1/model", "HTTPS://a:1/v1/model"};
+    char req[256];
+    for (size_t i = 0; i < 2; i++) {
+        for (int keyed = 0; keyed < 2; keyed++) {
+            int n = snprintf(req, sizeof req,
+                             "GET %s HTTP/1.1\r\nHost: a\r\n%sConnection: close\r\n\r\n",
+                             targets[i], keyed ? "Authorization: Bearer k-1\r\n" : "");
+            ck_assert_msg(raw_bytes_status(req, (size_t)n, NULL) == (keyed ? 200 : 401), "%s %d",
+                          targets[i], keyed);
+        }
+    }
+    /* only as received: an escaped scheme is no absolute-form */
+    int n = snprintf(req, sizeof req,
+                     "GET http%%3A//a/v1/model HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer "
+                     "k-1\r\nConnection: close\r\n\r\n");
+    ck_assert_int_eq(raw_bytes_status(req, (size_t)n, NULL), 404);
+    stop_ok();
+}
+END_TEST
+
 /* A query argument on an API route that takes none is refused by name, never ignored: a
  * POST /v1/attend?stream=true answered whole, or a DELETE ...?dry_run=1 that deletes, would be
  * answers to another request than the one sent. Probes and the page ignore theirs. */
@@ -595,6 +621,7 @@ Suite *hostile_suite(void) {
     tcase_add_test(tc, test_hostile_nul_never_aliases_a_shorter_name);
     tcase_add_test(tc, test_hostile_ambiguous_body_length_is_refused);
     tcase_add_test(tc, test_hostile_malformed_field_lines_are_refused);
+    tcase_add_test(tc, test_hostile_absolute_form_is_its_path);
     tcase_add_test(tc, test_hostile_query_arguments_are_not_ignored);
     tcase_add_test(tc, test_hostile_one_request_is_one_log_line);
     tcase_add_test(tc, test_hostile_error_bodies_are_valid_utf8);
