@@ -649,6 +649,17 @@ static void on_headers(void *ctx, struct http_request *req) {
                           "Transfer-Encoding");
         return;
     }
+    /* RFC 9112 section 6.1: an HTTP/1.0 message with Transfer-Encoding MUST be taken as
+     * faultily framed and its connection closed (a 1.0 hop before attnd knows no chunks, and may
+     * hold part of this body as the next request); libmicrohttpd decoded the chunks and kept the
+     * connection alive. */
+    if (te != NULL && strcmp(http_request_version(req), "HTTP/1.1") != 0) {
+        http_request_add_header(req, "Connection", "close");
+        route_reply_error(rq, ERROR_INVALID_REQUEST,
+                          "Transfer-Encoding in an HTTP/1.0 request: its framing is not known",
+                          "Transfer-Encoding");
+        return;
+    }
     /* RFC 9112 section 6.3: two Content-Lengths, or one beside Transfer-Encoding, leave where
      * the body ends to whoever reads it (a proxy one way, attnd the other: a request smuggled
      * in the body). Refused, and the connection closed, since its next bytes cannot be framed. */
