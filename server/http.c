@@ -441,6 +441,20 @@ bool http_request_target_has_nul(const struct http_request *r) {
            hc->target + hc->target_len != r->version - 1;
 }
 
+bool http_request_method_has_nul(const struct http_request *r) {
+    const struct http_conn *hc = r->hc;
+    if (hc == NULL || hc->target != r->url) {
+        return false;
+    }
+    /* Without a NUL in it, the method's C string runs to the NUL MHD wrote over the space after
+     * it, and the target begins after that space (and any more MHD skipped) */
+    const char *p = r->method + strlen(r->method) + 1;
+    while (p < hc->target && *p == ' ') {
+        p++;
+    }
+    return p != hc->target;
+}
+
 /* RFC 9110 section 5.6.2: the characters of a token, which a field name is. */
 static bool is_tchar(unsigned char c) {
     return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||

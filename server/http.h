@@ -131,6 +131,8 @@ int32_t http_request_header_count(const struct http_request *r, const char *name
 bool http_request_query_cut(const struct http_request *r);
 /* Whether the request target held a NUL byte (the path handed over ends at it). */
 bool http_request_target_has_nul(const struct http_request *r);
+/* Whether the method held a NUL byte (the method handed over ends at it: "DELETE<NUL>x"). */
+bool http_request_method_has_nul(const struct http_request *r);
 /* A header field line that libmicrohttpd took in a way another reader would not (see http.c):
  * NULL when there is none, else why, with the field's name copied into name (cut to fit; empty
  * when the name itself is the fault). */

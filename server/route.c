@@ -603,6 +603,12 @@ static void on_headers(void *ctx, struct http_request *req) {
         route_reply_error(rq, ERROR_INVALID_REQUEST, "the request target holds a NUL byte", NULL);
         return;
     }
+    /* So is the method: "DELETE<NUL>x", a method no route has, ran as DELETE. */
+    if (http_request_method_has_nul(req)) {
+        http_request_add_header(req, "Connection", "close");
+        route_reply_error(rq, ERROR_INVALID_REQUEST, "the method holds a NUL byte", NULL);
+        return;
+    }
     if (http_request_query_cut(req)) {
         route_reply_error(rq, ERROR_INVALID_REQUEST,
                           "the query has more arguments than any route reads (128), or than fit "

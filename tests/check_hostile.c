@@ -143,6 +143,11 @@ START_TEST(test_hostile_nul_never_aliases_a_shorter_name) {
     static const char nul_get[] = "GET /v1/sessions/ctl\0 HTTP/1.1\r\nHost: a\r\n\r\n";
     ck_assert_int_eq(raw_bytes_status(nul_delete, sizeof nul_delete - 1, NULL), 400);
     ck_assert_int_eq(raw_bytes_status(nul_get, sizeof nul_get - 1, NULL), 400);
+    /* Nor in the method: "DELETE<NUL>zzz" is no method of any route, and ran as DELETE */
+    static const char nul_method[] = "DELETE\0zzz /v1/sessions/ctl HTTP/1.1\r\nHost: a\r\n\r\n";
+    ck_assert_int_eq(raw_bytes_status(nul_method, sizeof nul_method - 1, NULL), 400);
+    static const char spaces[] = "GET  /v1/sessions/ctl HTTP/1.1\r\nHost: a\r\n\r\n";
+    ck_assert_int_eq(raw_bytes_status(spaces, sizeof spaces - 1, NULL), 200);
     /* ctl is untouched by all of it. */
     ck_assert_int_eq(session_tokens("ctl"), 4);
     free(x);
