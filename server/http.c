@@ -639,7 +639,11 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         r->ended = "client_closed";
         break;
     default:
-        r->ended = "error";
+        /* libmicrohttpd reads a send that failed on a reset as an error of its own: a client
+         * that reset its connection mid-answer is a client gone, as one that resets mid-body */
+        r->ended = toe == MHD_REQUEST_TERMINATED_WITH_ERROR && http__conn_is_gone(r)
+                       ? "client_closed"
+                       : "error";
         break;
     }
     http__conn_request_end(r);

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -422,6 +423,57 @@ START_TEST(test_hostile_one_request_is_one_log_line) {
 }
 END_TEST
 
+/* A client that resets its connection while its answer is being sent is a client gone
+ * (ended=client_closed), as when it resets mid-body or mid-stream; libmicrohttpd reads the failed
+ * send as an error of its own, and the log said ended=error (found by an outside audit). */
+START_TEST(test_hostile_reset_mid_answer_is_client_closed) {
+    const char *args[] = {"--preset", "tiny", NULL};
+    http_client_daemon_start(&daemon_, args);
+    /* weights of 4 heads x 800 x 800: some 8 MB of JSON, more than the sockets hold */
+    float *x = http_client_random_rows(13, 800, TINY_HIDDEN);
+    char *body =
+        http_client_attend_body("rs", x, 0, 800, TINY_HIDDEN, false, ",\"return_weights\":true");
+    size_t bl = strlen(body);
+    char *req = malloc(bl + 256);
+    int n =
+        snprintf(req, bl + 256,
+                 "POST /v1/attend HTTP/1.1\r\nHost: a\r\nContent-Length: %zu\r\n\r\n%s", bl, body);
+    int fd = http_client_raw_send(daemon_.port, req, (size_t)n, 0);
+    int small = 4096;
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+    char *seen;
+    http_client_raw_read_until(fd, "\r\n\r\n", 30000, &seen);
+    ck_assert_msg(strncmp(seen, "HTTP/1.1 200", 12) == 0, "%.200s", seen);
+    free(seen);
+    http_client_sleep_ms(1000); /* the sockets full: libmicrohttpd waits to write more */
+    char sink[1000];
+    ck_assert_int_gt(recv(fd, sink, sizeof sink, 0), 0);
+    struct linger lg = {1, 0};
+    setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+    close(fd); /* a reset, the answer half unsent */
+    char *log = NULL;
+    for (int i = 0; i < 100; i++) {
+        free(log);
+        log = http_client_daemon_log(&daemon_);
+        if (strstr(log, "session=\"rs\" method=\"POST\"") != NULL) {
+            break;
+        }
+        http_client_sleep_ms(50);
+    }
+    const char *line = strstr(log, "session=\"rs\" method=\"POST\"");
+    ck_assert_ptr_nonnull(line);
+    const char *eol = strchr(line, '\n');
+    ck_assert_msg(strstr(line, "ended=client_closed") != NULL &&
+                      strstr(line, "ended=client_closed") < eol,
+                  "%.*s", (int)(eol - line), line);
+    free(log);
+    free(req);
+    free(body);
+    free(x);
+    stop_ok();
+}
+END_TEST
+
 /* ---- error bodies are UTF-8 ----------------------------------------------------------------- */
 
 START_TEST(test_hostile_error_bodies_are_valid_utf8) {
@@ -638,6 +690,7 @@ Suite *hostile_suite(void) {
     tcase_add_test(tc, test_hostile_absolute_form_is_its_path);
     tcase_add_test(tc, test_hostile_query_arguments_are_not_ignored);
     tcase_add_test(tc, test_hostile_one_request_is_one_log_line);
+    tcase_add_test(tc, test_hostile_reset_mid_answer_is_client_closed);
     tcase_add_test(tc, test_hostile_error_bodies_are_valid_utf8);
     tcase_add_test(tc, test_hostile_many_keys_never_stall_the_loop);
     tcase_add_test(tc, test_hostile_memory_follows_the_tensor);
