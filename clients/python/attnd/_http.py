@@ -12,10 +12,14 @@ it cannot read), so the retry rules stay the same. ``https://`` stays on http.cl
 """
 
 import http.client
+import re
 import socket
 from typing import Dict, List, Mapping, Optional, Union
 
 _MAX_LINE = 65536  # as http.client: a longer status or header line is refused
+_BAD_TARGET = re.compile(r"[\x00-\x20\x7f]")
+_BAD_NAME = re.compile(r"[:\x00\t\n\r ]")
+_BAD_VALUE = re.compile(r"[\x00\n\r]")
 _MAX_HEADERS = 100
 _CHUNK_READ = 65536
 
@@ -201,10 +205,10 @@ class Connection:
     ) -> None:
         # As http.client: a target or field that would end its line early (a CR, LF or NUL: a
         # second request or header smuggled in) is refused before anything is sent.
-        if any(c in url for c in " \r\n\0") or any(ord(c) < 0x20 or ord(c) == 0x7F for c in url):
+        if _BAD_TARGET.search(url):
             raise http.client.InvalidURL(f"a request target with a space or control byte: {url!r}")
         for k, v in headers.items():
-            if not k or any(c in k for c in ":\r\n\0 \t") or any(c in str(v) for c in "\r\n\0"):
+            if not k or _BAD_NAME.search(k) or _BAD_VALUE.search(str(v)):
                 raise ValueError(f"an invalid header field: {k!r}: {v!r}")
         if self.sock is None:
             self.connect()
