@@ -395,6 +395,24 @@ static void reserve_body(struct http_request *r) {
 #define MHD_POOL_BYTES   (32 * 1024)
 #define MHD_RECORD_BYTES 64
 
+/* The '?' MHD splits the query off at: the first in the target, which may lie past a NUL byte
+ * in it (MHD searches the target's bytes, up to the NUL it wrote before the version, and parses
+ * the arguments after it), so that "/healthz<NUL>?a&a..." went unseen and hung as on_target
+ * says. MHD has checked the version before this call: "HTTP/1.d" with a NUL each side, so the
+ * search stops at the first such, never past the request line (a target that itself holds
+ * "<NUL>HTTP/1.1<NUL>" before its '?' still stops it early). */
+static char *target_query(const char *uri) {
+    char *query = strchr(uri, '?');
+    for (const char *p = uri + strlen(uri); query == NULL;) {
+        if (strncmp(p + 1, "HTTP/1.", 7) == 0 && p[8] >= '0' && p[8] <= '9' && p[9] == '\0') {
+            return NULL;
+        }
+        query = strchr(p + 1, '?');
+        p += 1 + strlen(p + 1);
+    }
+    return query;
+}
+
 /* MHD's log callback, called with the request target as received, before it splits off the
  * query or unescapes it in place; MHD ended it with a NUL where the version begins.
  *
@@ -408,13 +426,14 @@ static void *on_target(void *cls, const char *uri, struct MHD_Connection *conn) 
     const union MHD_ConnectionInfo *info =
         MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
     struct http_conn *hc = info != NULL ? info->socket_context : NULL;
-    char *query = strchr(uri, '?');
+    char *query = target_query(uri);
     size_t n_args = query != NULL && query[1] != '\0';
     for (const char *p = query; p != NULL && (p = strchr(p + 1, '&')) != NULL;) {
         n_args++;
     }
     size_t len = strlen(uri);
-    bool is_cut = n_args > HTTP_QUERY_ARGS_MAX ||
+    /* a query past a NUL byte is cut whatever its size: the request is refused for the NUL */
+    bool is_cut = n_args > HTTP_QUERY_ARGS_MAX || (query != NULL && query > uri + len) ||
                   (n_args > 0 && len + (n_args + 16) * MHD_RECORD_BYTES > MHD_POOL_BYTES);
     if (hc != NULL) {
         hc->target = uri;
