@@ -525,6 +525,13 @@ static enum MHD_Result check_field(void *cls, enum MHD_ValueKind kind, const cha
         w->why = "is folded over more than one line (obs-fold)";
         return MHD_NO;
     }
+    /* RFC 9112 section 2.2: a bare CR, which MHD keeps in the value, ends the line for readers
+     * that take it for one ("X-A: 1<CR>Content-Length: 40" a length to them, none to attnd) */
+    if (strchr(value, '\r') != NULL) {
+        w->bad_key = key;
+        w->why = "holds a bare CR";
+        return MHD_NO;
+    }
     if (w->prev_value != NULL && !line_ends_at(w->prev_value, key)) {
         w->bad_key = w->prev_key;
         w->why = HELD_NUL;

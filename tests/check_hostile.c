@@ -232,6 +232,8 @@ START_TEST(test_hostile_malformed_field_lines_are_refused) {
         "Content-Length\t: %zu\r\n\r\n%s",
         "Content-Length: %zu\r\n x\r\n\r\n%s",
         "X-A: 1\r\n Content-Length: %zu\r\n\r\n%s",
+        /* a bare CR (RFC 9112 section 2.2): a line's end to some readers, a value's byte to MHD */
+        "X-A: 1\rContent-Length: %zu\r\n\r\n%s",
     };
     for (size_t i = 0; i < sizeof framings / sizeof framings[0]; i++) {
         int h = snprintf(req, sizeof req,
