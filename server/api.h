@@ -315,8 +315,13 @@ char *api_attend_response_encode(const struct api_attend_response *r, size_t *le
 char *api_attend_response_encode_in(struct strbuf *room, const struct api_attend_response *r,
                                     size_t *len, size_t *json_len, struct api_raw_parts *raw);
 
+/* Whether an answer framed in enc sends its tensors from the caller's buffers (api_raw_parts),
+ * not copied behind its JSON: the binary framing on a little-endian machine. */
+bool api_tensors_go_apart(enum api_encoding enc);
+
 /* Bytes an AttendResponse or a StreamEvent of n_values floats, n_ints integers (a selection's
- * heads and rows) and a session id of id_len bytes takes at most in `enc`, raw tensors included. */
+ * heads and rows) and a session id of id_len bytes takes at most in `enc`, encoded with its raw
+ * parts kept apart (as every job encodes them), the tensors copied in otherwise included. */
 size_t api_answer_bytes_bound(int64_t n_values, int64_t n_ints, size_t id_len,
                               enum api_encoding enc);
 

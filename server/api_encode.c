@@ -201,15 +201,19 @@ static char *finish(struct strbuf *b, const struct api_raw_parts *raw, size_t *l
 /* Whether an answer's tensors may stay where they are, listed in keep for the caller to send
  * after the JSON: a binary answer on a little-endian host (the wire's bytes are little-endian:
  * elsewhere a copy swaps them). */
+bool api_tensors_go_apart(enum api_encoding enc) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    return enc == API_ENCODING_BINARY;
+#else
+    return false;
+#endif
+}
+
 static bool keeps_tensors(struct api_raw_parts *keep, enum api_encoding enc) {
     if (keep != NULL) {
         keep->n = 0;
     }
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-    return keep != NULL && enc == API_ENCODING_BINARY;
-#else
-    return false;
-#endif
+    return keep != NULL && api_tensors_go_apart(enc);
 }
 
 /* The answer in b with its tensors raw: listed in *keep when is_kept, else appended (finish). */
@@ -364,10 +368,14 @@ size_t api_answer_bytes_bound(int64_t n_values, int64_t n_ints, size_t id_len,
                               enum api_encoding enc) {
     /* a value: JSON's %.9g is at most 15 characters ("-1.23456789e-38"), with its comma and
      * its share of the brackets at most 20, and put_float asks 24 free for the last one; base64
-     * 4/3 of 4 bytes and its padding; framed, the 4 bytes the raw part may be copied as. An
-     * integer at most 11 digits and a comma; the id escaped at most 6 bytes a byte (\u00XX);
-     * the names, shapes and timing well under 1 KiB. */
-    size_t per_value = enc == API_ENCODING_BINARY ? 4 : enc == API_ENCODING_BASE64 ? 6 : 20;
+     * 4/3 of 4 bytes and its padding; framed, nothing where the raw parts go out from the
+     * caller's buffers (api_tensors_go_apart: room there was address space never written, 32-64
+     * MB more for a 30 MB answer), else the 4 bytes each is copied as. An integer at most 11
+     * digits and a comma; the id escaped at most 6 bytes a byte (\u00XX); the names, shapes and
+     * timing well under 1 KiB. */
+    size_t per_value = enc == API_ENCODING_BINARY   ? (api_tensors_go_apart(enc) ? 0 : 4)
+                       : enc == API_ENCODING_BASE64 ? 6
+                                                    : 20;
     return (size_t)n_values * per_value + (size_t)n_ints * 12 + id_len * 6 + 1024;
 }
 
