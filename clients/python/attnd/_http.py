@@ -20,6 +20,7 @@ _MAX_LINE = 65536  # as http.client: a longer status or header line is refused
 _BAD_TARGET = re.compile(r"[\x00-\x20\x7f]")
 _BAD_NAME = re.compile(r"[:\x00\t\n\r ]")
 _BAD_VALUE = re.compile(r"[\x00\n\r]")
+_CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
 _MAX_HEADERS = 100
 _CHUNK_READ = 65536
 
@@ -110,10 +111,11 @@ class Response:
         if self._chunks_done:
             return False
         size = self._line().split(b";", 1)[0].strip()
-        try:
-            n = int(size, 16)
-        except ValueError:
-            raise http.client.HTTPException(f"a bad chunk size: {size!r}") from None
+        # hex digits only (RFC 9112's chunk-size): int() would also take "-1", "0x10" or "1_0",
+        # and a negative size read on to the connection's end
+        if not _CHUNK_SIZE.fullmatch(size):
+            raise http.client.HTTPException(f"a bad chunk size: {size!r}")
+        n = int(size, 16)
         if n == 0:
             self._read_fields()  # the trailer, up to its empty line
             self._chunks_done = True

@@ -148,6 +148,15 @@ class HttpTest(unittest.TestCase):
             with self.assertRaises(http.client.HTTPException, msg=bad):
                 exchange(conn)
             conn.close()
+        for size in (b"-1", b"0x10", b"1_0", b"+5", b""):
+            srv = FakeServer(
+                [b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + size + b"\r\nabcde"]
+            )
+            conn = srv.connect()
+            r = exchange(conn)
+            with self.assertRaises(http.client.HTTPException, msg=size):
+                r.read()
+            conn.close()
         srv = FakeServer([b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort"])
         conn = srv.connect()
         r = exchange(conn)
