@@ -402,9 +402,10 @@ void api_stream_usage_encode(struct strbuf *out, const struct api_attend_respons
     strbuf_puts(out, "}\n\ndata: [DONE]\n\n");
 }
 
-static void put_error(struct strbuf *b, int code, const char *message, const char *param) {
+/* The "error" member of an Error object, for put_error and a batch's failed step. */
+static void put_error_member(struct strbuf *b, int code, const char *message, const char *param) {
     const struct error_info *e = error_info_get(code);
-    strbuf_puts(b, "{\"error\":{\"message\":");
+    strbuf_puts(b, "\"error\":{\"message\":");
     put_string(b, message != NULL && message[0] ? message : e->message);
     strbuf_puts(b, ",\"type\":");
     put_string(b, e->type);
@@ -412,7 +413,13 @@ static void put_error(struct strbuf *b, int code, const char *message, const cha
     put_string(b, e->name);
     strbuf_puts(b, ",\"param\":");
     put_string_or_null(b, param != NULL && param[0] ? param : NULL);
-    strbuf_puts(b, "}}");
+    strbuf_putc(b, '}');
+}
+
+static void put_error(struct strbuf *b, int code, const char *message, const char *param) {
+    strbuf_putc(b, '{');
+    put_error_member(b, code, message, param);
+    strbuf_putc(b, '}');
 }
 
 void api_stream_error_encode(struct strbuf *out, int code, const char *message, const char *param) {
@@ -438,16 +445,9 @@ void api_batch_error_put(struct strbuf *out, const char *session_id, int code, c
     strbuf_puts(out, "{\"session_id\":");
     put_string_or_null(out, session_id != NULL && session_id[0] ? session_id : NULL);
     strbuf_printf(out, ",\"status\":%d,", error_info_get(code)->http_status);
-    /* put_error writes a whole Error object: take its member, not its braces */
-    struct strbuf e;
-    strbuf_init(&e);
-    put_error(&e, code, message, param);
-    if (!e.has_failed && e.len > 2) {
-        strbuf_append(out, e.data + 1, e.len - 2);
-    } else {
-        out->has_failed = true;
-    }
-    strbuf_release(&e);
+    /* written straight into out, whose room was taken before the steps ran (a buffer of its own
+     * here was one more allocation after them) */
+    put_error_member(out, code, message, param);
     strbuf_putc(out, '}');
 }
 

@@ -16,6 +16,12 @@
 #include "error.h"
 #include "job_int.h"
 
+/* A failed step's error object at most: its session id, message and param each escaped at up
+ * to 6 bytes a byte (\u00XX), and the names and status around them. */
+#define BATCH_ERROR_BYTES                                                                          \
+    (6 * (API_SESSION_ID_MAX + sizeof(((struct batch_slot *)0)->message) +                         \
+          sizeof(((struct batch_slot *)0)->param)) +                                               \
+     256)
 /* A step's job: an attend without a request of its own. */
 static struct job *step_new(struct job *batch, int32_t i) {
     struct job *step = calloc(1, sizeof *step);
@@ -81,11 +87,11 @@ static void finish(struct job *batch) {
      * cannot fail for want of memory (it was 500 out of memory, every session advanced) */
     struct strbuf b = batch->room;
     strbuf_init(&batch->room);
-    /* room for every step's answer at once (an error object is mostly well under 1 KiB), so the
+    /* room for every step's answer at once (an error object at most BATCH_ERROR_BYTES), so the
      * answer is not copied again as it grows */
     size_t room = 64;
     for (int32_t i = 0; i < batch->at.n_steps; i++) {
-        room += batch->slots[i].status == 0 ? batch->slots[i].len + 1 : 1024;
+        room += batch->slots[i].status == 0 ? batch->slots[i].len + 1 : BATCH_ERROR_BYTES;
     }
     strbuf_reserve(&b, room);
     api_batch_open(&b, batch->at.layer);
@@ -197,9 +203,9 @@ void job__batch_admit(struct job *batch) {
     }
     batch->slots = calloc((size_t)n, sizeof *batch->slots);
     batch->steps = calloc((size_t)n, sizeof *batch->steps);
-    /* the answer's room: an error object a step (under 1 KiB, as finish counts them); each step
-     * adds its answer's bytes when it is sized, before it runs (job__batch_room) */
-    batch->room_want = 64 + (size_t)n * 1024;
+    /* the answer's room: an error object a step (as finish counts them); each step adds its
+     * answer's bytes when it is sized, before it runs (job__batch_room) */
+    batch->room_want = 64 + (size_t)n * BATCH_ERROR_BYTES;
     if (batch->slots == NULL || batch->steps == NULL ||
         strbuf_reserve(&batch->room, batch->room_want) != 0) {
         job__refuse(batch, ERROR_INTERNAL, "out of memory", NULL);

@@ -1366,10 +1366,11 @@ START_TEST(test_server_stream_out_of_memory_sweep) {
 }
 END_TEST
 
-/* Every allocation of a steps call (4 sessions' decode steps) fails in turn: a step that
- * answered 200 advanced its session, one that failed (alone, or with the whole call) left it as
- * it was. The answer's assembly failing after the steps ran was 500 for the whole call, every
- * session advanced. */
+/* Every allocation of a steps call (4 sessions' decode steps and one step that always fails)
+ * fails in turn: a step that answered 200 advanced its session, one that failed (alone, or with
+ * the whole call) left it as it was. The answer's assembly failing after the steps ran was 500
+ * for the whole call, every session advanced: the answer's own growth, and then a failed step's
+ * error object made in a buffer of its own. */
 START_TEST(test_server_steps_out_of_memory_sweep) {
     const char *args[] = {"--preset", "tiny",           "--workers", "1", "--blas-threads",
                           "1",        "--kv-budget-mb", "16",        NULL};
@@ -1383,7 +1384,7 @@ START_TEST(test_server_steps_out_of_memory_sweep) {
     long n = 1;
     for (; n < 2000; n++) {
         char ids[STEPS][32];
-        size_t cap = STEPS * (strlen(xs) + 96) + 64, at = 0;
+        size_t cap = (STEPS + 1) * (strlen(xs) + 96) + 64, at = 0;
         char *body = malloc(cap);
         at += (size_t)snprintf(body + at, cap - at, "{\"layer\":0,\"steps\":[");
         for (int i = 0; i < STEPS; i++) {
@@ -1394,6 +1395,11 @@ START_TEST(test_server_steps_out_of_memory_sweep) {
             at += (size_t)snprintf(body + at, cap - at, "%s{\"session_id\":\"%s\",%.*s}",
                                    i ? "," : "", ids[i], (int)strlen(xs) - 1, xs);
         }
+        /* and a step that always fails (expect_n_past on a new id): its error object is written
+         * after the other steps ran, into the answer's room */
+        at += (size_t)snprintf(body + at, cap - at,
+                               ",{\"session_id\":\"b%ld-x\",\"expect_n_past\":5,%.*s}", n,
+                               (int)strlen(xs) - 1, xs);
         snprintf(body + at, cap - at, "]}");
         fault_arm(n);
         double t0 = http_client_mono_ms();
@@ -1403,7 +1409,9 @@ START_TEST(test_server_steps_out_of_memory_sweep) {
         if (r.status == 200) {
             cJSON *j = http_client_json(&r);
             const cJSON *results = cJSON_GetObjectItemCaseSensitive(j, "results");
-            ck_assert_int_eq(cJSON_GetArraySize(results), STEPS);
+            ck_assert_int_eq(cJSON_GetArraySize(results), STEPS + 1);
+            ck_assert_ptr_nonnull(
+                cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(results, STEPS), "error"));
             for (int i = 0; i < STEPS; i++) {
                 const cJSON *res = cJSON_GetArrayItem(results, i);
                 bool ok = cJSON_GetObjectItemCaseSensitive(res, "error") == NULL;
