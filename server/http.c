@@ -830,13 +830,13 @@ void http_server_destroy(struct http_server *s) {
         return;
     }
     http_server_quiesce(s);
-    uv_poll_stop(&s->poll);
+    /* Closed before MHD closes its epoll descriptor (see http__conns_stop_accepting). */
+    uv_close((uv_handle_t *)&s->poll, on_handle_closed);
     uv_timer_stop(&s->timer);
     uv_idle_stop(&s->spin);
     /* Closes every connection; each CLOSED notice closes its watch. */
     MHD_stop_daemon(s->daemon);
     http__conns_destroy(s);
-    uv_close((uv_handle_t *)&s->poll, on_handle_closed);
     uv_close((uv_handle_t *)&s->timer, on_handle_closed);
     uv_close((uv_handle_t *)&s->spin, on_handle_closed);
     http__conns_close(s, on_handle_closed);
@@ -847,7 +847,7 @@ int32_t http_server_port(const struct http_server *s) {
 }
 
 void http_server_quiesce(struct http_server *s) {
-    http__conns_stop_accepting(s);
+    http__conns_stop_accepting(s, on_handle_closed);
 }
 
 int32_t http_server_n_requests(const struct http_server *s) {

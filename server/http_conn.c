@@ -571,11 +571,14 @@ void http__conns_start(struct http_server *s) {
     uv_poll_start(&s->accept_poll, UV_READABLE, on_accept);
 }
 
-void http__conns_stop_accepting(struct http_server *s) {
+void http__conns_stop_accepting(struct http_server *s, uv_close_cb cb) {
     if (s->listen_fd < 0) {
         return;
     }
-    uv_poll_stop(&s->accept_poll);
+    /* Closed, not only stopped, before the socket is: libuv's close of a poll handle takes its
+     * descriptor out of the loop's epoll by number, and by then the number may be another
+     * thread's file (the disk tier's I/O thread writes sessions during the drain). */
+    uv_close((uv_handle_t *)&s->accept_poll, cb);
     uv_timer_stop(&s->accept_timer);
     close(s->listen_fd);
     s->listen_fd = -1;
@@ -584,7 +587,9 @@ void http__conns_stop_accepting(struct http_server *s) {
 void http__conns_close(struct http_server *s, uv_close_cb cb) {
     uv_timer_stop(&s->header_timer);
     uv_timer_stop(&s->stall_timer);
-    uv_close((uv_handle_t *)&s->accept_poll, cb);
+    if (!uv_is_closing((uv_handle_t *)&s->accept_poll)) {
+        uv_close((uv_handle_t *)&s->accept_poll, cb);
+    }
     uv_close((uv_handle_t *)&s->accept_timer, cb);
     uv_close((uv_handle_t *)&s->header_timer, cb);
     uv_close((uv_handle_t *)&s->stall_timer, cb);

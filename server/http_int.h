@@ -144,8 +144,8 @@ int http__conns_create(struct http_server *s, const struct http_params *p);
 void http__conns_destroy(struct http_server *s);
 /* Starts accepting on s->listen_fd; inits the layer's handles (4, counted in n_open_handles). */
 void http__conns_start(struct http_server *s);
-/* Stops accepting and closes the listening socket (idempotent). */
-void http__conns_stop_accepting(struct http_server *s);
+/* Stops accepting and closes the listening socket, its watch closed first with cb (idempotent). */
+void http__conns_stop_accepting(struct http_server *s, uv_close_cb cb);
 /* uv_close on the layer's handles. */
 void http__conns_close(struct http_server *s, uv_close_cb cb);
 /* After each MHD_run: decides the connections whose client sent a FIN. */
