@@ -523,6 +523,24 @@ static uint16_t *to_half(const float *src, size_t n, bool is_bf16) {
     return h;
 }
 
+/* n half-precision values back to float (exact), into a new buffer; NULL on ENOMEM. */
+static float *from_half(const uint16_t *src, size_t n, bool is_bf16) {
+    float *f = attn__alloc_floats(n);
+    for (size_t i = 0; f != NULL && i < n; i++) {
+        f[i] = is_bf16 ? attn__bf16_to_f32(src[i]) : attn__f16_to_f32(src[i]);
+    }
+    return f;
+}
+
+/* The floats of a layer's projections that may be held in half: fused q/k/v, and o. */
+static size_t qkv_floats(const attn_config *c) {
+    return n_qkv_rows(c) * c->hidden_size;
+}
+
+static size_t o_floats(const attn_config *c) {
+    return (size_t)c->hidden_size * c->n_heads * c->head_dim;
+}
+
 /* Whether dtype is one the projections may be held in besides float, for m's attention kind. */
 static bool holds_half(const attn_model *m, attn_dtype dtype) {
     /* multi-head latent attention's tensors stay float */
@@ -536,8 +554,8 @@ int attn__model_hold_layer(attn_model *m, int32_t i, attn_dtype dtype) {
     }
     const attn_config *c = &m->cfg;
     bool is_bf16 = dtype == ATTN_DTYPE_BF16;
-    l->w_qkv_h = to_half(l->w_qkv, n_qkv_rows(c) * c->hidden_size, is_bf16);
-    l->w_o_h = to_half(l->w_o, (size_t)c->hidden_size * c->n_heads * c->head_dim, is_bf16);
+    l->w_qkv_h = to_half(l->w_qkv, qkv_floats(c), is_bf16);
+    l->w_o_h = to_half(l->w_o, o_floats(c), is_bf16);
     if (l->w_qkv_h == NULL || l->w_o_h == NULL) {
         return ATTN_ENOMEM;
     }
@@ -552,20 +570,11 @@ int attn__model_unhold_layer(attn_model *m, int32_t i, attn_dtype held) {
     if (l->w_qkv_h == NULL) {
         return ATTN_OK;
     }
-    const attn_config *c = &m->cfg;
     bool is_bf16 = held == ATTN_DTYPE_BF16;
-    size_t n_qkv = n_qkv_rows(c) * c->hidden_size;
-    size_t n_o = (size_t)c->hidden_size * c->n_heads * c->head_dim;
-    l->w_qkv = attn__alloc_floats(n_qkv);
-    l->w_o = attn__alloc_floats(n_o);
+    l->w_qkv = from_half(l->w_qkv_h, qkv_floats(&m->cfg), is_bf16);
+    l->w_o = from_half(l->w_o_h, o_floats(&m->cfg), is_bf16);
     if (l->w_qkv == NULL || l->w_o == NULL) {
         return ATTN_ENOMEM;
-    }
-    for (size_t k = 0; k < n_qkv; k++) {
-        l->w_qkv[k] = is_bf16 ? attn__bf16_to_f32(l->w_qkv_h[k]) : attn__f16_to_f32(l->w_qkv_h[k]);
-    }
-    for (size_t k = 0; k < n_o; k++) {
-        l->w_o[k] = is_bf16 ? attn__bf16_to_f32(l->w_o_h[k]) : attn__f16_to_f32(l->w_o_h[k]);
     }
     free(l->w_qkv_h);
     free(l->w_o_h);
@@ -586,10 +595,8 @@ int attn__model_hold_weights(attn_model *m, attn_dtype dtype) {
             return rc;
         }
     }
-    const attn_config *c = &m->cfg;
-    size_t n_qkv = n_qkv_rows(c) * c->hidden_size;
-    size_t n_o = (size_t)c->hidden_size * c->n_heads * c->head_dim;
-    m->bytes -= (size_t)m->layer_count * (n_qkv + n_o) * (sizeof(float) - sizeof(uint16_t));
+    m->bytes -= (size_t)m->layer_count * (qkv_floats(&m->cfg) + o_floats(&m->cfg)) *
+                (sizeof(float) - sizeof(uint16_t));
     m->weights_dtype = dtype;
     return ATTN_OK;
 }
