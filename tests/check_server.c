@@ -1164,6 +1164,18 @@ static long fault_disarm(void) {
     return failed;
 }
 
+/* One call with the daemon's nth allocation from now failing: its answer, how long it took
+ * (*ms) and what the injector reports (*failed: 0 when the call made fewer allocations). */
+static struct http_client_response fault_call(long n, const char *method, const char *path,
+                                              const char *body, double *ms, long *failed) {
+    fault_arm(n);
+    double t0 = http_client_mono_ms();
+    struct http_client_response r = call(method, path, body, NULL);
+    *ms = http_client_mono_ms() - t0;
+    *failed = fault_disarm();
+    return r;
+}
+
 static void fault_stop(void) {
     char status[96];
     snprintf(status, sizeof status, "%s.status", fault_arm_path);
@@ -1213,11 +1225,9 @@ START_TEST(test_server_request_out_of_memory_sweep) {
     }
     long n = 1;
     for (; n < 1000; n++) {
-        fault_arm(n);
-        double t0 = http_client_mono_ms();
-        struct http_client_response r = call("GET", "/v1/model", NULL, NULL);
-        double ms = http_client_mono_ms() - t0;
-        long failed = fault_disarm();
+        double ms;
+        long failed;
+        struct http_client_response r = fault_call(n, "GET", "/v1/model", NULL, &ms, &failed);
         if (r.status != 200) {
             ck_assert_msg(failed != 0, "%ld: %.300s", r.status, r.body);
             check_failed_answer(&r, ms, n);
@@ -1258,11 +1268,9 @@ START_TEST(test_server_decode_out_of_memory_sweep) {
         char *d = http_client_attend_body(id, x, 8, 1, TINY_HIDDEN, true,
                                           ",\"expect_n_past\":8,\"encoding_format\":\"base64\"");
         cJSON_Delete(call_json("POST", "/v1/attend", p, 200));
-        fault_arm(n);
-        double t0 = http_client_mono_ms();
-        struct http_client_response r = call("POST", "/v1/attend", d, NULL);
-        double ms = http_client_mono_ms() - t0;
-        long failed = fault_disarm();
+        double ms;
+        long failed;
+        struct http_client_response r = fault_call(n, "POST", "/v1/attend", d, &ms, &failed);
         if (failed != 0 && r.status != 200) {
             check_failed_answer(&r, ms, n);
             if (r.status != 0) {
@@ -1320,11 +1328,9 @@ START_TEST(test_server_stream_out_of_memory_sweep) {
         char *p = http_client_attend_body(id, x, 0, 8, TINY_HIDDEN, true, NULL);
         char *st = http_client_attend_body(id, x, 8, 3, TINY_HIDDEN, true, ",\"stream\":true");
         cJSON_Delete(call_json("POST", "/v1/attend", p, 200));
-        fault_arm(n);
-        double t0 = http_client_mono_ms();
-        struct http_client_response r = call("POST", "/v1/attend", st, NULL);
-        double ms = http_client_mono_ms() - t0;
-        long failed = fault_disarm();
+        double ms;
+        long failed;
+        struct http_client_response r = fault_call(n, "POST", "/v1/attend", st, &ms, &failed);
         ck_assert_msg(ms < 10000, "allocation %ld: no answer for %.0f ms", n, ms);
         int events = 0;
         for (const char *e = r.body; e != NULL && (e = strstr(e, "\"index\":")) != NULL; e++) {
@@ -1347,7 +1353,7 @@ START_TEST(test_server_stream_out_of_memory_sweep) {
         char extra[64];
         snprintf(extra, sizeof extra, ",\"expect_n_past\":%d", held);
         char *d = http_client_attend_body(id, x, 11, 1, TINY_HIDDEN, true, extra);
-        t0 = http_client_mono_ms();
+        double t0 = http_client_mono_ms();
         struct http_client_response next = call("POST", "/v1/attend", d, NULL);
         ck_assert_msg(next.status == 200, "allocation %ld: the next call: %ld after %.0f ms", n,
                       next.status, http_client_mono_ms() - t0);
@@ -1401,11 +1407,9 @@ START_TEST(test_server_steps_out_of_memory_sweep) {
                                ",{\"session_id\":\"b%ld-x\",\"expect_n_past\":5,%.*s}", n,
                                (int)strlen(xs) - 1, xs);
         snprintf(body + at, cap - at, "]}");
-        fault_arm(n);
-        double t0 = http_client_mono_ms();
-        struct http_client_response r = call("POST", "/v1/attend", body, NULL);
-        double ms = http_client_mono_ms() - t0;
-        long failed = fault_disarm();
+        double ms;
+        long failed;
+        struct http_client_response r = fault_call(n, "POST", "/v1/attend", body, &ms, &failed);
         if (r.status == 200) {
             cJSON *j = http_client_json(&r);
             const cJSON *results = cJSON_GetObjectItemCaseSensitive(j, "results");
