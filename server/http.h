@@ -62,6 +62,9 @@ struct http_params {
      * this long (while may_spin allows): a kept-alive client's next request is then read
      * without a thread wake-up. 0 = sleep at once. */
     int32_t spin_us;
+    /* Every descriptor the process may hold is below this (the open-file limit the connections
+     * were fitted to): the loop's table of watched descriptors is sized for it at the start. */
+    int32_t fd_ceiling;
     /* The answer to a connection refused at the limit (e.g. a JSON 503 body), sent with status
      * 503, Retry-After: 1 and Connection: close; copied. */
     const char *refusal_type;

@@ -101,6 +101,7 @@ struct http_server {
     uv_poll_t accept_poll;
     uv_timer_t accept_timer; /* resumes accepting after running out of descriptors */
     uv_poll_t poll;          /* MHD's epoll fd */
+    uv_poll_t sizer;         /* closed at once: sizes the loop's watcher table (reserve_watchers) */
     uv_timer_t timer;        /* MHD's timeouts and immediate runs */
     uv_idle_t spin;          /* active: the loop polls without sleeping (see http_params) */
     uint64_t spin_ns;

@@ -362,6 +362,18 @@ static int32_t fit_open_files(int32_t max_connections) {
     return (int32_t)fit;
 }
 
+/* Every descriptor the process may hold is below this: the connections' share, fitted by
+ * fit_open_files, and FD_RESERVE, within the open-file limit. */
+static int32_t fd_ceiling(int32_t max_connections) {
+    int64_t ceiling = http_server_fds_needed(max_connections) + FD_RESERVE;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+        (int64_t)rl.rlim_cur < ceiling) {
+        ceiling = (int64_t)rl.rlim_cur;
+    }
+    return ceiling < INT32_MAX ? (int32_t)ceiling : INT32_MAX;
+}
+
 /* The canned 503 for a connection past the limits, sent before its request is read. */
 static char *refusal_body(size_t *len) {
     return api_error_encode(ERROR_TOO_MANY_CONNECTIONS, NULL, NULL, len);
@@ -435,16 +447,18 @@ int main(int argc, char **argv) {
     route_handlers(srv, &handlers);
     size_t refusal_len = 0;
     char *refusal = refusal_body(&refusal_len);
+    int32_t max_connections = fit_open_files(cfg.max_connections);
     struct http_params hp = {
         .host = cfg.host,
         .port = cfg.port,
         .max_body_bytes = (size_t)cfg.max_body_mb << 20,
         .max_held_bytes = (size_t)cfg.max_held_mb << 20,
-        .max_connections = fit_open_files(cfg.max_connections),
+        .max_connections = max_connections,
         .max_per_ip = cfg.max_connections_per_ip,
         .idle_timeout_s = cfg.idle_timeout_s,
         .header_timeout_s = cfg.header_timeout_s,
         .spin_us = cfg.spin_us,
+        .fd_ceiling = fd_ceiling(max_connections),
         .refusal_type = "application/json",
         .refusal_body = refusal,
         .refusal_len = refusal_len,

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -1141,6 +1142,9 @@ static void fault_arm(long n) {
     http_client_sleep_ms(5); /* the signal is handled before the request arrives */
 }
 
+/* The allocations the injector counted between the last arm and disarm. */
+static long fault_counted;
+
 /* Disarms; returns the number of the allocation that failed, 0 when none did. */
 static long fault_disarm(void) {
     char status[96];
@@ -1160,7 +1164,21 @@ static long fault_disarm(void) {
             http_client_sleep_ms(1);
         }
     }
-    ck_assert_msg(failed >= 0, "the fault injector did not answer");
+    if (failed < 0) {
+        /* the daemon died or hangs: say which, and what it logged */
+        int ended = 0;
+        pid_t w = waitpid(daemon_.pid, &ended, WNOHANG);
+        char *log = http_client_daemon_log(&daemon_);
+        ck_abort_msg("the fault injector did not answer (daemon %s %d); log tail: %s",
+                     w == 0               ? "running"
+                     : WIFSIGNALED(ended) ? "killed by signal"
+                                          : "exited",
+                     w == 0               ? 0
+                     : WIFSIGNALED(ended) ? WTERMSIG(ended)
+                                          : WEXITSTATUS(ended),
+                     strlen(log) > 1500 ? log + strlen(log) - 1500 : log);
+    }
+    fault_counted = counted;
     return failed;
 }
 
@@ -1238,6 +1256,54 @@ START_TEST(test_server_request_out_of_memory_sweep) {
         }
     }
     ck_assert_msg(n > 5 && n < 1000, "%ld allocations", n);
+    fault_stop();
+}
+END_TEST
+
+/* A connection accepted on a descriptor numbered above every one before it, with each of its
+ * accept's allocations failing in turn: libuv grows its table of watched descriptors then (a
+ * realloc), and aborted the daemon when that failed (the request sweep met it only when its
+ * connection happened to get such a number). Held connections climb past several of the
+ * table's sizes; every accept either serves or closes, and the daemon lives. */
+START_TEST(test_server_new_descriptor_out_of_memory) {
+    const char *args[] = {
+        "--preset",         "tiny", "--workers", "1", "--blas-threads", "1", "--kv-budget-mb", "16",
+        "--idle-timeout-s", "300",  NULL};
+    if (!fault_start(args)) {
+        return;
+    }
+    enum { HELD = 72 };
+    int held[HELD];
+    /* how many allocations an accept makes (counted while a connection arrives and waits) */
+    long accept_allocations = 0;
+    for (int wait_ms = 50; accept_allocations == 0 && wait_ms < 2000; wait_ms *= 2) {
+        if (wait_ms > 50) {
+            close(held[0]); /* not accepted in time */
+        }
+        fault_arm(1L << 40); /* counts only */
+        held[0] = http_client_raw_connect(daemon_.port, 2000);
+        ck_assert_int_ge(held[0], 0);
+        http_client_sleep_ms(wait_ms);
+        (void)fault_disarm();
+        accept_allocations = fault_counted;
+    }
+    ck_assert_msg(accept_allocations > 0, "%ld", accept_allocations);
+    const char *get = "GET /v1/model HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    for (int i = 1; i < HELD; i++) {
+        for (long n = 1; n <= accept_allocations + 1; n++) {
+            fault_arm(n);
+            long status = http_client_raw_exchange(daemon_.port, get, 5000, NULL);
+            (void)fault_disarm(); /* fails the test if the daemon died */
+            ck_assert_msg(status == 0 || status == 200 || status == 500 || status == 503,
+                          "connection %d, allocation %ld: status %ld", i, n, status);
+        }
+        held[i] = http_client_raw_connect(daemon_.port, 2000);
+        ck_assert_int_ge(held[i], 0);
+    }
+    cJSON_Delete(call_json("GET", "/v1/model", NULL, 200));
+    for (int i = 0; i < HELD; i++) {
+        close(held[i]);
+    }
     fault_stop();
 }
 END_TEST
@@ -2586,6 +2652,7 @@ Suite *server_suite(void) {
     tcase_add_test(tc, test_server_out_of_memory_is_500);
     tcase_add_test(tc, test_server_body_out_of_memory_is_500);
     tcase_add_test(tc, test_server_request_out_of_memory_sweep);
+    tcase_add_test(tc, test_server_new_descriptor_out_of_memory);
     tcase_add_test(tc, test_server_decode_out_of_memory_sweep);
     tcase_add_test(tc, test_server_stream_out_of_memory_sweep);
     tcase_add_test(tc, test_server_steps_out_of_memory_sweep);
