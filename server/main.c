@@ -42,8 +42,9 @@ struct daemon {
     uv_loop_t loop;
     uv_signal_t sigint, sigterm, sighup;
     uv_timer_t tick, shutdown, drain_deadline;
-    int32_t n_cut;  /* requests the drain deadline dropped */
-    int32_t n_lost; /* sessions whose files could not be written at shutdown */
+    uv_work_t pool_start; /* starts libuv's pool before the first request (start_handles) */
+    int32_t n_cut;        /* requests the drain deadline dropped */
+    int32_t n_lost;       /* sessions whose files could not be written at shutdown */
 };
 
 static void on_shutdown(uv_timer_t *t) {
@@ -310,6 +311,10 @@ static int build_server(struct daemon *d, const struct config *cfg, attn_model *
 }
 
 /* Signals, the TTL sweep and the shutdown timer. */
+static void start_pool_work(uv_work_t *w) {
+    (void)w;
+}
+
 static void start_handles(struct daemon *d) {
     uv_signal_init(&d->loop, &d->sigint);
     uv_signal_init(&d->loop, &d->sigterm);
@@ -327,6 +332,10 @@ static void start_handles(struct daemon *d) {
     d->shutdown.data = d;
     uv_timer_init(&d->loop, &d->drain_deadline);
     d->drain_deadline.data = d;
+    /* libuv starts its thread pool at the first uv_queue_work and aborts the process if a
+     * thread cannot be made: started here, a lack of memory stops the start, not a serving
+     * daemon at its first forward. */
+    uv_queue_work(&d->loop, &d->pool_start, start_pool_work, NULL);
 }
 
 /* Each connection holds a descriptor: raises the soft RLIMIT_NOFILE to fit max_connections, as
