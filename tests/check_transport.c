@@ -806,7 +806,11 @@ static int stop_while_trickling(int trickle_fd, int stream_fd, char **stream, in
             break;
         }
     }
-    http_client_daemon_kill(&daemon_);
+    if (daemon_.pid > 0) { /* killed, its log kept for the caller (teardown removes it) */
+        kill(daemon_.pid, SIGKILL);
+        waitpid(daemon_.pid, NULL, 0);
+        daemon_.pid = 0;
+    }
     return status;
 }
 
@@ -860,6 +864,7 @@ START_TEST(test_transport_drain_waits_for_headers_still_arriving) {
     close(fd);
     int status = stop_while_trickling(-1, -1, NULL, 10000);
     ck_assert_msg(status == 0, "exit %d, want 0", status);
+    http_client_daemon_kill(&daemon_); /* its log */
 
     start(env, NULL);
     char *log_path = strdup(daemon_.log_path);

@@ -357,6 +357,14 @@ char *http_client_daemon_log(const struct http_client_daemon *d) {
     return http_client_read_file(d->log_path, &len);
 }
 
+static void daemon_reap(struct http_client_daemon *d) {
+    if (d->pid > 0) {
+        kill(d->pid, SIGKILL);
+        waitpid(d->pid, NULL, 0);
+        d->pid = 0;
+    }
+}
+
 /* Forks and execs $ATTND_BIN with --host 127.0.0.1 --port 0 and args, stderr to d->log_path. */
 static void daemon_spawn(struct http_client_daemon *d, const char *const *args) {
     memset(d, 0, sizeof *d);
@@ -391,6 +399,7 @@ static void daemon_spawn(struct http_client_daemon *d, const char *const *args) 
 
 void http_client_daemon_start(struct http_client_daemon *d, const char *const *args) {
     curl_init_once();
+    http_client_daemon_kill(d); /* a daemon *d held before, and its log */
     daemon_spawn(d, args);
     pid_t pid = d->pid;
     double end = http_client_mono_ms() + 10000;
@@ -413,8 +422,8 @@ void http_client_daemon_start(struct http_client_daemon *d, const char *const *a
         free(log);
         http_client_sleep_ms(20);
     }
-    http_client_daemon_kill(d);
-    ck_abort_msg("attnd did not start within 10 s");
+    daemon_reap(d);
+    ck_abort_msg("attnd did not start within 10 s (log: %s)", d->log_path);
 }
 
 int http_client_daemon_run(const char *const *args, int timeout_ms, char **log) {
@@ -430,7 +439,7 @@ int http_client_daemon_run(const char *const *args, int timeout_ms, char **log) 
         }
         http_client_sleep_ms(10);
     }
-    http_client_daemon_kill(&d);
+    daemon_reap(&d);
     *log = http_client_read_file(d.log_path, NULL);
     unlink(d.log_path);
     return rc;
@@ -461,11 +470,13 @@ int http_client_daemon_stop(struct http_client_daemon *d, int timeout_ms) {
     return -1;
 }
 
+/* The log goes too (a failed test's process dies before its teardown, so its daemon's log stays
+ * in /tmp for reading), unless $ATTND_TEST_KEEP_LOGS is set. */
 void http_client_daemon_kill(struct http_client_daemon *d) {
-    if (d->pid > 0) {
-        kill(d->pid, SIGKILL);
-        waitpid(d->pid, NULL, 0);
-        d->pid = 0;
+    daemon_reap(d);
+    if (d->log_path[0] != '\0' && getenv("ATTND_TEST_KEEP_LOGS") == NULL) {
+        unlink(d->log_path);
+        d->log_path[0] = '\0';
     }
 }
 

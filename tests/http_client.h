@@ -90,7 +90,8 @@ struct http_client_daemon {
 
 /* Starts $ATTND_BIN (default build/attnd) with --host 127.0.0.1 --port 0 and args
  * (NULL-terminated), waits until it logs its port, and fills *d. The daemon dies with the test
- * process. Fails the test if it does not come up within 10 s. */
+ * process. Fails the test if it does not come up within 10 s. A daemon *d held before (zeroed
+ * or from an earlier start) is killed and its log removed first. */
 void http_client_daemon_start(struct http_client_daemon *d, const char *const *args);
 
 /* Runs $ATTND_BIN with the same fixed arguments and args (NULL-terminated) for a daemon that
@@ -103,7 +104,8 @@ int http_client_daemon_run(const char *const *args, int timeout_ms, char **log);
  * it died by one, or -1 if it had to be killed. Idempotent. */
 int http_client_daemon_stop(struct http_client_daemon *d, int timeout_ms);
 
-/* Kills the daemon if it is still running (for teardown after a failed test). */
+/* Kills the daemon if it is still running (teardown) and removes its log, unless
+ * $ATTND_TEST_KEEP_LOGS is set. */
 void http_client_daemon_kill(struct http_client_daemon *d);
 
 /* The daemon's log so far (malloc'd), for failure messages. */
