@@ -310,11 +310,11 @@ static int build_server(struct daemon *d, const struct config *cfg, attn_model *
     return 0;
 }
 
-/* Signals, the TTL sweep and the shutdown timer. */
 static void start_pool_work(uv_work_t *w) {
     (void)w;
 }
 
+/* Signals, the TTL sweep, the shutdown timer, and libuv's thread pool. */
 static void start_handles(struct daemon *d) {
     uv_signal_init(&d->loop, &d->sigint);
     uv_signal_init(&d->loop, &d->sigterm);
@@ -338,6 +338,11 @@ static void start_handles(struct daemon *d) {
     uv_queue_work(&d->loop, &d->pool_start, start_pool_work, NULL);
 }
 
+/* Descriptors the process holds at most with max_connections. */
+static int64_t fds_for(int32_t max_connections) {
+    return http_server_fds_needed(max_connections) + FD_RESERVE;
+}
+
 /* Each connection holds a descriptor: raises the soft RLIMIT_NOFILE to fit max_connections, as
  * far as the hard limit allows. Returns the connection limit that fits: max_connections, or
  * fewer when the hard limit is lower (a limit the process cannot keep would end in EMFILE). */
@@ -346,7 +351,7 @@ static int32_t fit_open_files(int32_t max_connections) {
     if (getrlimit(RLIMIT_NOFILE, &rl) != 0) {
         return max_connections;
     }
-    rlim_t need = (rlim_t)(http_server_fds_needed(max_connections) + FD_RESERVE);
+    rlim_t need = (rlim_t)fds_for(max_connections);
     if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < need && rl.rlim_cur < rl.rlim_max) {
         rlim_t old = rl.rlim_cur;
         rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= need ? need : rl.rlim_max;
@@ -371,10 +376,10 @@ static int32_t fit_open_files(int32_t max_connections) {
     return (int32_t)fit;
 }
 
-/* Every descriptor the process may hold is below this: the connections' share, fitted by
- * fit_open_files, and FD_RESERVE, within the open-file limit. */
+/* Every descriptor the process may hold is below this: fds_for the connections fit_open_files
+ * fitted, within the open-file limit. */
 static int32_t fd_ceiling(int32_t max_connections) {
-    int64_t ceiling = http_server_fds_needed(max_connections) + FD_RESERVE;
+    int64_t ceiling = fds_for(max_connections);
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
         (int64_t)rl.rlim_cur < ceiling) {
