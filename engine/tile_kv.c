@@ -1,5 +1,6 @@
 /* engine/tile_kv.c: decode attention's inner products against K/V rows as the cache holds them
- * (float, bfloat16, binary16 or Q8_0), widened in registers as they stream (AVX2 + FMA + F16C):
+ * (float, bfloat16, binary16 or Q8_0), widened in registers as they stream (AVX2 + FMA + F16C;
+ * bfloat16 two vectors a shuffle each, in a column order of its own: PAIRED):
  * a task's few query rows against a block's keys (scores) and values (weighted sum), one kernel
  * per dtype and row count, prefetching across the edge of a block; and the widening of a block
  * for prefill's tiles. Without AVX2 a block is widened by kv_dtype.c and simd.c does the rest. */
@@ -62,12 +63,47 @@ row_ahead(const uint8_t *base, size_t rb, int32_t n, struct attn__kv_after after
     return after.rows + (size_t)(r - n) * after.row_bytes;
 }
 
+/* A strip of bfloat16 values (CW even) is widened two vectors from one 32-byte load:
+ * interleaving the raw values with zeros (vpunpcklwd / vpunpckhwd) makes each bfloat16 the
+ * float it is in one shuffle, with no shift competing with the FMAs for their ports, but leaves
+ * each 16 columns in the order 0-3 8-11 | 4-7 12-15. The strip's accumulators keep that order;
+ * at its ends swap_halves puts them back in column order (it is its own inverse). */
+#define PAIRED(DT, CW) ((DT) == 1 && (CW) % 2 == 0)
+
+__attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
+strip_values(const int DT, const int CW, const uint8_t *row, int32_t c, __m256 *vv) {
+    if (PAIRED(DT, CW)) {
+#pragma GCC unroll 2
+        for (int w = 0; w < CW; w += 2) {
+            __m256i x = _mm256_loadu_si256(
+                (const __m256i *)((const uint16_t *)(const void *)row + c + 8 * w));
+            vv[w] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(_mm256_setzero_si256(), x));
+            vv[w + 1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(_mm256_setzero_si256(), x));
+        }
+        return;
+    }
+#pragma GCC unroll 4
+    for (int w = 0; w < CW; w++) {
+        vv[w] = DT == 3 ? q8_values(row, c + 8 * w) : load_w8(DT, row, (size_t)c + 8 * w);
+    }
+}
+
+/* Columns 0-7 | 8-15 <-> the paired order 0-3 8-11 | 4-7 12-15, for vectors a and b. */
+__attribute__((always_inline, target("avx2,fma,f16c"))) static inline void swap_halves(__m256 *a,
+                                                                                       __m256 *b) {
+    __m256 lo = _mm256_permute2f128_ps(*a, *b, 0x20), hi = _mm256_permute2f128_ps(*a, *b, 0x31);
+    *a = lo;
+    *b = hi;
+}
+
 /* s[a * lds + b] = q_a . k_b for MX <= 4 query rows and NK <= 3 keys held as DT, rb bytes apart:
  * each key vector is widened once and used for every row. ahead[b]: the row to prefetch for key
- * b. */
+ * b. PR: bfloat16 keys widened in pairs as strip_values does, against query rows whose every 16
+ * columns are in that order (paired_queries; d a multiple of 16). */
 __attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
-qk_kv_block(const int DT, const int MX, const int NK, const float *q, size_t ldq, const uint8_t *k,
-            size_t rb, const uint8_t *const *ahead, int32_t d, float *s, size_t lds) {
+qk_kv_block(const int DT, const int MX, const int NK, const int PR, const float *q, size_t ldq,
+            const uint8_t *k, size_t rb, const uint8_t *const *ahead, int32_t d, float *s,
+            size_t lds) {
     __m256 acc[16];
 #pragma GCC unroll 16
     for (int a = 0; a < 16; a++) {
@@ -101,6 +137,28 @@ qk_kv_block(const int DT, const int MX, const int NK, const float *q, size_t ldq
 #pragma GCC unroll 4
             for (int a = 0; a < MX; a++) {
                 __m256 qv = _mm256_loadu_ps(q + a * ldq + c + sub);
+#pragma GCC unroll 3
+                for (int b = 0; b < NK; b++) {
+                    acc[b * 4 + a] = _mm256_fmadd_ps(qv, kv[b], acc[b * 4 + a]);
+                }
+            }
+        }
+    }
+    for (; PR && c + 16 <= d; c += 16) {
+#pragma GCC unroll 2
+        for (int half = 0; half < 2; half++) {
+            __m256 kv[3];
+#pragma GCC unroll 3
+            for (int b = 0; b < NK; b++) {
+                __m256i x = _mm256_loadu_si256(
+                    (const __m256i *)((const uint16_t *)(const void *)(k + b * rb) + c));
+                kv[b] = _mm256_castsi256_ps(half == 0
+                                                ? _mm256_unpacklo_epi16(_mm256_setzero_si256(), x)
+                                                : _mm256_unpackhi_epi16(_mm256_setzero_si256(), x));
+            }
+#pragma GCC unroll 4
+            for (int a = 0; a < MX; a++) {
+                __m256 qv = _mm256_loadu_ps(q + a * ldq + c + 8 * half);
 #pragma GCC unroll 3
                 for (int b = 0; b < NK; b++) {
                     acc[b * 4 + a] = _mm256_fmadd_ps(qv, kv[b], acc[b * 4 + a]);
@@ -146,25 +204,57 @@ qk_kv_block(const int DT, const int MX, const int NK, const float *q, size_t ldq
     }
 }
 
-/* One group of MX query rows against the n keys of a block, a few at a time. */
+/* The widest query rows taken in the paired order (4 of them: 8 KiB of stack). */
+#define PAIRED_MAX_D 512
+
+/* qp (MX rows, d apart) = q's rows with every 16 columns in strip_values' paired order. */
 __attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
-qk_kv_rows(const int DT, const int MX, const float *q, size_t ldq, const uint8_t *k, size_t rb,
-           int32_t n, struct attn__kv_after after, int32_t d, float *s, size_t lds) {
+paired_queries(const int MX, const float *q, size_t ldq, int32_t d, float *qp) {
+#pragma GCC unroll 4
+    for (int a = 0; a < MX; a++) {
+        for (int32_t c = 0; c + 16 <= d; c += 16) {
+            __m256 lo = _mm256_loadu_ps(q + a * ldq + c), hi = _mm256_loadu_ps(q + a * ldq + c + 8);
+            swap_halves(&lo, &hi);
+            _mm256_storeu_ps(qp + (size_t)a * d + c, lo);
+            _mm256_storeu_ps(qp + (size_t)a * d + c + 8, hi);
+        }
+    }
+}
+
+/* One group of MX query rows against the n keys of a block, a few at a time (PR: as qk_kv_block
+ * says). */
+__attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
+qk_kv_keys(const int DT, const int MX, const int PR, const float *q, size_t ldq, const uint8_t *k,
+           size_t rb, int32_t n, struct attn__kv_after after, int32_t d, float *s, size_t lds) {
     int32_t j = 0;
     /* three keys a pass (12 accumulators hide the FMA latency better than 8: bf16 from L2 18.8
-     * -> 16.7 ns a key); Q8_0 one, as its scales took the registers of two and spilled
-     * accumulators to the stack (llama8b L=2048 on one thread: 0.49-0.50 -> 0.46-0.48 ms) */
+     * -> 16.7 ns a key; paired bfloat16 two a pass, 7% slower); Q8_0 one, as its scales took the
+     * registers of two and spilled accumulators to the stack (llama8b L=2048 on one thread:
+     * 0.49-0.50 -> 0.46-0.48 ms) */
     for (; DT != 3 && j + 3 <= n; j += 3) {
         const uint8_t *ahead[3];
 #pragma GCC unroll 3
         for (int b = 0; b < 3; b++) {
             ahead[b] = row_ahead(k, rb, n, after, j + KV_PREFETCH_ROWS + b);
         }
-        qk_kv_block(DT, MX, 3, q, ldq, k + (size_t)j * rb, rb, ahead, d, s + j, lds);
+        qk_kv_block(DT, MX, 3, PR, q, ldq, k + (size_t)j * rb, rb, ahead, d, s + j, lds);
     }
     for (; j < n; j++) {
         const uint8_t *ahead[1] = {row_ahead(k, rb, n, after, j + KV_PREFETCH_ROWS)};
-        qk_kv_block(DT, MX, 1, q, ldq, k + (size_t)j * rb, rb, ahead, d, s + j, lds);
+        qk_kv_block(DT, MX, 1, PR, q, ldq, k + (size_t)j * rb, rb, ahead, d, s + j, lds);
+    }
+}
+
+/* qk_kv_keys, bfloat16 keys widened in pairs where d allows (paired_queries). */
+__attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
+qk_kv_rows(const int DT, const int MX, const float *q, size_t ldq, const uint8_t *k, size_t rb,
+           int32_t n, struct attn__kv_after after, int32_t d, float *s, size_t lds) {
+    if (DT == 1 && d % 16 == 0 && d <= PAIRED_MAX_D) {
+        float qp[4 * PAIRED_MAX_D];
+        paired_queries(MX, q, ldq, d, qp);
+        qk_kv_keys(DT, MX, 1, qp, (size_t)d, k, rb, n, after, d, s, lds);
+    } else {
+        qk_kv_keys(DT, MX, 0, q, ldq, k, rb, n, after, d, s, lds);
     }
 }
 
@@ -213,6 +303,12 @@ pv_strip(const int DT, const int MX, const int CW, const int NS, const float *p,
                 acc[u][a][w] =
                     u == 0 ? _mm256_loadu_ps(o + a * ldo + c + 8 * w) : _mm256_setzero_ps();
             }
+            if (PAIRED(DT, CW) && u == 0) {
+#pragma GCC unroll 2
+                for (int w = 0; w < CW; w += 2) {
+                    swap_halves(&acc[0][a][w], &acc[0][a][w + 1]);
+                }
+            }
         }
     }
     /* Every strip prefetches its part of each row PV_KEYS ahead (a line twice when two strips
@@ -228,10 +324,7 @@ pv_strip(const int DT, const int MX, const int CW, const int NS, const float *p,
             _mm_prefetch((const char *)ahead, _MM_HINT_T0);
             ahead += ahead_rb;
             __m256 vv[4];
-#pragma GCC unroll 4
-            for (int w = 0; w < CW; w++) {
-                vv[w] = DT == 3 ? q8_values(row, c + 8 * w) : load_w8(DT, row, (size_t)c + 8 * w);
-            }
+            strip_values(DT, CW, row, c, vv);
 #pragma GCC unroll 4
             for (int a = 0; a < MX; a++) {
                 __m256 pa = _mm256_broadcast_ss(p + a * ldp + (j + u - pj));
@@ -243,23 +336,33 @@ pv_strip(const int DT, const int MX, const int CW, const int NS, const float *p,
         }
     }
     for (; j < j1; j++) {
-        const uint8_t *row = v + (size_t)j * rb;
+        __m256 vv[4];
+        strip_values(DT, CW, v + (size_t)j * rb, c, vv);
 #pragma GCC unroll 4
         for (int w = 0; w < CW; w++) {
-            __m256 vw = DT == 3 ? q8_values(row, c + 8 * w) : load_w8(DT, row, (size_t)c + 8 * w);
 #pragma GCC unroll 4
             for (int a = 0; a < MX; a++) {
-                acc[0][a][w] =
-                    _mm256_fmadd_ps(_mm256_broadcast_ss(p + a * ldp + (j - pj)), vw, acc[0][a][w]);
+                acc[0][a][w] = _mm256_fmadd_ps(_mm256_broadcast_ss(p + a * ldp + (j - pj)), vv[w],
+                                               acc[0][a][w]);
             }
         }
     }
 #pragma GCC unroll 4
     for (int a = 0; a < MX; a++) {
+        __m256 sum[4];
 #pragma GCC unroll 4
         for (int w = 0; w < CW; w++) {
-            __m256 sum = NS > 1 ? _mm256_add_ps(acc[0][a][w], acc[NS - 1][a][w]) : acc[0][a][w];
-            _mm256_storeu_ps(o + a * ldo + c + 8 * w, sum);
+            sum[w] = NS > 1 ? _mm256_add_ps(acc[0][a][w], acc[NS - 1][a][w]) : acc[0][a][w];
+        }
+        if (PAIRED(DT, CW)) {
+#pragma GCC unroll 2
+            for (int w = 0; w < CW; w += 2) {
+                swap_halves(&sum[w], &sum[w + 1]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int w = 0; w < CW; w++) {
+            _mm256_storeu_ps(o + a * ldo + c + 8 * w, sum[w]);
         }
     }
 }
