@@ -57,6 +57,44 @@ load_w1(const int DT, const void *w, size_t i) {
     return DT == 1 ? attn__bf16_to_f32(h) : _cvtsh_ss(h);
 }
 
+/* Sixteen bfloat16 weights widened with in-lane unpacks: lo holds values 0-3 and 8-11, hi 4-7
+ * and 12-15 (bf16_lane_order puts x in that order). One load for both: vpmovzxwd, the
+ * one-step widening, is a cross-lane op that Zen 5 issues about once a cycle (a probe: 4.8 G
+ * FMA/s a core through it, 8.4 through unpacks), and a memory operand on each unpack would load
+ * the weights twice (the compiler folds them unless told the value is in a register). */
+__attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
+widen_bf16x16(const uint16_t *w, __m256 *lo, __m256 *hi) {
+    __m256i v = _mm256_loadu_si256((const __m256i *)w), z = _mm256_setzero_si256();
+    __asm__("" : "+x"(v)); /* one load, two unpacks of the register */
+    *lo = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, v));
+    *hi = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, v));
+}
+
+/* Values 0-7 | 8-15 <-> widen_bf16x16's order 0-3 8-11 | 4-7 12-15, for vectors a and b (its
+ * own inverse: an exchange of 128-bit halves). */
+__attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
+bf16_lane_swap(__m256 *a, __m256 *b) {
+    __m256 lo = _mm256_permute2f128_ps(*a, *b, 0x20), hi = _mm256_permute2f128_ps(*a, *b, 0x31);
+    *a = lo;
+    *b = hi;
+}
+
+/* xl = x in widen_bf16x16's order: in each whole 16 values the middle two quads swapped, the
+ * tail as it is. */
+__attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
+bf16_lane_order(const float *x, int32_t k, float *xl) {
+    int32_t c = 0;
+    for (; c + 16 <= k; c += 16) {
+        __m256 a = _mm256_loadu_ps(x + c), b = _mm256_loadu_ps(x + c + 8);
+        bf16_lane_swap(&a, &b);
+        _mm256_storeu_ps(xl + c, a);
+        _mm256_storeu_ps(xl + c + 8, b);
+    }
+    for (; c < k; c++) {
+        xl[c] = x[c];
+    }
+}
+
 /* The byte offset of value c in a row held as DT (Q8_0: within a few bytes), for prefetching. */
 #define KV_BYTE_OF(DT, c)                                                                          \
     ((DT) == 0 ? (size_t)(c)*4 : (DT) < 3 ? (size_t)(c)*2 : (size_t)(c)*17 / 16)

@@ -63,11 +63,10 @@ row_ahead(const uint8_t *base, size_t rb, int32_t n, struct attn__kv_after after
     return after.rows + (size_t)(r - n) * after.row_bytes;
 }
 
-/* A strip of bfloat16 values (CW even) is widened two vectors from one 32-byte load:
- * interleaving the raw values with zeros (vpunpcklwd / vpunpckhwd) makes each bfloat16 the
- * float it is in one shuffle, with no shift competing with the FMAs for their ports, but leaves
- * each 16 columns in the order 0-3 8-11 | 4-7 12-15. The strip's accumulators keep that order;
- * at its ends swap_halves puts them back in column order (it is its own inverse). */
+/* A strip of bfloat16 values (CW even) is widened two vectors from one 32-byte load
+ * (widen_bf16x16: a shuffle each, no shift competing with the FMAs for their ports), each 16
+ * columns in the order 0-3 8-11 | 4-7 12-15. The strip's accumulators keep that order; at its
+ * ends bf16_lane_swap puts them back in column order. */
 #define PAIRED(DT, CW) ((DT) == 1 && (CW) % 2 == 0)
 
 __attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
@@ -75,10 +74,7 @@ strip_values(const int DT, const int CW, const uint8_t *row, int32_t c, __m256 *
     if (PAIRED(DT, CW)) {
 #pragma GCC unroll 2
         for (int w = 0; w < CW; w += 2) {
-            __m256i x = _mm256_loadu_si256(
-                (const __m256i *)((const uint16_t *)(const void *)row + c + 8 * w));
-            vv[w] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(_mm256_setzero_si256(), x));
-            vv[w + 1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(_mm256_setzero_si256(), x));
+            widen_bf16x16((const uint16_t *)(const void *)row + c + 8 * w, &vv[w], &vv[w + 1]);
         }
         return;
     }
@@ -88,18 +84,10 @@ strip_values(const int DT, const int CW, const uint8_t *row, int32_t c, __m256 *
     }
 }
 
-/* Columns 0-7 | 8-15 <-> the paired order 0-3 8-11 | 4-7 12-15, for vectors a and b. */
-__attribute__((always_inline, target("avx2,fma,f16c"))) static inline void swap_halves(__m256 *a,
-                                                                                       __m256 *b) {
-    __m256 lo = _mm256_permute2f128_ps(*a, *b, 0x20), hi = _mm256_permute2f128_ps(*a, *b, 0x31);
-    *a = lo;
-    *b = hi;
-}
-
 /* s[a * lds + b] = q_a . k_b for MX <= 4 query rows and NK <= 3 keys held as DT, rb bytes apart:
  * each key vector is widened once and used for every row. ahead[b]: the row to prefetch for key
  * b. PR: bfloat16 keys widened in pairs as strip_values does, against query rows whose every 16
- * columns are in that order (paired_queries; d a multiple of 16). */
+ * columns are in that order (bf16_lane_order; d a multiple of 16). */
 __attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
 qk_kv_block(const int DT, const int MX, const int NK, const int PR, const float *q, size_t ldq,
             const uint8_t *k, size_t rb, const uint8_t *const *ahead, int32_t d, float *s,
@@ -145,6 +133,8 @@ qk_kv_block(const int DT, const int MX, const int NK, const int PR, const float 
         }
     }
     for (; PR && c + 16 <= d; c += 16) {
+        /* widen_bf16x16's order, each half apart: twelve accumulators and a key's two halves
+         * would not fit the 16 registers, so each half loads the keys again (from L1) */
 #pragma GCC unroll 2
         for (int half = 0; half < 2; half++) {
             __m256 kv[3];
@@ -207,20 +197,6 @@ qk_kv_block(const int DT, const int MX, const int NK, const int PR, const float 
 /* The widest query rows taken in the paired order (4 of them: 8 KiB of stack). */
 #define PAIRED_MAX_D 512
 
-/* qp (MX rows, d apart) = q's rows with every 16 columns in strip_values' paired order. */
-__attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
-paired_queries(const int MX, const float *q, size_t ldq, int32_t d, float *qp) {
-#pragma GCC unroll 4
-    for (int a = 0; a < MX; a++) {
-        for (int32_t c = 0; c + 16 <= d; c += 16) {
-            __m256 lo = _mm256_loadu_ps(q + a * ldq + c), hi = _mm256_loadu_ps(q + a * ldq + c + 8);
-            swap_halves(&lo, &hi);
-            _mm256_storeu_ps(qp + (size_t)a * d + c, lo);
-            _mm256_storeu_ps(qp + (size_t)a * d + c + 8, hi);
-        }
-    }
-}
-
 /* One group of MX query rows against the n keys of a block, a few at a time (PR: as qk_kv_block
  * says). */
 __attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
@@ -245,13 +221,16 @@ qk_kv_keys(const int DT, const int MX, const int PR, const float *q, size_t ldq,
     }
 }
 
-/* qk_kv_keys, bfloat16 keys widened in pairs where d allows (paired_queries). */
+/* qk_kv_keys, bfloat16 keys widened in pairs where d allows, against the rows in that order. */
 __attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
 qk_kv_rows(const int DT, const int MX, const float *q, size_t ldq, const uint8_t *k, size_t rb,
            int32_t n, struct attn__kv_after after, int32_t d, float *s, size_t lds) {
     if (DT == 1 && d % 16 == 0 && d <= PAIRED_MAX_D) {
         float qp[4 * PAIRED_MAX_D];
-        paired_queries(MX, q, ldq, d, qp);
+#pragma GCC unroll 4
+        for (int a = 0; a < MX; a++) {
+            bf16_lane_order(q + a * ldq, d, qp + (size_t)a * d);
+        }
         qk_kv_keys(DT, MX, 1, qp, (size_t)d, k, rb, n, after, d, s, lds);
     } else {
         qk_kv_keys(DT, MX, 0, q, ldq, k, rb, n, after, d, s, lds);
@@ -306,7 +285,7 @@ pv_strip(const int DT, const int MX, const int CW, const int NS, const float *p,
             if (PAIRED(DT, CW) && u == 0) {
 #pragma GCC unroll 2
                 for (int w = 0; w < CW; w += 2) {
-                    swap_halves(&acc[0][a][w], &acc[0][a][w + 1]);
+                    bf16_lane_swap(&acc[0][a][w], &acc[0][a][w + 1]);
                 }
             }
         }
@@ -357,7 +336,7 @@ pv_strip(const int DT, const int MX, const int CW, const int NS, const float *p,
         if (PAIRED(DT, CW)) {
 #pragma GCC unroll 2
             for (int w = 0; w < CW; w += 2) {
-                swap_halves(&sum[w], &sum[w + 1]);
+                bf16_lane_swap(&sum[w], &sum[w + 1]);
             }
         }
 #pragma GCC unroll 4

@@ -110,37 +110,9 @@ dot_row1(const int DT, const float *x, const void *w, int32_t k) {
     return sum;
 }
 
-/* Sixteen bfloat16 weights widened with in-lane unpacks: lo holds values 0-3 and 8-11, hi 4-7
- * and 12-15 (bf16_lane_order puts x in that order). One load for both: vpmovzxwd, the
- * one-step widening, is a cross-lane op that Zen 5 issues about once a cycle (a probe: 4.8 G
- * FMA/s a core through it, 8.4 through unpacks), and a memory operand on each unpack would load
- * the weights twice (the compiler folds them unless told the value is in a register). */
-__attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
-widen_bf16x16(const uint16_t *w, __m256 *lo, __m256 *hi) {
-    __m256i v = _mm256_loadu_si256((const __m256i *)w), z = _mm256_setzero_si256();
-    __asm__("" : "+x"(v)); /* one load, two unpacks of the register */
-    *lo = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, v));
-    *hi = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, v));
-}
-
 /* The longest input row put in widen_bf16x16's order on the stack (32 KiB); longer ones take
  * dot_row1. */
 #define LANES_MAX_K 8192
-
-/* xl = x in widen_bf16x16's order: in each whole 16 values the middle two quads swapped, the
- * tail as it is. */
-__attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
-bf16_lane_order(const float *x, int32_t k, float *xl) {
-    int32_t c = 0;
-    for (; c + 16 <= k; c += 16) {
-        __m256 a = _mm256_loadu_ps(x + c), b = _mm256_loadu_ps(x + c + 8);
-        _mm256_storeu_ps(xl + c, _mm256_permute2f128_ps(a, b, 0x20));
-        _mm256_storeu_ps(xl + c + 8, _mm256_permute2f128_ps(a, b, 0x31));
-    }
-    for (; c < k; c++) {
-        xl[c] = x[c];
-    }
-}
 
 /* y[r] = x . w_r for four bfloat16 weight rows side by side, xl in widen_bf16x16's order: each
  * 16 values of x loaded once for eight FMAs, two accumulators a row. For weights in cache (four
