@@ -112,6 +112,19 @@ static int session_tokens(const char *id) {
     return n;
 }
 
+/* The daemon's log (malloc'd) once it holds `needle`, or as it is after timeout_ms (a request's
+ * line is written when its connection has closed, which its client may see first). */
+static char *log_holding(const char *needle, int timeout_ms) {
+    double end_ms = http_client_mono_ms() + timeout_ms;
+    char *log = http_client_daemon_log(&daemon_);
+    while (strstr(log, needle) == NULL && http_client_mono_ms() < end_ms) {
+        free(log);
+        http_client_sleep_ms(10);
+        log = http_client_daemon_log(&daemon_);
+    }
+    return log;
+}
+
 /* ---- NUL never aliases ---------------------------------------------------------------------- */
 
 START_TEST(test_hostile_nul_never_aliases_a_shorter_name) {
@@ -390,15 +403,7 @@ START_TEST(test_hostile_one_request_is_one_log_line) {
     ck_assert_int_ne(raw_status("GET", "/nothere%0Aforged=1%20%22q%22", NULL), 200);
     /* Health is logged at debug only; a last request marks the end of what to read. */
     ck_assert_int_eq(status_of("GET", "/v1/sessions/the-end", NULL), 404);
-    char *log = NULL;
-    for (int i = 0; i < 200; i++) {
-        free(log);
-        log = http_client_daemon_log(&daemon_);
-        if (strstr(log, "the-end") != NULL) {
-            break;
-        }
-        http_client_sleep_ms(10);
-    }
+    char *log = log_holding("the-end", 2000);
     ck_assert_ptr_nonnull(strstr(log, "the-end"));
     /* The client's bytes are there, quoted and escaped. */
     ck_assert_ptr_nonnull(strstr(log, "path=\"/v1/sessions/a\\x0a2026-01-01T00:00:00.000Z INFO  "));
@@ -458,15 +463,7 @@ START_TEST(test_hostile_reset_mid_answer_is_client_closed) {
     struct linger lg = {1, 0};
     setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
     close(fd); /* a reset, the answer half unsent */
-    char *log = NULL;
-    for (int i = 0; i < 100; i++) {
-        free(log);
-        log = http_client_daemon_log(&daemon_);
-        if (strstr(log, "session=\"rs\" method=\"POST\"") != NULL) {
-            break;
-        }
-        http_client_sleep_ms(50);
-    }
+    char *log = log_holding("session=\"rs\" method=\"POST\"", 5000);
     const char *line = strstr(log, "session=\"rs\" method=\"POST\"");
     ck_assert_ptr_nonnull(line);
     const char *eol = strchr(line, '\n');
