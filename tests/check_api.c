@@ -1122,6 +1122,8 @@ extern Suite *api_suite(void);
 Suite *api_suite(void) {
     Suite *s = suite_create("api");
     TCase *tc = tcase_create("proto");
+    /* the number writers' million values take 3-4 s under ASan, check's default limit 4 */
+    tcase_set_timeout(tc, 30);
     tcase_add_test(tc, test_api_error_table_matches_proto);
     tcase_add_test(tc, test_api_error_example_exact);
     tcase_add_test(tc, test_api_attend_examples_parse);
