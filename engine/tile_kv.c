@@ -23,15 +23,8 @@ __attribute__((always_inline, target("avx2,fma"))) static inline __m128 hsum4x8(
     return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
 }
 
-/* A Q8_0 row's block holding value c: its scale, broadcast; its 8 int8 from value c (a multiple
- * of 8), as floats not yet scaled. */
-__attribute__((always_inline, target("avx2,fma,f16c"))) static inline __m256
-q8_scale(const uint8_t *row, int32_t c) {
-    uint16_t h;
-    memcpy(&h, row + (size_t)(c / ATTN__QK8_0) * ATTN__Q8_0_BYTES, sizeof h);
-    return _mm256_set1_ps(_cvtsh_ss(h));
-}
-
+/* A Q8_0 row's 8 int8 from value c (a multiple of 8), as floats not yet scaled (the weighted
+ * sum's weights carry the scales). */
 __attribute__((always_inline, target("avx2,fma,f16c"))) static inline __m256
 q8_values(const uint8_t *row, int32_t c) {
     const uint8_t *p = row + (size_t)(c / ATTN__QK8_0) * ATTN__Q8_0_BYTES + 2 + c % ATTN__QK8_0;
@@ -41,8 +34,7 @@ q8_values(const uint8_t *row, int32_t c) {
 /* How far ahead the scores kernel prefetches key rows: each pass of a few keys asks for every
  * line of the rows this far ahead (the hardware prefetcher stops at page boundaries, and a block
  * spans several pages). Every row, not one row in three as before: the small preset's 32-session
- * decode step (K/V out of L3) 4.1-4.5 -> 3.1-4.0 ms median over four alternated runs. Q8_0's
- * block loop keeps its own prefetch, a block 8 rows ahead.
+ * decode step (K/V out of L3) 4.1-4.5 -> 3.1-4.0 ms median over four alternated runs.
  * As far as the weighted sum's (PV_KEYS): near a block's end each kernel prefetches the rows the
  * other reads first (the scores kernel the block's values, the weighted sum the next block's
  * keys), and from there the other prefetches PV_KEYS on; 16 here left rows 16-31 of every value
@@ -84,7 +76,8 @@ strip_values(const int DT, const int CW, const uint8_t *row, int32_t c, __m256 *
     }
 }
 
-/* s[a * lds + b] = q_a . k_b for MX <= 4 query rows and NK <= 3 keys held as DT, rb bytes apart:
+/* s[a * lds + b] = q_a . k_b for MX <= 4 query rows and NK <= 3 keys held as DT (float, bfloat16
+ * or binary16; Q8_0 has qk_q8_keys), rb bytes apart:
  * each key vector is widened once and used for every row. ahead[b]: the row to prefetch for key
  * b. PR: bfloat16 keys widened in pairs as strip_values does, against query rows whose every 16
  * columns are in that order (bf16_lane_order; d a multiple of 16). */
@@ -97,41 +90,14 @@ qk_kv_block(const int DT, const int MX, const int NK, const int PR, const float 
     for (int a = 0; a < 16; a++) {
         acc[a] = _mm256_setzero_ps(); /* unrolled: a loop here became a rep stos per call */
     }
-    if (DT != 3) {
-        /* the lines of the rows KV_PREFETCH_ROWS ahead, all at once: no branch in the loop */
+    /* the lines of the rows KV_PREFETCH_ROWS ahead, all at once: no branch in the loop */
 #pragma GCC unroll 3
-        for (int b = 0; b < NK; b++) {
-            for (size_t off = 0; off < KV_BYTE_OF(DT, d); off += 64) {
-                _mm_prefetch((const char *)(ahead[b] + off), _MM_HINT_T0);
-            }
+    for (int b = 0; b < NK; b++) {
+        for (size_t off = 0; off < KV_BYTE_OF(DT, d); off += 64) {
+            _mm_prefetch((const char *)(ahead[b] + off), _MM_HINT_T0);
         }
     }
     int32_t c = 0;
-    for (; DT == 3 && c + ATTN__QK8_0 <= d; c += ATTN__QK8_0) {
-        /* Q8_0 a whole block at a time: its scale widened once, not per 8 values */
-        _mm_prefetch((const char *)(k + 8 * rb + KV_BYTE_OF(DT, c)), _MM_HINT_T0);
-        __m256 sv[3];
-#pragma GCC unroll 3
-        for (int b = 0; b < NK; b++) {
-            sv[b] = q8_scale(k + b * rb, c);
-        }
-#pragma GCC unroll 4
-        for (int32_t sub = 0; sub < ATTN__QK8_0; sub += 8) {
-            __m256 kv[3];
-#pragma GCC unroll 3
-            for (int b = 0; b < NK; b++) {
-                kv[b] = _mm256_mul_ps(q8_values(k + b * rb, c + sub), sv[b]);
-            }
-#pragma GCC unroll 4
-            for (int a = 0; a < MX; a++) {
-                __m256 qv = _mm256_loadu_ps(q + a * ldq + c + sub);
-#pragma GCC unroll 3
-                for (int b = 0; b < NK; b++) {
-                    acc[b * 4 + a] = _mm256_fmadd_ps(qv, kv[b], acc[b * 4 + a]);
-                }
-            }
-        }
-    }
     for (; PR && c + 16 <= d; c += 16) {
         /* widen_bf16x16's order, each half apart: twelve accumulators and a key's two halves
          * would not fit the 16 registers, so each half loads the keys again (from L1) */
@@ -157,11 +123,6 @@ qk_kv_block(const int DT, const int MX, const int NK, const int PR, const float 
         }
     }
     for (; c + 8 <= d; c += 8) {
-#pragma GCC unroll 3
-        for (int b = 0; DT == 3 && b < NK; b++) {
-            /* a Q8_0 row's tail (d not whole blocks) */
-            _mm_prefetch((const char *)(ahead[b] + KV_BYTE_OF(DT, c)), _MM_HINT_T0);
-        }
         __m256 kv[3];
 #pragma GCC unroll 3
         for (int b = 0; b < NK; b++) {
@@ -194,8 +155,96 @@ qk_kv_block(const int DT, const int MX, const int NK, const int PR, const float 
     }
 }
 
-/* The widest query rows taken in the paired order (4 of them: 8 KiB of stack). */
-#define PAIRED_MAX_D 512
+/* The widest query rows the scores kernels copy (4 of them: 8 KiB of stack; see qk_kv_rows). */
+#define QUERY_COPY_MAX_D 512
+
+/* s[a * lds + b] = q_a . k_b for MX <= 4 query rows and NK <= 2 Q8_0 keys, rb bytes apart;
+ * ahead[b]: the row to prefetch for key b. Each 8 int8 are widened and scaled once for every
+ * row. A lone key's 8s alternate between two sets of accumulators: one set, a chain of d / 8
+ * dependent FMAs a row, waited on the FMA latency. The blocks' offsets are constants once d is
+ * (the loop before this one computed each 8's block and offset from c). */
+__attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
+qk_q8_keys(const int MX, const int NK, const float *q, size_t ldq, const uint8_t *k, size_t rb,
+           const uint8_t *const *ahead, int32_t d, float *s, size_t lds) {
+#pragma GCC unroll 2
+    for (int b = 0; b < NK; b++) {
+        for (size_t off = 0; off < KV_BYTE_OF(3, d); off += 64) {
+            _mm_prefetch((const char *)(ahead[b] + off), _MM_HINT_T0);
+        }
+    }
+    __m256 acc[8]; /* [set * 4 + a], the set the key's for two keys */
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) {
+        acc[i] = _mm256_setzero_ps();
+    }
+    int32_t c = 0;
+#pragma GCC unroll 16
+    for (; c + ATTN__QK8_0 <= d; c += ATTN__QK8_0) {
+        const uint8_t *blk = k + (size_t)c / ATTN__QK8_0 * ATTN__Q8_0_BYTES;
+        __m256 scale[2];
+#pragma GCC unroll 2
+        for (int b = 0; b < NK; b++) {
+            uint16_t h;
+            memcpy(&h, blk + b * rb, sizeof h);
+            scale[b] = _mm256_set1_ps(_cvtsh_ss(h));
+        }
+#pragma GCC unroll 4
+        for (int sub = 0; sub < ATTN__QK8_0 / 8; sub++) {
+            __m256 kv[2];
+#pragma GCC unroll 2
+            for (int b = 0; b < NK; b++) {
+                __m128i x = _mm_loadl_epi64((const __m128i *)(blk + b * rb + 2 + 8 * sub));
+                kv[b] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(x)), scale[b]);
+            }
+#pragma GCC unroll 4
+            for (int a = 0; a < MX; a++) {
+                __m256 qv = _mm256_loadu_ps(q + a * ldq + c + 8 * sub);
+#pragma GCC unroll 2
+                for (int b = 0; b < NK; b++) {
+                    int set = NK == 1 ? sub & 1 : b;
+                    acc[set * 4 + a] = _mm256_fmadd_ps(qv, kv[b], acc[set * 4 + a]);
+                }
+            }
+        }
+    }
+    for (; c + 8 <= d; c += 8) { /* the last block's whole 8s when d is not whole blocks */
+#pragma GCC unroll 2
+        for (int b = 0; b < NK; b++) {
+            __m256 kv = load_w8(3, k + b * rb, (size_t)c);
+#pragma GCC unroll 4
+            for (int a = 0; a < MX; a++) {
+                acc[b * 4 + a] =
+                    _mm256_fmadd_ps(_mm256_loadu_ps(q + a * ldq + c), kv, acc[b * 4 + a]);
+            }
+        }
+    }
+    float t[8]; /* lane b * 4 + a: row a against key b */
+    if (NK == 1) {
+#pragma GCC unroll 4
+        for (int a = 0; a < 4; a++) {
+            acc[a] = _mm256_add_ps(acc[a], acc[4 + a]);
+        }
+        _mm_storeu_ps(t, hsum4x8(acc));
+    } else {
+        _mm256_storeu_ps(t, hsum8x8(acc));
+    }
+#pragma GCC unroll 4
+    for (int a = 0; a < MX; a++) {
+#pragma GCC unroll 2
+        for (int b = 0; b < NK; b++) {
+            float x = t[b * 4 + a];
+            for (int32_t r = c; r < d; r++) {
+                x += q[a * ldq + r] * load_w1(3, k + b * rb, (size_t)r);
+            }
+            s[a * lds + b] = x;
+        }
+    }
+}
+
+/* Q8_0 keys a pass of the scores: two, eight accumulators (four rows) for the FMA latency, and
+ * each query vector loaded once for both (llama8b attention alone, three alternated runs:
+ * L=2048 0.61-0.62 ms with one key, 0.58-0.59 with two; L=8192 2.45-2.47, 2.28-2.40). */
+#define Q8_KEYS 2
 
 /* One group of MX query rows against the n keys of a block, a few at a time (PR: as qk_kv_block
  * says). */
@@ -203,11 +252,24 @@ __attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
 qk_kv_keys(const int DT, const int MX, const int PR, const float *q, size_t ldq, const uint8_t *k,
            size_t rb, int32_t n, struct attn__kv_after after, int32_t d, float *s, size_t lds) {
     int32_t j = 0;
+    if (DT == 3) {
+        for (; j + Q8_KEYS <= n; j += Q8_KEYS) {
+            const uint8_t *ahead[2];
+#pragma GCC unroll 2
+            for (int b = 0; b < Q8_KEYS; b++) {
+                ahead[b] = row_ahead(k, rb, n, after, j + KV_PREFETCH_ROWS + b);
+            }
+            qk_q8_keys(MX, Q8_KEYS, q, ldq, k + (size_t)j * rb, rb, ahead, d, s + j, lds);
+        }
+        for (; j < n; j++) {
+            const uint8_t *ahead[1] = {row_ahead(k, rb, n, after, j + KV_PREFETCH_ROWS)};
+            qk_q8_keys(MX, 1, q, ldq, k + (size_t)j * rb, rb, ahead, d, s + j, lds);
+        }
+        return;
+    }
     /* three keys a pass (12 accumulators hide the FMA latency better than 8: bf16 from L2 18.8
-     * -> 16.7 ns a key; paired bfloat16 two a pass, 7% slower); Q8_0 one, as its scales took the
-     * registers of two and spilled accumulators to the stack (llama8b L=2048 on one thread:
-     * 0.49-0.50 -> 0.46-0.48 ms) */
-    for (; DT != 3 && j + 3 <= n; j += 3) {
+     * -> 16.7 ns a key; paired bfloat16 two a pass, 7% slower) */
+    for (; j + 3 <= n; j += 3) {
         const uint8_t *ahead[3];
 #pragma GCC unroll 3
         for (int b = 0; b < 3; b++) {
@@ -221,19 +283,32 @@ qk_kv_keys(const int DT, const int MX, const int PR, const float *q, size_t ldq,
     }
 }
 
-/* qk_kv_keys, bfloat16 keys widened in pairs where d allows, against the rows in that order. */
+/* qk_kv_keys on a copy of the query rows, d apart, where d allows: with the head size a
+ * constant every row's address is one register plus a constant (at a stride known only at run
+ * time the compiler kept an address per row and 8 columns, spilled to the stack, and reloaded
+ * one for each FMA); bfloat16 keys widened in pairs where d allows, against the rows in that
+ * order. */
 __attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
 qk_kv_rows(const int DT, const int MX, const float *q, size_t ldq, const uint8_t *k, size_t rb,
            int32_t n, struct attn__kv_after after, int32_t d, float *s, size_t lds) {
-    if (DT == 1 && d % 16 == 0 && d <= PAIRED_MAX_D) {
-        float qp[4 * PAIRED_MAX_D];
-#pragma GCC unroll 4
-        for (int a = 0; a < MX; a++) {
-            bf16_lane_order(q + a * ldq, d, qp + (size_t)a * d);
-        }
-        qk_kv_keys(DT, MX, 1, qp, (size_t)d, k, rb, n, after, d, s, lds);
-    } else {
+    if (d > QUERY_COPY_MAX_D) {
         qk_kv_keys(DT, MX, 0, q, ldq, k, rb, n, after, d, s, lds);
+        return;
+    }
+    float qc[4 * QUERY_COPY_MAX_D];
+    const int paired = DT == 1 && d % 16 == 0;
+#pragma GCC unroll 4
+    for (int a = 0; a < MX; a++) {
+        if (paired) {
+            bf16_lane_order(q + a * ldq, d, qc + (size_t)a * d);
+        } else {
+            memcpy(qc + (size_t)a * d, q + a * ldq, (size_t)d * sizeof *qc);
+        }
+    }
+    if (paired) {
+        qk_kv_keys(DT, MX, 1, qc, (size_t)d, k, rb, n, after, d, s, lds);
+    } else {
+        qk_kv_keys(DT, MX, 0, qc, (size_t)d, k, rb, n, after, d, s, lds);
     }
 }
 
