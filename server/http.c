@@ -759,7 +759,6 @@ static int listen_on(const char *host, int32_t port, int32_t *bound_port, char *
     return fd;
 }
 
-static void on_handle_closed(uv_handle_t *h);
 static void on_never(uv_poll_t *h, int status, int events) {
     (void)h, (void)status, (void)events;
 }
@@ -785,7 +784,7 @@ static void reserve_watchers(struct http_server *s, int32_t fd_ceiling) {
     s->sizer.data = s;
     s->n_open_handles++;
     uv_poll_start(&s->sizer, UV_READABLE, on_never); /* grows the table; nothing is polled yet */
-    uv_close((uv_handle_t *)&s->sizer, on_handle_closed); /* before its descriptor, as always */
+    uv_close((uv_handle_t *)&s->sizer, http__handle_closed); /* before its descriptor, as always */
     close(fd);
 }
 
@@ -839,6 +838,7 @@ int http_server_create(uv_loop_t *loop, const struct http_params *p, const struc
         close(s->listen_fd);
         goto fail;
     }
+    s->fd_ceiling = p->fd_ceiling;
     init_handles(s, p->fd_ceiling);
     run_mhd(s);
     *out = s;
@@ -849,7 +849,7 @@ fail:
     return -1;
 }
 
-static void on_handle_closed(uv_handle_t *h) {
+void http__handle_closed(uv_handle_t *h) {
     struct http_server *s = h->data;
     if (--s->n_open_handles == 0) {
         free(s);
@@ -861,16 +861,17 @@ void http_server_destroy(struct http_server *s) {
         return;
     }
     http_server_quiesce(s);
+    http__linger_stop(s); /* and none starts as MHD closes the connections below */
     /* Closed before MHD closes its epoll descriptor (see http__conns_stop_accepting). */
-    uv_close((uv_handle_t *)&s->poll, on_handle_closed);
+    uv_close((uv_handle_t *)&s->poll, http__handle_closed);
     uv_timer_stop(&s->timer);
     uv_idle_stop(&s->spin);
     /* Closes every connection; each CLOSED notice closes its watch. */
     MHD_stop_daemon(s->daemon);
     http__conns_destroy(s);
-    uv_close((uv_handle_t *)&s->timer, on_handle_closed);
-    uv_close((uv_handle_t *)&s->spin, on_handle_closed);
-    http__conns_close(s, on_handle_closed);
+    uv_close((uv_handle_t *)&s->timer, http__handle_closed);
+    uv_close((uv_handle_t *)&s->spin, http__handle_closed);
+    http__conns_close(s, http__handle_closed);
 }
 
 int32_t http_server_port(const struct http_server *s) {
@@ -878,7 +879,7 @@ int32_t http_server_port(const struct http_server *s) {
 }
 
 void http_server_quiesce(struct http_server *s) {
-    http__conns_stop_accepting(s, on_handle_closed);
+    http__conns_stop_accepting(s, http__handle_closed);
 }
 
 int32_t http_server_n_requests(const struct http_server *s) {

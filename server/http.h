@@ -73,7 +73,8 @@ struct http_params {
 };
 
 /* Descriptors a server with max_connections may hold at once: its connections, those it is
- * closing while their replacements are accepted, and the listening socket. */
+ * closing while their replacements are accepted, the sockets it lingers on after an early
+ * answer, and the listening socket. */
 int64_t http_server_fds_needed(int32_t max_connections);
 
 /* Binds and starts serving. Returns 0, or -1 with a one-line reason in err (e.g. port in use). */

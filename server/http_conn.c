@@ -394,6 +394,9 @@ static void conn_close(struct http_conn *hc) {
     if (hc->req != NULL) {
         hc->req->hc = NULL;
     }
+    if (!hc->is_dropped) { /* one dropped here was cut on purpose */
+        http__linger(hc->srv, hc->fd, hc->is_body_unread);
+    }
     if (hc->has_watch) {
         uv_close((uv_handle_t *)&hc->watch, on_conn_handle_closed);
     } else {
@@ -628,6 +631,10 @@ void http__conn_request_end(struct http_request *r) {
     }
     hc->req = NULL;
     r->hc = NULL;
+    /* answered before its body was in: the client may still be sending it (see conn_close) */
+    hc->is_body_unread =
+        !r->has_body_handed && (http_request_header(r, "Content-Length") != NULL ||
+                                http_request_header(r, "Transfer-Encoding") != NULL);
     if (hc->has_fin) {
         drop(hc); /* its client sends nothing more: the connection ends with this answer */
     } else if (hc->is_counted) {
@@ -646,7 +653,7 @@ bool http__conn_is_gone(const struct http_request *r) {
 }
 
 int64_t http_server_fds_needed(int32_t max_connections) {
-    return (int64_t)max_connections + HTTP_CONN_SLACK + 1;
+    return (int64_t)max_connections + HTTP_CONN_SLACK + HTTP_LINGER_SLOTS + 1;
 }
 
 bool http_server_has_partial_headers(const struct http_server *s) {

@@ -1,6 +1,7 @@
-/* server/http_int.h: what the two files of the HTTP module share (http.c drives MHD and owns
+/* server/http_int.h: what the files of the HTTP module share (http.c drives MHD and owns
  * requests and answers; http_conn.c owns connections: accepting within the limits, the watch
- * for a client's FIN, timeouts, drops and answers written around MHD). Not for other modules:
+ * for a client's FIN, timeouts, drops and answers written around MHD; http_linger.c keeps a
+ * closed connection's socket while its client is still sending). Not for other modules:
  * they use http.h. Cross-file functions are prefixed http__.
  *
  * Thread rule: loop thread only.
@@ -37,13 +38,14 @@ struct http_conn {
     struct http_server *srv;
     struct MHD_Connection *mhd;
     int fd;
-    uv_poll_t watch;  /* FIN, reset, first bytes; writes of a direct answer */
-    int watch_events; /* what the watch waits for; 0 = stopped */
-    bool has_watch;   /* uv_poll_init succeeded (the handle must be closed) */
-    bool is_counted;  /* in the conn table (false once dropped) */
-    bool has_fin;     /* the client closed its sending side */
-    bool is_dropped;  /* shut down here; MHD closes it at its next pass */
-    uint64_t rx_mark; /* bytes received when it last became idle (see is_new_request) */
+    uv_poll_t watch;     /* FIN, reset, first bytes; writes of a direct answer */
+    int watch_events;    /* what the watch waits for; 0 = stopped */
+    bool has_watch;      /* uv_poll_init succeeded (the handle must be closed) */
+    bool is_counted;     /* in the conn table (false once dropped) */
+    bool has_fin;        /* the client closed its sending side */
+    bool is_dropped;     /* shut down here; MHD closes it at its next pass */
+    bool is_body_unread; /* its last request was answered before its body was in */
+    uint64_t rx_mark;    /* bytes received when it last became idle (see is_new_request) */
     struct http_conn *check_prev, *check_next; /* in srv's FIN-check list */
     bool is_checking;
     struct http_request *req; /* headers in, not yet completed; or NULL */
@@ -53,6 +55,19 @@ struct http_conn {
     size_t target_len;
     bool is_query_cut;     /* its query had more than HTTP_QUERY_ARGS_MAX arguments (http.c) */
     bool is_absolute_form; /* it began "http://" or "https://" as received, not decoded */
+};
+
+/* A socket kept open after MHD's close to read and drop what its client still sends
+ * (http_linger.c). Slots in the server; loop thread only. */
+#define HTTP_LINGER_SLOTS 16
+#define HTTP_LINGER_MS    2000
+struct http_linger {
+    uv_poll_t watch;
+    uv_timer_t timer;
+    int fd;         /* a duplicate of the connection's socket */
+    int n_open;     /* of its two handles, those not yet closed */
+    bool in_use;    /* until both handles have closed */
+    bool is_ending; /* handles closing, descriptor closed */
 };
 
 struct http_request {
@@ -127,6 +142,9 @@ struct http_server {
     uint64_t next_id;
     int32_t n_requests;
     int32_t port;
+    int32_t fd_ceiling; /* the loop's watcher table holds descriptors below it (0: unknown) */
+    struct http_linger lingering[HTTP_LINGER_SLOTS];
+    bool is_stopping; /* http_server_destroy began: no more lingering */
 };
 
 /* ---- http.c ---------------------------------------------------------------------------------- */
@@ -135,6 +153,9 @@ struct http_server {
 void http__schedule_run(struct http_server *s);
 /* Resumes a suspended request (MHD looks at it again at its next run). */
 void http__wake(struct http_request *r);
+
+/* The server's uv_close callback (h->data the server): frees it after its last handle. */
+void http__handle_closed(uv_handle_t *h);
 
 /* ---- http_conn.c ----------------------------------------------------------------------------- */
 
@@ -154,6 +175,18 @@ void http__conns_after_run(struct http_server *s);
 /* MHD's MHD_OPTION_NOTIFY_CONNECTION callback (cls = the server). */
 void http__conn_notify(void *cls, struct MHD_Connection *mc, void **socket_context,
                        enum MHD_ConnectionNotificationCode code);
+
+/* ---- http_linger.c --------------------------------------------------------------------------- */
+
+/* At MHD's CLOSED notice for socket fd: when its client has sent bytes nobody read, or may
+ * still be sending a body (body_unread: its request was answered before the body was in; what
+ * it sends next may not have arrived yet), the socket is kept open on a duplicate for up to
+ * HTTP_LINGER_MS, reading and dropping what comes, so that MHD's close does not reset the
+ * connection before the client has read its answer. Without a free slot or descriptor it does
+ * nothing (the close may reset, as it would without this). */
+void http__linger(struct http_server *s, int fd, bool body_unread);
+/* Ends every lingering socket and lingers no more (http_server_destroy). */
+void http__linger_stop(struct http_server *s);
 
 /* MHD has read a request line on hc: its request has begun, and the header deadline runs (the
  * watch alone misses first bytes MHD read before the watch was polled: a new connection's). */
