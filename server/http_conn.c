@@ -266,9 +266,9 @@ static void http_date(char *buf, size_t size) {
 }
 
 /* Sends the 503 (its head made now: Date, and a request id as every answer has; the rest canned)
- * and closes. What the client already sent is read first, so that the close does not reset the
- * connection over unread bytes (which could lose the answer); bytes that arrive later still
- * may. */
+ * and closes. What the client already sent is read first, and the socket lingers (http_linger.c)
+ * for what it still sends: a close over unread bytes resets the connection, which could lose the
+ * answer (a client writing a large body before it reads met the reset at once). */
 static void refuse(struct http_server *s, int fd) {
     char sink[4096];
     for (int i = 0; i < 16 && recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0; i++) {
@@ -284,6 +284,7 @@ static void refuse(struct http_server *s, int fd) {
     ssize_t n = sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
     (void)n; /* best effort: the socket is new, its buffer empty */
     shutdown(fd, SHUT_WR);
+    http__linger(s, fd, true); /* its request's headers or body may be still arriving */
     close(fd);
     s->n_refused++;
     log_limits(s);

@@ -178,12 +178,12 @@ void http__conn_notify(void *cls, struct MHD_Connection *mc, void **socket_conte
 
 /* ---- http_linger.c --------------------------------------------------------------------------- */
 
-/* At MHD's CLOSED notice for socket fd: when its client has sent bytes nobody read, or may
- * still be sending a body (body_unread: its request was answered before the body was in; what
- * it sends next may not have arrived yet), the socket is kept open on a duplicate for up to
- * HTTP_LINGER_MS, reading and dropping what comes, so that MHD's close does not reset the
- * connection before the client has read its answer. Without a free slot or descriptor it does
- * nothing (the close may reset, as it would without this). */
+/* For socket fd about to be closed with its answer sent (at MHD's CLOSED notice, or a canned
+ * refusal): when its client has sent bytes nobody read, or may still be sending (body_unread:
+ * answered before its body or request was in; what comes next may not have arrived yet), the
+ * socket is kept open on a duplicate for up to HTTP_LINGER_MS, reading and dropping what comes,
+ * so that the close does not reset the connection before the client has read its answer.
+ * Without a free slot or descriptor it does nothing (the close may reset, as without this). */
 void http__linger(struct http_server *s, int fd, bool body_unread);
 /* Ends every lingering socket and lingers no more (http_server_destroy). */
 void http__linger_stop(struct http_server *s);

@@ -1,6 +1,7 @@
 /* server/http_linger.c: lingering closes (RFC 9112 section 9.6). An answer given before its
- * request's body was in (413 past --max-body-mb or --max-held-mb, as the headers say) ends the
- * connection while the client is still sending. Closed at once with those bytes unread, the
+ * request's body was in (413 past --max-body-mb or --max-held-mb, as the headers say; the canned
+ * 503 of a connection past the limits, before anything is read) ends the connection while the
+ * client may still be sending. Closed at once with those bytes unread, the
  * socket is reset (the kernel's answer to unread data), and a client still writing its body
  * sees the reset before it reads the answer: curl reported no status at all, Python's
  * http.client a broken pipe. So the socket is kept open on a duplicate for up to

@@ -343,13 +343,9 @@ START_TEST(test_transport_total_limit_reclaims_the_oldest_idle_connection) {
 }
 END_TEST
 
-/* Checks a canned refusal: 503 too_many_connections in the proto error shape, closing. */
-static void expect_refusal(void) {
-    int fd = http_client_raw_connect(daemon_.port, 5000);
-    ck_assert_int_ge(fd, 0);
-    char *seen;
-    http_client_raw_read_until(fd, "\x01never\x01", 5000, &seen);
-    close(fd);
+/* Checks what a refused connection read: 503 too_many_connections in the proto error shape,
+ * closing; frees it. */
+static void check_refusal(char *seen) {
     ck_assert_msg(strncmp(seen, "HTTP/1.1 503 ", 13) == 0, "not a 503: %.300s", seen);
     ck_assert_ptr_nonnull(strstr(seen, "Connection: close\r\n"));
     ck_assert_ptr_nonnull(strstr(seen, "Retry-After: 1\r\n"));
@@ -368,6 +364,44 @@ static void expect_refusal(void) {
     free(seen);
 }
 
+/* A connection on which an attend request with a body of n_body bytes (white space: its
+ * answer, if any, comes before it matters) has been sent whole, as a client that writes its
+ * whole request before it reads does; fails if any of it could not be sent (a reset). */
+static int send_whole_body(size_t n_body) {
+    int fd = http_client_raw_connect(daemon_.port, 5000);
+    ck_assert_int_ge(fd, 0);
+    struct timeval tv = {10, 0};
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    char head[160];
+    int hl = snprintf(head, sizeof head,
+                      "POST /v1/attend HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                      "application/json\r\nContent-Length: %zu\r\n\r\n",
+                      n_body);
+    ck_assert_int_eq(send(fd, head, (size_t)hl, MSG_NOSIGNAL), hl);
+    char *body = malloc(n_body);
+    ck_assert_ptr_nonnull(body);
+    memset(body, ' ', n_body);
+    size_t sent = 0;
+    while (sent < n_body) {
+        ssize_t n = send(fd, body + sent, n_body - sent, MSG_NOSIGNAL);
+        ck_assert_msg(n > 0, "the body's send failed after %zu of %zu bytes: %s", sent, n_body,
+                      n < 0 ? strerror(errno) : "nothing sent");
+        sent += (size_t)n;
+    }
+    free(body);
+    return fd;
+}
+
+/* Checks a canned refusal: 503 too_many_connections in the proto error shape, closing. */
+static void expect_refusal(void) {
+    int fd = http_client_raw_connect(daemon_.port, 5000);
+    ck_assert_int_ge(fd, 0);
+    char *seen;
+    http_client_raw_read_until(fd, "\x01never\x01", 5000, &seen);
+    close(fd);
+    check_refusal(seen);
+}
+
 START_TEST(test_transport_busy_connections_get_503) {
     const char *env[] = {"ATTND_MAX_CONNECTIONS=3", "ATTND_MAX_CONNECTIONS_PER_IP=0", NULL};
     start(env, NULL);
@@ -379,6 +413,13 @@ START_TEST(test_transport_busy_connections_get_503) {
     }
     /* Every connection is busy (a request in progress): nothing to reclaim. */
     expect_refusal();
+    /* A refused client that writes its whole request before it reads still gets the 503: the
+     * refusal read 64 KiB and closed, and the rest of a large body reset the connection. */
+    int whole = send_whole_body((size_t)2 << 20);
+    char *seen;
+    http_client_raw_read_until(whole, "\x01never\x01", 5000, &seen);
+    close(whole);
+    check_refusal(seen);
     /* A client that leaves frees its connection at once (its FIN drops the request)... */
     close(busy[0]);
     double end = http_client_mono_ms() + 5000;
@@ -941,28 +982,8 @@ END_TEST
 START_TEST(test_transport_early_answer_survives_the_rest_of_the_body) {
     const char *args[] = {"--max-held-mb", "2", NULL};
     start(NULL, args);
-    size_t n_body = (size_t)5 << 19;
-    char *body = malloc(n_body);
-    ck_assert_ptr_nonnull(body);
-    memset(body, ' ', n_body);
     for (int round = 0; round < 5; round++) {
-        int fd = http_client_raw_connect(daemon_.port, 5000);
-        ck_assert_int_ge(fd, 0);
-        struct timeval tv = {10, 0};
-        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-        char head[160];
-        int hl = snprintf(head, sizeof head,
-                          "POST /v1/attend HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                          "application/json\r\nContent-Length: %zu\r\n\r\n",
-                          n_body);
-        ck_assert_int_eq(send(fd, head, (size_t)hl, MSG_NOSIGNAL), hl);
-        size_t sent = 0;
-        while (sent < n_body) {
-            ssize_t n = send(fd, body + sent, n_body - sent, MSG_NOSIGNAL);
-            ck_assert_msg(n > 0, "round %d: the body's send failed after %zu of %zu bytes: %s",
-                          round, sent, n_body, n < 0 ? strerror(errno) : "nothing sent");
-            sent += (size_t)n;
-        }
+        int fd = send_whole_body((size_t)5 << 19);
         char *got = NULL;
         ck_assert_int_gt(http_client_raw_read_until(fd, "--max-held-mb", 5000, &got), 0);
         ck_assert_msg(strncmp(got, "HTTP/1.1 413", 12) == 0 && strstr(got, "--max-held-mb"),
@@ -971,7 +992,6 @@ START_TEST(test_transport_early_answer_survives_the_rest_of_the_body) {
         ck_assert(http_client_raw_closed_within(fd, 5000));
         close(fd);
     }
-    free(body);
     health_within_5s();
 }
 END_TEST
