@@ -219,15 +219,31 @@ static int parse_nested(struct json_reader *r, const struct tensor_spec *s, floa
 /* {"shape": [...], "b64": "..."}: little-endian float32 bytes. The base64 text is decoded
  * straight from the body (it holds no escapes unless a client wrote some). */
 
+/* The value of the little-endian float32 at p, as its bits. */
+static uint32_t le_bits(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
 /* Whether every one of n little-endian float32 values at raw is finite: one branch-free pass,
- * which vectorizes. */
+ * eight values a step in lanes of their own, which -O2's vectorizer (its cheapest model takes
+ * no loop that needs a remainder) makes two SSE compares and ors; the loop a value at a time
+ * stayed scalar, 8 instructions a value (callgrind: 16 M of a 32-session binary batch run's
+ * 57 M instructions of request handling). */
 static bool all_finite_le(const uint8_t *raw, int64_t n) {
+    enum { LANES = 8 };
+    uint32_t any[LANES] = {0};
+    int64_t i = 0;
+    for (; i + LANES <= n; i += LANES) {
+        for (int l = 0; l < LANES; l++) {
+            any[l] |= (le_bits(raw + (i + l) * 4) & 0x7f800000u) == 0x7f800000u;
+        }
+    }
+    for (; i < n; i++) {
+        any[0] |= (le_bits(raw + i * 4) & 0x7f800000u) == 0x7f800000u;
+    }
     uint32_t any_not_finite = 0;
-    for (int64_t i = 0; i < n; i++) {
-        const uint8_t *p = raw + i * 4;
-        uint32_t u =
-            (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-        any_not_finite |= (u & 0x7f800000u) == 0x7f800000u;
+    for (int l = 0; l < LANES; l++) {
+        any_not_finite |= any[l];
     }
     return any_not_finite == 0;
 }
@@ -240,18 +256,14 @@ static int floats_from_le(const uint8_t *raw, int64_t total, const struct tensor
      * below that names the first. */
     if (all_finite_le(raw, total)) {
         for (int64_t i = 0; i < total; i++) {
-            const uint8_t *p = raw + i * 4;
-            uint32_t u =
-                (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+            uint32_t u = le_bits(raw + i * 4);
             memcpy(&data[i], &u, 4);
         }
         return 0;
     }
     int rc = 0;
     for (int64_t i = 0; rc == 0 && i < total; i++) {
-        const uint8_t *p = raw + i * 4;
-        uint32_t u =
-            (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+        uint32_t u = le_bits(raw + i * 4);
         float v;
         memcpy(&v, &u, 4);
         rc = check_value((double)v, s, i, err, &data[i]);

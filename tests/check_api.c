@@ -312,6 +312,31 @@ START_TEST(test_api_raw_tensors_refuse_non_finite_values) {
             api_attend_request_release(&r);
         }
     }
+    /* an infinity at every index of 67 binary values (a hidden size of 67: only the values'
+     * count matters here): each of the check's eight lanes, and the three after its last whole
+     * eight */
+    const struct api_limits tiny67 = {67, 1, 0, 2, 1024, 1, 67};
+    for (int at = 0; at < 67; at++) {
+        uint8_t raw[67 * 4];
+        for (int i = 0; i < 67; i++) {
+            uint32_t u = i == at ? 0xff800000u : 0x3f000000u + (uint32_t)i;
+            for (int b = 0; b < 4; b++) {
+                raw[i * 4 + b] = (uint8_t)(u >> (8 * b));
+            }
+        }
+        char json[128];
+        struct api_body body = {json, 0, raw, sizeof raw, false};
+        body.json_len = (size_t)snprintf(json, sizeof json,
+                                         "{\"x\":{\"shape\":[1,67],\"binary_data_size\":268}}");
+        struct api_attend_request r;
+        struct api_error err;
+        int rc = api_attend_request_parse_body(&body, &tiny67, &r, &err);
+        char want[32];
+        snprintf(want, sizeof want, "value %d ", at);
+        ck_assert_msg(rc == ERROR_INVALID_REQUEST && strstr(err.message, want) != NULL,
+                      "-inf at %d: rc %d, %s", at, rc, err.message);
+        ck_assert_ptr_null(r.x);
+    }
 }
 END_TEST
 
