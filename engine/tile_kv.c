@@ -76,6 +76,24 @@ strip_values(const int DT, const int CW, const uint8_t *row, int32_t c, __m256 *
     }
 }
 
+/* s[a * lds + b] = q_a . k_b for MX rows and NK keys held as DT: t[b * 4 + a], the sum over the
+ * columns before c (the vectors' horizontal sums), plus the columns from c on, one at a time. */
+__attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
+scores_out(const int DT, const int MX, const int NK, const float *t, const float *q, size_t ldq,
+           const uint8_t *k, size_t rb, int32_t c, int32_t d, float *s, size_t lds) {
+#pragma GCC unroll 4
+    for (int a = 0; a < MX; a++) {
+#pragma GCC unroll 3
+        for (int b = 0; b < NK; b++) {
+            float sum = t[b * 4 + a];
+            for (int32_t r = c; r < d; r++) {
+                sum += q[a * ldq + r] * load_w1(DT, k + b * rb, (size_t)r);
+            }
+            s[a * lds + b] = sum;
+        }
+    }
+}
+
 /* s[a * lds + b] = q_a . k_b for MX <= 4 query rows and NK <= 3 keys held as DT (float, bfloat16
  * or binary16; Q8_0 has qk_q8_keys), rb bytes apart:
  * each key vector is widened once and used for every row. ahead[b]: the row to prefetch for key
@@ -142,17 +160,7 @@ qk_kv_block(const int DT, const int MX, const int NK, const int PR, const float 
     if (NK > 2) {
         _mm_storeu_ps(t + 8, hsum4x8(acc + 8));
     }
-#pragma GCC unroll 4
-    for (int a = 0; a < MX; a++) {
-#pragma GCC unroll 3
-        for (int b = 0; b < NK; b++) {
-            float sum = t[b * 4 + a];
-            for (int32_t r = c; r < d; r++) {
-                sum += q[a * ldq + r] * load_w1(DT, k + b * rb, (size_t)r);
-            }
-            s[a * lds + b] = sum;
-        }
-    }
+    scores_out(DT, MX, NK, t, q, ldq, k, rb, c, d, s, lds);
 }
 
 /* The widest query rows the scores kernels copy (4 of them: 8 KiB of stack; see qk_kv_rows). */
@@ -228,17 +236,7 @@ qk_q8_keys(const int MX, const int NK, const float *q, size_t ldq, const uint8_t
     } else {
         _mm256_storeu_ps(t, hsum8x8(acc));
     }
-#pragma GCC unroll 4
-    for (int a = 0; a < MX; a++) {
-#pragma GCC unroll 2
-        for (int b = 0; b < NK; b++) {
-            float x = t[b * 4 + a];
-            for (int32_t r = c; r < d; r++) {
-                x += q[a * ldq + r] * load_w1(3, k + b * rb, (size_t)r);
-            }
-            s[a * lds + b] = x;
-        }
-    }
+    scores_out(3, MX, NK, t, q, ldq, k, rb, c, d, s, lds);
 }
 
 /* Q8_0 keys a pass of the scores: two, eight accumulators (four rows) for the FMA latency, and
