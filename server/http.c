@@ -766,10 +766,11 @@ static void on_never(uv_poll_t *h, int status, int events) {
 /* libuv keeps its watchers in a table indexed by descriptor and grows it (a realloc) when a
  * descriptor past its end is first watched, aborting the process when that allocation fails:
  * a connection accepted on a new highest descriptor number while memory was short killed the
- * daemon. Watching, before the loop first runs, a descriptor numbered just below fd_ceiling
+ * daemon. Watching, before the loop first runs, a descriptor numbered just below s->fd_ceiling
  * sizes the table for every descriptor the process may hold (it never shrinks). A ceiling the
  * open-file limit does not allow leaves the table to grow as before (logged). */
-static void reserve_watchers(struct http_server *s, int32_t fd_ceiling) {
+static void reserve_watchers(struct http_server *s) {
+    int32_t fd_ceiling = s->fd_ceiling;
     int fd = fd_ceiling > 1 ? fcntl(s->listen_fd, F_DUPFD_CLOEXEC, fd_ceiling - 1) : -1;
     if (fd < 0 || uv_poll_init(s->loop, &s->sizer, fd) != 0) {
         LOG_WARN("http",
@@ -788,14 +789,14 @@ static void reserve_watchers(struct http_server *s, int32_t fd_ceiling) {
     close(fd);
 }
 
-static void init_handles(struct http_server *s, int32_t fd_ceiling) {
+static void init_handles(struct http_server *s) {
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_EPOLL_FD);
     uv_poll_init(s->loop, &s->poll, info->epoll_fd);
     uv_timer_init(s->loop, &s->timer);
     uv_idle_init(s->loop, &s->spin);
     s->poll.data = s->timer.data = s->spin.data = s;
     s->n_open_handles = 3;
-    reserve_watchers(s, fd_ceiling);
+    reserve_watchers(s);
     uv_poll_start(&s->poll, UV_READABLE, on_poll);
     http__conns_start(s);
 }
@@ -839,7 +840,7 @@ int http_server_create(uv_loop_t *loop, const struct http_params *p, const struc
         goto fail;
     }
     s->fd_ceiling = p->fd_ceiling;
-    init_handles(s, p->fd_ceiling);
+    init_handles(s);
     run_mhd(s);
     *out = s;
     return 0;

@@ -1,12 +1,12 @@
 /* server/http_linger.c: lingering closes (RFC 9112 section 9.6). An answer given before its
  * request's body was in (413 past --max-body-mb or --max-held-mb, as the headers say; the canned
  * 503 of a connection past the limits, before anything is read) ends the connection while the
- * client may still be sending. Closed at once with those bytes unread, the
- * socket is reset (the kernel's answer to unread data), and a client still writing its body
- * sees the reset before it reads the answer: curl reported no status at all, Python's
- * http.client a broken pipe. So the socket is kept open on a duplicate for up to
- * HTTP_LINGER_MS after MHD's close, its sending side shut (the answer, then a FIN), reading and
- * dropping whatever comes until the client closes or the time is up.
+ * client may still be sending. Closed at once with those bytes unread, the socket is reset (the
+ * kernel's answer to unread data), and a client still writing its body sees the reset before it
+ * reads the answer: curl reported no status at all, Python's http.client a broken pipe. So the
+ * socket is kept open on a duplicate for up to HTTP_LINGER_MS after the close, its sending side
+ * shut (the answer, then a FIN), reading and dropping whatever comes until the client closes or
+ * the time is up.
  *
  * Thread rule: loop thread only.
  */
@@ -23,6 +23,10 @@
 /* Bytes dropped per wake-up, so that one fast client cannot keep the loop from the others. */
 #define LINGER_READ_MAX ((size_t)1 << 20)
 
+/* The slot holding handle h, its member `member`. */
+#define LINGER_OF(h, member)                                                                       \
+    ((struct http_linger *)(void *)((char *)(h)-offsetof(struct http_linger, member)))
+
 static void end(struct http_linger *l);
 
 static void slot_closed(struct http_linger *l) {
@@ -33,19 +37,18 @@ static void slot_closed(struct http_linger *l) {
 
 /* The server's accounting last: it may free the server, and with it the slot. */
 static void on_watch_closed(uv_handle_t *h) {
-    slot_closed((struct http_linger *)(void *)((char *)h - offsetof(struct http_linger, watch)));
+    slot_closed(LINGER_OF(h, watch));
     http__handle_closed(h);
 }
 
 static void on_timer_closed(uv_handle_t *h) {
-    slot_closed((struct http_linger *)(void *)((char *)h - offsetof(struct http_linger, timer)));
+    slot_closed(LINGER_OF(h, timer));
     http__handle_closed(h);
 }
 
 static void on_readable(uv_poll_t *p, int status, int events) {
     (void)events;
-    struct http_linger *l =
-        (struct http_linger *)(void *)((char *)p - offsetof(struct http_linger, watch));
+    struct http_linger *l = LINGER_OF(p, watch);
     if (status < 0) {
         end(l);
         return;
@@ -66,7 +69,7 @@ static void on_readable(uv_poll_t *p, int status, int events) {
 }
 
 static void on_deadline(uv_timer_t *t) {
-    end((struct http_linger *)(void *)((char *)t - offsetof(struct http_linger, timer)));
+    end(LINGER_OF(t, timer));
 }
 
 /* Handles closed before the descriptor, as libuv needs (its epoll entry goes by number). */
