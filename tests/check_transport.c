@@ -413,8 +413,9 @@ START_TEST(test_transport_busy_connections_get_503) {
     }
     /* Every connection is busy (a request in progress): nothing to reclaim. */
     expect_refusal();
-    /* A refused client that writes its whole request before it reads still gets the 503: the
-     * refusal read 64 KiB and closed, and the rest of a large body reset the connection. */
+    /* A refused client that writes its whole request before it reads still gets the 503 (before
+     * the lingering close, the refusal read what had come, closed, and the rest of a large body
+     * reset the connection) */
     int whole = send_whole_body((size_t)2 << 20);
     char *seen;
     http_client_raw_read_until(whole, "\x01never\x01", 5000, &seen);
@@ -966,14 +967,6 @@ START_TEST(test_transport_drain_follows_an_abandoned_upload) {
 }
 END_TEST
 
-/* What a server holds for clients that send or read slowly is bounded across connections by
- * --max-held-mb (an outside audit held 5 GB with 100 slow readers of a 50 MB export): a body that
- * would pass it is refused with 503 server_busy and Retry-After, as is an answer that changes
- * nothing kept (a stateless call with its weights, an export); a session's step, which is in the
- * cache already, is answered whatever its size; small answers always go out. A body or such an
- * answer larger than the whole limit could never be held: 413 and 500 naming --max-held-mb, not a
- * 503 that sends its client back forever (an audit's export of a 72 MB session under
- * --max-held-mb 64 was 503 "retry later" with nothing held). */
 /* A body refused on its headers (413, over --max-held-mb) while the client still sends it: the
  * client, writing the whole body before it reads, as simple clients do, must not be reset
  * before it reads the answer. Before the lingering close, MHD closed the socket with the body
@@ -996,6 +989,14 @@ START_TEST(test_transport_early_answer_survives_the_rest_of_the_body) {
 }
 END_TEST
 
+/* What a server holds for clients that send or read slowly is bounded across connections by
+ * --max-held-mb (an outside audit held 5 GB with 100 slow readers of a 50 MB export): a body that
+ * would pass it is refused with 503 server_busy and Retry-After, as is an answer that changes
+ * nothing kept (a stateless call with its weights, an export); a session's step, which is in the
+ * cache already, is answered whatever its size; small answers always go out. A body or such an
+ * answer larger than the whole limit could never be held: 413 and 500 naming --max-held-mb, not a
+ * 503 that sends its client back forever (an audit's export of a 72 MB session under
+ * --max-held-mb 64 was 503 "retry later" with nothing held). */
 START_TEST(test_transport_held_bytes_are_bounded) {
     const char *args[] = {"--max-held-mb", "2", NULL};
     start(NULL, args);
