@@ -393,6 +393,11 @@ float attn__bf16_to_f32(uint16_t h);
 uint16_t attn__f32_to_f16(float f);
 float attn__f16_to_f32(uint16_t h);
 
+/* half_rows.c: dst[i] = src[i] rounded to dt (ATTN_DTYPE_BF16 or ATTN_DTYPE_F16) for i < n, bit
+ * for bit as the functions above (eight at a time where the CPU has AVX2). Returns whether any
+ * result has every exponent bit set: an infinity or a NaN (past the range, or already so). */
+bool attn__half_round(attn_dtype dt, const float *src, size_t n, uint16_t *dst);
+
 /* The portable attn__rows_dot_half. */
 void attn__rows_dot_half_portable(const float *x, int32_t m, int32_t k, const uint16_t *w,
                                   bool is_bf16, int32_t n, float *y, size_t ldy);

@@ -83,16 +83,9 @@ bool attn__kv_encode(attn_dtype dt, const float *src, int32_t d, uint8_t *dst) {
     bool overflows = false;
     switch (dt) {
     case ATTN_DTYPE_BF16:
-    case ATTN_DTYPE_F16: {
-        uint16_t *h = (uint16_t *)dst;
-        for (int32_t i = 0; i < d; i++) {
-            h[i] = dt == ATTN_DTYPE_BF16 ? attn__f32_to_bf16(src[i]) : attn__f32_to_f16(src[i]);
-            /* all exponent bits: infinity (or NaN), from a value past the range or already so */
-            uint16_t exp = dt == ATTN_DTYPE_BF16 ? 0x7f80 : 0x7c00;
-            overflows |= (h[i] & exp) == exp;
-        }
-        return overflows;
-    }
+    case ATTN_DTYPE_F16:
+        /* an infinity (or NaN), from a value past the range or already so, is an overflow */
+        return attn__half_round(dt, src, (size_t)d, (uint16_t *)(void *)dst);
     case ATTN_DTYPE_Q8_0:
         for (int32_t c = 0; c < d; c += ATTN__QK8_0) {
             int32_t n = d - c < ATTN__QK8_0 ? d - c : ATTN__QK8_0;

@@ -517,8 +517,9 @@ attn_dtype attn_model_weights_dtype(const attn_model *m) {
  */
 static uint16_t *to_half(const float *src, size_t n, bool is_bf16) {
     uint16_t *h = n > SIZE_MAX / sizeof *h ? NULL : attn__alloc_bytes(n * sizeof *h);
-    for (size_t i = 0; h != NULL && i < n; i++) {
-        h[i] = is_bf16 ? attn__f32_to_bf16(src[i]) : attn__f32_to_f16(src[i]);
+    if (h != NULL) {
+        /* a value past the range is refused before (hf_load.c's check_holdable) or cannot be */
+        (void)attn__half_round(is_bf16 ? ATTN_DTYPE_BF16 : ATTN_DTYPE_F16, src, n, h);
     }
     return h;
 }

@@ -51,6 +51,54 @@ END_TEST
 
 /* The AVX2 kernel and the portable loop both match the exact sum, for both kinds, many shapes
  * (odd k included; a lone row with k below, at and past 16, a 64-step with a tail, long rows). */
+/* Runs of floats rounded by attn__half_round (eight at a time under AVX2) are bit for bit what
+ * the one-value conversions give, and its overflow answer is theirs: random bit patterns of every
+ * class (normal, subnormal, ties, past either range, infinities, NaNs) in runs of 1 to 40 at
+ * every alignment, and runs with no infinity or NaN in them (the vector path's own). */
+START_TEST(test_dtype_half_rows_match_one_by_one) {
+    static const uint32_t edges[] = {
+        0x3f808000u, 0x3f818000u, 0x3f808001u, 0x7f7fffffu, 0xff7fffffu, 0x477ff000u, 0x477fefffu,
+        0x38800000u, 0x387fffffu, 0x33800000u, 0x33000000u, 0x00000001u, 0x80000000u, 0x7f800000u,
+        0xff800000u, 0x7fc00000u, 0x7f800001u, 0xffffffffu, 0x3f800000u, 0x3a801000u};
+    uint64_t seed = 12345;
+    float src[48];
+    uint16_t got[48];
+    for (int round = 0; round < 4000; round++) {
+        bool finite_only = round % 2 == 1;
+        for (int i = 0; i < 48; i++) {
+            seed = seed * 6364136223846793005u + 1442695040888963407u;
+            uint32_t u = (uint32_t)(seed >> 32);
+            if (seed % 5 == 0) {
+                u = edges[(seed >> 8) % (sizeof edges / sizeof edges[0])];
+            } else if (seed % 5 == 1) {
+                u = (u & 0x807fffffu) | (uint32_t)(0x66 + (seed >> 40) % 0x30)
+                                            << 23; /* f16's range */
+            }
+            if (finite_only && (u & 0x7f800000u) == 0x7f800000u) {
+                u &= 0xbfffffffu;
+            }
+            src[i] = f32_of(u);
+        }
+        size_t off = (size_t)round % 8, n = 1 + (size_t)round % 40;
+        for (int bf = 0; bf < 2; bf++) {
+            attn_dtype dt = bf ? ATTN_DTYPE_BF16 : ATTN_DTYPE_F16;
+            bool over = attn__half_round(dt, src + off, n, got + off), want_over = false;
+            for (size_t i = off; i < off + n; i++) {
+                uint16_t want = bf ? attn__f32_to_bf16(src[i]) : attn__f32_to_f16(src[i]);
+                uint16_t e = bf ? 0x7f80u : 0x7c00u;
+                want_over |= (want & e) == e;
+                uint32_t u;
+                memcpy(&u, &src[i], sizeof u);
+                ck_assert_msg(got[i] == want, "%s of %08x (value %zu of %zu): %04x, want %04x",
+                              bf ? "bf16" : "f16", u, i - off, n, got[i], want);
+            }
+            ck_assert_msg(over == want_over, "round %d, %s: overflow %d, want %d", round,
+                          bf ? "bf16" : "f16", over, want_over);
+        }
+    }
+}
+END_TEST
+
 START_TEST(test_dtype_rows_dot_half_kernels_agree) {
     static const int32_t shapes[][3] = {{1, 64, 7},   {3, 65, 5},   {4, 128, 9},  {9, 37, 3},
                                         {1, 5, 3},    {1, 16, 4},   {1, 100, 6},  {2, 77, 5},
@@ -221,6 +269,7 @@ Suite *dtype_suite(void) {
     TCase *tc = tcase_create("dtype");
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_dtype_conversions_round_to_nearest_even);
+    tcase_add_test(tc, test_dtype_half_rows_match_one_by_one);
     tcase_add_test(tc, test_dtype_rows_dot_half_kernels_agree);
     tcase_add_test(tc, test_dtype_half_model_matches_ref);
     tcase_add_test(tc, test_dtype_checkpoints_held_as_shipped);
