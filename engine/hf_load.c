@@ -752,16 +752,17 @@ static int check_holdable(struct loader *ld, const attn_model *m, int32_t i, att
     int32_t hd = c->head_dim, q_rows = c->n_heads * hd, kv_rows = c->n_kv_heads * hd;
     size_t hidden = (size_t)c->hidden_size, n_qkv = (size_t)(q_rows + 2 * kv_rows) * hidden;
     size_t n_o = hidden * (size_t)q_rows;
-    uint16_t chunk[4096];
+    enum { CHUNK = 4096 };
+    uint16_t chunk[CHUNK];
     for (int o = 0; o < 2; o++) {
         const float *w = o == 0 ? l->w_qkv : l->w_o;
         size_t n = o == 0 ? n_qkv : n_o, cols = o == 0 ? hidden : (size_t)q_rows;
         for (size_t k = 0; w != NULL && k < n; k++) {
-            if (k % 4096 == 0) {
+            if (k % CHUNK == 0) {
                 /* a chunk rounded at once; value by value only where some result is an infinity
                  * or NaN (a NaN weight stays NaN and passes, as below): value by value, a BF16
                  * checkpoint held as such spent about 0.3 s a Llama-3-8B layer here */
-                size_t m_k = n - k < 4096 ? n - k : 4096;
+                size_t m_k = n - k < CHUNK ? n - k : CHUNK;
                 if (!attn__half_round(held, w + k, m_k, chunk)) {
                     k += m_k - 1;
                     continue;

@@ -1,6 +1,6 @@
-/* engine/tile_avx2.h: what the AVX2 kernels of tile.c, tile_rows.c and tile_kv.c share: the
- * intrinsics and, always inlined so that every kernel is specialized per dtype, the readers of
- * values as they are held. Internal to those three files. */
+/* engine/tile_avx2.h: what the AVX2 kernels of tile.c, tile_rows.c, tile_kv.c and half_rows.c
+ * share: the intrinsics (TILE_HAVE_AVX2 where they are) and, always inlined so that every kernel
+ * is specialized per dtype, the readers of values as they are held. Internal to those files. */
 #ifndef ATTND_ENGINE_TILE_AVX2_H
 #define ATTND_ENGINE_TILE_AVX2_H
 
