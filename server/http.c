@@ -22,6 +22,11 @@
 
 #include "log.h"
 
+/* Answers in parts up to this size are copied into one buffer before they go (see
+ * http_request_reply_parts); larger ones go from their parts, a copy costing more than the
+ * syscall it saves. */
+#define HTTP_GATHER_MAX ((size_t)1 << 20)
+
 #define STREAM_BLOCK_BYTES (64 * 1024)
 
 /* Answers this small always go out, whatever max_held_bytes: errors, health, small decodes. */
@@ -194,14 +199,33 @@ void http_request_reply_parts(struct http_request *r, int status, const char *co
     }
     struct MHD_IoVec iov[HTTP_PARTS_MAX];
     struct MHD_Response *resp = NULL;
-    if (n_parts <= HTTP_PARTS_MAX) {
+    char *whole = total <= HTTP_GATHER_MAX ? malloc(total > 0 ? total : 1) : NULL;
+    if (whole != NULL) {
+        /* One buffer: MHD then writes the headers and the body with one sendmsg, where from a
+         * vector it sends the headers alone first and the client wakes twice for one answer
+         * (~25 us of a 32-session small step's ~0.3 ms beyond compute). */
+        size_t at = 0;
+        for (int i = 0; i < n_parts; i++) {
+            if (parts[i].len > 0) {
+                memcpy(whole + at, parts[i].data, parts[i].len);
+                at += parts[i].len;
+            }
+        }
+        resp = MHD_create_response_from_buffer(total, whole, MHD_RESPMEM_MUST_FREE);
+        if (resp == NULL) {
+            free(whole);
+        }
+        release(owner);
+    } else if (n_parts <= HTTP_PARTS_MAX) {
         for (int i = 0; i < n_parts; i++) {
             iov[i] = (struct MHD_IoVec){parts[i].data, parts[i].len};
         }
         /* MHD keeps its own copy of the vector; the memory is the owner's until release */
         resp = MHD_create_response_from_iovec(iov, (unsigned)n_parts, release, owner);
-    }
-    if (resp == NULL) {
+        if (resp == NULL) {
+            release(owner);
+        }
+    } else {
         release(owner);
     }
     answer_with(r, resp, status, content_type);

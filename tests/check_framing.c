@@ -163,6 +163,52 @@ START_TEST(test_framing_attend_matches_json) {
 }
 END_TEST
 
+START_TEST(test_framing_answer_past_a_mebibyte_matches_base64) {
+    /* 300 rows with their weights: 4 x 300 x 300 floats, 1.4 MB, past the size up to which the
+     * server copies an answer's parts into one buffer (HTTP_GATHER_MAX), so this answer goes
+     * out from its parts, where test_framing_attend_matches_json's goes out copied: the same
+     * bytes either way */
+    enum { ROWS = 300 };
+    float *x = http_client_random_rows(51, ROWS, HIDDEN);
+    char head[256], head64[256];
+    snprintf(head, sizeof head,
+             "{\"x\":{\"shape\":[%d,64],\"binary_data_size\":%d},\"return_weights\":true,"
+             "\"binary_output\":true}",
+             ROWS, ROWS * HIDDEN * 4);
+    snprintf(head64, sizeof head64,
+             "{\"x\":{\"shape\":[%d,64],\"binary_data_size\":%d},\"return_weights\":true,"
+             "\"encoding_format\":\"base64\"}",
+             ROWS, ROWS * HIDDEN * 4);
+    const float *parts[] = {x};
+    size_t nf[] = {(size_t)ROWS * HIDDEN}, len;
+    struct http_client_response rb, r64;
+    char *body = framed(head, parts, nf, 1, &len);
+    post("/v1/attend", body, len, (long)strlen(head), &rb);
+    ck_assert_msg(rb.status == 200, "%ld %s", rb.status, rb.body);
+    ck_assert_uint_gt(rb.len, (size_t)1 << 20);
+    free(body);
+    body = framed(head64, parts, nf, 1, &len);
+    post("/v1/attend", body, len, (long)strlen(head64), &r64);
+    ck_assert_int_eq(r64.status, 200);
+    free(body);
+    const char *names[] = {"output", "weights"};
+    size_t want[] = {(size_t)ROWS * HIDDEN, (size_t)4 * ROWS * ROWS};
+    for (int i = 0; i < 2; i++) {
+        size_t nb, n64;
+        float *b = raw_tensor(&rb, names[i], &nb);
+        float *c = json_tensor(&r64, names[i], &n64);
+        ck_assert_uint_eq(nb, want[i]);
+        ck_assert_uint_eq(n64, want[i]);
+        ck_assert_msg(memcmp(b, c, nb * 4) == 0, "%s: raw and base64 differ", names[i]);
+        free(b);
+        free(c);
+    }
+    http_client_response_release(&rb);
+    http_client_response_release(&r64);
+    free(x);
+}
+END_TEST
+
 START_TEST(test_framing_sdpa_matches_json) {
     /* q (2, 3, 8), k and v (1, 4, 8): three raw parts in field order */
     float *q = http_client_random_rows(41, 2 * 3, 8), *k = http_client_random_rows(42, 4, 8),
@@ -400,6 +446,7 @@ Suite *framing_suite(void) {
     tcase_set_timeout(tc, 60);
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_framing_attend_matches_json);
+    tcase_add_test(tc, test_framing_answer_past_a_mebibyte_matches_base64);
     tcase_add_test(tc, test_framing_sdpa_matches_json);
     tcase_add_test(tc, test_framing_masks_read_in_place);
     tcase_add_test(tc, test_framing_mistakes_are_400);
