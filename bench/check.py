@@ -262,10 +262,14 @@ class StandIn(BaseHTTPRequestHandler):
         req = json.loads(body[:int(n_json)] if n_json else body)
         is_binary = req.get("binary_output", False)
         answers, raws = [], []
-        for step in req.get("steps") or [req]:
+        for i, step in enumerate(req.get("steps") or [req]):
             rows = step["x"]["shape"][0]
             n = rows * self.hidden
-            vals = [0.0] * n if self.mode == "zeros" else [random.uniform(-1, 1) for _ in range(n)]
+            # "steps": the same values for every call's first step (prefills agree), others'
+            # differ from it (a batch whose sessions got each other's answers)
+            same = self.mode == "steps" and i == 0
+            gen = random.Random(rows) if same else random
+            vals = [0.0] * n if self.mode == "zeros" else [gen.uniform(-1, 1) for _ in range(n)]
             raw = struct.pack(f"<{n}f", *vals)
             out = {"shape": [rows, self.hidden]}
             if is_binary:
@@ -300,6 +304,15 @@ def check_load(load, attnd, port, url):
             if r.returncode != 1 or reason not in r.stdout:
                 fail(f"{' '.join(cmd)} against {values}: exit {r.returncode}, expected 1 and "
                      f"'{reason}':\n{r.stdout}")
+    # a batch's later steps against its first: framed, read where they lie in the answer
+    StandIn.mode = "steps"
+    for mode in modes[2:]:
+        cmd = [load, "--url", stand_in] + common + mode
+        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           errors="replace")
+        if r.returncode != 1 or "output differs" not in r.stdout or "decode" not in r.stdout:
+            fail(f"{' '.join(cmd)} against unequal steps: exit {r.returncode}, expected 1 and "
+                 f"'output differs' in a decode:\n{r.stdout}")
     server.shutdown()
     target = ["--url", url] if url else ["--spawn", attnd]
     after = [] if url else ["--", "--preset", "small", "--log-level", "warn"]
@@ -309,7 +322,8 @@ def check_load(load, attnd, port, url):
                            errors="replace")
         if r.returncode != 0 or "errors: none" not in r.stdout:
             fail(f"{' '.join(cmd)}: exit {r.returncode}, expected 0:\n{r.stdout}")
-    print("attn_load: wrong values refused (2 kinds x 4 modes), attnd's answers accepted (5 modes)")
+    print("attn_load: wrong values refused (2 kinds x 4 modes, and a batch's unequal steps x 2), "
+          "attnd's answers accepted (5 modes)")
 
 
 def main():

@@ -142,18 +142,20 @@ static int connect_now(lhttp_conn *c) {
 
 /* Writes what it can of the request; RECEIVING once all of it is out. */
 static lhttp_state send_some(lhttp_conn *c) {
-    size_t total = c->out.len + c->out_body_len;
+    const char *piece[3] = {c->out.data, c->out_body, c->out_tail};
+    size_t piece_len[3] = {c->out.len, c->out_body_len, c->out_tail_len};
+    size_t total = piece_len[0] + piece_len[1] + piece_len[2];
     while (c->sent < total) {
         /* head and body in one call: one segment on the wire for a small request */
-        struct iovec iov[2];
+        struct iovec iov[3];
         int n_iov = 0;
-        if (c->sent < c->out.len) {
-            iov[n_iov++] = (struct iovec){c->out.data + c->sent, c->out.len - c->sent};
-        }
-        size_t body_sent = c->sent > c->out.len ? c->sent - c->out.len : 0;
-        if (body_sent < c->out_body_len) {
-            iov[n_iov++] =
-                (struct iovec){(char *)c->out_body + body_sent, c->out_body_len - body_sent};
+        size_t before = 0; /* bytes of the pieces before this one */
+        for (int i = 0; i < 3; i++) {
+            if (c->sent < before + piece_len[i]) {
+                size_t done = c->sent > before ? c->sent - before : 0;
+                iov[n_iov++] = (struct iovec){(char *)piece[i] + done, piece_len[i] - done};
+            }
+            before += piece_len[i];
         }
         struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)n_iov};
         ssize_t n = sendmsg(c->fd, &msg, MSG_NOSIGNAL);
@@ -188,6 +190,11 @@ static lhttp_state resend(lhttp_conn *c) {
 
 int lhttp_start(lhttp_conn *c, const char *method, const char *path, const char *headers,
                 const void *body, size_t body_len) {
+    return lhttp_start_parts(c, method, path, headers, body, body_len, NULL, 0);
+}
+
+int lhttp_start_parts(lhttp_conn *c, const char *method, const char *path, const char *headers,
+                      const void *body, size_t body_len, const void *tail, size_t tail_len) {
     c->started_ns = mono_ns();
     c->error[0] = '\0';
     c->out.len = 0;
@@ -205,9 +212,11 @@ int lhttp_start(lhttp_conn *c, const char *method, const char *path, const char 
     char head[512];
     int n = snprintf(head, sizeof head, "%s %s HTTP/1.1\r\nHost: %s:%u\r\nContent-Length: %zu\r\n",
                      method, path, inet_ntoa(c->addr.sin_addr), (unsigned)ntohs(c->addr.sin_port),
-                     body != NULL ? body_len : (size_t)0);
+                     (body != NULL ? body_len : (size_t)0) + (tail != NULL ? tail_len : (size_t)0));
     c->out_body = body;
     c->out_body_len = body != NULL ? body_len : 0;
+    c->out_tail = tail;
+    c->out_tail_len = tail != NULL ? tail_len : 0;
     if (n < 0 || (size_t)n >= sizeof head || buf_append(&c->out, head, (size_t)n) != 0 ||
         (headers != NULL && buf_append(&c->out, headers, strlen(headers)) != 0) ||
         buf_append(&c->out, "\r\n", 2) != 0) {

@@ -35,6 +35,8 @@ typedef struct lhttp_conn {
     lhttp_buf out;        /* the request's head */
     const char *out_body; /* its body, the caller's (not copied: 64 KiB a 32-step call) */
     size_t out_body_len;
+    const char *out_tail; /* the body's rest, the caller's too (a batch's unchanging tensors) */
+    size_t out_tail_len;
     size_t sent;     /* of head and body */
     lhttp_buf in;    /* the answer as read */
     size_t head_end; /* past the answer's blank line; 0 while the head is incomplete */
@@ -62,6 +64,11 @@ void lhttp_release(lhttp_conn *c);
  * Connects first when not connected. 0, or -1 with the connection FAILED (its error says why). */
 int lhttp_start(lhttp_conn *c, const char *method, const char *path, const char *headers,
                 const void *body, size_t body_len);
+
+/* lhttp_start with a body in two pieces, sent one after the other (tail may be NULL): a call
+ * whose tensors stay the same from call to call keeps them apart from the JSON that changes. */
+int lhttp_start_parts(lhttp_conn *c, const char *method, const char *path, const char *headers,
+                      const void *body, size_t body_len, const void *tail, size_t tail_len);
 
 /* The poll() events the connection waits for (0 unless SENDING or RECEIVING). */
 short lhttp_events(const lhttp_conn *c);
