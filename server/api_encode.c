@@ -24,6 +24,16 @@ static void put_string(struct strbuf *b, const char *s) {
     const unsigned char *p = (const unsigned char *)s;
     size_t n = strlen(s);
     for (size_t i = 0; i < n;) {
+        /* a run of plain ASCII goes in one append (a session id whole), not a byte at a time */
+        size_t run = i;
+        while (run < n && p[run] >= 0x20 && p[run] < 0x80 && p[run] != '"' && p[run] != '\\') {
+            run++;
+        }
+        if (run > i) {
+            strbuf_append(b, s + i, run - i);
+            i = run;
+            continue;
+        }
         unsigned char c = p[i];
         if (c == '"' || c == '\\') {
             strbuf_putc(b, '\\');
@@ -46,8 +56,6 @@ static void put_string(struct strbuf *b, const char *s) {
                 i += len;
             }
             continue;
-        } else {
-            strbuf_putc(b, (char)c);
         }
         i++;
     }

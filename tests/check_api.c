@@ -811,6 +811,13 @@ START_TEST(test_api_invalid_utf8_and_long_names) {
              "\"type\":\"invalid_request_error\",\"code\":\"invalid_request\","
              "\"param\":\"p\xEF\xBF\xBD\"}}\n");
     free(enc);
+    /* escapes between runs of plain text, at either end, and characters kept as they are */
+    enc = api_error_encode(ERROR_INVALID_REQUEST, "\"a\\b\n\r\t\x01\x7F caf\xC3\xA9 \xE2\x82\xAC\"",
+                           "\x1F", NULL);
+    ck_assert_str_eq(enc, "{\"error\":{\"message\":\"\\\"a\\\\b\\n\\r\\t\\u0001\x7F caf\xC3\xA9 "
+                          "\xE2\x82\xAC\\\"\",\"type\":\"invalid_request_error\","
+                          "\"code\":\"invalid_request\",\"param\":\"\\u001f\"}}\n");
+    free(enc);
     const char *texts[] = {err.param, err.message};
     for (int t = 0; t < 2; t++) {
         const unsigned char *p = (const unsigned char *)texts[t];
