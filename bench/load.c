@@ -459,9 +459,8 @@ static bool start_attend_batch(load_run *r, client *c) {
     if (!ok) {
         return false;
     }
-    c->json_len = r->opts->is_binary ? json_len : 0;
     c->has_tail = r->opts->is_binary; /* the rows follow from c->x, not copied into body */
-    return start_request(r, c, "POST", "/v1/attend");
+    return send_attend(r, c, json_len);
 }
 
 static bool start_next(load_run *r, client *c) {
@@ -557,8 +556,9 @@ static f32x4 max_f32x4(f32x4 a, f32x4 b) {
  * NULL: those two 0), and whether each v[i] is finite. v and ref are bytes at any alignment (a
  * framed answer's values are read where they lie, not copied out first). Vectors of four, two
  * at a time and without a branch: value by value with a branch each this was 23 instructions a
- * value, the load generator's largest cost (callgrind: 0.37 M of a 32-step call's checks); in
- * per-lane arrays, which -O2 kept in memory, ~1.2 ns a value (perf: 20 us of a 32-step call). */
+ * value, the load generator's largest cost (callgrind: 0.37 M of a 32-step call's checks). It
+ * is still a tenth of the generator's CPU on 32-step calls at L=2048 (perf, ~19 us a call, as
+ * with eight lanes kept in arrays before): the answer's 64 KiB, not the arithmetic. */
 static bool value_extremes(const void *v, const void *ref, size_t n, float *largest, float *scale,
                            float *worst) {
     const unsigned char *a = v, *b = ref != NULL ? ref : v; /* no ref: v against itself */
