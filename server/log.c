@@ -53,7 +53,8 @@ const char *log_quote(char *out, size_t size, const char *value) {
     out[o++] = '"';
     for (size_t i = 0; i < n;) {
         size_t len = printable_len(p + i, n - i);
-        size_t need = len == 0 ? 4 : (p[i] == '"' || p[i] == '\\') ? 2 : len;
+        bool is_quote = p[i] == '"' || p[i] == '\\';
+        size_t need = len == 0 ? 4 : is_quote ? 2 : len;
         if (o + need + 5 > size) { /* room for the character, "...", the quote and NUL */
             memcpy(out + o, "...", 3);
             o += 3;
@@ -67,7 +68,7 @@ const char *log_quote(char *out, size_t size, const char *value) {
             i++;
             continue;
         }
-        if (need == 2) {
+        if (is_quote) { /* not a two-byte character: it had a backslash, one byte past the room */
             out[o++] = '\\';
         }
         memcpy(out + o, p + i, len);

@@ -435,6 +435,43 @@ START_TEST(test_hostile_one_request_is_one_log_line) {
 }
 END_TEST
 
+/* A path of two-byte characters past the log's 1 KiB field: each was written after a backslash,
+ * and the cut left the line's quote and NUL one byte past the field's buffer (found by
+ * tests/check_log.c's test of log_quote against its rule). */
+START_TEST(test_hostile_long_utf8_path_logged_within_its_field) {
+    const char *args[] = {"--preset", "tiny", NULL};
+    http_client_daemon_start(&daemon_, args);
+    for (int extra = 0; extra < 4; extra++) {
+        char req[8192];
+        size_t n = (size_t)snprintf(req, sizeof req, "GET /v1/sessions/%.*s", extra, "abc");
+        for (int i = 0; i < 700; i++) {
+            n += (size_t)snprintf(req + n, sizeof req - n, "%%C3%%A9");
+        }
+        n += (size_t)snprintf(req + n, sizeof req - n, " HTTP/1.1\r\nHost: a\r\n\r\n");
+        int status = raw_bytes_status(req, n, NULL);
+        ck_assert_msg(status >= 400 && status < 500, "status %d", status);
+    }
+    ck_assert_int_eq(status_of("GET", "/v1/sessions/the-end", NULL), 404);
+    char *log = log_holding("the-end", 2000);
+    int n_cut = 0;
+    for (const char *p = strstr(log, "path=\"/v1/sessions/"); p != NULL;
+         p = strstr(p + 1, "path=\"/v1/sessions/")) {
+        const char *end = strstr(p, "...\" status=");
+        if (end != NULL && strchr(p, '\n') > end) {
+            n_cut++;
+            /* the field: the key, at most 1023 bytes of quoted value, no é after a backslash */
+            ck_assert_int_le((int)(end + 4 - (p + 5)), 1023);
+            char field[1100];
+            snprintf(field, sizeof field, "%.*s", (int)(end - p), p);
+            ck_assert_msg(strstr(field, "\\\xc3") == NULL, "é escaped: %.80s", field);
+        }
+    }
+    ck_assert_int_eq(n_cut, 4);
+    free(log);
+    stop_ok();
+}
+END_TEST
+
 /* A client that resets its connection while its answer is being sent is a client gone
  * (ended=client_closed), as when it resets mid-body or mid-stream; libmicrohttpd reads the failed
  * send as an error of its own, and the log said ended=error (found by an outside audit). */
@@ -694,6 +731,7 @@ Suite *hostile_suite(void) {
     tcase_add_test(tc, test_hostile_absolute_form_is_its_path);
     tcase_add_test(tc, test_hostile_query_arguments_are_not_ignored);
     tcase_add_test(tc, test_hostile_one_request_is_one_log_line);
+    tcase_add_test(tc, test_hostile_long_utf8_path_logged_within_its_field);
     tcase_add_test(tc, test_hostile_reset_mid_answer_is_client_closed);
     tcase_add_test(tc, test_hostile_error_bodies_are_valid_utf8);
     tcase_add_test(tc, test_hostile_many_keys_never_stall_the_loop);
