@@ -30,7 +30,7 @@ int64_t job__now_ms(void) {
 }
 
 int job__set_err(struct job *job, int code, const char *param, const char *fmt, ...) {
-    snprintf(job->err_param, sizeof job->err_param, "%s", param ? param : "");
+    strbuf_copy_string(job->err_param, sizeof job->err_param, param ? param : "");
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(job->err_message, sizeof job->err_message, fmt, ap);

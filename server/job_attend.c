@@ -530,7 +530,7 @@ void job__attend_admit(struct job *job) {
             job__free(job);
             return;
         }
-        snprintf(job->at.session_id, sizeof job->at.session_id, "%s", hdr);
+        strbuf_copy_string(job->at.session_id, sizeof job->at.session_id, hdr);
     }
     if (job->at.q != NULL && job->at.session_id[0] == '\0') {
         /* q/k/v append to a session's cache: there is no stateless form */
@@ -542,7 +542,8 @@ void job__attend_admit(struct job *job) {
         return;
     }
     if (rq != NULL && job->at.session_id[0] != '\0') {
-        snprintf(rq->session, sizeof rq->session, "%s", job->at.session_id); /* for its log line */
+        /* for its log line */
+        strbuf_copy_string(rq->session, sizeof rq->session, job->at.session_id);
     } else if (rq != NULL) {
         rq->is_answer_droppable = true; /* stateless: its answer changes nothing kept */
     }

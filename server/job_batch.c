@@ -145,10 +145,7 @@ static void finish(struct job *batch) {
 void job__batch_step_answered(struct job *step, int status) {
     struct job *batch = step->parent;
     struct batch_slot *s = &batch->slots[step->slot];
-    /* a copy, not snprintf: with a printf hook registered (libquadmath, loaded with OpenBLAS),
-     * glibc formats every call the slow positional way, ~1,000 instructions for this */
-    _Static_assert(sizeof s->session_id == sizeof step->at.session_id, "same bound");
-    memcpy(s->session_id, step->at.session_id, strlen(step->at.session_id) + 1);
+    strbuf_copy_string(s->session_id, sizeof s->session_id, step->at.session_id);
     s->status = status;
     if (status == 0) {
         s->response = step->response;
@@ -158,8 +155,8 @@ void job__batch_step_answered(struct job *step, int status) {
         s->raw = step->raw; /* its tensors stay in its buffers, which the slot keeps */
         job__take_buffers(step, s->buffers);
     } else {
-        snprintf(s->message, sizeof s->message, "%s", step->err_message);
-        snprintf(s->param, sizeof s->param, "%s", step->err_param);
+        strbuf_copy_string(s->message, sizeof s->message, step->err_message);
+        strbuf_copy_string(s->param, sizeof s->param, step->err_param);
         batch->n_weights -= step->n_charged; /* its weights are not in the answer */
         step->n_charged = 0;
     }

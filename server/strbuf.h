@@ -35,11 +35,25 @@ void strbuf_printf(struct strbuf *b, const char *fmt, ...) __attribute__((format
  * hundred numbers, which vsnprintf's machinery made a fair part of their encoding. */
 void strbuf_put_int(struct strbuf *b, long long v);
 
-/* v with 3 decimals, as "%.3f" writes it for 0 <= v < 1e15, where v x 1000 is rounded half up
- * (printf rounds v's exact binary value: the two may differ in the last digit when v x 1000 lies
- * within a rounding error of a half; tests/check_api.c compares a million values); others by
- * printf. For durations in milliseconds. */
+/* v with 3 decimals, the same bytes as "%.3f" (strbuf_format_fixed). For durations in
+ * milliseconds. */
 void strbuf_put_fixed3(struct strbuf *b, double v);
+
+/* s into out[0..size), cut to fit and NUL-terminated (size > 0): snprintf's "%s" without
+ * printf, which costs ~1,000 instructions a copy once libquadmath (loaded with OpenBLAS) has
+ * registered printf hooks (glibc then formats every call the slow positional way). */
+void strbuf_copy_string(char *out, size_t size, const char *s);
+
+/* The longest text the two below write: printf's "%.6f" of the largest double. */
+#define STRBUF_NUMBER_MAX 330
+
+/* v in decimal into out (room for 24 bytes), as "%lld" writes it; returns the length. */
+size_t strbuf_format_int(char *out, long long v);
+
+/* v with decimals (0-6) digits after the point into out (room for STRBUF_NUMBER_MAX bytes), the
+ * same bytes as printf's "%.*f" (rounded from v's exact value, a tie to even), without printf for
+ * 0 <= v x 10^decimals < 4e15; returns the length. */
+size_t strbuf_format_fixed(char *out, double v, int decimals);
 
 /* Drops the first n bytes (n <= len), keeping the rest. */
 void strbuf_consume(struct strbuf *b, size_t n);

@@ -611,8 +611,9 @@ START_TEST(test_api_framed_tensors_read_in_place) {
 END_TEST
 
 /* The answers' number writers against printf: every integer as "%lld" writes it (the extremes
- * too), and durations as "%.3f" does, over a million values of many sizes kept off the halves
- * where the two may round apart (and the halves, which round up). */
+ * too), and durations as "%.3f" does, over a million values of many sizes, a quarter of them on
+ * a grid of ten-thousandths, where many lie next to a half (rounding v x 1000 in floating point
+ * picked the other digit for 4% of those), and exact halves, which go to even. */
 START_TEST(test_api_number_writers_match_printf) {
     static const long long ints[] = {0, 1, -1, 9, 10, -10, 2048, 123456789, LLONG_MAX, LLONG_MIN};
     char want[64];
@@ -627,12 +628,9 @@ START_TEST(test_api_number_writers_match_printf) {
     uint64_t seed = 12345;
     for (int i = 0; i < 1000000; i++) {
         seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-        double u = (double)(seed >> 11) / 9007199254740992.0; /* [0, 1) */
-        double v = u * pow(10.0, (double)(i % 16) - 4.0);     /* 1e-4 .. 1e12 */
-        double frac = v * 1000.0 - floor(v * 1000.0);
-        if (fabs(frac - 0.5) < 1e-6) {
-            continue; /* a half, below */
-        }
+        double u = (double)(seed >> 11) / 9007199254740992.0;          /* [0, 1) */
+        double v = i % 4 == 0 ? (double)(seed >> 30) / 10000.0         /* the grid */
+                              : u * pow(10.0, (double)(i % 16) - 4.0); /* 1e-4 .. 1e12 */
         struct strbuf b;
         strbuf_init(&b);
         strbuf_put_fixed3(&b, v);
@@ -644,7 +642,11 @@ START_TEST(test_api_number_writers_match_printf) {
         double v;
         const char *want;
     } fixed[] = {{0.0, "0.000"},
-                 {0.0625, "0.063"},
+                 {0.0625, "0.062"}, /* an exact half: to even, as printf */
+                 {0.1875, "0.188"},
+                 {1.0005, "1.000"}, /* just below the half in binary */
+                 {2.0005, "2.001"}, /* just above it */
+                 {5843.0355, "5843.035"},
                  {1.5, "1.500"},
                  {2.25, "2.250"},
                  {1e14, "100000000000000.000"},
@@ -658,6 +660,25 @@ START_TEST(test_api_number_writers_match_printf) {
         snprintf(want, sizeof want, "%.3f", fixed[i].v);
         ck_assert_str_eq(b.data, fixed[i].want != NULL ? fixed[i].want : want);
         strbuf_release(&b);
+    }
+}
+END_TEST
+
+/* The id copies without printf: snprintf's "%s" into every size, from every length. */
+START_TEST(test_api_copy_string_is_snprintf) {
+    char src[80], got[80], want[80];
+    for (size_t len = 0; len < 70; len++) {
+        for (size_t i = 0; i < len; i++) {
+            src[i] = (char)('a' + (len * 7 + i) % 26);
+        }
+        src[len] = '\0';
+        for (size_t size = 1; size <= sizeof got; size++) {
+            memset(got, 'x', sizeof got);
+            memset(want, 'x', sizeof want);
+            strbuf_copy_string(got, size, src);
+            snprintf(want, size, "%s", src);
+            ck_assert_mem_eq(got, want, sizeof got);
+        }
     }
 }
 END_TEST
@@ -1168,6 +1189,7 @@ Suite *api_suite(void) {
     tcase_add_test(tc, test_api_attend_many_steps);
     tcase_add_test(tc, test_api_steps_top_level_fields_say_where);
     tcase_add_test(tc, test_api_number_writers_match_printf);
+    tcase_add_test(tc, test_api_copy_string_is_snprintf);
     tcase_add_test(tc, test_api_framed_tensors_read_in_place);
     tcase_add_test(tc, test_api_tensor_object_mistakes_say_what);
     tcase_add_test(tc, test_api_sdpa_rejects_bad_requests);
