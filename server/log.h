@@ -40,9 +40,31 @@ const char *log_level_name(enum log_level level);
 const char *log_quote(char *out, size_t size, const char *value);
 
 /* Writes one line (a trailing newline is added). Use the LOG_* macros, which skip evaluating the
- * arguments when the level is off. Lines longer than 4 KiB are cut. */
+ * arguments when the level is off. A message longer than LOG_LINE_MAX - 1 bytes is cut. */
 void log_write(enum log_level level, const char *module, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* The longest message a line holds; the rest is cut. */
+#define LOG_LINE_MAX 4096
+
+/* A message put together piece by piece, for the lines written per request: printf costs ~20k
+ * instructions a line here, since libquadmath (loaded with OpenBLAS) registers printf hooks and
+ * glibc then formats every call the slow positional way. log_line_write writes it as log_write
+ * writes its message (the same prefix, the same escaping). A piece past the room is cut. */
+struct log_line {
+    size_t len;
+    char text[LOG_LINE_MAX];
+};
+
+void log_line_init(struct log_line *line);
+void log_line_puts(struct log_line *line, const char *s);
+/* value as log_quote writes it into a buffer of size bytes (the same cut). */
+void log_line_quoted(struct log_line *line, const char *value, size_t size);
+/* v as "%lld" writes it. */
+void log_line_int(struct log_line *line, long long v);
+/* v with two decimals, the same bytes as "%.2f". */
+void log_line_fixed2(struct log_line *line, double v);
+void log_line_write(enum log_level level, const char *module, const struct log_line *line);
 
 #define LOG_ERROR(module, ...)                                                                     \
     do {                                                                                           \

@@ -848,6 +848,39 @@ static void on_pool_idle(void *ctx) {
     maybe_drained(ctx);
 }
 
+/* The request's line: method, path and a path's session id are the client's bytes, quoted and
+ * escaped, so a request is one line and cannot forge fields. Put together without printf: one
+ * line a request (see struct log_line). */
+static void log_request(enum log_level level, struct http_request *req, const struct route_req *rq,
+                        double ms) {
+    struct log_line line;
+    log_line_init(&line);
+    log_line_puts(&line, "request req=");
+    log_line_int(&line, (long long)http_request_id(req));
+    log_line_puts(&line, " session=");
+    if (rq->session[0] != '\0') {
+        log_line_quoted(&line, rq->session, 2 * API_SESSION_ID_MAX + 8);
+    } else {
+        log_line_puts(&line, "-");
+    }
+    log_line_puts(&line, " method=");
+    log_line_quoted(&line, http_request_method(req), 40);
+    log_line_puts(&line, " path=");
+    log_line_quoted(&line, http_request_path(req), 1024);
+    log_line_puts(&line, " status=");
+    log_line_int(&line, rq->status);
+    log_line_puts(&line, " code=");
+    log_line_puts(&line, rq->error_name != NULL ? rq->error_name : "-");
+    log_line_puts(&line, " ms=");
+    log_line_fixed2(&line, ms);
+    const char *ended = http_request_ended(req);
+    if (ended != NULL) {
+        log_line_puts(&line, " ended=");
+        log_line_puts(&line, ended);
+    }
+    log_line_write(level, "route", &line);
+}
+
 static void on_closed(void *ctx, struct http_request *req) {
     struct server *srv = ctx;
     struct route_req *rq = http_request_user(req);
@@ -862,18 +895,7 @@ static void on_closed(void *ctx, struct http_request *req) {
                            : is_quiet        ? LOG_LEVEL_DEBUG
                                              : LOG_LEVEL_INFO;
     if (log_enabled(level)) {
-        /* Method, path and a path's session id are the client's bytes: quoted and escaped, so a
-         * request is one line and cannot forge fields. */
-        char session[2 * API_SESSION_ID_MAX + 8], method[40], path[1024];
-        const char *ended = http_request_ended(req);
-        log_write(level, "route",
-                  "request req=%llu session=%s method=%s path=%s status=%d code=%s ms=%.2f%s%s",
-                  (unsigned long long)http_request_id(req),
-                  rq->session[0] ? log_quote(session, sizeof session, rq->session) : "-",
-                  log_quote(method, sizeof method, http_request_method(req)),
-                  log_quote(path, sizeof path, http_request_path(req)), rq->status,
-                  rq->error_name != NULL ? rq->error_name : "-", ms, ended != NULL ? " ended=" : "",
-                  ended != NULL ? ended : "");
+        log_request(level, req, rq, ms);
     }
     if (rq->job != NULL) {
         job_client_gone(rq->job);
