@@ -172,9 +172,10 @@ valgrind: $(CHECK)
 		--error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite \
 		./$(CHECK)
 
-# fuzz: libFuzzer (clang) with ASan and UBSan on every request parser, base64, config.json and
-# the safetensors header, FUZZ_SECONDS each (default 60), in build/fuzz. The corpus starts from
-# tests/fuzz/seeds.py (proto/examples, tests/data) and grows in build/fuzz/corpus across runs;
+# fuzz: libFuzzer (clang) with ASan and UBSan on every request parser, base64, config.json,
+# the safetensors header and log_quote, FUZZ_SECONDS each (default 60), in build/fuzz. The
+# corpus starts from tests/fuzz/seeds.py (proto/examples, tests/data) and grows in
+# build/fuzz/corpus across runs;
 # a crash leaves its input in build/fuzz/ and fails the target.
 fuzz: deps
 	$(Q)$(MAKE) --no-print-directory BUILD=build/fuzz CC=clang FUZZ=1 OPT=-O1 fuzz-run

@@ -328,6 +328,14 @@ def attention_queries():
         yield bytes([n]) + q.encode()
 
 
+def log_values():
+    """log_quote: two bytes of field size, then a client's bytes"""
+    for size, value in [(8, b"/v1/attend"), (1024, "/v1/sessions/".encode() + "\u00e9".encode() * 600),
+                        (40, b"GET"), (64, b'a"b\\c\n\x1b\x7f\xff\xc3'), (300, "\u20ac\U0001F600".encode() * 50),
+                        (9, "\u00e9\u00e9\u00e9".encode()), (2055, b"x" * 3000)]:
+        yield bytes([(size - 8) >> 8, (size - 8) & 255]) + value
+
+
 SOURCES = {
     "fuzz_query": attention_queries,
     "fuzz_attend": attend_bodies,
@@ -339,6 +347,7 @@ SOURCES = {
     "fuzz_safetensors": safetensors,
     "fuzz_snapshot": session_files,
     "fuzz_framed": framed_bodies,
+    "fuzz_log": log_values,
 }
 
 
