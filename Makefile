@@ -241,7 +241,9 @@ inspect-bench: $(ATTND)
 load: $(LOAD) $(ATTND)
 	$(Q)./$(LOAD) --spawn ./$(ATTND) $(LOAD_ARGS)
 
-$(LOAD): $(BUILD)/bench/load.o $(BUILD)/bench/load_http.o
+# attn_load reads answers with the daemon's JSON pull reader (server/json.c, utf8.c).
+$(LOAD): $(BUILD)/bench/load.o $(BUILD)/bench/load_http.o $(BUILD)/server/json.o \
+         $(BUILD)/server/utf8.o
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(CJSON_LIBS) -lm
 

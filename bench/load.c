@@ -31,6 +31,8 @@
 #include <cjson/cJSON.h>
 #include <poll.h>
 
+#include "../server/json.h"
+
 #include "bench_rand.h"
 #include "load_http.h"
 
@@ -111,6 +113,16 @@ typedef struct error_stats {
     char first[320]; /* the first error, for the report */
 } error_stats;
 
+/* What the checks read of one session's answer (read_step): its status when it failed, its
+ * token count, its output's shape and base64 text (the JSON encoding's), its timing. */
+typedef struct step_view {
+    bool has_status, has_n_tokens, has_b64, has_timing, has_compute;
+    double status, n_tokens, queue_ms, compute_ms;
+    int32_t n_shape; /* the shape's length; its first two in shape */
+    double shape[2];
+    struct json_span b64;
+} step_view;
+
 typedef struct load_run {
     const load_opts *opts;
     char base_url[256];
@@ -126,9 +138,10 @@ typedef struct load_run {
      * an empty session, so each must give the first one's output again (prefill_ref, NULL until
      * one is answered); values holds the answer being checked (a batch: step 0's, then step k's,
      * which must agree, its sessions having had the same tokens). */
-    float *prefill_ref; /* (n_prefill, hidden) */
-    float *values;      /* (n_prefill + 1, hidden) */
-    char why[120];      /* what the last answer refused got wrong */
+    float *prefill_ref;      /* (n_prefill, hidden) */
+    float *values;           /* (n_prefill + 1, hidden) */
+    struct step_view *views; /* (n_batch): what the answer being checked says of each session */
+    char why[120];           /* what the last answer refused got wrong */
     latency_stats prefill;
     latency_stats decode;
     error_stats errors;
@@ -279,42 +292,6 @@ static char *tensor_json(const float *v, int32_t rows, int32_t cols, bool is_jso
         return NULL;
     }
     return b.data;
-}
-
-/* ---- cJSON's memory ------------------------------------------------------------------------- */
-
-/* A 32-step answer's tree is about a thousand small allocations (cJSON allocates every node and
- * every key), which from malloc took a fifth of the generator's CPU: CPU it takes from the
- * daemon it measures on the same cores. A tree here lives only while its answer is read, one at
- * a time, so its nodes come from a bump arena emptied when the tree is deleted
- * (json_delete); what does not fit goes to malloc. */
-#define JSON_ARENA_BYTES (1u << 20)
-
-static _Alignas(16) char g_json_arena[JSON_ARENA_BYTES];
-static size_t g_json_arena_used;
-
-static void *json_alloc(size_t n) {
-    size_t rounded = (n + 15) & ~(size_t)15;
-    if (rounded >= n && rounded <= JSON_ARENA_BYTES - g_json_arena_used) {
-        void *p = g_json_arena + g_json_arena_used;
-        g_json_arena_used += rounded;
-        return p;
-    }
-    return malloc(n);
-}
-
-static void json_free(void *p) {
-    uintptr_t at = (uintptr_t)p;
-    uintptr_t base = (uintptr_t)g_json_arena;
-    if (at < base || at - base >= JSON_ARENA_BYTES) {
-        free(p);
-    }
-}
-
-/* Deletes the one live tree and empties the arena for the next. */
-static void json_delete(cJSON *root) {
-    cJSON_Delete(root);
-    g_json_arena_used = 0;
 }
 
 /* ---- requests ------------------------------------------------------------------------------- */
@@ -490,14 +467,14 @@ static bool start_next(load_run *r, client *c) {
 
 /* The n float32 values of an output into out: --binary's raw part (at raw), or else its base64
  * ("b64"), little-endian. False unless the base64 carries exactly n values. */
-static bool output_values(const cJSON *output, const char *raw, size_t n, float *out) {
+static bool output_values(const step_view *answer, const char *raw, size_t n, float *out) {
     if (raw != NULL) {
         memcpy(out, raw, n * sizeof(float));
         return true;
     }
-    const cJSON *b64 = cJSON_GetObjectItemCaseSensitive(output, "b64");
-    const char *t = cJSON_GetStringValue(b64);
-    size_t len = t != NULL ? strlen(t) : 0;
+    /* base64 has no character JSON must escape; an escaped one is not the daemon's answer */
+    const char *t = answer->has_b64 && !answer->b64.has_escapes ? answer->b64.text : NULL;
+    size_t len = t != NULL ? answer->b64.len : 0;
     if (len != (4 * n + 2) / 3 * 4) {
         return false;
     }
@@ -635,13 +612,181 @@ static bool values_ok(load_run *r, const void *v, const float *ref, size_t n) {
 }
 
 /* Checks one session's answer: n_tokens as expected and an output of shape (rows, hidden). */
-static bool step_answer_ok(const load_run *r, const cJSON *answer, int32_t n_tokens, int32_t rows) {
-    const cJSON *n = cJSON_GetObjectItemCaseSensitive(answer, "n_tokens");
-    const cJSON *output = cJSON_GetObjectItemCaseSensitive(answer, "output");
-    const cJSON *shape = cJSON_GetObjectItemCaseSensitive(output, "shape");
-    return cJSON_IsNumber(n) && n->valuedouble == n_tokens && cJSON_GetArraySize(shape) == 2 &&
-           cJSON_GetArrayItem(shape, 0)->valuedouble == rows &&
-           cJSON_GetArrayItem(shape, 1)->valuedouble == r->hidden;
+/* ---- answers ------------------------------------------------------------------------------- */
+
+/* An answer's JSON is read with the daemon's pull reader (server/json.c: strict, nothing
+ * allocated): with cJSON a 32-step answer's 5 KB cost ~400k instructions a call (a node and a
+ * key copy per item, strtod per number), the largest part of the generator's own work, on the
+ * cores the daemon it measures computes on. */
+
+/* Skips the next value, whatever it holds. 0, or -1 on a syntax error. */
+static int skip_value(struct json_reader *rd) {
+    struct json_span span;
+    double number;
+    bool flag;
+    int more;
+    switch (json_peek(rd)) {
+    case JSON_TYPE_OBJECT:
+        if (json_object_begin(rd) != 0) {
+            return -1;
+        }
+        while ((more = json_object_next(rd, &span)) == 1) {
+            if (skip_value(rd) != 0) {
+                return -1;
+            }
+        }
+        return more == 0 ? 0 : -1;
+    case JSON_TYPE_ARRAY:
+        if (json_array_begin(rd) != 0) {
+            return -1;
+        }
+        while ((more = json_array_next(rd)) == 1) {
+            if (skip_value(rd) != 0) {
+                return -1;
+            }
+        }
+        return more == 0 ? 0 : -1;
+    case JSON_TYPE_STRING:
+        return json_read_string(rd, &span);
+    case JSON_TYPE_NUMBER:
+        return json_read_number(rd, &number);
+    case JSON_TYPE_BOOL:
+        return json_read_bool(rd, &flag);
+    case JSON_TYPE_NULL:
+        return json_read_null(rd);
+    case JSON_TYPE_INVALID:
+        break;
+    }
+    return json_read_null(rd); /* fails, recording where */
+}
+
+/* A number where one is expected: *has says whether it was one (anything else is skipped). */
+static int read_number_if(struct json_reader *rd, double *out, bool *has) {
+    *has = json_peek(rd) == JSON_TYPE_NUMBER;
+    return *has ? json_read_number(rd, out) : skip_value(rd);
+}
+
+/* "output": {"shape": [...], "b64": "..."} (or framed: shape and binary_data_size). */
+static int read_output(struct json_reader *rd, step_view *v) {
+    if (json_peek(rd) != JSON_TYPE_OBJECT) {
+        return skip_value(rd);
+    }
+    struct json_span key;
+    int more, rc = json_object_begin(rd);
+    while (rc == 0 && (more = json_object_next(rd, &key)) == 1) {
+        if (json_span_equals(&key, "shape") && json_peek(rd) == JSON_TYPE_ARRAY) {
+            rc = json_array_begin(rd);
+            while (rc == 0 && (more = json_array_next(rd)) == 1) {
+                bool is_number;
+                double d = 0;
+                rc = read_number_if(rd, &d, &is_number);
+                if (v->n_shape < 2) {
+                    v->shape[v->n_shape] = is_number ? d : NAN;
+                }
+                v->n_shape++;
+            }
+            rc = rc == 0 && more == 0 ? 0 : -1;
+        } else if (json_span_equals(&key, "b64") && json_peek(rd) == JSON_TYPE_STRING) {
+            rc = json_read_string(rd, &v->b64);
+            v->has_b64 = rc == 0;
+        } else {
+            rc = skip_value(rd);
+        }
+    }
+    return rc == 0 && more == 0 ? 0 : -1;
+}
+
+/* "timing": {"queue_ms": ..., "compute_ms": ...} */
+static int read_timing(struct json_reader *rd, step_view *v) {
+    if (json_peek(rd) != JSON_TYPE_OBJECT) {
+        return skip_value(rd);
+    }
+    v->has_timing = true;
+    struct json_span key;
+    bool has_queue;
+    int more, rc = json_object_begin(rd);
+    while (rc == 0 && (more = json_object_next(rd, &key)) == 1) {
+        if (json_span_equals(&key, "queue_ms")) {
+            rc = read_number_if(rd, &v->queue_ms, &has_queue);
+            v->queue_ms = has_queue ? v->queue_ms : 0.0;
+        } else if (json_span_equals(&key, "compute_ms")) {
+            rc = read_number_if(rd, &v->compute_ms, &v->has_compute);
+            v->compute_ms = v->has_compute ? v->compute_ms : 0.0;
+        } else {
+            rc = skip_value(rd);
+        }
+    }
+    return rc == 0 && more == 0 ? 0 : -1;
+}
+
+/* One session's answer (an object), or a failed step's error object. */
+static int read_step(struct json_reader *rd, step_view *v) {
+    memset(v, 0, sizeof *v);
+    if (json_peek(rd) != JSON_TYPE_OBJECT) {
+        return skip_value(rd); /* not an answer: nothing in v passes the checks */
+    }
+    struct json_span key;
+    int more, rc = json_object_begin(rd);
+    while (rc == 0 && (more = json_object_next(rd, &key)) == 1) {
+        if (json_span_equals(&key, "status")) {
+            rc = read_number_if(rd, &v->status, &v->has_status);
+        } else if (json_span_equals(&key, "n_tokens")) {
+            rc = read_number_if(rd, &v->n_tokens, &v->has_n_tokens);
+        } else if (json_span_equals(&key, "output")) {
+            rc = read_output(rd, v);
+        } else if (json_span_equals(&key, "timing")) {
+            rc = read_timing(rd, v);
+        } else {
+            rc = skip_value(rd);
+        }
+    }
+    return rc == 0 && more == 0 ? 0 : -1;
+}
+
+static bool step_answer_ok(const load_run *r, const step_view *v, int32_t n_tokens, int32_t rows) {
+    return v->has_n_tokens && v->n_tokens == n_tokens && v->n_shape == 2 && v->shape[0] == rows &&
+           v->shape[1] == r->hidden;
+}
+
+/* Reads an attend answer's JSON into views: a batch's "results", at most n_steps of them (their
+ * count in *n_read), or the body itself as views[0]. False for malformed JSON or a part that
+ * is not as an answer has it. */
+static bool read_answer(const char *json, size_t len, bool is_batch, int32_t n_steps,
+                        step_view *views, int32_t *n_read) {
+    struct json_reader rd;
+    json_reader_init(&rd, json, len);
+    *n_read = 0;
+    if (!is_batch) {
+        *n_read = 1;
+        return read_step(&rd, &views[0]) == 0 && json_reader_finish(&rd) == 0;
+    }
+    struct json_span key;
+    int more;
+    if (json_object_begin(&rd) != 0) {
+        return false;
+    }
+    while ((more = json_object_next(&rd, &key)) == 1) {
+        if (!json_span_equals(&key, "results")) {
+            if (skip_value(&rd) != 0) {
+                return false;
+            }
+            continue;
+        }
+        if (json_array_begin(&rd) != 0) {
+            return false;
+        }
+        while ((more = json_array_next(&rd)) == 1) {
+            int rc = *n_read < n_steps ? read_step(&rd, &views[*n_read]) : skip_value(&rd);
+            if (rc != 0) {
+                return false;
+            }
+            (*n_read)++;
+        }
+        if (more < 0) {
+            return false;
+        }
+    }
+    return more == 0 && json_reader_finish(&rd) == 0;
 }
 
 /* Checks an attend answer: n_steps sessions' answers (a batch's "results", in order, or the
@@ -664,17 +809,16 @@ static bool attend_answer_ok(load_run *r, const client *c, bool is_batch, int32_
         const char *nl = memchr(body, '\n', body_len);
         json_len = nl != NULL ? (size_t)(nl - body) + 1 : 0;
     }
-    cJSON *root = cJSON_ParseWithLength(body, json_len);
-    const cJSON *results = cJSON_GetObjectItemCaseSensitive(root, "results");
-    bool ok = root != NULL && (!is_batch || cJSON_GetArraySize(results) == n_steps);
+    int32_t n_read;
+    bool ok =
+        read_answer(body, json_len, is_batch, n_steps, r->views, &n_read) && n_read == n_steps;
     if (ok && r->opts->is_binary) {
         ok = body_len == json_len + (size_t)n_steps * n_values * 4;
     }
     for (int32_t k = 0; k < n_steps && ok; k++) {
-        const cJSON *answer = is_batch ? cJSON_GetArrayItem(results, k) : root;
-        const cJSON *status = cJSON_GetObjectItemCaseSensitive(answer, "status");
-        if (cJSON_IsNumber(status)) {
-            *step_status = (long)status->valuedouble;
+        const step_view *answer = &r->views[k];
+        if (answer->has_status) {
+            *step_status = (long)answer->status;
         }
         ok = step_answer_ok(r, answer, c->n_tokens + rows, rows);
         *bad_step = is_batch ? k : *bad_step;
@@ -685,8 +829,7 @@ static bool attend_answer_ok(load_run *r, const client *c, bool is_batch, int32_
         const void *at = v;
         if (raw != NULL && k > 0) {
             at = raw;
-        } else if (ok && !output_values(cJSON_GetObjectItemCaseSensitive(answer, "output"), raw,
-                                        n_values, v)) {
+        } else if (ok && !output_values(answer, raw, n_values, v)) {
             snprintf(r->why, sizeof r->why, "output values missing or malformed");
             ok = false;
         }
@@ -700,18 +843,14 @@ static bool attend_answer_ok(load_run *r, const client *c, bool is_batch, int32_
             }
         }
     }
-    const cJSON *first = is_batch ? cJSON_GetArrayItem(results, 0) : root;
-    const cJSON *timing = cJSON_GetObjectItemCaseSensitive(first, "timing");
-    if (ok && timing != NULL) {
-        const cJSON *q = cJSON_GetObjectItemCaseSensitive(timing, "queue_ms");
-        const cJSON *cm = cJSON_GetObjectItemCaseSensitive(timing, "compute_ms");
-        s->sum_queue_ms += cJSON_IsNumber(q) ? q->valuedouble : 0.0;
-        s->sum_compute_ms += cJSON_IsNumber(cm) ? cm->valuedouble : 0.0;
-        if (cJSON_IsNumber(cm)) {
-            ok = push_double(&s->compute_ms, &s->n_compute, &s->cap_compute, cm->valuedouble);
+    const step_view *first = &r->views[0];
+    if (ok && first->has_timing) {
+        s->sum_queue_ms += first->queue_ms;
+        s->sum_compute_ms += first->compute_ms;
+        if (first->has_compute) {
+            ok = push_double(&s->compute_ms, &s->n_compute, &s->cap_compute, first->compute_ms);
         }
     }
-    json_delete(root);
     return ok;
 }
 
@@ -862,7 +1001,7 @@ static int read_model(load_run *r) {
         r->hidden = hidden->valueint;
         r->max_tokens = r->opts->max_tokens > 0 ? r->opts->max_tokens : max_pos->valueint;
     }
-    json_delete(root);
+    cJSON_Delete(root);
     free(resp.data);
     return rc;
 }
@@ -1031,9 +1170,11 @@ static int setup_clients(load_run *r) {
         memcpy(r->prefill_x, x, (size_t)o->n_prefill * hidden * sizeof(float));
     }
     r->values = malloc(((size_t)o->n_prefill + 1) * hidden * sizeof(float));
+    r->views = calloc((size_t)o->n_batch, sizeof *r->views);
     r->clients = calloc((size_t)o->n_clients, sizeof(client));
     r->polls = calloc((size_t)o->n_clients, sizeof *r->polls);
-    int rc = r->prefill_json != NULL && r->values != NULL && r->clients != NULL && r->polls != NULL
+    int rc = r->prefill_json != NULL && r->values != NULL && r->views != NULL &&
+                     r->clients != NULL && r->polls != NULL
                  ? 0
                  : -1;
     for (int32_t i = 0; i < o->n_clients && rc == 0; i++) {
@@ -1078,6 +1219,7 @@ static void free_clients(load_run *r) {
     free(r->prefill_x);
     free(r->prefill_ref);
     free(r->values);
+    free(r->views);
     free(r->prefill.ms);
     free(r->decode.ms);
     free(r->prefill.compute_ms);
@@ -1327,7 +1469,6 @@ int main(int argc, char **argv) {
     }
     signal(SIGPIPE, SIG_IGN);
     g_pid = (long)getpid();
-    cJSON_InitHooks(&(cJSON_Hooks){.malloc_fn = json_alloc, .free_fn = json_free});
     load_run r = {.opts = &o};
     daemon_proc d = {.pid = -1};
     int rc = 0;
