@@ -99,8 +99,8 @@ void http__wake(struct http_request *r) {
 /* ---- answers -------------------------------------------------------------------------------- */
 
 static void decorate(struct http_request *r, struct MHD_Response *resp, const char *content_type) {
-    char id[32];
-    snprintf(id, sizeof id, "%llu", (unsigned long long)r->id);
+    char id[32]; /* without printf, per answer (see strbuf_copy_string) */
+    id[strbuf_format_int(id, (long long)r->id)] = '\0';
     MHD_add_response_header(resp, "X-Request-Id", id);
     if (content_type != NULL) {
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);

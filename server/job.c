@@ -156,8 +156,8 @@ void job__binary_answer(struct job *job, enum api_encoding enc) {
 
 /* The answer's Inference-Header-Content-Length: its JSON part's length. */
 static void add_framing_header(struct job *job, size_t json_len) {
-    char n[32];
-    snprintf(n, sizeof n, "%zu", json_len);
+    char n[32]; /* without printf, per answer (see strbuf_copy_string) */
+    n[strbuf_format_int(n, (long long)json_len)] = '\0';
     http_request_add_header(job->rq->http, "Inference-Header-Content-Length", n);
 }
 
