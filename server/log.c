@@ -168,16 +168,15 @@ static size_t put_prefix(char *out, enum log_level level, const char *module) {
     return o;
 }
 
-/* The line: prefix, message, escaped, a newline, one write(2). */
+/* The line: prefix and message, each escaped straight into the line, a newline, one write(2). */
 static void emit(enum log_level level, const char *module, const char *msg, size_t msg_len) {
-    char line[LOG_LINE_MAX + 128];
+    char head[128];
+    size_t n = put_prefix(head, level, module);
     msg_len = msg_len < LOG_LINE_MAX ? msg_len : LOG_LINE_MAX;
-    size_t n = put_prefix(line, level, module);
-    memcpy(line + n, msg, msg_len);
-    n += msg_len;
     /* Whatever the message holds, the line ends at its one newline. */
-    char out[4 * sizeof line + 1];
-    size_t len = escape_line(line, n, out);
+    char out[4 * (sizeof head + LOG_LINE_MAX) + 1];
+    size_t len = escape_line(head, n, out);
+    len += escape_line(msg, msg_len, out + len);
     out[len++] = '\n';
     /* One write(2) per line keeps concurrent lines whole; a short write to stderr is not worth
      * retrying here. */
