@@ -611,7 +611,6 @@ static bool values_ok(load_run *r, const void *v, const float *ref, size_t n) {
     return true;
 }
 
-/* Checks one session's answer: n_tokens as expected and an output of shape (rows, hidden). */
 /* ---- answers ------------------------------------------------------------------------------- */
 
 /* An answer's JSON is read with the daemon's pull reader (server/json.c: strict, nothing
@@ -743,6 +742,7 @@ static int read_step(struct json_reader *rd, step_view *v) {
     return rc == 0 && more == 0 ? 0 : -1;
 }
 
+/* Checks one session's answer: n_tokens as expected and an output of shape (rows, hidden). */
 static bool step_answer_ok(const load_run *r, const step_view *v, int32_t n_tokens, int32_t rows) {
     return v->has_n_tokens && v->n_tokens == n_tokens && v->n_shape == 2 && v->shape[0] == rows &&
            v->shape[1] == r->hidden;
