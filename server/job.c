@@ -71,6 +71,7 @@ void job__free(struct job *job) {
     attn_kv_destroy(job->temp_cross);
     api_attend_request_release(&job->at);
     api_sdpa_request_release(&job->sd);
+    free(job->attn_q);
     free(job->body_block); /* after the request, whose tensors may lie in it */
     free(job->out);
     free(job->weights);

@@ -255,7 +255,7 @@ void job_submit_export(struct route_req *rq) {
 static bool take_query(void *ctx, const char *name, const char *value) {
     struct job *job = ctx;
     job->parse_rc =
-        api_attention_query(&job->attn_q, name, value, &job->srv->limits, &job->parse_err);
+        api_attention_query(job->attn_q, name, value, &job->srv->limits, &job->parse_err);
     return job->parse_rc == 0;
 }
 
@@ -267,7 +267,7 @@ static int attention_prepare(struct pool_job *pj, struct pool_step *step) {
 static int attention_run(struct pool_job *pj, int status) {
     struct job *job = (struct job *)pj;
     struct server *srv = job->srv;
-    int32_t layer = job->attn_q.layer, n_heads = srv->limits.n_heads;
+    int32_t layer = job->attn_q->layer, n_heads = srv->limits.n_heads;
     attn_kv *kv = session_kv_find(pj->session, layer);
     int32_t n_tokens = kv != NULL ? attn_kv_len(kv) : 0;
     /* a ring keeps what later queries see: row i needs keys from i - window + 1 on */
@@ -276,7 +276,7 @@ static int attention_run(struct pool_job *pj, int status) {
     first_row = first_row < n_tokens ? first_row : n_tokens;
     struct api_selection sel;
     struct api_error e = {0};
-    if (api_attention_select(&job->attn_q, n_heads, n_tokens, first_row, &sel, &e) != 0) {
+    if (api_attention_select(job->attn_q, n_heads, n_tokens, first_row, &sel, &e) != 0) {
         return job__set_err(job, e.code, e.param, "%s", e.message);
     }
     int64_t n_values = api_selection_values(&sel, n_heads);
@@ -315,14 +315,20 @@ void job_submit_attention(struct route_req *rq) {
     if (job == NULL) {
         return;
     }
-    job->attn_q.layer = srv->limits.layer_first;
+    job->attn_q = calloc(1, sizeof *job->attn_q);
+    if (job->attn_q == NULL) {
+        route_reply_error(rq, ERROR_INTERNAL, "out of memory", NULL);
+        job__free(job);
+        return;
+    }
+    job->attn_q->layer = srv->limits.layer_first;
     http_request_queries(rq->http, take_query, job);
     if (job->parse_rc != 0) {
         route_reply_error(rq, job->parse_rc, job->parse_err.message, job->parse_err.param);
         job__free(job);
         return;
     }
-    if (attn_config_layer_is_linear(attn_model_config(srv->model), job->attn_q.layer)) {
+    if (attn_config_layer_is_linear(attn_model_config(srv->model), job->attn_q->layer)) {
         route_reply_error(rq, ERROR_INVALID_REQUEST,
                           "layer: a linear-attention layer has no attention weights", "layer");
         job__free(job);
