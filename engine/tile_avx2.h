@@ -8,7 +8,10 @@
 
 #include <string.h>
 
-#if defined(__x86_64__) && defined(__GNUC__)
+/* ATTN_PORTABLE_KERNELS leaves the AVX2 kernels out of a build, for the fuzz build: clang
+ * spends minutes on their sanitized instantiations, its targets fuzz parsers rather than
+ * arithmetic, and `make asan` runs these kernels under ASan and UBSan. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(ATTN_PORTABLE_KERNELS)
 #include <immintrin.h>
 #define TILE_HAVE_AVX2 1
 #endif
