@@ -17,12 +17,16 @@ struct check_suite {
 
 extern const struct check_suite check_suites[];
 
+/* Whether the len bytes at p are name. */
+static bool is_name(const char *p, size_t len, const char *name) {
+    return strlen(name) == len && strncmp(p, name, len) == 0;
+}
+
 /* Whether name is one of list's comma-separated names. */
 static bool listed(const char *list, const char *name) {
-    size_t n = strlen(name);
     for (const char *p = list; *p != '\0';) {
         size_t len = strcspn(p, ",");
-        if (len == n && strncmp(p, name, n) == 0) {
+        if (is_name(p, len, name)) {
             return true;
         }
         p += len + (p[len] == ',');
@@ -36,8 +40,7 @@ static int check_list(const char *env_name, const char *list) {
         size_t len = strcspn(p, ",");
         bool known = false;
         for (int i = 0; check_suites[i].name != NULL && !known; i++) {
-            known =
-                strlen(check_suites[i].name) == len && strncmp(p, check_suites[i].name, len) == 0;
+            known = is_name(p, len, check_suites[i].name);
         }
         if (!known) {
             fprintf(stderr, "%s: no suite named '%.*s'\n", env_name, (int)len, p);
