@@ -6,7 +6,7 @@
 set -u
 check=$1
 split=$2
-out=$(mktemp -d /tmp/attnd-check-split.XXXXXX)
+out=$(mktemp -d /tmp/attnd-check-split.XXXXXX) || exit 1
 CHECK_SUITES=$split "$check" >"$out/listed" 2>&1 &
 listed=$!
 CHECK_SKIP_SUITES=$split "$check" >"$out/rest" 2>&1
