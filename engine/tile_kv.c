@@ -338,6 +338,23 @@ qk_kv_rows(const int DT, const int MX, const float *q, size_t ldq, const uint8_t
  * scores kernel's for the two to hand prefetching over at a block's edge. */
 #define PV_KEYS KV_PREFETCH_ROWS
 
+/* acc[a][w] += p[a * ldp] x the value row's columns c + 8 w .. c + 8 w + 8, for MX rows and CW
+ * vectors: one key of a strip. */
+__attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
+pv_key(const int DT, const int MX, const int CW, const float *p, size_t ldp, const uint8_t *row,
+       int32_t c, __m256 (*acc)[4]) {
+    __m256 vv[4];
+    strip_values(DT, CW, row, c, vv);
+#pragma GCC unroll 4
+    for (int a = 0; a < MX; a++) {
+        __m256 pa = _mm256_broadcast_ss(p + a * ldp);
+#pragma GCC unroll 4
+        for (int w = 0; w < CW; w++) {
+            acc[a][w] = _mm256_fmadd_ps(pa, vv[w], acc[a][w]);
+        }
+    }
+}
+
 /* o[:, c .. c + 8 CW) += p v over keys [j0, j1) for MX <= 4 rows, the MX x CW accumulators in
  * registers for the whole run (NS sets over alternate keys when one row alone would wait on the
  * FMA latency). Prefetches the same lines PV_KEYS rows ahead, for the next run. */
@@ -369,22 +386,23 @@ pv_strip(const int DT, const int MX, const int CW, const int NS, const float *p,
     const uint8_t *ahead = row_ahead(v, rb, n, after, j0 + PV_KEYS) + KV_BYTE_OF(DT, c);
     size_t ahead_rb = j0 + PV_KEYS < n || after.rows == NULL ? rb : after.row_bytes;
     int32_t j = j0;
-    for (; j + NS <= j1; j += NS) {
-#pragma GCC unroll 2
-        for (int u = 0; u < NS; u++) {
-            const uint8_t *row = v + (size_t)(j + u) * rb;
+    if (NS == 1) {
+        /* four keys an iteration: one at a time, the loop's own instructions took issue slots
+         * from the FMAs (three rows of bfloat16 from L1: 75-78 -> 45-46 cycles a key, two rows
+         * 36 -> 32-33; four rows and the other dtypes 0-4% faster) */
+#pragma GCC unroll 4
+        for (; j < j1; j++) {
             _mm_prefetch((const char *)ahead, _MM_HINT_T0);
             ahead += ahead_rb;
-            __m256 vv[4];
-            strip_values(DT, CW, row, c, vv);
-#pragma GCC unroll 4
-            for (int a = 0; a < MX; a++) {
-                __m256 pa = _mm256_broadcast_ss(p + a * ldp + (j + u - pj));
-#pragma GCC unroll 4
-                for (int w = 0; w < CW; w++) {
-                    acc[u][a][w] = _mm256_fmadd_ps(pa, vv[w], acc[u][a][w]);
-                }
-            }
+            pv_key(DT, MX, CW, p + (j - pj), ldp, v + (size_t)j * rb, c, acc[0]);
+        }
+    }
+    for (; NS == 2 && j + 2 <= j1; j += 2) {
+#pragma GCC unroll 2
+        for (int u = 0; u < 2; u++) {
+            _mm_prefetch((const char *)ahead, _MM_HINT_T0);
+            ahead += ahead_rb;
+            pv_key(DT, MX, CW, p + (j + u - pj), ldp, v + (size_t)(j + u) * rb, c, acc[u]);
         }
     }
     for (; j < j1; j++) {
