@@ -50,9 +50,9 @@ ENGINE_SRCS := $(wildcard engine/*.c)
 SERVER_SRCS := $(wildcard server/*.c)
 TEST_SRCS   := $(wildcard tests/check_*.c) $(wildcard tests/ref.c) $(wildcard tests/http_client.c) \
                bench/load_http.c
-# bench/load.c with load_http.c (attn_load) and bench/kv_accuracy.c are their own programs, not
-# part of attn_bench.
-BENCH_SRCS  := $(filter-out bench/load.c bench/load_http.c bench/kv_accuracy.c,$(wildcard bench/*.c))
+# bench/load.c with load_http.c (attn_load), bench/kv_accuracy.c and bench/kernels.c
+# (attn_kernels) are their own programs, not part of attn_bench.
+BENCH_SRCS  := $(filter-out bench/load.c bench/load_http.c bench/kv_accuracy.c bench/kernels.c,$(wildcard bench/*.c))
 
 ENGINE_OBJS := $(ENGINE_SRCS:%.c=$(BUILD)/%.o)
 # The heatmap page (server/ui/index.html) is compiled in: $(BUILD)/gen/ui_page.c, see below.
@@ -65,10 +65,11 @@ CHECK       := $(BUILD)/check
 BENCH       := $(BUILD)/attn_bench
 LOAD        := $(BUILD)/attn_load
 ACCURACY    := $(BUILD)/kv_accuracy
+KERNELS     := $(BUILD)/attn_kernels
 FUZZ_TARGETS := $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_SECONDS ?= 60
 
-.PHONY: all engine server test client-test ui-test ui-deps asan valgrind debug bench bench-compare bench-check accuracy load persist-bench inspect-bench proto-check run deps docker \
+.PHONY: all engine server test client-test ui-test ui-deps asan valgrind debug bench bench-compare bench-check bench-kernels accuracy load persist-bench inspect-bench proto-check run deps docker \
         docker-test topology-test clean format lint layering check-format fuzz fuzz-run
 
 # all: the engine library and the daemon (default).
@@ -222,6 +223,15 @@ $(BENCH): $(BENCH_SRCS:%.c=$(BUILD)/%.o) $(LIBATTN)
 # bench-compare: attnd's engine and the numpy peer, alternating, with attnd/numpy ratios.
 bench-compare: $(BENCH)
 	$(Q)$(PYTHON) bench/compare.py ./$(BENCH) $(BENCH_ARGS)
+
+# bench-kernels: the decode kernels alone, their rows in L1/L2, as a share of the FMA issue rate
+# measured in the same run; KERNELS_ARGS go to attn_kernels (see --help).
+bench-kernels: $(KERNELS)
+	$(Q)./$(KERNELS) $(KERNELS_ARGS)
+
+$(KERNELS): $(BUILD)/bench/kernels.o $(LIBATTN)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(BLAS_LIBS) -lpthread -lm
 
 # bench-check: what the benchmark programs count (FLOPs, bytes, rooflines, KV capacity) and check
 # (attn_load against a stand-in serving wrong values), against bench/check.py's own arithmetic.
