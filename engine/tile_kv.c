@@ -388,8 +388,9 @@ pv_strip(const int DT, const int MX, const int CW, const int NS, const float *p,
     int32_t j = j0;
     if (NS == 1) {
         /* four keys an iteration: one at a time, the loop's own instructions took issue slots
-         * from the FMAs (three rows of bfloat16 from L1: 75-78 -> 45-46 cycles a key, two rows
-         * 36 -> 32-33; four rows and the other dtypes 0-4% faster) */
+         * from the FMAs (bfloat16 from L1, head_dim 128: three rows 75-80 -> 47-53 cycles a key,
+         * two rows 37-39 -> 31-32, four 0-5% fewer; the other dtypes at two and three rows
+         * 3-12% fewer) */
 #pragma GCC unroll 4
         for (; j < j1; j++) {
             _mm_prefetch((const char *)ahead, _MM_HINT_T0);
