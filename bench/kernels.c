@@ -11,6 +11,7 @@
  *
  * Numbers, not pass/fail: the kernels' results are the test suite's concern (check_kv_dtype). */
 #include "../engine/attn_int.h"
+#include "bench_rand.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,11 +68,6 @@ struct result {
     double fma_per_ns;   /* the loop's best rate in the same trials: 8-lane FMAs a ns */
 };
 
-static float uniform(unsigned *state, float lo, float hi) {
-    *state = *state * 1103515245u + 12345u;
-    return lo + (hi - lo) * (float)((*state >> 8) & 0xffffff) / 16777216.0f;
-}
-
 /* Times one configuration: trials x (reps calls of each kernel, then the FMA loop). */
 static int measure(const struct config *c, int trials, struct result *out) {
     int32_t n = c->keys, d = c->d, m = c->rows;
@@ -85,18 +81,13 @@ static int measure(const struct config *c, int trials, struct result *out) {
         free(src), free(k), free(v), free(q), free(s), free(o), free(widen);
         return -1;
     }
-    unsigned rng = 12345u;
     for (int pass = 0; pass < 2; pass++) {
-        for (size_t i = 0; i < (size_t)n * d; i++) {
-            src[i] = uniform(&rng, -2.0f, 2.0f);
-        }
+        bench_rand_fill(src, (size_t)n * d, 1 + (uint64_t)pass);
         for (int32_t j = 0; j < n; j++) {
             attn__kv_encode(c->dtype, src + (size_t)j * d, d, (pass ? v : k) + (size_t)j * rb);
         }
     }
-    for (size_t i = 0; i < (size_t)m * d; i++) {
-        q[i] = uniform(&rng, -1.0f, 1.0f);
-    }
+    bench_rand_fill(q, (size_t)m * d, 3);
     struct attn__kv_after none = {NULL, 0};
     /* about 2 ms of each kernel a trial at a few tens of ns a key */
     int reps = (int)(200000 / ((double)n * m * d / 64.0) + 1);
