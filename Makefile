@@ -229,7 +229,7 @@ bench-compare: $(BENCH)
 bench-kernels: $(KERNELS)
 	$(Q)./$(KERNELS) $(KERNELS_ARGS)
 
-$(KERNELS): $(BUILD)/bench/kernels.o $(LIBATTN)
+$(KERNELS): $(BUILD)/bench/kernels.o $(BUILD)/bench/bench_limits.o $(LIBATTN)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(BLAS_LIBS) -lpthread -lm
 

@@ -11,26 +11,21 @@
  *
  * Numbers, not pass/fail: the kernels' results are the test suite's concern (check_kv_dtype). */
 #include "../engine/attn_int.h"
+#include "bench_limits.h"
 #include "bench_rand.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define HAVE_FMA_LOOP 1
 #endif
 
-static double now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
-}
-
-/* The FMA loop: 12 x 200000 FMAs of 8 lanes, ~1 ms, about as long as a kernel's reps in a trial
- * (the best of a much shorter loop came from fewer, luckier moments). */
+/* The FMA loop: 12 x 200000 FMAs of 8 lanes, ~0.45 ms at two a cycle and 2.7 GHz, about as long
+ * as a kernel's reps in a trial (the best of a much shorter loop came from fewer, luckier
+ * moments). */
 #define FMA_CHAINS 12
 #define FMA_ITERS  200000
 
@@ -89,39 +84,40 @@ static int measure(const struct config *c, int trials, struct result *out) {
     }
     bench_rand_fill(q, (size_t)m * d, 3);
     struct attn__kv_after none = {NULL, 0};
-    /* about 2 ms of each kernel a trial at a few tens of ns a key */
+    /* 200000 / (rows x d / 64) reps: ~0.5 ms of each kernel a trial at ~20 ns a key for four
+     * rows of 128 */
     int reps = (int)(200000 / ((double)n * m * d / 64.0) + 1);
     double best_qk = 1e300, best_pv = 1e300, best_fma = 1e300;
     for (int t = 0; t < trials; t++) {
-        double t0 = now_ns();
+        double t0 = bench_seconds();
         for (int r = 0; r < reps; r++) {
             attn__small_qk_kv(c->dtype, q, (size_t)d, m, k, rb, n, none, d, s, (size_t)n, widen);
         }
-        double t1 = now_ns();
+        double t1 = bench_seconds();
         for (int i = 0; i < m * n; i++) {
             s[i] = s[i] * 1e-3f; /* weights of a sane size: the sums stay finite */
         }
-        double t2 = now_ns();
+        double t2 = bench_seconds();
         for (int r = 0; r < reps; r++) {
             attn__small_pv_kv(c->dtype, s, (size_t)n, m, v, rb, n, none, d, o, (size_t)d, widen);
         }
-        double t3 = now_ns();
+        double t3 = bench_seconds();
         best_qk = t1 - t0 < best_qk ? t1 - t0 : best_qk;
         best_pv = t3 - t2 < best_pv ? t3 - t2 : best_pv;
 #ifdef HAVE_FMA_LOOP
         if (!attn__tile_is_fast()) {
             continue; /* no AVX2 + FMA: the loop would be an illegal instruction */
         }
-        double t4 = now_ns();
+        double t4 = bench_seconds();
         volatile float sink = fma_loop(FMA_ITERS);
         (void)sink;
-        double t5 = now_ns();
+        double t5 = bench_seconds();
         best_fma = t5 - t4 < best_fma ? t5 - t4 : best_fma;
 #endif
     }
-    out->qk_ns = best_qk / ((double)reps * n);
-    out->pv_ns = best_pv / ((double)reps * n);
-    out->fma_per_ns = best_fma < 1e300 ? (double)FMA_ITERS * FMA_CHAINS / best_fma : 0.0;
+    out->qk_ns = best_qk * 1e9 / ((double)reps * n); /* bench_seconds: seconds */
+    out->pv_ns = best_pv * 1e9 / ((double)reps * n);
+    out->fma_per_ns = best_fma < 1e300 ? (double)FMA_ITERS * FMA_CHAINS / (best_fma * 1e9) : 0.0;
     volatile float sink = o[0];
     (void)sink;
     free(src), free(k), free(v), free(q), free(s), free(o), free(widen);
