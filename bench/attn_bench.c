@@ -1045,7 +1045,9 @@ static void usage(FILE *f) {
                "                    timed reps (by default one sgemm 2048^3 or a read sweep of\n"
                "                    256 MiB, whose figure gives that rep's own ratio; the table\n"
                "                    adds their median; calls within the caches are not paired)\n"
-               "  --seed N          weights and inputs seed (default 1)\n");
+               "  --seed N          weights and inputs seed (default 1)\n"
+               "  --avx2            decode attention's AVX2 kernels even where the CPU has "
+               "AVX-512\n");
 }
 
 static bool parse_int(const char *s, long lo, long hi, long *out) {
@@ -1100,6 +1102,8 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
             o->use_executor = false;
         } else if (strcmp(a, "--quick") == 0) {
             o->is_quick = true;
+        } else if (strcmp(a, "--avx2") == 0) {
+            attn_kernels_allow_avx512(false);
         } else if (strcmp(a, "--skip-limits") == 0) {
             o->skip_limits = true;
         } else if (strcmp(a, "--paired") == 0 || strcmp(a, "--no-paired") == 0) {
@@ -1173,9 +1177,10 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
  * lowers them), then the cost model and the column header. */
 static void print_header(const bench_opts *o, const machine_limits *before,
                          const machine_limits *after, const machine_limits *lim) {
-    printf("attn_bench: threads %" PRId32 " (OpenBLAS %s, core %s), attention executor: %s\n",
+    printf("attn_bench: threads %" PRId32 " (OpenBLAS %s, core %s), attention executor: %s, "
+           "decode kernels %s\n",
            o->n_threads, openblas_get_config(), openblas_get_corename(),
-           o->use_executor ? "bench pthread pool" : "none (calling thread)");
+           o->use_executor ? "bench pthread pool" : "none (calling thread)", attn_kernels_name());
     if (lim->is_measured) {
         printf("machine, measured before / after the cases (the higher is used): cblas_sgemm "
                "%d^3 peak %.1f / %.1f GFLOP/s; read bandwidth over %zu MiB %.1f / %.1f GB/s with 1 "

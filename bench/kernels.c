@@ -51,6 +51,26 @@ __attribute__((target("avx2,fma"), noinline)) static float fma_loop(long iters) 
     }
     return s;
 }
+/* The same with 16 lanes, for the AVX-512 kernels: their "of FMA" is against this rate. */
+__attribute__((target("avx512f"), noinline)) static float fma_loop512(long iters) {
+    __m512 acc[FMA_CHAINS];
+    for (int i = 0; i < FMA_CHAINS; i++) {
+        acc[i] = _mm512_set1_ps((float)i);
+    }
+    __m512 x = _mm512_set1_ps(0.999f), y = _mm512_set1_ps(0.001f);
+    for (long i = 0; i < iters; i++) {
+#pragma GCC unroll 12
+        for (int k = 0; k < FMA_CHAINS; k++) {
+            acc[k] = _mm512_fmadd_ps(acc[k], x, y);
+        }
+        __asm__ volatile("" : "+v"(x));
+    }
+    float s = 0.0f;
+    for (int i = 0; i < FMA_CHAINS; i++) {
+        s += acc[i][0];
+    }
+    return s;
+}
 #endif
 
 struct config {
@@ -60,13 +80,16 @@ struct config {
 
 struct result {
     double qk_ns, pv_ns; /* best time a key */
-    double fma_per_ns;   /* the loop's best rate in the same trials: 8-lane FMAs a ns */
+    double fma_per_ns;   /* the loop's best rate in the same trials: FMAs a ns */
+    int lanes;           /* of the kernels and the loop: 8 (AVX2), 16 (AVX-512) */
 };
 
 /* Times one configuration: trials x (reps calls of each kernel, then the FMA loop). */
 static int measure(const struct config *c, int trials, struct result *out) {
     int32_t n = c->keys, d = c->d, m = c->rows;
     size_t rb = attn__kv_row_bytes(c->dtype, d);
+    bool is_wide = attn__kv512_covers(c->dtype, d); /* the kernels are AVX-512's */
+    out->lanes = is_wide ? 16 : 8;
     float *src = malloc((size_t)n * d * sizeof(float));
     uint8_t *k = malloc((size_t)n * rb), *v = malloc((size_t)n * rb);
     float *q = malloc((size_t)m * d * sizeof(float)), *s = malloc((size_t)m * n * sizeof(float));
@@ -109,7 +132,7 @@ static int measure(const struct config *c, int trials, struct result *out) {
             continue; /* no AVX2 + FMA: the loop would be an illegal instruction */
         }
         double t4 = bench_seconds();
-        volatile float sink = fma_loop(FMA_ITERS);
+        volatile float sink = is_wide ? fma_loop512(FMA_ITERS) : fma_loop(FMA_ITERS);
         (void)sink;
         double t5 = bench_seconds();
         best_fma = t5 - t4 < best_fma ? t5 - t4 : best_fma;
@@ -164,7 +187,8 @@ static void usage(FILE *f) {
                "  --dims LIST    head sizes (default 64,128)\n"
                "  --keys N       keys a block (default 128, the engine's)\n"
                "  --trials N     best of N trials (default 200)\n"
-               "  --quick        20 trials\n");
+               "  --quick        20 trials\n"
+               "  --avx2         AVX2 kernels even where the CPU has AVX-512\n");
 }
 
 int main(int argc, char **argv) {
@@ -180,6 +204,8 @@ int main(int argc, char **argv) {
             return 0;
         } else if (!strcmp(a, "--quick")) {
             trials = 20;
+        } else if (!strcmp(a, "--avx2")) {
+            attn__tile_allow_wide(false);
         } else if (val != NULL && !strcmp(a, "--dtypes")) {
             n_dtypes = parse_dtypes(val, dtypes, 8), i++;
         } else if (val != NULL && !strcmp(a, "--rows")) {
@@ -206,12 +232,13 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    printf("attn_kernels: %s kernels; one block of %d keys (L1/L2), best of %d trials; "
-           "\"of FMA\": rows x d / 8 FMAs a key at the rate of a 12-chain FMA loop on one "
+    printf("attn_kernels: %s kernels (AVX-512 for the dtypes and head sizes it covers); one "
+           "block of %d keys (L1/L2), best of %d trials; \"of FMA\": rows x d / lanes FMAs a key "
+           "at the rate of a 12-chain FMA loop of as many lanes (8 AVX2, 16 AVX-512) on one "
            "thread, measured in the same trials\n",
-           attn__tile_is_fast() ? "AVX2" : "portable (no AVX2: no FMA loop either)", keys, trials);
-    printf("%-6s %4s %4s  %12s %7s  %12s %7s  %9s\n", "dtype", "rows", "d", "scores ns/key",
-           "of FMA", "wsum ns/key", "of FMA", "FMA G/s");
+           attn_kernels_name(), keys, trials);
+    printf("%-6s %4s %4s %5s  %12s %7s  %12s %7s  %9s\n", "dtype", "rows", "d", "lanes",
+           "scores ns/key", "of FMA", "wsum ns/key", "of FMA", "FMA GF/s");
     for (int a = 0; a < n_dtypes; a++) {
         for (int b = 0; b < n_dims; b++) {
             for (int r = 0; r < n_rows; r++) {
@@ -221,16 +248,17 @@ int main(int argc, char **argv) {
                     fprintf(stderr, "attn_kernels: out of memory\n");
                     return 1;
                 }
-                double fmas = (double)c.rows * c.d / 8.0; /* a key, either kernel */
+                double fmas = (double)c.rows * c.d / res.lanes; /* a key, either kernel */
                 double of_qk = res.fma_per_ns > 0 ? fmas / (res.qk_ns * res.fma_per_ns) : -1;
                 double of_pv = res.fma_per_ns > 0 ? fmas / (res.pv_ns * res.fma_per_ns) : -1;
-                printf("%-6s %4d %4d  %12.2f %7.2f  %12.2f %7.2f  %9.2f\n",
-                       attn_dtype_name(c.dtype), c.rows, c.d, res.qk_ns, of_qk, res.pv_ns, of_pv,
-                       res.fma_per_ns * 16.0);
-                printf("RESULT impl=attnd_kernels dtype=%s rows=%d d=%d keys=%d qk_ns=%.3f "
-                       "pv_ns=%.3f qk_of_fma=%.3f pv_of_fma=%.3f fma_gflops=%.2f\n",
-                       attn_dtype_name(c.dtype), c.rows, c.d, c.keys, res.qk_ns, res.pv_ns, of_qk,
-                       of_pv, res.fma_per_ns * 16.0);
+                double gflops = res.fma_per_ns * 2.0 * res.lanes;
+                printf("%-6s %4d %4d %5d  %12.2f %7.2f  %12.2f %7.2f  %9.2f\n",
+                       attn_dtype_name(c.dtype), c.rows, c.d, res.lanes, res.qk_ns, of_qk,
+                       res.pv_ns, of_pv, gflops);
+                printf("RESULT impl=attnd_kernels dtype=%s rows=%d d=%d keys=%d lanes=%d "
+                       "qk_ns=%.3f pv_ns=%.3f qk_of_fma=%.3f pv_of_fma=%.3f fma_gflops=%.2f\n",
+                       attn_dtype_name(c.dtype), c.rows, c.d, c.keys, res.lanes, res.qk_ns,
+                       res.pv_ns, of_qk, of_pv, gflops);
                 fflush(stdout);
             }
         }

@@ -333,6 +333,12 @@ void attn__pv(const float *p, size_t ldp, int32_t m, const float *v, size_t ldv,
 /* True when this CPU runs the AVX2 + FMA tile kernels; otherwise callers use cblas_sgemm. */
 bool attn__tile_is_fast(void);
 
+/* True when this CPU also runs the AVX-512 (F, BW, DQ, VL) decode kernels (tile_kv512.c), and
+ * they are allowed: attn__tile_allow_wide(false) keeps the AVX2 ones, for tests and benchmarks
+ * that compare the two (true: asked of the CPU again). Process-wide; set it before any work. */
+bool attn__tile_is_wide(void);
+void attn__tile_allow_wide(bool allow);
+
 /* Floats of packing space attn__tile_qk needs for a key block of n_keys keys. */
 size_t attn__tile_pack_floats(int32_t n_keys, int32_t d_k);
 
@@ -365,6 +371,16 @@ void attn__small_qk_kv(attn_dtype dt, const float *q, size_t ldq, int32_t m, con
 void attn__small_pv_kv(attn_dtype dt, const float *p, size_t ldp, int32_t m, const uint8_t *v,
                        size_t row_bytes, int32_t n, struct attn__kv_after after, int32_t d,
                        float *o, size_t ldo, float *widen);
+
+/* tile_kv512.c: the same in AVX-512, for the dtypes and head sizes attn__kv512_covers (F32,
+ * BF16 and F16 K/V; d a multiple of 32 up to 512) when attn__tile_is_wide(). */
+bool attn__kv512_covers(attn_dtype dt, int32_t d);
+void attn__kv512_qk(attn_dtype dt, const float *q, size_t ldq, int32_t m, const uint8_t *k,
+                    size_t row_bytes, int32_t n, struct attn__kv_after after, int32_t d, float *s,
+                    size_t lds);
+void attn__kv512_pv(attn_dtype dt, const float *p, size_t ldp, int32_t m, const uint8_t *v,
+                    size_t row_bytes, int32_t n, struct attn__kv_after after, int32_t d, float *o,
+                    size_t ldo);
 
 /* dst row j (d floats, ld apart) = the n rows of d values at src (row_bytes apart) held as dt,
  * widened: AVX2 + F16C where available. */

@@ -39,6 +39,38 @@ bool attn__tile_is_fast(void) {
 #endif
 }
 
+/* 0 = not asked yet, 1 = no, 2 = yes; attn__tile_allow_wide(false) pins it to 1. */
+static int wide_known = 0;
+
+bool attn__tile_is_wide(void) {
+#ifdef TILE_HAVE_AVX2
+    int k = __atomic_load_n(&wide_known, __ATOMIC_RELAXED);
+    if (k == 0) {
+        /* __builtin_cpu_supports also asks the OS (XCR0) whether it saves the zmm registers */
+        bool wide = attn__tile_is_fast() && __builtin_cpu_supports("avx512f") &&
+                    __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+                    __builtin_cpu_supports("avx512vl");
+        k = wide ? 2 : 1;
+        __atomic_store_n(&wide_known, k, __ATOMIC_RELAXED);
+    }
+    return k == 2;
+#else
+    return false;
+#endif
+}
+
+void attn__tile_allow_wide(bool allow) {
+    __atomic_store_n(&wide_known, allow ? 0 : 1, __ATOMIC_RELAXED);
+}
+
+const char *attn_kernels_name(void) {
+    return attn__tile_is_wide() ? "avx512" : attn__tile_is_fast() ? "avx2" : "portable";
+}
+
+void attn_kernels_allow_avx512(bool allow) {
+    attn__tile_allow_wide(allow);
+}
+
 size_t attn__tile_pack_floats(int32_t n_keys, int32_t d_k) {
     return (size_t)d_k * ((n_keys + NR - 1) / NR * NR);
 }

@@ -5,6 +5,7 @@
  * per dtype and row count, prefetching across the edge of a block; and the widening of a block
  * for prefill's tiles. Without AVX2 a block is widened by kv_dtype.c and simd.c does the rest. */
 #include "tile_avx2.h"
+#include "tile_kv.h"
 
 #ifdef TILE_HAVE_AVX2
 
@@ -29,30 +30,6 @@ __attribute__((always_inline, target("avx2,fma,f16c"))) static inline __m256
 q8_values(const uint8_t *row, int32_t c) {
     const uint8_t *p = row + (size_t)(c / ATTN__QK8_0) * ATTN__Q8_0_BYTES + 2 + c % ATTN__QK8_0;
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
-}
-
-/* How far ahead the scores kernel prefetches key rows: each pass of a few keys asks for every
- * line of the rows this far ahead (the hardware prefetcher stops at page boundaries, and a block
- * spans several pages). Every row, not one row in three as before: the small preset's 32-session
- * decode step (K/V out of L3) 4.1-4.5 -> 3.1-4.0 ms median over four alternated runs.
- * As far as the weighted sum's (PV_KEYS): near a block's end each kernel prefetches the rows the
- * other reads first (the scores kernel the block's values, the weighted sum the next block's
- * keys), and from there the other prefetches PV_KEYS on; 16 here left rows 16-31 of every value
- * and key run to demand misses (llama8b, 32 sessions at L=2048, bf16: 20.0-20.5 -> 18.6-18.8 ms;
- * 24, 40 and 48 rows in between; 64 slower). */
-#define KV_PREFETCH_ROWS 32
-
-/* Row r of a block of n rows at base, rb bytes apart, for prefetching: past the block's end, the
- * rows read after it (`after`: the block's values after its keys, the next block's keys after
- * its values), so the prefetches run on across the edge of a block instead of loading the lines
- * of another head's rows that nobody reads next (at 128 tokens a block, a sixth of the traffic)
- * and leaving the next run's first rows to demand misses. */
-__attribute__((always_inline)) static inline const uint8_t *
-row_ahead(const uint8_t *base, size_t rb, int32_t n, struct attn__kv_after after, int32_t r) {
-    if (r < n || after.rows == NULL) {
-        return base + (size_t)r * rb;
-    }
-    return after.rows + (size_t)(r - n) * after.row_bytes;
 }
 
 /* A strip of bfloat16 values (CW even) is widened two vectors from one 32-byte load
@@ -310,34 +287,6 @@ qk_kv_rows(const int DT, const int MX, const float *q, size_t ldq, const uint8_t
     }
 }
 
-/* CALL(MX, i) for the query rows of a task in groups of MX <= 4 from row i: the decode kernels
- * are specialized per group size. */
-#define FOR_ROW_GROUPS(m, CALL)                                                                    \
-    do {                                                                                           \
-        int32_t i_ = 0;                                                                            \
-        for (; i_ + 4 <= (m); i_ += 4) {                                                           \
-            CALL(4, i_);                                                                           \
-        }                                                                                          \
-        switch ((m)-i_) {                                                                          \
-        case 3:                                                                                    \
-            CALL(3, i_);                                                                           \
-            break;                                                                                 \
-        case 2:                                                                                    \
-            CALL(2, i_);                                                                           \
-            break;                                                                                 \
-        case 1:                                                                                    \
-            CALL(1, i_);                                                                           \
-            break;                                                                                 \
-        default:                                                                                   \
-            break;                                                                                 \
-        }                                                                                          \
-    } while (0)
-
-/* Keys per run of pv_kv_rows: a run's value rows stay in L1 while its strips walk them. Each run
- * prefetches the next, so this is also the weighted sum's prefetch distance, which must be the
- * scores kernel's for the two to hand prefetching over at a block's edge. */
-#define PV_KEYS KV_PREFETCH_ROWS
-
 /* acc[a][w] += p[a * ldp] x the value row's columns c + 8 w .. c + 8 w + 8, for MX rows and CW
  * vectors: one key of a strip. */
 __attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
@@ -537,8 +486,6 @@ pv_kv_rows(const int DT, const int MX, const float *p, size_t ldp, const uint8_t
  * spilled scalars in the inner loops (the weighted sum of 4 rows at head_dim 128 from L2: ~25 ns
  * a key, against ~13 for the same loop compiled alone). Each has the common head sizes, 64 and
  * 128, as constants, so their loops over d unroll with no remainder tests. */
-typedef void rows_fn(const float *in, size_t ld_in, const uint8_t *rows, size_t rb, int32_t n,
-                     struct attn__kv_after after, int32_t d, float *out, size_t ld_out);
 #define ROWS_KERNEL(kind, DT, MX)                                                                  \
     __attribute__((noinline, target("avx2,fma,f16c"))) static void kind##_rows_##DT##_##MX(        \
         const float *in, size_t ld_in, const uint8_t *rows, size_t rb, int32_t n,                  \
@@ -637,6 +584,10 @@ __attribute__((target("avx2,fma,f16c"))) static void widen_avx2(attn_dtype dt, c
 void attn__small_qk_kv(attn_dtype dt, const float *q, size_t ldq, int32_t m, const uint8_t *k,
                        size_t row_bytes, int32_t n, struct attn__kv_after after, int32_t d,
                        float *s, size_t lds, float *widen) {
+    if (attn__kv512_covers(dt, d)) {
+        attn__kv512_qk(dt, q, ldq, m, k, row_bytes, n, after, d, s, lds);
+        return;
+    }
 #ifdef TILE_HAVE_AVX2
     if (attn__tile_is_fast()) {
         rows_avx2(qk_rows[kernel_dtype(dt)], q, ldq, m, k, row_bytes, n, after, d, s, lds);
@@ -650,6 +601,10 @@ void attn__small_qk_kv(attn_dtype dt, const float *q, size_t ldq, int32_t m, con
 void attn__small_pv_kv(attn_dtype dt, const float *p, size_t ldp, int32_t m, const uint8_t *v,
                        size_t row_bytes, int32_t n, struct attn__kv_after after, int32_t d,
                        float *o, size_t ldo, float *widen) {
+    if (attn__kv512_covers(dt, d)) {
+        attn__kv512_pv(dt, p, ldp, m, v, row_bytes, n, after, d, o, ldo);
+        return;
+    }
 #ifdef TILE_HAVE_AVX2
     if (attn__tile_is_fast()) {
         rows_avx2(pv_rows[kernel_dtype(dt)], p, ldp, m, v, row_bytes, n, after, d, o, ldo);

@@ -92,17 +92,21 @@ START_TEST(test_kv_dtype_encodings_match_ref) {
 }
 END_TEST
 
-/* The AVX2 decode kernels and the block widening agree with the portable loops over widened
- * rows, for every dtype (float32 too: a decode's attention takes the same kernels) and shapes
- * with odd keys, few and many rows, dims not a multiple of 8. */
+/* The decode kernels (AVX-512 where the CPU has it and the loop allows it, else AVX2) and the
+ * block widening agree with the portable loops over widened rows, for every dtype (float32 too:
+ * a decode's attention takes the same kernels) and shapes with odd keys, few and many rows, dims
+ * not a multiple of 8, and multiples of 32 (AVX-512's) with every row count up to 9. */
 START_TEST(test_kv_dtype_kernels_agree) {
     /* (m, n, d); d = 288 and 520 pass Q8_0's 256-column chunks of scales (a latent's 512) */
-    static const int32_t shapes[][3] = {{1, 7, 64},    {4, 16, 128}, {3, 5, 80},   {9, 33, 37},
-                                        {4, 128, 128}, {2, 1, 16},   {4, 40, 288}, {3, 35, 520}};
+    static const int32_t shapes[][3] = {{1, 7, 64},    {4, 16, 128}, {3, 5, 80},    {9, 33, 37},
+                                        {4, 128, 128}, {2, 1, 16},   {4, 40, 288},  {3, 35, 520},
+                                        {2, 13, 32},   {3, 9, 96},   {1, 21, 256},  {2, 50, 512},
+                                        {7, 31, 64},   {5, 17, 160}, {6, 128, 128}, {9, 3, 192}};
     static const attn_dtype dtypes[] = {ATTN_DTYPE_F32, ATTN_DTYPE_BF16, ATTN_DTYPE_F16,
                                         ATTN_DTYPE_Q8_0};
     ref_rng rng;
     ref_rng_init(&rng, 7200);
+    attn__tile_allow_wide(_i == 0);
     for (size_t t = 0; t < sizeof dtypes / sizeof dtypes[0]; t++) {
         attn_dtype dt = dtypes[t];
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
@@ -151,6 +155,7 @@ START_TEST(test_kv_dtype_kernels_agree) {
             free(q);
         }
     }
+    attn__tile_allow_wide(true);
 }
 END_TEST
 
@@ -425,7 +430,7 @@ Suite *kvdtype_suite(void) {
     TCase *tc = tcase_create("kvdtype");
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_kv_dtype_encodings_match_ref);
-    tcase_add_test(tc, test_kv_dtype_kernels_agree);
+    tcase_add_loop_test(tc, test_kv_dtype_kernels_agree, 0, 2); /* AVX-512 allowed, not */
     tcase_add_test(tc, test_kv_dtype_overflow_takes_the_call_back);
     tcase_add_test(tc, test_kv_dtype_layer_matches_ref);
     tcase_add_test(tc, test_kv_dtype_pool_capacity);
