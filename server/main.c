@@ -422,6 +422,7 @@ int main(int argc, char **argv) {
     snprintf(n_threads, sizeof n_threads, "%d", (int)cfg.workers + 1);
     setenv("UV_THREADPOOL_SIZE", n_threads, 1);
     openblas_set_num_threads(cfg.blas_threads);
+    attn_kernels_allow_avx512(cfg.avx512 != 0);
     /* BLAS calls run at once on the workers and on the team's helpers, which join only while
      * fewer than --threads threads compute: at most max(workers, threads) callers. */
     int32_t callers = cfg.workers > cfg.threads ? cfg.workers : cfg.threads;
@@ -497,9 +498,9 @@ int main(int argc, char **argv) {
                  "threads than --threads asks",
                  (int)cfg.workers, (int)cfg.threads, (int)cfg.workers);
     }
-    LOG_INFO("main", "listening host=%s port=%d workers=%d threads=%d blas_threads=%d", cfg.host,
-             (int)http_server_port(srv->http), (int)cfg.workers, (int)cfg.threads,
-             (int)cfg.blas_threads);
+    LOG_INFO("main", "listening host=%s port=%d workers=%d threads=%d blas_threads=%d kernels=%s",
+             cfg.host, (int)http_server_port(srv->http), (int)cfg.workers, (int)cfg.threads,
+             (int)cfg.blas_threads, attn_kernels_name());
     uv_run(&d.loop, UV_RUN_DEFAULT);
 
     /* Every handle is closed (on_shutdown): nothing runs any more. */
