@@ -1,10 +1,13 @@
-/* engine/tile_kv512.c: decode attention's kernels of tile_kv.c in AVX-512 (F + BW), for CPUs
- * that have it (Intel since Skylake-SP, AMD since Zen 4): a query group against a block's keys
- * (scores) and values (weighted sum), for K/V held as float, bfloat16 or binary16, head sizes a
- * multiple of 32. Twice the lanes an instruction and 32 registers instead of 16: AVX2's kernels
- * spend most of their time on FMAs (bfloat16, four rows, from L1: 0.6 of the FMA rate), so
- * from DRAM they could not keep up with the read bandwidth of a long context.
- * Q8_0 and other head sizes stay with tile_kv.c. Chosen per call by tile_kv.c. */
+/* engine/tile_kv512.c: decode attention's kernels of tile_kv.c in AVX-512 (F, BW, DQ, VL), for
+ * CPUs that have it (Intel since Skylake-SP, AMD since Zen 4): a query group against a block's
+ * keys (scores) and values (weighted sum), for K/V held as float, bfloat16, binary16 or Q8_0,
+ * head sizes a multiple of 32 (a Q8_0 block is then 32 whole columns). Sixteen lanes an FMA and
+ * 32 registers: on the Intel Xeon VM (Cascade Lake), one thread, head_dim 128, a block in L1/L2
+ * (`attn_kernels`), bfloat16 with four query rows a group took 20.4 -> 14.0-14.4 ns a key for
+ * the scores and 17.6 -> 10.6-11.4 for the weighted sum, Q8_0 28.2 -> 22.1 and 25.8 -> 17.9;
+ * llama8b's attention alone at L=8192, bf16 from DRAM, 0.66-0.70 -> 0.75-0.76 of the read
+ * bandwidth (paired, four alternated runs). Other head sizes stay with tile_kv.c, which chooses
+ * per call. */
 #include "tile_avx2.h"
 #include "tile_kv.h"
 
@@ -12,7 +15,8 @@
 
 #define T512 target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")
 
-/* Columns c .. c + 32 of a row held as DT (0 float, 1 bfloat16, 2 binary16) as two vectors.
+/* Columns c .. c + 32 of a row held as DT (0 float, 1 bfloat16, 2 binary16, 3 Q8_0) as two
+ * vectors.
  * Bfloat16 is widened by unpacks against zero from one 64-byte load (a shuffle a vector, no
  * shift): within each 8 columns, the first 4 go to v[0] and the last 4 to v[1], so v[0] holds
  * columns 0-3 8-11 16-19 24-27 and v[1] the rest (the order PERM32 names). */
@@ -26,10 +30,22 @@ __attribute__((always_inline, T512)) static inline void widen32(const int DT, co
         __asm__("" : "+v"(x)); /* one load, two unpacks of the register */
         v[0] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(_mm512_setzero_si512(), x));
         v[1] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(_mm512_setzero_si512(), x));
-    } else {
+    } else if (DT == 2) {
         const uint16_t *h = (const uint16_t *)(const void *)row + c;
         v[0] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
         v[1] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + 16)));
+    } else {
+        /* Q8_0: the 32 columns are one whole block, its scale times its int8s (a multiply a
+         * vector: folding the scales into the weighted sum's weights instead, as tile_kv.c
+         * does, would cost a multiply a block and row, and the scores need them here anyway) */
+        const uint8_t *blk = row + (size_t)(c / ATTN__QK8_0) * ATTN__Q8_0_BYTES;
+        uint16_t h;
+        memcpy(&h, blk, sizeof h);
+        __m512 scale = _mm512_set1_ps(_cvtsh_ss(h));
+        __m512i lo = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2)));
+        __m512i hi = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 18)));
+        v[0] = _mm512_mul_ps(_mm512_cvtepi32_ps(lo), scale);
+        v[1] = _mm512_mul_ps(_mm512_cvtepi32_ps(hi), scale);
     }
 }
 
@@ -275,19 +291,21 @@ pv512_rows(const int DT, const int MX, const float *p, size_t ldp, const uint8_t
 ROWS512_KERNELS_DT(0)
 ROWS512_KERNELS_DT(1)
 ROWS512_KERNELS_DT(2)
+ROWS512_KERNELS_DT(3)
 #define ROWS512_TABLE(kind, DT)                                                                    \
     { kind##512_##DT##_1, kind##512_##DT##_2, kind##512_##DT##_3, kind##512_##DT##_4 }
-static rows_fn *const qk512[3][4] = {ROWS512_TABLE(qk, 0), ROWS512_TABLE(qk, 1),
-                                     ROWS512_TABLE(qk, 2)};
-static rows_fn *const pv512[3][4] = {ROWS512_TABLE(pv, 0), ROWS512_TABLE(pv, 1),
-                                     ROWS512_TABLE(pv, 2)};
+static rows_fn *const qk512[4][4] = {ROWS512_TABLE(qk, 0), ROWS512_TABLE(qk, 1),
+                                     ROWS512_TABLE(qk, 2), ROWS512_TABLE(qk, 3)};
+static rows_fn *const pv512[4][4] = {ROWS512_TABLE(pv, 0), ROWS512_TABLE(pv, 1),
+                                     ROWS512_TABLE(pv, 2), ROWS512_TABLE(pv, 3)};
 
 #endif /* TILE_HAVE_AVX2 */
 
 bool attn__kv512_covers(attn_dtype dt, int32_t d) {
 #ifdef TILE_HAVE_AVX2
     return attn__tile_is_wide() && d % 32 == 0 && d <= QUERY512_MAX_D &&
-           (dt == ATTN_DTYPE_F32 || dt == ATTN_DTYPE_BF16 || dt == ATTN_DTYPE_F16);
+           (dt == ATTN_DTYPE_F32 || dt == ATTN_DTYPE_BF16 || dt == ATTN_DTYPE_F16 ||
+            dt == ATTN_DTYPE_Q8_0);
 #else
     (void)dt;
     (void)d;
@@ -298,7 +316,7 @@ bool attn__kv512_covers(attn_dtype dt, int32_t d) {
 #ifdef TILE_HAVE_AVX2
 /* The kernels' index of a KV dtype attn__kv512_covers. */
 static int dtype512(attn_dtype dt) {
-    return dt == ATTN_DTYPE_BF16 ? 1 : dt == ATTN_DTYPE_F16 ? 2 : 0;
+    return dt == ATTN_DTYPE_BF16 ? 1 : dt == ATTN_DTYPE_F16 ? 2 : dt == ATTN_DTYPE_Q8_0 ? 3 : 0;
 }
 
 static void rows512(rows_fn *const *fns, const float *in, size_t ld_in, int32_t m,
