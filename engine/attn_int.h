@@ -414,6 +414,12 @@ float attn__f16_to_f32(uint16_t h);
  * result has every exponent bit set: an infinity or a NaN (past the range, or already so). */
 bool attn__half_round(attn_dtype dt, const float *src, size_t n, uint16_t *dst);
 
+/* tile_rows512.c: attn__rows_dot and attn__rows_dot_half in AVX-512 for the batches it covers
+ * (m >= 4 input rows, when attn__tile_is_wide()); wdt the weights' dtype (F32, BF16, F16). */
+bool attn__rows512_covers(int32_t m);
+void attn__rows_dot512(attn_dtype wdt, const float *x, int32_t m, int32_t k, const void *w,
+                       int32_t n, float *y, size_t ldy);
+
 /* The portable attn__rows_dot_half. */
 void attn__rows_dot_half_portable(const float *x, int32_t m, int32_t k, const uint16_t *w,
                                   bool is_bf16, int32_t n, float *y, size_t ldy);

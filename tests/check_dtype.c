@@ -99,13 +99,18 @@ START_TEST(test_dtype_half_rows_match_one_by_one) {
 }
 END_TEST
 
+/* The projections' kernels for a few rows (AVX-512's for 4 rows and more where the CPU has
+ * them and the loop allows them, else AVX2's), against the portable loop and the exact sums:
+ * half-precision weights, and float ones (v 4). */
 START_TEST(test_dtype_rows_dot_half_kernels_agree) {
-    static const int32_t shapes[][3] = {{1, 64, 7},   {3, 65, 5},   {4, 128, 9},  {9, 37, 3},
-                                        {1, 5, 3},    {1, 16, 4},   {1, 100, 6},  {2, 77, 5},
-                                        {1, 8192, 2}, {1, 8200, 2}, {1, 4096, 65}};
+    static const int32_t shapes[][3] = {
+        {1, 64, 7},  {3, 65, 5},    {4, 128, 9},  {9, 37, 3},   {1, 5, 3},     {1, 16, 4},
+        {1, 100, 6}, {2, 77, 5},    {1, 8192, 2}, {1, 8200, 2}, {1, 4096, 65}, {4, 4096, 13},
+        {7, 96, 12}, {32, 512, 14}, {5, 40, 7},   {6, 16, 6},   {8, 23, 19}};
     ref_rng rng;
     ref_rng_init(&rng, 6100);
-    for (int v = 0; v < 4; v++) {
+    attn__tile_allow_wide(_i == 0);
+    for (int v = 0; v < 5; v++) {
         bool bf = v % 2 == 1, cached = v >= 2; /* the streaming and the in-cache kernels */
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
             int32_t m = shapes[s][0], k = shapes[s][1], n = shapes[s][2];
@@ -119,8 +124,16 @@ START_TEST(test_dtype_rows_dot_half_kernels_agree) {
             for (size_t i = 0; i < (size_t)n * k; i++) {
                 w[i] = bf ? attn__f32_to_bf16(wf[i]) : attn__f32_to_f16(wf[i]);
             }
-            attn__rows_dot_half(x, m, k, w, bf, cached, n, y, (size_t)n);
-            attn__rows_dot_half_portable(x, m, k, w, bf, n, want, (size_t)n);
+            if (v == 4) { /* float weights: the kernel against the portable loop */
+                for (size_t i = 0; i < (size_t)n * k; i++) {
+                    wf[i] = bf ? attn__bf16_to_f32(w[i]) : attn__f16_to_f32(w[i]);
+                }
+                attn__rows_dot(x, m, k, wf, n, y, (size_t)n);
+                attn__qk(x, (size_t)k, m, wf, (size_t)k, n, k, want, (size_t)n);
+            } else {
+                attn__rows_dot_half(x, m, k, w, bf, cached, n, y, (size_t)n);
+                attn__rows_dot_half_portable(x, m, k, w, bf, n, want, (size_t)n);
+            }
             /* against the exact sum of the products (the weights as stored): float32
              * accumulation in any order, within 2e-7 (about 3.4 float32 roundings) of the
              * products' magnitudes (k = 8192: the kernel's eight accumulators 1e-6 and 1.4e-5
@@ -149,6 +162,7 @@ START_TEST(test_dtype_rows_dot_half_kernels_agree) {
             free(x);
         }
     }
+    attn__tile_allow_wide(true);
 }
 END_TEST
 
@@ -270,7 +284,7 @@ Suite *dtype_suite(void) {
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_dtype_conversions_round_to_nearest_even);
     tcase_add_test(tc, test_dtype_half_rows_match_one_by_one);
-    tcase_add_test(tc, test_dtype_rows_dot_half_kernels_agree);
+    tcase_add_loop_test(tc, test_dtype_rows_dot_half_kernels_agree, 0, 2); /* AVX-512, not */
     tcase_add_test(tc, test_dtype_half_model_matches_ref);
     tcase_add_test(tc, test_dtype_checkpoints_held_as_shipped);
     suite_add_tcase(s, tc);
