@@ -74,7 +74,21 @@ dot_block512(const int DT, const int MX, const int MW, const float *x, size_t ld
     }
 }
 
-/* Weight rows outer, six at a time, each group against every four input rows. */
+/* MW weight rows (at wj) against every four input rows, then the rest one at a time. */
+__attribute__((always_inline, T512)) static inline void weight_group512(const int DT, const int MW,
+                                                                        const float *x, int32_t m,
+                                                                        int32_t k, const void *wj,
+                                                                        float *y, size_t ldy) {
+    int32_t i = 0;
+    for (; i + 4 <= m; i += 4) {
+        dot_block512(DT, 4, MW, x + (size_t)i * k, (size_t)k, wj, (size_t)k, k, y + i * ldy, ldy);
+    }
+    for (; i < m; i++) {
+        dot_block512(DT, 1, MW, x + (size_t)i * k, (size_t)k, wj, (size_t)k, k, y + i * ldy, ldy);
+    }
+}
+
+/* Weight rows outer, six at a time: each group streams from memory once. */
 __attribute__((always_inline, T512)) static inline void rows_dot512_t(const int DT, const float *x,
                                                                       int32_t m, int32_t k,
                                                                       const void *w, int32_t n,
@@ -82,28 +96,10 @@ __attribute__((always_inline, T512)) static inline void rows_dot512_t(const int 
     size_t es = DT == 0 ? sizeof(float) : sizeof(uint16_t);
     int32_t j = 0;
     for (; j + 6 <= n; j += 6) {
-        const void *wj = (const char *)w + (size_t)j * k * es;
-        int32_t i = 0;
-        for (; i + 4 <= m; i += 4) {
-            dot_block512(DT, 4, 6, x + (size_t)i * k, (size_t)k, wj, (size_t)k, k, y + i * ldy + j,
-                         ldy);
-        }
-        for (; i < m; i++) {
-            dot_block512(DT, 1, 6, x + (size_t)i * k, (size_t)k, wj, (size_t)k, k, y + i * ldy + j,
-                         ldy);
-        }
+        weight_group512(DT, 6, x, m, k, (const char *)w + (size_t)j * k * es, y + j, ldy);
     }
     for (; j < n; j++) {
-        const void *wj = (const char *)w + (size_t)j * k * es;
-        int32_t i = 0;
-        for (; i + 4 <= m; i += 4) {
-            dot_block512(DT, 4, 1, x + (size_t)i * k, (size_t)k, wj, (size_t)k, k, y + i * ldy + j,
-                         ldy);
-        }
-        for (; i < m; i++) {
-            dot_block512(DT, 1, 1, x + (size_t)i * k, (size_t)k, wj, (size_t)k, k, y + i * ldy + j,
-                         ldy);
-        }
+        weight_group512(DT, 1, x, m, k, (const char *)w + (size_t)j * k * es, y + j, ldy);
     }
 }
 
