@@ -84,6 +84,66 @@ struct result {
     int lanes;           /* of the kernels and the loop: 8 (AVX2), 16 (AVX-512) */
 };
 
+/* Seconds of one FMA loop of 16 lanes (wide) or 8; 1e300 without AVX2 + FMA, where the loop
+ * would be an illegal instruction. */
+static double fma_seconds(bool wide) {
+#ifdef HAVE_FMA_LOOP
+    if (attn__tile_is_fast()) {
+        double t0 = bench_seconds();
+        volatile float sink = wide ? fma_loop512(FMA_ITERS) : fma_loop(FMA_ITERS);
+        (void)sink;
+        return bench_seconds() - t0;
+    }
+#endif
+    (void)wide;
+    return 1e300;
+}
+
+/* The projections of m tokens (attn__rows_dot_half, attn__rows_dot) against PROJ_ROWS weight
+ * rows of PROJ_K values held as wdt, best of trials, each followed by the FMA loop of the
+ * kernels' width: *gflops the kernel's, *of_fma its share of the loop's rate. */
+#define PROJ_K    4096
+#define PROJ_ROWS 192
+static int measure_proj(attn_dtype wdt, int32_t m, int trials, double *gflops, double *of_fma,
+                        int *lanes) {
+    int32_t k = PROJ_K, n = PROJ_ROWS;
+    bool is_wide = attn__rows512_covers(m);
+    *lanes = is_wide ? 16 : 8;
+    float *x = malloc((size_t)m * k * sizeof(float)), *wf = malloc((size_t)n * k * sizeof(float));
+    uint16_t *wh = malloc((size_t)n * k * sizeof(uint16_t));
+    float *y = malloc((size_t)m * n * sizeof(float));
+    if (!x || !wf || !wh || !y) {
+        free(x), free(wf), free(wh), free(y);
+        return -1;
+    }
+    bench_rand_fill(x, (size_t)m * k, 5);
+    bench_rand_fill(wf, (size_t)n * k, 6);
+    if (wdt != ATTN_DTYPE_F32) {
+        (void)attn__half_round(wdt, wf, (size_t)n * k, wh);
+    }
+    double best = 1e300, best_fma = 1e300;
+    for (int t = 0; t < trials; t++) {
+        double t0 = bench_seconds();
+        if (wdt == ATTN_DTYPE_F32) {
+            attn__rows_dot(x, m, k, wf, n, y, (size_t)n);
+        } else {
+            attn__rows_dot_half(x, m, k, wh, wdt == ATTN_DTYPE_BF16, true, n, y, (size_t)n);
+        }
+        double dt = bench_seconds() - t0, f = fma_seconds(is_wide);
+        best = dt < best ? dt : best;
+        best_fma = f < best_fma ? f : best_fma;
+    }
+    double flops = 2.0 * m * k * n;
+    *gflops = flops / best * 1e-9;
+    /* the loop's FLOP/s: FMA_ITERS x FMA_CHAINS FMAs of lanes x 2 FLOPs */
+    double loop = best_fma < 1e300 ? 2.0 * *lanes * FMA_ITERS * FMA_CHAINS / best_fma : 0;
+    *of_fma = loop > 0 ? flops / best / loop : -1;
+    volatile float sink = y[0];
+    (void)sink;
+    free(x), free(wf), free(wh), free(y);
+    return 0;
+}
+
 /* Times one configuration: trials x (reps calls of each kernel, then the FMA loop). */
 static int measure(const struct config *c, int trials, struct result *out) {
     int32_t n = c->keys, d = c->d, m = c->rows;
@@ -127,16 +187,8 @@ static int measure(const struct config *c, int trials, struct result *out) {
         double t3 = bench_seconds();
         best_qk = t1 - t0 < best_qk ? t1 - t0 : best_qk;
         best_pv = t3 - t2 < best_pv ? t3 - t2 : best_pv;
-#ifdef HAVE_FMA_LOOP
-        if (!attn__tile_is_fast()) {
-            continue; /* no AVX2 + FMA: the loop would be an illegal instruction */
-        }
-        double t4 = bench_seconds();
-        volatile float sink = is_wide ? fma_loop512(FMA_ITERS) : fma_loop(FMA_ITERS);
-        (void)sink;
-        double t5 = bench_seconds();
-        best_fma = t5 - t4 < best_fma ? t5 - t4 : best_fma;
-#endif
+        double f = fma_seconds(is_wide);
+        best_fma = f < best_fma ? f : best_fma;
     }
     out->qk_ns = best_qk * 1e9 / ((double)reps * n); /* bench_seconds: seconds */
     out->pv_ns = best_pv * 1e9 / ((double)reps * n);
@@ -188,7 +240,9 @@ static void usage(FILE *f) {
                "  --keys N       keys a block (default 128, the engine's)\n"
                "  --trials N     best of N trials (default 200)\n"
                "  --quick        20 trials\n"
-               "  --avx2         AVX2 kernels even where the CPU has AVX-512\n");
+               "  --avx2         AVX2 kernels even where the CPU has AVX-512\n"
+               "  --proj LIST    tokens a batch for the projections' kernels (default 4,32; 0: "
+               "none)\n");
 }
 
 int main(int argc, char **argv) {
@@ -196,6 +250,8 @@ int main(int argc, char **argv) {
     int n_dtypes = 4;
     int32_t rows[8] = {1, 2, 3, 4}, dims[8] = {64, 128}, keys = 128;
     int n_rows = 4, n_dims = 2, trials = 200;
+    int32_t proj[8] = {4, 32};
+    int n_proj = 2;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         int32_t one[1];
@@ -212,6 +268,9 @@ int main(int argc, char **argv) {
             n_rows = parse_ints(val, rows, 8), i++;
         } else if (val != NULL && !strcmp(a, "--dims")) {
             n_dims = parse_ints(val, dims, 8), i++;
+        } else if (val != NULL && !strcmp(a, "--proj")) {
+            n_proj = !strcmp(val, "0") ? 0 : parse_ints(val, proj, 8), i++;
+            n_proj = n_proj == 0 ? 0 : n_proj < 0 ? -1 : n_proj;
         } else if (val != NULL && !strcmp(a, "--keys")) {
             keys = parse_ints(val, one, 1) == 1 ? one[0] : -1, i++;
         } else if (val != NULL && !strcmp(a, "--trials")) {
@@ -221,7 +280,7 @@ int main(int argc, char **argv) {
             usage(stderr);
             return 2;
         }
-        if (n_dtypes < 1 || n_rows < 1 || n_dims < 1 || keys < 1 || trials < 1) {
+        if (n_dtypes < 1 || n_rows < 1 || n_dims < 1 || keys < 1 || trials < 1 || n_proj < 0) {
             fprintf(stderr, "attn_kernels: bad value for %s\n", a);
             return 2;
         }
@@ -261,6 +320,29 @@ int main(int argc, char **argv) {
                        res.pv_ns, of_qk, of_pv, gflops);
                 fflush(stdout);
             }
+        }
+    }
+    if (n_proj > 0) {
+        printf("projections: m tokens of %d values against %d weight rows, one thread, best of %d "
+               "trials; \"of FMA\" as above\n",
+               PROJ_K, PROJ_ROWS, trials);
+        printf("%-7s %4s %5s  %9s %7s  %9s\n", "weights", "m", "lanes", "GFLOP/s", "of FMA", "");
+    }
+    static const attn_dtype wdts[] = {ATTN_DTYPE_BF16, ATTN_DTYPE_F16, ATTN_DTYPE_F32};
+    for (int a = 0; a < 3; a++) {
+        for (int i = 0; i < n_proj; i++) {
+            double gflops, of_fma;
+            int lanes;
+            if (measure_proj(wdts[a], proj[i], trials, &gflops, &of_fma, &lanes) != 0) {
+                fprintf(stderr, "attn_kernels: out of memory\n");
+                return 1;
+            }
+            printf("%-7s %4d %5d  %9.2f %7.2f\n", attn_dtype_name(wdts[a]), proj[i], lanes, gflops,
+                   of_fma);
+            printf("RESULT impl=attnd_proj weights=%s m=%d k=%d n=%d lanes=%d gflops=%.2f "
+                   "of_fma=%.3f\n",
+                   attn_dtype_name(wdts[a]), proj[i], PROJ_K, PROJ_ROWS, lanes, gflops, of_fma);
+            fflush(stdout);
         }
     }
     return 0;
