@@ -25,11 +25,17 @@ __attribute__((always_inline, T512)) static inline __m512 load_w16(const int DT,
     return _mm512_cvtph_ps(h);
 }
 
-/* y[a * ldy + b] = x_a . w_b for MX <= 4 input rows and MW <= 6 weight rows (ldw values
- * apart), prefetching the MW rows after them a line at a time (as tile_rows.c's dot_block). */
+/* Columns a weight group's pass covers: six bfloat16 rows of 1024 (12 KiB) stay in L1 while
+ * every four input rows take their turn, where whole rows (llama's 4096: 48 KiB) came from L2
+ * for each. */
+#define ROWS512_CHUNK 1024
+
+/* y[a * ldy + b] (+)= the sum over columns [c0, c1) of x_a w_b, for MX <= 4 input rows and
+ * MW <= 6 weight rows (ldw values apart): set on the first chunk, added after. is_first (the
+ * first input rows of the group) prefetches the weights' next chunk, a line at a time. */
 __attribute__((always_inline, T512)) static inline void
 dot_block512(const int DT, const int MX, const int MW, const float *x, size_t ldx, const void *w,
-             size_t ldw, int32_t k, float *y, size_t ldy) {
+             size_t ldw, int32_t c0, int32_t c1, bool is_first, float *y, size_t ldy) {
     __m512 acc[4][6];
 #pragma GCC unroll 4
     for (int a = 0; a < MX; a++) {
@@ -38,12 +44,12 @@ dot_block512(const int DT, const int MX, const int MW, const float *x, size_t ld
             acc[a][b] = _mm512_setzero_ps();
         }
     }
-    int32_t c = 0;
-    for (; c + 16 <= k; c += 16) {
-        if (KV_BYTE_OF(DT, c) % 64 == 0) {
+    int32_t c = c0;
+    for (; c + 16 <= c1; c += 16) {
+        if (is_first && KV_BYTE_OF(DT, c) % 64 == 0) {
 #pragma GCC unroll 6
             for (int b = 0; b < MW; b++) {
-                _mm_prefetch((const char *)w + KV_BYTE_OF(DT, (size_t)(b + MW) * ldw + c),
+                _mm_prefetch((const char *)w + KV_BYTE_OF(DT, (size_t)b * ldw + c + ROWS512_CHUNK),
                              _MM_HINT_T0);
             }
         }
@@ -66,25 +72,31 @@ dot_block512(const int DT, const int MX, const int MW, const float *x, size_t ld
 #pragma GCC unroll 6
         for (int b = 0; b < MW; b++) {
             float sum = _mm512_reduce_add_ps(acc[a][b]);
-            for (int32_t r = c; r < k; r++) {
+            for (int32_t r = c; r < c1; r++) {
                 sum += x[a * ldx + r] * load_w1(DT, w, (size_t)b * ldw + r);
             }
-            y[a * ldy + b] = sum;
+            y[a * ldy + b] = c0 == 0 ? sum : y[a * ldy + b] + sum;
         }
     }
 }
 
-/* MW weight rows (at wj) against every four input rows, then the rest one at a time. */
+/* MW weight rows (at wj) against every four input rows, then the rest one at a time, a chunk
+ * of columns at a time. */
 __attribute__((always_inline, T512)) static inline void weight_group512(const int DT, const int MW,
                                                                         const float *x, int32_t m,
                                                                         int32_t k, const void *wj,
                                                                         float *y, size_t ldy) {
-    int32_t i = 0;
-    for (; i + 4 <= m; i += 4) {
-        dot_block512(DT, 4, MW, x + (size_t)i * k, (size_t)k, wj, (size_t)k, k, y + i * ldy, ldy);
-    }
-    for (; i < m; i++) {
-        dot_block512(DT, 1, MW, x + (size_t)i * k, (size_t)k, wj, (size_t)k, k, y + i * ldy, ldy);
+    for (int32_t c0 = 0; c0 < k; c0 += ROWS512_CHUNK) {
+        int32_t c1 = k - c0 < ROWS512_CHUNK ? k : c0 + ROWS512_CHUNK;
+        int32_t i = 0;
+        for (; i + 4 <= m; i += 4) {
+            dot_block512(DT, 4, MW, x + (size_t)i * k, (size_t)k, wj, (size_t)k, c0, c1, i == 0,
+                         y + i * ldy, ldy);
+        }
+        for (; i < m; i++) {
+            dot_block512(DT, 1, MW, x + (size_t)i * k, (size_t)k, wj, (size_t)k, c0, c1, i == 0,
+                         y + i * ldy, ldy);
+        }
     }
 }
 
