@@ -238,8 +238,9 @@ const char *attn_dtype_name(attn_dtype dt);
 /* The dtype attn_dtype_name calls name: ATTN_OK, or ATTN_EINVAL (*out untouched). */
 int attn_dtype_parse(const char *name, attn_dtype *out);
 
-/* The vector kernels decode attention runs on this CPU: "avx512" (for head sizes a multiple of
- * 32 up to 512; other sizes take AVX2's), "avx2" or "portable". Static. */
+/* The vector kernels decode attention runs on this CPU: "avx512" (BF16, F16 and Q8_0 K/V with
+ * head sizes a multiple of 32 up to 512; F32 K/V and other sizes take AVX2's), "avx2" or
+ * "portable". Static. */
 const char *attn_kernels_name(void);
 
 /* false: decode attention keeps to the AVX2 kernels even where the CPU has AVX-512 (to compare

@@ -373,7 +373,7 @@ void attn__small_pv_kv(attn_dtype dt, const float *p, size_t ldp, int32_t m, con
                        float *o, size_t ldo, float *widen);
 
 /* tile_kv512.c: the same in AVX-512, for the head sizes attn__kv512_covers (d a multiple of 32
- * up to 512, every KV dtype) when attn__tile_is_wide(). */
+ * up to 512) and KV dtypes (BF16, F16, Q8_0) attn__kv512_covers, when attn__tile_is_wide(). */
 bool attn__kv512_covers(attn_dtype dt, int32_t d);
 void attn__kv512_qk(attn_dtype dt, const float *q, size_t ldq, int32_t m, const uint8_t *k,
                     size_t row_bytes, int32_t n, struct attn__kv_after after, int32_t d, float *s,

@@ -1,13 +1,13 @@
 /* engine/tile_kv512.c: decode attention's kernels of tile_kv.c in AVX-512 (F, BW, DQ, VL), for
  * CPUs that have it (Intel since Skylake-SP, AMD since Zen 4): a query group against a block's
- * keys (scores) and values (weighted sum), for K/V held as float, bfloat16, binary16 or Q8_0,
- * head sizes a multiple of 32 (a Q8_0 block is then 32 whole columns). Sixteen lanes an FMA and
- * 32 registers: on the Intel Xeon VM (Cascade Lake), one thread, head_dim 128, a block in L1/L2
- * (`attn_kernels`), bfloat16 with four query rows a group took 20.4 -> 14.0-14.4 ns a key for
- * the scores and 17.6 -> 10.6-11.4 for the weighted sum, Q8_0 28.2 -> 22.1 and 25.8 -> 17.9;
- * llama8b's attention alone at L=8192, bf16 from DRAM, 0.66-0.70 -> 0.75-0.76 of the read
- * bandwidth (paired, four alternated runs). Other head sizes stay with tile_kv.c, which chooses
- * per call. */
+ * keys (scores) and values (weighted sum), for K/V held as bfloat16, binary16 or Q8_0 (not
+ * float: see attn__kv512_covers), head sizes a multiple of 32 (a Q8_0 block is then 32 whole
+ * columns). Sixteen lanes an FMA and 32 registers: on the Intel Xeon VM (Cascade Lake), one
+ * thread, head_dim 128, a block in L1/L2 (`attn_kernels`), bfloat16 with four query rows a group
+ * took 20.4 -> 14.0-14.4 ns a key for the scores and 17.6 -> 10.6-11.4 for the weighted sum,
+ * Q8_0 28.2 -> 22.1 and 25.8 -> 17.9; llama8b's attention alone at L=8192, bf16 from DRAM,
+ * 0.66-0.70 -> 0.75-0.76 of the read bandwidth (paired, four alternated runs). Other head sizes
+ * and float K/V stay with tile_kv.c, which chooses per call. */
 #include "tile_avx2.h"
 #include "tile_kv.h"
 
@@ -15,17 +15,13 @@
 
 #define T512 target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")
 
-/* Columns c .. c + 32 of a row held as DT (0 float, 1 bfloat16, 2 binary16, 3 Q8_0) as two
- * vectors.
+/* Columns c .. c + 32 of a row held as DT (1 bfloat16, 2 binary16, 3 Q8_0) as two vectors.
  * Bfloat16 is widened by unpacks against zero from one 64-byte load (a shuffle a vector, no
  * shift): within each 8 columns, the first 4 go to v[0] and the last 4 to v[1], so v[0] holds
  * columns 0-3 8-11 16-19 24-27 and v[1] the rest (the order PERM32 names). */
 __attribute__((always_inline, T512)) static inline void widen32(const int DT, const uint8_t *row,
                                                                 int32_t c, __m512 *v) {
-    if (DT == 0) {
-        v[0] = _mm512_loadu_ps((const float *)(const void *)row + c);
-        v[1] = _mm512_loadu_ps((const float *)(const void *)row + c + 16);
-    } else if (DT == 1) {
+    if (DT == 1) {
         __m512i x = _mm512_loadu_si512((const uint16_t *)(const void *)row + c);
         __asm__("" : "+v"(x)); /* one load, two unpacks of the register */
         v[0] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(_mm512_setzero_si512(), x));
@@ -288,24 +284,26 @@ pv512_rows(const int DT, const int MX, const float *p, size_t ldp, const uint8_t
 #define ROWS512_KERNELS(DT, MX) ROWS512_KERNEL(qk, DT, MX) ROWS512_KERNEL(pv, DT, MX)
 #define ROWS512_KERNELS_DT(DT)                                                                     \
     ROWS512_KERNELS(DT, 1) ROWS512_KERNELS(DT, 2) ROWS512_KERNELS(DT, 3) ROWS512_KERNELS(DT, 4)
-ROWS512_KERNELS_DT(0)
 ROWS512_KERNELS_DT(1)
 ROWS512_KERNELS_DT(2)
 ROWS512_KERNELS_DT(3)
 #define ROWS512_TABLE(kind, DT)                                                                    \
     { kind##512_##DT##_1, kind##512_##DT##_2, kind##512_##DT##_3, kind##512_##DT##_4 }
-static rows_fn *const qk512[4][4] = {ROWS512_TABLE(qk, 0), ROWS512_TABLE(qk, 1),
-                                     ROWS512_TABLE(qk, 2), ROWS512_TABLE(qk, 3)};
-static rows_fn *const pv512[4][4] = {ROWS512_TABLE(pv, 0), ROWS512_TABLE(pv, 1),
-                                     ROWS512_TABLE(pv, 2), ROWS512_TABLE(pv, 3)};
+/* [DT - 1][MX - 1] */
+static rows_fn *const qk512[3][4] = {ROWS512_TABLE(qk, 1), ROWS512_TABLE(qk, 2),
+                                     ROWS512_TABLE(qk, 3)};
+static rows_fn *const pv512[3][4] = {ROWS512_TABLE(pv, 1), ROWS512_TABLE(pv, 2),
+                                     ROWS512_TABLE(pv, 3)};
 
 #endif /* TILE_HAVE_AVX2 */
 
 bool attn__kv512_covers(attn_dtype dt, int32_t d) {
 #ifdef TILE_HAVE_AVX2
+    /* Not float K/V: twice the bytes a value, so AVX2's kernels already keep up with DRAM, and
+     * these were slower there (llama8b attention alone at L=8192, paired, three alternated runs:
+     * 0.77-0.84 of the read bandwidth against AVX2's 0.87-0.88), though faster in cache. */
     return attn__tile_is_wide() && d % 32 == 0 && d <= QUERY512_MAX_D &&
-           (dt == ATTN_DTYPE_F32 || dt == ATTN_DTYPE_BF16 || dt == ATTN_DTYPE_F16 ||
-            dt == ATTN_DTYPE_Q8_0);
+           (dt == ATTN_DTYPE_BF16 || dt == ATTN_DTYPE_F16 || dt == ATTN_DTYPE_Q8_0);
 #else
     (void)dt;
     (void)d;
@@ -314,9 +312,9 @@ bool attn__kv512_covers(attn_dtype dt, int32_t d) {
 }
 
 #ifdef TILE_HAVE_AVX2
-/* The kernels' index of a KV dtype attn__kv512_covers. */
+/* The tables' row of a KV dtype attn__kv512_covers (its DT - 1). */
 static int dtype512(attn_dtype dt) {
-    return dt == ATTN_DTYPE_BF16 ? 1 : dt == ATTN_DTYPE_F16 ? 2 : dt == ATTN_DTYPE_Q8_0 ? 3 : 0;
+    return dt == ATTN_DTYPE_BF16 ? 0 : dt == ATTN_DTYPE_F16 ? 1 : 2;
 }
 
 static void rows512(rows_fn *const *fns, const float *in, size_t ld_in, int32_t m,

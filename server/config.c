@@ -104,8 +104,9 @@ static const struct option options[] = {
      "OpenBLAS threads per GEMM call; the engine already spreads a forward over --threads, so "
      "more oversubscribe the cores"},
     {"avx512", "ATTND_AVX512", OPTION_I32, offsetof(struct config, avx512), "1", 0, 1,
-     "1: decode attention's AVX-512 kernels where the CPU has them (head sizes a multiple of 32 "
-     "up to 512), else AVX2's; 0: AVX2's always (on Intel cores before Ice Lake, 512-bit FMAs "
+     "1: AVX-512 kernels where the CPU has them, for decode attention over bf16, f16 and q8_0 "
+     "K/V (head sizes a multiple of 32 up to 512) and the projections of 4 tokens or more, else "
+     "AVX2's; 0: AVX2's always (on Intel cores before Ice Lake, 512-bit FMAs "
      "lower the clock of the AVX2 work after them: README, Benchmarks)"},
     {"max-batch-tokens", "ATTND_MAX_BATCH_TOKENS", OPTION_I32,
      offsetof(struct config, max_batch_tokens), "256", 16, 65536,
