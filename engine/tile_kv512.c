@@ -4,7 +4,7 @@
  * float: see attn__kv512_covers), head sizes a multiple of 32 (a Q8_0 block is then 32 whole
  * columns). Sixteen lanes an FMA and 32 registers: on the Intel Xeon VM (Cascade Lake), one
  * thread, head_dim 128, a block in L1/L2 (`attn_kernels`), bfloat16 with four query rows a group
- * took 20.4 -> 14.0-14.4 ns a key for the scores and 17.6 -> 10.6-11.4 for the weighted sum,
+ * took 20.4 -> 14.0-15.3 ns a key for the scores and 17.6 -> 10.5-11.4 for the weighted sum,
  * Q8_0 28.2 -> 22.1 and 25.8 -> 17.9; llama8b's attention alone at L=8192, bf16 from DRAM,
  * 0.66-0.70 -> 0.75-0.76 of the read bandwidth (paired, four alternated runs). Other head sizes
  * and float K/V stay with tile_kv.c, which chooses per call. */
