@@ -18,7 +18,7 @@
 /* Columns c .. c + 32 of a row held as DT (1 bfloat16, 2 binary16, 3 Q8_0) as two vectors.
  * Bfloat16 is widened by unpacks against zero from one 64-byte load (a shuffle a vector, no
  * shift): within each 8 columns, the first 4 go to v[0] and the last 4 to v[1], so v[0] holds
- * columns 0-3 8-11 16-19 24-27 and v[1] the rest (the order PERM32 names). */
+ * columns 0-3 8-11 16-19 24-27 and v[1] the rest (to_perm32). */
 __attribute__((always_inline, T512)) static inline void widen32(const int DT, const uint8_t *row,
                                                                 int32_t c, __m512 *v) {
     if (DT == 1) {
@@ -45,11 +45,8 @@ __attribute__((always_inline, T512)) static inline void widen32(const int DT, co
     }
 }
 
-/* The column of 32 that lane l of widen32's bfloat16 vector h holds. */
-#define PERM32(h, l) (8 * ((l) / 4) + 4 * (h) + (l) % 4)
-
-/* 32 floats at x in widen32's bfloat16 order, into out (out[16 h + l] = x[PERM32(h, l)]), and
- * back: natural (n[0] = columns 0-15, n[1] = 16-31) <-> widened order (p[0], p[1]). */
+/* 32 floats from column order (n[0] = columns 0-15, n[1] = 16-31) into widen32's bfloat16 order
+ * (lane l of p[h] = column 8 (l / 4) + 4 h + l % 4), and back. */
 __attribute__((always_inline, T512)) static inline void to_perm32(const __m512 *n, __m512 *p) {
     const __m512i i0 = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
     const __m512i i1 =
