@@ -372,8 +372,9 @@ void attn__small_pv_kv(attn_dtype dt, const float *p, size_t ldp, int32_t m, con
                        size_t row_bytes, int32_t n, struct attn__kv_after after, int32_t d,
                        float *o, size_t ldo, float *widen);
 
-/* tile_kv512.c: the same in AVX-512, for the head sizes attn__kv512_covers (d a multiple of 32
- * up to 512) and KV dtypes (BF16, F16, Q8_0) attn__kv512_covers, when attn__tile_is_wide(). */
+/* tile_kv512.c: the same in AVX-512, for the head sizes (d a multiple of 32 up to 512) and KV
+ * dtypes (BF16, F16, Q8_0) attn__kv512_covers, when attn__tile_is_wide(). The kernels exist
+ * only in builds with the vector kernels (TILE_HAVE_AVX2). */
 bool attn__kv512_covers(attn_dtype dt, int32_t d);
 void attn__kv512_qk(attn_dtype dt, const float *q, size_t ldq, int32_t m, const uint8_t *k,
                     size_t row_bytes, int32_t n, struct attn__kv_after after, int32_t d, float *s,
@@ -415,7 +416,8 @@ float attn__f16_to_f32(uint16_t h);
 bool attn__half_round(attn_dtype dt, const float *src, size_t n, uint16_t *dst);
 
 /* tile_rows512.c: attn__rows_dot and attn__rows_dot_half in AVX-512 for the batches it covers
- * (m >= 4 input rows, when attn__tile_is_wide()); wdt the weights' dtype (F32, BF16, F16). */
+ * (m >= 4 input rows, when attn__tile_is_wide()); wdt the weights' dtype (F32, BF16, F16).
+ * attn__rows_dot512 exists only in builds with the vector kernels (TILE_HAVE_AVX2). */
 bool attn__rows512_covers(int32_t m);
 void attn__rows_dot512(attn_dtype wdt, const float *x, int32_t m, int32_t k, const void *w,
                        int32_t n, float *y, size_t ldy);

@@ -230,14 +230,12 @@ qk_kv_keys(const int DT, const int MX, const int PR, const float *q, size_t ldq,
     if (DT == 3) {
         for (; j + Q8_KEYS <= n; j += Q8_KEYS) {
             const uint8_t *ahead[2];
-#pragma GCC unroll 2
-            for (int b = 0; b < Q8_KEYS; b++) {
-                ahead[b] = row_ahead(k, rb, n, after, j + KV_PREFETCH_ROWS + b);
-            }
+            keys_ahead(k, rb, n, after, j, Q8_KEYS, ahead);
             qk_q8_keys(MX, Q8_KEYS, q, ldq, k + (size_t)j * rb, rb, ahead, d, s + j, lds);
         }
         for (; j < n; j++) {
-            const uint8_t *ahead[1] = {row_ahead(k, rb, n, after, j + KV_PREFETCH_ROWS)};
+            const uint8_t *ahead[1];
+            keys_ahead(k, rb, n, after, j, 1, ahead);
             qk_q8_keys(MX, 1, q, ldq, k + (size_t)j * rb, rb, ahead, d, s + j, lds);
         }
         return;
@@ -246,14 +244,12 @@ qk_kv_keys(const int DT, const int MX, const int PR, const float *q, size_t ldq,
      * -> 16.7 ns a key; paired bfloat16 two a pass, 7% slower) */
     for (; j + 3 <= n; j += 3) {
         const uint8_t *ahead[3];
-#pragma GCC unroll 3
-        for (int b = 0; b < 3; b++) {
-            ahead[b] = row_ahead(k, rb, n, after, j + KV_PREFETCH_ROWS + b);
-        }
+        keys_ahead(k, rb, n, after, j, 3, ahead);
         qk_kv_block(DT, MX, 3, PR, q, ldq, k + (size_t)j * rb, rb, ahead, d, s + j, lds);
     }
     for (; j < n; j++) {
-        const uint8_t *ahead[1] = {row_ahead(k, rb, n, after, j + KV_PREFETCH_ROWS)};
+        const uint8_t *ahead[1];
+        keys_ahead(k, rb, n, after, j, 1, ahead);
         qk_kv_block(DT, MX, 1, PR, q, ldq, k + (size_t)j * rb, rb, ahead, d, s + j, lds);
     }
 }
@@ -584,11 +580,11 @@ __attribute__((target("avx2,fma,f16c"))) static void widen_avx2(attn_dtype dt, c
 void attn__small_qk_kv(attn_dtype dt, const float *q, size_t ldq, int32_t m, const uint8_t *k,
                        size_t row_bytes, int32_t n, struct attn__kv_after after, int32_t d,
                        float *s, size_t lds, float *widen) {
+#ifdef TILE_HAVE_AVX2
     if (attn__kv512_covers(dt, d)) {
         attn__kv512_qk(dt, q, ldq, m, k, row_bytes, n, after, d, s, lds);
         return;
     }
-#ifdef TILE_HAVE_AVX2
     if (attn__tile_is_fast()) {
         rows_avx2(qk_rows[kernel_dtype(dt)], q, ldq, m, k, row_bytes, n, after, d, s, lds);
         return;
@@ -601,11 +597,11 @@ void attn__small_qk_kv(attn_dtype dt, const float *q, size_t ldq, int32_t m, con
 void attn__small_pv_kv(attn_dtype dt, const float *p, size_t ldp, int32_t m, const uint8_t *v,
                        size_t row_bytes, int32_t n, struct attn__kv_after after, int32_t d,
                        float *o, size_t ldo, float *widen) {
+#ifdef TILE_HAVE_AVX2
     if (attn__kv512_covers(dt, d)) {
         attn__kv512_pv(dt, p, ldp, m, v, row_bytes, n, after, d, o, ldo);
         return;
     }
-#ifdef TILE_HAVE_AVX2
     if (attn__tile_is_fast()) {
         rows_avx2(pv_rows[kernel_dtype(dt)], p, ldp, m, v, row_bytes, n, after, d, o, ldo);
         return;

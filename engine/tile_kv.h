@@ -35,6 +35,17 @@ row_ahead(const uint8_t *base, size_t rb, int32_t n, struct attn__kv_after after
     return after.rows + (size_t)(r - n) * after.row_bytes;
 }
 
+/* ahead[b] = the row the scores kernel prefetches as it reads key j + b, for b < nk: the key
+ * KV_PREFETCH_ROWS further on (row_ahead). */
+__attribute__((always_inline)) static inline void keys_ahead(const uint8_t *k, size_t rb, int32_t n,
+                                                             struct attn__kv_after after, int32_t j,
+                                                             int nk, const uint8_t **ahead) {
+#pragma GCC unroll 8
+    for (int b = 0; b < nk; b++) {
+        ahead[b] = row_ahead(k, rb, n, after, j + KV_PREFETCH_ROWS + b);
+    }
+}
+
 /* CALL(MX, i) for the query rows of a task in groups of MX <= 4 from row i: the decode kernels
  * are specialized per group size. */
 #define FOR_ROW_GROUPS(m, CALL)                                                                    \

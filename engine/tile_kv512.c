@@ -171,14 +171,12 @@ qk512_rows(const int DT, const int MX, const float *q, size_t ldq, const uint8_t
     int32_t j = 0;
     for (; j + NK <= n; j += NK) {
         const uint8_t *ahead[8];
-#pragma GCC unroll 8
-        for (int b = 0; b < NK; b++) {
-            ahead[b] = row_ahead(k, rb, n, after, j + KV_PREFETCH_ROWS + b);
-        }
+        keys_ahead(k, rb, n, after, j, NK, ahead);
         qk512_block(DT, MX, NK, qc, k + (size_t)j * rb, rb, ahead, d, s + j, lds);
     }
     for (; j < n; j++) {
-        const uint8_t *ahead[1] = {row_ahead(k, rb, n, after, j + KV_PREFETCH_ROWS)};
+        const uint8_t *ahead[1];
+        keys_ahead(k, rb, n, after, j, 1, ahead);
         qk512_block(DT, MX, 1, qc, k + (size_t)j * rb, rb, ahead, d, s + j, lds);
     }
 }
@@ -322,26 +320,16 @@ static void rows512(rows_fn *const *fns, const float *in, size_t ld_in, int32_t 
     FOR_ROW_GROUPS(m, GROUP);
 #undef GROUP
 }
-#endif
 
 void attn__kv512_qk(attn_dtype dt, const float *q, size_t ldq, int32_t m, const uint8_t *k,
                     size_t row_bytes, int32_t n, struct attn__kv_after after, int32_t d, float *s,
                     size_t lds) {
-#ifdef TILE_HAVE_AVX2
     rows512(qk512[dtype512(dt)], q, ldq, m, k, row_bytes, n, after, d, s, lds);
-#else
-    (void)dt, (void)q, (void)ldq, (void)m, (void)k, (void)row_bytes, (void)n, (void)after;
-    (void)d, (void)s, (void)lds;
-#endif
 }
 
 void attn__kv512_pv(attn_dtype dt, const float *p, size_t ldp, int32_t m, const uint8_t *v,
                     size_t row_bytes, int32_t n, struct attn__kv_after after, int32_t d, float *o,
                     size_t ldo) {
-#ifdef TILE_HAVE_AVX2
     rows512(pv512[dtype512(dt)], p, ldp, m, v, row_bytes, n, after, d, o, ldo);
-#else
-    (void)dt, (void)p, (void)ldp, (void)m, (void)v, (void)row_bytes, (void)n, (void)after;
-    (void)d, (void)o, (void)ldo;
-#endif
 }
+#endif

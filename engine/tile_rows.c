@@ -221,11 +221,11 @@ rows_dot_half_avx2(const float *x, int32_t m, int32_t k, const uint16_t *w, bool
 
 void attn__rows_dot(const float *x, int32_t m, int32_t k, const float *w, int32_t n, float *y,
                     size_t ldy) {
+#ifdef TILE_HAVE_AVX2
     if (attn__rows512_covers(m)) {
         attn__rows_dot512(ATTN_DTYPE_F32, x, m, k, w, n, y, ldy);
         return;
     }
-#ifdef TILE_HAVE_AVX2
     rows_dot_avx2(x, m, k, w, n, y, ldy);
 #else
     attn__qk(x, (size_t)k, m, w, (size_t)k, n, k, y, ldy);
@@ -234,11 +234,11 @@ void attn__rows_dot(const float *x, int32_t m, int32_t k, const float *w, int32_
 
 void attn__rows_dot_half(const float *x, int32_t m, int32_t k, const uint16_t *w, bool is_bf16,
                          bool is_cached, int32_t n, float *y, size_t ldy) {
+#ifdef TILE_HAVE_AVX2
     if (attn__rows512_covers(m)) {
         attn__rows_dot512(is_bf16 ? ATTN_DTYPE_BF16 : ATTN_DTYPE_F16, x, m, k, w, n, y, ldy);
         return;
     }
-#ifdef TILE_HAVE_AVX2
     if (attn__tile_is_fast()) {
         rows_dot_half_avx2(x, m, k, w, is_bf16, is_cached, n, y, ldy);
         return;

@@ -140,9 +140,9 @@ bool attn__rows512_covers(int32_t m) {
 #endif
 }
 
+#ifdef TILE_HAVE_AVX2
 void attn__rows_dot512(attn_dtype wdt, const float *x, int32_t m, int32_t k, const void *w,
                        int32_t n, float *y, size_t ldy) {
-#ifdef TILE_HAVE_AVX2
     if (wdt == ATTN_DTYPE_BF16) {
         rows512_bf16(x, m, k, w, n, y, ldy);
     } else if (wdt == ATTN_DTYPE_F16) {
@@ -150,7 +150,5 @@ void attn__rows_dot512(attn_dtype wdt, const float *x, int32_t m, int32_t k, con
     } else {
         rows512_f32(x, m, k, w, n, y, ldy);
     }
-#else
-    (void)wdt, (void)x, (void)m, (void)k, (void)w, (void)n, (void)y, (void)ldy;
-#endif
 }
+#endif
