@@ -1046,8 +1046,9 @@ static void usage(FILE *f) {
                "                    256 MiB, whose figure gives that rep's own ratio; the table\n"
                "                    adds their median; calls within the caches are not paired)\n"
                "  --seed N          weights and inputs seed (default 1)\n"
-               "  --avx2            decode attention's AVX2 kernels even where the CPU has "
-               "AVX-512\n");
+               "  --avx2            the engine's AVX2 kernels even where the CPU has AVX-512 "
+               "(decode\n"
+               "                    attention, the projections of 4 tokens or more)\n");
 }
 
 static bool parse_int(const char *s, long lo, long hi, long *out) {

@@ -291,7 +291,7 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    printf("attn_kernels: %s kernels (AVX-512 for the dtypes and head sizes it covers); one "
+    printf("attn_kernels: %s kernels (AVX-512 where they cover the dtype and head size); one "
            "block of %d keys (L1/L2), best of %d trials; \"of FMA\": rows x d / lanes FMAs a key "
            "at the rate of a 12-chain FMA loop of as many lanes (8 AVX2, 16 AVX-512) on one "
            "thread, measured in the same trials\n",

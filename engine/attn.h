@@ -238,14 +238,14 @@ const char *attn_dtype_name(attn_dtype dt);
 /* The dtype attn_dtype_name calls name: ATTN_OK, or ATTN_EINVAL (*out untouched). */
 int attn_dtype_parse(const char *name, attn_dtype *out);
 
-/* The vector kernels decode attention runs on this CPU: "avx512" (BF16, F16 and Q8_0 K/V with
- * head sizes a multiple of 32 up to 512; F32 K/V and other sizes take AVX2's), "avx2" or
- * "portable". Static. */
+/* The vector kernels the engine runs on this CPU: "avx512" (decode attention over BF16, F16 and
+ * Q8_0 K/V with head sizes a multiple of 32 up to 512, and the projections of 4 tokens or more;
+ * the rest takes AVX2's), "avx2" or "portable". Static. */
 const char *attn_kernels_name(void);
 
-/* false: decode attention keeps to the AVX2 kernels even where the CPU has AVX-512 (to compare
- * the two, or where 512-bit instructions lower the clock of other work); true: the widest the
- * CPU has (the default). Process-wide: set it before any work starts. */
+/* false: the engine keeps to its AVX2 kernels even where the CPU has AVX-512 (to compare the
+ * two, or where 512-bit instructions lower the clock of other work); true: the widest the CPU
+ * has (the default). Process-wide: set it before any work starts. */
 void attn_kernels_allow_avx512(bool allow);
 
 /* Which layers to materialize, and an optional cap on positions. */

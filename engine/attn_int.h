@@ -333,9 +333,10 @@ void attn__pv(const float *p, size_t ldp, int32_t m, const float *v, size_t ldv,
 /* True when this CPU runs the AVX2 + FMA tile kernels; otherwise callers use cblas_sgemm. */
 bool attn__tile_is_fast(void);
 
-/* True when this CPU also runs the AVX-512 (F, BW, DQ, VL) decode kernels (tile_kv512.c), and
- * they are allowed: attn__tile_allow_wide(false) keeps the AVX2 ones, for tests and benchmarks
- * that compare the two (true: asked of the CPU again). Process-wide; set it before any work. */
+/* True when this CPU also runs the AVX-512 (F, BW, DQ, VL) kernels (tile_kv512.c: decode
+ * attention; tile_rows512.c: projections of 4 tokens or more), and they are allowed:
+ * attn__tile_allow_wide(false) keeps the AVX2 ones, for tests and benchmarks that compare the
+ * two (true: asked of the CPU again). Process-wide; set it before any work. */
 bool attn__tile_is_wide(void);
 void attn__tile_allow_wide(bool allow);
 

@@ -37,7 +37,7 @@ struct config {
     int32_t workers;           /* engine worker threads (resolved: never 0 after parse) */
     int32_t threads;           /* computing threads, workers and helpers (never 0 after parse) */
     int32_t blas_threads;      /* OpenBLAS threads per call */
-    int32_t avx512;            /* 1: AVX-512 decode kernels where the CPU has them */
+    int32_t avx512;            /* 1: AVX-512 kernels where the CPU has them */
     int32_t max_batch_tokens;  /* tokens per engine call (batch cap, prefill chunk) */
     int64_t inline_macs;       /* a forward this small on an idle pool runs on the loop thread */
     int32_t spin_us;           /* the loop's poll before it sleeps, while no worker computes */
