@@ -556,17 +556,6 @@ widen_t(const int DT, const uint8_t *src, size_t rb, int32_t n, int32_t d, float
         }                                                                                          \
     } while (0)
 
-/* The m query rows of a task against a block, in groups of at most 4, by fns (qk_rows or
- * pv_rows of the block's dtype). */
-static void rows_avx2(rows_fn *const *fns, const float *in, size_t ld_in, int32_t m,
-                      const uint8_t *rows, size_t rb, int32_t n, struct attn__kv_after after,
-                      int32_t d, float *out, size_t ld_out) {
-#define GROUP(MX, i)                                                                               \
-    fns[(MX)-1](in + (i)*ld_in, ld_in, rows, rb, n, after, d, out + (i)*ld_out, ld_out)
-    FOR_ROW_GROUPS(m, GROUP);
-#undef GROUP
-}
-
 __attribute__((target("avx2,fma,f16c"))) static void widen_avx2(attn_dtype dt, const uint8_t *src,
                                                                 size_t rb, int32_t n, int32_t d,
                                                                 float *dst, size_t ld) {
@@ -586,7 +575,7 @@ void attn__small_qk_kv(attn_dtype dt, const float *q, size_t ldq, int32_t m, con
         return;
     }
     if (attn__tile_is_fast()) {
-        rows_avx2(qk_rows[kernel_dtype(dt)], q, ldq, m, k, row_bytes, n, after, d, s, lds);
+        rows_in_groups(qk_rows[kernel_dtype(dt)], q, ldq, m, k, row_bytes, n, after, d, s, lds);
         return;
     }
 #endif
@@ -603,7 +592,7 @@ void attn__small_pv_kv(attn_dtype dt, const float *p, size_t ldp, int32_t m, con
         return;
     }
     if (attn__tile_is_fast()) {
-        rows_avx2(pv_rows[kernel_dtype(dt)], p, ldp, m, v, row_bytes, n, after, d, o, ldo);
+        rows_in_groups(pv_rows[kernel_dtype(dt)], p, ldp, m, v, row_bytes, n, after, d, o, ldo);
         return;
     }
 #endif

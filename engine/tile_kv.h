@@ -1,6 +1,6 @@
 /* engine/tile_kv.h: what the decode kernels of tile_kv.c (AVX2) and tile_kv512.c (AVX-512)
- * share: how far ahead they prefetch, where the rows past a block are, the row groups they are
- * specialized for, and the shape of one kernel. Internal to those two files. */
+ * share: how far ahead they prefetch, where the rows past a block are, the shape of one kernel,
+ * and a task's rows dealt out to the kernels of each group size. Internal to those two files. */
 #ifndef ATTND_ENGINE_TILE_KV_H
 #define ATTND_ENGINE_TILE_KV_H
 
@@ -46,32 +46,24 @@ __attribute__((always_inline)) static inline void keys_ahead(const uint8_t *k, s
     }
 }
 
-/* CALL(MX, i) for the query rows of a task in groups of MX <= 4 from row i: the decode kernels
- * are specialized per group size. */
-#define FOR_ROW_GROUPS(m, CALL)                                                                    \
-    do {                                                                                           \
-        int32_t i_ = 0;                                                                            \
-        for (; i_ + 4 <= (m); i_ += 4) {                                                           \
-            CALL(4, i_);                                                                           \
-        }                                                                                          \
-        switch ((m)-i_) {                                                                          \
-        case 3:                                                                                    \
-            CALL(3, i_);                                                                           \
-            break;                                                                                 \
-        case 2:                                                                                    \
-            CALL(2, i_);                                                                           \
-            break;                                                                                 \
-        case 1:                                                                                    \
-            CALL(1, i_);                                                                           \
-            break;                                                                                 \
-        default:                                                                                   \
-            break;                                                                                 \
-        }                                                                                          \
-    } while (0)
-
 /* One decode kernel: one group of query rows against a block, scores (in q, out s) or weighted
  * sum (in p, out o). */
 typedef void rows_fn(const float *in, size_t ld_in, const uint8_t *rows, size_t rb, int32_t n,
                      struct attn__kv_after after, int32_t d, float *out, size_t ld_out);
+
+/* The m query rows of a task against a block, in groups of at most 4 (fns[MX - 1] takes a group
+ * of MX: the decode kernels are specialized per group size). */
+static inline void rows_in_groups(rows_fn *const *fns, const float *in, size_t ld_in, int32_t m,
+                                  const uint8_t *rows, size_t rb, int32_t n,
+                                  struct attn__kv_after after, int32_t d, float *out,
+                                  size_t ld_out) {
+    int32_t i = 0;
+    for (; i + 4 <= m; i += 4) {
+        fns[3](in + i * ld_in, ld_in, rows, rb, n, after, d, out + i * ld_out, ld_out);
+    }
+    if (i < m) {
+        fns[m - i - 1](in + i * ld_in, ld_in, rows, rb, n, after, d, out + i * ld_out, ld_out);
+    }
+}
 
 #endif

@@ -312,24 +312,15 @@ static int dtype512(attn_dtype dt) {
     return dt == ATTN_DTYPE_BF16 ? 0 : dt == ATTN_DTYPE_F16 ? 1 : 2;
 }
 
-static void rows512(rows_fn *const *fns, const float *in, size_t ld_in, int32_t m,
-                    const uint8_t *rows, size_t rb, int32_t n, struct attn__kv_after after,
-                    int32_t d, float *out, size_t ld_out) {
-#define GROUP(MX, i)                                                                               \
-    fns[(MX)-1](in + (i)*ld_in, ld_in, rows, rb, n, after, d, out + (i)*ld_out, ld_out)
-    FOR_ROW_GROUPS(m, GROUP);
-#undef GROUP
-}
-
 void attn__kv512_qk(attn_dtype dt, const float *q, size_t ldq, int32_t m, const uint8_t *k,
                     size_t row_bytes, int32_t n, struct attn__kv_after after, int32_t d, float *s,
                     size_t lds) {
-    rows512(qk512[dtype512(dt)], q, ldq, m, k, row_bytes, n, after, d, s, lds);
+    rows_in_groups(qk512[dtype512(dt)], q, ldq, m, k, row_bytes, n, after, d, s, lds);
 }
 
 void attn__kv512_pv(attn_dtype dt, const float *p, size_t ldp, int32_t m, const uint8_t *v,
                     size_t row_bytes, int32_t n, struct attn__kv_after after, int32_t d, float *o,
                     size_t ldo) {
-    rows512(pv512[dtype512(dt)], p, ldp, m, v, row_bytes, n, after, d, o, ldo);
+    rows_in_groups(pv512[dtype512(dt)], p, ldp, m, v, row_bytes, n, after, d, o, ldo);
 }
 #endif
