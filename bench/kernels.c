@@ -99,27 +99,32 @@ static double fma_seconds(bool wide) {
     return 1e300;
 }
 
-/* The projections of m tokens (attn__rows_dot_half, attn__rows_dot) against PROJ_ROWS weight
- * rows of PROJ_K values held as wdt, best of trials, each followed by the FMA loop of the
- * kernels' width: *gflops the kernel's, *of_fma its share of the loop's rate. */
+/* The projections of m tokens (half precision: panel.c's, the input's packing included; float:
+ * attn__rows_dot) against PROJ_ROWS weight rows of PROJ_K values held as wdt, best of trials, each
+ * followed by the FMA loop of the kernels' width: *gflops the kernel's, *of_fma its share of the
+ * loop's rate. */
 #define PROJ_K    4096
 #define PROJ_ROWS 192
 static int measure_proj(attn_dtype wdt, int32_t m, int trials, double *gflops, double *of_fma,
                         int *lanes) {
     int32_t k = PROJ_K, n = PROJ_ROWS;
-    bool is_wide = attn__rows512_covers(m);
+    int32_t block_rows = attn__panel_block_rows();
+    bool is_wide = wdt == ATTN_DTYPE_F32 ? attn__rows512_covers(m) : block_rows == 12;
     *lanes = is_wide ? 16 : 8;
     float *x = malloc((size_t)m * k * sizeof(float)), *wf = malloc((size_t)n * k * sizeof(float));
+    float *xp = malloc((size_t)m * k * sizeof(float));
     uint16_t *wh = malloc((size_t)n * k * sizeof(uint16_t));
+    uint16_t *panels = malloc(attn__panel_values(n, k) * sizeof(uint16_t));
     float *y = malloc((size_t)m * n * sizeof(float));
-    if (!x || !wf || !wh || !y) {
-        free(x), free(wf), free(wh), free(y);
+    if (!x || !wf || !xp || !wh || !panels || !y) {
+        free(x), free(wf), free(xp), free(wh), free(panels), free(y);
         return -1;
     }
     bench_rand_fill(x, (size_t)m * k, 5);
     bench_rand_fill(wf, (size_t)n * k, 6);
     if (wdt != ATTN_DTYPE_F32) {
         (void)attn__half_round(wdt, wf, (size_t)n * k, wh);
+        attn__panel_pack(wdt, wh, n, k, panels);
     }
     double best = 1e300, best_fma = 1e300;
     for (int t = 0; t < trials; t++) {
@@ -127,7 +132,8 @@ static int measure_proj(attn_dtype wdt, int32_t m, int trials, double *gflops, d
         if (wdt == ATTN_DTYPE_F32) {
             attn__rows_dot(x, m, k, wf, n, y, (size_t)n);
         } else {
-            attn__rows_dot_half(x, m, k, wh, wdt == ATTN_DTYPE_BF16, true, n, y, (size_t)n);
+            attn__panel_pack_x(block_rows, x, m, k, xp);
+            attn__panel_dot(block_rows, wdt, xp, m, k, panels, 0, n, y, (size_t)n);
         }
         double dt = bench_seconds() - t0, f = fma_seconds(is_wide);
         best = dt < best ? dt : best;
@@ -140,7 +146,7 @@ static int measure_proj(attn_dtype wdt, int32_t m, int trials, double *gflops, d
     *of_fma = loop > 0 ? flops / best / loop : -1;
     volatile float sink = y[0];
     (void)sink;
-    free(x), free(wf), free(wh), free(y);
+    free(x), free(wf), free(xp), free(wh), free(panels), free(y);
     return 0;
 }
 

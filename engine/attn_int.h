@@ -262,7 +262,7 @@ struct attn_workspace {
     float *mla_ckv; /* (max_tokens, kv_lora_rank + qk_rope_head_dim): x W_kva, c normalized */
     float *mla_q;   /* (max_tokens, n_heads, kv_lora_rank + qk_rope_head_dim): absorbed queries */
     float *mla_lat; /* (max_tokens, n_heads, kv_lora_rank): attention over the latent */
-    float *panels;  /* half-precision weights only: each projection slice's widened rows */
+    float *xpack;   /* half-precision weights only: a projection's input, packed (panel.c) */
 };
 
 /* y (n x out_dim) = x (n x in_dim) W^T (+ b) for W (out_dim x in_dim), on the workspace's
@@ -396,12 +396,40 @@ void attn__kv_widen(attn_dtype dt, const uint8_t *src, size_t row_bytes, int32_t
 void attn__rows_dot(const float *x, int32_t m, int32_t k, const float *w, int32_t n, float *y,
                     size_t ldy);
 
-/* attn__rows_dot against weight rows held in half precision (bfloat16 when is_bf16, else
- * binary16), widened in registers: AVX2 + F16C, else half.c's portable loop. is_cached: the
- * caller expects the weights to be in cache (a small matrix, read every call), where reading
- * several rows side by side pays; else they are streamed a row at a time. */
-void attn__rows_dot_half(const float *x, int32_t m, int32_t k, const uint16_t *w, bool is_bf16,
-                         bool is_cached, int32_t n, float *y, size_t ldy);
+/* ---- panel.c, tile_panel.c: projection weights held in half precision, in panels ---------- */
+
+/* A panel: this many weight rows, column by column of the input (panel.c says why and how). */
+#define ATTN__PANEL_ROWS 32
+/* The most input rows a kernel takes at once (attn__panel_block_rows). */
+#define ATTN__PANEL_BLOCK_MAX 12
+
+/* Values (uint16_t) the panels of a rows x cols matrix take: its rows rounded up to a panel. */
+size_t attn__panel_values(int32_t rows, int32_t cols);
+/* dst (attn__panel_values) = src (rows x cols, row-major, values of dt: BF16 or F16) in panels,
+ * the last panel's missing rows zero. */
+void attn__panel_pack(attn_dtype dt, const uint16_t *src, int32_t rows, int32_t cols,
+                      uint16_t *dst);
+/* dst[i] = row r's value of column k0 + i (i < n) in the panels of a matrix of cols columns,
+ * bit for bit. */
+void attn__panel_unpack(attn_dtype dt, const uint16_t *panels, int32_t cols, int32_t r, int32_t k0,
+                        int32_t n, uint16_t *dst);
+/* Input rows per block of the kernels this CPU runs now (AVX-512, AVX2, portable): the
+ * block_rows that attn__panel_pack_x and attn__panel_dot take, the same for both. */
+int32_t attn__panel_block_rows(void);
+/* xp (m x k floats) = x (m x k, row-major) in blocks of block_rows rows, each column by column:
+ * for m == 1, x itself. */
+void attn__panel_pack_x(int32_t block_rows, const float *x, int32_t m, int32_t k, float *xp);
+/* y[i * ldy + r - r0] = x_i . w_r for i < m and weight rows r in [r0, r1): w the panels of a
+ * matrix of k columns (dtype dt), xp the input packed by attn__panel_pack_x(block_rows). */
+void attn__panel_dot(int32_t block_rows, attn_dtype dt, const float *xp, int32_t m, int32_t k,
+                     const uint16_t *w, int32_t r0, int32_t r1, float *y, size_t ldy);
+/* One block of mb <= block_rows input rows (xp at its first column) by one panel (w, kc
+ * columns): c[i * ldc + j] = (add ? c[i * ldc + j] : 0) + sum_k xp[k * mb + i] w_k[j], j < 32.
+ * attn__panel_tile runs the kernels block_rows names; the portable one is panel.c's. */
+void attn__panel_tile(int32_t block_rows, bool is_bf16, int32_t mb, const float *xp,
+                      const uint16_t *w, int32_t kc, float *c, size_t ldc, bool add);
+void attn__panel_tile_portable(bool is_bf16, int32_t mb, const float *xp, const uint16_t *w,
+                               int32_t kc, float *c, size_t ldc, bool add);
 
 /* ---- half.c: half-precision weights ------------------------------------------------------- */
 
@@ -416,16 +444,12 @@ float attn__f16_to_f32(uint16_t h);
  * result has every exponent bit set: an infinity or a NaN (past the range, or already so). */
 bool attn__half_round(attn_dtype dt, const float *src, size_t n, uint16_t *dst);
 
-/* tile_rows512.c: attn__rows_dot and attn__rows_dot_half in AVX-512 for the batches it covers
- * (m >= 4 input rows, when attn__tile_is_wide()); wdt the weights' dtype (F32, BF16, F16).
- * attn__rows_dot512 exists only in builds with the vector kernels (TILE_HAVE_AVX2). */
+/* tile_rows512.c: attn__rows_dot in AVX-512 for the batches it covers (m >= 4 input rows, when
+ * attn__tile_is_wide()). attn__rows_dot512 exists only in builds with the vector kernels
+ * (TILE_HAVE_AVX2). */
 bool attn__rows512_covers(int32_t m);
-void attn__rows_dot512(attn_dtype wdt, const float *x, int32_t m, int32_t k, const void *w,
-                       int32_t n, float *y, size_t ldy);
-
-/* The portable attn__rows_dot_half. */
-void attn__rows_dot_half_portable(const float *x, int32_t m, int32_t k, const uint16_t *w,
-                                  bool is_bf16, int32_t n, float *y, size_t ldy);
+void attn__rows_dot512(const float *x, int32_t m, int32_t k, const float *w, int32_t n, float *y,
+                       size_t ldy);
 
 /* Holds m's q/k/v and o projections in dtype (F32 is a no-op): converts each layer's not held
  * yet and frees its float copy before the next layer's, then counts m's bytes and dtype as

@@ -208,6 +208,29 @@ static void put_tensor(struct digest *d, int32_t tag, const void *p, size_t n, s
     digest_update(d, p, n * elem);
 }
 
+/* put_tensor of a rows x cols matrix held in panels (panel.c), digested in row-major order as
+ * the checkpoint's bytes are: the fingerprint does not depend on how the engine lays them out. */
+static void put_panels(struct digest *d, int32_t tag, const uint16_t *p, attn_dtype dt, size_t rows,
+                       size_t cols) {
+    put_i32(d, tag);
+    if (p == NULL) {
+        put_i32(d, -1);
+        return;
+    }
+    size_t n = rows * cols;
+    put_i32(d, (int32_t)sizeof *p);
+    put_i32(d, (int32_t)(n >> 31));
+    put_i32(d, (int32_t)(n & 0x7fffffff));
+    uint16_t run[1024];
+    for (size_t r = 0; r < rows; r++) {
+        for (size_t k0 = 0; k0 < cols; k0 += 1024) {
+            size_t len = cols - k0 < 1024 ? cols - k0 : 1024;
+            attn__panel_unpack(dt, p, (int32_t)cols, (int32_t)r, (int32_t)k0, (int32_t)len, run);
+            digest_update(d, run, len * sizeof *run);
+        }
+    }
+}
+
 void attn__model_fingerprint_compute(attn_model *m) {
     const attn_config *c = &m->cfg;
     struct digest d;
@@ -227,10 +250,10 @@ void attn__model_fingerprint_compute(attn_model *m) {
         const struct attn__layer *l = &m->layers[i];
         put_i32(&d, m->layer_first + i);
         put_tensor(&d, 1, l->w_qkv, n_qkv * hid, sizeof(float));
-        put_tensor(&d, 2, l->w_qkv_h, n_qkv * hid, sizeof(uint16_t));
+        put_panels(&d, 2, l->w_qkv_h, m->weights_dtype, n_qkv, hid);
         put_tensor(&d, 3, l->b_qkv, n_qkv, sizeof(float));
         put_tensor(&d, 4, l->w_o, hid * o_in, sizeof(float));
-        put_tensor(&d, 5, l->w_o_h, hid * o_in, sizeof(uint16_t));
+        put_panels(&d, 5, l->w_o_h, m->weights_dtype, hid, o_in);
         put_tensor(&d, 6, l->b_o, hid, sizeof(float));
         put_tensor(&d, 7, l->q_norm, attn__qk_norm_len(c, false), sizeof(float));
         put_tensor(&d, 8, l->k_norm, attn__qk_norm_len(c, true), sizeof(float));

@@ -12,27 +12,21 @@
 
 /* Output rows (weight rows) per projection task when an executor spreads a few tokens' work:
  * enough tasks that two threads end together (the small preset's 768-row QKV projection was 3
- * tasks of 256 rows, two of them on one thread), each still 64 rows x hidden of streaming. */
+ * tasks of 256 rows, two of them on one thread), each still 64 rows x hidden of streaming; two
+ * whole panels of half-precision weights. */
 #define LINEAR_SLICE 64
 
-/* Many tokens: the weight rows are cut into LINEAR_WIDE_TASKS ranges, each one sgemm, or, for
- * half-precision weights, one sgemm per LINEAR_PANEL rows widened into the task's own panel (each
- * weight is converted once per call). sgemm packs all of x again for every call: at 64-row calls
- * that packing took a sixth of a 512-token prefill (perf: sgemm_oncopy 18%), at 256 rows ~4%.
- * Tasks, not threads, own the panels, so their memory does not depend on the executor. */
+/* Many tokens: the weight rows are cut into LINEAR_WIDE_TASKS ranges, each one sgemm (float
+ * weights) or one panel product (half precision: panel.c). sgemm packs all of x again for every
+ * call: at 64-row calls that packing took a sixth of a 512-token prefill (perf: sgemm_oncopy
+ * 18%), at 256 rows ~4%. */
 #define LINEAR_WIDE_TASKS 4
-#define LINEAR_PANEL      256
 
-/* Up to this many tokens a projection streams the weights through attn__rows_dot: OpenBLAS's
- * sgemm packs the whole weight matrix for every call, which for a few rows costs several times
- * the bandwidth-bound read (M = 8 against a 6144 x 4096 matrix: 21 ms for sgemm, 3.6 for the
- * matrix-vector product). */
+/* Up to this many tokens a projection of float weights streams them through attn__rows_dot:
+ * OpenBLAS's sgemm packs the whole weight matrix for every call, which for a few rows costs
+ * several times the bandwidth-bound read (M = 8 against a 6144 x 4096 matrix: 21 ms for sgemm,
+ * 3.6 for the matrix-vector product). */
 #define LINEAR_SMALL_ROWS 32
-
-/* A half-precision matrix up to this size is taken to stay in the last-level cache between calls
- * (the small preset's q/k/v: 0.75 MiB), and its lone-token product reads four rows side by side;
- * a larger one streams from DRAM, a row at a time (four streams at once read a third as fast). */
-#define LINEAR_CACHED_BYTES ((size_t)4 << 20)
 
 static size_t n_qkv_of(const attn_config *c) {
     return (size_t)(c->n_heads + 2 * c->n_kv_heads) * c->head_dim;
@@ -69,7 +63,7 @@ void attn_workspace_destroy(attn_workspace *ws) {
     free(ws->mla_ckv);
     free(ws->mla_q);
     free(ws->mla_lat);
-    free(ws->panels);
+    free(ws->xpack);
     free(ws);
 }
 
@@ -112,12 +106,12 @@ int attn_workspace_create(const attn_model *m, int32_t max_tokens, const attn_ex
     ws->splits = calloc((size_t)ws->max_tasks, sizeof *ws->splits);
     ws->parts = calloc(t, sizeof *ws->parts);
     ws->group_ready = calloc((size_t)c->n_kv_heads, sizeof *ws->group_ready);
-    bool panels_ok = true;
-    if (m->weights_dtype != ATTN_DTYPE_F32 && max_tokens > LINEAR_SMALL_ROWS) {
-        /* one panel per wide task, as wide as the widest projection input */
+    bool xpack_ok = true;
+    if (m->weights_dtype != ATTN_DTYPE_F32) {
+        /* the input of a projection, packed for the panels' kernels */
         size_t in_max = hd_all > (size_t)c->hidden_size ? hd_all : (size_t)c->hidden_size;
-        ws->panels = attn__alloc_floats((size_t)LINEAR_WIDE_TASKS * LINEAR_PANEL * in_max);
-        panels_ok = ws->panels != NULL;
+        ws->xpack = attn__alloc_floats(t * in_max);
+        xpack_ok = ws->xpack != NULL;
     }
     bool mla_ok = true;
     if (is_mla) {
@@ -130,7 +124,7 @@ int attn_workspace_create(const attn_model *m, int32_t max_tokens, const attn_ex
     }
     if (ws->x == NULL || ws->qkv == NULL || ws->attn == NULL || ws->y == NULL ||
         ws->scratch == NULL || ws->lse == NULL || ws->tasks == NULL || ws->splits == NULL ||
-        ws->parts == NULL || ws->group_ready == NULL || !mla_ok || !panels_ok) {
+        ws->parts == NULL || ws->group_ready == NULL || !mla_ok || !xpack_ok) {
         attn_workspace_destroy(ws);
         return ATTN_ENOMEM;
     }
@@ -244,39 +238,20 @@ struct linear_job {
     const float *x;
     int32_t n, in_dim;
     const float *w, *b;
-    const uint16_t *wh; /* the weights in half precision instead of w, or NULL */
-    bool is_bf16;       /* wh's kind: bfloat16, else binary16 */
-    float *panels;      /* wh with many rows: per wide task, LINEAR_PANEL rows widened */
+    const uint16_t *wh;  /* the weights in half precision, in panels, instead of w; or NULL */
+    attn_dtype wh_dtype; /* wh's: BF16 or F16 */
+    const float *xp;     /* with wh: x packed for the panels' kernels (pack_input) */
+    int32_t block_rows;  /* the kernels' block height xp was packed for */
     int32_t out_dim;
     float *y;
 };
 
-static void linear_rows_half(const struct linear_job *j, int32_t first, int32_t count, float *y,
-                             float *panel) {
-    const uint16_t *w = j->wh + (size_t)first * j->in_dim;
-    if (j->n <= LINEAR_SMALL_ROWS) {
-        bool is_cached = (size_t)j->out_dim * j->in_dim * sizeof(uint16_t) <= LINEAR_CACHED_BYTES;
-        attn__rows_dot_half(j->x, j->n, j->in_dim, w, j->is_bf16, is_cached, count, y,
-                            (size_t)j->out_dim);
-        return;
-    }
-    for (int32_t r = 0; r < count; r += LINEAR_PANEL) {
-        int32_t rows = count - r < LINEAR_PANEL ? count - r : LINEAR_PANEL;
-        /* the KV widening kernels (AVX2 where the CPU has it): a scalar loop here took 8-10% of
-         * a small model's 128-token prefill */
-        attn__kv_widen(j->is_bf16 ? ATTN_DTYPE_BF16 : ATTN_DTYPE_F16,
-                       (const uint8_t *)(w + (size_t)r * j->in_dim), (size_t)j->in_dim * 2, rows,
-                       j->in_dim, panel, (size_t)j->in_dim);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->n, rows, j->in_dim, 1.0f, j->x,
-                    j->in_dim, panel, j->in_dim, 0.0f, y + r, j->out_dim);
-    }
-}
-
-static void linear_rows(const struct linear_job *j, int32_t first, int32_t count, float *panel) {
+static void linear_rows(const struct linear_job *j, int32_t first, int32_t count) {
     float *y = j->y + first;
     const float *w = j->w != NULL ? j->w + (size_t)first * j->in_dim : NULL;
     if (j->wh != NULL) {
-        linear_rows_half(j, first, count, y, panel);
+        attn__panel_dot(j->block_rows, j->wh_dtype, j->xp, j->n, j->in_dim, j->wh, first,
+                        first + count, y, (size_t)j->out_dim);
     } else if (j->n <= LINEAR_SMALL_ROWS && attn__tile_is_fast() &&
                (j->n > 1 || count < j->out_dim)) {
         attn__rows_dot(j->x, j->n, j->in_dim, w, count, y, (size_t)j->out_dim);
@@ -297,24 +272,25 @@ static void linear_rows(const struct linear_job *j, int32_t first, int32_t count
     }
 }
 
-/* Few tokens: task i is the i-th LINEAR_SLICE of weight rows (no panel). */
+/* Few tokens: task i is the i-th LINEAR_SLICE of weight rows. */
 static void linear_task(void *arg, int32_t i) {
     const struct linear_job *j = arg;
     int32_t first = i * LINEAR_SLICE;
     int32_t count = j->out_dim - first < LINEAR_SLICE ? j->out_dim - first : LINEAR_SLICE;
-    linear_rows(j, first, count, NULL);
+    linear_rows(j, first, count);
 }
 
 /* Many tokens: task i is the i-th of LINEAR_WIDE_TASKS ranges of weight rows, cut at multiples
- * of 8 (sgemm's widest register block), with panel i. */
+ * of a panel (which is also a multiple of sgemm's widest register block, 8). */
 static void linear_wide_task(void *arg, int32_t i) {
     const struct linear_job *j = arg;
-    int32_t per = ((j->out_dim + LINEAR_WIDE_TASKS - 1) / LINEAR_WIDE_TASKS + 7) & ~7;
+    int32_t per =
+        ((j->out_dim + LINEAR_WIDE_TASKS - 1) / LINEAR_WIDE_TASKS + ATTN__PANEL_ROWS - 1) /
+        ATTN__PANEL_ROWS * ATTN__PANEL_ROWS;
     int32_t first = i * per < j->out_dim ? i * per : j->out_dim;
     int32_t count = j->out_dim - first < per ? j->out_dim - first : per;
     if (count > 0) {
-        float *panel = j->panels != NULL ? j->panels + (size_t)i * LINEAR_PANEL * j->in_dim : NULL;
-        linear_rows(j, first, count, panel);
+        linear_rows(j, first, count);
     }
 }
 
@@ -325,22 +301,36 @@ static void linear_wide_task(void *arg, int32_t i) {
 static struct linear_job linear_job_of(const attn_workspace *ws, const float *x, int32_t n,
                                        int32_t in_dim, const float *w, const uint16_t *wh,
                                        const float *b, int32_t out_dim, float *y) {
-    return (struct linear_job){x,
-                               n,
-                               in_dim,
-                               w,
-                               b,
-                               w == NULL ? wh : NULL,
-                               ws->model->weights_dtype == ATTN_DTYPE_BF16,
-                               ws->panels,
-                               out_dim,
-                               y};
+    return (struct linear_job){.x = x,
+                               .n = n,
+                               .in_dim = in_dim,
+                               .w = w,
+                               .b = b,
+                               .wh = w == NULL ? wh : NULL,
+                               .wh_dtype = ws->model->weights_dtype,
+                               .out_dim = out_dim,
+                               .y = y};
+}
+
+/* Half-precision weights: x packed (once, before any task reads it) for the panels' kernels. */
+static void pack_input(const attn_workspace *ws, struct linear_job *j) {
+    if (j->wh == NULL) {
+        return;
+    }
+    j->block_rows = attn__panel_block_rows();
+    if (j->n == 1) {
+        j->xp = j->x; /* a lone row is its own packing */
+        return;
+    }
+    attn__panel_pack_x(j->block_rows, j->x, j->n, j->in_dim, ws->xpack);
+    j->xp = ws->xpack;
 }
 
 static void linear_held(const attn_workspace *ws, const float *x, int32_t n, int32_t in_dim,
                         const float *w, const uint16_t *wh, const float *b, int32_t out_dim,
                         float *y) {
     struct linear_job j = linear_job_of(ws, x, n, in_dim, w, wh, b, out_dim, y);
+    pack_input(ws, &j);
     int32_t n_slices = (out_dim + LINEAR_SLICE - 1) / LINEAR_SLICE;
     bool spread = ws->has_ex && (int64_t)n * in_dim * out_dim >= ATTN__PARALLEL_MIN_MACS;
     if (spread && n > LINEAR_SMALL_ROWS && out_dim >= 8 * LINEAR_WIDE_TASKS) {
@@ -348,7 +338,7 @@ static void linear_held(const attn_workspace *ws, const float *x, int32_t n, int
     } else if (spread && n_slices > 1) {
         ws->ex.run(ws->ex.ctx, linear_task, &j, n_slices);
     } else {
-        linear_rows(&j, 0, out_dim, ws->panels);
+        linear_rows(&j, 0, out_dim);
     }
 }
 
@@ -705,9 +695,9 @@ static void pipe_project(const struct pipe_job *j, int32_t g) {
     const attn_config *c = &j->m->cfg;
     int32_t r = c->n_heads / c->n_kv_heads, hd = c->head_dim;
     int32_t k_row = c->n_heads * hd, v_row = k_row + c->n_kv_heads * hd;
-    linear_rows(&j->qkv, g * r * hd, r * hd, NULL);
-    linear_rows(&j->qkv, k_row + g * hd, hd, NULL);
-    linear_rows(&j->qkv, v_row + g * hd, hd, NULL);
+    linear_rows(&j->qkv, g * r * hd, r * hd);
+    linear_rows(&j->qkv, k_row + g * hd, hd);
+    linear_rows(&j->qkv, v_row + g * hd, hd);
     struct head_range hr = {g * r, r, g, 1};
     for (int32_t i = 0; i < j->n_parts; i++) {
         prepare_heads(j->m, j->layer, &j->steps[j->parts[i].step], &j->parts[i], j->ws->qkv, false,
@@ -766,6 +756,7 @@ static void run_pipelined(const attn_model *m, int32_t layer, attn_workspace *ws
                          linear_job_of(ws, x, rows, c->hidden_size, l->w_qkv, l->w_qkv_h, l->b_qkv,
                                        (int32_t)n_qkv_of(c), ws->qkv),
                          n_tasks / c->n_kv_heads};
+    pack_input(ws, &j.qkv);
     for (int32_t g = 0; g < c->n_kv_heads; g++) {
         ws->group_ready[g] = 0;
     }

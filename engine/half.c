@@ -1,7 +1,6 @@
 /* engine/half.c: weights held in half precision (bfloat16 or IEEE binary16): the conversions to
- * and from float (round to nearest even, as checkpoints are written), and the portable
- * projection of a few rows against half-precision weight rows, which tile_rows.c's AVX2 kernel
- * replaces where the CPU has it. */
+ * and from float (round to nearest even, as checkpoints are written). Their products are
+ * panel.c's. */
 #include "attn_int.h"
 
 #include <math.h>
@@ -68,19 +67,4 @@ float attn__f16_to_f32(uint16_t h) {
         return float_of(sign | 0x7f800000u | (mant << 13)); /* inf or NaN */
     }
     return float_of(sign | ((exp + 112) << 23) | (mant << 13));
-}
-
-void attn__rows_dot_half_portable(const float *x, int32_t m, int32_t k, const uint16_t *w,
-                                  bool is_bf16, int32_t n, float *y, size_t ldy) {
-    for (int32_t j = 0; j < n; j++) {
-        const uint16_t *wj = w + (size_t)j * k;
-        for (int32_t i = 0; i < m; i++) {
-            const float *xi = x + (size_t)i * k;
-            float sum = 0.0f;
-            for (int32_t c = 0; c < k; c++) {
-                sum += xi[c] * (is_bf16 ? attn__bf16_to_f32(wj[c]) : attn__f16_to_f32(wj[c]));
-            }
-            y[(size_t)i * ldy + j] = sum;
-        }
-    }
 }

@@ -513,23 +513,42 @@ attn_dtype attn_model_weights_dtype(const attn_model *m) {
     return m->weights_dtype;
 }
 
-/* n floats to half precision (bfloat16, else binary16), rounding to nearest even; NULL on ENOMEM.
- */
-static uint16_t *to_half(const float *src, size_t n, bool is_bf16) {
-    uint16_t *h = n > SIZE_MAX / sizeof *h ? NULL : attn__alloc_bytes(n * sizeof *h);
-    if (h != NULL) {
-        /* a value past the range is refused before (hf_load.c's check_holdable) or cannot be */
-        (void)attn__half_round(is_bf16 ? ATTN_DTYPE_BF16 : ATTN_DTYPE_F16, src, n, h);
+/* A rows x cols matrix of floats in half precision (bfloat16, else binary16), rounded to
+ * nearest even, in panels (panel.c); NULL on ENOMEM. */
+static uint16_t *to_half(const float *src, int32_t rows, int32_t cols, bool is_bf16) {
+    attn_dtype dt = is_bf16 ? ATTN_DTYPE_BF16 : ATTN_DTYPE_F16;
+    size_t n = (size_t)rows * cols, packed = attn__panel_values(rows, cols);
+    uint16_t *h = packed > SIZE_MAX / sizeof *h ? NULL : attn__alloc_bytes(packed * sizeof *h);
+    uint16_t *row_major = h == NULL ? NULL : attn__alloc_bytes(n * sizeof *h);
+    if (row_major == NULL) {
+        free(h);
+        return NULL;
     }
+    /* a value past the range is refused before (hf_load.c's check_holdable) or cannot be */
+    (void)attn__half_round(dt, src, n, row_major);
+    attn__panel_pack(dt, row_major, rows, cols, h);
+    free(row_major);
     return h;
 }
 
-/* n half-precision values back to float (exact), into a new buffer; NULL on ENOMEM. */
-static float *from_half(const uint16_t *src, size_t n, bool is_bf16) {
+/* to_half's panels back to floats, row-major (exact), into a new buffer; NULL on ENOMEM. */
+static float *from_half(const uint16_t *panels, int32_t rows, int32_t cols, bool is_bf16) {
+    attn_dtype dt = is_bf16 ? ATTN_DTYPE_BF16 : ATTN_DTYPE_F16;
+    size_t n = (size_t)rows * cols;
     float *f = attn__alloc_floats(n);
-    for (size_t i = 0; f != NULL && i < n; i++) {
-        f[i] = is_bf16 ? attn__bf16_to_f32(src[i]) : attn__f16_to_f32(src[i]);
+    uint16_t *row = f == NULL ? NULL : attn__alloc_bytes((size_t)cols * sizeof *row);
+    if (row == NULL) {
+        free(f);
+        return NULL;
     }
+    for (int32_t r = 0; r < rows; r++) {
+        attn__panel_unpack(dt, panels, cols, r, 0, cols, row);
+        for (int32_t k = 0; k < cols; k++) {
+            f[(size_t)r * cols + k] =
+                is_bf16 ? attn__bf16_to_f32(row[k]) : attn__f16_to_f32(row[k]);
+        }
+    }
+    free(row);
     return f;
 }
 
@@ -555,8 +574,8 @@ int attn__model_hold_layer(attn_model *m, int32_t i, attn_dtype dtype) {
     }
     const attn_config *c = &m->cfg;
     bool is_bf16 = dtype == ATTN_DTYPE_BF16;
-    l->w_qkv_h = to_half(l->w_qkv, qkv_floats(c), is_bf16);
-    l->w_o_h = to_half(l->w_o, o_floats(c), is_bf16);
+    l->w_qkv_h = to_half(l->w_qkv, (int32_t)n_qkv_rows(c), c->hidden_size, is_bf16);
+    l->w_o_h = to_half(l->w_o, c->hidden_size, c->n_heads * c->head_dim, is_bf16);
     if (l->w_qkv_h == NULL || l->w_o_h == NULL) {
         return ATTN_ENOMEM;
     }
@@ -572,8 +591,9 @@ int attn__model_unhold_layer(attn_model *m, int32_t i, attn_dtype held) {
         return ATTN_OK;
     }
     bool is_bf16 = held == ATTN_DTYPE_BF16;
-    l->w_qkv = from_half(l->w_qkv_h, qkv_floats(&m->cfg), is_bf16);
-    l->w_o = from_half(l->w_o_h, o_floats(&m->cfg), is_bf16);
+    const attn_config *c = &m->cfg;
+    l->w_qkv = from_half(l->w_qkv_h, (int32_t)n_qkv_rows(c), c->hidden_size, is_bf16);
+    l->w_o = from_half(l->w_o_h, c->hidden_size, c->n_heads * c->head_dim, is_bf16);
     if (l->w_qkv == NULL || l->w_o == NULL) {
         return ATTN_ENOMEM;
     }

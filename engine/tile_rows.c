@@ -1,7 +1,8 @@
 /* engine/tile_rows.c: the projections' inner products for a few tokens (a decode step, a small
- * batch): input rows against weight rows held as float, bfloat16 or binary16, widened in
- * registers (AVX2 + FMA + F16C). Larger batches go to cblas_sgemm (forward.c); without AVX2 the
- * portable versions in simd.c and half.c serve. */
+ * batch) against float weight rows (AVX2 + FMA). Larger batches go to cblas_sgemm (forward.c);
+ * without AVX2 simd.c's portable loop serves. Weights held in half precision are in panels, with
+ * kernels of their own (panel.c, tile_panel.c). The kernels keep their dtype parameter (DT 0
+ * here) from tile_avx2.h's readers, which the KV kernels share. */
 #include "tile_avx2.h"
 
 #ifdef TILE_HAVE_AVX2
@@ -110,43 +111,6 @@ dot_row1(const int DT, const float *x, const void *w, int32_t k) {
     return sum;
 }
 
-/* The longest input row put in widen_bf16x16's order on the stack (32 KiB); longer ones take
- * dot_row1. */
-#define LANES_MAX_K 8192
-
-/* y[r] = x . w_r for four bfloat16 weight rows side by side, xl in widen_bf16x16's order: each
- * 16 values of x loaded once for eight FMAs, two accumulators a row. For weights in cache (four
- * rows are four streams, which from DRAM read at a third of one: dot_row1 streams those). */
-__attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
-dot_rows4_lanes(const float *xl, const uint16_t *w, size_t ldw, int32_t k, float *y) {
-    __m256 acc[8];
-#pragma GCC unroll 8
-    for (int a = 0; a < 8; a++) {
-        acc[a] = _mm256_setzero_ps();
-    }
-    int32_t c = 0;
-    for (; c + 16 <= k; c += 16) {
-        __m256 x0 = _mm256_loadu_ps(xl + c), x1 = _mm256_loadu_ps(xl + c + 8);
-#pragma GCC unroll 4
-        for (int r = 0; r < 4; r++) {
-            __m256 lo, hi;
-            widen_bf16x16(w + (size_t)r * ldw + c, &lo, &hi);
-            acc[2 * r] = _mm256_fmadd_ps(x0, lo, acc[2 * r]);
-            acc[2 * r + 1] = _mm256_fmadd_ps(x1, hi, acc[2 * r + 1]);
-        }
-    }
-#pragma GCC unroll 4
-    for (int r = 0; r < 4; r++) {
-        float t[8];
-        _mm256_storeu_ps(t, _mm256_add_ps(acc[2 * r], acc[2 * r + 1]));
-        float sum = ((t[0] + t[4]) + (t[1] + t[5])) + ((t[2] + t[6]) + (t[3] + t[7]));
-        for (int32_t i = c; i < k; i++) {
-            sum += xl[i] * attn__bf16_to_f32(w[(size_t)r * ldw + i]);
-        }
-        y[r] = sum;
-    }
-}
-
 /* Weight rows outer: each group of three is streamed from memory once and reused from L1 for
  * every input row. Fewer than four input rows (decode) take dot_row1, a weight row at a time. */
 __attribute__((always_inline, target("avx2,fma,f16c"))) static inline void
@@ -195,54 +159,17 @@ __attribute__((target("avx2,fma,f16c"))) static void rows_dot_avx2(const float *
     rows_dot_t(0, x, m, k, w, n, y, ldy);
 }
 
-__attribute__((target("avx2,fma,f16c"))) static void
-rows_dot_half_avx2(const float *x, int32_t m, int32_t k, const uint16_t *w, bool is_bf16,
-                   bool is_cached, int32_t n, float *y, size_t ldy) {
-    if (is_bf16 && is_cached && m == 1 && k <= LANES_MAX_K) {
-        float xl[LANES_MAX_K];
-        bf16_lane_order(x, k, xl);
-        int32_t j = 0;
-        for (; j + 4 <= n; j += 4) {
-            dot_rows4_lanes(xl, w + (size_t)j * k, (size_t)k, k, y + j);
-        }
-        for (; j < n; j++) {
-            y[j] = dot_row1(1, x, w + (size_t)j * k, k);
-        }
-        return;
-    }
-    if (is_bf16) {
-        rows_dot_t(1, x, m, k, w, n, y, ldy);
-    } else {
-        rows_dot_t(2, x, m, k, w, n, y, ldy);
-    }
-}
-
 #endif /* TILE_HAVE_AVX2 */
 
 void attn__rows_dot(const float *x, int32_t m, int32_t k, const float *w, int32_t n, float *y,
                     size_t ldy) {
 #ifdef TILE_HAVE_AVX2
     if (attn__rows512_covers(m)) {
-        attn__rows_dot512(ATTN_DTYPE_F32, x, m, k, w, n, y, ldy);
+        attn__rows_dot512(x, m, k, w, n, y, ldy);
         return;
     }
     rows_dot_avx2(x, m, k, w, n, y, ldy);
 #else
     attn__qk(x, (size_t)k, m, w, (size_t)k, n, k, y, ldy);
 #endif
-}
-
-void attn__rows_dot_half(const float *x, int32_t m, int32_t k, const uint16_t *w, bool is_bf16,
-                         bool is_cached, int32_t n, float *y, size_t ldy) {
-#ifdef TILE_HAVE_AVX2
-    if (attn__rows512_covers(m)) {
-        attn__rows_dot512(is_bf16 ? ATTN_DTYPE_BF16 : ATTN_DTYPE_F16, x, m, k, w, n, y, ldy);
-        return;
-    }
-    if (attn__tile_is_fast()) {
-        rows_dot_half_avx2(x, m, k, w, is_bf16, is_cached, n, y, ldy);
-        return;
-    }
-#endif
-    attn__rows_dot_half_portable(x, m, k, w, is_bf16, n, y, ldy);
 }

@@ -1,8 +1,8 @@
 /* engine/tile_rows512.c: the projections of a small batch (4 to 32 tokens) in AVX-512 (F, BW),
- * for CPUs that have it: tile_rows.c's blocks of input rows against weight rows held as float,
- * bfloat16 or binary16, with 16 lanes an FMA and 32 registers, so a block is 4 input rows by 6
- * weight rows (24 accumulators) instead of 4 by 3. Every input vector loaded feeds six FMAs, and
- * each weight row streams once per 4 input rows from L1. A lone token (and 2-3) stays with
+ * for CPUs that have it: tile_rows.c's blocks of input rows against float weight rows (half
+ * precision ones are panel.c's), with 16 lanes an FMA and 32 registers, so a block is 4 input rows
+ * by 6 weight rows (24 accumulators) instead of 4 by 3. Every input vector loaded feeds six FMAs,
+ * and each weight row streams once per 4 input rows from L1. A lone token (and 2-3) stays with
  * tile_rows.c's dot_row1: it is bound by the weights' stream, not by arithmetic. */
 #include "tile_avx2.h"
 
@@ -115,18 +115,9 @@ __attribute__((always_inline, T512)) static inline void rows_dot512_t(const int 
     }
 }
 
-/* One function per dtype: their loops kept apart from each other's registers. */
 __attribute__((noinline, T512)) static void
 rows512_f32(const float *x, int32_t m, int32_t k, const void *w, int32_t n, float *y, size_t ldy) {
     rows_dot512_t(0, x, m, k, w, n, y, ldy);
-}
-__attribute__((noinline, T512)) static void
-rows512_bf16(const float *x, int32_t m, int32_t k, const void *w, int32_t n, float *y, size_t ldy) {
-    rows_dot512_t(1, x, m, k, w, n, y, ldy);
-}
-__attribute__((noinline, T512)) static void
-rows512_f16(const float *x, int32_t m, int32_t k, const void *w, int32_t n, float *y, size_t ldy) {
-    rows_dot512_t(2, x, m, k, w, n, y, ldy);
 }
 
 #endif /* TILE_HAVE_AVX2 */
@@ -141,14 +132,8 @@ bool attn__rows512_covers(int32_t m) {
 }
 
 #ifdef TILE_HAVE_AVX2
-void attn__rows_dot512(attn_dtype wdt, const float *x, int32_t m, int32_t k, const void *w,
-                       int32_t n, float *y, size_t ldy) {
-    if (wdt == ATTN_DTYPE_BF16) {
-        rows512_bf16(x, m, k, w, n, y, ldy);
-    } else if (wdt == ATTN_DTYPE_F16) {
-        rows512_f16(x, m, k, w, n, y, ldy);
-    } else {
-        rows512_f32(x, m, k, w, n, y, ldy);
-    }
+void attn__rows_dot512(const float *x, int32_t m, int32_t k, const float *w, int32_t n, float *y,
+                       size_t ldy) {
+    rows512_f32(x, m, k, w, n, y, ldy);
 }
 #endif

@@ -99,10 +99,37 @@ START_TEST(test_dtype_half_rows_match_one_by_one) {
 }
 END_TEST
 
-/* The projections' kernels for a few rows (AVX-512's for 4 rows and more where the CPU has
- * them and the loop allows them, else AVX2's), against the portable loop and the exact sums:
- * half-precision weights, and float ones (v 4). */
-START_TEST(test_dtype_rows_dot_half_kernels_agree) {
+/* The exact sum of x_i . w_r (w_r as its float or half values) and of the products'
+ * magnitudes, in double. */
+static void exact_dot(const float *xi, const float *wf, const uint16_t *wh, bool bf, int32_t k,
+                      double *exact, double *magnitude) {
+    *exact = 0;
+    *magnitude = 0;
+    for (int32_t c = 0; c < k; c++) {
+        double wv = wh == NULL ? wf[c] : bf ? attn__bf16_to_f32(wh[c]) : attn__f16_to_f32(wh[c]);
+        double t = (double)xi[c] * wv;
+        *exact += t;
+        *magnitude += fabs(t);
+    }
+}
+
+/* Float32 accumulation in any order, within 2e-7 (about 3.4 float32 roundings) of the products'
+ * magnitudes (k = 8192: one accumulator a column was 3.5e-5 and 4e-5 off, of 2100; k = 64: up
+ * to 6.8e-7 of 11.4). */
+static double dot_tolerance(double magnitude) {
+    return 2e-7 * magnitude + 1e-7;
+}
+
+/* One float32 accumulator an output, the columns in order: its roundings add up as a random
+ * walk, sqrt(k) of them of half an ulp of the running sum at most; 4 such walks of the products'
+ * magnitudes (measured over this file's shapes: at most 1.1 walks). */
+static double panel_tolerance(int32_t k, double magnitude) {
+    return 4.0 * sqrt((double)k) * 0x1p-24 * magnitude + 1e-7;
+}
+
+/* The projections' kernels for float weights and a few rows (AVX-512's for 4 rows and more
+ * where the CPU has them and the loop allows them, else AVX2's), against the exact sums. */
+START_TEST(test_dtype_rows_dot_kernels_agree) {
     static const int32_t shapes[][3] = {
         {1, 64, 7},  {3, 65, 5},    {4, 128, 9},  {9, 37, 3},   {1, 5, 3},     {1, 16, 4},
         {1, 100, 6}, {2, 77, 5},    {1, 8192, 2}, {1, 8200, 2}, {1, 4096, 65}, {4, 4096, 13},
@@ -110,55 +137,84 @@ START_TEST(test_dtype_rows_dot_half_kernels_agree) {
     ref_rng rng;
     ref_rng_init(&rng, 6100);
     attn__tile_allow_wide(_i == 0);
-    for (int v = 0; v < 5; v++) {
-        bool bf = v % 2 == 1, cached = v >= 2; /* the streaming and the in-cache kernels */
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int32_t m = shapes[s][0], k = shapes[s][1], n = shapes[s][2];
+        float *x = harness_calloc((size_t)m * k, sizeof(float));
+        float *w = harness_calloc((size_t)n * k, sizeof(float));
+        float *y = harness_calloc((size_t)m * n, sizeof(float));
+        ref_fill_uniform(&rng, x, (size_t)m * k, -1.0f, 1.0f);
+        ref_fill_uniform(&rng, w, (size_t)n * k, -1.0f, 1.0f);
+        attn__rows_dot(x, m, k, w, n, y, (size_t)n);
+        for (int32_t i = 0; i < m * n; i++) {
+            double exact, magnitude;
+            exact_dot(x + (size_t)(i / n) * k, w + (size_t)(i % n) * k, NULL, false, k, &exact,
+                      &magnitude);
+            ck_assert_msg(fabs(y[i] - exact) <= dot_tolerance(magnitude),
+                          "m %d k %d, element %d: kernel %.9g, exact %.9g", m, k, i, (double)y[i],
+                          exact);
+        }
+        free(y);
+        free(w);
+        free(x);
+    }
+    attn__tile_allow_wide(true);
+}
+END_TEST
+
+/* Half-precision weights in panels (panel.c): packed and unpacked bit for bit, and the products
+ * of each kernel family (_i: 0 AVX-512 where the CPU has it, 1 AVX2, 2 portable) over every
+ * block height, input rows past a block (the column passes), weight rows a panel leaves over,
+ * and ranges of weight rows that cut panels, against the exact sums. */
+START_TEST(test_dtype_panel_kernels_agree) {
+    static const int32_t shapes[][5] = {
+        /* m, k, rows, r0, r1 */
+        {1, 64, 7, 0, 7},      {3, 65, 40, 0, 40},    {4, 128, 64, 0, 64},    {12, 37, 33, 5, 30},
+        {13, 2100, 64, 0, 64}, {1, 8200, 32, 0, 32},  {1, 4096, 96, 32, 96},  {6, 16, 6, 2, 5},
+        {7, 96, 100, 40, 100}, {25, 1030, 65, 1, 64}, {32, 512, 128, 0, 128}, {11, 3, 31, 0, 31},
+        {2, 77, 160, 64, 160}, {40, 64, 48, 16, 48},  {5, 2049, 64, 0, 64}};
+    ref_rng rng;
+    ref_rng_init(&rng, 6200);
+    attn__tile_allow_wide(_i == 0);
+    int32_t block_rows = _i == 2 ? 4 : attn__panel_block_rows();
+    for (int v = 0; v < 2; v++) {
+        bool bf = v == 1;
+        attn_dtype dt = bf ? ATTN_DTYPE_BF16 : ATTN_DTYPE_F16;
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
-            int32_t m = shapes[s][0], k = shapes[s][1], n = shapes[s][2];
+            int32_t m = shapes[s][0], k = shapes[s][1], rows = shapes[s][2];
+            int32_t r0 = shapes[s][3], r1 = shapes[s][4], n = r1 - r0;
             float *x = harness_calloc((size_t)m * k, sizeof(float));
-            float *wf = harness_calloc((size_t)n * k, sizeof(float));
-            uint16_t *w = harness_calloc((size_t)n * k, sizeof(uint16_t));
+            float *xp = harness_calloc((size_t)m * k, sizeof(float));
+            float *wf = harness_calloc((size_t)rows * k, sizeof(float));
+            uint16_t *w = harness_calloc((size_t)rows * k, sizeof(uint16_t));
+            uint16_t *panels = harness_calloc(attn__panel_values(rows, k), sizeof(uint16_t));
+            uint16_t *back = harness_calloc((size_t)k, sizeof(uint16_t));
             float *y = harness_calloc((size_t)m * n, sizeof(float));
-            float *want = harness_calloc((size_t)m * n, sizeof(float));
             ref_fill_uniform(&rng, x, (size_t)m * k, -1.0f, 1.0f);
-            ref_fill_uniform(&rng, wf, (size_t)n * k, -1.0f, 1.0f);
-            for (size_t i = 0; i < (size_t)n * k; i++) {
-                w[i] = bf ? attn__f32_to_bf16(wf[i]) : attn__f32_to_f16(wf[i]);
+            ref_fill_uniform(&rng, wf, (size_t)rows * k, -1.0f, 1.0f);
+            (void)attn__half_round(dt, wf, (size_t)rows * k, w);
+            attn__panel_pack(dt, w, rows, k, panels);
+            for (int32_t r = 0; r < rows; r++) {
+                attn__panel_unpack(dt, panels, k, r, 0, k, back);
+                ck_assert_msg(memcmp(back, w + (size_t)r * k, (size_t)k * sizeof *back) == 0,
+                              "rows %d k %d: row %d unpacked differs", rows, k, r);
             }
-            if (v == 4) { /* float weights: the kernel against the portable loop */
-                for (size_t i = 0; i < (size_t)n * k; i++) {
-                    wf[i] = bf ? attn__bf16_to_f32(w[i]) : attn__f16_to_f32(w[i]);
-                }
-                attn__rows_dot(x, m, k, wf, n, y, (size_t)n);
-                attn__qk(x, (size_t)k, m, wf, (size_t)k, n, k, want, (size_t)n);
-            } else {
-                attn__rows_dot_half(x, m, k, w, bf, cached, n, y, (size_t)n);
-                attn__rows_dot_half_portable(x, m, k, w, bf, n, want, (size_t)n);
-            }
-            /* against the exact sum of the products (the weights as stored): float32
-             * accumulation in any order, within 2e-7 (about 3.4 float32 roundings) of the
-             * products' magnitudes (k = 8192: the kernel's eight accumulators 1e-6 and 1.4e-5
-             * off, the portable loop's one 3.5e-5 and 4e-5, of 2100; k = 64: up to 6.8e-7 of
-             * 11.4) */
+            attn__panel_pack_x(block_rows, x, m, k, xp);
+            attn__panel_dot(block_rows, dt, xp, m, k, panels, r0, r1, y, (size_t)n);
             for (int32_t i = 0; i < m * n; i++) {
-                const float *xi = x + (size_t)(i / n) * k;
-                const uint16_t *wj = w + (size_t)(i % n) * k;
-                double exact = 0, magnitude = 0;
-                for (int32_t c = 0; c < k; c++) {
-                    double t =
-                        (double)xi[c] * (bf ? attn__bf16_to_f32(wj[c]) : attn__f16_to_f32(wj[c]));
-                    exact += t;
-                    magnitude += fabs(t);
-                }
-                double tol = 2e-7 * magnitude + 1e-7;
-                ck_assert_msg(fabs(y[i] - exact) <= tol && fabs(want[i] - exact) <= tol,
-                              "m %d k %d bf16 %d, element %d: kernel %.9g, portable %.9g, "
-                              "exact %.9g (tol %.3g)",
-                              m, k, bf, i, (double)y[i], (double)want[i], exact, tol);
+                double exact, magnitude;
+                exact_dot(x + (size_t)(i / n) * k, NULL, w + (size_t)(r0 + i % n) * k, bf, k,
+                          &exact, &magnitude);
+                ck_assert_msg(fabs(y[i] - exact) <= panel_tolerance(k, magnitude),
+                              "block %d, m %d k %d rows [%d, %d) bf16 %d, element %d: kernel "
+                              "%.9g, exact %.9g",
+                              block_rows, m, k, r0, r1, bf, i, (double)y[i], exact);
             }
-            free(want);
             free(y);
+            free(back);
+            free(panels);
             free(w);
             free(wf);
+            free(xp);
             free(x);
         }
     }
@@ -284,7 +340,8 @@ Suite *dtype_suite(void) {
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_dtype_conversions_round_to_nearest_even);
     tcase_add_test(tc, test_dtype_half_rows_match_one_by_one);
-    tcase_add_loop_test(tc, test_dtype_rows_dot_half_kernels_agree, 0, 2); /* AVX-512, not */
+    tcase_add_loop_test(tc, test_dtype_rows_dot_kernels_agree, 0, 2); /* AVX-512, not */
+    tcase_add_loop_test(tc, test_dtype_panel_kernels_agree, 0, 3);    /* AVX-512, AVX2, C */
     tcase_add_test(tc, test_dtype_half_model_matches_ref);
     tcase_add_test(tc, test_dtype_checkpoints_held_as_shipped);
     suite_add_tcase(s, tc);

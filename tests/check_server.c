@@ -2446,9 +2446,23 @@ START_TEST(test_server_base64_in_and_out) {
 }
 END_TEST
 
+/* How far an example's output may be from the capture's on another CPU. The preset's K/V cache
+ * holds bfloat16, and another CPU's projection kernels sum in another order: a k or v value one
+ * float32 rounding from a bfloat16 tie lands on the neighbouring bfloat16 (2^-8 of it), and the
+ * outputs, mixtures of the values, move by up to that share of the largest (AVX-512's kernels
+ * against the AVX2 capture: 2.6e-4 in attend_stateless's first output). The daemon against the
+ * engine in this process, the same kernels, stays at the harness's tolerance. */
+static double example_kv_slack(const float *want, size_t n) {
+    double largest = 0;
+    for (size_t i = 0; i < n; i++) {
+        largest = fabs(want[i]) > largest ? fabs(want[i]) : largest;
+    }
+    return 0x1p-8 * largest;
+}
+
 /* The proto/examples requests, posted in capture order to the configuration they were captured
- * from, get answers shaped like the example answers; the numbers match the engine (attend) and
- * numpy (sdpa). */
+ * from, get answers shaped like the example answers; the numbers match the engine (attend, exactly
+ * in this process; the captured ones within example_kv_slack) and numpy (sdpa). */
 START_TEST(test_server_answers_match_proto_examples) {
     const char *args[] = {"--preset", "tiny",           "--seed", "0", "--workers",
                           "1",        "--keep-queries", "1",      NULL};
@@ -2505,7 +2519,8 @@ START_TEST(test_server_answers_match_proto_examples) {
             float *g = http_client_json_floats(cJSON_GetObjectItemCaseSensitive(got, "output"), &n);
             float *e = http_client_json_floats(wo, &m);
             ck_assert_uint_eq(n, m);
-            harness_expect_close(g, e, n, pairs[i].response);
+            harness_expect_close_tol(g, e, n, HARNESS_ATOL + example_kv_slack(e, n), HARNESS_RTOL,
+                                     pairs[i].response);
             free(g);
             free(e);
         }

@@ -1,0 +1,133 @@
+/* engine/panel.c: projection weights held in half precision (bfloat16 or binary16), laid out in
+ * panels, and their products with a batch of input rows.
+ *
+ * A panel is 32 consecutive weight rows (output columns) stored column by column of the input:
+ * for each input column k, the 32 rows' values side by side (64 bytes). A product then reads
+ * one contiguous stream per panel whatever the number of input rows, and a kernel keeps 32
+ * outputs of several input rows in registers, widening each weight once for all of them (an
+ * outer product: the weight vector against each input row's value broadcast). The row-major
+ * form needed the weights widened into a float panel and repacked by sgemm for every call of
+ * many tokens, and for a few tokens did one dot product per output. Weights are packed once,
+ * when the model is held in half precision: the bits are the checkpoint's, only their order
+ * changes (attn__panel_unpack gives the rows back, for the fingerprint and for float).
+ *
+ * Within a panel's 64 bytes a bfloat16 value sits where one 32-bit lane's shift (or mask) makes
+ * it a float: lane j holds row j in its low half and row 16 + j in its high half, so a vector
+ * of lanes widens in one instruction per 16 rows. Binary16 values keep row order (F16C widens
+ * eight or sixteen consecutive ones). The input rows are packed per call (attn__panel_pack_x):
+ * blocks of the kernels' height, column by column, so a kernel's broadcasts read one line. */
+#include "attn_int.h"
+
+#include <string.h>
+
+/* Columns of the input per pass over a block of input rows: a panel's part (64 KiB) stays in
+ * L2 while every block of input rows takes its turn. A single block takes the whole row. */
+#define PANEL_KC 1024
+
+size_t attn__panel_values(int32_t rows, int32_t cols) {
+    size_t panels = ((size_t)rows + ATTN__PANEL_ROWS - 1) / ATTN__PANEL_ROWS;
+    return panels * ATTN__PANEL_ROWS * (size_t)cols;
+}
+
+/* Where row r's value of column k sits in the panels. */
+static size_t panel_index(bool is_bf16, int32_t cols, int32_t r, int32_t k) {
+    int32_t lane = r % ATTN__PANEL_ROWS;
+    int32_t slot = !is_bf16 ? lane : lane < 16 ? 2 * lane : 2 * (lane - 16) + 1;
+    return ((size_t)(r / ATTN__PANEL_ROWS) * cols + k) * ATTN__PANEL_ROWS + slot;
+}
+
+void attn__panel_pack(attn_dtype dt, const uint16_t *src, int32_t rows, int32_t cols,
+                      uint16_t *dst) {
+    bool is_bf16 = dt == ATTN_DTYPE_BF16;
+    /* the last panel's rows past the matrix are zero: kernels read them, nobody keeps them */
+    memset(dst, 0, attn__panel_values(rows, cols) * sizeof *dst);
+    for (int32_t r = 0; r < rows; r++) {
+        for (int32_t k = 0; k < cols; k++) {
+            dst[panel_index(is_bf16, cols, r, k)] = src[(size_t)r * cols + k];
+        }
+    }
+}
+
+void attn__panel_unpack(attn_dtype dt, const uint16_t *panels, int32_t cols, int32_t r, int32_t k0,
+                        int32_t n, uint16_t *dst) {
+    /* the row's values are a panel's width apart */
+    const uint16_t *src = panels + panel_index(dt == ATTN_DTYPE_BF16, cols, r, k0);
+    for (int32_t k = 0; k < n; k++) {
+        dst[k] = src[(size_t)k * ATTN__PANEL_ROWS];
+    }
+}
+
+void attn__panel_pack_x(int32_t block_rows, const float *x, int32_t m, int32_t k, float *xp) {
+    for (int32_t b0 = 0; b0 < m; b0 += block_rows) {
+        int32_t mb = m - b0 < block_rows ? m - b0 : block_rows;
+        float *blk = xp + (size_t)b0 * k;
+        for (int32_t i = 0; i < mb; i++) {
+            const float *row = x + (size_t)(b0 + i) * k;
+            for (int32_t c = 0; c < k; c++) {
+                blk[(size_t)c * mb + i] = row[c];
+            }
+        }
+    }
+}
+
+void attn__panel_tile_portable(bool is_bf16, int32_t mb, const float *xp, const uint16_t *w,
+                               int32_t kc, float *c, size_t ldc, bool add) {
+    float acc[ATTN__PANEL_BLOCK_MAX][ATTN__PANEL_ROWS] = {{0}};
+    for (int32_t k = 0; k < kc; k++) {
+        const uint16_t *wk = w + (size_t)k * ATTN__PANEL_ROWS;
+        float wv[ATTN__PANEL_ROWS];
+        for (int32_t r = 0; r < ATTN__PANEL_ROWS; r++) {
+            int32_t slot = !is_bf16 ? r : r < 16 ? 2 * r : 2 * (r - 16) + 1;
+            wv[r] = is_bf16 ? attn__bf16_to_f32(wk[slot]) : attn__f16_to_f32(wk[slot]);
+        }
+        for (int32_t i = 0; i < mb; i++) {
+            float xv = xp[(size_t)k * mb + i];
+            for (int32_t r = 0; r < ATTN__PANEL_ROWS; r++) {
+                acc[i][r] += xv * wv[r];
+            }
+        }
+    }
+    for (int32_t i = 0; i < mb; i++) {
+        for (int32_t r = 0; r < ATTN__PANEL_ROWS; r++) {
+            c[(size_t)i * ldc + r] = add ? c[(size_t)i * ldc + r] + acc[i][r] : acc[i][r];
+        }
+    }
+}
+
+void attn__panel_dot(int32_t block_rows, attn_dtype dt, const float *xp, int32_t m, int32_t k,
+                     const uint16_t *w, int32_t r0, int32_t r1, float *y, size_t ldy) {
+    bool is_bf16 = dt == ATTN_DTYPE_BF16;
+    int32_t kc_max = m <= block_rows ? k : PANEL_KC; /* one block: each weight is read once */
+    int32_t p_first = r0 / ATTN__PANEL_ROWS, p_last = (r1 - 1) / ATTN__PANEL_ROWS;
+    for (int32_t k0 = 0; k0 < k; k0 += kc_max) {
+        int32_t kc = k - k0 < kc_max ? k - k0 : kc_max;
+        for (int32_t p = p_first; p <= p_last; p++) {
+            const uint16_t *wp = w + ((size_t)p * k + k0) * ATTN__PANEL_ROWS;
+            int32_t c_lo = p * ATTN__PANEL_ROWS > r0 ? p * ATTN__PANEL_ROWS : r0;
+            int32_t c_hi = (p + 1) * ATTN__PANEL_ROWS < r1 ? (p + 1) * ATTN__PANEL_ROWS : r1;
+            bool whole = c_hi - c_lo == ATTN__PANEL_ROWS;
+            for (int32_t b0 = 0; b0 < m; b0 += block_rows) {
+                int32_t mb = m - b0 < block_rows ? m - b0 : block_rows;
+                const float *xb = xp + (size_t)b0 * k + (size_t)k0 * mb;
+                float *yb = y + (size_t)b0 * ldy + (c_lo - r0);
+                if (whole) {
+                    attn__panel_tile(block_rows, is_bf16, mb, xb, wp, kc, yb, ldy, k0 > 0);
+                    continue;
+                }
+                /* a panel the range cuts (or the matrix's last): the whole panel into a tile,
+                 * then the range's columns */
+                float tile[ATTN__PANEL_BLOCK_MAX * ATTN__PANEL_ROWS];
+                attn__panel_tile(block_rows, is_bf16, mb, xb, wp, kc, tile, ATTN__PANEL_ROWS,
+                                 false);
+                for (int32_t i = 0; i < mb; i++) {
+                    const float *t =
+                        tile + (size_t)i * ATTN__PANEL_ROWS + (c_lo % ATTN__PANEL_ROWS);
+                    float *out = yb + (size_t)i * ldy;
+                    for (int32_t c = 0; c < c_hi - c_lo; c++) {
+                        out[c] = k0 > 0 ? out[c] + t[c] : t[c];
+                    }
+                }
+            }
+        }
+    }
+}
