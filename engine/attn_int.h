@@ -409,10 +409,10 @@ size_t attn__panel_values(int32_t rows, int32_t cols);
  * the last panel's missing rows zero. */
 void attn__panel_pack(attn_dtype dt, const uint16_t *src, int32_t rows, int32_t cols,
                       uint16_t *dst);
-/* dst[i] = row r's value of column k0 + i (i < n) in the panels of a matrix of cols columns,
- * bit for bit. */
-void attn__panel_unpack(attn_dtype dt, const uint16_t *panels, int32_t cols, int32_t r, int32_t k0,
-                        int32_t n, uint16_t *dst);
+/* dst (n_rows x cols, row-major) = rows [first, first + n_rows) of the panels of a matrix of
+ * cols columns, bit for bit (a panel's rows at a time is the fast way). */
+void attn__panel_unpack(attn_dtype dt, const uint16_t *panels, int32_t cols, int32_t first,
+                        int32_t n_rows, uint16_t *dst);
 /* Input rows per block of the kernels this CPU runs now (AVX-512, AVX2, portable): the
  * block_rows that attn__panel_pack_x and attn__panel_dot take, the same for both. */
 int32_t attn__panel_block_rows(void);
@@ -604,8 +604,8 @@ void attn__qkv_finish_heads(const attn_config *cfg, const struct attn__layer *l,
 bool attn__qk_norm_is_per_head(const attn_config *cfg);
 
 /* Sets m->fingerprint from its config and tensors as held (fingerprint.c): the last step of
- * every constructor. */
-void attn__model_fingerprint_compute(attn_model *m);
+ * every constructor. ATTN_ENOMEM: no room to read half-precision weights back in row order. */
+int attn__model_fingerprint_compute(attn_model *m);
 
 /* Allocates a model for cfg (checked, max_seq overridden by p) with the layer range of p and
  * uninitialized weights; computes the RoPE tables. Shared by every constructor. With defer_layers

@@ -7,6 +7,8 @@
  * tens to hundreds of MiB); it is not cryptographic and does not resist a forger. */
 #include "attn_int.h"
 
+#include <stdlib.h>
+
 #include <string.h>
 
 #define P1 0x9E3779B185EBCA87ull
@@ -209,9 +211,10 @@ static void put_tensor(struct digest *d, int32_t tag, const void *p, size_t n, s
 }
 
 /* put_tensor of a rows x cols matrix held in panels (panel.c), digested in row-major order as
- * the checkpoint's bytes are: the fingerprint does not depend on how the engine lays them out. */
+ * the checkpoint's bytes are: the fingerprint does not depend on how the engine lays them out.
+ * part: room for a panel's rows. */
 static void put_panels(struct digest *d, int32_t tag, const uint16_t *p, attn_dtype dt, size_t rows,
-                       size_t cols) {
+                       size_t cols, uint16_t *part) {
     put_i32(d, tag);
     if (p == NULL) {
         put_i32(d, -1);
@@ -221,17 +224,14 @@ static void put_panels(struct digest *d, int32_t tag, const uint16_t *p, attn_dt
     put_i32(d, (int32_t)sizeof *p);
     put_i32(d, (int32_t)(n >> 31));
     put_i32(d, (int32_t)(n & 0x7fffffff));
-    uint16_t run[1024];
-    for (size_t r = 0; r < rows; r++) {
-        for (size_t k0 = 0; k0 < cols; k0 += 1024) {
-            size_t len = cols - k0 < 1024 ? cols - k0 : 1024;
-            attn__panel_unpack(dt, p, (int32_t)cols, (int32_t)r, (int32_t)k0, (int32_t)len, run);
-            digest_update(d, run, len * sizeof *run);
-        }
+    for (size_t r0 = 0; r0 < rows; r0 += ATTN__PANEL_ROWS) {
+        size_t n_rows = rows - r0 < ATTN__PANEL_ROWS ? rows - r0 : ATTN__PANEL_ROWS;
+        attn__panel_unpack(dt, p, (int32_t)cols, (int32_t)r0, (int32_t)n_rows, part);
+        digest_update(d, part, n_rows * cols * sizeof *part);
     }
 }
 
-void attn__model_fingerprint_compute(attn_model *m) {
+int attn__model_fingerprint_compute(attn_model *m) {
     const attn_config *c = &m->cfg;
     struct digest d;
     digest_init(&d);
@@ -246,14 +246,21 @@ void attn__model_fingerprint_compute(attn_model *m) {
     size_t ql = (size_t)c->q_lora_rank, kvl = (size_t)c->kv_lora_rank;
     size_t kva = kvl + (size_t)c->qk_rope_head_dim;
     size_t kvb = h * (size_t)(c->qk_nope_head_dim + c->v_head_dim);
+    /* half-precision weights are read back in row order a panel's rows at a time */
+    bool has_panels = m->layer_count > 0 && m->layers[0].w_qkv_h != NULL;
+    uint16_t *part = NULL;
+    if (has_panels && (part = malloc((size_t)ATTN__PANEL_ROWS * (hid > o_in ? hid : o_in) *
+                                     sizeof *part)) == NULL) {
+        return ATTN_ENOMEM;
+    }
     for (int32_t i = 0; i < m->layer_count; i++) {
         const struct attn__layer *l = &m->layers[i];
         put_i32(&d, m->layer_first + i);
         put_tensor(&d, 1, l->w_qkv, n_qkv * hid, sizeof(float));
-        put_panels(&d, 2, l->w_qkv_h, m->weights_dtype, n_qkv, hid);
+        put_panels(&d, 2, l->w_qkv_h, m->weights_dtype, n_qkv, hid, part);
         put_tensor(&d, 3, l->b_qkv, n_qkv, sizeof(float));
         put_tensor(&d, 4, l->w_o, hid * o_in, sizeof(float));
-        put_panels(&d, 5, l->w_o_h, m->weights_dtype, hid, o_in);
+        put_panels(&d, 5, l->w_o_h, m->weights_dtype, hid, o_in, part);
         put_tensor(&d, 6, l->b_o, hid, sizeof(float));
         put_tensor(&d, 7, l->q_norm, attn__qk_norm_len(c, false), sizeof(float));
         put_tensor(&d, 8, l->k_norm, attn__qk_norm_len(c, true), sizeof(float));
@@ -274,6 +281,7 @@ void attn__model_fingerprint_compute(attn_model *m) {
             put_tensor(&d, 21, l->k_norm_bias, (size_t)c->head_dim, sizeof(float));
         }
     }
+    free(part);
     digest_final(&d, m->fingerprint);
     struct digest cd;
     digest_init(&cd);
@@ -281,6 +289,7 @@ void attn__model_fingerprint_compute(attn_model *m) {
     uint8_t word[ATTN_FINGERPRINT_BYTES];
     digest_final(&cd, word);
     m->config_digest = read64(word) != 0 ? read64(word) : 1; /* 0 means "not stated" in files */
+    return ATTN_OK;
 }
 
 uint64_t attn_model_config_digest(const attn_model *m) {

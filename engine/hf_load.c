@@ -896,7 +896,10 @@ int attn_model_load_hf(const char *dir, const attn_load_params *p, attn_model **
         attn__fail(&ld.why, rc, "cannot hold the weights in half precision: %s", attn_strerror(rc));
         goto out;
     }
-    attn__model_fingerprint_compute(m);
+    if ((rc = attn__model_fingerprint_compute(m)) != ATTN_OK) {
+        attn__fail(&ld.why, rc, "cannot compute the model's fingerprint: %s", attn_strerror(rc));
+        goto out;
+    }
     snprintf(m->family, sizeof m->family, "%s", lay.family);
     *out = m;
     m = NULL;

@@ -292,7 +292,10 @@ int attn_model_create_geometry(const attn_config *cfg_in, const attn_load_params
         return rc;
     }
     memcpy(m->family, "geometry", sizeof "geometry");
-    attn__model_fingerprint_compute(m);
+    if ((rc = attn__model_fingerprint_compute(m)) != ATTN_OK) {
+        attn_model_destroy(m);
+        return rc;
+    }
     *out = m;
     return ATTN_OK;
 }
@@ -387,7 +390,10 @@ int attn_model_create(const attn_config *cfg, const attn_layer_weights *layers,
         attn_model_destroy(m);
         return rc;
     }
-    attn__model_fingerprint_compute(m);
+    if ((rc = attn__model_fingerprint_compute(m)) != ATTN_OK) {
+        attn_model_destroy(m);
+        return rc;
+    }
     *out = m;
     return ATTN_OK;
 }
@@ -488,7 +494,10 @@ int attn_model_create_random(const attn_config *cfg, uint64_t seed, const attn_l
         attn_model_destroy(m);
         return rc;
     }
-    attn__model_fingerprint_compute(m);
+    if ((rc = attn__model_fingerprint_compute(m)) != ATTN_OK) {
+        attn_model_destroy(m);
+        return rc;
+    }
     *out = m;
     return ATTN_OK;
 }
@@ -534,21 +543,22 @@ static uint16_t *to_half(const float *src, int32_t rows, int32_t cols, bool is_b
 /* to_half's panels back to floats, row-major (exact), into a new buffer; NULL on ENOMEM. */
 static float *from_half(const uint16_t *panels, int32_t rows, int32_t cols, bool is_bf16) {
     attn_dtype dt = is_bf16 ? ATTN_DTYPE_BF16 : ATTN_DTYPE_F16;
-    size_t n = (size_t)rows * cols;
-    float *f = attn__alloc_floats(n);
-    uint16_t *row = f == NULL ? NULL : attn__alloc_bytes((size_t)cols * sizeof *row);
-    if (row == NULL) {
+    float *f = attn__alloc_floats((size_t)rows * cols);
+    uint16_t *part =
+        f == NULL ? NULL : attn__alloc_bytes((size_t)ATTN__PANEL_ROWS * cols * sizeof *part);
+    if (part == NULL) {
         free(f);
         return NULL;
     }
-    for (int32_t r = 0; r < rows; r++) {
-        attn__panel_unpack(dt, panels, cols, r, 0, cols, row);
-        for (int32_t k = 0; k < cols; k++) {
-            f[(size_t)r * cols + k] =
-                is_bf16 ? attn__bf16_to_f32(row[k]) : attn__f16_to_f32(row[k]);
+    for (int32_t r0 = 0; r0 < rows; r0 += ATTN__PANEL_ROWS) {
+        int32_t n = rows - r0 < ATTN__PANEL_ROWS ? rows - r0 : ATTN__PANEL_ROWS;
+        attn__panel_unpack(dt, panels, cols, r0, n, part);
+        float *to = f + (size_t)r0 * cols;
+        for (size_t i = 0; i < (size_t)n * cols; i++) {
+            to[i] = is_bf16 ? attn__bf16_to_f32(part[i]) : attn__f16_to_f32(part[i]);
         }
     }
-    free(row);
+    free(part);
     return f;
 }
 

@@ -20,6 +20,10 @@
 
 #include <string.h>
 
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+
 /* Columns of the input per pass over a block of input rows: a panel's part (64 KiB) stays in
  * L2 while every block of input rows takes its turn. A single block takes the whole row. */
 #define PANEL_KC 1024
@@ -29,31 +33,118 @@ size_t attn__panel_values(int32_t rows, int32_t cols) {
     return panels * ATTN__PANEL_ROWS * (size_t)cols;
 }
 
-/* Where row r's value of column k sits in the panels. */
-static size_t panel_index(bool is_bf16, int32_t cols, int32_t r, int32_t k) {
-    int32_t lane = r % ATTN__PANEL_ROWS;
-    int32_t slot = !is_bf16 ? lane : lane < 16 ? 2 * lane : 2 * (lane - 16) + 1;
-    return ((size_t)(r / ATTN__PANEL_ROWS) * cols + k) * ATTN__PANEL_ROWS + slot;
+/* Where a panel's row `lane` sits among its 32 values of a column. */
+static int32_t panel_slot(bool is_bf16, int32_t lane) {
+    return !is_bf16 ? lane : lane < 16 ? 2 * lane : 2 * (lane - 16) + 1;
+}
+
+/* The row whose value a panel's column holds at slot s (panel_slot's inverse). */
+static int32_t slot_row(bool is_bf16, int32_t s) {
+    return !is_bf16 ? s : s % 2 == 0 ? s / 2 : 16 + s / 2;
+}
+
+/* out[j][i] = in[i][j] for i, j < 8: eight values of eight rows into eight of eight columns (an
+ * involution: unpacking is the same move back). SSE2's unpacks where there are (each x86-64),
+ * else a value at a time. */
+static inline __attribute__((always_inline)) void transpose8(const uint16_t *const in[8],
+                                                             uint16_t *const out[8]) {
+#ifdef __SSE2__
+    __m128i a[8], t[8];
+    for (int i = 0; i < 8; i++) {
+        a[i] = _mm_loadu_si128((const __m128i *)in[i]);
+    }
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm_unpacklo_epi16(a[2 * i], a[2 * i + 1]);
+        t[2 * i + 1] = _mm_unpackhi_epi16(a[2 * i], a[2 * i + 1]);
+    }
+    /* t[0]: columns 0-3 of rows 0,1; t[1]: 4-7 of rows 0,1; t[2], t[3] rows 2,3; ... */
+    for (int h = 0; h < 2; h++) {
+        __m128i u0 = _mm_unpacklo_epi32(t[h], t[2 + h]), u1 = _mm_unpackhi_epi32(t[h], t[2 + h]);
+        __m128i u2 = _mm_unpacklo_epi32(t[4 + h], t[6 + h]);
+        __m128i u3 = _mm_unpackhi_epi32(t[4 + h], t[6 + h]);
+        _mm_storeu_si128((__m128i *)out[4 * h], _mm_unpacklo_epi64(u0, u2));
+        _mm_storeu_si128((__m128i *)out[4 * h + 1], _mm_unpackhi_epi64(u0, u2));
+        _mm_storeu_si128((__m128i *)out[4 * h + 2], _mm_unpacklo_epi64(u1, u3));
+        _mm_storeu_si128((__m128i *)out[4 * h + 3], _mm_unpackhi_epi64(u1, u3));
+    }
+#else
+    uint16_t v[8][8];
+    for (int i = 0; i < 8; i++) {
+        memcpy(v[i], in[i], sizeof v[i]);
+    }
+    for (int j = 0; j < 8; j++) {
+        for (int i = 0; i < 8; i++) {
+            out[j][i] = v[i][j];
+        }
+    }
+#endif
 }
 
 void attn__panel_pack(attn_dtype dt, const uint16_t *src, int32_t rows, int32_t cols,
                       uint16_t *dst) {
     bool is_bf16 = dt == ATTN_DTYPE_BF16;
-    /* the last panel's rows past the matrix are zero: kernels read them, nobody keeps them */
-    memset(dst, 0, attn__panel_values(rows, cols) * sizeof *dst);
-    for (int32_t r = 0; r < rows; r++) {
-        for (int32_t k = 0; k < cols; k++) {
-            dst[panel_index(is_bf16, cols, r, k)] = src[(size_t)r * cols + k];
+    static const uint16_t zeros[8];
+    for (int32_t p0 = 0; p0 < rows; p0 += ATTN__PANEL_ROWS) {
+        uint16_t *panel = dst + (size_t)p0 * cols;
+        /* eight slots of eight columns at a time; the last panel's rows past the matrix are
+         * zero (kernels read them, nobody keeps them) */
+        for (int32_t s0 = 0; s0 < ATTN__PANEL_ROWS; s0 += 8) {
+            const uint16_t *row[8];
+            for (int32_t i = 0; i < 8; i++) {
+                int32_t r = p0 + slot_row(is_bf16, s0 + i);
+                row[i] = r < rows ? src + (size_t)r * cols : NULL;
+            }
+            int32_t k = 0;
+            for (; k + 8 <= cols; k += 8) {
+                const uint16_t *in[8];
+                uint16_t *out[8];
+                for (int32_t i = 0; i < 8; i++) {
+                    in[i] = row[i] != NULL ? row[i] + k : zeros;
+                    out[i] = panel + (size_t)(k + i) * ATTN__PANEL_ROWS + s0;
+                }
+                transpose8(in, out);
+            }
+            for (; k < cols; k++) {
+                for (int32_t i = 0; i < 8; i++) {
+                    panel[(size_t)k * ATTN__PANEL_ROWS + s0 + i] = row[i] != NULL ? row[i][k] : 0;
+                }
+            }
         }
     }
 }
 
-void attn__panel_unpack(attn_dtype dt, const uint16_t *panels, int32_t cols, int32_t r, int32_t k0,
-                        int32_t n, uint16_t *dst) {
-    /* the row's values are a panel's width apart */
-    const uint16_t *src = panels + panel_index(dt == ATTN_DTYPE_BF16, cols, r, k0);
-    for (int32_t k = 0; k < n; k++) {
-        dst[k] = src[(size_t)k * ATTN__PANEL_ROWS];
+void attn__panel_unpack(attn_dtype dt, const uint16_t *panels, int32_t cols, int32_t first,
+                        int32_t n_rows, uint16_t *dst) {
+    bool is_bf16 = dt == ATTN_DTYPE_BF16;
+    uint16_t sink[8];
+    int32_t end = first + n_rows;
+    for (int32_t p0 = first / ATTN__PANEL_ROWS * ATTN__PANEL_ROWS; p0 < end;
+         p0 += ATTN__PANEL_ROWS) {
+        const uint16_t *panel = panels + (size_t)p0 * cols;
+        for (int32_t s0 = 0; s0 < ATTN__PANEL_ROWS; s0 += 8) {
+            uint16_t *row[8]; /* where each slot's row goes, or NULL outside [first, end) */
+            for (int32_t i = 0; i < 8; i++) {
+                int32_t r = p0 + slot_row(is_bf16, s0 + i);
+                row[i] = r >= first && r < end ? dst + (size_t)(r - first) * cols : NULL;
+            }
+            int32_t k = 0;
+            for (; k + 8 <= cols; k += 8) {
+                const uint16_t *in[8];
+                uint16_t *out[8];
+                for (int32_t i = 0; i < 8; i++) {
+                    in[i] = panel + (size_t)(k + i) * ATTN__PANEL_ROWS + s0;
+                    out[i] = row[i] != NULL ? row[i] + k : sink;
+                }
+                transpose8(in, out);
+            }
+            for (; k < cols; k++) {
+                for (int32_t i = 0; i < 8; i++) {
+                    if (row[i] != NULL) {
+                        row[i][k] = panel[(size_t)k * ATTN__PANEL_ROWS + s0 + i];
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -77,8 +168,8 @@ void attn__panel_tile_portable(bool is_bf16, int32_t mb, const float *xp, const 
         const uint16_t *wk = w + (size_t)k * ATTN__PANEL_ROWS;
         float wv[ATTN__PANEL_ROWS];
         for (int32_t r = 0; r < ATTN__PANEL_ROWS; r++) {
-            int32_t slot = !is_bf16 ? r : r < 16 ? 2 * r : 2 * (r - 16) + 1;
-            wv[r] = is_bf16 ? attn__bf16_to_f32(wk[slot]) : attn__f16_to_f32(wk[slot]);
+            uint16_t h = wk[panel_slot(is_bf16, r)];
+            wv[r] = is_bf16 ? attn__bf16_to_f32(h) : attn__f16_to_f32(h);
         }
         for (int32_t i = 0; i < mb; i++) {
             float xv = xp[(size_t)k * mb + i];

@@ -146,6 +146,81 @@ tile256_half(const int BF, const int MB, const int H, const float *xp, const uin
     }
 }
 
+/* The AVX2 kernel of one or two input rows: the whole panel in one pass (four vectors of
+ * weights a column), so that it streams from DRAM once, with SETS(MB) accumulator sets. */
+__attribute__((always_inline, T256)) static inline void widen256(const int BF, const uint16_t *wk,
+                                                                 int h, __m256 *lo, __m256 *hi) {
+    const uint16_t *p = wk + 16 * h;
+    if (BF) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)p);
+        *lo = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+        *hi = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xffff0000u)));
+    } else {
+        *lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+        *hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8)));
+    }
+}
+
+/* Column k of the panel into one set of a streaming kernel's accumulators. */
+__attribute__((always_inline, T256)) static inline void
+stream_column256(const int BF, const int MB, const float *xp, const uint16_t *w, int32_t k,
+                 __m256 acc[2][4]) {
+    const uint16_t *wk = w + (size_t)k * ATTN__PANEL_ROWS;
+    _mm_prefetch((const char *)wk + STREAM_PREFETCH_BYTES, _MM_HINT_T0);
+    __m256 wv[4];
+    widen256(BF, wk, 0, &wv[0], &wv[1]);
+    widen256(BF, wk, 1, &wv[2], &wv[3]);
+#pragma GCC unroll 2
+    for (int i = 0; i < MB; i++) {
+        __m256 b = _mm256_broadcast_ss(xp + (size_t)k * MB + i);
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; v++) {
+            acc[i][v] = _mm256_fmadd_ps(b, wv[v], acc[i][v]);
+        }
+    }
+}
+
+__attribute__((always_inline, T256)) static inline void
+tile256_stream(const int BF, const int MB, const float *xp, const uint16_t *w, int32_t kc, float *c,
+               size_t ldc, bool add) {
+    const int NS = MB == 1 ? 2 : 1;
+    __m256 acc[2][2][4]; /* set, row, vector: half 0's lo and hi, half 1's lo and hi */
+#pragma GCC unroll 2
+    for (int s = 0; s < NS; s++) {
+#pragma GCC unroll 2
+        for (int i = 0; i < MB; i++) {
+#pragma GCC unroll 4
+            for (int v = 0; v < 4; v++) {
+                acc[s][i][v] = _mm256_setzero_ps();
+            }
+        }
+    }
+    int32_t k = 0;
+    for (; k + NS <= kc; k += NS) {
+#pragma GCC unroll 2
+        for (int s = 0; s < NS; s++) {
+            stream_column256(BF, MB, xp, w, k + s, acc[s]);
+        }
+    }
+    for (; k < kc; k++) {
+        stream_column256(BF, MB, xp, w, k, acc[0]);
+    }
+    /* bfloat16 halves hold rows 0-7 | 16-23 and 8-15 | 24-31; binary16 halves rows in order */
+    const int col[4] = {0, BF ? 16 : 8, BF ? 8 : 16, 24};
+#pragma GCC unroll 2
+    for (int i = 0; i < MB; i++) {
+        float *row = c + (size_t)i * ldc;
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; v++) {
+            __m256 sum = NS == 2 ? _mm256_add_ps(acc[0][i][v], acc[1][i][v]) : acc[0][i][v];
+            if (add) {
+                sum = _mm256_add_ps(_mm256_loadu_ps(row + col[v]), sum);
+            }
+            _mm256_storeu_ps(row + col[v], sum);
+        }
+    }
+}
+
 typedef void (*tile_fn)(const float *xp, const uint16_t *w, int32_t kc, float *c, size_t ldc,
                         bool add);
 
@@ -155,9 +230,14 @@ typedef void (*tile_fn)(const float *xp, const uint16_t *w, int32_t kc, float *c
         const float *xp, const uint16_t *w, int32_t kc, float *c, size_t ldc, bool add) {          \
         tile512(BF, MB, xp, w, kc, c, ldc, add);                                                   \
     }
+/* One or two rows stream the panel once (tile256_stream); more take it in two halves. */
 #define TILE256(BF, MB)                                                                            \
     __attribute__((T256)) static void tile256_##BF##_##MB(                                         \
         const float *xp, const uint16_t *w, int32_t kc, float *c, size_t ldc, bool add) {          \
+        if (MB <= 2) {                                                                             \
+            tile256_stream(BF, MB <= 2 ? MB : 1, xp, w, kc, c, ldc, add);                          \
+            return;                                                                                \
+        }                                                                                          \
         tile256_half(BF, MB, 0, xp, w, kc, c, ldc, add);                                           \
         tile256_half(BF, MB, 1, xp, w, kc, c, ldc, add);                                           \
     }

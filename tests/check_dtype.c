@@ -187,17 +187,19 @@ START_TEST(test_dtype_panel_kernels_agree) {
             float *wf = harness_calloc((size_t)rows * k, sizeof(float));
             uint16_t *w = harness_calloc((size_t)rows * k, sizeof(uint16_t));
             uint16_t *panels = harness_calloc(attn__panel_values(rows, k), sizeof(uint16_t));
-            uint16_t *back = harness_calloc((size_t)k, sizeof(uint16_t));
+            uint16_t *back = harness_calloc((size_t)rows * k, sizeof(uint16_t));
             float *y = harness_calloc((size_t)m * n, sizeof(float));
             ref_fill_uniform(&rng, x, (size_t)m * k, -1.0f, 1.0f);
             ref_fill_uniform(&rng, wf, (size_t)rows * k, -1.0f, 1.0f);
             (void)attn__half_round(dt, wf, (size_t)rows * k, w);
             attn__panel_pack(dt, w, rows, k, panels);
-            for (int32_t r = 0; r < rows; r++) {
-                attn__panel_unpack(dt, panels, k, r, 0, k, back);
-                ck_assert_msg(memcmp(back, w + (size_t)r * k, (size_t)k * sizeof *back) == 0,
-                              "rows %d k %d: row %d unpacked differs", rows, k, r);
-            }
+            attn__panel_unpack(dt, panels, k, 0, rows, back);
+            ck_assert_msg(memcmp(back, w, (size_t)rows * k * sizeof *back) == 0,
+                          "rows %d k %d: unpacked differs", rows, k);
+            attn__panel_unpack(dt, panels, k, r0, r1 - r0, back);
+            ck_assert_msg(memcmp(back, w + (size_t)r0 * k, (size_t)(r1 - r0) * k * sizeof *back) ==
+                              0,
+                          "rows [%d, %d) k %d: unpacked differs", r0, r1, k);
             attn__panel_pack_x(block_rows, x, m, k, xp);
             attn__panel_dot(block_rows, dt, xp, m, k, panels, r0, r1, y, (size_t)n);
             for (int32_t i = 0; i < m * n; i++) {
