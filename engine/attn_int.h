@@ -263,6 +263,7 @@ struct attn_workspace {
     float *mla_q;   /* (max_tokens, n_heads, kv_lora_rank + qk_rope_head_dim): absorbed queries */
     float *mla_lat; /* (max_tokens, n_heads, kv_lora_rank): attention over the latent */
     float *xpack;   /* half-precision weights only: a projection's input, packed (panel.c) */
+    float *panels;  /* and for many tokens, widened weights per wide task (forward.c) */
 };
 
 /* y (n x out_dim) = x (n x in_dim) W^T (+ b) for W (out_dim x in_dim), on the workspace's
@@ -428,6 +429,17 @@ void attn__panel_dot(int32_t block_rows, attn_dtype dt, const float *xp, int32_t
  * attn__panel_tile runs the kernels block_rows names; the portable one is panel.c's. */
 void attn__panel_tile(int32_t block_rows, bool is_bf16, int32_t mb, const float *xp,
                       const uint16_t *w, int32_t kc, float *c, size_t ldc, bool add);
+/* Whether a product of many input rows (a prefill) should rather widen the panels and call
+ * sgemm: where the kernels are AVX2's (on an Intel core with OpenBLAS's AVX2 kernels, prefill
+ * S=512 took 83% of the sgemm peak through sgemm, 75% through the AVX2 panel kernel; AVX-512's
+ * panel kernel beat sgemm there). */
+bool attn__panel_prefers_sgemm(void);
+/* b[c * ldb + r - r0] = w_r[c] for weight rows r in [r0, r1) and every column c < k: the panels
+ * widened into the transposed (k x (r1 - r0)) float matrix that sgemm reads. */
+void attn__panel_widen(attn_dtype dt, const uint16_t *w, int32_t k, int32_t r0, int32_t r1,
+                       float *b, size_t ldb);
+void attn__panel_widen_portable(attn_dtype dt, const uint16_t *w, int32_t k, int32_t r0, int32_t r1,
+                                float *b, size_t ldb);
 void attn__panel_tile_portable(bool is_bf16, int32_t mb, const float *xp, const uint16_t *w,
                                int32_t kc, float *c, size_t ldc, bool add);
 

@@ -17,10 +17,14 @@
 #define LINEAR_SLICE 64
 
 /* Many tokens: the weight rows are cut into LINEAR_WIDE_TASKS ranges, each one sgemm (float
- * weights) or one panel product (half precision: panel.c). sgemm packs all of x again for every
- * call: at 64-row calls that packing took a sixth of a 512-token prefill (perf: sgemm_oncopy
- * 18%), at 256 rows ~4%. */
+ * weights) or one panel product (half precision: panel.c), or where the panels' kernels are
+ * AVX2's (attn__panel_prefers_sgemm) one sgemm per LINEAR_PANEL rows widened into the task's own
+ * buffer (a few tokens always take the panels' kernels). sgemm packs all of x again for every call:
+ * at 64-row calls that packing took a sixth of a 512-token prefill (perf: sgemm_oncopy 18%), at 256
+ * rows ~4%. Tasks, not threads, own the buffers, so their memory does not depend on the executor.
+ */
 #define LINEAR_WIDE_TASKS 4
+#define LINEAR_PANEL      256
 
 /* Up to this many tokens a projection of float weights streams them through attn__rows_dot:
  * OpenBLAS's sgemm packs the whole weight matrix for every call, which for a few rows costs
@@ -64,6 +68,7 @@ void attn_workspace_destroy(attn_workspace *ws) {
     free(ws->mla_q);
     free(ws->mla_lat);
     free(ws->xpack);
+    free(ws->panels);
     free(ws);
 }
 
@@ -111,7 +116,11 @@ int attn_workspace_create(const attn_model *m, int32_t max_tokens, const attn_ex
         /* the input of a projection, packed for the panels' kernels */
         size_t in_max = hd_all > (size_t)c->hidden_size ? hd_all : (size_t)c->hidden_size;
         ws->xpack = attn__alloc_floats(t * in_max);
-        xpack_ok = ws->xpack != NULL;
+        /* and for many tokens on AVX2, each wide task's widened weights */
+        ws->panels = max_tokens > LINEAR_SMALL_ROWS
+                         ? attn__alloc_floats((size_t)LINEAR_WIDE_TASKS * LINEAR_PANEL * in_max)
+                         : NULL;
+        xpack_ok = ws->xpack != NULL && (max_tokens <= LINEAR_SMALL_ROWS || ws->panels != NULL);
     }
     bool mla_ok = true;
     if (is_mla) {
@@ -240,16 +249,33 @@ struct linear_job {
     const float *w, *b;
     const uint16_t *wh;  /* the weights in half precision, in panels, instead of w; or NULL */
     attn_dtype wh_dtype; /* wh's: BF16 or F16 */
-    const float *xp;     /* with wh: x packed for the panels' kernels (pack_input) */
+    const float *xp;     /* with wh: x packed for the panels' kernels (pack_input), or NULL
+                            where the panels are widened for sgemm instead */
+    float *panels;       /* then: LINEAR_PANEL widened rows of weights per wide task */
     int32_t block_rows;  /* the kernels' block height xp was packed for */
     int32_t out_dim;
     float *y;
 };
 
-static void linear_rows(const struct linear_job *j, int32_t first, int32_t count) {
+/* Half-precision weights rows [first, first + count) widened LINEAR_PANEL at a time into
+ * `panel` (transposed: in_dim x rows), each followed by sgemm. */
+static void linear_rows_widened(const struct linear_job *j, int32_t first, int32_t count, float *y,
+                                float *panel) {
+    for (int32_t r = 0; r < count; r += LINEAR_PANEL) {
+        int32_t rows = count - r < LINEAR_PANEL ? count - r : LINEAR_PANEL;
+        attn__panel_widen(j->wh_dtype, j->wh, j->in_dim, first + r, first + r + rows, panel,
+                          (size_t)rows);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, j->n, rows, j->in_dim, 1.0f, j->x,
+                    j->in_dim, panel, rows, 0.0f, y + r, j->out_dim);
+    }
+}
+
+static void linear_rows(const struct linear_job *j, int32_t first, int32_t count, float *panel) {
     float *y = j->y + first;
     const float *w = j->w != NULL ? j->w + (size_t)first * j->in_dim : NULL;
-    if (j->wh != NULL) {
+    if (j->wh != NULL && j->xp == NULL) {
+        linear_rows_widened(j, first, count, y, panel);
+    } else if (j->wh != NULL) {
         attn__panel_dot(j->block_rows, j->wh_dtype, j->xp, j->n, j->in_dim, j->wh, first,
                         first + count, y, (size_t)j->out_dim);
     } else if (j->n <= LINEAR_SMALL_ROWS && attn__tile_is_fast() &&
@@ -277,7 +303,7 @@ static void linear_task(void *arg, int32_t i) {
     const struct linear_job *j = arg;
     int32_t first = i * LINEAR_SLICE;
     int32_t count = j->out_dim - first < LINEAR_SLICE ? j->out_dim - first : LINEAR_SLICE;
-    linear_rows(j, first, count);
+    linear_rows(j, first, count, NULL);
 }
 
 /* Many tokens: task i is the i-th of LINEAR_WIDE_TASKS ranges of weight rows, cut at multiples
@@ -290,7 +316,8 @@ static void linear_wide_task(void *arg, int32_t i) {
     int32_t first = i * per < j->out_dim ? i * per : j->out_dim;
     int32_t count = j->out_dim - first < per ? j->out_dim - first : per;
     if (count > 0) {
-        linear_rows(j, first, count);
+        float *panel = j->panels != NULL ? j->panels + (size_t)i * LINEAR_PANEL * j->in_dim : NULL;
+        linear_rows(j, first, count, panel);
     }
 }
 
@@ -312,9 +339,15 @@ static struct linear_job linear_job_of(const attn_workspace *ws, const float *x,
                                .y = y};
 }
 
-/* Half-precision weights: x packed (once, before any task reads it) for the panels' kernels. */
+/* Half-precision weights: x packed (once, before any task reads it) for the panels' kernels, or
+ * for many rows on AVX2 nothing (the tasks widen their panels for sgemm, which packs x). */
 static void pack_input(const attn_workspace *ws, struct linear_job *j) {
     if (j->wh == NULL) {
+        return;
+    }
+    if (j->n > LINEAR_SMALL_ROWS && attn__panel_prefers_sgemm() && ws->panels != NULL) {
+        j->xp = NULL;
+        j->panels = ws->panels;
         return;
     }
     j->block_rows = attn__panel_block_rows();
@@ -338,7 +371,7 @@ static void linear_held(const attn_workspace *ws, const float *x, int32_t n, int
     } else if (spread && n_slices > 1) {
         ws->ex.run(ws->ex.ctx, linear_task, &j, n_slices);
     } else {
-        linear_rows(&j, 0, out_dim);
+        linear_rows(&j, 0, out_dim, ws->panels);
     }
 }
 
@@ -695,9 +728,9 @@ static void pipe_project(const struct pipe_job *j, int32_t g) {
     const attn_config *c = &j->m->cfg;
     int32_t r = c->n_heads / c->n_kv_heads, hd = c->head_dim;
     int32_t k_row = c->n_heads * hd, v_row = k_row + c->n_kv_heads * hd;
-    linear_rows(&j->qkv, g * r * hd, r * hd);
-    linear_rows(&j->qkv, k_row + g * hd, hd);
-    linear_rows(&j->qkv, v_row + g * hd, hd);
+    linear_rows(&j->qkv, g * r * hd, r * hd, NULL);
+    linear_rows(&j->qkv, k_row + g * hd, hd, NULL);
+    linear_rows(&j->qkv, v_row + g * hd, hd, NULL);
     struct head_range hr = {g * r, r, g, 1};
     for (int32_t i = 0; i < j->n_parts; i++) {
         prepare_heads(j->m, j->layer, &j->steps[j->parts[i].step], &j->parts[i], j->ws->qkv, false,

@@ -187,6 +187,19 @@ void attn__panel_tile_portable(bool is_bf16, int32_t mb, const float *xp, const 
     }
 }
 
+void attn__panel_widen_portable(attn_dtype dt, const uint16_t *w, int32_t k, int32_t r0, int32_t r1,
+                                float *b, size_t ldb) {
+    bool is_bf16 = dt == ATTN_DTYPE_BF16;
+    for (int32_t r = r0; r < r1; r++) {
+        const uint16_t *from = w + (size_t)(r / ATTN__PANEL_ROWS) * k * ATTN__PANEL_ROWS +
+                               panel_slot(is_bf16, r % ATTN__PANEL_ROWS);
+        for (int32_t c = 0; c < k; c++) {
+            uint16_t h = from[(size_t)c * ATTN__PANEL_ROWS];
+            b[(size_t)c * ldb + (r - r0)] = is_bf16 ? attn__bf16_to_f32(h) : attn__f16_to_f32(h);
+        }
+    }
+}
+
 void attn__panel_dot(int32_t block_rows, attn_dtype dt, const float *xp, int32_t m, int32_t k,
                      const uint16_t *w, int32_t r0, int32_t r1, float *y, size_t ldy) {
     bool is_bf16 = dt == ATTN_DTYPE_BF16;

@@ -221,6 +221,27 @@ tile256_stream(const int BF, const int MB, const float *xp, const uint16_t *w, i
     }
 }
 
+/* attn__panel_widen of whole panels [p0, p1) into b (their first row at column 0), a column of
+ * the input at a time across the panels: b's rows are then written in order (a panel at a time
+ * wrote 128 bytes a kilobyte apart, twice the time). */
+__attribute__((T256)) static void widen_panels256(bool is_bf16, const uint16_t *w, int32_t k,
+                                                  int32_t p0, int32_t p1, float *b, size_t ldb) {
+    for (int32_t c = 0; c < k; c++) {
+        float *row = b + (size_t)c * ldb;
+        for (int32_t p = p0; p < p1; p++, row += ATTN__PANEL_ROWS) {
+            const uint16_t *wk = w + ((size_t)p * k + c) * ATTN__PANEL_ROWS;
+            __m256 v[4];
+            widen256(is_bf16, wk, 0, &v[0], &v[1]);
+            widen256(is_bf16, wk, 1, &v[2], &v[3]);
+            /* bfloat16 halves hold rows 0-7 | 16-23 and 8-15 | 24-31; binary16 rows in order */
+            _mm256_storeu_ps(row, v[0]);
+            _mm256_storeu_ps(row + (is_bf16 ? 16 : 8), v[1]);
+            _mm256_storeu_ps(row + (is_bf16 ? 8 : 16), v[2]);
+            _mm256_storeu_ps(row + 24, v[3]);
+        }
+    }
+}
+
 typedef void (*tile_fn)(const float *xp, const uint16_t *w, int32_t kc, float *c, size_t ldc,
                         bool add);
 
@@ -257,6 +278,24 @@ int32_t attn__panel_block_rows(void) {
     return attn__tile_is_wide() ? BLOCK512 : attn__tile_is_fast() ? BLOCK256 : 4;
 }
 
+bool attn__panel_prefers_sgemm(void) {
+    return !attn__tile_is_wide() && attn__tile_is_fast();
+}
+
+void attn__panel_widen(attn_dtype dt, const uint16_t *w, int32_t k, int32_t r0, int32_t r1,
+                       float *b, size_t ldb) {
+    /* the whole panels in the range by the vector kernel, a panel cut at either end alone */
+    int32_t p0 = (r0 + ATTN__PANEL_ROWS - 1) / ATTN__PANEL_ROWS, p1 = r1 / ATTN__PANEL_ROWS;
+    if (p0 >= p1 || !attn__tile_is_fast()) {
+        attn__panel_widen_portable(dt, w, k, r0, r1, b, ldb);
+        return;
+    }
+    widen_panels256(dt == ATTN_DTYPE_BF16, w, k, p0, p1, b + (p0 * ATTN__PANEL_ROWS - r0), ldb);
+    attn__panel_widen_portable(dt, w, k, r0, p0 * ATTN__PANEL_ROWS, b, ldb);
+    attn__panel_widen_portable(dt, w, k, p1 * ATTN__PANEL_ROWS, r1,
+                               b + (p1 * ATTN__PANEL_ROWS - r0), ldb);
+}
+
 void attn__panel_tile(int32_t block_rows, bool is_bf16, int32_t mb, const float *xp,
                       const uint16_t *w, int32_t kc, float *c, size_t ldc, bool add) {
     if (block_rows == BLOCK512) {
@@ -272,6 +311,15 @@ void attn__panel_tile(int32_t block_rows, bool is_bf16, int32_t mb, const float 
 
 int32_t attn__panel_block_rows(void) {
     return 4;
+}
+
+bool attn__panel_prefers_sgemm(void) {
+    return false;
+}
+
+void attn__panel_widen(attn_dtype dt, const uint16_t *w, int32_t k, int32_t r0, int32_t r1,
+                       float *b, size_t ldb) {
+    attn__panel_widen_portable(dt, w, k, r0, r1, b, ldb);
 }
 
 void attn__panel_tile(int32_t block_rows, bool is_bf16, int32_t mb, const float *xp,

@@ -161,10 +161,10 @@ START_TEST(test_dtype_rows_dot_kernels_agree) {
 }
 END_TEST
 
-/* Half-precision weights in panels (panel.c): packed and unpacked bit for bit, and the products
- * of each kernel family (_i: 0 AVX-512 where the CPU has it, 1 AVX2, 2 portable) over every
- * block height, input rows past a block (the column passes), weight rows a panel leaves over,
- * and ranges of weight rows that cut panels, against the exact sums. */
+/* Half-precision weights in panels (panel.c): packed, unpacked and widened bit for bit, and the
+ * products of each kernel family (_i: 0 AVX-512 where the CPU has it, 1 AVX2, 2 portable) over
+ * every block height, input rows past a block (the column passes), weight rows a panel leaves
+ * over, and ranges of weight rows that cut panels, against the exact sums. */
 START_TEST(test_dtype_panel_kernels_agree) {
     static const int32_t shapes[][5] = {
         /* m, k, rows, r0, r1 */
@@ -200,6 +200,22 @@ START_TEST(test_dtype_panel_kernels_agree) {
             ck_assert_msg(memcmp(back, w + (size_t)r0 * k, (size_t)(r1 - r0) * k * sizeof *back) ==
                               0,
                           "rows [%d, %d) k %d: unpacked differs", r0, r1, k);
+            /* the panels widened for sgemm: the range's rows, transposed, exactly */
+            float *wide = harness_calloc((size_t)k * n, sizeof(float));
+            if (_i == 2) {
+                attn__panel_widen_portable(dt, panels, k, r0, r1, wide, (size_t)n);
+            } else {
+                attn__panel_widen(dt, panels, k, r0, r1, wide, (size_t)n);
+            }
+            for (int32_t c = 0; c < k; c++) {
+                for (int32_t r = r0; r < r1; r++) {
+                    uint16_t h = w[(size_t)r * k + c];
+                    float want = bf ? attn__bf16_to_f32(h) : attn__f16_to_f32(h);
+                    ck_assert_msg(wide[(size_t)c * n + (r - r0)] == want,
+                                  "widened rows [%d, %d) k %d: row %d column %d", r0, r1, k, r, c);
+                }
+            }
+            free(wide);
             attn__panel_pack_x(block_rows, x, m, k, xp);
             attn__panel_dot(block_rows, dt, xp, m, k, panels, r0, r1, y, (size_t)n);
             for (int32_t i = 0; i < m * n; i++) {
@@ -246,6 +262,8 @@ static void round_layer(const attn_config *c, ref_layer *w, attn_dtype dt) {
  * holds K/V in the weights' dtype. */
 START_TEST(test_dtype_half_model_matches_ref) {
     static const attn_dtype dts[] = {ATTN_DTYPE_BF16, ATTN_DTYPE_F16};
+    /* _i 1: AVX2's kernels, where a 50-token chunk widens the panels for sgemm */
+    attn__tile_allow_wide(_i == 0);
     for (int run = 0; run < 4; run++) {
         int d = run % 2;
         harness_threads threads;
@@ -300,6 +318,7 @@ START_TEST(test_dtype_half_model_matches_ref) {
         free(x);
         harness_model_release(&hm);
     }
+    attn__tile_allow_wide(true);
 }
 END_TEST
 
@@ -344,7 +363,7 @@ Suite *dtype_suite(void) {
     tcase_add_test(tc, test_dtype_half_rows_match_one_by_one);
     tcase_add_loop_test(tc, test_dtype_rows_dot_kernels_agree, 0, 2); /* AVX-512, not */
     tcase_add_loop_test(tc, test_dtype_panel_kernels_agree, 0, 3);    /* AVX-512, AVX2, C */
-    tcase_add_test(tc, test_dtype_half_model_matches_ref);
+    tcase_add_loop_test(tc, test_dtype_half_model_matches_ref, 0, 2); /* AVX-512, not */
     tcase_add_test(tc, test_dtype_checkpoints_held_as_shipped);
     suite_add_tcase(s, tc);
     return s;
