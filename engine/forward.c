@@ -116,11 +116,13 @@ int attn_workspace_create(const attn_model *m, int32_t max_tokens, const attn_ex
         /* the input of a projection, packed for the panels' kernels */
         size_t in_max = hd_all > (size_t)c->hidden_size ? hd_all : (size_t)c->hidden_size;
         ws->xpack = attn__alloc_floats(t * in_max);
-        /* and for many tokens on AVX2, each wide task's widened weights */
-        ws->panels = max_tokens > LINEAR_SMALL_ROWS
-                         ? attn__alloc_floats((size_t)LINEAR_WIDE_TASKS * LINEAR_PANEL * in_max)
-                         : NULL;
-        xpack_ok = ws->xpack != NULL && (max_tokens <= LINEAR_SMALL_ROWS || ws->panels != NULL);
+        /* and for many tokens where the kernels are AVX2's, each wide task's widened weights
+         * (made for the kernels of this moment: without them many tokens take the panels'
+         * kernels too) */
+        bool widens = max_tokens > LINEAR_SMALL_ROWS && attn__panel_prefers_sgemm();
+        ws->panels =
+            widens ? attn__alloc_floats((size_t)LINEAR_WIDE_TASKS * LINEAR_PANEL * in_max) : NULL;
+        xpack_ok = ws->xpack != NULL && (!widens || ws->panels != NULL);
     }
     bool mla_ok = true;
     if (is_mla) {

@@ -626,8 +626,12 @@ int attn__model_hold_weights(attn_model *m, attn_dtype dtype) {
             return rc;
         }
     }
-    m->bytes -= (size_t)m->layer_count * (qkv_floats(&m->cfg) + o_floats(&m->cfg)) *
-                (sizeof(float) - sizeof(uint16_t));
+    /* the float copies go; the panels come, their last rows rounded up to a panel */
+    const attn_config *c = &m->cfg;
+    size_t panels = attn__panel_values((int32_t)n_qkv_rows(c), c->hidden_size) +
+                    attn__panel_values(c->hidden_size, c->n_heads * c->head_dim);
+    m->bytes -= (size_t)m->layer_count *
+                ((qkv_floats(c) + o_floats(c)) * sizeof(float) - panels * sizeof(uint16_t));
     m->weights_dtype = dtype;
     return ATTN_OK;
 }
