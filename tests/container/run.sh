@@ -127,17 +127,21 @@ EX=$CTX/proto/examples
 code=$(curl -sS -o "$W/attend.json" -w '%{http_code}' -X POST "$B/v1/attend" \
     -H 'Content-Type: application/json' --data-binary "@$EX/attend_stateless.request.json")
 [ "$code" = 200 ] || fail "attend answered $code: $(head -c 300 "$W/attend.json")"
-# The outputs must be the recorded ones, to float32 rounding (another CPU may take other BLAS
-# kernels); timings differ, so only "output" is compared.
+# The outputs must be the recorded ones, to float32 rounding plus one bfloat16 rounding of the
+# largest: the preset's K/V cache is bfloat16, and another CPU's kernels (AVX-512's against the
+# AVX2 capture) sum the projections in another order, which can round a k or v value to the
+# neighbouring bfloat16 (tests/check_server.c's example_kv_slack). Timings differ, so only
+# "output" is compared.
 python3 - "$W/attend.json" "$EX/attend_stateless.response.json" <<'EOF' ||
 import json, sys
 got, want = (json.load(open(f))["output"] for f in sys.argv[1:3])
 assert len(got) == len(want) and all(len(a) == len(b) for a, b in zip(got, want)), "shape"
 err = max(abs(a - b) for ga, wa in zip(got, want) for a, b in zip(ga, wa))
-assert err <= 1e-5, "max abs difference %g" % err
+largest = max(abs(b) for wa in want for b in wa)
+assert err <= 1e-5 + 2.0**-8 * largest, "max abs difference %g" % err
 EOF
     fail "attend output differs from proto/examples/attend_stateless.response.json"
-say "attend ok (equals the recorded example)"
+say "attend ok (equals the recorded example, within a bfloat16 K/V rounding)"
 
 code=$(curl -sS -o "$W/error.json" -w '%{http_code}' -X POST "$B/v1/attend" \
     -H 'Content-Type: application/json' --data-binary "@$EX/error.request.json")
