@@ -7,9 +7,10 @@
  * outputs of several input rows in registers, widening each weight once for all of them (an
  * outer product: the weight vector against each input row's value broadcast). The row-major
  * form needed the weights widened into a float panel and repacked by sgemm for every call of
- * many tokens, and for a few tokens did one dot product per output. Weights are packed once,
- * when the model is held in half precision: the bits are the checkpoint's, only their order
- * changes (attn__panel_unpack gives the rows back, for the fingerprint and for float).
+ * many tokens, and for a few tokens did one dot product per output. (Where the kernels are
+ * AVX2's, many tokens still take sgemm over widened panels: attn__panel_prefers_sgemm.) Weights are
+ * packed once, when the model is held in half precision: the bits are the checkpoint's, only their
+ * order changes (attn__panel_unpack gives the rows back, for the fingerprint and for float).
  *
  * Within a panel's 64 bytes a bfloat16 value sits where one 32-bit lane's shift (or mask) makes
  * it a float: lane j holds row j in its low half and row 16 + j in its high half, so a vector

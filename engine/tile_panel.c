@@ -5,7 +5,10 @@
  * - AVX-512: 12 rows x 32 outputs, 24 accumulators; two instructions widen 32 weights, and
  *   each is followed by 24 FMAs.
  * - AVX2 (16 registers): 6 rows x 16 outputs, 12 accumulators, the panel in two passes (its
- *   first and second 32 bytes of each column). */
+ *   first and second 32 bytes of each column); one or two rows the whole panel in one pass.
+ * One or two rows (a decode step) stream the weights from DRAM, with a prefetch ahead. Also here:
+ * the panels widened to float for sgemm (attn__panel_widen), which AVX2 cores prefer for many
+ * rows. */
 #include "tile_avx2.h"
 
 #ifdef TILE_HAVE_AVX2
@@ -102,8 +105,23 @@ __attribute__((always_inline, T512)) static inline void tile512(const int BF, co
     }
 }
 
-/* One pass of the AVX2 kernel over half H (0, 1) of each column's 32 weights: bfloat16 half H
- * holds rows 8H..8H+7 (low halves) and 16+8H.. (high), binary16 half H rows 16H..16H+15. */
+/* Half h (0, 1) of a panel column's 32 weights as two 8-lane vectors: bfloat16 half h holds rows
+ * 8h..8h+7 (the lanes' low halves) and 16+8h..16+8h+7 (high), binary16 half h rows 16h..16h+7
+ * and 16h+8..16h+15. */
+__attribute__((always_inline, T256)) static inline void widen256(const int BF, const uint16_t *wk,
+                                                                 int h, __m256 *lo, __m256 *hi) {
+    const uint16_t *p = wk + 16 * h;
+    if (BF) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)p);
+        *lo = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+        *hi = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xffff0000u)));
+    } else {
+        *lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+        *hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8)));
+    }
+}
+
+/* One pass of the AVX2 kernel over half H (0, 1) of each column's 32 weights (widen256). */
 __attribute__((always_inline, T256)) static inline void
 tile256_half(const int BF, const int MB, const int H, const float *xp, const uint16_t *w,
              int32_t kc, float *c, size_t ldc, bool add) {
@@ -113,18 +131,9 @@ tile256_half(const int BF, const int MB, const int H, const float *xp, const uin
         lo_acc[i] = _mm256_setzero_ps();
         hi_acc[i] = _mm256_setzero_ps();
     }
-    const __m256i high = _mm256_set1_epi32((int)0xffff0000u);
     for (int32_t k = 0; k < kc; k++) {
-        const uint16_t *wk = w + (size_t)k * ATTN__PANEL_ROWS + 16 * H;
         __m256 lo, hi;
-        if (BF) {
-            __m256i v = _mm256_loadu_si256((const __m256i *)wk);
-            lo = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-            hi = _mm256_castsi256_ps(_mm256_and_si256(v, high));
-        } else {
-            lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wk));
-            hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wk + 8)));
-        }
+        widen256(BF, w + (size_t)k * ATTN__PANEL_ROWS, H, &lo, &hi);
         const float *xk = xp + (size_t)k * MB;
 #pragma GCC unroll 6
         for (int i = 0; i < MB; i++) {
@@ -143,21 +152,6 @@ tile256_half(const int BF, const int MB, const int H, const float *xp, const uin
         }
         _mm256_storeu_ps(row + lo_col, lo_acc[i]);
         _mm256_storeu_ps(row + hi_col, hi_acc[i]);
-    }
-}
-
-/* The AVX2 kernel of one or two input rows: the whole panel in one pass (four vectors of
- * weights a column), so that it streams from DRAM once, with SETS(MB) accumulator sets. */
-__attribute__((always_inline, T256)) static inline void widen256(const int BF, const uint16_t *wk,
-                                                                 int h, __m256 *lo, __m256 *hi) {
-    const uint16_t *p = wk + 16 * h;
-    if (BF) {
-        __m256i v = _mm256_loadu_si256((const __m256i *)p);
-        *lo = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-        *hi = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xffff0000u)));
-    } else {
-        *lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-        *hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8)));
     }
 }
 
@@ -180,6 +174,8 @@ stream_column256(const int BF, const int MB, const float *xp, const uint16_t *w,
     }
 }
 
+/* The AVX2 kernel of one or two input rows: the whole panel in one pass (four vectors of
+ * weights a column), so that it streams from DRAM once, with two accumulator sets for one row. */
 __attribute__((always_inline, T256)) static inline void
 tile256_stream(const int BF, const int MB, const float *xp, const uint16_t *w, int32_t kc, float *c,
                size_t ldc, bool add) {
@@ -251,7 +247,9 @@ typedef void (*tile_fn)(const float *xp, const uint16_t *w, int32_t kc, float *c
         const float *xp, const uint16_t *w, int32_t kc, float *c, size_t ldc, bool add) {          \
         tile512(BF, MB, xp, w, kc, c, ldc, add);                                                   \
     }
-/* One or two rows stream the panel once (tile256_stream); more take it in two halves. */
+/* One or two rows stream the panel once (tile256_stream); more take it in two halves. (The
+ * streaming kernel's arrays hold two rows: it is instantiated with at most 2 even where the
+ * branch that calls it is dead.) */
 #define TILE256(BF, MB)                                                                            \
     __attribute__((T256)) static void tile256_##BF##_##MB(                                         \
         const float *xp, const uint16_t *w, int32_t kc, float *c, size_t ldc, bool add) {          \
