@@ -341,6 +341,27 @@ static struct linear_job linear_job_of(const attn_workspace *ws, const float *x,
                                .y = y};
 }
 
+/* A job's input and where it is packed. */
+struct pack_job {
+    const struct linear_job *j;
+    float *xp;
+};
+
+/* Task i of LINEAR_WIDE_TASKS packing a job's input: its share of the blocks of input rows
+ * (each block packs alone, at its own place). */
+static void pack_task(void *arg, int32_t i) {
+    const struct pack_job *p = arg;
+    const struct linear_job *j = p->j;
+    int32_t blocks = (j->n + j->block_rows - 1) / j->block_rows;
+    int32_t per = (blocks + LINEAR_WIDE_TASKS - 1) / LINEAR_WIDE_TASKS * j->block_rows;
+    int32_t first = i * per;
+    if (first < j->n) {
+        int32_t rows = j->n - first < per ? j->n - first : per;
+        size_t at = (size_t)first * j->in_dim;
+        attn__panel_pack_x(j->block_rows, j->x + at, rows, j->in_dim, p->xp + at);
+    }
+}
+
 /* Half-precision weights: x packed (once, before any task reads it) for the panels' kernels, or
  * for many rows on AVX2 nothing (the tasks widen their panels for sgemm, which packs x). */
 static void pack_input(const attn_workspace *ws, struct linear_job *j) {
@@ -357,8 +378,15 @@ static void pack_input(const attn_workspace *ws, struct linear_job *j) {
         j->xp = j->x; /* a lone row is its own packing */
         return;
     }
-    attn__panel_pack_x(j->block_rows, j->x, j->n, j->in_dim, ws->xpack);
     j->xp = ws->xpack;
+    if (ws->has_ex && j->n > LINEAR_SMALL_ROWS) {
+        /* a prefill's input (8 MiB for 512 llama tokens) packed by every thread: on one, the
+         * others waited (1% of the prefill's profile each) */
+        struct pack_job p = {j, ws->xpack};
+        ws->ex.run(ws->ex.ctx, pack_task, &p, LINEAR_WIDE_TASKS);
+        return;
+    }
+    attn__panel_pack_x(j->block_rows, j->x, j->n, j->in_dim, ws->xpack);
 }
 
 static void linear_held(const attn_workspace *ws, const float *x, int32_t n, int32_t in_dim,
