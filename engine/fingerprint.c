@@ -8,7 +8,6 @@
 #include "attn_int.h"
 
 #include <stdlib.h>
-
 #include <string.h>
 
 #define P1 0x9E3779B185EBCA87ull
