@@ -102,9 +102,12 @@ static double fma_seconds(bool wide) {
 /* The projections of m tokens (half precision: panel.c's, the input's packing included; float:
  * attn__rows_dot) against PROJ_ROWS weight rows of PROJ_K values held as wdt, best of trials, each
  * followed by the FMA loop of the kernels' width: *gflops the kernel's, *of_fma its share of the
- * loop's rate. */
+ * loop's rate. A llama o projection's rows, as the engine runs them: with 192 rows the input's
+ * packing, once a call, weighed a fifth of 32 tokens' time. */
 #define PROJ_K    4096
-#define PROJ_ROWS 192
+#define PROJ_ROWS 4096
+/* Best of at most this many trials: a call is milliseconds. */
+#define PROJ_TRIALS 20
 static int measure_proj(attn_dtype wdt, int32_t m, int trials, double *gflops, double *of_fma,
                         int *lanes) {
     int32_t k = PROJ_K, n = PROJ_ROWS;
@@ -331,7 +334,7 @@ int main(int argc, char **argv) {
     if (n_proj > 0) {
         printf("projections: m tokens of %d values against %d weight rows, one thread, best of %d "
                "trials; \"of FMA\" as above\n",
-               PROJ_K, PROJ_ROWS, trials);
+               PROJ_K, PROJ_ROWS, trials < PROJ_TRIALS ? trials : PROJ_TRIALS);
         printf("%-7s %4s %5s  %9s %7s  %9s\n", "weights", "m", "lanes", "GFLOP/s", "of FMA", "");
     }
     static const attn_dtype wdts[] = {ATTN_DTYPE_BF16, ATTN_DTYPE_F16, ATTN_DTYPE_F32};
@@ -339,7 +342,8 @@ int main(int argc, char **argv) {
         for (int i = 0; i < n_proj; i++) {
             double gflops, of_fma;
             int lanes;
-            if (measure_proj(wdts[a], proj[i], trials, &gflops, &of_fma, &lanes) != 0) {
+            if (measure_proj(wdts[a], proj[i], trials < PROJ_TRIALS ? trials : PROJ_TRIALS, &gflops,
+                             &of_fma, &lanes) != 0) {
                 fprintf(stderr, "attn_kernels: out of memory\n");
                 return 1;
             }
