@@ -112,7 +112,7 @@ static int measure_proj(attn_dtype wdt, int32_t m, int trials, double *gflops, d
                         int *lanes) {
     int32_t k = PROJ_K, n = PROJ_ROWS;
     int32_t block_rows = attn__panel_block_rows();
-    bool is_wide = wdt == ATTN_DTYPE_F32 ? attn__rows512_covers(m) : block_rows == 12;
+    bool is_wide = wdt == ATTN_DTYPE_F32 ? attn__rows512_covers(m) : attn__tile_is_wide();
     *lanes = is_wide ? 16 : 8;
     float *x = malloc((size_t)m * k * sizeof(float)), *wf = malloc((size_t)n * k * sizeof(float));
     float *xp = malloc((size_t)m * k * sizeof(float));
